@@ -1,0 +1,38 @@
+# Shared compile settings for every strata target.
+add_library(strata_flags INTERFACE)
+target_compile_options(strata_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${STRATA_WERROR}>>:-Werror>)
+
+if(STRATA_SANITIZER STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(STRATA_SANITIZER STREQUAL "undefined")
+  add_compile_options(-fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=undefined)
+elseif(STRATA_SANITIZER STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT STRATA_SANITIZER STREQUAL "")
+  message(FATAL_ERROR "STRATA_SANITIZER must be address, undefined or thread (got '${STRATA_SANITIZER}')")
+endif()
+
+# strata_library(NAME SOURCES ... DEPS ...): one library per folder, PUBLIC deps in layer order.
+function(strata_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE strata_flags ${ARG_PRIVATE_DEPS})
+endfunction()
+
+# strata_test(NAME SOURCES ... DEPS ... LABELS ...): a GoogleTest binary registered with ctest.
+function(strata_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main strata_flags)
+  add_test(NAME ${name} COMMAND ${name})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "unit;${ARG_LABELS}")
+endfunction()

@@ -1,0 +1,167 @@
+#include "examples/mlp/mlp_model.h"
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "kernels/common/element_math.h"
+#include "runtime/base/status.h"
+
+namespace strata::examples {
+namespace {
+
+using engine::Engine;
+using shard::Init;
+using shard::ParamSpec;
+
+// The unit's parameters as fp32 (a copy when the param dtype is bf16 / fp16).
+std::vector<float> ParamF32(const Engine& e, int unit, int param) {
+  const engine::ParamView v = e.Param(unit, param);
+  std::vector<float> out(v.numel);
+  const uint16_t* h = static_cast<const uint16_t*>(v.data);
+  for (size_t i = 0; i < v.numel; ++i) {
+    out[i] = v.dtype == DType::kF32    ? static_cast<const float*>(v.data)[i]
+             : v.dtype == DType::kBF16 ? kernels::Bf16ToFloat(h[i])
+                                       : kernels::HalfToFloat(h[i]);
+  }
+  return out;
+}
+
+// z[b][o] = sum_i W[o][i] x[b][i] + bias[o]
+void Linear(const std::vector<float>& w, const std::vector<float>& bias, const std::vector<float>& x, int batch,
+            int in, int out, std::vector<float>& z) {
+  z.assign(static_cast<size_t>(batch) * out, 0.0f);
+  for (int b = 0; b < batch; ++b) {
+    for (int o = 0; o < out; ++o) {
+      float acc = bias[o];
+      for (int i = 0; i < in; ++i) acc += w[o * in + i] * x[b * in + i];
+      z[b * out + o] = acc;
+    }
+  }
+}
+
+// Given dz (batch x out): dW += dz^T x, db += sum dz, dx = dz W.
+void LinearBackward(const std::vector<float>& w, const std::vector<float>& x, const std::vector<float>& dz, int batch,
+                    int in, int out, float* dw, float* db, std::vector<float>* dx) {
+  for (int b = 0; b < batch; ++b) {
+    for (int o = 0; o < out; ++o) {
+      const float g = dz[b * out + o];
+      db[o] += g;
+      for (int i = 0; i < in; ++i) dw[o * in + i] += g * x[b * in + i];
+    }
+  }
+  if (dx == nullptr) return;
+  dx->assign(static_cast<size_t>(batch) * in, 0.0f);
+  for (int b = 0; b < batch; ++b) {
+    for (int o = 0; o < out; ++o) {
+      const float g = dz[b * out + o];
+      for (int i = 0; i < in; ++i) (*dx)[b * in + i] += g * w[o * in + i];
+    }
+  }
+}
+
+void Tanh(std::vector<float>& z) {
+  for (float& v : z) v = std::tanh(v);
+}
+
+// dz = dh * (1 - h^2) for h = tanh(z).
+std::vector<float> TanhBackward(const std::vector<float>& h, const std::vector<float>& dh) {
+  std::vector<float> dz(h.size());
+  for (size_t i = 0; i < h.size(); ++i) dz[i] = dh[i] * (1.0f - h[i] * h[i]);
+  return dz;
+}
+
+std::vector<ParamSpec> LinearSpecs(int in, int out) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in));
+  return {ParamSpec{"weight", {out, in}, true, Init::Uniform(bound)},
+          ParamSpec{"bias", {out}, false, Init::Uniform(bound)}};
+}
+
+void Delay(int64_t us) {
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+}  // namespace
+
+absl::StatusOr<Mlp> Mlp::Register(Engine& engine, const MlpShape& shape, bool perturb_for_test) {
+  Mlp m;
+  m.shape_ = shape;
+  STRATA_ASSIGN_OR_RETURN(m.input_, engine.RegisterUnit("input", LinearSpecs(shape.in, shape.hidden)));
+  // perturb_for_test: this rank registers a different hidden width (registration mismatch test).
+  const int h = perturb_for_test ? shape.hidden + 1 : shape.hidden;
+  STRATA_ASSIGN_OR_RETURN(m.hidden_, engine.RegisterUnit("hidden", LinearSpecs(shape.hidden, h)));
+  STRATA_ASSIGN_OR_RETURN(m.output_, engine.RegisterUnit("output", LinearSpecs(shape.hidden, shape.out)));
+  return m;
+}
+
+void Mlp::Sample(int64_t index, float* x, float* t) const {
+  for (int i = 0; i < shape_.in; ++i) {
+    const uint64_t key = static_cast<uint64_t>(index) * 1315423911ull + static_cast<uint64_t>(i) * 2654435761ull;
+    x[i] = 2.0f * shard::InitValue(Init::Uniform(0.5f), 12345, key, 0);  // uniform in (-1, 1)
+  }
+  for (int o = 0; o < shape_.out; ++o) {
+    float acc = 0;
+    for (int i = 0; i < shape_.in; ++i) acc += std::sin(0.7f * (o + 1) + 0.3f * i) * x[i];
+    t[o] = std::sin(acc);
+  }
+}
+
+absl::StatusOr<double> Mlp::TrainMicroBatch(Engine& e, int64_t first, int count, int64_t delay_us) {
+  const int in = shape_.in, hid = shape_.hidden, out = shape_.out;
+  std::vector<float> x(static_cast<size_t>(count) * in), t(static_cast<size_t>(count) * out);
+  for (int b = 0; b < count; ++b) Sample(first + b, &x[b * in], &t[b * out]);
+
+  // Forward: h0 = tanh(L0 x), h1 = tanh(L1 h0), h2 = tanh(L1 h1), y = L2 h2.
+  std::vector<float> h0, h1, h2, y;
+  STRATA_RETURN_IF_ERROR(e.BeginForward(input_));
+  Linear(ParamF32(e, input_, 0), ParamF32(e, input_, 1), x, count, in, hid, h0);
+  Tanh(h0);
+  Delay(delay_us);
+  STRATA_RETURN_IF_ERROR(e.EndForward(input_));
+  for (std::vector<float>* io : {&h1, &h2}) {
+    const std::vector<float>& src = io == &h1 ? h0 : h1;
+    STRATA_RETURN_IF_ERROR(e.BeginForward(hidden_));
+    Linear(ParamF32(e, hidden_, 0), ParamF32(e, hidden_, 1), src, count, hid, hid, *io);
+    Tanh(*io);
+    Delay(delay_us);
+    STRATA_RETURN_IF_ERROR(e.EndForward(hidden_));
+  }
+  STRATA_RETURN_IF_ERROR(e.BeginForward(output_));
+  Linear(ParamF32(e, output_, 0), ParamF32(e, output_, 1), h2, count, hid, out, y);
+  Delay(delay_us);
+  STRATA_RETURN_IF_ERROR(e.EndForward(output_));
+
+  double loss = 0;
+  std::vector<float> dy(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float d = y[i] - t[i];
+    loss += 0.5 * static_cast<double>(d) * d;
+    dy[i] = d / static_cast<float>(count);
+  }
+  loss /= count;
+
+  // Backward, in reverse order of use.
+  std::vector<float> dh2, dh1, dh0;
+  STRATA_RETURN_IF_ERROR(e.BeginBackward(output_));
+  LinearBackward(ParamF32(e, output_, 0), h2, dy, count, hid, out, e.Grad(output_, 0), e.Grad(output_, 1), &dh2);
+  Delay(delay_us);
+  STRATA_RETURN_IF_ERROR(e.EndBackward(output_));
+  STRATA_RETURN_IF_ERROR(e.BeginBackward(hidden_));
+  LinearBackward(ParamF32(e, hidden_, 0), h1, TanhBackward(h2, dh2), count, hid, hid, e.Grad(hidden_, 0),
+                 e.Grad(hidden_, 1), &dh1);
+  Delay(delay_us);
+  STRATA_RETURN_IF_ERROR(e.EndBackward(hidden_));
+  STRATA_RETURN_IF_ERROR(e.BeginBackward(hidden_));
+  LinearBackward(ParamF32(e, hidden_, 0), h0, TanhBackward(h1, dh1), count, hid, hid, e.Grad(hidden_, 0),
+                 e.Grad(hidden_, 1), &dh0);
+  Delay(delay_us);
+  STRATA_RETURN_IF_ERROR(e.EndBackward(hidden_));
+  STRATA_RETURN_IF_ERROR(e.BeginBackward(input_));
+  LinearBackward(ParamF32(e, input_, 0), x, TanhBackward(h0, dh0), count, in, hid, e.Grad(input_, 0),
+                 e.Grad(input_, 1), nullptr);
+  Delay(delay_us);
+  STRATA_RETURN_IF_ERROR(e.EndBackward(input_));
+  return loss;
+}
+
+}  // namespace strata::examples

@@ -1,0 +1,46 @@
+// A small MLP trained through the engine's hooks: the smallest real user of the engine, and the model
+// of the equivalence, memory and overlap tests.
+//
+//   x -> [input: W0,b0, tanh] -> [hidden: W1,b1, tanh] -> [hidden again (tied)] -> [output: W2,b2] -> y
+//
+// The hidden unit is used twice per pass, so every run exercises a tied unit. Loss: 0.5 * mean over
+// samples of the squared error summed over outputs; the targets come from a fixed smooth teacher.
+// Samples are a pure function of their global index, so any world size sees the same global batch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/engine/engine.h"
+
+namespace strata::examples {
+
+struct MlpShape {
+  int in = 16;
+  int hidden = 48;
+  int out = 4;
+};
+
+class Mlp {
+ public:
+  // Registers the three units (collective at Finalize, which the caller runs).
+  static absl::StatusOr<Mlp> Register(engine::Engine& engine, const MlpShape& shape, bool perturb_for_test = false);
+
+  // One micro-batch on samples [first, first + count): forward, loss, backward through the hooks.
+  // Returns the micro-batch's mean loss.
+  absl::StatusOr<double> TrainMicroBatch(engine::Engine& engine, int64_t first, int count, int64_t compute_delay_us = 0);
+
+  // Deterministic sample `index`: input x (shape.in) and target t (shape.out).
+  void Sample(int64_t index, float* x, float* t) const;
+
+  int input_unit() const { return input_; }
+  int hidden_unit() const { return hidden_; }
+  int output_unit() const { return output_; }
+
+ private:
+  MlpShape shape_;
+  int input_ = -1, hidden_ = -1, output_ = -1;
+};
+
+}  // namespace strata::examples

@@ -1,0 +1,50 @@
+#include "runtime/base/env.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata::env {
+
+std::optional<std::string> Get(absl::string_view name) {
+  const char* v = std::getenv(std::string(name).c_str());
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+absl::StatusOr<long long> GetInt(absl::string_view name, long long fallback) {
+  auto v = Get(name);
+  if (!v) return fallback;
+  long long out = 0;
+  if (!absl::SimpleAtoi(*v, &out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name, "='", *v, "' is not an integer"));
+  }
+  return out;
+}
+
+namespace {
+std::optional<int> FirstInt(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    auto v = Get(n);
+    int out = 0;
+    if (v && absl::SimpleAtoi(*v, &out)) return out;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<int> LauncherRank() {
+  return FirstInt({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK"});
+}
+std::optional<int> LauncherWorldSize() {
+  return FirstInt({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE"});
+}
+
+std::string LogLevel() { return Get("STRATA_LOG_LEVEL").value_or("info"); }
+
+std::string ForcedCpuIsa() { return Get("STRATA_CPU_ISA").value_or(""); }
+
+}  // namespace strata::env

@@ -1,0 +1,30 @@
+// The one place that reads the process environment (CONVENTIONS 6). Everything else receives values
+// from here, so tests can see every knob in one file.
+#pragma once
+
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace strata::env {
+
+// Raw lookup; nullopt when unset.
+std::optional<std::string> Get(absl::string_view name);
+
+// Integer variable; `fallback` when unset, InvalidArgument naming the variable when malformed.
+absl::StatusOr<long long> GetInt(absl::string_view name, long long fallback);
+
+// Launcher-provided rank / world size: OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID/SLURM_NTASKS, then
+// torchrun's RANK / WORLD_SIZE. nullopt when none is set.
+std::optional<int> LauncherRank();
+std::optional<int> LauncherWorldSize();
+
+// STRATA_LOG_LEVEL: debug|info|warning|error (default info).
+std::string LogLevel();
+
+// STRATA_CPU_ISA: force a kernel variant (scalar|avx2|avx512); empty when unset.
+std::string ForcedCpuIsa();
+
+}  // namespace strata::env

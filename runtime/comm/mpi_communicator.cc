@@ -1,0 +1,245 @@
+#include "runtime/comm/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/common/element_math.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/mpi_call.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/host_communicator.h"
+
+namespace strata::comm {
+
+struct MpiContext {
+  MPI_Op bf16_sum = MPI_OP_NULL;
+  MPI_Op fp16_sum = MPI_OP_NULL;
+  MPI_Comm control = MPI_COMM_NULL;  // liveness exchange after a timeout
+  int world_rank = 0;
+  int world_size = 1;
+  std::mutex diag_mu;
+  bool diag_done = false;
+  std::string diag_result;  // "rank(s) 3 did not respond ..." from the first timeout of the process
+};
+
+namespace {
+
+constexpr int kDiagTag = 7001;
+
+void Bf16SumOp(void* in, void* inout, int* len, MPI_Datatype*) {
+  AccumulateInto(inout, in, static_cast<size_t>(*len), DType::kBF16);
+}
+void Fp16SumOp(void* in, void* inout, int* len, MPI_Datatype*) {
+  AccumulateInto(inout, in, static_cast<size_t>(*len), DType::kF16);
+}
+
+MPI_Datatype MpiType(DType t) { return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+// Asks every peer once, on the control communicator, whether it is alive; lists those that do not
+// answer within `grace_ms`. Process-wide once: later timeouts reuse the first answer.
+std::string DiagnoseOnce(MpiContext& ctx, int64_t grace_ms) {
+  std::lock_guard<std::mutex> lock(ctx.diag_mu);
+  if (ctx.diag_done) return ctx.diag_result;
+  const int n = ctx.world_size, me = ctx.world_rank;
+  std::vector<long long> mine(1, me), theirs(n, -1);
+  std::vector<MPI_Request> sends, recvs(n, MPI_REQUEST_NULL);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    MPI_Request r;
+    MPI_Isend(mine.data(), 1, MPI_LONG_LONG, p, kDiagTag, ctx.control, &r);
+    sends.push_back(r);
+    MPI_Irecv(&theirs[p], 1, MPI_LONG_LONG, p, kDiagTag, ctx.control, &recvs[p]);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+  std::vector<int> missing;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    int flag = 0;
+    while (true) {
+      MPI_Test(&recvs[p], &flag, MPI_STATUS_IGNORE);
+      if (flag || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!flag) missing.push_back(p);
+  }
+  for (MPI_Request& r : sends) MPI_Request_free(&r);
+  ctx.diag_result = missing.empty()
+                        ? std::string("every rank answered a liveness check, so the ranks disagree on the "
+                                      "order of collectives or one is far behind")
+                        : absl::StrCat("rank(s) ", absl::StrJoin(missing, ","),
+                                       " did not respond (dead, stopped or stuck outside collectives)");
+  ctx.diag_done = true;
+  return ctx.diag_result;
+}
+
+class MpiCommunicator final : public HostCommunicator {
+ public:
+  MpiCommunicator(std::shared_ptr<MpiContext> ctx, MPI_Comm comm, Options options)
+      : ctx_(std::move(ctx)), comm_(comm), options_(std::move(options)) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const Options& options() const override { return options_; }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name) override {
+    MPI_Comm dup = MPI_COMM_NULL;
+    STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_dup(comm_, &dup)));
+    Options o = options_;
+    o.name = name;
+    return std::unique_ptr<Communicator>(new MpiCommunicator(ctx_, dup, std::move(o)));
+  }
+
+  void Abort(const absl::Status& cause) override {
+    STRATA_LOG(Error) << "aborting the job: " << cause.message();
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+ protected:
+  absl::Status RunAllGather(const void* send, void* recv, size_t count, DType dtype, uint64_t seq) override {
+    STRATA_RETURN_IF_ERROR(CheckCount(count, "all_gather"));
+    const bool in_place = send == static_cast<const char*>(recv) + rank_ * count * DTypeBytes(dtype);
+    MPI_Request req;
+    STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count),
+                                                          MpiType(dtype), recv, static_cast<int>(count),
+                                                          MpiType(dtype), comm_, &req)));
+    return WaitWithDeadline(req, "all_gather", seq);
+  }
+
+  absl::Status RunReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                                uint64_t seq) override {
+    STRATA_RETURN_IF_ERROR(CheckCount(count, "reduce_scatter"));
+    MPI_Request req;
+    STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Ireduce_scatter_block(
+        send, recv, static_cast<int>(count), MpiType(dtype), SumOp(dtype), comm_, &req)));
+    STRATA_RETURN_IF_ERROR(WaitWithDeadline(req, "reduce_scatter", seq));
+    if (op == ReduceOp::kAvg) ScaleInPlace(recv, count, dtype, 1.0f / static_cast<float>(size_));
+    return absl::OkStatus();
+  }
+
+  absl::Status RunAllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                            uint64_t seq) override {
+    STRATA_RETURN_IF_ERROR(CheckCount(count, "all_reduce"));
+    MPI_Request req;
+    STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv,
+                                                          static_cast<int>(count), MpiType(dtype), SumOp(dtype),
+                                                          comm_, &req)));
+    STRATA_RETURN_IF_ERROR(WaitWithDeadline(req, "all_reduce", seq));
+    if (op == ReduceOp::kAvg) ScaleInPlace(recv, count, dtype, 1.0f / static_cast<float>(size_));
+    return absl::OkStatus();
+  }
+
+  absl::Status RunBroadcast(void* buf, size_t count, DType dtype, int root, uint64_t seq) override {
+    STRATA_RETURN_IF_ERROR(CheckCount(count, "broadcast"));
+    if (root < 0 || root >= size_) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank of ", size_));
+    }
+    MPI_Request req;
+    STRATA_RETURN_IF_ERROR(
+        STRATA_MPI_CALL(MPI_Ibcast(buf, static_cast<int>(count), MpiType(dtype), root, comm_, &req)));
+    return WaitWithDeadline(req, "broadcast", seq);
+  }
+
+  absl::Status RunBarrier(uint64_t seq) override {
+    MPI_Request req;
+    STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Ibarrier(comm_, &req)));
+    return WaitWithDeadline(req, "barrier", seq);
+  }
+
+ private:
+  MPI_Op SumOp(DType t) const {
+    return t == DType::kF32 ? MPI_SUM : (t == DType::kBF16 ? ctx_->bf16_sum : ctx_->fp16_sum);
+  }
+
+  absl::Status CheckCount(size_t count, const char* what) const {
+    if (count > static_cast<size_t>(INT_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " of ", count, " elements exceeds MPI's int count; "
+                                                     "split the unit"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Polls `req` until it completes or the deadline passes. Spins briefly (small collectives finish in
+  // microseconds), then sleeps with a growing back-off so an idle wait does not steal a core.
+  absl::Status WaitWithDeadline(MPI_Request& req, const char* what, uint64_t seq) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::milliseconds(options_.timeout_ms);
+    int64_t sleep_us = 0;
+    for (int iter = 0;; ++iter) {
+      int flag = 0;
+      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Test(&req, &flag, MPI_STATUS_IGNORE)));
+      if (flag) return absl::OkStatus();
+      if (std::chrono::steady_clock::now() > deadline) break;
+      if (iter > 200) {
+        sleep_us = std::min<int64_t>(sleep_us + 5, 200);
+        std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      }
+    }
+    const std::string who = DiagnoseOnce(*ctx_, std::min<int64_t>(options_.timeout_ms, 5000));
+    return absl::DeadlineExceededError(absl::StrCat(what, " #", seq, " on '", options_.name, "' (rank ", rank_,
+                                                    " of ", size_, ") timed out after ", options_.timeout_ms,
+                                                    " ms: ", who));
+  }
+
+  std::shared_ptr<MpiContext> ctx_;
+  MPI_Comm comm_;
+  const Options options_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MpiRuntime>> MpiRuntime::Init(int* argc, char*** argv) {
+  int initialized = 0;
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Initialized(&initialized)));
+  if (initialized) return absl::FailedPreconditionError("MPI is already initialised in this process");
+  int provided = 0;
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided)));
+  if (provided < MPI_THREAD_MULTIPLE) {
+    MPI_Finalize();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this MPI provides thread level ", provided, ", but strata needs MPI_THREAD_MULTIPLE (each stream issues "
+        "collectives from its own thread); rebuild or choose an MPI with thread-multiple support"));
+  }
+  auto ctx = std::make_shared<MpiContext>();
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_rank(MPI_COMM_WORLD, &ctx->world_rank)));
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_size(MPI_COMM_WORLD, &ctx->world_size)));
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Op_create(&Bf16SumOp, /*commute=*/1, &ctx->bf16_sum)));
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Op_create(&Fp16SumOp, /*commute=*/1, &ctx->fp16_sum)));
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &ctx->control)));
+  SetLogRank(ctx->world_rank);
+  return std::unique_ptr<MpiRuntime>(new MpiRuntime(std::move(ctx)));
+}
+
+MpiRuntime::~MpiRuntime() {
+  MPI_Op_free(&ctx_->bf16_sum);
+  MPI_Op_free(&ctx_->fp16_sum);
+  if (!ctx_->diag_done) MPI_Comm_free(&ctx_->control);
+  MPI_Finalize();
+}
+
+int MpiRuntime::world_rank() const { return ctx_->world_rank; }
+int MpiRuntime::world_size() const { return ctx_->world_size; }
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiRuntime::World(const Options& options) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &dup)));
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(ctx_, dup, options));
+}
+
+}  // namespace strata::comm

@@ -1,0 +1,720 @@
+// Engine configuration parsing: JSON text -> validated EngineConfig.
+//
+// One schema tree (Schema()) lists every valid key; it drives the unknown-key check at each level (with
+// a Levenshtein "did you mean") and ValidKeyPaths(). Each section is then read by typed getters that
+// name the full key path in type and range errors. Every error is InvalidArgument (NotFound for a
+// missing file); nlohmann exceptions never escape.
+//
+// Decisions beyond DeepSpeed's documentation:
+//  - "Adam" maps to kAdamW: decoupled weight decay, as DeepSpeed's default adam_w_mode=true.
+//  - train_batch_size is checked (>= 1) but not stored: it equals micro * accumulation * world size,
+//    and the world size is not known here.
+//  - Precision: bf16.enabled / fp16.enabled set param_dtype; strata.param_dtype may restate it but not
+//    contradict it (including an explicit "enabled": false). strata.param_dtype "fp16" needs
+//    fp16.enabled (loss scaling lives there). After parsing, bf16 == (param_dtype == bf16) and
+//    fp16.enabled == (param_dtype == fp16).
+//  - Warm-up schedules default warmup_num_steps to 1000 and cos_min_ratio to 1e-4 (DeepSpeed's
+//    defaults); only warmup_type "linear" is implemented, and it is also the default (DeepSpeed: "log").
+//  - offload_param needs stage 3 and offload_optimizer needs stage >= 1, as in DeepSpeed.
+//  - Integer keys accept integral floats (DeepSpeed configs often say 1e5); duplicate keys are an error
+//    (DeepSpeed rejects them too). ParseConfigWithOverrides treats empty text as {}; ParseConfig does not.
+#include "runtime/engine/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "runtime/base/status.h"
+#include "runtime/base/units.h"
+
+namespace strata::engine {
+namespace {
+
+using json = nlohmann::json;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ---------------------------------------------------------------------------------------------------
+// Schema.
+
+struct KeyNode {
+  KeyNode(const char* key, std::vector<KeyNode> sub = {}) : name(key), children(std::move(sub)) {}
+
+  const char* name;
+  std::vector<KeyNode> children;  // empty: a leaf (scalar, array, or an ignored value of any type)
+};
+
+KeyNode OffloadNode(const char* name) {
+  return {name, {{"device"}, {"nvme_path"}, {"pin_memory"}, {"buffer_count"}, {"buffer_size"}}};
+}
+
+const KeyNode& Schema() {
+  // clang-format off
+  static const KeyNode* const kRoot = new KeyNode{"", {
+      {"train_micro_batch_size_per_gpu"}, {"gradient_accumulation_steps"}, {"gradient_clipping"},
+      {"train_batch_size"}, {"steps_per_print"}, {"wall_clock_breakdown"},
+      {"bf16", {{"enabled"}}},
+      {"fp16", {{"enabled"}, {"loss_scale"}, {"initial_scale_power"}, {"loss_scale_window"},
+                {"hysteresis"}, {"min_loss_scale"}}},
+      {"optimizer", {{"type"}, {"params", {{"lr"}, {"betas"}, {"eps"}, {"weight_decay"}, {"momentum"}}}}},
+      {"scheduler", {{"type"}, {"params", {{"warmup_min_lr"}, {"warmup_max_lr"}, {"warmup_num_steps"},
+                                           {"total_num_steps"}, {"warmup_type"}, {"cos_min_ratio"}}}}},
+      {"zero_optimization", {
+          {"stage"}, OffloadNode("offload_param"), OffloadNode("offload_optimizer"),
+          // Accepted and ignored DeepSpeed tuning keys (any value).
+          {"overlap_comm"}, {"contiguous_gradients"}, {"reduce_scatter"}, {"reduce_bucket_size"},
+          {"allgather_bucket_size"}, {"allgather_partitions"}, {"stage3_prefetch_bucket_size"},
+          {"stage3_param_persistence_threshold"}, {"stage3_max_live_parameters"},
+          {"stage3_max_reuse_distance"}, {"sub_group_size"}, {"stage3_gather_16bit_weights_on_model_save"},
+          {"round_robin_gradients"}}},
+      {"strata", {{"param_dtype"}, {"reduce_dtype"}, {"max_live_units"}, {"prefetch_depth"},
+                  {"reshard_after_forward"}, {"collective_timeout_ms"}, {"seed"}, {"device_budget"},
+                  {"host_budget"}}},
+  }};
+  // clang-format on
+  return *kRoot;
+}
+
+// The public API takes std::string_view; the installed Abseil's string_view is a distinct type.
+absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+std::string JoinPath(const std::string& prefix, absl::string_view key) {
+  return prefix.empty() ? std::string(key) : absl::StrCat(prefix, ".", key);
+}
+
+void CollectPaths(const KeyNode& node, const std::string& prefix, std::vector<std::string>* out) {
+  for (const KeyNode& child : node.children) {
+    const std::string path = JoinPath(prefix, child.name);  // not a reference into *out: it grows
+    out->push_back(path);
+    CollectPaths(child, path, out);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Error messages.
+
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+absl::Status UnknownKeyError(const std::string& prefix, const std::string& key, const KeyNode& node) {
+  const KeyNode* best = nullptr;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  std::vector<std::string> names;
+  for (const KeyNode& child : node.children) {
+    names.push_back(child.name);
+    const size_t d = EditDistance(absl::AsciiStrToLower(key), child.name);
+    if (d < best_distance) {
+      best = &child;
+      best_distance = d;
+    }
+  }
+  // Close enough to be a typo: a third of the key's length, at least 2, and not a total rewrite.
+  const bool close =
+      best != nullptr && best_distance < key.size() && best_distance <= std::max<size_t>(2, key.size() / 3);
+  const std::string path = JoinPath(prefix, key);
+  if (close) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown config key '", path, "'; did you mean '", JoinPath(prefix, best->name), "'?"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown config key '", path, "'; valid keys",
+                                                 prefix.empty() ? "" : absl::StrCat(" in '", prefix, "'"),
+                                                 ": ", absl::StrJoin(names, ", ")));
+}
+
+std::string Shown(const json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = absl::StrCat(text.substr(0, 57), "...");
+  return text;
+}
+
+absl::Status TypeError(const std::string& path, absl::string_view expected, const json& v) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("config key '", path, "' must be ", expected, ", got ", v.type_name(), " ", Shown(v)));
+}
+
+absl::Status RangeError(const std::string& path, const json& v, absl::string_view allowed) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("config key '", path, "' is ", Shown(v), ", but must be ", allowed));
+}
+
+absl::Status KeyError(const std::string& path, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("config key '", path, "' ", why));
+}
+
+// A numeric interval; an infinite end is unbounded.
+struct Range {
+  double lo = -kInf;
+  double hi = kInf;
+  bool lo_open = false;
+  bool hi_open = false;
+
+  bool Contains(double x) const { return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi); }
+  std::string ToString() const {
+    if (hi == kInf) return absl::StrCat(lo_open ? "> " : ">= ", lo);
+    return absl::StrCat("in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]");
+  }
+};
+Range AtLeast(double lo) { return {lo, kInf, false, false}; }
+Range Above(double lo) { return {lo, kInf, true, false}; }
+Range Closed(double lo, double hi) { return {lo, hi, false, false}; }
+Range HalfOpen(double lo, double hi) { return {lo, hi, false, true}; }
+
+bool IsIntegral(double d, double limit) {
+  return std::isfinite(d) && d == std::trunc(d) && std::fabs(d) < limit;
+}
+
+absl::StatusOr<int64_t> AsInt64(const json& v, const std::string& path) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(kMax)) return RangeError(path, v, absl::StrCat("<= ", kMax));
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float() && IsIntegral(v.get<double>(), 9.2e18)) {
+    return static_cast<int64_t>(v.get<double>());
+  }
+  return TypeError(path, "an integer", v);
+}
+
+absl::StatusOr<uint64_t> AsUint64(const json& v, const std::string& path) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  const bool integral = v.is_number_integer() || (v.is_number_float() && IsIntegral(v.get<double>(), 1.8e19));
+  if (!integral) return TypeError(path, "a non-negative integer", v);
+  if (v.get<double>() < 0) return RangeError(path, v, ">= 0");
+  if (v.is_number_integer()) return static_cast<uint64_t>(v.get<int64_t>());
+  return static_cast<uint64_t>(v.get<double>());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Section: one JSON object at a key path, checked against its schema node. An absent section has no
+// object; every getter then leaves its output unchanged.
+
+class Section {
+ public:
+  static absl::StatusOr<Section> Open(const json* value, std::string path, const KeyNode* node) {
+    if (value == nullptr) return Section(nullptr, std::move(path), node);
+    if (!value->is_object()) {
+      if (!path.empty()) return TypeError(path, "an object", *value);
+      return absl::InvalidArgumentError(
+          absl::StrCat("config must be a JSON object, got ", value->type_name()));
+      return TypeError(path, "an object", *value);
+    }
+    for (const auto& item : value->items()) {
+      const bool known = std::any_of(node->children.begin(), node->children.end(),
+                                     [&](const KeyNode& c) { return item.key() == c.name; });
+      if (!known) return UnknownKeyError(path, item.key(), *node);
+    }
+    return Section(value, std::move(path), node);
+  }
+
+  bool present() const { return obj_ != nullptr; }
+  bool Has(const std::string& key) const { return Find(key) != nullptr; }
+  std::string Path(absl::string_view key) const { return JoinPath(path_, key); }
+  const json* Find(const std::string& key) const {
+    if (obj_ == nullptr) return nullptr;
+    auto it = obj_->find(key);
+    return it == obj_->end() ? nullptr : &*it;
+  }
+  // The first key present in this section, or "" (for "does not apply" errors).
+  std::string FirstKey() const { return obj_ == nullptr || obj_->empty() ? "" : obj_->begin().key(); }
+
+  absl::StatusOr<Section> Sub(const std::string& key) const {
+    for (const KeyNode& child : node_->children) {
+      if (key == child.name) return Open(Find(key), Path(key), &child);
+    }
+    return absl::InternalError(absl::StrCat("config schema has no key '", Path(key), "'"));
+  }
+
+  template <typename T>
+  absl::Status Int(const std::string& key, Range range, T* out) const {
+    const json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    STRATA_ASSIGN_OR_RETURN(const int64_t x, AsInt64(*v, Path(key)));
+    if (!range.Contains(static_cast<double>(x))) return RangeError(Path(key), *v, range.ToString());
+    if (x > std::numeric_limits<T>::max()) {
+      return RangeError(Path(key), *v, absl::StrCat("<= ", std::numeric_limits<T>::max()));
+    }
+    *out = static_cast<T>(x);
+    return absl::OkStatus();
+  }
+
+  absl::Status Double(const std::string& key, Range range, double* out) const {
+    const json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_number()) return TypeError(Path(key), "a number", *v);
+    if (!range.Contains(v->get<double>())) return RangeError(Path(key), *v, range.ToString());
+    *out = v->get<double>();
+    return absl::OkStatus();
+  }
+
+  absl::Status Bool(const std::string& key, bool* out) const {
+    const json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_boolean()) return TypeError(Path(key), "a boolean", *v);
+    *out = v->get<bool>();
+    return absl::OkStatus();
+  }
+
+  absl::Status String(const std::string& key, std::string* out) const {
+    const json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_string()) return TypeError(Path(key), "a string", *v);
+    *out = v->get<std::string>();
+    return absl::OkStatus();
+  }
+
+  absl::Status Uint64(const std::string& key, uint64_t* out) const {
+    const json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    STRATA_ASSIGN_OR_RETURN(*out, AsUint64(*v, Path(key)));
+    return absl::OkStatus();
+  }
+
+  // A byte budget: a non-negative integer or a size string ("512MiB"); must be >= 1.
+  absl::Status Bytes(const std::string& key, uint64_t* out) const {
+    const json* v = Find(key);
+    if (v == nullptr) return absl::OkStatus();
+    uint64_t bytes = 0;
+    if (v->is_string()) {
+      auto parsed = ParseBytes(v->get<std::string>());
+      if (!parsed.ok()) return Annotate(parsed.status(), absl::StrCat("config key '", Path(key), "'"));
+      bytes = *parsed;
+    } else if (v->is_number()) {
+      STRATA_RETURN_IF_ERROR(Uint64(key, &bytes));
+    } else {
+      return TypeError(Path(key), "a byte count or a size string like \"512MiB\"", *v);
+    }
+    if (bytes == 0) return RangeError(Path(key), *v, ">= 1 byte");
+    *out = bytes;
+    return absl::OkStatus();
+  }
+
+ private:
+  Section(const json* obj, std::string path, const KeyNode* node)
+      : obj_(obj), path_(std::move(path)), node_(node) {}
+
+  const json* obj_;
+  std::string path_;
+  const KeyNode* node_;
+};
+
+// Error unless `key` is absent: it does not apply in the current context (`why`).
+absl::Status RejectKey(const Section& s, const std::string& key, absl::string_view why) {
+  if (!s.Has(key)) return absl::OkStatus();
+  return KeyError(s.Path(key), why);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Sections.
+
+// What the precision blocks said, resolved into param_dtype by ResolvePrecision.
+struct PrecisionRequest {
+  bool bf16_given = false;
+  bool bf16_enabled = false;
+  bool fp16_given = false;
+  bool strata_dtype_given = false;
+  DType strata_dtype = DType::kF32;
+};
+
+absl::Status ParseTopLevel(const Section& root, EngineConfig* cfg) {
+  STRATA_RETURN_IF_ERROR(
+      root.Int("train_micro_batch_size_per_gpu", AtLeast(1), &cfg->train_micro_batch_size_per_gpu));
+  STRATA_RETURN_IF_ERROR(
+      root.Int("gradient_accumulation_steps", AtLeast(1), &cfg->gradient_accumulation_steps));
+  STRATA_RETURN_IF_ERROR(root.Double("gradient_clipping", AtLeast(0), &cfg->gradient_clipping));
+  int64_t train_batch_size = 0;  // validated only; see the file comment
+  return root.Int("train_batch_size", AtLeast(1), &train_batch_size);
+}
+
+absl::Status ParseHalfPrecision(const Section& root, EngineConfig* cfg, PrecisionRequest* req) {
+  STRATA_ASSIGN_OR_RETURN(const Section bf16, root.Sub("bf16"));
+  req->bf16_given = bf16.Has("enabled");
+  STRATA_RETURN_IF_ERROR(bf16.Bool("enabled", &req->bf16_enabled));
+  STRATA_ASSIGN_OR_RETURN(const Section fp16, root.Sub("fp16"));
+  req->fp16_given = fp16.Has("enabled");
+  Fp16Config& f = cfg->fp16;
+  STRATA_RETURN_IF_ERROR(fp16.Bool("enabled", &f.enabled));
+  STRATA_RETURN_IF_ERROR(fp16.Double("loss_scale", AtLeast(0), &f.static_loss_scale));
+  STRATA_RETURN_IF_ERROR(fp16.Double("initial_scale_power", Closed(0, 127), &f.initial_scale_power));
+  STRATA_RETURN_IF_ERROR(fp16.Int("loss_scale_window", AtLeast(1), &f.loss_scale_window));
+  return fp16.Double("min_loss_scale", Above(0), &f.min_loss_scale);
+}
+
+absl::Status ParseBetas(const Section& params, OptimizerConfig* opt) {
+  const json* v = params.Find("betas");
+  if (v == nullptr) return absl::OkStatus();
+  const std::string path = params.Path("betas");
+  if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number()) {
+    return TypeError(path, "an array of 2 numbers", *v);
+  }
+  double* outs[2] = {&opt->beta1, &opt->beta2};
+  for (size_t i = 0; i < 2; ++i) {
+    const double beta = (*v)[i].get<double>();
+    if (!HalfOpen(0, 1).Contains(beta)) {
+      return RangeError(absl::StrCat(path, "[", i, "]"), (*v)[i], HalfOpen(0, 1).ToString());
+    }
+    *outs[i] = beta;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseOptimizer(const Section& root, OptimizerConfig* opt) {
+  STRATA_ASSIGN_OR_RETURN(const Section s, root.Sub("optimizer"));
+  std::string type = "AdamW";
+  STRATA_RETURN_IF_ERROR(s.String("type", &type));
+  const std::string lower = absl::AsciiStrToLower(type);
+  if (lower == "adamw" || lower == "adam") {
+    opt->type = OptimizerType::kAdamW;
+  } else if (lower == "sgd") {
+    opt->type = OptimizerType::kSgd;
+  } else {
+    return KeyError(s.Path("type"), absl::StrCat("is '", type, "'; supported types: AdamW, Adam, SGD"));
+  }
+  STRATA_ASSIGN_OR_RETURN(const Section p, s.Sub("params"));
+  const std::string why = absl::StrCat("does not apply to optimizer type '", type, "'");
+  if (opt->type == OptimizerType::kSgd) {
+    STRATA_RETURN_IF_ERROR(RejectKey(p, "betas", why + " (Adam/AdamW only)"));
+    STRATA_RETURN_IF_ERROR(RejectKey(p, "eps", why + " (Adam/AdamW only)"));
+  } else {
+    STRATA_RETURN_IF_ERROR(RejectKey(p, "momentum", why + " (SGD only)"));
+  }
+  STRATA_RETURN_IF_ERROR(p.Double("lr", Above(0), &opt->lr));
+  STRATA_RETURN_IF_ERROR(p.Double("eps", Above(0), &opt->eps));
+  STRATA_RETURN_IF_ERROR(p.Double("weight_decay", AtLeast(0), &opt->weight_decay));
+  STRATA_RETURN_IF_ERROR(p.Double("momentum", HalfOpen(0, 1), &opt->momentum));
+  return ParseBetas(p, opt);
+}
+
+// Warm-up parameters shared by WarmupLR, WarmupDecayLR and WarmupCosineLR (DeepSpeed defaults).
+absl::Status ParseWarmupParams(const Section& p, EngineConfig* cfg) {
+  SchedulerConfig& sc = cfg->scheduler;
+  sc.warmup_steps = 1000;
+  STRATA_RETURN_IF_ERROR(p.Int("warmup_num_steps", AtLeast(0), &sc.warmup_steps));
+  STRATA_RETURN_IF_ERROR(p.Double("warmup_max_lr", Above(0), &cfg->optimizer.lr));
+  STRATA_RETURN_IF_ERROR(p.Double("warmup_min_lr", AtLeast(0), &sc.warmup_min_lr));
+  if (sc.warmup_min_lr > cfg->optimizer.lr) {
+    return KeyError(p.Path("warmup_min_lr"),
+                    absl::StrCat("is ", sc.warmup_min_lr, ", above the peak lr ", cfg->optimizer.lr));
+  }
+  std::string warmup_type = "linear";
+  STRATA_RETURN_IF_ERROR(p.String("warmup_type", &warmup_type));
+  if (warmup_type != "linear") {
+    return KeyError(p.Path("warmup_type"),
+                    absl::StrCat("is '", warmup_type, "'; only 'linear' is supported"));
+  }
+  return absl::OkStatus();
+}
+
+// total_num_steps: required for the decaying schedules, and past the warm-up.
+absl::Status ParseDecayHorizon(const Section& p, absl::string_view type, SchedulerConfig* sc) {
+  const std::string path = p.Path("total_num_steps");
+  if (!p.Has("total_num_steps")) {
+    return KeyError(path, absl::StrCat("is required for scheduler type '", type, "'"));
+  }
+  STRATA_RETURN_IF_ERROR(p.Int("total_num_steps", AtLeast(1), &sc->total_steps));
+  if (sc->total_steps <= sc->warmup_steps) {
+    return KeyError(path, absl::StrCat("is ", sc->total_steps, ", but must be > warmup_num_steps (",
+                                       sc->warmup_steps, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseScheduler(const Section& root, EngineConfig* cfg) {
+  STRATA_ASSIGN_OR_RETURN(const Section s, root.Sub("scheduler"));
+  std::string type = "constant";
+  STRATA_RETURN_IF_ERROR(s.String("type", &type));
+  STRATA_ASSIGN_OR_RETURN(const Section p, s.Sub("params"));
+  const std::string lower = absl::AsciiStrToLower(type);
+  const std::string why = absl::StrCat("does not apply to scheduler type '", type, "'");
+  SchedulerConfig& sc = cfg->scheduler;
+  if (lower == "constant") {
+    sc = SchedulerConfig{};
+    return p.FirstKey().empty() ? absl::OkStatus() : KeyError(p.Path(p.FirstKey()), why);
+  }
+  if (lower != "warmuplr" && lower != "warmupdecaylr" && lower != "warmupcosinelr") {
+    return KeyError(s.Path("type"), absl::StrCat("is '", type,
+                                                 "'; supported types: WarmupLR, WarmupDecayLR, "
+                                                 "WarmupCosineLR, constant"));
+  }
+  STRATA_RETURN_IF_ERROR(ParseWarmupParams(p, cfg));
+  if (lower != "warmupcosinelr") STRATA_RETURN_IF_ERROR(RejectKey(p, "cos_min_ratio", why));
+  sc.min_lr = sc.warmup_min_lr;
+  sc.type = lower == "warmupcosinelr" ? LrScheduleType::kWarmupCosine : LrScheduleType::kWarmupLinear;
+  if (lower == "warmuplr") return RejectKey(p, "total_num_steps", why + " (warm-up, then constant)");
+  STRATA_RETURN_IF_ERROR(ParseDecayHorizon(p, type, &sc));
+  if (lower == "warmupdecaylr") return absl::OkStatus();
+  double cos_min_ratio = 1e-4;
+  STRATA_RETURN_IF_ERROR(p.Double("cos_min_ratio", Closed(0, 1), &cos_min_ratio));
+  sc.min_lr = cos_min_ratio * cfg->optimizer.lr;
+  return absl::OkStatus();
+}
+
+absl::Status ParseOffload(const Section& zero, const std::string& key, OffloadConfig* out) {
+  STRATA_ASSIGN_OR_RETURN(const Section s, zero.Sub(key));
+  std::string device = "none";
+  STRATA_RETURN_IF_ERROR(s.String("device", &device));
+  const std::string lower = absl::AsciiStrToLower(device);
+  if (lower == "none") {
+    out->device = OffloadDevice::kNone;
+  } else if (lower == "cpu") {
+    out->device = OffloadDevice::kCpu;
+  } else if (lower == "nvme") {
+    out->device = OffloadDevice::kNvme;
+  } else {
+    return KeyError(s.Path("device"), absl::StrCat("is '", device, "'; use 'none', 'cpu' or 'nvme'"));
+  }
+  STRATA_RETURN_IF_ERROR(s.String("nvme_path", &out->nvme_path));
+  STRATA_RETURN_IF_ERROR(s.Bool("pin_memory", &out->pin_memory));
+  STRATA_RETURN_IF_ERROR(s.Int("buffer_count", AtLeast(1), &out->buffer_count));
+  if (out->device == OffloadDevice::kNvme && out->nvme_path.empty()) {
+    return KeyError(s.Path("nvme_path"), "must be a non-empty path when device is 'nvme'");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseZero(const Section& root, EngineConfig* cfg) {
+  STRATA_ASSIGN_OR_RETURN(const Section z, root.Sub("zero_optimization"));
+  STRATA_RETURN_IF_ERROR(z.Int("stage", Closed(0, 3), &cfg->stage));
+  STRATA_RETURN_IF_ERROR(ParseOffload(z, "offload_param", &cfg->offload_param));
+  STRATA_RETURN_IF_ERROR(ParseOffload(z, "offload_optimizer", &cfg->offload_optimizer));
+  if (cfg->offload_param.device != OffloadDevice::kNone && cfg->stage != 3) {
+    return KeyError(z.Path("offload_param"), absl::StrCat("needs stage 3 (stage is ", cfg->stage, ")"));
+  }
+  if (cfg->offload_optimizer.device != OffloadDevice::kNone && cfg->stage == 0) {
+    return KeyError(z.Path("offload_optimizer"), "needs stage 1, 2 or 3 (stage is 0)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseDTypeKey(const Section& s, const std::string& key, bool* given, DType* out) {
+  std::string name;
+  STRATA_RETURN_IF_ERROR(s.String(key, &name));
+  if (!s.Has(key)) return absl::OkStatus();
+  auto dtype = ParseDType(absl::AsciiStrToLower(name));
+  if (!dtype.ok()) return Annotate(dtype.status(), absl::StrCat("config key '", s.Path(key), "'"));
+  *given = true;
+  *out = *dtype;
+  return absl::OkStatus();
+}
+
+absl::Status ParseStrata(const Section& root, EngineConfig* cfg, PrecisionRequest* req) {
+  STRATA_ASSIGN_OR_RETURN(const Section s, root.Sub("strata"));
+  STRATA_RETURN_IF_ERROR(ParseDTypeKey(s, "param_dtype", &req->strata_dtype_given, &req->strata_dtype));
+  bool reduce_given = false;
+  STRATA_RETURN_IF_ERROR(ParseDTypeKey(s, "reduce_dtype", &reduce_given, &cfg->reduce_dtype));
+  if (cfg->reduce_dtype == DType::kF16) {
+    return RangeError(s.Path("reduce_dtype"), *s.Find("reduce_dtype"), "\"fp32\" or \"bf16\"");
+  }
+  STRATA_RETURN_IF_ERROR(s.Int("max_live_units", AtLeast(1), &cfg->max_live_units));
+  STRATA_RETURN_IF_ERROR(s.Int("prefetch_depth", AtLeast(0), &cfg->prefetch_depth));
+  STRATA_RETURN_IF_ERROR(s.Bool("reshard_after_forward", &cfg->reshard_after_forward));
+  STRATA_RETURN_IF_ERROR(s.Int("collective_timeout_ms", AtLeast(1), &cfg->collective_timeout_ms));
+  STRATA_RETURN_IF_ERROR(s.Uint64("seed", &cfg->seed));
+  STRATA_RETURN_IF_ERROR(s.Bytes("device_budget", &cfg->device_budget_bytes));
+  return s.Bytes("host_budget", &cfg->host_budget_bytes);
+}
+
+// See the file comment: the bf16 / fp16 blocks and strata.param_dtype must agree.
+absl::Status ResolvePrecision(const PrecisionRequest& req, EngineConfig* cfg) {
+  if (req.bf16_enabled && cfg->fp16.enabled) {
+    return absl::InvalidArgumentError(
+        "config keys 'bf16.enabled' and 'fp16.enabled' are both true; enable at most one");
+  }
+  cfg->bf16 = req.bf16_enabled;
+  if (req.bf16_enabled) cfg->param_dtype = DType::kBF16;
+  if (cfg->fp16.enabled) cfg->param_dtype = DType::kF16;
+  if (!req.strata_dtype_given) return absl::OkStatus();
+  const std::string name(DTypeName(req.strata_dtype));
+  const bool block_on = req.bf16_enabled || cfg->fp16.enabled;
+  const bool bf16_says_no = req.bf16_given && !req.bf16_enabled && req.strata_dtype == DType::kBF16;
+  if ((block_on && req.strata_dtype != cfg->param_dtype) || bf16_says_no) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config key 'strata.param_dtype' is \"", name, "\", which disagrees with bf16.enabled=",
+        req.bf16_enabled ? "true" : "false", " / fp16.enabled=", cfg->fp16.enabled ? "true" : "false"));
+  }
+  if (req.strata_dtype == DType::kF16 && !cfg->fp16.enabled) {
+    return KeyError("strata.param_dtype", "is \"fp16\", which needs fp16.enabled=true (loss scaling)");
+  }
+  cfg->param_dtype = req.strata_dtype;
+  cfg->bf16 = req.strata_dtype == DType::kBF16;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EngineConfig> Validate(const json& doc) {
+  EngineConfig cfg;
+  PrecisionRequest req;
+  STRATA_ASSIGN_OR_RETURN(const Section root, Section::Open(&doc, "", &Schema()));
+  STRATA_RETURN_IF_ERROR(ParseTopLevel(root, &cfg));
+  STRATA_RETURN_IF_ERROR(ParseHalfPrecision(root, &cfg, &req));
+  STRATA_RETURN_IF_ERROR(ParseOptimizer(root, &cfg.optimizer));
+  STRATA_RETURN_IF_ERROR(ParseScheduler(root, &cfg));  // after the optimizer: may override its lr
+  STRATA_RETURN_IF_ERROR(ParseZero(root, &cfg));
+  STRATA_RETURN_IF_ERROR(ParseStrata(root, &cfg, &req));
+  STRATA_RETURN_IF_ERROR(ResolvePrecision(req, &cfg));
+  return cfg;
+}
+
+absl::StatusOr<EngineConfig> ValidateNoThrow(const json& doc) {
+  try {
+    return Validate(doc);
+  } catch (const json::exception& e) {  // type checks precede every access; this is a bug guard
+    return absl::InternalError(absl::StrCat("config validation failed unexpectedly: ", e.what()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// JSON text and overrides.
+
+// Records the first key repeated within one object (nlohmann otherwise keeps the last silently).
+class DuplicateKeyFinder {
+ public:
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        frames_.push_back({frames_.empty() ? "" : JoinPath(frames_.back().path, last_key_), {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames_.pop_back();
+        break;
+      case json::parse_event_t::key:
+        last_key_ = parsed.get<std::string>();
+        if (!frames_.back().keys.insert(last_key_).second && duplicate_.empty()) {
+          duplicate_ = JoinPath(frames_.back().path, last_key_);
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  }
+  const std::string& duplicate() const { return duplicate_; }
+
+ private:
+  struct Frame {
+    std::string path;
+    std::set<std::string> keys;
+  };
+  std::vector<Frame> frames_;
+  std::string last_key_;
+  std::string duplicate_;
+};
+
+absl::StatusOr<json> ParseJsonText(absl::string_view text) {
+  DuplicateKeyFinder finder;
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end(), std::ref(finder));
+  } catch (const json::exception& e) {
+    absl::string_view what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, ..."
+    const size_t bracket = what.find("] ");
+    if (bracket != absl::string_view::npos) what.remove_prefix(bracket + 2);
+    return absl::InvalidArgumentError(absl::StrCat("malformed config JSON: ", what));
+  }
+  if (!finder.duplicate().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("duplicate config key '", finder.duplicate(), "'"));
+  }
+  return doc;
+}
+
+// Sets one "a.b.c=value" override in `doc`, creating objects along the path.
+absl::Status ApplyOverride(const std::string& override_text, json* doc) {
+  const size_t eq = override_text.find('=');
+  const std::vector<std::string> parts =
+      absl::StrSplit(override_text.substr(0, eq == std::string::npos ? 0 : eq), '.');
+  const bool bad_path =
+      std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); });
+  if (eq == std::string::npos || bad_path) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config override '", override_text, "' is not of the form key.path=value"));
+  }
+  json* node = doc;
+  std::string path;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    path = JoinPath(path, parts[i]);
+    json& child = (*node)[parts[i]];
+    if (child.is_null()) child = json::object();
+    if (!child.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("config override '", override_text, "': '", path,
+                                                     "' is a ", child.type_name(), ", not an object"));
+    }
+    node = &child;
+  }
+  const std::string value = override_text.substr(eq + 1);
+  json parsed = json::parse(value, nullptr, /*allow_exceptions=*/false);
+  (*node)[parts.back()] = parsed.is_discarded() ? json(value) : std::move(parsed);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<EngineConfig> ParseConfig(std::string_view json_text) {
+  STRATA_ASSIGN_OR_RETURN(const json doc, ParseJsonText(ToAbsl(json_text)));
+  return ValidateNoThrow(doc);
+}
+
+absl::StatusOr<EngineConfig> LoadConfigFile(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return ErrnoError(absl::StrCat("fopen(\"", path, "\")"), errno, __FILE__, __LINE__);
+  std::string text;
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), file)) > 0) text.append(buf, n);
+  const int read_errno = std::ferror(file) ? errno : 0;
+  std::fclose(file);
+  if (read_errno != 0) {
+    return ErrnoError(absl::StrCat("fread(\"", path, "\")"), read_errno, __FILE__, __LINE__);
+  }
+  auto cfg = ParseConfig(text);
+  if (!cfg.ok()) return Annotate(cfg.status(), path);
+  return cfg;
+}
+
+absl::StatusOr<EngineConfig> ParseConfigWithOverrides(std::string_view json_text,
+                                                      const std::vector<std::string>& overrides) {
+  const absl::string_view text = ToAbsl(json_text);
+  const bool empty = absl::StripAsciiWhitespace(text).empty();
+  STRATA_ASSIGN_OR_RETURN(json doc, empty ? absl::StatusOr<json>(json::object()) : ParseJsonText(text));
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("config must be a JSON object, got ", doc.type_name()));
+  }
+  for (const std::string& override_text : overrides) {
+    STRATA_RETURN_IF_ERROR(ApplyOverride(override_text, &doc));
+  }
+  return ValidateNoThrow(doc);
+}
+
+const std::vector<std::string>& ValidKeyPaths() {
+  static const std::vector<std::string>* const kPaths = [] {
+    auto* paths = new std::vector<std::string>();
+    CollectPaths(Schema(), "", paths);
+    return paths;
+  }();
+  return *kPaths;
+}
+
+}  // namespace strata::engine

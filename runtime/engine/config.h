@@ -1,0 +1,80 @@
+// Engine configuration: one JSON file whose DeepSpeed keys mean what they mean in DeepSpeed, plus a
+// "strata" object for Strata's own keys (DESIGN "Configuration"). Command-line flags override it.
+//
+// Validation is total: an unknown key is an error naming the nearest valid key at that level; an
+// out-of-range or wrongly typed value is an error naming the key path (e.g. "zero_optimization.stage").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/base/dtype.h"
+#include "runtime/optim/hyper.h"
+
+namespace strata::engine {
+
+using OptimizerType = optim::OptimizerType;
+using LrScheduleType = optim::LrScheduleType;
+using OptimizerConfig = optim::OptimizerConfig;
+using SchedulerConfig = optim::SchedulerConfig;
+enum class OffloadDevice { kNone, kCpu, kNvme };
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  bool pin_memory = true;
+  int buffer_count = 4;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double initial_scale_power = 16;  // initial loss scale = 2^power
+  int loss_scale_window = 1000;     // grow after this many clean steps
+  double min_loss_scale = 1;
+  double static_loss_scale = 0;     // DeepSpeed "loss_scale": 0 = dynamic
+};
+
+struct EngineConfig {
+  // DeepSpeed keys.
+  int stage = 3;                                // zero_optimization.stage, 0..3
+  int64_t train_micro_batch_size_per_gpu = 1;
+  int gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;               // 0 = off
+  bool bf16 = false;                            // bf16.enabled: param_dtype bf16
+  Fp16Config fp16;                              // fp16.enabled: param_dtype fp16 + loss scaling
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  OffloadConfig offload_param;                  // zero_optimization.offload_param
+  OffloadConfig offload_optimizer;              // zero_optimization.offload_optimizer
+
+  // strata keys ("strata": {...}).
+  DType param_dtype = DType::kF32;              // strata.param_dtype; bf16/fp16 blocks set it too
+  DType reduce_dtype = DType::kF32;             // strata.reduce_dtype
+  int max_live_units = 2;                       // strata.max_live_units >= 1
+  int prefetch_depth = 1;                       // strata.prefetch_depth >= 0
+  bool reshard_after_forward = true;            // strata.reshard_after_forward
+  int64_t collective_timeout_ms = 60000;        // strata.collective_timeout_ms > 0
+  uint64_t seed = 1;                            // strata.seed
+  uint64_t device_budget_bytes = ~uint64_t{0};  // strata.device_budget ("512MiB" or a number)
+  uint64_t host_budget_bytes = ~uint64_t{0};    // strata.host_budget
+};
+
+// Parses and validates a JSON document (the whole text). Missing keys keep their defaults.
+absl::StatusOr<EngineConfig> ParseConfig(std::string_view json_text);
+
+// Reads a file and parses it; errors name the file.
+absl::StatusOr<EngineConfig> LoadConfigFile(const std::string& path);
+
+// Applies "key.path=value" overrides (flags) on top of a JSON document before validation, e.g.
+// {"zero_optimization.stage=2", "strata.max_live_units=3", "optimizer.params.lr=3e-4"}. The value is
+// parsed as JSON when it parses (numbers, true/false, arrays), else taken as a string.
+absl::StatusOr<EngineConfig> ParseConfigWithOverrides(std::string_view json_text,
+                                                      const std::vector<std::string>& overrides);
+
+// Every valid key path, for error messages and docs.
+const std::vector<std::string>& ValidKeyPaths();
+
+}  // namespace strata::engine

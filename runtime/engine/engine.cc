@@ -1,0 +1,279 @@
+// Engine lifecycle: creation, registration, the cross-rank registration check, allocation and
+// initialisation of every unit's state, parameter views and whole-parameter gather / set.
+#include "runtime/engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/element_math.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#include "runtime/device/host_device.h"
+#include "runtime/engine/engine_impl.h"
+#include "runtime/optim/optimizer.h"
+
+namespace strata::engine {
+
+using memory::Kind;
+
+namespace {
+
+void StoreAs(DType dtype, float value, void* base, size_t index) {
+  switch (dtype) {
+    case DType::kF32: static_cast<float*>(base)[index] = value; return;
+    case DType::kBF16: static_cast<uint16_t*>(base)[index] = kernels::FloatToBf16(value); return;
+    case DType::kF16: static_cast<uint16_t*>(base)[index] = kernels::FloatToHalf(value); return;
+  }
+}
+
+// Writes the values of global elements [lo, hi) of the unit: `master` (fp32, may be null) and `params`
+// (param dtype, may be null), each indexed from lo.
+void InitRange(const UnitState& u, uint64_t seed, size_t lo, size_t hi, float* master, void* params, DType dtype) {
+  for (const shard::ParamSlot& p : u.layout.params) {
+    const uint64_t key = shard::ParamKey(u.layout.name, p.spec.name);
+    const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
+    for (size_t j = b; j < e; ++j) {
+      const float value = shard::InitValue(p.spec.init, seed, key, j - p.offset_elems);
+      if (master != nullptr) master[j - lo] = value;
+      if (params != nullptr) StoreAs(dtype, value, params, j - lo);
+    }
+  }
+}
+
+}  // namespace
+
+float* Engine::Impl::MasterPtr(UnitState& u) const {
+  if (cfg.param_dtype != DType::kF32) return u.master.as<float>();
+  if (cfg.stage == 3) return u.params.as<float>();
+  return u.params.as<float>() + update_begin(u);
+}
+
+float* Engine::Impl::GradUpdatePtr(UnitState& u) const {
+  return cfg.stage <= 1 ? u.grads.as<float>() + update_begin(u) : u.grads.as<float>();
+}
+
+char* Engine::Impl::ParamBase(const UnitState& u) const {
+  if (cfg.stage == 3) return u.param_slot < 0 ? nullptr : static_cast<char*>(param_pool.view(u.param_slot).data);
+  return u.params.as<char>();
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  if (!impl_) return;
+  // Drain the streams before buffers go away.
+  for (auto* s : {impl_->gather_stream.get(), impl_->reduce_stream.get(), impl_->step_stream.get()}) {
+    if (s != nullptr) s->Synchronize().IgnoreError();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config, comm::Communicator& world,
+                                                       device::Device& device) {
+  if (config.reduce_dtype != DType::kF32) {
+    return absl::UnimplementedError("strata.reduce_dtype other than fp32 is not implemented yet; use fp32");
+  }
+  if (config.offload_param.device != OffloadDevice::kNone || config.offload_optimizer.device != OffloadDevice::kNone) {
+    return absl::UnimplementedError("offload_param / offload_optimizer are not implemented in this build yet");
+  }
+  if (config.fp16.enabled || config.param_dtype == DType::kF16) {
+    return absl::UnimplementedError("fp16 (with loss scaling) is not implemented yet; use fp32 or bf16");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = config;
+  impl->world = &world;
+  impl->device = &device;
+  STRATA_ASSIGN_OR_RETURN(impl->gather_comm, world.Dup("gather"));
+  STRATA_ASSIGN_OR_RETURN(impl->reduce_comm, world.Dup("reduce"));
+  STRATA_ASSIGN_OR_RETURN(impl->step_comm, world.Dup("step"));
+  STRATA_ASSIGN_OR_RETURN(impl->gather_stream, device.CreateStream("gather"));
+  STRATA_ASSIGN_OR_RETURN(impl->reduce_stream, device.CreateStream("reduce"));
+  STRATA_ASSIGN_OR_RETURN(impl->step_stream, device.CreateStream("step"));
+  impl->device_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kDevice, config.device_budget_bytes,
+                                                               &impl->tracker);
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::ParamSpec> params) {
+  Impl& m = *impl_;
+  if (m.finalized) {
+    return absl::FailedPreconditionError(absl::StrCat("RegisterUnit('", name, "') after Finalize()"));
+  }
+  for (const UnitState& u : m.units) {
+    if (u.layout.name == name) return absl::InvalidArgumentError(absl::StrCat("unit '", name, "' registered twice"));
+  }
+  STRATA_ASSIGN_OR_RETURN(shard::UnitLayout layout,
+                          shard::UnitLayout::Build(std::move(name), std::move(params), m.world_size()));
+  m.units.emplace_back();
+  m.units.back().layout = std::move(layout);
+  return static_cast<int>(m.units.size()) - 1;
+}
+
+namespace {
+
+// Every rank gathers every rank's per-unit fingerprints; the first difference is reported on all ranks.
+absl::Status CheckRegistrations(Engine::Impl& m) {
+  const int n = m.world_size();
+  // Slot 0: unit count; then one fingerprint per unit, truncated to the shortest list.
+  std::vector<uint64_t> mine(1 + m.units.size());
+  mine[0] = m.units.size();
+  for (size_t i = 0; i < m.units.size(); ++i) mine[1 + i] = m.units[i].layout.Fingerprint();
+  std::vector<uint64_t> counts(n);
+  // 64-bit words travel as 4 x 16-bit elements (no arithmetic touches them).
+  STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(&mine[0], counts.data(), 4, DType::kF16, *m.step_stream).Wait());
+  for (int r = 0; r < n; ++r) {
+    if (counts[r] != mine[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "unit registrations differ across ranks: rank ", m.rank(), " registered ", mine[0], " units but rank ", r,
+          " registered ", counts[r], "; every rank must register the same units in the same order"));
+    }
+  }
+  std::vector<uint64_t> all(n * mine.size());
+  STRATA_RETURN_IF_ERROR(
+      m.step_comm->AllGather(mine.data(), all.data(), 4 * mine.size(), DType::kF16, *m.step_stream).Wait());
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    for (int r = 0; r < n; ++r) {
+      if (all[r * mine.size() + 1 + i] != mine[1 + i]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "unit registrations differ across ranks: unit #", i, " on rank ", m.rank(), " is {",
+            m.units[i].layout.Describe(), "} but rank ", r,
+            " registered something else there (name, parameter names, shapes or weight-decay flags differ)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
+  memory::Allocator& a = *m.device_alloc;
+  const size_t total = u.layout.total_elems, upd = m.update_elems(u);
+  const size_t param_elems = m.cfg.stage == 3 ? u.layout.shard_elems : total;
+  const size_t grad_elems = m.cfg.stage <= 1 ? total : u.layout.shard_elems;
+  STRATA_ASSIGN_OR_RETURN(u.params, a.Allocate(param_elems * m.param_bytes(), Kind::kParamShard));
+  if (m.cfg.param_dtype != DType::kF32) {
+    STRATA_ASSIGN_OR_RETURN(u.master, a.Allocate(upd * 4, Kind::kMaster));
+  }
+  STRATA_ASSIGN_OR_RETURN(u.grads, a.Allocate(grad_elems * 4, Kind::kGradShard));
+  STRATA_ASSIGN_OR_RETURN(u.m, a.Allocate(upd * 4, Kind::kOptimizerState));
+  if (optim::StateBuffers(m.cfg.optimizer) > 1) {
+    STRATA_ASSIGN_OR_RETURN(u.v, a.Allocate(upd * 4, Kind::kOptimizerState));
+  }
+  u.update_segments = m.cfg.stage == 0 ? u.layout.FullSegments() : u.layout.ShardSegments(m.rank());
+  // Initial values: the rank's own range for stage 3, everything for the replicated stages.
+  const size_t lo = m.cfg.stage == 3 ? m.update_begin(u) : 0;
+  const size_t hi = lo + param_elems;
+  float* master = m.cfg.param_dtype != DType::kF32 ? u.master.as<float>() : nullptr;
+  InitRange(u, m.cfg.seed, lo, hi, nullptr, u.params.data(), m.cfg.param_dtype);
+  if (master != nullptr) InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, master, nullptr, DType::kF32);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Engine::Finalize() {
+  Impl& m = *impl_;
+  if (m.finalized) return absl::FailedPreconditionError("Finalize() called twice");
+  if (m.units.empty()) return absl::FailedPreconditionError("Finalize() with no registered unit");
+  STRATA_RETURN_IF_ERROR(CheckRegistrations(m));
+  size_t largest = 0, largest_shard = 0;
+  std::vector<std::string> names;
+  for (UnitState& u : m.units) {
+    STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
+    largest = std::max(largest, u.layout.total_elems);
+    largest_shard = std::max(largest_shard, u.layout.shard_elems);
+    names.push_back(u.layout.name);
+  }
+  const int live = m.cfg.stage == 3 && !m.cfg.reshard_after_forward
+                       ? std::max<int>(m.cfg.max_live_units, static_cast<int>(m.units.size()))
+                       : m.cfg.max_live_units;
+  if (m.cfg.stage == 3) {
+    STRATA_ASSIGN_OR_RETURN(m.param_pool,
+                            shard::SlotPool::Create(*m.device_alloc, live, largest * m.param_bytes(), Kind::kGathered));
+  }
+  if (m.cfg.stage >= 2) {
+    STRATA_ASSIGN_OR_RETURN(m.grad_pool,
+                            shard::SlotPool::Create(*m.device_alloc, m.cfg.max_live_units, largest * 4, Kind::kGradWorking));
+    STRATA_ASSIGN_OR_RETURN(m.reduce_scratch, m.device_alloc->Allocate(largest_shard * 4, Kind::kScratch));
+  }
+  m.schedule = std::make_unique<shard::Schedule>(std::move(names));
+  m.finalized = true;
+  return absl::OkStatus();
+}
+
+ParamView Engine::Param(int unit, int param) const {
+  const Impl& m = *impl_;
+  const UnitState& u = m.units[unit];
+  const shard::ParamSlot& p = u.layout.params[param];
+  char* base = m.ParamBase(u);
+  return ParamView{base == nullptr ? nullptr : base + p.offset_elems * m.param_bytes(), m.cfg.param_dtype, p.numel,
+                   &p.spec.shape};
+}
+
+float* Engine::Grad(int unit, int param) const {
+  const Impl& m = *impl_;
+  const UnitState& u = m.units[unit];
+  const size_t off = u.layout.params[param].offset_elems;
+  if (m.cfg.stage <= 1) return u.grads.as<float>() + off;
+  if (u.grad_slot < 0) return nullptr;
+  return static_cast<float*>(m.grad_pool.view(u.grad_slot).data) + off;
+}
+
+absl::StatusOr<std::vector<float>> Engine::GatherParam(int unit, int param) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherParam"));
+  UnitState& u = m.units[unit];
+  const shard::ParamSlot& p = u.layout.params[param];
+  std::vector<float> full(u.layout.total_elems);
+  if (m.cfg.stage == 0) {
+    std::memcpy(full.data(), m.MasterPtr(u), full.size() * 4);
+  } else {
+    STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(m.MasterPtr(u), full.data(), u.layout.shard_elems, DType::kF32,
+                                                  *m.step_stream).Wait());
+  }
+  return std::vector<float>(full.begin() + p.offset_elems, full.begin() + p.offset_elems + p.numel);
+}
+
+absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& value) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "SetParam"));
+  UnitState& u = m.units[unit];
+  const shard::ParamSlot& p = u.layout.params[param];
+  if (value.size() != p.numel) {
+    return absl::InvalidArgumentError(absl::StrCat("SetParam(", u.layout.name, ".", p.spec.name, "): ", value.size(),
+                                                   " values for ", p.numel, " elements"));
+  }
+  // Master over the update range, then the param storage over what this rank holds.
+  const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
+  float* master = m.MasterPtr(u);
+  for (size_t j = std::max(lo, p.offset_elems); j < std::min(hi, p.offset_elems + p.numel); ++j) {
+    master[j - lo] = value[j - p.offset_elems];
+  }
+  const size_t plo = m.cfg.stage == 3 ? lo : 0;
+  const size_t phi = m.cfg.stage == 3 ? hi : u.layout.total_elems;
+  for (size_t j = std::max(plo, p.offset_elems); j < std::min(phi, p.offset_elems + p.numel); ++j) {
+    StoreAs(m.cfg.param_dtype, value[j - p.offset_elems], u.params.data(), j - plo);
+  }
+  return absl::OkStatus();
+}
+
+int Engine::num_units() const { return static_cast<int>(impl_->units.size()); }
+const shard::UnitLayout& Engine::layout(int unit) const { return impl_->units[unit].layout; }
+const EngineConfig& Engine::config() const { return impl_->cfg; }
+int Engine::rank() const { return impl_->rank(); }
+int Engine::world_size() const { return impl_->world_size(); }
+int64_t Engine::step() const { return impl_->step; }
+device::Timeline& Engine::timeline() { return impl_->timeline; }
+void Engine::ResetPeakMemory() { impl_->tracker.ResetPeaks(); }
+
+MemoryStats Engine::memory_stats() const {
+  MemoryStats s;
+  for (int t = 0; t < memory::kNumTiers; ++t) {
+    s.tier[t] = impl_->tracker.tier(static_cast<memory::Tier>(t));
+    for (int k = 0; k < memory::kNumKinds; ++k) {
+      s.kind[t][k] = impl_->tracker.kind(static_cast<memory::Tier>(t), static_cast<memory::Kind>(k));
+    }
+  }
+  return s;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,107 @@
+// The engine facade: a trainer registers units, then drives each step through per-unit hooks.
+//
+// Protocol (every rank, same order):
+//   RegisterUnit(...) for every unit; Finalize()                       // collective: checks registrations
+//   per step:  for each of gradient_accumulation_steps micro-batches:
+//                BeginMicroBatch()
+//                BeginForward(u) ... use Param(u, i) ... EndForward(u)     // per use of a unit
+//                BeginBackward(u) ... read Param, add into Grad(u, i) ... EndBackward(u)
+//                EndMicroBatch()
+//              Step()                                                       // collective
+// Forward uses outside a micro-batch are evaluation: parameters are gathered on demand, nothing is
+// recorded and no backward may follow.
+//
+// Guarantees. Param(u, i) is valid between Begin* and End* of u; Grad(u, i) between BeginBackward and
+// EndBackward, zero at a unit's first backward use in a micro-batch (stages 2-3) or step (0-1); the
+// trainer adds (+=) its gradient, which makes tied units (used more than once) correct. Gradients are
+// averaged over ranks and micro-batches by the engine: give each micro-batch's mean-loss gradient.
+// The first micro-batch's order of uses is recorded; later ones must repeat it (schedule.h), which is
+// what makes prefetch possible. Every error is a Status; none hangs: collectives carry timeouts.
+//
+// Threading: all hooks are called from one thread (the trainer's). Internally the engine runs
+// gathers on a gather stream and reductions on a reduce stream, each with its own communicator.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/device/device.h"
+#include "runtime/device/timeline.h"
+#include "runtime/engine/config.h"
+#include "runtime/memory/memory.h"
+#include "runtime/shard/layout.h"
+
+namespace strata::engine {
+
+struct ParamView {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  size_t numel = 0;
+  const std::vector<int64_t>* shape = nullptr;
+  float* f32() const { return dtype == DType::kF32 ? static_cast<float*>(data) : nullptr; }
+};
+
+struct StepResult {
+  int64_t step = 0;        // updates applied so far (after this call)
+  bool skipped = false;    // non-finite gradients: nothing was updated
+  double grad_norm = 0;    // global norm before clipping
+  float clip_coef = 1;
+  double lr = 0;
+};
+
+struct MemoryStats {
+  memory::Usage tier[memory::kNumTiers];
+  memory::Usage kind[memory::kNumTiers][memory::kNumKinds];
+};
+
+class Engine {
+ public:
+  // Duplicates `world` into one communicator per internal stream (collective). `world` and `device`
+  // must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config, comm::Communicator& world,
+                                                        device::Device& device);
+  ~Engine();
+
+  // Registration (before Finalize). Returns the unit id (0, 1, ... in order).
+  absl::StatusOr<int> RegisterUnit(std::string name, std::vector<shard::ParamSpec> params);
+  // Collective. Checks every rank registered the same units, allocates state and initialises it.
+  absl::Status Finalize();
+
+  absl::Status BeginMicroBatch();
+  absl::Status EndMicroBatch();
+  absl::Status BeginForward(int unit);
+  absl::Status EndForward(int unit);
+  absl::Status BeginBackward(int unit);
+  absl::Status EndBackward(int unit);
+  absl::StatusOr<StepResult> Step();
+
+  ParamView Param(int unit, int param) const;
+  float* Grad(int unit, int param) const;
+
+  // Collective, blocking: the full fp32 master value of one parameter (for export and tests).
+  absl::StatusOr<std::vector<float>> GatherParam(int unit, int param);
+  // Overwrites one parameter from a full fp32 value (every rank passes the same data).
+  absl::Status SetParam(int unit, int param, const std::vector<float>& value);
+
+  int num_units() const;
+  const shard::UnitLayout& layout(int unit) const;
+  const EngineConfig& config() const;
+  int rank() const;
+  int world_size() const;
+  int64_t step() const;
+  MemoryStats memory_stats() const;
+  void ResetPeakMemory();
+  device::Timeline& timeline();
+
+ // Opaque internal state (engine_impl.h); public only so the engine's own files can name it.
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::engine

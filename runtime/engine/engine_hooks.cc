@@ -1,0 +1,246 @@
+// Per-unit hooks: gathers (stage 3, with prefetch along the recorded schedule), working gradient
+// buffers and gradient reduction on the reduce stream. See engine.h for the protocol and
+// Note [Gather buffer reuse] in shard/slot_pool.h for buffer reuse.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/host_communicator.h"
+#include "runtime/device/host_device.h"
+#include "runtime/engine/engine_impl.h"
+
+namespace strata::engine {
+
+using shard::Phase;
+
+absl::Status Engine::Impl::CheckUnit(int unit, const char* hook) const {
+  if (!finalized) return absl::FailedPreconditionError(absl::StrCat(hook, "(", unit, ") before Finalize()"));
+  if (!failed.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(hook, " after an earlier failure: ", failed));
+  }
+  if (unit < 0 || unit >= static_cast<int>(units.size())) {
+    return absl::OutOfRangeError(absl::StrCat(hook, "(", unit, "): no such unit (", units.size(), " registered)"));
+  }
+  return absl::OkStatus();
+}
+
+// Appends a span for the work enqueued on `s` since `start` was stamped (stamped by an earlier task).
+void Engine::Impl::Span(device::Stream& s, const char* kind, int unit, std::shared_ptr<int64_t> start) {
+  s.Enqueue([this, kind, unit, start, name = std::string(s.name())]() {
+    timeline.Add(device::Span{name, kind, unit, *start, device::NowNs()});
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+std::shared_ptr<int64_t> Stamp(device::Stream& s) {
+  auto start = std::make_shared<int64_t>(0);
+  s.Enqueue([start]() {
+    *start = device::NowNs();
+    return absl::OkStatus();
+  });
+  return start;
+}
+}  // namespace
+
+absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
+  UnitState& u = units[unit];
+  const int slot = param_pool.TryAcquire(unit);
+  if (slot < 0) {
+    if (!demand) return absl::OkStatus();  // prefetch only when a slot is free
+    std::vector<std::string> live;
+    for (int i = 0; i < param_pool.size(); ++i) live.push_back(units[param_pool.owner(i)].layout.name);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "unit '", u.layout.name, "' needs a gathered buffer but all strata.max_live_units=", param_pool.size(),
+        " are held by units [", absl::StrJoin(live, ", "), "]; end a unit before beginning the next, or raise "
+        "max_live_units"));
+  }
+  u.param_slot = slot;
+  if (device::Event* fence = param_pool.fence(slot)) gather_stream->WaitFor(*fence);
+  auto start = Stamp(*gather_stream);
+  u.gather = gather_comm->AllGather(u.params.data(), param_pool.view(slot).data, u.layout.shard_elems,
+                                    cfg.param_dtype, *gather_stream);
+  Span(*gather_stream, "gather", unit, start);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::EnsureGathered(int unit) {
+  if (cfg.stage != 3) return absl::OkStatus();
+  UnitState& u = units[unit];
+  if (u.param_slot < 0) STRATA_RETURN_IF_ERROR(IssueGather(unit, /*demand=*/true));
+  return u.gather.Wait();
+}
+
+void Engine::Impl::Prefetch(int current) {
+  if (cfg.stage != 3 || cfg.prefetch_depth <= 0 || !in_micro_batch) return;
+  for (int next : schedule->Upcoming(cfg.prefetch_depth, current)) {
+    if (units[next].param_slot < 0) IssueGather(next, /*demand=*/false).IgnoreError();  // never fails
+  }
+}
+
+void Engine::Impl::ReleaseParams(int unit) {
+  UnitState& u = units[unit];
+  if (cfg.stage != 3 || u.param_slot < 0 || u.active > 0) return;
+  // Host compute is synchronous: the slot's last reader has finished, so no fence is needed.
+  param_pool.Release(u.param_slot, nullptr);
+  u.param_slot = -1;
+  u.gather = comm::Work();
+}
+
+absl::Status Engine::Impl::AcquireGradSlot(int unit) {
+  UnitState& u = units[unit];
+  if (cfg.stage < 2 || u.grad_slot >= 0) return absl::OkStatus();
+  const int slot = grad_pool.TryAcquire(unit);
+  if (slot < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "unit '", u.layout.name, "' needs a gradient buffer but all strata.max_live_units=", grad_pool.size(),
+        " are held by units still in backward (tied units hold theirs until their last use); raise max_live_units"));
+  }
+  u.grad_slot = slot;
+  STRATA_RETURN_IF_ERROR(grad_pool.WaitFence(slot));  // the previous owner's reduce-scatter read it
+  std::memset(grad_pool.view(slot).data, 0, u.layout.total_elems * 4);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::ReduceGrads(int unit) {
+  UnitState& u = units[unit];
+  device::Stream& rs = *reduce_stream;
+  auto start = Stamp(rs);
+  if (cfg.stage <= 1) {
+    // Full gradients accumulate locally; one all-reduce on the last micro-batch.
+    reduce_comm->AllReduce(u.grads.data(), u.grads.data(), u.layout.total_elems, DType::kF32, comm::ReduceOp::kSum, rs);
+    Span(rs, "all_reduce", unit, start);
+    return absl::OkStatus();
+  }
+  float* working = static_cast<float*>(grad_pool.view(u.grad_slot).data);
+  float* scratch = reduce_scratch.as<float>();
+  reduce_comm->ReduceScatter(working, scratch, u.layout.shard_elems, DType::kF32, comm::ReduceOp::kSum, rs);
+  float* shard = u.grads.as<float>();
+  const size_t n = u.layout.shard_elems;
+  rs.Enqueue([shard, scratch, n]() {
+    comm::AccumulateInto(shard, scratch, n, DType::kF32);
+    return absl::OkStatus();
+  });
+  Span(rs, "reduce_scatter", unit, start);
+  auto fence = std::shared_ptr<device::Event>(device->CreateEvent());
+  rs.Record(*fence);
+  grad_pool.Release(u.grad_slot, std::move(fence));
+  u.grad_slot = -1;
+  return absl::OkStatus();
+}
+
+// ---- public hooks ----
+
+namespace {
+// Runs a hook body; a failure poisons the engine so later hooks report the first cause.
+absl::Status Guard(Engine::Impl& m, absl::Status s) {
+  if (!s.ok() && m.failed.empty()) m.failed = std::string(s.message());
+  return s;
+}
+}  // namespace
+
+absl::Status Engine::BeginMicroBatch() {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "BeginMicroBatch"));
+  if (m.in_micro_batch) return absl::FailedPreconditionError("BeginMicroBatch() inside an open micro-batch");
+  if (m.micro_batch >= m.cfg.gradient_accumulation_steps) {
+    return absl::FailedPreconditionError(absl::StrCat("BeginMicroBatch(): ", m.micro_batch, " micro-batches done and "
+                                                      "gradient_accumulation_steps=", m.cfg.gradient_accumulation_steps,
+                                                      "; call Step() first"));
+  }
+  for (UnitState& u : m.units) u.forward_uses = u.backward_uses = 0;
+  m.in_micro_batch = true;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::EndMicroBatch() {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "EndMicroBatch"));
+  if (!m.in_micro_batch) return absl::FailedPreconditionError("EndMicroBatch() without BeginMicroBatch()");
+  for (UnitState& u : m.units) {
+    if (u.active > 0) {
+      return Guard(m, absl::FailedPreconditionError(absl::StrCat("EndMicroBatch(): unit '", u.layout.name,
+                                                                 "' was begun but not ended")));
+    }
+    if (u.forward_uses != u.backward_uses) {
+      return Guard(m, absl::FailedPreconditionError(absl::StrCat(
+                          "EndMicroBatch(): unit '", u.layout.name, "' had ", u.forward_uses, " forward but ",
+                          u.backward_uses, " backward uses; every forward use needs its backward")));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(Guard(m, m.schedule->EndMicroBatch()));
+  m.in_micro_batch = false;
+  ++m.micro_batch;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::BeginForward(int unit) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "BeginForward"));
+  UnitState& u = m.units[unit];
+  if (m.in_micro_batch) {
+    if (u.backward_uses > 0) {
+      return Guard(m, absl::FailedPreconditionError(absl::StrCat("BeginForward('", u.layout.name,
+                                                                 "') after its backward began in this micro-batch")));
+    }
+    STRATA_RETURN_IF_ERROR(Guard(m, m.schedule->Observe(Phase::kForward, unit)));
+    ++u.forward_uses;
+  }
+  STRATA_RETURN_IF_ERROR(Guard(m, m.IssueGatherIfNeeded(unit)));
+  m.Prefetch(unit);
+  STRATA_RETURN_IF_ERROR(Guard(m, m.EnsureGathered(unit)));
+  ++u.active;
+  u.compute_start_ns = device::NowNs();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::EndForward(int unit) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "EndForward"));
+  UnitState& u = m.units[unit];
+  if (u.active == 0) return Guard(m, absl::FailedPreconditionError(absl::StrCat("EndForward('", u.layout.name, "') without BeginForward")));
+  --u.active;
+  m.timeline.Add(device::Span{"compute", "forward", unit, u.compute_start_ns, device::NowNs()});
+  if (m.cfg.reshard_after_forward || !m.in_micro_batch) m.ReleaseParams(unit);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::BeginBackward(int unit) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "BeginBackward"));
+  UnitState& u = m.units[unit];
+  if (!m.in_micro_batch) {
+    return Guard(m, absl::FailedPreconditionError(absl::StrCat("BeginBackward('", u.layout.name,
+                                                               "') outside a micro-batch (call BeginMicroBatch)")));
+  }
+  if (u.backward_uses >= u.forward_uses) {
+    return Guard(m, absl::FailedPreconditionError(absl::StrCat("BeginBackward('", u.layout.name, "'): ",
+                                                               u.backward_uses + 1, " backward uses but only ",
+                                                               u.forward_uses, " forward uses in this micro-batch")));
+  }
+  STRATA_RETURN_IF_ERROR(Guard(m, m.schedule->Observe(Phase::kBackward, unit)));
+  ++u.backward_uses;
+  STRATA_RETURN_IF_ERROR(Guard(m, m.IssueGatherIfNeeded(unit)));
+  m.Prefetch(unit);
+  STRATA_RETURN_IF_ERROR(Guard(m, m.AcquireGradSlot(unit)));
+  STRATA_RETURN_IF_ERROR(Guard(m, m.EnsureGathered(unit)));
+  ++u.active;
+  u.compute_start_ns = device::NowNs();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::EndBackward(int unit) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "EndBackward"));
+  UnitState& u = m.units[unit];
+  if (u.active == 0) return Guard(m, absl::FailedPreconditionError(absl::StrCat("EndBackward('", u.layout.name, "') without BeginBackward")));
+  --u.active;
+  m.timeline.Add(device::Span{"compute", "backward", unit, u.compute_start_ns, device::NowNs()});
+  const bool last_use = u.backward_uses == u.forward_uses;
+  if (last_use && (m.cfg.stage >= 2 || m.last_micro_batch())) STRATA_RETURN_IF_ERROR(Guard(m, m.ReduceGrads(unit)));
+  m.ReleaseParams(unit);
+  return absl::OkStatus();
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,97 @@
+// Internal state of the engine, shared by engine.cc (lifecycle), engine_hooks.cc (per-unit hooks,
+// gathers, reductions) and engine_step.cc (the optimizer step). Not a public header.
+//
+// Storage per unit and stage (P = unit elements, S = P / world, the rank's slice):
+//   stage 0: params P (param dtype), grads P, master P*, state P      (* only when param dtype != fp32;
+//   stage 1: params P,               grads P, master S*, state S        with fp32 params the master is
+//   stage 2: params P,               grads S, master S*, state S        the param storage itself)
+//   stage 3: params S,               grads S, master S*, state S,  plus pooled gathered / working buffers
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/device/timeline.h"
+#include "runtime/engine/engine.h"
+#include "runtime/memory/memory.h"
+#include "runtime/shard/schedule.h"
+#include "runtime/shard/slot_pool.h"
+
+namespace strata::engine {
+
+struct UnitState {
+  shard::UnitLayout layout;
+  memory::Buffer params;  // param dtype
+  memory::Buffer master;  // fp32, only when param dtype != fp32
+  memory::Buffer grads;   // fp32
+  memory::Buffer m, v;    // optimizer state, fp32
+  std::vector<shard::Segment> update_segments;  // relative to the update range start
+
+  // Live state within a step.
+  int param_slot = -1;  // stage 3: gathered buffer
+  int grad_slot = -1;   // stages 2-3: working gradient buffer
+  comm::Work gather;    // pending gather into param_slot
+  int active = 0;       // Begin* without End*
+  int forward_uses = 0;   // in the current micro-batch
+  int backward_uses = 0;  // in the current micro-batch
+  int64_t compute_start_ns = 0;
+};
+
+struct Engine::Impl {
+  EngineConfig cfg;
+  comm::Communicator* world = nullptr;
+  device::Device* device = nullptr;
+  std::unique_ptr<comm::Communicator> gather_comm, reduce_comm, step_comm;
+  std::unique_ptr<device::Stream> gather_stream, reduce_stream, step_stream;
+  memory::MemoryTracker tracker;
+  std::unique_ptr<memory::Allocator> device_alloc;
+  device::Timeline timeline;
+
+  std::vector<UnitState> units;
+  bool finalized = false;
+  std::unique_ptr<shard::Schedule> schedule;
+  shard::SlotPool param_pool, grad_pool;
+  memory::Buffer reduce_scratch;  // one shard of the largest unit, used in reduce-stream order
+
+  bool in_micro_batch = false;
+  int micro_batch = 0;  // micro-batches completed in this step
+  int64_t step = 0;
+  std::string failed;   // set after a failed hook: the engine refuses further hooks
+
+  int rank() const { return world->rank(); }
+  int world_size() const { return world->size(); }
+  size_t param_bytes() const { return DTypeBytes(cfg.param_dtype); }
+  bool last_micro_batch() const { return micro_batch == cfg.gradient_accumulation_steps - 1; }
+  // The element range this rank updates: [update_begin, update_begin + update_elems).
+  size_t update_begin(const UnitState& u) const {
+    return cfg.stage == 0 ? 0 : static_cast<size_t>(rank()) * u.layout.shard_elems;
+  }
+  size_t update_elems(const UnitState& u) const {
+    return cfg.stage == 0 ? u.layout.total_elems : u.layout.shard_elems;
+  }
+  float* MasterPtr(UnitState& u) const;      // update range of the fp32 master
+  float* GradUpdatePtr(UnitState& u) const;  // update range of the fp32 grads
+  char* ParamBase(const UnitState& u) const;  // where compute reads the full unit
+
+  // engine_hooks.cc
+  absl::Status CheckUnit(int unit, const char* hook) const;
+  absl::Status IssueGather(int unit, bool demand);
+  absl::Status IssueGatherIfNeeded(int unit) {
+    return cfg.stage == 3 && units[unit].param_slot < 0 ? IssueGather(unit, /*demand=*/true) : absl::OkStatus();
+  }
+  absl::Status EnsureGathered(int unit);
+  void Prefetch(int unit);
+  void ReleaseParams(int unit);
+  absl::Status AcquireGradSlot(int unit);
+  absl::Status ReduceGrads(int unit);
+  void Span(device::Stream& s, const char* kind, int unit, std::shared_ptr<int64_t> start);
+
+  // engine_step.cc
+  absl::StatusOr<StepResult> RunStep();
+  absl::Status CastMasterToParams(UnitState& u);
+  absl::Status ZeroGrads();
+};
+
+}  // namespace strata::engine

@@ -1,0 +1,94 @@
+// The optimizer step: wait for the gradient reductions, average, global norm (one all-reduce of the
+// shard norms), clip, update each rank's range, cast to the param dtype, re-replicate (stages 1-2),
+// zero the gradients. A non-finite norm skips the update on every rank (the norm is global, so every
+// rank reaches the same decision) and is reported in the result.
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/element_math.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/host_communicator.h"
+#include "runtime/engine/engine_impl.h"
+#include "runtime/optim/optimizer.h"
+
+namespace strata::engine {
+
+absl::Status Engine::Impl::CastMasterToParams(UnitState& u) {
+  if (cfg.param_dtype == DType::kF32) return absl::OkStatus();  // the master is the param storage
+  const float* master = u.master.as<float>();
+  uint16_t* dst = u.params.as<uint16_t>() + (cfg.stage == 3 ? 0 : update_begin(u));
+  const size_t n = update_elems(u);
+  if (cfg.param_dtype == DType::kBF16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = kernels::FloatToBf16(master[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = kernels::FloatToHalf(master[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::ZeroGrads() {
+  for (UnitState& u : units) std::memset(u.grads.data(), 0, u.grads.bytes());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Engine::Impl::RunStep() {
+  STRATA_RETURN_IF_ERROR(Annotate(reduce_stream->Synchronize(), "gradient reduction"));
+  const float inv = 1.0f / static_cast<float>(world_size() * cfg.gradient_accumulation_steps);
+  double local_sq = 0;
+  for (UnitState& u : units) {
+    float* g = GradUpdatePtr(u);
+    comm::ScaleInPlace(g, update_elems(u), DType::kF32, inv);
+    local_sq += optim::SumSquares(g, update_elems(u));
+  }
+  float total_sq = static_cast<float>(local_sq);
+  if (cfg.stage != 0) {  // stage 0 holds the full, already averaged gradient on every rank
+    STRATA_RETURN_IF_ERROR(
+        step_comm->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *step_stream).Wait());
+  }
+  StepResult r;
+  r.grad_norm = std::sqrt(static_cast<double>(total_sq));
+  r.lr = optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, step);
+  if (!std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    STRATA_LOG(Warning) << "step " << step + 1 << ": non-finite gradient norm; the update is skipped on every rank";
+    STRATA_RETURN_IF_ERROR(ZeroGrads());
+    r.step = step;
+    return r;
+  }
+  r.clip_coef = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
+  for (UnitState& u : units) {
+    optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
+    optim::ApplyUpdate(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef);
+    STRATA_RETURN_IF_ERROR(CastMasterToParams(u));
+  }
+  if (cfg.stage == 1 || cfg.stage == 2) {  // re-replicate the parameters from the updated slices
+    std::vector<comm::Work> works;
+    for (UnitState& u : units) {
+      char* base = u.params.as<char>();
+      works.push_back(step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
+                                           cfg.param_dtype, *step_stream));
+    }
+    for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(w.Wait());
+  }
+  STRATA_RETURN_IF_ERROR(ZeroGrads());
+  r.step = ++step;
+  return r;
+}
+
+absl::StatusOr<StepResult> Engine::Step() {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "Step"));
+  if (m.in_micro_batch) return absl::FailedPreconditionError("Step() inside an open micro-batch");
+  if (m.micro_batch != m.cfg.gradient_accumulation_steps) {
+    return absl::FailedPreconditionError(absl::StrCat("Step() after ", m.micro_batch, " micro-batches; "
+                                                      "gradient_accumulation_steps=", m.cfg.gradient_accumulation_steps));
+  }
+  auto r = m.RunStep();
+  if (!r.ok() && m.failed.empty()) m.failed = std::string(r.status().message());
+  m.micro_batch = 0;
+  return r;
+}
+
+}  // namespace strata::engine

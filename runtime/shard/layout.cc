@@ -1,0 +1,118 @@
+#include "runtime/shard/layout.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/units.h"
+
+namespace strata::shard {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t HashString(uint64_t h, const std::string& s) {
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;  // FNV-1a
+  return SplitMix64(h);
+}
+
+// Uniform in (0, 1), 53 bits.
+double Unit(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+std::vector<Segment> Intersect(const std::vector<ParamSlot>& params, size_t lo, size_t hi) {
+  std::vector<Segment> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const size_t b = std::max(lo, params[i].offset_elems);
+    const size_t e = std::min(hi, params[i].offset_elems + params[i].numel);
+    if (b < e) out.push_back(Segment{b - lo, e - lo, static_cast<int>(i), params[i].spec.weight_decay});
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<ParamSpec> specs, int world_size) {
+  if (name.empty()) return absl::InvalidArgumentError("a unit needs a non-empty name");
+  if (world_size < 1) return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " < 1"));
+  UnitLayout l;
+  l.name = std::move(name);
+  l.world_size = world_size;
+  std::set<std::string> seen;
+  size_t offset = 0;
+  for (ParamSpec& s : specs) {
+    if (s.name.empty()) return absl::InvalidArgumentError(absl::StrCat("unit '", l.name, "' has a parameter with no name"));
+    if (!seen.insert(s.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("unit '", l.name, "' registers parameter '", s.name, "' twice"));
+    }
+    size_t numel = 1;
+    for (int64_t d : s.shape) {
+      if (d <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter '", l.name, ".", s.name, "' has dimension ", d,
+                                                       " (shape [", absl::StrJoin(s.shape, ","), "])"));
+      }
+      numel *= static_cast<size_t>(d);
+    }
+    offset = RoundUp(offset, kAlignElems);
+    l.params.push_back(ParamSlot{std::move(s), offset, numel});
+    offset += numel;
+  }
+  l.used_elems = offset;
+  l.total_elems = RoundUp(std::max<size_t>(offset, 1), static_cast<size_t>(world_size) * kAlignElems);
+  l.shard_elems = l.total_elems / static_cast<size_t>(world_size);
+  return l;
+}
+
+std::vector<Segment> UnitLayout::ShardSegments(int rank) const {
+  return Intersect(params, static_cast<size_t>(rank) * shard_elems, static_cast<size_t>(rank + 1) * shard_elems);
+}
+
+std::vector<Segment> UnitLayout::FullSegments() const { return Intersect(params, 0, total_elems); }
+
+uint64_t UnitLayout::Fingerprint() const {
+  uint64_t h = HashString(0xcbf29ce484222325ull, name);
+  for (const ParamSlot& p : params) {
+    h = HashString(h, p.spec.name);
+    for (int64_t d : p.spec.shape) h = SplitMix64(h ^ static_cast<uint64_t>(d));
+    h = SplitMix64(h ^ (p.spec.weight_decay ? 0x5a5a : 0xa5a5));
+  }
+  return h;
+}
+
+std::string UnitLayout::Describe() const {
+  std::vector<std::string> parts;
+  for (const ParamSlot& p : params) {
+    parts.push_back(absl::StrCat(p.spec.name, "[", absl::StrJoin(p.spec.shape, ","), "]",
+                                 p.spec.weight_decay ? " decay" : ""));
+  }
+  return absl::StrCat(name, ": ", absl::StrJoin(parts, ", "));
+}
+
+uint64_t ParamKey(const std::string& unit, const std::string& param) {
+  return HashString(HashString(0x84222325cbf29ce4ull, unit), param);
+}
+
+float InitValue(const Init& init, uint64_t seed, uint64_t param_key, uint64_t index) {
+  switch (init.kind) {
+    case Init::Kind::kZeros: return 0.0f;
+    case Init::Kind::kOnes: return 1.0f;
+    case Init::Kind::kConstant: return init.a;
+    case Init::Kind::kUniform: {
+      const double u = Unit(SplitMix64(SplitMix64(seed ^ param_key) + index));
+      return static_cast<float>((2.0 * u - 1.0) * init.a);
+    }
+    case Init::Kind::kNormal: {
+      const uint64_t base = SplitMix64(seed ^ param_key) + 2 * index;
+      const double u1 = Unit(SplitMix64(base)), u2 = Unit(SplitMix64(base + 1));
+      return static_cast<float>(init.a * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    }
+  }
+  return 0.0f;
+}
+
+}  // namespace strata::shard
