@@ -16,45 +16,41 @@ int64_t NowNs() {
 // ---- HostEvent ----
 
 uint64_t HostEvent::NextGeneration() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return ++recorded_;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return ++state_->recorded;
 }
 
-void HostEvent::Complete(uint64_t gen, absl::Status status) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (gen > completed_) {
-      completed_ = gen;
-      status_ = std::move(status);
-      completed_ns_ = NowNs();
-    }
+uint64_t HostEvent::CurrentGeneration() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->recorded;
+}
+
+void HostEvent::State::Complete(uint64_t gen, absl::Status s) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (gen > completed) {
+    completed = gen;
+    status = std::move(s);
+    completed_ns = NowNs();
   }
-  cv_.notify_all();
+  cv.notify_all();  // under the lock: waiters cannot run ahead while we still touch the state
 }
 
-absl::Status HostEvent::WaitGeneration(uint64_t gen) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return completed_ >= gen; });
-  return status_;
+absl::Status HostEvent::State::Wait(uint64_t gen) {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return completed >= gen; });
+  return status;
 }
 
-absl::Status HostEvent::Synchronize() {
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    gen = recorded_;
-  }
-  return WaitGeneration(gen);
-}
+absl::Status HostEvent::Synchronize() { return state_->Wait(CurrentGeneration()); }
 
 bool HostEvent::Query() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return completed_ >= recorded_;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->completed >= state_->recorded;
 }
 
 int64_t HostEvent::completed_ns() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return completed_ns_;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->completed_ns;
 }
 
 // ---- HostStream ----
@@ -86,13 +82,13 @@ void HostStream::Enqueue(HostTask task) { Push(std::move(task), /*always_run=*/f
 void HostStream::Record(Event& event) {
   auto& e = static_cast<HostEvent&>(event);
   const uint64_t gen = e.NextGeneration();
-  Push([this, &e, gen]() -> absl::Status {
+  Push([this, state = e.state_, gen]() -> absl::Status {
          absl::Status s;
          {
            std::lock_guard<std::mutex> lock(mu_);
            s = status_;
          }
-         e.Complete(gen, s);
+         state->Complete(gen, s);
          return absl::OkStatus();
        },
        /*always_run=*/true);
@@ -100,12 +96,7 @@ void HostStream::Record(Event& event) {
 
 void HostStream::WaitFor(Event& event) {
   auto& e = static_cast<HostEvent&>(event);
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> lock(e.mu_);
-    gen = e.recorded_;
-  }
-  Push([&e, gen]() { return e.WaitGeneration(gen); }, /*always_run=*/true);
+  Push([state = e.state_, gen = e.CurrentGeneration()]() { return state->Wait(gen); }, /*always_run=*/true);
 }
 
 absl::Status HostStream::Synchronize() {

@@ -5,6 +5,7 @@
 #include "absl/strings/string_view.h"
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -14,23 +15,28 @@ namespace strata::device {
 
 class HostEvent final : public Event {
  public:
+  HostEvent() : state_(std::make_shared<State>()) {}
   absl::Status Synchronize() override;
   bool Query() override;
   int64_t completed_ns() const override;
 
  private:
   friend class HostStream;
-  // Each Record() takes a new generation; the recording stream completes it in order.
+  // Shared with the stream tasks that complete or wait on it, so an event may be destroyed while a
+  // recorded point is still queued (a dropped Work, a replaced fence) without a dangling reference.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t recorded = 0;
+    uint64_t completed = 0;
+    absl::Status status;
+    int64_t completed_ns = 0;
+    void Complete(uint64_t gen, absl::Status s);
+    absl::Status Wait(uint64_t gen);
+  };
   uint64_t NextGeneration();
-  void Complete(uint64_t gen, absl::Status status);
-  absl::Status WaitGeneration(uint64_t gen);
-
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t recorded_ = 0;
-  uint64_t completed_ = 0;
-  absl::Status status_;
-  int64_t completed_ns_ = 0;
+  uint64_t CurrentGeneration();
+  std::shared_ptr<State> state_;
 };
 
 class HostStream final : public Stream {
