@@ -116,12 +116,15 @@ absl::Status Compare(const std::vector<float>& got, const std::string& path, dou
   if (f.gcount() != static_cast<std::streamsize>(want.size() * 4) || f.peek() != EOF) {
     return absl::DataLossError(absl::StrCat("reference '", path, "' does not hold ", got.size(), " floats"));
   }
+  // |got - want| <= rtol * max(|want|, rms(want)): elements far below the typical parameter size are
+  // judged on the parameters' scale, since summation-order rounding is absolute, not relative.
+  double sq = 0;
+  for (float w : want) sq += double(w) * w;
+  const double rms = got.empty() ? 1.0 : std::sqrt(sq / want.size());
   double worst = 0;
   size_t worst_i = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    // Relative error with a floor, so elements near zero are judged on an absolute 1e-3 * rtol scale.
-    const double denom = std::max({std::fabs(double(got[i])), std::fabs(double(want[i])), 1e-3});
-    const double rel = std::fabs(double(got[i]) - want[i]) / denom;
+    const double rel = std::fabs(double(got[i]) - want[i]) / std::max(std::fabs(double(want[i])), rms);
     if (!(rel <= worst)) { worst = rel; worst_i = i; }
   }
   std::printf("compare: %zu params, max relative difference %.3g at index %zu (got %.9g, want %.9g), rtol %.1g\n",

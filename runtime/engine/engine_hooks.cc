@@ -133,7 +133,9 @@ absl::Status Engine::Impl::ReduceGrads(int unit) {
 // ---- public hooks ----
 
 namespace {
-// Runs a hook body; a failure poisons the engine so later hooks report the first cause.
+// A failure after state may have changed (a collective, the schedule, a pool) poisons the engine, so later
+// hooks report the first cause instead of running on inconsistent state. Misuse caught before any change
+// is returned without poisoning.
 absl::Status Guard(Engine::Impl& m, absl::Status s) {
   if (!s.ok() && m.failed.empty()) m.failed = std::string(s.message());
   return s;
@@ -181,8 +183,8 @@ absl::Status Engine::BeginForward(int unit) {
   UnitState& u = m.units[unit];
   if (m.in_micro_batch) {
     if (u.backward_uses > 0) {
-      return Guard(m, absl::FailedPreconditionError(absl::StrCat("BeginForward('", u.layout.name,
-                                                                 "') after its backward began in this micro-batch")));
+      return absl::FailedPreconditionError(
+          absl::StrCat("BeginForward('", u.layout.name, "') after its backward began in this micro-batch"));
     }
     STRATA_RETURN_IF_ERROR(Guard(m, m.schedule->Observe(Phase::kForward, unit)));
     ++u.forward_uses;
@@ -199,7 +201,9 @@ absl::Status Engine::EndForward(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "EndForward"));
   UnitState& u = m.units[unit];
-  if (u.active == 0) return Guard(m, absl::FailedPreconditionError(absl::StrCat("EndForward('", u.layout.name, "') without BeginForward")));
+  if (u.active == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("EndForward('", u.layout.name, "') without BeginForward"));
+  }
   --u.active;
   m.timeline.Add(device::Span{"compute", "forward", unit, u.compute_start_ns, device::NowNs()});
   if (m.cfg.reshard_after_forward || !m.in_micro_batch) m.ReleaseParams(unit);
@@ -211,13 +215,13 @@ absl::Status Engine::BeginBackward(int unit) {
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "BeginBackward"));
   UnitState& u = m.units[unit];
   if (!m.in_micro_batch) {
-    return Guard(m, absl::FailedPreconditionError(absl::StrCat("BeginBackward('", u.layout.name,
-                                                               "') outside a micro-batch (call BeginMicroBatch)")));
+    return absl::FailedPreconditionError(
+        absl::StrCat("BeginBackward('", u.layout.name, "') outside a micro-batch (call BeginMicroBatch)"));
   }
   if (u.backward_uses >= u.forward_uses) {
-    return Guard(m, absl::FailedPreconditionError(absl::StrCat("BeginBackward('", u.layout.name, "'): ",
-                                                               u.backward_uses + 1, " backward uses but only ",
-                                                               u.forward_uses, " forward uses in this micro-batch")));
+    return absl::FailedPreconditionError(absl::StrCat("BeginBackward('", u.layout.name, "'): ", u.backward_uses + 1,
+                                                      " backward uses but only ", u.forward_uses,
+                                                      " forward uses in this micro-batch"));
   }
   STRATA_RETURN_IF_ERROR(Guard(m, m.schedule->Observe(Phase::kBackward, unit)));
   ++u.backward_uses;
@@ -234,7 +238,9 @@ absl::Status Engine::EndBackward(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "EndBackward"));
   UnitState& u = m.units[unit];
-  if (u.active == 0) return Guard(m, absl::FailedPreconditionError(absl::StrCat("EndBackward('", u.layout.name, "') without BeginBackward")));
+  if (u.active == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("EndBackward('", u.layout.name, "') without BeginBackward"));
+  }
   --u.active;
   m.timeline.Add(device::Span{"compute", "backward", unit, u.compute_start_ns, device::NowNs()});
   const bool last_use = u.backward_uses == u.forward_uses;

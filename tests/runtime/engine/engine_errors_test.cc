@@ -1,0 +1,185 @@
+// Every error path the engine claims: registration mismatch across ranks, unit order that differs from
+// the recorded one, a dead peer (an error naming it within the timeout, never a hang), misuse of the
+// hook protocol, pool exhaustion, and a non-finite gradient on one rank skipping the step everywhere.
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/base/status.h"
+#include "runtime/device/host_device.h"
+#include "runtime/engine/engine.h"
+#include "tests/runtime/engine/rank_harness.h"
+
+namespace strata::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using shard::Init;
+using shard::ParamSpec;
+
+std::vector<ParamSpec> Linear(int n) {
+  return {ParamSpec{"w", {n, n}, true, Init::Normal(0.1f)}, ParamSpec{"b", {n}, false, Init::Zeros()}};
+}
+
+// Registers `units` linear units of width 8 and finalizes.
+absl::StatusOr<std::unique_ptr<Engine>> Build(const EngineConfig& cfg, comm::Communicator& c, device::Device& d,
+                                              int units = 2) {
+  STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, d));
+  for (int u = 0; u < units; ++u) STRATA_RETURN_IF_ERROR(e->RegisterUnit(absl::StrCat("u", u), Linear(8)).status());
+  STRATA_RETURN_IF_ERROR(e->Finalize());
+  return e;
+}
+
+// One micro-batch using units in `order` forward and reverse backward, adding `grad` to every gradient.
+absl::Status MicroBatch(Engine& e, const std::vector<int>& order, float grad = 0.01f) {
+  STRATA_RETURN_IF_ERROR(e.BeginMicroBatch());
+  for (int u : order) {
+    STRATA_RETURN_IF_ERROR(e.BeginForward(u));
+    STRATA_RETURN_IF_ERROR(e.EndForward(u));
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    STRATA_RETURN_IF_ERROR(e.BeginBackward(*it));
+    for (int p = 0; p < 2; ++p) {
+      float* g = e.Grad(*it, p);
+      for (size_t i = 0; i < e.layout(*it).params[p].numel; ++i) g[i] += grad;
+    }
+    STRATA_RETURN_IF_ERROR(e.EndBackward(*it));
+  }
+  return e.EndMicroBatch();
+}
+
+EngineConfig Stage3(int64_t timeout_ms = 20000) {
+  EngineConfig c;
+  c.stage = 3;
+  c.collective_timeout_ms = timeout_ms;
+  return c;
+}
+
+TEST(EngineErrors, DifferentRegistrationsFailOnEveryRank) {
+  auto results = testing::RunRanks(3, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(Stage3(), c, d));
+    STRATA_RETURN_IF_ERROR(e->RegisterUnit("u0", Linear(8)).status());
+    STRATA_RETURN_IF_ERROR(e->RegisterUnit("u1", Linear(rank == 2 ? 9 : 8)).status());
+    return e->Finalize();
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("differ across ranks")) << "rank " << r;
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("unit #1")) << "rank " << r;
+  }
+}
+
+TEST(EngineErrors, DifferentUnitCountsFailOnEveryRank) {
+  auto results = testing::RunRanks(2, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    return Build(Stage3(), c, d, rank == 0 ? 2 : 3).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("registered 2")) << "rank " << r << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("registered 3")) << "rank " << r << results[r];
+  }
+}
+
+TEST(EngineErrors, OrderDifferentFromRecordedIsAnErrorNamingBothUnits) {
+  auto results = testing::RunRanks(2, comm::Options{}, [](int, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(), c, d));
+    STRATA_RETURN_IF_ERROR(MicroBatch(*e, {0, 1}));
+    STRATA_RETURN_IF_ERROR(e->Step().status());
+    return MicroBatch(*e, {1, 0});
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("forward of unit 'u1'"));
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("forward of unit 'u0'"));
+  }
+}
+
+TEST(EngineErrors, DeadPeerFailsWithinTimeoutNamingTheRank) {
+  const auto start = std::chrono::steady_clock::now();
+  comm::Options opts;
+  opts.timeout_ms = 300;
+  auto results = testing::RunRanks(2, opts, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(300), c, d));
+    if (rank == 1) return absl::OkStatus();  // rank 1 "dies" after initialisation
+    return MicroBatch(*e, {0, 1});
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("rank(s) 1"));
+  EXPECT_LT(secs, 5.0) << "the dead peer must be reported within a bounded time";
+}
+
+TEST(EngineErrors, HookMisuseIsReported) {
+  auto results = testing::RunRanks(1, comm::Options{}, [](int, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto pre, Engine::Create(Stage3(), c, d));
+    EXPECT_THAT(std::string(pre->BeginForward(0).message()), HasSubstr("before Finalize"));
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(), c, d));
+    EXPECT_THAT(std::string(e->BeginBackward(0).message()), HasSubstr("outside a micro-batch"));
+    EXPECT_THAT(std::string(e->Step().status().message()), HasSubstr("after 0 micro-batches"));
+    EXPECT_EQ(e->BeginForward(7).code(), absl::StatusCode::kOutOfRange);
+    EXPECT_THAT(std::string(e->RegisterUnit("late", Linear(2)).status().message()), HasSubstr("after Finalize"));
+    STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+    STRATA_RETURN_IF_ERROR(e->BeginForward(0));
+    STRATA_RETURN_IF_ERROR(e->EndForward(0));
+    absl::Status s = e->EndMicroBatch();
+    EXPECT_THAT(std::string(s.message()), HasSubstr("1 forward but 0 backward"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(results[0].ok()) << results[0];
+}
+
+TEST(EngineErrors, MoreLiveUnitsThanThePoolIsResourceExhausted) {
+  auto results = testing::RunRanks(1, comm::Options{}, [](int, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    EngineConfig cfg = Stage3();
+    cfg.max_live_units = 1;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(cfg, c, d));
+    STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+    STRATA_RETURN_IF_ERROR(e->BeginForward(0));
+    return e->BeginForward(1);  // u0 still holds the only buffer
+  });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kResourceExhausted) << results[0];
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("max_live_units=1"));
+}
+
+TEST(EngineErrors, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
+  auto results = testing::RunRanks(2, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(), c, d));
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> before, e->GatherParam(0, 0));
+    STRATA_RETURN_IF_ERROR(MicroBatch(*e, {0, 1}, rank == 1 ? NAN : 0.01f));
+    STRATA_ASSIGN_OR_RETURN(StepResult r, e->Step());
+    EXPECT_TRUE(r.skipped) << "rank " << rank;
+    EXPECT_EQ(r.step, 0) << "rank " << rank;
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> after, e->GatherParam(0, 0));
+    EXPECT_EQ(before, after) << "rank " << rank << ": a skipped step changed the weights";
+    // The next clean step updates normally.
+    STRATA_RETURN_IF_ERROR(MicroBatch(*e, {0, 1}));
+    STRATA_ASSIGN_OR_RETURN(StepResult r2, e->Step());
+    EXPECT_FALSE(r2.skipped);
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> later, e->GatherParam(0, 0));
+    EXPECT_NE(before, later);
+    return absl::OkStatus();
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(EngineErrors, UnsupportedFeaturesAreRejectedAtCreate) {
+  auto results = testing::RunRanks(1, comm::Options{}, [](int, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    EngineConfig cfg = Stage3();
+    cfg.offload_optimizer.device = OffloadDevice::kNvme;
+    return Engine::Create(cfg, c, d).status();
+  });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace strata::engine
