@@ -1,7 +1,7 @@
 # Shared compile settings for every strata target.
 add_library(strata_flags INTERFACE)
 target_compile_options(strata_flags INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${STRATA_WERROR}>>:-Werror>)
 
 if(STRATA_SANITIZER STREQUAL "address")

@@ -27,9 +27,13 @@ absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
       {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12}};
   for (const auto& [name, mult] : kSuffixes) {
     if (suffix == name) {
-      const double bytes = value * mult;
-      if (bytes > 1.8e19) return absl::InvalidArgumentError(absl::StrCat("'", text, "' is too large"));
-      return static_cast<uint64_t>(std::llround(bytes));
+      // Round in double and convert directly: std::llround would overflow its signed result above
+      // 2^63 bytes. 2^64 itself is the first value that does not fit.
+      const double bytes = std::round(value * mult);
+      if (bytes >= 18446744073709551616.0) {
+        return absl::InvalidArgumentError(absl::StrCat("'", text, "' is too large (more than 2^64 - 1 bytes)"));
+      }
+      return static_cast<uint64_t>(bytes);
     }
   }
   return absl::InvalidArgumentError(

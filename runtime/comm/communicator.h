@@ -66,8 +66,8 @@ class Communicator {
   virtual Work Barrier(device::Stream& stream) = 0;
 
   // A communicator over the same ranks with its own ordering, for another stream. Collective: every
-  // rank calls it, in the same order. Blocks.
-  virtual absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name) = 0;
+  // rank calls it, in the same order. Blocks. `timeout_ms` > 0 replaces the inherited timeout.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms = 0) = 0;
 
   // Ends the whole job from this rank after an unrecoverable error (MPI_Abort / ncclCommAbort); for the
   // in-process backend, fails every later collective of the group. Does not return for MPI.

@@ -54,7 +54,7 @@ class InProcessCommunicator final : public HostCommunicator {
   int size() const override { return rv_->world; }
   const Options& options() const override { return options_; }
 
-  absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name) override {
+  absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms) override {
     int index;
     {
       std::lock_guard<std::mutex> lock(rv_->mu);
@@ -62,6 +62,7 @@ class InProcessCommunicator final : public HostCommunicator {
     }
     Options o = options_;
     o.name = name;
+    if (timeout_ms > 0) o.timeout_ms = timeout_ms;
     return std::unique_ptr<Communicator>(new InProcessCommunicator(rv_, rank_, index, std::move(o)));
   }
 

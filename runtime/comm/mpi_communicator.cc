@@ -94,11 +94,12 @@ class MpiCommunicator final : public HostCommunicator {
   int size() const override { return size_; }
   const Options& options() const override { return options_; }
 
-  absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name) override {
+  absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms) override {
     MPI_Comm dup = MPI_COMM_NULL;
     STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_dup(comm_, &dup)));
     Options o = options_;
     o.name = name;
+    if (timeout_ms > 0) o.timeout_ms = timeout_ms;
     return std::unique_ptr<Communicator>(new MpiCommunicator(ctx_, dup, std::move(o)));
   }
 

@@ -83,9 +83,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   impl->cfg = config;
   impl->world = &world;
   impl->device = &device;
-  STRATA_ASSIGN_OR_RETURN(impl->gather_comm, world.Dup("gather"));
-  STRATA_ASSIGN_OR_RETURN(impl->reduce_comm, world.Dup("reduce"));
-  STRATA_ASSIGN_OR_RETURN(impl->step_comm, world.Dup("step"));
+  STRATA_ASSIGN_OR_RETURN(impl->gather_comm, world.Dup("gather", config.collective_timeout_ms));
+  STRATA_ASSIGN_OR_RETURN(impl->reduce_comm, world.Dup("reduce", config.collective_timeout_ms));
+  STRATA_ASSIGN_OR_RETURN(impl->step_comm, world.Dup("step", config.collective_timeout_ms));
   STRATA_ASSIGN_OR_RETURN(impl->gather_stream, device.CreateStream("gather"));
   STRATA_ASSIGN_OR_RETURN(impl->reduce_stream, device.CreateStream("reduce"));
   STRATA_ASSIGN_OR_RETURN(impl->step_stream, device.CreateStream("step"));

@@ -120,9 +120,11 @@ absl::StatusOr<Buffer> Allocator::Allocate(size_t bytes, Kind kind, size_t align
 }
 
 void Allocator::Free(void* p, size_t bytes, Kind kind) {
+  // Uncount before releasing the reservation: once used_ drops, another thread may reserve and count
+  // the same bytes, and the tracker (whose peak is compared with the budget) must not see them twice.
+  if (tracker_ != nullptr) tracker_->Sub(tier_, kind, bytes);
   RawFree(p, bytes);
   used_.fetch_sub(bytes);
-  if (tracker_ != nullptr) tracker_->Sub(tier_, kind, bytes);
 }
 
 void* HostAllocator::RawAllocate(size_t bytes, size_t alignment) {

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Failure behaviour under real MPI processes:
+#  1. ranks that register different units fail at registration, and every rank prints the error;
+#  2. a rank that stops responding makes the job exit non-zero within the collective timeout, with an
+#     error naming that rank (never a hang);
+#  3. bad configuration values are rejected with a message naming the key.
+# usage: mlp_failures.sh MPIRUN MLP_TRAIN
+set -uo pipefail
+mpirun=$1 mlp=$2
+fails=0 runs=0
+check() {  # check NAME CONDITION-RESULT DETAIL
+  runs=$((runs + 1))
+  if [ "$2" -eq 0 ]; then echo "ok    $1"; else echo "FAIL  $1: $3"; fails=$((fails + 1)); fi
+}
+
+out=$(timeout 60 "$mpirun" -n 4 "$mlp" --stage 3 --steps 2 --inject-mismatch-rank 2 2>&1); rc=$?
+count=$(grep -c "unit registrations differ across ranks" <<<"$out")
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$count" -ge 4 ]; check "registration mismatch reported on all 4 ranks" $? "rc=$rc count=$count"
+
+start=$(date +%s)
+out=$(timeout 60 "$mpirun" -n 2 "$mlp" --stage 3 --steps 5 --timeout-ms 2000 --inject-stall-rank 1 2>&1); rc=$?
+elapsed=$(( $(date +%s) - start ))
+grep -q "rank(s) 1 did not respond" <<<"$out"; named=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $named -eq 0 ] && [ $elapsed -lt 30 ]
+check "stalled rank 1 named, job exits non-zero in ${elapsed}s (timeout 2 s)" $? "rc=$rc named=$named; $(tail -3 <<<"$out")"
+
+out=$(timeout 60 "$mpirun" -n 1 "$mlp" --stage 4 --steps 1 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "zero_optimization.stage" <<<"$out"; check "stage 4 rejected naming the key" $? "$out"
+
+out=$(timeout 60 "$mpirun" -n 1 "$mlp" --set zero_optimization.stag=2 --steps 1 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "did you mean 'zero_optimization.stage'" <<<"$out"; check "unknown key suggests the nearest" $? "$out"
+
+out=$(timeout 60 "$mpirun" -n 1 "$mlp" --lr -1 --steps 1 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "optimizer.params.lr" <<<"$out"; check "negative lr rejected naming the key" $? "$out"
+
+echo "$((runs - fails)) passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,104 @@
+#include "runtime/shard/layout.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace strata::shard {
+namespace {
+
+std::vector<ParamSpec> Specs() {
+  return {ParamSpec{"w", {5, 3}, true, Init::Normal(1.0f)}, ParamSpec{"b", {5}, false, Init::Zeros()},
+          ParamSpec{"g", {1}, false, Init::Ones()}};
+}
+
+TEST(UnitLayout, AlignsEveryParamAndPadsToWorldTimesAlignment) {
+  for (int world : {1, 2, 3, 4, 7}) {
+    auto l = UnitLayout::Build("u", Specs(), world);
+    ASSERT_TRUE(l.ok()) << l.status();
+    ASSERT_EQ(l->params.size(), 3u);
+    EXPECT_EQ(l->params[0].offset_elems, 0u);
+    EXPECT_EQ(l->params[1].offset_elems, 16u);  // 15 rounded up to 16
+    EXPECT_EQ(l->params[2].offset_elems, 32u);
+    EXPECT_EQ(l->used_elems, 33u);
+    EXPECT_EQ(l->total_elems % (world * kAlignElems), 0u) << "world " << world;
+    EXPECT_GE(l->total_elems, l->used_elems);
+    EXPECT_LT(l->total_elems - l->used_elems, world * kAlignElems);
+    EXPECT_EQ(l->shard_elems * world, l->total_elems);
+  }
+}
+
+TEST(UnitLayout, ShardSegmentsCoverEveryParamElementExactlyOnce) {
+  for (int world : {1, 2, 3, 5}) {
+    auto l = UnitLayout::Build("u", Specs(), world);
+    ASSERT_TRUE(l.ok());
+    std::vector<int> hits(l->total_elems, 0);
+    for (int r = 0; r < world; ++r) {
+      for (const Segment& s : l->ShardSegments(r)) {
+        ASSERT_LT(s.begin, s.end);
+        ASSERT_LE(s.end, l->shard_elems);
+        EXPECT_EQ(s.weight_decay, l->params[s.param].spec.weight_decay);
+        for (size_t i = s.begin; i < s.end; ++i) ++hits[r * l->shard_elems + i];
+      }
+    }
+    for (size_t j = 0; j < l->total_elems; ++j) {
+      bool in_param = false;
+      for (const auto& p : l->params) in_param |= j >= p.offset_elems && j < p.offset_elems + p.numel;
+      EXPECT_EQ(hits[j], in_param ? 1 : 0) << "world " << world << " element " << j;
+    }
+  }
+}
+
+TEST(UnitLayout, RejectsBadSpecsWithNamedErrors) {
+  auto dup = UnitLayout::Build("u", {ParamSpec{"w", {2}}, ParamSpec{"w", {3}}}, 2);
+  EXPECT_NE(dup.status().message().find("'w' twice"), absl::string_view::npos) << dup.status();
+  auto zero = UnitLayout::Build("u", {ParamSpec{"w", {2, 0}}}, 2);
+  EXPECT_NE(zero.status().message().find("u.w"), absl::string_view::npos) << zero.status();
+  EXPECT_FALSE(UnitLayout::Build("", {ParamSpec{"w", {2}}}, 1).ok());
+  EXPECT_FALSE(UnitLayout::Build("u", {ParamSpec{"", {2}}}, 1).ok());
+}
+
+TEST(UnitLayout, FingerprintSeesNamesShapesAndDecayButNotWorldSize) {
+  const uint64_t base = UnitLayout::Build("u", Specs(), 2)->Fingerprint();
+  EXPECT_EQ(base, UnitLayout::Build("u", Specs(), 5)->Fingerprint());
+  auto changed = Specs();
+  changed[0].shape = {3, 5};
+  EXPECT_NE(base, UnitLayout::Build("u", changed, 2)->Fingerprint());
+  changed = Specs();
+  changed[1].weight_decay = true;
+  EXPECT_NE(base, UnitLayout::Build("u", changed, 2)->Fingerprint());
+  changed = Specs();
+  changed[2].name = "gamma";
+  EXPECT_NE(base, UnitLayout::Build("u", changed, 2)->Fingerprint());
+  EXPECT_NE(base, UnitLayout::Build("v", Specs(), 2)->Fingerprint());
+}
+
+TEST(InitValue, DeterministicAndIndependentOfEverythingButItsKey) {
+  const uint64_t k = ParamKey("u", "w");
+  EXPECT_NE(k, ParamKey("u", "b"));
+  EXPECT_NE(k, ParamKey("v", "w"));
+  EXPECT_EQ(InitValue(Init::Normal(1), 1, k, 10), InitValue(Init::Normal(1), 1, k, 10));
+  EXPECT_NE(InitValue(Init::Normal(1), 1, k, 10), InitValue(Init::Normal(1), 2, k, 10));
+  EXPECT_EQ(InitValue(Init::Zeros(), 1, k, 3), 0.0f);
+  EXPECT_EQ(InitValue(Init::Ones(), 1, k, 3), 1.0f);
+  EXPECT_EQ(InitValue(Init::Constant(2.5f), 1, k, 3), 2.5f);
+}
+
+TEST(InitValue, NormalAndUniformHaveTheirMoments) {
+  const uint64_t k = ParamKey("u", "w");
+  const int n = 200000;
+  double sum = 0, sq = 0, umax = 0;
+  for (int i = 0; i < n; ++i) {
+    const double x = InitValue(Init::Normal(0.5f), 3, k, i);
+    sum += x;
+    sq += x * x;
+    umax = std::max(umax, std::fabs(double(InitValue(Init::Uniform(0.25f), 3, k, i))));
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.01);
+  EXPECT_NEAR(std::sqrt(sq / n), 0.5, 0.01);
+  EXPECT_LE(umax, 0.25);
+  EXPECT_GT(umax, 0.249);
+}
+
+}  // namespace
+}  // namespace strata::shard
