@@ -1,4 +1,5 @@
 // Element math shared by the host kernels, the runtime's reference loops and the CUDA kernels.
+// See Note [One operation order] for how the vector kernels reuse the same update templates.
 //
 // Every function here is __host__ __device__ when compiled by nvcc, plain inline otherwise, so one
 // definition of AdamW, SGD and the low-precision casts serves every back-end and the host tests cover
@@ -104,14 +105,46 @@ inline AdamWStep MakeAdamWStep(double lr, double beta1, double beta2, double eps
   return s;
 }
 
+// Note [One operation order]
+// The element updates below are templates over the arithmetic type F: float here, in the runtime loop
+// and in CUDA, and a SIMD register wrapper in the host vector kernels (kernels/cpu/*_impl.h). F needs
+// + - * / (IEEE, correctly rounded) and a Sqrt(F) found by argument-dependent lookup. Every back-end thus
+// runs the same operations in the same order on the same float coefficients, so results are bit-identical
+// as long as nothing contracts a*b+c into an FMA (kernels build with -ffp-contract=off, CUDA with
+// --fmad=false) and denormals are not flushed (MXCSR FTZ/DAZ off, the process default).
+STRATA_HD float Sqrt(float x) { return sqrtf(x); }
+
+// The per-step float coefficients of AdamWStep, computed once (each is the exact float expression the
+// scalar element used to evaluate per element, so precomputing them changes no bit).
+template <class F>
+struct AdamWCoeffs {
+  F decay;                  // 1 - lr*wd
+  F one_minus_beta1;        // 1 - beta1
+  F beta2;
+  F one_minus_beta2;        // 1 - beta2
+  F bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  F eps;
+  F step_size;              // lr / (1 - beta1^t)
+};
+
+STRATA_HD AdamWCoeffs<float> AdamWCoeffsOf(const AdamWStep& s) {
+  return AdamWCoeffs<float>{1.0f - s.lr * s.weight_decay, 1.0f - s.beta1, s.beta2, 1.0f - s.beta2,
+                            s.bias_correction2_sqrt, s.eps, s.step_size};
+}
+
 // One element of decoupled-weight-decay Adam, in the order torch.optim.AdamW computes it:
 //   p *= 1 - lr*wd;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;  p -= step_size * m / (sqrt(v)/bc2 + eps)
+template <class F>
+STRATA_HD void AdamWUpdate(F g, F& p, F& m, F& v, const AdamWCoeffs<F>& c) {
+  p = p * c.decay;
+  m = m + c.one_minus_beta1 * (g - m);
+  v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  const F denom = Sqrt(v) / c.bias_correction2_sqrt + c.eps;
+  p = p - c.step_size * (m / denom);
+}
+
 STRATA_HD void AdamWElement(float g, float& p, float& m, float& v, const AdamWStep& s) {
-  p = p * (1.0f - s.lr * s.weight_decay);
-  m = m + (1.0f - s.beta1) * (g - m);
-  v = s.beta2 * v + (1.0f - s.beta2) * g * g;
-  const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
-  p = p - s.step_size * (m / denom);
+  AdamWUpdate(g, p, m, v, AdamWCoeffsOf(s));
 }
 
 struct SgdStep {
@@ -121,10 +154,16 @@ struct SgdStep {
 };
 
 // SGD with momentum as torch.optim.SGD (dampening 0, not Nesterov): g += wd p; buf = mu buf + g; p -= lr buf.
+// F as in Note [One operation order].
+template <class F>
+STRATA_HD void SgdUpdate(F g, F& p, F& buf, F lr, F momentum, F weight_decay) {
+  g = g + weight_decay * p;
+  buf = momentum * buf + g;
+  p = p - lr * buf;
+}
+
 STRATA_HD void SgdElement(float g, float& p, float& buf, const SgdStep& s) {
-  g = g + s.weight_decay * p;
-  buf = s.momentum * buf + g;
-  p = p - s.lr * buf;
+  SgdUpdate(g, p, buf, s.lr, s.momentum, s.weight_decay);
 }
 
 }  // namespace strata::kernels

@@ -35,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "runtime/base/nearest.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 
@@ -103,40 +104,15 @@ void CollectPaths(const KeyNode& node, const std::string& prefix, std::vector<st
 // ---------------------------------------------------------------------------------------------------
 // Error messages.
 
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 absl::Status UnknownKeyError(const std::string& prefix, const std::string& key, const KeyNode& node) {
-  const KeyNode* best = nullptr;
-  size_t best_distance = std::numeric_limits<size_t>::max();
   std::vector<std::string> names;
-  for (const KeyNode& child : node.children) {
-    names.push_back(child.name);
-    const size_t d = EditDistance(absl::AsciiStrToLower(key), child.name);
-    if (d < best_distance) {
-      best = &child;
-      best_distance = d;
-    }
-  }
-  // Close enough to be a typo: a third of the key's length, at least 2, and not a total rewrite.
-  const bool close =
-      best != nullptr && best_distance < key.size() && best_distance <= std::max<size_t>(2, key.size() / 3);
+  for (const KeyNode& child : node.children) names.push_back(child.name);
+  const std::optional<std::string> best = NearestMatch(key, names);
+  const bool close = best.has_value();
   const std::string path = JoinPath(prefix, key);
   if (close) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown config key '", path, "'; did you mean '", JoinPath(prefix, best->name), "'?"));
+        absl::StrCat("unknown config key '", path, "'; did you mean '", JoinPath(prefix, *best), "'?"));
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown config key '", path, "'; valid keys",
                                                  prefix.empty() ? "" : absl::StrCat(" in '", prefix, "'"),

@@ -3,6 +3,7 @@
 #include "runtime/engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -76,12 +77,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   if (config.offload_param.device != OffloadDevice::kNone || config.offload_optimizer.device != OffloadDevice::kNone) {
     return absl::UnimplementedError("offload_param / offload_optimizer are not implemented in this build yet");
   }
-  if (config.fp16.enabled || config.param_dtype == DType::kF16) {
-    return absl::UnimplementedError("fp16 (with loss scaling) is not implemented yet; use fp32 or bf16");
-  }
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->world = &world;
+  if (config.fp16.enabled) {
+    impl->loss_scale = config.fp16.static_loss_scale > 0 ? static_cast<float>(config.fp16.static_loss_scale)
+                                                         : std::ldexp(1.0f, static_cast<int>(config.fp16.initial_scale_power));
+  }
   impl->device = &device;
   STRATA_ASSIGN_OR_RETURN(impl->gather_comm, world.Dup("gather", config.collective_timeout_ms));
   STRATA_ASSIGN_OR_RETURN(impl->reduce_comm, world.Dup("reduce", config.collective_timeout_ms));
@@ -262,6 +264,7 @@ const EngineConfig& Engine::config() const { return impl_->cfg; }
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world_size(); }
 int64_t Engine::step() const { return impl_->step; }
+float Engine::loss_scale() const { return impl_->loss_scale; }
 device::Timeline& Engine::timeline() { return impl_->timeline; }
 void Engine::ResetPeakMemory() { impl_->tracker.ResetPeaks(); }
 

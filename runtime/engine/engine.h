@@ -50,6 +50,7 @@ struct StepResult {
   double grad_norm = 0;    // global norm before clipping
   float clip_coef = 1;
   double lr = 0;
+  float loss_scale = 1;    // the scale the next micro-batches should use (fp16), after this step's update
 };
 
 struct MemoryStats {
@@ -92,6 +93,10 @@ class Engine {
   int rank() const;
   int world_size() const;
   int64_t step() const;
+  // The factor the trainer multiplies its loss gradient by (fp16 dynamic loss scaling; 1 otherwise).
+  // The engine divides it out of the gradients at Step(); an overflow (non-finite global gradient norm)
+  // skips the update on every rank and halves it; loss_scale_window clean steps double it.
+  float loss_scale() const;
   MemoryStats memory_stats() const;
   void ResetPeakMemory();
   device::Timeline& timeline();

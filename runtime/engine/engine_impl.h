@@ -58,6 +58,8 @@ struct Engine::Impl {
   bool in_micro_batch = false;
   int micro_batch = 0;  // micro-batches completed in this step
   int64_t step = 0;
+  float loss_scale = 1;   // fp16 dynamic loss scale
+  int clean_steps = 0;    // since the last overflow or growth
   std::string failed;   // set after a failed hook: the engine refuses further hooks
 
   int rank() const { return world->rank(); }

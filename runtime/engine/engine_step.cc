@@ -35,7 +35,7 @@ absl::Status Engine::Impl::ZeroGrads() {
 
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   STRATA_RETURN_IF_ERROR(Annotate(reduce_stream->Synchronize(), "gradient reduction"));
-  const float inv = 1.0f / static_cast<float>(world_size() * cfg.gradient_accumulation_steps);
+  const float inv = 1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * loss_scale);
   double local_sq = 0;
   for (UnitState& u : units) {
     float* g = GradUpdatePtr(u);
@@ -52,9 +52,16 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   r.lr = optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, step);
   if (!std::isfinite(r.grad_norm)) {
     r.skipped = true;
-    STRATA_LOG(Warning) << "step " << step + 1 << ": non-finite gradient norm; the update is skipped on every rank";
+    const bool dynamic = cfg.fp16.enabled && cfg.fp16.static_loss_scale <= 0;
+    if (dynamic) {
+      loss_scale = std::max(loss_scale / 2, static_cast<float>(cfg.fp16.min_loss_scale));
+      clean_steps = 0;
+    }
+    STRATA_LOG(Warning) << "step " << step + 1 << ": non-finite gradient norm; the update is skipped on every rank"
+                        << (dynamic ? absl::StrCat(", loss scale now ", loss_scale) : std::string());
     STRATA_RETURN_IF_ERROR(ZeroGrads());
     r.step = step;
+    r.loss_scale = loss_scale;
     return r;
   }
   r.clip_coef = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
@@ -73,6 +80,11 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
     for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(w.Wait());
   }
   STRATA_RETURN_IF_ERROR(ZeroGrads());
+  if (cfg.fp16.enabled && cfg.fp16.static_loss_scale <= 0 && ++clean_steps >= cfg.fp16.loss_scale_window) {
+    loss_scale *= 2;
+    clean_steps = 0;
+  }
+  r.loss_scale = loss_scale;
   r.step = ++step;
   return r;
 }

@@ -1,0 +1,77 @@
+// The host kernel table: one set of single-threaded range functions per ISA variant, chosen at run time.
+//
+// Guarantees:
+//  - Every variant's optimizer and cast results are bit-identical to the scalar reference (the same
+//    element templates of kernels/common/element_math.h, Note [One operation order]).
+//  - sum_squares follows Note [Sum of squares order] in every variant, so it is bit-identical too.
+//  - No function allocates, blocks or reads the environment; callers own every buffer. Buffers need no
+//    alignment. Ranges of different calls may run concurrently when they do not overlap.
+// Multi-threaded, segment-aware entry points are in optimizer_ops.h and tensor_ops.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/element_math.h"
+#include "kernels/cpu/isa.h"
+
+namespace strata::kernels::cpu {
+
+// The low-precision copy an optimizer pass writes beside the fp32 master, if any.
+enum class ParamCopy { kNone, kBf16, kF16 };
+
+// One shard's optimizer state, index-aligned: element i of every array is the same parameter element.
+// SGD keeps its momentum in `m` and ignores `v`. With copy != kNone, param_copy[i] receives the updated
+// master[i] rounded to nearest even (FloatToBf16 / FloatToHalf bits).
+struct OptimizerArrays {
+  float* master = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  uint16_t* param_copy = nullptr;
+  ParamCopy copy = ParamCopy::kNone;
+};
+
+// Note [Sum of squares order]
+// A sum of squares is defined, for every variant, in this order: element i of a call goes to lane
+// i mod 32; each lane adds double(x)*double(x) in index order starting from +0.0 (the square of a float is
+// exact in double, so a fused multiply-add gives the same bits as multiply then add); then the lanes are
+// folded, for w = 16, 8, 4, 2, 1: lane[k] += lane[k + w] (k < w); the result is lane[0]. tensor_ops.h
+// applies this per tile and sums tiles in a fixed order, so totals do not depend on ISA or thread count.
+inline constexpr int kSumLanes = 32;
+
+struct CpuKernels {
+  Isa isa;
+  // Elements [begin, end): g = grad[i] * grad_scale, then AdamWUpdate (element_math.h); writes master,
+  // m, v and the param copy.
+  void (*adamw)(const OptimizerArrays& a, size_t begin, size_t end, const AdamWCoeffs<float>& c,
+                float grad_scale);
+  // Elements [begin, end): g = grad[i] * grad_scale, then SgdUpdate with momentum buffer `m`.
+  void (*sgd)(const OptimizerArrays& a, size_t begin, size_t end, const SgdStep& c, float grad_scale);
+  // y[i] = FloatToBf16(x[i]) / FloatToHalf(x[i]) for i < n.
+  void (*cast_bf16)(const float* x, uint16_t* y, size_t n);
+  void (*cast_f16)(const float* x, uint16_t* y, size_t n);
+  // y[i] = x[i] * s for i < n; y == x is allowed (in place), other overlaps are not.
+  void (*scale)(const float* x, float* y, size_t n, float s);
+  // Note [Sum of squares order] over x[0..n).
+  double (*sum_squares)(const float* x, size_t n);
+  // Number of elements of x[0..n) that are Inf or NaN.
+  size_t (*count_non_finite)(const float* x, size_t n);
+};
+
+// The table of `isa`, or nullptr when this CPU cannot run it (IsaSupported).
+const CpuKernels* GetCpuKernels(Isa isa);
+
+// Note [ISA translation units]
+// Each variant lives in a file compiled with its own -m flags. An inline function or template
+// instantiation with external linkage emitted in such a file could be chosen by the linker for callers
+// everywhere (the ODR lets it assume all copies are equal) and run wide instructions on a CPU without
+// them. So those files put everything in an anonymous namespace, instantiate the element templates only
+// with their own (internal) vector types, call no external inline function on float, and export only
+// the table accessors below, which callers reach through GetCpuKernels after checking IsaSupported.
+const CpuKernels& ScalarKernels();
+const CpuKernels& Avx2Kernels();
+const CpuKernels& Avx512Kernels();
+const CpuKernels& Avx512Bf16Kernels();
+
+}  // namespace strata::kernels::cpu

@@ -1,0 +1,216 @@
+#include "runtime/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/element_math.h"
+#include "runtime/base/status.h"
+
+namespace strata::checkpoint {
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
+
+uint64_t DTypeSize(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+absl::Status Corrupt(const std::string& path, const std::string& what) {
+  return absl::DataLossError(absl::StrCat("safetensors file '", path, "': ", what));
+}
+
+absl::StatusOr<TensorInfo> ParseEntry(const std::string& path, const std::string& name, const nlohmann::json& v) {
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
+    return Corrupt(path, absl::StrCat("tensor '", name, "' lacks dtype, shape or data_offsets"));
+  }
+  TensorInfo t;
+  t.name = name;
+  try {
+    t.dtype = v.at("dtype").get<std::string>();
+    t.shape = v.at("shape").get<std::vector<int64_t>>();
+    const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+    if (off.size() != 2) return Corrupt(path, absl::StrCat("tensor '", name, "' data_offsets must have 2 entries"));
+    t.begin = off[0];
+    t.end = off[1];
+  } catch (const nlohmann::json::exception& e) {
+    return Corrupt(path, absl::StrCat("tensor '", name, "' has a malformed entry: ", e.what()));
+  }
+  const uint64_t size = DTypeSize(t.dtype);
+  if (size == 0) return Corrupt(path, absl::StrCat("tensor '", name, "' has unknown dtype '", t.dtype, "'"));
+  for (int64_t d : t.shape) {
+    if (d < 0) return Corrupt(path, absl::StrCat("tensor '", name, "' has a negative dimension"));
+  }
+  if (t.end < t.begin || t.end - t.begin != t.numel() * size) {
+    return Corrupt(path, absl::StrCat("tensor '", name, "' spans ", t.end - t.begin, " bytes but its shape and ",
+                                      t.dtype, " need ", t.numel() * size));
+  }
+  return t;
+}
+
+}  // namespace
+
+uint64_t TensorInfo::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open safetensors file '", path, "'"));
+  const uint64_t file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  uint8_t len_bytes[8];
+  if (file_size < 8 || !f.read(reinterpret_cast<char*>(len_bytes), 8)) {
+    return Corrupt(path, absl::StrCat("only ", file_size, " bytes: too short for a header"));
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxHeaderBytes || header_len > file_size - 8) {
+    return Corrupt(path, absl::StrCat("header length ", header_len, " does not fit a ", file_size, "-byte file"));
+  }
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Corrupt(path, "the header is not a JSON object");
+  SafetensorsReader r;
+  r.path_ = path;
+  r.data_start_ = 8 + header_len;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) return Corrupt(path, "__metadata__ is not an object");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        if (m.value().is_string()) r.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(TensorInfo t, ParseEntry(path, it.key(), it.value()));
+    if (t.end > file_size - r.data_start_) {
+      return Corrupt(path, absl::StrCat("tensor '", t.name, "' needs data bytes [", t.begin, ", ", t.end,
+                                        ") but the file holds only ", file_size - r.data_start_,
+                                        " (truncated file?)"));
+    }
+    r.tensors_.push_back(std::move(t));
+  }
+  std::vector<const TensorInfo*> sorted;
+  for (const auto& t : r.tensors_) sorted.push_back(&t);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i]->begin < sorted[i - 1]->end) {
+      return Corrupt(path, absl::StrCat("tensors '", sorted[i - 1]->name, "' and '", sorted[i]->name, "' overlap"));
+    }
+  }
+  return r;
+}
+
+const TensorInfo* SafetensorsReader::Find(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::vector<float>> SafetensorsReader::ReadF32(const TensorInfo& t) const {
+  if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16") {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors file '", path_, "': tensor '", t.name, "' is ",
+                                                   t.dtype, "; only F32, BF16 and F16 can be loaded"));
+  }
+  std::ifstream f(path_, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot reopen '", path_, "'"));
+  std::string raw(t.end - t.begin, '\0');
+  f.seekg(static_cast<std::streamoff>(data_start_ + t.begin));
+  if (!f.read(raw.data(), static_cast<std::streamsize>(raw.size()))) {
+    return Corrupt(path_, absl::StrCat("short read of tensor '", t.name, "'"));
+  }
+  std::vector<float> out(t.numel());
+  if (t.dtype == "F32") {
+    std::memcpy(out.data(), raw.data(), raw.size());
+  } else {
+    const bool bf16 = t.dtype == "BF16";
+    for (size_t i = 0; i < out.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, raw.data() + 2 * i, 2);
+      out[i] = bf16 ? kernels::Bf16ToFloat(h) : kernels::HalfToFloat(h);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+std::string HeaderJson(const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json j;
+  if (!metadata.empty()) j["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    uint64_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    j[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * n}}};
+    offset += 4 * n;
+  }
+  std::string h = j.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
+  return h;
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Annotate(ErrnoError("write", errno, __FILE__, __LINE__), path);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteBody(int fd, const std::string& tmp, const std::vector<TensorToWrite>& tensors,
+                       const std::string& header) {
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+  STRATA_RETURN_IF_ERROR(WriteAll(fd, len, 8, tmp));
+  STRATA_RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), tmp));
+  for (const auto& t : tensors) {
+    uint64_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> v, t.fetch());
+    if (v.size() != n) {
+      return absl::InternalError(absl::StrCat("tensor '", t.name, "' produced ", v.size(), " values for ", n));
+    }
+    STRATA_RETURN_IF_ERROR(WriteAll(fd, v.data(), v.size() * 4, tmp));
+  }
+  if (::fsync(fd) != 0) return Annotate(ErrnoError("fsync", errno, __FILE__, __LINE__), tmp);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), absl::StrCat("writing '", path, "'"));
+  absl::Status s = WriteBody(fd, tmp, tensors, HeaderJson(tensors, metadata));
+  if (::close(fd) != 0 && s.ok()) s = Annotate(ErrnoError("close", errno, __FILE__, __LINE__), tmp);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = Annotate(ErrnoError("rename", errno, __FILE__, __LINE__), absl::StrCat(tmp, " -> ", path));
+  }
+  if (!s.ok()) ::unlink(tmp.c_str());
+  return s;
+}
+
+}  // namespace strata::checkpoint

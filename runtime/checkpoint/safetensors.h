@@ -1,0 +1,60 @@
+// Safetensors files: the Hugging Face weight format. An 8-byte little-endian header length, a JSON
+// header mapping tensor names to {dtype, shape, data_offsets} (offsets relative to the data section),
+// then the raw little-endian data.
+//
+// The reader validates everything before any data is used: header size and JSON, dtypes, that each
+// tensor's byte range matches its shape and lies inside the file, and that ranges do not overlap. Every
+// error names the file and the tensor. The writer streams tensors one at a time (a whole model is never
+// staged in memory), writes to a temporary name, fsyncs and renames, so a crash never leaves a partial
+// file under the final name.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::checkpoint {
+
+struct TensorInfo {
+  std::string name;
+  std::string dtype;  // "F32", "BF16", "F16" (others are listed but cannot be read as fp32)
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets in the data section
+  uint64_t end = 0;
+  uint64_t numel() const;
+};
+
+class SafetensorsReader {
+ public:
+  static absl::StatusOr<SafetensorsReader> Open(const std::string& path);
+
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorInfo* Find(const std::string& name) const;
+  // Reads a tensor converted to fp32 (F32, BF16 and F16 are accepted).
+  absl::StatusOr<std::vector<float>> ReadF32(const TensorInfo& t) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  uint64_t data_start_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+struct TensorToWrite {
+  std::string name;
+  std::vector<int64_t> shape;
+  // Fills exactly numel floats for this tensor when the writer reaches it.
+  std::function<absl::StatusOr<std::vector<float>>()> fetch;
+};
+
+// Writes F32 tensors in the given order. `metadata` goes to "__metadata__".
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace strata::checkpoint

@@ -1,0 +1,94 @@
+// The Communicator conformance suite (CONVENTIONS 9): one set of per-rank test bodies, run against
+// every back-end. A back-end's test binary builds a RankHarness for each rank (a communicator, a
+// device and a stream to issue on) and calls every Case's body on it: the in-process back-end runs the
+// ranks as threads of one process (in_process_test.cc), MPI as the processes of an mpirun job
+// (mpi_test.cc).
+//
+// Rules every body follows, so that one misbehaving rank fails the test instead of hanging the job:
+//  - every rank issues the same collectives in the same order whatever the data looks like (data is
+//    checked with EXPECT_*, never ASSERT_*, once collectives have started);
+//  - failures print the rank, the collective, dtype, op and count, the index, expected and actual.
+//
+// Data. fp32 inputs are small integers, so fp32 sums are exact and compared with zero tolerance.
+// bf16 inputs are multiples of 1/7 rounded to bf16, so sums round; they are compared with a
+// double-precision oracle under the bound described at BF16Tolerance in comm_conformance.cc.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/base/dtype.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/device/device.h"
+
+namespace strata::comm::conformance {
+
+// What one rank's body works with. `stream` is fresh for each case; more streams and events come
+// from `device`.
+struct RankHarness {
+  Communicator& comm;
+  device::Device& device;
+  device::Stream& stream;
+};
+
+struct Case {
+  std::string name;  // a GoogleTest-safe identifier: "AllReduceInPlace"
+  std::function<void(RankHarness&)> body;
+};
+
+// Every case, in a fixed order (all ranks of an MPI job run the same sequence).
+const std::vector<Case>& Cases();
+
+// Element counts of the data cases: empty, one, odd, large, and 1001 (not a multiple of 2, 3 or 4).
+inline constexpr size_t kCounts[] = {0, 1, 7, 1000, 1001};
+
+// A flat host buffer of `count` elements of `dtype`, followed by guard elements; every byte starts as
+// a sentinel so that elements a collective failed to write, or wrote past the end, are visible.
+class HostArray {
+ public:
+  HostArray(DType dtype, size_t count);
+  DType dtype() const { return dtype_; }
+  size_t count() const { return count_; }
+  void* data() { return bytes_.data(); }
+  const void* data() const { return bytes_.data(); }
+  void* at(size_t i) { return bytes_.data() + i * DTypeBytes(dtype_); }
+  void Set(size_t i, float v);  // rounds to dtype
+  double Get(size_t i) const;
+  bool GuardIntact() const;
+
+ private:
+  DType dtype_;
+  size_t count_;
+  std::vector<unsigned char> bytes_;
+};
+
+// Element i of rank r's input (already representable in dtype). `salt` separates the inputs of
+// different collectives issued together.
+float InputValue(DType dtype, int rank, size_t i, int salt = 0);
+
+// Checks got[offset + i] against want[i] within tol[i] (exact when tol is empty) and that the guard
+// is intact. Prints rank, `what`, index, expected and actual for the first few mismatches.
+void ExpectElements(int rank, const std::string& what, const HostArray& got, size_t offset,
+                    const std::vector<double>& want, const std::vector<double>& tol = {});
+
+// A one-shot latch whose waits give up after a long failsafe, so a bug fails a test instead of
+// hanging it.
+class Gate {
+ public:
+  void Open();
+  bool Wait();  // true once opened, false after the failsafe
+  // A stream task that blocks its stream until the gate opens.
+  device::HostTask Task();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+}  // namespace strata::comm::conformance

@@ -1,0 +1,209 @@
+// Tests for runtime/comm/in_process: the conformance suite at world sizes 1-4 (each rank a thread),
+// plus the failure behaviour that needs a misbehaving rank: a rank that never arrives, mismatched
+// collectives, stickiness after a failure, Abort(), and a barrier's ordering across ranks.
+#include "runtime/comm/in_process.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/device/host_device.h"
+#include "tests/runtime/comm/comm_conformance.h"
+
+namespace strata::comm {
+namespace {
+
+using conformance::Gate;
+using conformance::HostArray;
+using conformance::RankHarness;
+using ::testing::HasSubstr;
+
+// Runs `body` once per rank, each on its own thread with its own host device and stream.
+void RunRanks(int world, const Options& options, const std::function<void(RankHarness&)>& body) {
+  auto comms = CreateInProcessGroup(world, options);
+  ASSERT_EQ(comms.size(), static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      device::HostDevice dev;
+      auto stream = dev.CreateStream(absl::StrCat("rank", r));
+      ASSERT_TRUE(stream.ok()) << stream.status();
+      RankHarness h{*comms[r], dev, **stream};
+      EXPECT_EQ(h.comm.rank(), r);
+      EXPECT_EQ(h.comm.size(), world);
+      body(h);
+      const absl::Status st = (*stream)->Synchronize();  // nothing may outlive the rank's buffers
+      (void)st;
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+Options WithTimeout(int64_t timeout_ms) {
+  Options o;
+  o.timeout_ms = timeout_ms;
+  o.name = "test";
+  return o;
+}
+
+// ---- The conformance suite ----
+
+class InProcessConformance : public ::testing::TestWithParam<std::tuple<size_t, int>> {};
+
+TEST_P(InProcessConformance, Passes) {
+  const auto& [index, world] = GetParam();
+  // Generous: a collective that should succeed never waits this long, a broken one fails the test.
+  RunRanks(world, WithTimeout(20000), conformance::Cases()[index].body);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllCases, InProcessConformance,
+    ::testing::Combine(::testing::Range(size_t{0}, conformance::Cases().size()), ::testing::Values(1, 2, 3, 4)),
+    [](const ::testing::TestParamInfo<std::tuple<size_t, int>>& info) {
+      return absl::StrCat(conformance::Cases()[std::get<0>(info.param)].name, "_World", std::get<1>(info.param));
+    });
+
+// ---- Failures that need a misbehaving rank ----
+
+constexpr int64_t kShortTimeoutMs = 300;
+
+int64_t ElapsedMs(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST(InProcessCommunicator, MissingRankMakesOthersFailWithDeadlineExceededNamingIt) {
+  RunRanks(3, WithTimeout(kShortTimeoutMs), [](RankHarness& h) {
+    if (h.comm.rank() == 2) return;  // never arrives
+    HostArray buf(DType::kF32, 8);
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status st = h.comm.AllReduce(buf.data(), buf.data(), 8, DType::kF32, ReduceOp::kSum, h.stream).Wait();
+    const int64_t ms = ElapsedMs(start);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << "rank " << h.comm.rank() << ": " << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("rank(s) 2")) << "the missing rank must be named";
+    EXPECT_THAT(std::string(st.message()), HasSubstr("all_reduce #0 on 'test'"));
+    EXPECT_GE(ms, kShortTimeoutMs - 5) << "rank " << h.comm.rank() << " gave up before the deadline";
+    EXPECT_LT(ms, kShortTimeoutMs + 5000) << "rank " << h.comm.rank() << " did not give up at the deadline";
+  });
+}
+
+TEST(InProcessCommunicator, FailedCollectiveMakesTheStreamStickyAndLateArrivalsFail) {
+  Gate rank0_gave_up;
+  RunRanks(2, WithTimeout(kShortTimeoutMs), [&](RankHarness& h) {
+    HostArray buf(DType::kF32, 4);
+    if (h.comm.rank() == 1) {
+      // Arrives only after rank 0 has given up on collective #0: it must fail too, not wait or succeed.
+      EXPECT_TRUE(rank0_gave_up.Wait());
+      const absl::Status late = h.comm.Barrier(h.stream).Wait();
+      EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << "late rank 1: " << late;
+      return;
+    }
+    const absl::Status first = h.comm.Barrier(h.stream).Wait();
+    rank0_gave_up.Open();
+    EXPECT_EQ(first.code(), absl::StatusCode::kDeadlineExceeded) << first;
+    EXPECT_THAT(std::string(first.message()), HasSubstr("rank(s) 1"));
+    // Later collectives on the failed stream return the first error at once, without waiting again.
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status later = h.comm.AllReduce(buf.data(), buf.data(), 4, DType::kF32, ReduceOp::kSum, h.stream).Wait();
+    EXPECT_EQ(later, first) << "a later collective on the failed stream must return the first error";
+    EXPECT_LT(ElapsedMs(start), kShortTimeoutMs) << "the skipped collective waited for peers";
+    EXPECT_EQ(h.stream.Synchronize(), first);
+  });
+}
+
+TEST(InProcessCommunicator, CountMismatchIsInvalidArgumentNamingTheOtherRank) {
+  RunRanks(2, WithTimeout(5000), [](RankHarness& h) {
+    const int rank = h.comm.rank(), other = 1 - rank;
+    const size_t count = rank == 0 ? 4 : 5;
+    HostArray send(DType::kF32, count), recv(DType::kF32, 2 * count);
+    const Work w = h.comm.AllGather(send.data(), recv.data(), count, DType::kF32, h.stream);
+    const absl::Status st = w.Wait();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << "rank " << rank << ": " << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(absl::StrCat("rank ", other, " called")));
+    EXPECT_THAT(std::string(st.message()), HasSubstr("count=5"));
+    // A stream that waits for the failed collective fails too, and skips its work.
+    device::HostDevice dev;
+    auto consumer = dev.CreateStream("consumer");
+    ASSERT_TRUE(consumer.ok());
+    bool ran = false;
+    w.StreamWait(**consumer);
+    (*consumer)->Enqueue([&] {
+      ran = true;
+      return absl::OkStatus();
+    });
+    EXPECT_EQ((*consumer)->Synchronize().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_FALSE(ran) << "rank " << rank << ": work ordered after a failed collective ran";
+  });
+}
+
+TEST(InProcessCommunicator, DifferentCollectivesAtTheSameStepAreInvalidArgument) {
+  RunRanks(3, WithTimeout(5000), [](RankHarness& h) {
+    HostArray a(DType::kF32, 6), b(DType::kF32, 6);
+    const absl::Status st =
+        h.comm.rank() == 1 ? h.comm.Broadcast(a.data(), 6, DType::kF32, 0, h.stream).Wait()
+                           : h.comm.AllReduce(a.data(), b.data(), 6, DType::kF32, ReduceOp::kSum, h.stream).Wait();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << "rank " << h.comm.rank() << ": " << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(h.comm.rank() == 1 ? "rank 0 called all_reduce"
+                                                                          : "rank 1 called broadcast"));
+  });
+}
+
+TEST(InProcessCommunicator, AbortFromOneRankFailsTheOthersPendingCollectives) {
+  // A long timeout: the others must fail because of the abort, not because of the deadline.
+  std::atomic<int> pending{0};
+  Gate both_pending;
+  RunRanks(3, WithTimeout(20000), [&](RankHarness& h) {
+    const int rank = h.comm.rank();
+    if (rank == 0) {
+      EXPECT_TRUE(both_pending.Wait());
+      h.comm.Abort(absl::InternalError("loss is NaN at step 12"));
+      const absl::Status after = h.comm.Barrier(h.stream).Wait();
+      EXPECT_EQ(after.code(), absl::StatusCode::kAborted) << "rank 0 after its own abort: " << after;
+      return;
+    }
+    HostArray buf(DType::kF32, 16);
+    h.stream.Enqueue([&] {  // runs right before the collective on this rank's stream
+      if (++pending == 2) both_pending.Open();
+      return absl::OkStatus();
+    });
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status st =
+        h.comm.AllReduce(buf.data(), buf.data(), 16, DType::kF32, ReduceOp::kSum, h.stream).Wait();
+    EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << "rank " << rank << ": " << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("rank 0 aborted"));
+    EXPECT_THAT(std::string(st.message()), HasSubstr("loss is NaN at step 12"));
+    EXPECT_LT(ElapsedMs(start), 10000) << "rank " << rank << " waited for the deadline instead of the abort";
+  });
+}
+
+TEST(InProcessCommunicator, NoRankLeavesABarrierBeforeEveryRankReachedIt) {
+  constexpr int kWorld = 4, kRounds = 20;
+  std::atomic<int> arrived[kRounds] = {};
+  RunRanks(kWorld, WithTimeout(20000), [&](RankHarness& h) {
+    for (int round = 0; round < kRounds; ++round) {
+      h.stream.Enqueue([&, round] {
+        ++arrived[round];
+        return absl::OkStatus();
+      });
+      h.comm.Barrier(h.stream);
+      int seen = -1;
+      h.stream.Enqueue([&, round] {
+        seen = arrived[round].load();
+        return absl::OkStatus();
+      });
+      EXPECT_TRUE(h.stream.Synchronize().ok());
+      EXPECT_EQ(seen, kWorld) << "rank " << h.comm.rank() << ", round " << round << ": left the barrier after "
+                              << seen << " of " << kWorld << " ranks arrived";
+    }
+  });
+}
+
+}  // namespace
+}  // namespace strata::comm

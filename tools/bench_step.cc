@@ -1,0 +1,115 @@
+// `strata bench step`: GPT training-step throughput, next to an sgemm rate measured in the same run
+// (each rank times a [B*T, C] x [C, 4C] product, the shape of the MLP's first matmul, at the same
+// moment, so contention between ranks is in both numbers). Reports tokens/s, achieved GFLOP/s per rank
+// (3 x forward FLOPs per token, 4 x with activation checkpointing) and its fraction of the sgemm rate.
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "absl/strings/str_format.h"
+#include "examples/gpt/gpt_model.h"
+#include "kernels/cpu/nn.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/mpi_communicator.h"
+#include "runtime/device/host_device.h"
+#include "tools/commands.h"
+#include "tools/train_options.h"
+
+namespace strata::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SgemmGflops(int M, int K, int N) {
+  std::vector<float> a(size_t(M) * K, 0.5f), w(size_t(K) * N, 0.25f), out(size_t(M) * N);
+  kernels::cpu::MatmulForward(a.data(), w.data(), nullptr, out.data(), M, K, N);  // warm
+  int reps = 0;
+  const auto t0 = Clock::now();
+  double secs = 0;
+  while (secs < 0.5) {
+    kernels::cpu::MatmulForward(a.data(), w.data(), nullptr, out.data(), M, K, N);
+    ++reps;
+    secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return 2.0 * M * K * N * reps / secs / 1e9;
+}
+
+absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) {
+  device::HostDevice dev;
+  STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(o.engine, world, dev));
+  STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model));
+  STRATA_RETURN_IF_ERROR(e->Finalize());
+  const int B = static_cast<int>(o.engine.train_micro_batch_size_per_gpu), T = o.model.seq_len;
+  std::vector<int32_t> in(size_t(B) * T), tgt(in.size());
+  std::mt19937 rng(1 + world.rank());
+  for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
+  STRATA_ASSIGN_OR_RETURN(auto sync, dev.CreateStream("bench"));
+  auto run_step = [&]() -> absl::Status {
+    for (int a = 0; a < o.engine.gradient_accumulation_steps; ++a) {
+      STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+      STRATA_RETURN_IF_ERROR(model.TrainMicroBatch(*e, in.data(), tgt.data(), B, e->loss_scale(), o.checkpointing).status());
+      STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
+    }
+    return e->Step().status();
+  };
+  STRATA_RETURN_IF_ERROR(run_step());  // warm-up: records the schedule, touches all memory
+  STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
+  const double sgemm = SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
+  STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
+  const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) STRATA_RETURN_IF_ERROR(run_step());
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double tokens = double(steps) * B * T * o.engine.gradient_accumulation_steps * world.size();
+  const double flops_per_token = (o.checkpointing ? 4.0 : 3.0) * gpt::ForwardFlopsPerToken(o.model);
+  const double gflops_per_rank = flops_per_token * tokens / secs / 1e9 / world.size();
+  if (world.rank() != 0) return absl::OkStatus();
+  const std::string shape = gpt::Describe(o.model);
+  if (json) {
+    std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
+                "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,\"sgemm_gflops_per_rank\":%.2f,"
+                "\"fraction_of_sgemm\":%.3f,\"peak_device_bytes\":%llu}\n",
+                shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(), o.engine.stage, B, T,
+                secs / steps * 1e3, tokens / secs, gflops_per_rank, sgemm, gflops_per_rank / sgemm,
+                static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes));
+  } else {
+    std::printf("%s, %d ranks, stage %d: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s per rank = %.1f%% of sgemm "
+                "(%.2f GFLOP/s per rank in the same run)\n",
+                shape.c_str(), world.size(), o.engine.stage, secs / steps * 1e3, tokens / secs, gflops_per_rank,
+                100 * gflops_per_rank / sgemm, sgemm);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int BenchStepCommand(const std::vector<std::string>& args) {
+  int argc = 1;
+  char arg0[] = "strata";
+  char* argv0[] = {arg0, nullptr};
+  char** argv = argv0;
+  auto mpi = comm::MpiRuntime::Init(&argc, &argv);
+  if (!mpi.ok()) {
+    std::fprintf(stderr, "strata bench step: %s\n", std::string(mpi.status().message()).c_str());
+    return 1;
+  }
+  std::vector<std::string> rest;
+  bool json = false;
+  for (const auto& a : args) (a == "--json" ? json = true : (rest.push_back(a), false));
+  bool has_steps = false;
+  for (const auto& a : rest) has_steps |= a.rfind("--steps", 0) == 0;
+  if (!has_steps) rest.insert(rest.end(), {"--steps", "3"});
+  auto opts = ParseTrainOptions(rest, (*mpi)->world_size());
+  absl::Status s = opts.status();
+  if (s.ok()) {
+    auto world = (*mpi)->World(comm::Options{});
+    s = world.ok() ? Bench(*opts, **world, json) : world.status();
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "strata bench step: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,14 @@
+// The strata CLI's subcommands. Each takes the arguments after its name and returns the exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace strata::tools {
+
+int TrainCommand(const std::vector<std::string>& args);
+int GenerateCommand(const std::vector<std::string>& args);
+int BenchStepCommand(const std::vector<std::string>& args);
+int PlotCommand(const std::vector<std::string>& args);
+
+}  // namespace strata::tools

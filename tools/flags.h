@@ -1,0 +1,38 @@
+// Command-line flags for the strata CLI: "--name value", "--name=value", boolean "--name", positional
+// arguments. Every flag must be declared; an unknown one is an error naming the nearest declared flag.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::tools {
+
+struct FlagDef {
+  std::string name;  // without the dashes
+  bool boolean = false;
+  std::string help;
+};
+
+class Flags {
+ public:
+  static absl::StatusOr<Flags> Parse(const std::vector<std::string>& args, const std::vector<FlagDef>& defs);
+
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string Str(const std::string& name, const std::string& fallback = "") const;
+  absl::StatusOr<int64_t> Int(const std::string& name, int64_t fallback) const;
+  absl::StatusOr<double> Double(const std::string& name, double fallback) const;
+  bool Bool(const std::string& name) const { return Has(name); }
+  const std::vector<std::string>& positional() const { return positional_; }
+
+  static std::string Usage(const std::string& command, const std::vector<FlagDef>& defs);
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positional_;
+};
+
+}  // namespace strata::tools

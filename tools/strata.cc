@@ -1,0 +1,38 @@
+// strata: the command-line front end.
+//   strata train ...        train a GPT-2 on the engine (under mpirun for several ranks)
+//   strata generate ...     sample from trained weights
+//   strata bench step ...   training-step throughput against an sgemm rate measured in the same run
+//   strata plot M.jsonl -o loss.png
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tools/commands.h"
+
+namespace {
+
+const char kUsage[] =
+    "usage: strata <command> [flags]\n"
+    "  train      train a GPT-2 (strata train --help for flags)\n"
+    "  generate   sample text from trained weights\n"
+    "  bench      step: training throughput\n"
+    "  plot       draw the loss curve of a metrics file as a PNG\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  using namespace strata::tools;
+  if (cmd == "train") return TrainCommand(args);
+  if (cmd == "generate") return GenerateCommand(args);
+  if (cmd == "plot") return PlotCommand(args);
+  if (cmd == "bench" && !args.empty() && args[0] == "step") return BenchStepCommand({args.begin() + 1, args.end()});
+  std::fprintf(stderr, "strata: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+  return 2;
+}

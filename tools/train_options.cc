@@ -1,0 +1,178 @@
+#include "tools/train_options.h"
+
+#include <cmath>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#include "tools/model_flags.h"
+
+namespace strata::tools {
+namespace {
+
+// Flags that map one to one onto a config key.
+const std::pair<const char*, const char*> kConfigFlags[] = {
+    {"stage", "zero_optimization.stage"},
+    {"micro-batch", "train_micro_batch_size_per_gpu"},
+    {"grad-accum", "gradient_accumulation_steps"},
+    {"lr", "optimizer.params.lr"},
+    {"eps", "optimizer.params.eps"},
+    {"weight-decay", "optimizer.params.weight_decay"},
+    {"grad-clip", "gradient_clipping"},
+    {"seed", "strata.seed"},
+    {"max-live-units", "strata.max_live_units"},
+    {"prefetch", "strata.prefetch_depth"},
+};
+
+absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::string& text) {
+  std::vector<std::string> o;
+  for (const auto& [flag, key] : kConfigFlags) {
+    if (f.Has(flag)) o.push_back(absl::StrCat(key, "=", f.Str(flag)));
+  }
+  if (f.Has("collective-timeout")) {
+    STRATA_ASSIGN_OR_RETURN(double secs, f.Double("collective-timeout", 60));
+    if (!(secs > 0)) return absl::InvalidArgumentError("--collective-timeout must be > 0 seconds");
+    o.push_back(absl::StrCat("strata.collective_timeout_ms=", static_cast<int64_t>(std::ceil(secs * 1000))));
+  }
+  const std::string dtype = f.Str("param-dtype");
+  if (dtype == "fp32") {
+    o.insert(o.end(), {"bf16.enabled=false", "fp16.enabled=false", "strata.param_dtype=fp32"});
+  } else if (dtype == "bf16") {
+    o.insert(o.end(), {"fp16.enabled=false", "bf16.enabled=true", "strata.param_dtype=bf16"});
+  } else if (dtype == "fp16") {
+    o.insert(o.end(), {"bf16.enabled=false", "fp16.enabled=true", "strata.param_dtype=fp16"});
+  } else if (!dtype.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--param-dtype '", dtype, "': use fp32, bf16 or fp16"));
+  }
+  if (f.Has("beta1") || f.Has("beta2")) {
+    STRATA_ASSIGN_OR_RETURN(engine::EngineConfig base, engine::ParseConfigWithOverrides(text, o));
+    STRATA_ASSIGN_OR_RETURN(double b1, f.Double("beta1", base.optimizer.beta1));
+    STRATA_ASSIGN_OR_RETURN(double b2, f.Double("beta2", base.optimizer.beta2));
+    o.push_back(absl::StrCat("optimizer.params.betas=[", b1, ",", b2, "]"));
+  }
+  return o;
+}
+
+absl::Status ApplySchedule(const Flags& f, int64_t steps, engine::EngineConfig* c) {
+  if (!f.Has("lr-schedule") && !f.Has("warmup") && !f.Has("min-lr")) return absl::OkStatus();
+  const std::string kind = f.Str("lr-schedule", "cosine");
+  if (kind == "cosine") c->scheduler.type = engine::LrScheduleType::kWarmupCosine;
+  else if (kind == "linear") c->scheduler.type = engine::LrScheduleType::kWarmupLinear;
+  else if (kind == "constant") c->scheduler.type = engine::LrScheduleType::kWarmupLinear;
+  else return absl::InvalidArgumentError(absl::StrCat("--lr-schedule '", kind, "': use cosine, linear or constant"));
+  STRATA_ASSIGN_OR_RETURN(c->scheduler.warmup_steps, f.Int("warmup", 0));
+  STRATA_ASSIGN_OR_RETURN(c->scheduler.min_lr, f.Double("min-lr", 0.0));
+  if (c->scheduler.warmup_steps < 0) return absl::InvalidArgumentError("--warmup must be >= 0 steps");
+  if (c->scheduler.min_lr < 0 || c->scheduler.min_lr > c->optimizer.lr) {
+    return absl::InvalidArgumentError(absl::StrCat("--min-lr ", c->scheduler.min_lr, " must be in [0, lr=",
+                                                   c->optimizer.lr, "]"));
+  }
+  c->scheduler.warmup_min_lr = 0;
+  c->scheduler.total_steps = kind == "constant" ? 0 : steps;
+  return absl::OkStatus();
+}
+
+// --lr-scaling linear|sqrt: lr x (global batch / base batch) or its square root, the usual rule when
+// adding ranks; the warm-up then ramps to the scaled rate.
+absl::Status ApplyLrScaling(const Flags& f, int world, engine::EngineConfig* c) {
+  const std::string mode = f.Str("lr-scaling", "none");
+  if (mode == "none") return absl::OkStatus();
+  if (mode != "linear" && mode != "sqrt") {
+    return absl::InvalidArgumentError(absl::StrCat("--lr-scaling '", mode, "': use none, linear or sqrt"));
+  }
+  STRATA_ASSIGN_OR_RETURN(int64_t base, f.Int("base-batch", 0));
+  if (base < 1) return absl::InvalidArgumentError("--lr-scaling needs --base-batch B >= 1 (sequences)");
+  const double global = double(c->train_micro_batch_size_per_gpu) * c->gradient_accumulation_steps * world;
+  const double factor = mode == "linear" ? global / base : std::sqrt(global / base);
+  c->optimizer.lr *= factor;
+  c->scheduler.min_lr *= factor;
+  STRATA_LOG(Info) << "lr scaling " << mode << ": global batch " << global << " / base " << base << " -> lr x" << factor
+                   << " = " << c->optimizer.lr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadConfigText(const Flags& f) {
+  if (!f.Has("config")) return std::string("{}");
+  std::ifstream in(f.Str("config"));
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file '", f.Str("config"), "'"));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+std::vector<FlagDef> TrainFlagDefs() {
+  std::vector<FlagDef> d = ModelFlagDefs();
+  const std::vector<FlagDef> more = {
+      {"config", false, "JSON config (DeepSpeed keys + \"strata\"); flags override it"},
+      {"stage", false, "ZeRO stage 0-3 (default 3)"},
+      {"micro-batch", false, "sequences per rank per micro-batch"},
+      {"grad-accum", false, "micro-batches per step"},
+      {"steps", false, "optimizer steps (default 200)"},
+      {"lr", false, "peak learning rate"},
+      {"warmup", false, "warm-up steps"},
+      {"lr-schedule", false, "cosine | linear | constant (after warm-up)"},
+      {"min-lr", false, "floor of the decay"},
+      {"lr-scaling", false, "none | linear | sqrt: scale lr by global batch / --base-batch"},
+      {"base-batch", false, "the global batch (sequences) the lr was tuned for"},
+      {"beta1", false, "AdamW beta1"},
+      {"beta2", false, "AdamW beta2"},
+      {"eps", false, "AdamW epsilon"},
+      {"weight-decay", false, "decoupled weight decay (2-D weights only)"},
+      {"grad-clip", false, "global gradient-norm clip (0 = off)"},
+      {"seed", false, "initialisation and data-order seed"},
+      {"param-dtype", false, "fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)"},
+      {"activation-checkpointing", true, "recompute each block's activations in backward"},
+      {"data", false, "llm.c token file or text file (default: the embedded corpus)"},
+      {"data-order", false, "shuffled (default) | sequential"},
+      {"init-from", false, "initial weights (.safetensors, Hugging Face GPT-2 names)"},
+      {"save-weights", false, "write consolidated weights at the end (.safetensors)"},
+      {"metrics", false, "JSON lines, one per step"},
+      {"print-every", false, "progress line every N steps (default 1)"},
+      {"max-live-units", false, "gathered units held at once (stage 3)"},
+      {"prefetch", false, "units gathered ahead"},
+      {"collective-timeout", false, "seconds before a stuck collective fails the job (default 60)"},
+      {"loader-delay-us", false, "testing: slow the data loader by this much per batch"},
+      {"inject-nonfinite-step", false, "testing: NaN gradients at this step (0-based) on --inject-nonfinite-rank"},
+      {"inject-nonfinite-rank", false, "testing: the rank that gets NaN gradients"},
+  };
+  d.insert(d.end(), more.begin(), more.end());
+  return d;
+}
+
+absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& args, int world_size) {
+  const std::vector<FlagDef> defs = TrainFlagDefs();
+  STRATA_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, defs));
+  if (!f.positional().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", f.positional()[0], "'\n",
+                                                   Flags::Usage("train", defs)));
+  }
+  TrainOptions o;
+  STRATA_ASSIGN_OR_RETURN(o.model, ModelFromFlags(f));
+  STRATA_ASSIGN_OR_RETURN(o.steps, f.Int("steps", 200));
+  if (o.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadConfigText(f));
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> overrides, Overrides(f, text));
+  STRATA_ASSIGN_OR_RETURN(o.engine, engine::ParseConfigWithOverrides(text, overrides));
+  STRATA_RETURN_IF_ERROR(ApplySchedule(f, o.steps, &o.engine));
+  STRATA_RETURN_IF_ERROR(ApplyLrScaling(f, world_size, &o.engine));
+  o.data = f.Str("data");
+  const std::string order = f.Str("data-order", "shuffled");
+  if (order != "shuffled" && order != "sequential") {
+    return absl::InvalidArgumentError(absl::StrCat("--data-order '", order, "': use shuffled or sequential"));
+  }
+  o.order = order == "shuffled" ? gpt::DataOrder::kShuffled : gpt::DataOrder::kSequential;
+  o.init_from = f.Str("init-from");
+  o.save_weights = f.Str("save-weights");
+  o.metrics = f.Str("metrics");
+  o.checkpointing = f.Bool("activation-checkpointing");
+  STRATA_ASSIGN_OR_RETURN(o.print_every, f.Int("print-every", 1));
+  if (o.print_every < 1) return absl::InvalidArgumentError("--print-every must be >= 1");
+  STRATA_ASSIGN_OR_RETURN(o.loader_delay_us, f.Int("loader-delay-us", 0));
+  STRATA_ASSIGN_OR_RETURN(o.inject_nonfinite_step, f.Int("inject-nonfinite-step", -1));
+  STRATA_ASSIGN_OR_RETURN(int64_t inject_rank, f.Int("inject-nonfinite-rank", 0));
+  o.inject_nonfinite_rank = static_cast<int>(inject_rank);
+  return o;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,32 @@
+// `strata train` options: the flags, the JSON config they override, and their validation.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "examples/gpt/data.h"
+#include "examples/gpt/gpt_config.h"
+#include "runtime/engine/config.h"
+#include "tools/flags.h"
+
+namespace strata::tools {
+
+struct TrainOptions {
+  gpt::GptConfig model;
+  engine::EngineConfig engine;
+  int64_t steps = 200;
+  std::string data;  // "" = embedded corpus
+  gpt::DataOrder order = gpt::DataOrder::kShuffled;
+  std::string init_from, save_weights, metrics;
+  bool checkpointing = false;
+  int64_t print_every = 1;
+  int64_t loader_delay_us = 0;        // test hook: slow the loader
+  int64_t inject_nonfinite_step = -1;  // test hook: a NaN gradient on one rank at this step (0-based)
+  int inject_nonfinite_rank = -1;
+};
+
+std::vector<FlagDef> TrainFlagDefs();
+absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& args, int world_size);
+
+}  // namespace strata::tools
