@@ -47,11 +47,14 @@ std::string PeakText(const engine::MemoryStats& m) {
   return s;
 }
 
-void Report(const TrainOptions& o, const StepLog& l, const engine::MemoryStats& mem, std::ofstream* metrics) {
-  std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f tok/s | %7.1f ms | peak %s%s\n",
+void Report(const TrainOptions& o, const StepLog& l, const engine::MemoryStats& mem, bool print,
+            std::ofstream* metrics) {
+  if (print) {
+    std::printf("step %5lld/%lld | loss %.4f | lr %.2e | %8.0f tok/s | %7.1f ms | peak %s%s\n",
               static_cast<long long>(l.step), static_cast<long long>(o.steps), l.loss, l.lr, l.tokens_per_s, l.step_ms,
               PeakText(mem).c_str(), l.skipped ? " | SKIPPED (non-finite gradients)" : "");
-  std::fflush(stdout);
+    std::fflush(stdout);
+  }
   if (metrics != nullptr && metrics->is_open()) {
     *metrics << absl::StrFormat(
         "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"grad_norm\":%.6g,"
@@ -113,10 +116,11 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tokens_total += double(global_batch) * o.model.seq_len;
     last_loss = mean_loss;
-    if (rank == 0 && (step % o.print_every == 0 || step + 1 == o.steps || r.skipped)) {
+    if (rank == 0) {
+      const bool print = step % o.print_every == 0 || step + 1 == o.steps || r.skipped;
       Report(o, StepLog{step + 1, mean_loss, r.lr, double(global_batch) * o.model.seq_len / secs, secs * 1e3,
                         r.grad_norm, (loader.wait_seconds() - wait0) * 1e3, r.loss_scale, r.skipped},
-             e->memory_stats(), &metrics);
+             e->memory_stats(), print, &metrics);
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();

@@ -186,7 +186,8 @@ struct Pass {
   }
 
   // Embedding lookup, the blocks, the final LayerNorm, and the tied head with the loss (when targets).
-  absl::StatusOr<double> Forward(const int32_t* inputs, const int32_t* targets, std::vector<float>* last_logits) {
+  absl::StatusOr<double> Forward(const int32_t* inputs, const int32_t* targets, std::vector<float>* logits,
+                                 int position) {
     const int C = this->C(), V = m.cfg_.vocab;
     STRATA_RETURN_IF_ERROR(Begin(m.embed_, false));
     nn::EmbeddingForward(inputs, W(m.embed_, 0), W(m.embed_, 1), w.x[0].data(), B, T, C);
@@ -203,9 +204,9 @@ struct Pass {
     STRATA_RETURN_IF_ERROR(Begin(m.embed_, false));
     nn::MatmulTransBForward(w.lnf.data(), W(m.embed_, 0), w.dlogits.data(), static_cast<int>(N()), C, V);
     STRATA_RETURN_IF_ERROR(e.EndForward(m.embed_));
-    if (last_logits != nullptr) {
-      const float* row = w.dlogits.data() + size_t(T - 1) * V;
-      last_logits->assign(row, row + V);
+    if (logits != nullptr) {
+      const float* row = w.dlogits.data() + size_t(position) * V;
+      logits->assign(row, row + V);
     }
     if (targets == nullptr) return 0.0;
     const double loss = nn::CrossEntropyForward(w.dlogits.data(), targets, w.probs.data(), w.losses.data(),
@@ -249,19 +250,20 @@ absl::StatusOr<double> GptModel::TrainMicroBatch(Engine& e, const int32_t* input
                                                  float loss_scale, bool checkpointing) {
   Prepare(*ws_, cfg_, B, cfg_.seq_len, checkpointing);
   Pass pass{*this, e, *ws_, B, cfg_.seq_len};
-  STRATA_ASSIGN_OR_RETURN(double loss, pass.Forward(inputs, targets, nullptr));
+  STRATA_ASSIGN_OR_RETURN(double loss, pass.Forward(inputs, targets, nullptr, 0));
   STRATA_RETURN_IF_ERROR(pass.Backward(inputs, targets, loss_scale));
   return loss;
 }
 
 absl::StatusOr<double> GptModel::Forward(Engine& e, const int32_t* inputs, const int32_t* targets, int B, int T,
-                                         std::vector<float>* last_logits) {
+                                         std::vector<float>* logits, int position) {
   if (T < 1 || T > cfg_.seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("sequence of ", T, " tokens; the model takes 1 to ", cfg_.seq_len));
   }
+  if (position >= T) return absl::InvalidArgumentError(absl::StrCat("logits position ", position, " >= T=", T));
   Prepare(*ws_, cfg_, B, T, /*recompute=*/true);
   Pass pass{*this, e, *ws_, B, T};
-  return pass.Forward(inputs, targets, last_logits);
+  return pass.Forward(inputs, targets, logits, position < 0 ? T - 1 : position);
 }
 
 }  // namespace strata::gpt

@@ -41,10 +41,10 @@ class GptModel {
                                          float loss_scale, bool checkpointing);
 
   // Forward only, outside a micro-batch (evaluation / generation), on B sequences of T <= seq_len tokens.
-  // Returns the mean loss when targets != nullptr (else 0); fills the logits of position T-1 of
-  // sequence 0 into *last_logits when non-null.
+  // Returns the mean loss when targets != nullptr (else 0); fills the logits of `position` (default
+  // T-1) of sequence 0 into *logits when non-null.
   absl::StatusOr<double> Forward(engine::Engine& e, const int32_t* inputs, const int32_t* targets, int B, int T,
-                                 std::vector<float>* last_logits);
+                                 std::vector<float>* logits, int position = -1);
 
   const GptConfig& config() const { return cfg_; }
   const std::vector<HfParam>& hf_params() const { return hf_; }
