@@ -10,5 +10,6 @@ int TrainCommand(const std::vector<std::string>& args);
 int GenerateCommand(const std::vector<std::string>& args);
 int BenchStepCommand(const std::vector<std::string>& args);
 int PlotCommand(const std::vector<std::string>& args);
+int CompareCommand(const std::vector<std::string>& args);
 
 }  // namespace strata::tools

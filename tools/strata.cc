@@ -3,6 +3,7 @@
 //   strata generate ...     sample from trained weights
 //   strata bench step ...   training-step throughput against an sgemm rate measured in the same run
 //   strata plot M.jsonl -o loss.png
+//   strata compare A.safetensors B.safetensors [--rtol R]
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,7 +18,8 @@ const char kUsage[] =
     "  train      train a GPT-2 (strata train --help for flags)\n"
     "  generate   sample text from trained weights\n"
     "  bench      step: training throughput\n"
-    "  plot       draw the loss curve of a metrics file as a PNG\n";
+    "  plot       draw the loss curve of a metrics file as a PNG\n"
+    "  compare    compare two weight files within a relative tolerance\n";
 
 }  // namespace
 
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   if (cmd == "train") return TrainCommand(args);
   if (cmd == "generate") return GenerateCommand(args);
   if (cmd == "plot") return PlotCommand(args);
+  if (cmd == "compare") return CompareCommand(args);
   if (cmd == "bench" && !args.empty() && args[0] == "step") return BenchStepCommand({args.begin() + 1, args.end()});
   std::fprintf(stderr, "strata: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
