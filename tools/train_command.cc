@@ -31,6 +31,9 @@ struct StepLog {
   bool skipped;
 };
 
+// JSON has no NaN or Infinity: non-finite values are written as null.
+std::string Num(double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null"; }
+
 std::string PeakJson(const engine::MemoryStats& m) {
   std::string s = "{";
   for (int t = 0; t < memory::kNumTiers; ++t) {
@@ -57,9 +60,9 @@ void Report(const TrainOptions& o, const StepLog& l, const engine::MemoryStats& 
   }
   if (metrics != nullptr && metrics->is_open()) {
     *metrics << absl::StrFormat(
-        "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"grad_norm\":%.6g,"
+        "{\"step\":%d,\"loss\":%s,\"lr\":%.6g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"grad_norm\":%s,"
         "\"loss_scale\":%g,\"skipped\":%s,\"data_wait_ms\":%.3f,\"peak_bytes\":%s}\n",
-        l.step, l.loss, l.lr, l.tokens_per_s, l.step_ms, l.grad_norm, l.loss_scale, l.skipped ? "true" : "false",
+        l.step, Num(l.loss), l.lr, l.tokens_per_s, l.step_ms, Num(l.grad_norm), l.loss_scale, l.skipped ? "true" : "false",
         l.data_wait_ms, PeakJson(mem));
     metrics->flush();
   }

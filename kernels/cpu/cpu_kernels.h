@@ -13,24 +13,13 @@
 #include <cstdint>
 
 #include "kernels/common/element_math.h"
+#include "kernels/common/optimizer_arrays.h"
 #include "kernels/cpu/isa.h"
 
 namespace strata::kernels::cpu {
 
-// The low-precision copy an optimizer pass writes beside the fp32 master, if any.
-enum class ParamCopy { kNone, kBf16, kF16 };
-
-// One shard's optimizer state, index-aligned: element i of every array is the same parameter element.
-// SGD keeps its momentum in `m` and ignores `v`. With copy != kNone, param_copy[i] receives the updated
-// master[i] rounded to nearest even (FloatToBf16 / FloatToHalf bits).
-struct OptimizerArrays {
-  float* master = nullptr;
-  const float* grad = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
-  uint16_t* param_copy = nullptr;
-  ParamCopy copy = ParamCopy::kNone;
-};
+using ::strata::kernels::OptimizerArrays;  // kernels/common/optimizer_arrays.h
+using ::strata::kernels::ParamCopy;
 
 // Note [Sum of squares order]
 // A sum of squares is defined, for every variant, in this order: element i of a call goes to lane

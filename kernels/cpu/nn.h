@@ -3,9 +3,11 @@
 //
 // Conventions: fp32, row-major, callers own every buffer (nothing here allocates). Gradients of
 // parameters are ACCUMULATED (+=) so tied and repeated uses add up; gradients of activations are
-// WRITTEN (=) unless the name says Accumulate. Shapes: B batch, T sequence, C channels, NH heads,
-// V vocabulary, N = B*T rows. Each function is checked against a double-precision reference in
-// tests/kernels/nn_test.cc.
+// WRITTEN (=), except LayerNormBackward's dx, which accumulates (it feeds the residual stream).
+// Shapes: B batch, T sequence, C channels, NH heads, V vocabulary, N = B*T rows.
+// Aliasing: outputs of the matrix products and attention must not overlap their inputs; the elementwise
+// kernels and the cross-entropy pair may run in place (probs == logits, dlogits == probs).
+// Each function is checked against a double-precision reference in tests/kernels/nn_test.cc.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,7 @@ void MatmulBackward(const float* dout, const float* a, const float* w, float* da
 // out[M,N] = a[M,K] @ b[N,K]^T (the tied LM head: logits = x @ wte^T).
 void MatmulTransBForward(const float* a, const float* b, float* out, int M, int K, int N);
 // Given dout[M,N] of out = a @ b^T: da[M,K] = dout @ b (written), db[N,K] += dout^T @ a (accumulated).
+// Neither da nor db may be null.
 void MatmulTransBBackward(const float* dout, const float* a, const float* b, float* da, float* db, int M, int K,
                           int N);
 
@@ -51,10 +54,11 @@ void AttentionBackward(const float* dout, const float* qkv, const float* att, fl
                        int C, int NH);
 
 // ---- softmax cross-entropy ----
-// probs[N,V] = softmax(logits); losses[N] = -log probs[target]. Returns the mean loss (double accum).
-// A target outside [0, V) is a caller bug: the function returns NaN for that row's loss.
+// probs[N,V] = softmax(logits); losses[N] = -log probs[target]. Returns the mean loss (double accum;
+// NaN when N == 0). A target outside [0, V) is a caller bug: that row's loss (and so the mean) is NaN.
 double CrossEntropyForward(const float* logits, const int32_t* targets, float* probs, float* losses, int N, int V);
 // dlogits = (probs - onehot(target)) * dloss (written); dloss is d(total loss)/d(row loss), e.g. 1/N.
+// A row whose target is outside [0, V) is written as NaN, matching the forward.
 void CrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits, float dloss, int N, int V);
 
 // ---- embeddings ----

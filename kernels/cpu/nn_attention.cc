@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/nn.h"
+#include "kernels/cpu/nn_exp.h"
 #include "kernels/cpu/nn_sgemm.h"
 
 namespace strata::kernels::cpu {
@@ -25,14 +26,16 @@ using internal::Sgemm;
 
 constexpr int kBlockRows = 64;  // Note [Causal row blocks]
 
-// row[0, len) <- softmax(row[0, len)) with the row max subtracted; row[len, T) <- 0.
+// row[0, len) <- softmax(row[0, len)) with the row max subtracted; row[len, T) <- 0. The max is a value
+// ternary, not std::max, so it vectorises (Note [Vectorisable exp]).
 void CausalSoftmaxRow(float* row, int len, int T) {
   float max_val = row[0];
 #pragma omp simd reduction(max : max_val)
-  for (int i = 1; i < len; ++i) max_val = std::max(max_val, row[i]);
+  for (int i = 1; i < len; ++i) max_val = row[i] > max_val ? row[i] : max_val;
   float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
   for (int i = 0; i < len; ++i) {
-    row[i] = std::exp(row[i] - max_val);
+    row[i] = internal::Exp(row[i] - max_val);
     sum += row[i];
   }
   const float inv = 1.0f / sum;  // sum >= 1: the max term is exp(0)

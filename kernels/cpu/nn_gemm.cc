@@ -50,7 +50,7 @@ void ScaleRows(float* C, int64_t M, int64_t N, int64_t ldc, float beta) {
 // Note [sgemm status]
 // These kernels are a leaf library with no error channel (no Abseil; nn.h returns void), and every
 // argument passed to dnnl_sgemm is derived here from the caller's shapes: dimensions are positive
-// (empty products return early above) and each leading dimension is at least its row length. So
+// (empty products never reach oneDNN) and each leading dimension is at least its row length. So
 // dnnl_invalid_arguments cannot come back for a valid call, and the only other failure oneDNN's CPU
 // sgemm has is running out of memory for its internal packing scratch, which we treat like any
 // failed allocation in the process. Either way continuing would hand the trainer silently wrong

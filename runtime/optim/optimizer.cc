@@ -1,31 +1,62 @@
 #include "runtime/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "kernels/common/element_math.h"
+#include "kernels/cpu/optimizer_ops.h"
+#include "runtime/base/env.h"
+#include "runtime/base/logging.h"
 
 namespace strata::optim {
 
+namespace {
+
+namespace kc = ::strata::kernels::cpu;
+
+kc::OptimizerArrays Arrays(const ShardState& s, const UpdateOptions& o) {
+  kc::OptimizerArrays a{s.master, s.grad, s.m, s.v, o.param_copy, kc::ParamCopy::kNone};
+  if (o.param_copy != nullptr && o.param_copy_dtype != DType::kF32) {
+    a.copy = o.param_copy_dtype == DType::kBF16 ? kc::ParamCopy::kBf16 : kc::ParamCopy::kF16;
+  }
+  return a;
+}
+
+}  // namespace
+
+const kc::CpuKernels& DefaultHostKernels() {
+  static const kc::CpuKernels* const k = [] {
+    const std::string forced = env::ForcedCpuIsa();
+    auto r = HostExecutor::ResolveKernels(forced);
+    if (r.ok()) return *r;
+    STRATA_LOG(Warning) << "STRATA_CPU_ISA=" << forced << " ignored: " << r.status().message();
+    return kc::GetCpuKernels(kc::BestIsa());
+  }();
+  return *k;
+}
+
 void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs,
-                 double lr, int64_t step, float grad_scale) {
+                 double lr, int64_t step, float grad_scale, const UpdateOptions& options) {
+  const kc::CpuKernels& k = options.executor ? options.executor->kernels() : DefaultHostKernels();
+  kc::ThreadPool* pool = options.executor ? options.executor->pool() : nullptr;
+  const kc::OptimizerArrays a = Arrays(s, options);
   if (cfg.type == OptimizerType::kAdamW) {
     const kernels::AdamWStep decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step);
     const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step);
-    for (const shard::Segment& seg : segs) {
-      const kernels::AdamWStep& h = seg.weight_decay ? decay : no_decay;
-      for (size_t i = seg.begin; i < seg.end; ++i) {
-        kernels::AdamWElement(s.grad[i] * grad_scale, s.master[i], s.m[i], s.v[i], h);
-      }
-    }
+    std::vector<kc::AdamWSegment> runs;
+    runs.reserve(segs.size());
+    for (const shard::Segment& seg : segs) runs.push_back({seg.begin, seg.end, seg.weight_decay ? &decay : &no_decay});
+    kc::AdamWSegments(k, pool, a, runs.data(), runs.size(), grad_scale);
     return;
   }
   const kernels::SgdStep decay{static_cast<float>(lr), static_cast<float>(cfg.momentum),
                                static_cast<float>(cfg.weight_decay)};
   const kernels::SgdStep no_decay{static_cast<float>(lr), static_cast<float>(cfg.momentum), 0.0f};
-  for (const shard::Segment& seg : segs) {
-    const kernels::SgdStep& h = seg.weight_decay ? decay : no_decay;
-    for (size_t i = seg.begin; i < seg.end; ++i) kernels::SgdElement(s.grad[i] * grad_scale, s.master[i], s.m[i], h);
-  }
+  std::vector<kc::SgdSegment> runs;
+  runs.reserve(segs.size());
+  for (const shard::Segment& seg : segs) runs.push_back({seg.begin, seg.end, seg.weight_decay ? &decay : &no_decay});
+  kc::SgdSegments(k, pool, a, runs.data(), runs.size(), grad_scale);
 }
 
 int StateBuffers(const OptimizerConfig& cfg) {

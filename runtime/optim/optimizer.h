@@ -1,14 +1,18 @@
 // Optimizers over shard segments, gradient clipping and learning-rate schedules.
 //
 // The update runs over the runs of a shard that belong to parameters (Segment), so per-parameter policy
-// (weight decay or not) is data, and padding is never touched. The element math is the shared
-// kernels/common/element_math.h, so this loop, the vectorised host kernels and the CUDA kernels agree.
+// (weight decay or not) is data, and padding is never touched. It runs the fused host kernels
+// (kernels/cpu: one pass reads grad, master, m, v and writes master, m, v and the optional param copy);
+// their element math is the shared kernels/common/element_math.h, so the result is bit for bit the
+// scalar element loop's, for every kernel variant and thread count, and agrees with the CUDA kernels.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "runtime/base/dtype.h"
+#include "runtime/optim/host_executor.h"
 #include "runtime/optim/hyper.h"
 #include "runtime/shard/layout.h"
 
@@ -22,10 +26,25 @@ struct ShardState {
   float* v;
 };
 
+// Optional parts of one update.
+struct UpdateOptions {
+  // When set, param_copy[i] (index-aligned with master) receives the updated master[i] rounded to nearest
+  // even in param_copy_dtype (kBF16 or kF16; kF32 means no copy), in the same pass, for segment elements.
+  uint16_t* param_copy = nullptr;
+  DType param_copy_dtype = DType::kF32;
+  // Threads and kernel variant; nullptr: the calling thread and the default variant (STRATA_CPU_ISA,
+  // else the widest this CPU supports).
+  HostExecutor* executor = nullptr;
+};
+
 // Applies one step of `cfg` to every segment of the range. `grad_scale` multiplies each gradient
 // (clipping coefficient); `lr` is the scheduled rate; `step` counts from 1 (bias correction).
 void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs,
-                 double lr, int64_t step, float grad_scale);
+                 double lr, int64_t step, float grad_scale, const UpdateOptions& options = {});
+
+// The kernel table ApplyUpdate uses without an executor: STRATA_CPU_ISA (runtime/base/env) when it names
+// a variant this CPU supports, else the widest supported (a bad value is logged once, not fatal).
+const kernels::cpu::CpuKernels& DefaultHostKernels();
 
 // Number of fp32 state buffers the optimizer keeps per element (AdamW 2, SGD 1).
 int StateBuffers(const OptimizerConfig& cfg);
@@ -36,7 +55,8 @@ float ClipCoefficient(double total_norm, double max_norm);
 // The learning rate at `step` (0-based: the rate used by the (step+1)-th update).
 double ScheduledLr(const SchedulerConfig& sched, double base_lr, int64_t step);
 
-// Sum of squares of x[0..n) in double.
+// Sum of squares of x[0..n) in double, sequentially in index order. (HostExecutor::SumSquares is the
+// vectorised, multi-threaded one; its fixed order differs from this one in the last bits.)
 double SumSquares(const float* x, size_t n);
 
 }  // namespace strata::optim

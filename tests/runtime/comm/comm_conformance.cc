@@ -15,43 +15,6 @@ namespace strata::comm::conformance {
 
 // ---- HostArray, inputs, checks ----
 
-namespace {
-constexpr unsigned char kSentinelByte = 0xA5;  // 0xA5A5A5A5 as fp32, 0xA5A5 as bf16: about -2.9e-16
-constexpr size_t kGuardElems = 4;
-constexpr auto kFailsafe = std::chrono::seconds(30);
-}  // namespace
-
-HostArray::HostArray(DType dtype, size_t count)
-    : dtype_(dtype), count_(count), bytes_((count + kGuardElems) * DTypeBytes(dtype), kSentinelByte) {}
-
-void HostArray::Set(size_t i, float v) {
-  if (dtype_ == DType::kF32) {
-    std::memcpy(at(i), &v, sizeof(v));
-    return;
-  }
-  const uint16_t h = dtype_ == DType::kBF16 ? kernels::FloatToBf16(v) : kernels::FloatToHalf(v);
-  std::memcpy(at(i), &h, sizeof(h));
-}
-
-double HostArray::Get(size_t i) const {
-  const unsigned char* p = bytes_.data() + i * DTypeBytes(dtype_);
-  if (dtype_ == DType::kF32) {
-    float v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, sizeof(h));
-  return dtype_ == DType::kBF16 ? kernels::Bf16ToFloat(h) : kernels::HalfToFloat(h);
-}
-
-bool HostArray::GuardIntact() const {
-  for (size_t b = count_ * DTypeBytes(dtype_); b < bytes_.size(); ++b) {
-    if (bytes_[b] != kSentinelByte) return false;
-  }
-  return true;
-}
-
 float InputValue(DType dtype, int rank, size_t i, int salt) {
   const long long r = rank, k = static_cast<long long>(i % 100003), s = salt;
   if (dtype == DType::kF32) return static_cast<float>(((r + 1) * 7 + k * 3 + s * 5) % 13) - 6.0f;  // [-6, 6]
@@ -75,25 +38,6 @@ void ExpectElements(int rank, const std::string& what, const HostArray& got, siz
   }
   if (bad > 5) ADD_FAILURE() << "rank " << rank << ", " << what << ": " << bad << " of " << want.size() << " wrong";
   EXPECT_TRUE(got.GuardIntact()) << "rank " << rank << ", " << what << ": wrote past the end of the buffer";
-}
-
-void Gate::Open() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-  }
-  cv_.notify_all();
-}
-
-bool Gate::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, kFailsafe, [&] { return open_; });
-}
-
-device::HostTask Gate::Task() {
-  return [this]() -> absl::Status {
-    return Wait() ? absl::OkStatus() : absl::DeadlineExceededError("conformance gate never opened");
-  };
 }
 
 namespace {

@@ -17,11 +17,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "kernels/common/element_math.h"
 #include "runtime/base/dtype.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/device/device.h"
@@ -51,15 +54,42 @@ inline constexpr size_t kCounts[] = {0, 1, 7, 1000, 1001};
 // a sentinel so that elements a collective failed to write, or wrote past the end, are visible.
 class HostArray {
  public:
-  HostArray(DType dtype, size_t count);
+  static constexpr unsigned char kSentinelByte = 0xA5;  // 0xA5A5A5A5 as fp32, 0xA5A5 as bf16: about -2.9e-16
+  static constexpr size_t kGuardElems = 4;
+
+  HostArray(DType dtype, size_t count)
+      : dtype_(dtype), count_(count), bytes_((count + kGuardElems) * DTypeBytes(dtype), kSentinelByte) {}
   DType dtype() const { return dtype_; }
   size_t count() const { return count_; }
   void* data() { return bytes_.data(); }
   const void* data() const { return bytes_.data(); }
   void* at(size_t i) { return bytes_.data() + i * DTypeBytes(dtype_); }
-  void Set(size_t i, float v);  // rounds to dtype
-  double Get(size_t i) const;
-  bool GuardIntact() const;
+  // Rounds to dtype.
+  void Set(size_t i, float v) {
+    if (dtype_ == DType::kF32) {
+      std::memcpy(at(i), &v, sizeof(v));
+      return;
+    }
+    const uint16_t h = dtype_ == DType::kBF16 ? kernels::FloatToBf16(v) : kernels::FloatToHalf(v);
+    std::memcpy(at(i), &h, sizeof(h));
+  }
+  double Get(size_t i) const {
+    const unsigned char* p = bytes_.data() + i * DTypeBytes(dtype_);
+    if (dtype_ == DType::kF32) {
+      float v;
+      std::memcpy(&v, p, sizeof(v));
+      return v;
+    }
+    uint16_t h;
+    std::memcpy(&h, p, sizeof(h));
+    return dtype_ == DType::kBF16 ? kernels::Bf16ToFloat(h) : kernels::HalfToFloat(h);
+  }
+  bool GuardIntact() const {
+    for (size_t b = count_ * DTypeBytes(dtype_); b < bytes_.size(); ++b) {
+      if (bytes_[b] != kSentinelByte) return false;
+    }
+    return true;
+  }
 
  private:
   DType dtype_;
@@ -80,10 +110,26 @@ void ExpectElements(int rank, const std::string& what, const HostArray& got, siz
 // hanging it.
 class Gate {
  public:
-  void Open();
-  bool Wait();  // true once opened, false after the failsafe
+  static constexpr auto kFailsafe = std::chrono::seconds(30);
+
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  // True once opened, false after the failsafe.
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kFailsafe, [&] { return open_; });
+  }
   // A stream task that blocks its stream until the gate opens.
-  device::HostTask Task();
+  device::HostTask Task() {
+    return [this]() -> absl::Status {
+      return Wait() ? absl::OkStatus() : absl::DeadlineExceededError("conformance gate never opened");
+    };
+  }
 
  private:
   std::mutex mu_;

@@ -54,17 +54,26 @@ INSTANTIATE_TEST_SUITE_P(AllCases, MpiConformance, ::testing::Range(size_t{0}, c
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The test is remembered here: UnitTest::current_test_info() would take the lock GoogleTest holds
+  // while it calls OnTestPartResult.
+  void OnTestStart(const ::testing::TestInfo& test) override { test_ = &test; }
+  void OnTestEnd(const ::testing::TestInfo&) override { test_ = nullptr; }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s: %s:%d: Failure\n%s\n", rank_, test ? test->test_suite_name() : "?",
-                 test ? test->name() : "?", result.file_name() ? result.file_name() : "?", result.line_number(),
+    std::fprintf(stderr, "[rank %d] %s.%s: %s:%d: Failure\n%s\n", rank_, test_ ? test_->test_suite_name() : "?",
+                 test_ ? test_->name() : "?", result.file_name() ? result.file_name() : "?", result.line_number(),
                  result.message());
     std::fflush(stderr);
+  }
+  void OnTestProgramEnd(const ::testing::UnitTest& unit) override {
+    if (unit.failed_test_count() > 0) {
+      std::fprintf(stderr, "[rank %d] %d test(s) failed on this rank\n", rank_, unit.failed_test_count());
+    }
   }
 
  private:
   const int rank_;
+  const ::testing::TestInfo* test_ = nullptr;
 };
 
 }  // namespace

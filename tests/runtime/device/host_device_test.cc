@@ -57,7 +57,7 @@ std::unique_ptr<Stream> MakeStream(HostDevice& dev, absl::string_view name) {
   return std::move(s).value();
 }
 
-TEST(HostDevice, CreatesNamedHostStreamsAndIncompleteFreeEvents) {
+TEST(HostDevice, CreatesHostStreamsWithTheirNamesAndEvents) {
   HostDevice dev;
   EXPECT_EQ(dev.kind(), DeviceKind::kHost);
   auto s = MakeStream(dev, "gather");
@@ -139,20 +139,34 @@ TEST(HostStream, WaitForCapturesTheRecordedPointAtCallTime) {
   // A waits for the first Record of e; a later re-record behind a closed gate must not hold A back.
   HostDevice dev;
   Gate first, second;
+  // If WaitFor wrongly waited for the later point, A would block until `second` opens: a watchdog opens
+  // it after the failsafe so that the test then fails on `a_ran_before_second` instead of hanging.
+  std::thread watchdog([&] {
+    if (!second.Wait()) second.Open();
+  });
   auto a = MakeStream(dev, "a");
   auto b = MakeStream(dev, "b");
   auto e = dev.CreateEvent();
+  std::atomic<bool> second_opened{false};
+  bool a_ran_before_second = false;
   b->Enqueue(first.Task());
   b->Record(*e);
   a->WaitFor(*e);
+  a->Enqueue([&] {
+    a_ran_before_second = !second_opened.load();
+    return absl::OkStatus();
+  });
   b->Enqueue(second.Task());
   b->Record(*e);
   first.Open();
-  EXPECT_TRUE(a->Synchronize().ok()) << "A waited for a point recorded after its WaitFor";
+  EXPECT_TRUE(a->Synchronize().ok());
+  EXPECT_TRUE(a_ran_before_second) << "A waited for a point recorded after its WaitFor";
   EXPECT_FALSE(e->Query()) << "the second recorded point cannot be complete while its gate is closed";
+  second_opened = true;
   second.Open();
   EXPECT_TRUE(e->Synchronize().ok());
   EXPECT_TRUE(e->Query());
+  watchdog.join();
 }
 
 TEST(HostEvent, HostSynchronizeReturnsAfterTheRecordedPointRan) {

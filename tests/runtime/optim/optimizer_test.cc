@@ -3,8 +3,11 @@
 #include "runtime/optim/optimizer.h"
 
 #include <cmath>
+#include <cstring>
+#include <string>
 
 #include "gtest/gtest.h"
+#include "kernels/common/element_math.h"
 
 namespace strata::optim {
 namespace {
@@ -69,6 +72,90 @@ TEST(ApplyUpdate, SgdMomentumMatchesTorchRecurrence) {
     pd -= 0.1 * bd;
   }
   EXPECT_NEAR(p[0], pd, 1e-5);
+}
+
+// The loop ApplyUpdate ran before the fused kernels: the scalar element math, element by element.
+void ElementLoop(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs, double lr,
+                 int64_t step, float grad_scale) {
+  const kernels::AdamWStep decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step);
+  const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step);
+  const kernels::SgdStep sd{static_cast<float>(lr), static_cast<float>(cfg.momentum),
+                            static_cast<float>(cfg.weight_decay)};
+  const kernels::SgdStep snd{static_cast<float>(lr), static_cast<float>(cfg.momentum), 0.0f};
+  for (const shard::Segment& seg : segs) {
+    for (size_t i = seg.begin; i < seg.end; ++i) {
+      if (cfg.type == OptimizerType::kAdamW) {
+        kernels::AdamWElement(s.grad[i] * grad_scale, s.master[i], s.m[i], s.v[i], seg.weight_decay ? decay : no_decay);
+      } else {
+        kernels::SgdElement(s.grad[i] * grad_scale, s.master[i], s.m[i], seg.weight_decay ? sd : snd);
+      }
+    }
+  }
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b, size_t* where) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      *where = i;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Every kernel variant this CPU has and several thread counts give the element loop's bits, step after
+// step, for both optimizers, with the bf16 copy written in the same pass (the engine's fp32 results
+// therefore do not change with the fused kernels).
+TEST(ApplyUpdate, EveryVariantAndThreadCountIsBitIdenticalToTheElementLoop) {
+  const size_t n = 200003;
+  const std::vector<shard::Segment> segs = {{0, 70001, 0, true}, {70001, 70002, 1, false}, {70010, 199990, 2, true}};
+  for (OptimizerType type : {OptimizerType::kAdamW, OptimizerType::kSgd}) {
+    OptimizerConfig cfg;
+    cfg.type = type;
+    cfg.weight_decay = 0.05;
+    cfg.momentum = 0.9;
+    for (const char* isa : {"scalar", "avx2", "avx512", "avx512bf16"}) {
+      for (int threads : {1, 2, 3}) {
+        auto exec = HostExecutor::Create(threads, isa);
+        if (!exec.ok()) continue;  // this CPU lacks the variant (host_executor_test covers the error)
+        std::vector<float> p(n), g(n), m(n, 0), v(n, 0), pr, mr, vr;
+        std::vector<uint16_t> copy(n, 0);
+        for (size_t i = 0; i < n; ++i) p[i] = std::cos(0.001f * i);
+        pr = p, mr = m, vr = v;
+        for (int t = 1; t <= 4; ++t) {
+          for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * i + t);
+          ElementLoop(cfg, ShardState{pr.data(), g.data(), mr.data(), vr.data()}, segs, 1e-2 / t, t, 0.8f);
+          UpdateOptions o{copy.data(), DType::kBF16, exec->get()};
+          ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, 1e-2 / t, t, 0.8f, o);
+        }
+        const std::string what = std::string(isa) + " threads=" + std::to_string(threads) +
+                                 (type == OptimizerType::kAdamW ? " adamw" : " sgd");
+        size_t at = 0;
+        EXPECT_TRUE(SameBits(pr, p, &at)) << what << ": master differs at " << at << ": " << pr[at] << " vs " << p[at];
+        EXPECT_TRUE(SameBits(mr, m, &at)) << what << ": m differs at " << at;
+        EXPECT_TRUE(SameBits(vr, v, &at)) << what << ": v differs at " << at;
+        for (const shard::Segment& seg : segs) {
+          for (size_t i = seg.begin; i < seg.end; ++i) {
+            ASSERT_EQ(copy[i], kernels::FloatToBf16(p[i])) << what << " bf16 copy at " << i;
+          }
+        }
+        EXPECT_EQ(copy[70005], 0) << what << ": param copy written outside the segments";
+      }
+    }
+  }
+}
+
+TEST(ApplyUpdate, WritesAnFp16CopyAndNoCopyForF32) {
+  OptimizerConfig cfg;
+  std::vector<float> p = {1.0f, -2.0f, 3.0f}, g = {0.1f, 0.2f, 0.3f}, m(3, 0), v(3, 0);
+  std::vector<uint16_t> copy(3, 7);
+  const std::vector<shard::Segment> segs = {{0, 3, 0, false}};
+  ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, 1e-3, 1, 1.0f,
+              UpdateOptions{copy.data(), DType::kF32, nullptr});
+  EXPECT_EQ(copy, std::vector<uint16_t>(3, 7)) << "kF32 means no copy";
+  ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, 1e-3, 2, 1.0f,
+              UpdateOptions{copy.data(), DType::kF16, nullptr});
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(copy[i], kernels::FloatToHalf(p[i]));
 }
 
 TEST(ClipCoefficient, MatchesTorchClipGradNorm) {

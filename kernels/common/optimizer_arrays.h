@@ -1,0 +1,24 @@
+// The arrays of one optimizer shard, as every back-end's optimizer kernel takes them (host: kernels/cpu,
+// device: kernels/cuda). Plain data, no Abseil, compiles under nvcc.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::kernels {
+
+// The low-precision copy an optimizer pass writes beside the fp32 master, if any.
+enum class ParamCopy { kNone, kBf16, kF16 };
+
+// One shard's optimizer state, index-aligned: element i of every array is the same parameter element.
+// SGD keeps its momentum in `m` and ignores `v`. With copy != kNone, param_copy[i] receives the updated
+// master[i] rounded to nearest even (FloatToBf16 / FloatToHalf bits of element_math.h).
+struct OptimizerArrays {
+  float* master = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  uint16_t* param_copy = nullptr;
+  ParamCopy copy = ParamCopy::kNone;
+};
+
+}  // namespace strata::kernels
