@@ -66,7 +66,9 @@ class Communicator {
   virtual Work Barrier(device::Stream& stream) = 0;
 
   // A communicator over the same ranks with its own ordering, for another stream. Collective: every
-  // rank calls it, in the same order. Blocks. `timeout_ms` > 0 replaces the inherited timeout.
+  // rank calls it, in the same order, from the issuing thread, with no collective of this communicator
+  // still queued (Dup runs on the calling thread, not in stream order). Blocks. `timeout_ms` > 0
+  // replaces the inherited timeout.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms = 0) = 0;
 
   // Ends the whole job from this rank after an unrecoverable error (MPI_Abort / ncclCommAbort); for the

@@ -98,6 +98,9 @@ uint64_t Allocator::free_bytes() const {
 
 absl::StatusOr<Buffer> Allocator::Allocate(size_t bytes, Kind kind, size_t alignment) {
   if (bytes == 0) return Buffer();
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("alignment ", alignment, " is not a power of two"));
+  }
   // Reserve against the budget first, so concurrent allocations cannot both pass the check.
   uint64_t used = used_.load();
   do {
