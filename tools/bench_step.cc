@@ -2,8 +2,11 @@
 // (each rank times a [B*T, C] x [C, 4C] product, the shape of the MLP's first matmul, at the same
 // moment, so contention between ranks is in both numbers). Reports tokens/s, achieved GFLOP/s per rank
 // (3 x forward FLOPs per token, 4 x with activation checkpointing) and its fraction of the sgemm rate.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_format.h"
@@ -44,39 +47,54 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
   std::mt19937 rng(1 + world.rank());
   for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
   STRATA_ASSIGN_OR_RETURN(auto sync, dev.CreateStream("bench"));
+  double fwd_bwd_s = 0, opt_s = 0;  // time in forward + backward, and in Step() (wait for reductions + update)
   auto run_step = [&]() -> absl::Status {
+    const auto t0 = Clock::now();
     for (int a = 0; a < o.engine.gradient_accumulation_steps; ++a) {
       STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
       STRATA_RETURN_IF_ERROR(model.TrainMicroBatch(*e, in.data(), tgt.data(), B, e->loss_scale(), o.checkpointing).status());
       STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
     }
-    return e->Step().status();
+    const auto t1 = Clock::now();
+    STRATA_RETURN_IF_ERROR(e->Step().status());
+    fwd_bwd_s += std::chrono::duration<double>(t1 - t0).count();
+    opt_s += std::chrono::duration<double>(Clock::now() - t1).count();
+    return absl::OkStatus();
   };
   STRATA_RETURN_IF_ERROR(run_step());  // warm-up: records the schedule, touches all memory
   STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
   const double sgemm = SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
   STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
   const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
+  fwd_bwd_s = opt_s = 0;
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) STRATA_RETURN_IF_ERROR(run_step());
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = double(steps) * B * T * o.engine.gradient_accumulation_steps * world.size();
   const double flops_per_token = (o.checkpointing ? 4.0 : 3.0) * gpt::ForwardFlopsPerToken(o.model);
   const double gflops_per_rank = flops_per_token * tokens / secs / 1e9 / world.size();
+  // Peak resident memory of the whole process (model state, activations, buffers), the largest over ranks.
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;  // ru_maxrss is in KiB on Linux
+  std::vector<float> all_rss(world.size());
+  STRATA_RETURN_IF_ERROR(world.AllGather(&rss_mib, all_rss.data(), 1, DType::kF32, *sync).Wait());
+  const double max_rss_mib = *std::max_element(all_rss.begin(), all_rss.end());
   if (world.rank() != 0) return absl::OkStatus();
   const std::string shape = gpt::Describe(o.model);
   if (json) {
     std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
                 "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,\"sgemm_gflops_per_rank\":%.2f,"
-                "\"fraction_of_sgemm\":%.3f,\"peak_device_bytes\":%llu}\n",
+                "\"fraction_of_sgemm\":%.3f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
+                "\"peak_device_bytes\":%llu,\"max_rss_mib_per_rank\":%.1f}\n",
                 shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(), o.engine.stage, B, T,
                 secs / steps * 1e3, tokens / secs, gflops_per_rank, sgemm, gflops_per_rank / sgemm,
-                static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes));
+                fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib);
   } else {
-    std::printf("%s, %d ranks, stage %d: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s per rank = %.1f%% of sgemm "
-                "(%.2f GFLOP/s per rank in the same run)\n",
-                shape.c_str(), world.size(), o.engine.stage, secs / steps * 1e3, tokens / secs, gflops_per_rank,
-                100 * gflops_per_rank / sgemm, sgemm);
+    std::printf("%s, %d ranks, stage %d: %.1f ms/step (forward+backward %.1f, Step() %.1f), %.0f tokens/s, "
+                "%.2f GFLOP/s per rank = %.1f%% of sgemm (%.2f GFLOP/s per rank in the same run)\n",
+                shape.c_str(), world.size(), o.engine.stage, secs / steps * 1e3, fwd_bwd_s / steps * 1e3,
+                opt_s / steps * 1e3, tokens / secs, gflops_per_rank, 100 * gflops_per_rank / sgemm, sgemm);
   }
   return absl::OkStatus();
 }
