@@ -47,4 +47,8 @@ std::string LogLevel() { return Get("STRATA_LOG_LEVEL").value_or("info"); }
 
 std::string ForcedCpuIsa() { return Get("STRATA_CPU_ISA").value_or(""); }
 
+std::string ExecutableSearchPath() { return Get("PATH").value_or(""); }
+
+std::optional<std::string> CudaVisibleDevices() { return Get("CUDA_VISIBLE_DEVICES"); }
+
 }  // namespace strata::env

@@ -27,4 +27,10 @@ std::string LogLevel();
 // STRATA_CPU_ISA: force a kernel variant (scalar|avx2|avx512); empty when unset.
 std::string ForcedCpuIsa();
 
+// PATH, for finding launchers (strata doctor); empty when unset.
+std::string ExecutableSearchPath();
+
+// CUDA_VISIBLE_DEVICES as set (may be empty: no GPU visible to CUDA); nullopt when unset.
+std::optional<std::string> CudaVisibleDevices();
+
 }  // namespace strata::env

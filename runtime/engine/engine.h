@@ -82,6 +82,19 @@ class Engine {
   ParamView Param(int unit, int param) const;
   float* Grad(int unit, int param) const;
 
+  // Collective. Writes a sharded checkpoint of the state after the last Step() into `step_dir`: one
+  // shard file per rank (master weights and optimizer state over this rank's slice, addressed by global
+  // offsets), then the manifest (written last, by rank 0) with the step, loss-scale state, the model's
+  // units and `trainer_json` (the trainer's own state). Each file is written to a temporary name,
+  // fsynced and renamed; a directory without a manifest is incomplete. Fails if `step_dir` already holds
+  // a complete checkpoint. Call between steps only.
+  absl::Status SaveCheckpoint(const std::string& step_dir, const std::string& trainer_json);
+  // Collective. Loads a checkpoint written at any world size and stage (resharding by global offsets),
+  // verifying every checksum it reads; returns the trainer's state. Errors name the file and the problem:
+  // another model, another param dtype or optimizer, a missing shard, a truncated or corrupted file, a
+  // manifest from a newer format.
+  absl::StatusOr<std::string> LoadCheckpoint(const std::string& step_dir);
+
   // Collective, blocking: the full fp32 master value of one parameter (for export and tests).
   absl::StatusOr<std::vector<float>> GatherParam(int unit, int param);
   // Overwrites one parameter from a full fp32 value (every rank passes the same data).

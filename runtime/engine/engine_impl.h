@@ -93,6 +93,7 @@ struct Engine::Impl {
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
   absl::Status CastMasterToParams(UnitState& u);
+  absl::Status ReplicateParams();  // stages 1-2: all-gather every unit's params from the updated slices
   absl::Status ZeroGrads();
 };
 

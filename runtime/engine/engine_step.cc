@@ -28,6 +28,18 @@ absl::Status Engine::Impl::CastMasterToParams(UnitState& u) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::Impl::ReplicateParams() {
+  if (cfg.stage != 1 && cfg.stage != 2) return absl::OkStatus();
+  std::vector<comm::Work> works;
+  for (UnitState& u : units) {
+    char* base = u.params.as<char>();
+    works.push_back(step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
+                                         cfg.param_dtype, *step_stream));
+  }
+  for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(w.Wait());
+  return absl::OkStatus();
+}
+
 absl::Status Engine::Impl::ZeroGrads() {
   for (UnitState& u : units) std::memset(u.grads.data(), 0, u.grads.bytes());
   return absl::OkStatus();
@@ -70,15 +82,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
     optim::ApplyUpdate(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef);
     STRATA_RETURN_IF_ERROR(CastMasterToParams(u));
   }
-  if (cfg.stage == 1 || cfg.stage == 2) {  // re-replicate the parameters from the updated slices
-    std::vector<comm::Work> works;
-    for (UnitState& u : units) {
-      char* base = u.params.as<char>();
-      works.push_back(step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
-                                           cfg.param_dtype, *step_stream));
-    }
-    for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(w.Wait());
-  }
+  STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
   if (cfg.fp16.enabled && cfg.fp16.static_loss_scale <= 0 && ++clean_steps >= cfg.fp16.loss_scale_window) {
     loss_scale *= 2;

@@ -1,0 +1,158 @@
+// strata_comm_*: communicators over MPI (initialised by Strata or adopted from the host), in-process
+// groups, and the NCCL entry point that is declared but not implemented yet.
+//
+// Note [Process-wide MPI runtime]. MPI_Init / MPI_Finalize are process state by MPI's own definition
+// (once each per process), so when Strata initialises MPI the runtime object is shared by every world
+// communicator created that way, through the one process-wide weak reference below; MPI is finalised
+// when the last of them is destroyed. When the host initialised MPI, Strata adopts it and never
+// finalises it.
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/capi/capi_internal.h"
+#include "runtime/comm/in_process.h"
+#if STRATA_WITH_MPI
+#include "runtime/capi/mpi_adopt.h"
+#include "runtime/comm/mpi_communicator.h"
+#endif
+
+namespace strata::capi {
+namespace {
+
+comm::Options WorldOptions() {
+  comm::Options o;
+  o.name = "world";  // the engine duplicates it with the configured collective timeout
+  return o;
+}
+
+absl::Status MpiUnavailable() {
+  return absl::UnimplementedError("this libstrata was built without MPI (STRATA_WITH_MPI=OFF)");
+}
+
+absl::Status CreateMpiWorld(strata_comm** out) {
+#if STRATA_WITH_MPI
+  // See Note [Process-wide MPI runtime]. Leaked on purpose: no destructor may run at process exit.
+  static std::mutex* const mu = new std::mutex();
+  static std::weak_ptr<comm::MpiRuntime>* const ours = new std::weak_ptr<comm::MpiRuntime>();
+  auto c = std::make_unique<strata_comm>();
+  std::lock_guard<std::mutex> lock(*mu);
+  c->mpi_runtime = ours->lock();  // Strata initialised MPI and a world communicator still holds it
+  if (c->mpi_runtime == nullptr) {
+    STRATA_ASSIGN_OR_RETURN(const bool initialized, MpiInitialized());
+    if (!initialized) {
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::MpiRuntime> fresh, comm::MpiRuntime::Init(nullptr, nullptr));
+      c->mpi_runtime = std::move(fresh);
+      *ours = c->mpi_runtime;
+    }
+  }
+  if (c->mpi_runtime != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(c->comm, c->mpi_runtime->World(WorldOptions()));
+  } else {  // the host initialised MPI: adopt its MPI_COMM_WORLD
+    STRATA_ASSIGN_OR_RETURN(c->comm, AdoptMpiComm(MpiWorldFortranHandle(), WorldOptions()));
+  }
+  *out = c.release();
+  return absl::OkStatus();
+#else
+  return MpiUnavailable();
+#endif
+}
+
+}  // namespace
+}  // namespace strata::capi
+
+using strata::capi::Call;
+using strata::capi::CheckComm;
+using strata::capi::NullArgument;
+
+extern "C" {
+
+strata_status strata_comm_create_mpi_world(strata_comm** out) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (out == nullptr) return NullArgument("out");
+    *out = nullptr;
+    return strata::capi::CreateMpiWorld(out);
+  });
+}
+
+strata_status strata_comm_create_mpi(int32_t mpi_comm_fortran_handle, strata_comm** out) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (out == nullptr) return NullArgument("out");
+    *out = nullptr;
+#if STRATA_WITH_MPI
+    auto c = std::make_unique<strata_comm>();
+    STRATA_ASSIGN_OR_RETURN(c->comm, strata::capi::AdoptMpiComm(mpi_comm_fortran_handle,
+                                                                strata::capi::WorldOptions()));
+    *out = c.release();
+    return absl::OkStatus();
+#else
+    return strata::capi::MpiUnavailable();
+#endif
+  });
+}
+
+strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (out != nullptr) *out = nullptr;
+    return absl::UnimplementedError(
+        "the NCCL back-end does not exist yet in Strata; use strata_comm_create_mpi or strata_comm_create_mpi_world "
+        "with host buffers (STRATA_DEVICE_HOST)");
+  });
+}
+
+strata_status strata_comm_create_in_process(int32_t world_size, strata_comm** out_comms) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (out_comms == nullptr) return NullArgument("out_comms");
+    if (world_size < 1) return absl::InvalidArgumentError(absl::StrCat("world_size ", world_size, " < 1"));
+    std::vector<std::unique_ptr<strata::comm::Communicator>> group =
+        strata::comm::CreateInProcessGroup(world_size, strata::capi::WorldOptions());
+    for (int32_t r = 0; r < world_size; ++r) {
+      out_comms[r] = new strata_comm();
+      out_comms[r]->comm = std::move(group[r]);
+    }
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_comm_rank(const strata_comm* comm, int32_t* out_rank) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckComm(comm));
+    if (out_rank == nullptr) return NullArgument("out_rank");
+    *out_rank = comm->comm->rank();
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_comm_size(const strata_comm* comm, int32_t* out_size) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckComm(comm));
+    if (out_size == nullptr) return NullArgument("out_size");
+    *out_size = comm->comm->size();
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_comm_abort(strata_comm* comm, const char* reason) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckComm(comm));
+    comm->comm->Abort(absl::AbortedError(reason != nullptr ? reason : "strata_comm_abort"));
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_comm_destroy(strata_comm* comm) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (comm == nullptr) return absl::OkStatus();
+    STRATA_RETURN_IF_ERROR(CheckComm(comm));
+    if (comm->live_engines > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          comm->live_engines, " engine(s) created on this communicator are still alive; destroy them first"));
+    }
+    comm->magic = 0;
+    comm->comm.reset();  // before the MPI runtime it may need
+    delete comm;
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"

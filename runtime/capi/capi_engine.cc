@@ -1,0 +1,286 @@
+// strata_engine_*: creation from a JSON config, unit registration, finalize, introspection, whole-parameter
+// gather / set, stats, checkpoints and destruction. The per-step hooks are in capi_hooks.cc.
+#include <cstddef>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/capi/capi_internal.h"
+#include "runtime/engine/config.h"
+
+namespace strata::capi {
+namespace {
+
+// The size of a struct's first (ABI version 1) layout: the end of its last version-1 field. It never
+// changes when fields are appended.
+#define STRATA_V1_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)nullptr)->last_field))
+
+absl::StatusOr<shard::Init> ToInit(int32_t kind, float value, const std::string& where) {
+  switch (kind) {
+    case STRATA_INIT_ZEROS: return shard::Init::Zeros();
+    case STRATA_INIT_ONES: return shard::Init::Ones();
+    case STRATA_INIT_CONSTANT: return shard::Init::Constant(value);
+    case STRATA_INIT_NORMAL: return shard::Init::Normal(value);
+    case STRATA_INIT_UNIFORM: return shard::Init::Uniform(value);
+    default: return absl::InvalidArgumentError(absl::StrCat(where, ".init is ", kind, ", not a strata_init_kind"));
+  }
+}
+
+// params[i] of a caller's array whose stride is params[0].struct_size (strata.h).
+absl::StatusOr<shard::ParamSpec> ReadSpec(const strata_param_spec* params, int32_t i) {
+  const std::string where = absl::StrCat("params[", i, "]");
+  const size_t kMin = STRATA_V1_SIZE(strata_param_spec, init_value);
+  STRATA_RETURN_IF_ERROR(CheckHeader(params, kMin, sizeof(strata_param_spec), "params[0]", /*input=*/true));
+  const size_t stride = params[0].struct_size;
+  const auto* raw = reinterpret_cast<const strata_param_spec*>(reinterpret_cast<const char*>(params) + i * stride);
+  strata_param_spec p = STRATA_PARAM_SPEC_INIT;
+  STRATA_RETURN_IF_ERROR(ReadVersioned(raw, kMin, where.c_str(), &p));
+  if (raw->struct_size != stride) {
+    return VersionError(absl::StrCat(where, ".struct_size is ", raw->struct_size, " but params[0].struct_size is ",
+                                     stride, ": every element of the array must have the same layout"));
+  }
+  if (p.name == nullptr) return NullArgument(absl::StrCat(where, ".name").c_str());
+  if (p.ndim < 1) return absl::InvalidArgumentError(absl::StrCat(where, ".ndim is ", p.ndim, "; it must be >= 1"));
+  if (p.shape == nullptr) return NullArgument(absl::StrCat(where, ".shape").c_str());
+  STRATA_ASSIGN_OR_RETURN(shard::Init init, ToInit(p.init, p.init_value, where));
+  return shard::ParamSpec{p.name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.weight_decay != 0, init};
+}
+
+absl::Status CreateEngine(strata_comm* comm, const strata_engine_options* options, strata_engine** out) {
+  STRATA_RETURN_IF_ERROR(CheckComm(comm));
+  if (out == nullptr) return NullArgument("out");
+  *out = nullptr;
+  strata_engine_options o = STRATA_ENGINE_OPTIONS_INIT;
+  if (options != nullptr) {
+    STRATA_RETURN_IF_ERROR(ReadVersioned(options, STRATA_V1_SIZE(strata_engine_options, device), "options", &o));
+  }
+  if (o.device == STRATA_DEVICE_CUDA) {
+    return absl::UnimplementedError("STRATA_DEVICE_CUDA: this release has no CUDA device back-end; use "
+                                    "STRATA_DEVICE_HOST");
+  }
+  if (o.device != STRATA_DEVICE_HOST) {
+    return absl::InvalidArgumentError(absl::StrCat("options.device is ", o.device, ", not a strata_device_kind"));
+  }
+  const std::string json = o.config_json == nullptr || o.config_json[0] == '\0' ? "{}" : o.config_json;
+  absl::StatusOr<engine::EngineConfig> config = engine::ParseConfig(json);
+  if (!config.ok()) return Annotate(config.status(), "options.config_json");
+  auto e = std::make_unique<strata_engine>();
+  STRATA_ASSIGN_OR_RETURN(e->engine, engine::Engine::Create(*config, *comm->comm, e->device));
+  e->comm = comm;
+  ++comm->live_engines;
+  *out = e.release();
+  return absl::OkStatus();
+}
+
+absl::Status RegisterUnit(strata_engine* e, const char* name, const strata_param_spec* params, int32_t num_params,
+                          int32_t* out_unit) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+  if (name == nullptr) return NullArgument("name");
+  if (num_params < 1) return absl::InvalidArgumentError(absl::StrCat("unit '", name, "': num_params is ", num_params));
+  if (params == nullptr) return NullArgument("params");
+  std::vector<shard::ParamSpec> specs;
+  for (int32_t i = 0; i < num_params; ++i) {
+    STRATA_ASSIGN_OR_RETURN(shard::ParamSpec spec, ReadSpec(params, i));
+    specs.push_back(std::move(spec));
+  }
+  STRATA_ASSIGN_OR_RETURN(const int unit, e->engine->RegisterUnit(name, std::move(specs)));
+  if (out_unit != nullptr) *out_unit = unit;
+  return absl::OkStatus();
+}
+
+absl::Status Finalize(strata_engine* e) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+  STRATA_RETURN_IF_ERROR(e->engine->Finalize());
+  e->units.resize(e->engine->num_units());
+  for (int u = 0; u < e->engine->num_units(); ++u) {
+    const size_t n = e->engine->layout(u).params.size();
+    e->units[u].params.assign(n, nullptr);
+    e->units[u].grads.assign(n, nullptr);
+  }
+  e->finalized = true;
+  return absl::OkStatus();
+}
+
+// Unit and parameter ids that exist (before or after finalize).
+absl::Status CheckRegistered(const strata_engine* e, int32_t unit, int32_t param) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+  if (unit < 0 || unit >= e->engine->num_units()) {
+    return absl::OutOfRangeError(absl::StrCat("no unit ", unit, " (", e->engine->num_units(), " registered)"));
+  }
+  const shard::UnitLayout& l = e->engine->layout(unit);
+  if (param != -1 && (param < 0 || param >= static_cast<int>(l.params.size()))) {
+    return absl::OutOfRangeError(
+        absl::StrCat("unit '", l.name, "' has no parameter ", param, " (", l.params.size(), " registered)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParamInfo(const strata_engine* e, int32_t unit, int32_t param, strata_param_info* out) {
+  STRATA_RETURN_IF_ERROR(CheckRegistered(e, unit, param < 0 ? -2 : param));
+  STRATA_RETURN_IF_ERROR(CheckOutput(out, STRATA_V1_SIZE(strata_param_info, weight_decay), "out"));
+  const shard::ParamSlot& p = e->engine->layout(unit).params[param];
+  strata_param_info info = STRATA_PARAM_INFO_INIT;
+  info.name = p.spec.name.c_str();
+  info.shape = p.spec.shape.data();
+  info.numel = p.numel;
+  info.offset_elems = p.offset_elems;
+  info.ndim = static_cast<int32_t>(p.spec.shape.size());
+  info.dtype = ToCDType(e->engine->config().param_dtype);
+  info.weight_decay = p.spec.weight_decay ? 1 : 0;
+  WriteVersioned(info, out);
+  return absl::OkStatus();
+}
+
+// Checks (unit, param, count) of a whole-parameter transfer against the layout.
+absl::Status CheckTransfer(const strata_engine* e, int32_t unit, int32_t param, const void* data, size_t count,
+                           const char* what) {
+  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit, param < 0 ? INT32_MAX : param, what));
+  if (data == nullptr) return NullArgument(what);
+  const shard::ParamSlot& p = e->engine->layout(unit).params[param];
+  if (count != p.numel) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter '", e->engine->layout(unit).name, ".", p.spec.name,
+                                                   "' has ", p.numel, " elements, count is ", count));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GetStats(const strata_engine* e, strata_stats* out) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+  STRATA_RETURN_IF_ERROR(CheckOutput(out, STRATA_V1_SIZE(strata_stats, last_other_ms), "out"));
+  const engine::MemoryStats m = e->engine->memory_stats();
+  strata_stats s = STRATA_STATS_INIT;
+  s.device_current_bytes = m.tier[static_cast<int>(memory::Tier::kDevice)].current_bytes;
+  s.device_peak_bytes = m.tier[static_cast<int>(memory::Tier::kDevice)].peak_bytes;
+  s.pinned_host_current_bytes = m.tier[static_cast<int>(memory::Tier::kPinnedHost)].current_bytes;
+  s.pinned_host_peak_bytes = m.tier[static_cast<int>(memory::Tier::kPinnedHost)].peak_bytes;
+  s.nvme_current_bytes = m.tier[static_cast<int>(memory::Tier::kNvme)].current_bytes;
+  s.nvme_peak_bytes = m.tier[static_cast<int>(memory::Tier::kNvme)].peak_bytes;
+  s.steps = e->engine->step();
+  s.loss_scale = e->engine->loss_scale();
+  const double* ms = e->clock.last_ms;
+  s.last_step_ms = ms[0];
+  s.last_compute_ms = ms[1];
+  s.last_exposed_comm_ms = ms[2];
+  s.last_optimizer_ms = ms[3];
+  s.last_other_ms = ms[4];
+  WriteVersioned(s, out);
+  return absl::OkStatus();
+}
+
+#undef STRATA_V1_SIZE
+
+}  // namespace
+}  // namespace strata::capi
+
+using namespace strata::capi;  // NOLINT: the entry points below are thin wrappers
+
+extern "C" {
+
+strata_status strata_engine_create(strata_comm* comm, const strata_engine_options* options, strata_engine** out) {
+  return Call(__func__, [&] { return CreateEngine(comm, options, out); });
+}
+
+strata_status strata_engine_register_unit(strata_engine* engine, const char* name, const strata_param_spec* params,
+                                          int32_t num_params, int32_t* out_unit) {
+  return Call(__func__, [&] { return RegisterUnit(engine, name, params, num_params, out_unit); });
+}
+
+strata_status strata_engine_finalize(strata_engine* engine) {
+  return Call(__func__, [&] { return Finalize(engine); });
+}
+
+strata_status strata_engine_num_units(const strata_engine* engine, int32_t* out) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    if (out == nullptr) return NullArgument("out");
+    *out = engine->engine->num_units();
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_num_params(const strata_engine* engine, int32_t unit, int32_t* out) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckRegistered(engine, unit, -1));
+    if (out == nullptr) return NullArgument("out");
+    *out = static_cast<int32_t>(engine->engine->layout(unit).params.size());
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_param_info(const strata_engine* engine, int32_t unit, int32_t param,
+                                       strata_param_info* out) {
+  return Call(__func__, [&] { return ParamInfo(engine, unit, param, out); });
+}
+
+strata_status strata_engine_gather_param(strata_engine* engine, int32_t unit, int32_t param, float* out,
+                                         size_t count) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckTransfer(engine, unit, param, out, count, "out"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> full, engine->engine->GatherParam(unit, param));
+    std::memcpy(out, full.data(), count * sizeof(float));
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_set_param(strata_engine* engine, int32_t unit, int32_t param, const float* values,
+                                      size_t count) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckTransfer(engine, unit, param, values, count, "values"));
+    if (engine->in_micro_batch || engine->open_uses > 0) {
+      return absl::FailedPreconditionError("inside a micro-batch or while a unit is begun; set parameters between "
+                                           "steps");
+    }
+    return engine->engine->SetParam(unit, param, std::vector<float>(values, values + count));
+  });
+}
+
+strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* directory) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    if (directory == nullptr) return NullArgument("directory");
+    return absl::UnimplementedError("checkpoints are not available through the C ABI yet: the engine has no "
+                                    "Save/Load API in this build");
+  });
+}
+
+strata_status strata_engine_load_checkpoint(strata_engine* engine, const char* directory) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    if (directory == nullptr) return NullArgument("directory");
+    return absl::UnimplementedError("checkpoints are not available through the C ABI yet: the engine has no "
+                                    "Save/Load API in this build");
+  });
+}
+
+strata_status strata_engine_get_stats(const strata_engine* engine, strata_stats* out) {
+  return Call(__func__, [&] { return GetStats(engine, out); });
+}
+
+strata_status strata_engine_reset_peak_memory(strata_engine* engine) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    engine->engine->ResetPeakMemory();
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_loss_scale(const strata_engine* engine, float* out) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    if (out == nullptr) return NullArgument("out");
+    *out = engine->engine->loss_scale();
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_destroy(strata_engine* engine) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (engine == nullptr) return absl::OkStatus();
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    engine->magic = 0;
+    --engine->comm->live_engines;
+    delete engine;  // the engine drains its streams before its buffers go
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,320 @@
+/* strata.h: the stable C ABI of Strata, for trainers that embed it as their memory backend.
+ *
+ * Everything is reached through opaque handles (strata_comm, strata_engine) and functions that return a
+ * strata_status: STRATA_OK (0) or an error code, with a message in strata_last_error() on the calling
+ * thread. Nothing here aborts the process or throws, except strata_comm_abort, whose job that is.
+ *
+ * Protocol (docs/embedding.md walks through it with the guarantees). Every rank, same order:
+ *   strata_comm_create_*                                    collective
+ *   strata_engine_create                                    collective
+ *   strata_engine_register_unit(...) for every unit; strata_engine_finalize   (collective)
+ *   per step, for each of gradient_accumulation_steps micro-batches:
+ *     strata_engine_begin_micro_batch
+ *       strata_engine_begin_forward(u, &bufs) ... read bufs.params ... strata_engine_end_forward(u)
+ *       strata_engine_begin_backward(u, &bufs) ... read params, ADD into bufs.grads ... strata_engine_end_backward(u)
+ *     strata_engine_end_micro_batch
+ *   strata_engine_step                                      collective
+ *   strata_engine_destroy; strata_comm_destroy
+ *
+ * Versioned structs. Every struct passed across the ABI starts with {struct_size, version}. Initialise it
+ * with its STRATA_*_INIT macro, which fills both and the defaults; then set fields by name. A struct only
+ * ever grows at its end. The library reads an input struct up to its struct_size (fields an older caller
+ * lacks keep their defaults; trailing bytes a newer caller set and this library does not know must be
+ * zero, else STRATA_ERR_VERSION). It writes an output struct up to min(struct_size, its own size) and sets
+ * `version` to the lower of the caller's and its own, which tells the caller which fields were written.
+ *
+ * Threading. strata_last_error() is per thread. One engine is driven from one thread at a time (its hook
+ * thread); distinct engines and communicators may be used concurrently from distinct threads. Collective
+ * calls (marked so) must be made by every rank of the communicator in the same order.
+ *
+ * Pointer lifetimes are stated at each function. Strings passed in are copied before the call returns.
+ *
+ * This header compiles as C99 and as C++ (C++11 or later) and includes only <stddef.h> and <stdint.h>.
+ */
+#ifndef STRATA_CAPI_STRATA_H_
+#define STRATA_CAPI_STRATA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI version of this header: the soname is libstrata.so.<STRATA_ABI_VERSION>. Compatible additions
+ * (new functions, fields appended to structs) keep it; anything else bumps it. */
+#define STRATA_ABI_VERSION 1
+
+/* ---- Status codes and errors ---- */
+
+typedef int32_t strata_status;
+enum strata_status_code {
+  STRATA_OK = 0,
+  STRATA_ERR_INVALID_ARGUMENT = 1,    /* a NULL handle or pointer, bad JSON config, bad parameter spec, wrong count */
+  STRATA_ERR_FAILED_PRECONDITION = 2, /* a call out of order (a unit used before finalize, end without begin, ...),
+                                         or an engine that refuses work after an earlier failure */
+  STRATA_ERR_OUT_OF_RANGE = 3,        /* a unit or parameter id that does not exist */
+  STRATA_ERR_RESOURCE_EXHAUSTED = 4,  /* a memory budget or the gathered-buffer pool (strata.max_live_units) */
+  STRATA_ERR_DEADLINE_EXCEEDED = 5,   /* a collective timed out: a peer is dead, stuck or issued other calls */
+  STRATA_ERR_UNIMPLEMENTED = 6,       /* not available in this build or not implemented yet (the message says) */
+  STRATA_ERR_VERSION = 7,             /* a struct's struct_size / version is not one this library understands */
+  STRATA_ERR_NOT_FOUND = 8,           /* a file or directory does not exist */
+  STRATA_ERR_IO = 9,                  /* reading or writing a file failed, or its contents are damaged */
+  STRATA_ERR_INTERNAL = 10            /* anything else (a foreign call failed; the message names it) */
+};
+
+/* The message of the most recent call on this thread that failed; "" after a call that succeeded (every
+ * strata_* function except the four below clears or sets it). The pointer stays valid until the next
+ * strata_* call on this thread. Never NULL. */
+const char* strata_last_error(void);
+/* "STRATA_OK", "STRATA_ERR_INVALID_ARGUMENT", ...; "STRATA_ERR_UNKNOWN" for other values. Static storage. */
+const char* strata_status_name(strata_status status);
+/* The library's STRATA_ABI_VERSION (compare with the header's to detect a mismatched install). */
+uint32_t strata_abi_version(void);
+/* "0.1.0": the Strata release. Static storage. */
+const char* strata_version_string(void);
+
+/* ---- Enumerations ---- */
+
+enum strata_dtype { STRATA_DTYPE_F32 = 0, STRATA_DTYPE_BF16 = 1, STRATA_DTYPE_F16 = 2 };
+enum strata_device_kind { STRATA_DEVICE_HOST = 0, STRATA_DEVICE_CUDA = 1 };
+/* Deterministic, world-size-independent initial values (generated by the engine at finalize). */
+enum strata_init_kind {
+  STRATA_INIT_ZEROS = 0,
+  STRATA_INIT_ONES = 1,
+  STRATA_INIT_CONSTANT = 2, /* init_value */
+  STRATA_INIT_NORMAL = 3,   /* mean 0, std init_value */
+  STRATA_INIT_UNIFORM = 4   /* in (-init_value, init_value) */
+};
+
+/* ---- Communicators ---- */
+
+typedef struct strata_comm strata_comm;
+
+/* Collective over MPI_COMM_WORLD. If MPI is not initialised yet, Strata initialises it (with
+ * MPI_THREAD_MULTIPLE) and finalises it when the last communicator created this way is destroyed. If the
+ * host initialised MPI itself, it must have asked for MPI_THREAD_MULTIPLE (else
+ * STRATA_ERR_FAILED_PRECONDITION) and remains responsible for MPI_Finalize, after destroying every
+ * strata communicator. STRATA_ERR_UNIMPLEMENTED in a build without MPI. */
+strata_status strata_comm_create_mpi_world(strata_comm** out);
+
+/* Collective over an existing MPI communicator of the host, passed as its Fortran handle
+ * (MPI_Comm_c2f(comm)), so that this header need not include mpi.h: MPI_Comm is a pointer in Open MPI
+ * and an int in MPICH, while MPI_Fint is an int in both. Strata duplicates the communicator; the host may
+ * free its own afterwards. MPI must already be initialised with MPI_THREAD_MULTIPLE. */
+strata_status strata_comm_create_mpi(int32_t mpi_comm_fortran_handle, strata_comm** out);
+
+/* Over an existing ncclComm_t (passed as void*). Always STRATA_ERR_UNIMPLEMENTED in this release: the
+ * NCCL back-end does not exist yet. Declared now so that the signature is part of ABI version 1. */
+strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out);
+
+/* `world_size` ranks as threads of this process (for tests and single-process use): fills
+ * out_comms[0 .. world_size-1], one per rank. Each must be used from its own thread, since the collective
+ * calls of the ranks rendezvous with each other. */
+strata_status strata_comm_create_in_process(int32_t world_size, strata_comm** out_comms);
+
+strata_status strata_comm_rank(const strata_comm* comm, int32_t* out_rank);
+strata_status strata_comm_size(const strata_comm* comm, int32_t* out_size);
+
+/* Ends the whole job from this rank after an unrecoverable error (MPI_Abort), so that the other ranks
+ * do not wait for a collective timeout. Does not return for MPI communicators; for in-process ones it
+ * fails every later collective of the group and returns STRATA_OK. */
+strata_status strata_comm_abort(strata_comm* comm, const char* reason);
+
+/* Destroys a communicator. STRATA_ERR_FAILED_PRECONDITION (and nothing is destroyed) while an engine
+ * created on it is alive. NULL is a no-op returning STRATA_OK. */
+strata_status strata_comm_destroy(strata_comm* comm);
+
+/* ---- Engine creation and registration ---- */
+
+typedef struct strata_engine strata_engine;
+
+typedef struct strata_engine_options {
+  uint32_t struct_size;
+  uint32_t version;
+  /* The engine configuration as a JSON document: DeepSpeed's keys (zero_optimization.stage, optimizer,
+   * scheduler, bf16, fp16, gradient_clipping, gradient_accumulation_steps, ...) plus a "strata" object.
+   * NULL or "" means all defaults. An unknown key is an error naming the nearest valid one. */
+  const char* config_json;
+  int32_t device; /* strata_device_kind; only STRATA_DEVICE_HOST in this release */
+} strata_engine_options;
+#define STRATA_ENGINE_OPTIONS_INIT \
+  { (uint32_t)sizeof(strata_engine_options), STRATA_ABI_VERSION, NULL, STRATA_DEVICE_HOST }
+
+/* Collective: duplicates `comm` into one communicator per internal stream. `options` may be NULL
+ * (defaults). `comm` must outlive the engine (strata_comm_destroy refuses otherwise). */
+strata_status strata_engine_create(strata_comm* comm, const strata_engine_options* options, strata_engine** out);
+
+typedef struct strata_param_spec {
+  uint32_t struct_size;
+  uint32_t version;
+  const char* name;     /* unique within the unit, non-empty */
+  const int64_t* shape; /* ndim positive extents */
+  int32_t ndim;         /* >= 1 */
+  int32_t weight_decay; /* nonzero: AdamW weight decay applies */
+  int32_t init;         /* strata_init_kind */
+  float init_value;     /* see strata_init_kind */
+} strata_param_spec;
+#define STRATA_PARAM_SPEC_INIT \
+  { (uint32_t)sizeof(strata_param_spec), STRATA_ABI_VERSION, NULL, NULL, 0, 0, STRATA_INIT_ZEROS, 0.0f }
+
+/* Before finalize. Registers a unit (typically a layer) whose `num_params` parameters are packed, in
+ * this order, into one flat buffer. The array's stride is params[0].struct_size (every element must
+ * carry the same). Unit ids are 0, 1, ... in registration order; *out_unit may be NULL. Every rank must
+ * register the same units in the same order (finalize checks it). */
+strata_status strata_engine_register_unit(strata_engine* engine, const char* name, const strata_param_spec* params,
+                                          int32_t num_params, int32_t* out_unit);
+
+/* Collective. Checks that every rank registered the same units, allocates all state and initialises
+ * the parameters. After it, no unit can be registered. */
+strata_status strata_engine_finalize(strata_engine* engine);
+
+strata_status strata_engine_num_units(const strata_engine* engine, int32_t* out);
+strata_status strata_engine_num_params(const strata_engine* engine, int32_t unit, int32_t* out);
+
+typedef struct strata_param_info {
+  uint32_t struct_size;
+  uint32_t version;
+  const char* name;     /* valid until the engine is destroyed */
+  const int64_t* shape; /* ndim extents; valid until the engine is destroyed */
+  uint64_t numel;
+  uint64_t offset_elems; /* start in the unit's flat buffer */
+  int32_t ndim;
+  int32_t dtype;        /* strata_dtype of the gathered parameters (the gradients are always fp32) */
+  int32_t weight_decay;
+} strata_param_info;
+#define STRATA_PARAM_INFO_INIT \
+  { (uint32_t)sizeof(strata_param_info), STRATA_ABI_VERSION, NULL, NULL, 0, 0, 0, 0, 0 }
+
+/* After register_unit. */
+strata_status strata_engine_param_info(const strata_engine* engine, int32_t unit, int32_t param,
+                                       strata_param_info* out);
+
+/* ---- The per-step hooks (after finalize, from the engine's hook thread) ---- */
+
+strata_status strata_engine_begin_micro_batch(strata_engine* engine);
+/* Checks that every unit begun was ended and that every forward use had its backward use. */
+strata_status strata_engine_end_micro_batch(strata_engine* engine);
+
+typedef struct strata_unit_buffers {
+  uint32_t struct_size;
+  uint32_t version;
+  int32_t num_params;
+  int32_t param_dtype;     /* strata_dtype: F32 floats, or BF16 / F16 bit patterns (uint16_t) */
+  void* const* params;     /* [num_params]: the gathered parameters, in registration order */
+  float* const* grads;     /* [num_params]: fp32 gradient buffers (backward); NULL after begin_forward */
+} strata_unit_buffers;
+#define STRATA_UNIT_BUFFERS_INIT \
+  { (uint32_t)sizeof(strata_unit_buffers), STRATA_ABI_VERSION, 0, 0, NULL, NULL }
+
+/* Gathers unit `unit` (waiting for its all-gather if the prefetch has not finished it) and fills *out
+ * (which may be NULL; strata_engine_param gives the same pointers). Inside a micro-batch the use is
+ * recorded; the first micro-batch's order of uses must be repeated by later ones (it drives prefetch).
+ * Outside a micro-batch this is evaluation: nothing is recorded and no backward may follow.
+ * Lifetime: the parameter pointers, and the arrays holding them, are valid until the matching
+ * strata_engine_end_forward returns. The trainer must not write to the parameters. */
+strata_status strata_engine_begin_forward(strata_engine* engine, int32_t unit, strata_unit_buffers* out);
+/* After it the parameter pointers of this use are invalid: the buffer may be released or reused. */
+strata_status strata_engine_end_forward(strata_engine* engine, int32_t unit);
+
+/* Inside a micro-batch, once per forward use, in reverse order of the forward uses. Fills parameters and
+ * gradients. The gradient buffers are zero at the unit's first backward use in the micro-batch (stages
+ * 2-3) or step (stages 0-1); the trainer ADDS (+=) the gradient of the micro-batch's mean loss, so a unit
+ * used several times (tied weights) accumulates correctly. The engine averages over ranks and
+ * micro-batches. Lifetime: all pointers valid until the matching strata_engine_end_backward returns. */
+strata_status strata_engine_begin_backward(strata_engine* engine, int32_t unit, strata_unit_buffers* out);
+/* At the unit's last backward use, starts the reduction of its gradients (asynchronous). */
+strata_status strata_engine_end_backward(strata_engine* engine, int32_t unit);
+
+/* The same pointers as in strata_unit_buffers, one at a time; valid for the same period. param: while
+ * the unit is between a begin and its end; grad: between begin_backward and end_backward.
+ * STRATA_ERR_FAILED_PRECONDITION outside those periods. */
+strata_status strata_engine_param(const strata_engine* engine, int32_t unit, int32_t param, void** out);
+strata_status strata_engine_grad(const strata_engine* engine, int32_t unit, int32_t param, float** out);
+
+/* The engine zeroes all gradients itself at the end of every strata_engine_step (and they start at zero),
+ * so a trainer's zero_grad() maps to this check: STRATA_OK when no micro-batch of the current step has
+ * started (the gradients are zero), STRATA_ERR_FAILED_PRECONDITION once one has (accumulated gradients
+ * cannot be discarded: they are already partly reduced across ranks). */
+strata_status strata_engine_zero_grad(strata_engine* engine);
+
+typedef struct strata_step_result {
+  uint32_t struct_size;
+  uint32_t version;
+  int64_t step;       /* updates applied so far, after this call */
+  int32_t skipped;    /* nonzero: a non-finite gradient; nothing was updated, on any rank */
+  float clip_coef;    /* gradient clipping factor applied (1 = none) */
+  double grad_norm;   /* global gradient norm before clipping */
+  double lr;          /* learning rate used by this step */
+  double loss_scale;  /* the factor to multiply the loss gradient by from now on (fp16; 1 otherwise) */
+} strata_step_result;
+#define STRATA_STEP_RESULT_INIT \
+  { (uint32_t)sizeof(strata_step_result), STRATA_ABI_VERSION, 0, 0, 0.0f, 0.0, 0.0, 0.0 }
+
+/* Collective, blocking. After gradient_accumulation_steps micro-batches: waits for the gradient
+ * reductions, computes the global norm, clips, updates this rank's shards, re-publishes the parameters and
+ * zeroes the gradients. `out` may be NULL. A failure leaves the engine refusing further hooks. */
+strata_status strata_engine_step(strata_engine* engine, strata_step_result* out);
+
+/* The loss scale the next micro-batches should use (fp16 dynamic loss scaling; 1 otherwise). */
+strata_status strata_engine_loss_scale(const strata_engine* engine, float* out);
+
+/* Collective, blocking, after finalize, outside begin/end of any unit: the full fp32 master value of one
+ * parameter, `count` (= numel) floats into caller memory. For export, checksums and tests. */
+strata_status strata_engine_gather_param(strata_engine* engine, int32_t unit, int32_t param, float* out,
+                                         size_t count);
+/* After finalize, outside micro-batches: overwrites one parameter with a full fp32 value (every rank passes
+ * the same `count` = numel floats). Not collective. */
+strata_status strata_engine_set_param(strata_engine* engine, int32_t unit, int32_t param, const float* values,
+                                      size_t count);
+
+/* ---- Checkpoints ---- */
+
+/* Collective. Not implemented in this release (STRATA_ERR_UNIMPLEMENTED): the engine's checkpoint API
+ * is being added; these will forward to it (a directory per step, loadable at any world size). */
+strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* directory);
+strata_status strata_engine_load_checkpoint(strata_engine* engine, const char* directory);
+
+/* ---- Stats ---- */
+
+typedef struct strata_stats {
+  uint32_t struct_size;
+  uint32_t version;
+  /* Bytes held per memory tier, as accounted by the runtime itself (on a host-only build the "device"
+   * tier is host memory under its own budget). Peaks since finalize or strata_engine_reset_peak_memory. */
+  uint64_t device_current_bytes;
+  uint64_t device_peak_bytes;
+  uint64_t pinned_host_current_bytes;
+  uint64_t pinned_host_peak_bytes;
+  uint64_t nvme_current_bytes;
+  uint64_t nvme_peak_bytes;
+  int64_t steps;       /* updates applied */
+  double loss_scale;
+  /* Time split of the last completed step, measured on the hook thread, in milliseconds. The step spans
+   * from the return of the previous strata_engine_step (or the first begin_micro_batch) to the return of
+   * this one. compute: a unit was begun and not ended, outside strata calls (the trainer's kernels).
+   * exposed_comm: blocked inside the begin / end hooks (gathers not yet arrived, gradient buffers still
+   * being reduced). optimizer: inside strata_engine_step (it includes the wait for the last gradient
+   * reductions). other: the rest (data loading, loss, logging). They sum to step. 0 before any step. */
+  double last_step_ms;
+  double last_compute_ms;
+  double last_exposed_comm_ms;
+  double last_optimizer_ms;
+  double last_other_ms;
+} strata_stats;
+#define STRATA_STATS_INIT \
+  { (uint32_t)sizeof(strata_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0 }
+
+strata_status strata_engine_get_stats(const strata_engine* engine, strata_stats* out);
+/* Peaks := current bytes. */
+strata_status strata_engine_reset_peak_memory(strata_engine* engine);
+
+/* Drains the engine's streams and frees everything it holds. Every pointer it returned becomes invalid.
+ * Not collective. NULL is a no-op returning STRATA_OK. */
+strata_status strata_engine_destroy(strata_engine* engine);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRATA_CAPI_STRATA_H_ */

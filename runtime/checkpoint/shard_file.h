@@ -1,0 +1,70 @@
+// One rank's shard of a checkpoint: fp32 ranges of master weights and optimizer state, each addressed by
+// (unit, parameter, kind) and by its global element offset inside the unit's flat buffer, which does not
+// depend on the world size. That addressing is what lets any world size load any checkpoint.
+//
+// Layout: "STRATASH", u64 header length, a JSON header (rank, world size, and per range: unit, param,
+// kind, begin, count, byte offset, CRC-32 of its bytes), padding to 4096, then the data. The header is
+// written last (the CRCs are known only then), the file goes to a temporary name, is fsynced and
+// renamed. The file checksum recorded in the manifest is the CRC-32 of the header, which holds every
+// range's CRC, so it covers the whole file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/checkpoint/files.h"
+
+namespace strata::checkpoint {
+
+struct ShardRange {
+  std::string unit;
+  std::string param;
+  std::string kind;     // "master", "exp_avg", "exp_avg_sq" (Adam) or "momentum" (SGD)
+  uint64_t begin = 0;   // global element offset inside the unit's flat buffer
+  uint64_t count = 0;   // fp32 elements
+  uint64_t offset = 0;  // byte offset of the data in the file
+  uint32_t crc = 0;
+};
+
+class ShardWriter {
+ public:
+  // `ranges` give unit, param, kind, begin and count; offsets are assigned here.
+  static absl::StatusOr<ShardWriter> Create(const std::string& path, int rank, int world_size,
+                                            std::vector<ShardRange> ranges);
+  // Writes range `index` (count floats). Any order; each exactly once.
+  absl::Status Write(size_t index, const float* data);
+  // Writes the header, fsyncs, renames into place. Returns {file checksum, file size}.
+  absl::StatusOr<std::pair<uint32_t, uint64_t>> Finish();
+
+ private:
+  std::string path_, tmp_;
+  int rank_ = 0, world_ = 1;
+  Fd fd_;
+  std::vector<ShardRange> ranges_;
+  std::vector<bool> written_;
+  uint64_t header_bytes_ = 0, end_ = 0;
+};
+
+class ShardReader {
+ public:
+  // Opens and parses the header. When `expected_checksum` / `expected_size` are given (from the manifest),
+  // a mismatch is DataLoss naming the file.
+  static absl::StatusOr<ShardReader> Open(const std::string& path, const uint32_t* expected_checksum = nullptr,
+                                          const uint64_t* expected_size = nullptr);
+  const std::vector<ShardRange>& ranges() const { return ranges_; }
+  const ShardRange* Find(const std::string& unit, const std::string& param, const std::string& kind) const;
+  // Reads a whole range and verifies its CRC (DataLoss naming the file and the range on mismatch).
+  absl::Status Read(const ShardRange& r, std::vector<float>* out) const;
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+
+ private:
+  std::string path_;
+  Fd fd_;
+  int rank_ = 0, world_ = 1;
+  std::vector<ShardRange> ranges_;
+};
+
+}  // namespace strata::checkpoint

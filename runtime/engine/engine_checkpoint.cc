@@ -1,0 +1,146 @@
+// Sharded checkpoints of the engine (DESIGN "Checkpoints"): save this rank's slice of master weights and
+// optimizer state, publish the manifest last; load at any world size by global offsets.
+//
+// Protocol of SaveCheckpoint (every rank): write and publish its shard file; all-gather (checksum,
+// size, ok) so rank 0 knows every shard is durable; rank 0 writes the manifest (temporary name, fsync,
+// rename); an all-reduce of rank 0's result makes every rank return the same verdict. A rank that fails
+// still takes part in both collectives, so nobody waits on it; the manifest is written only when every
+// shard succeeded, so a failed or interrupted save never publishes a partial checkpoint.
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/shard_file.h"
+#include "runtime/engine/engine_impl.h"
+
+namespace strata::engine {
+
+namespace ckpt = checkpoint;
+
+namespace {
+
+std::string ShardName(int rank) { return absl::StrFormat("shard_%05d.bin", rank); }
+
+// The state kinds the optimizer keeps, and the buffer holding each over the update range.
+std::vector<std::pair<std::string, float*>> Kinds(Engine::Impl& m, UnitState& u) {
+  std::vector<std::pair<std::string, float*>> k = {{"master", m.MasterPtr(u)}};
+  if (m.cfg.optimizer.type == OptimizerType::kAdamW) {
+    k.emplace_back("exp_avg", u.m.as<float>());
+    k.emplace_back("exp_avg_sq", u.v.as<float>());
+  } else {
+    k.emplace_back("momentum", u.m.as<float>());
+  }
+  return k;
+}
+
+absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
+  const size_t r = static_cast<size_t>(m.rank());
+  std::vector<ckpt::ShardRange> ranges;
+  std::vector<const float*> sources;
+  for (UnitState& u : m.units) {
+    const size_t lo = r * u.layout.shard_elems, hi = lo + u.layout.shard_elems;
+    for (auto& [kind, base] : Kinds(m, u)) {
+      for (const shard::ParamSlot& p : u.layout.params) {
+        const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
+        if (b >= e) continue;
+        ranges.push_back({u.layout.name, p.spec.name, kind, b, e - b});
+        sources.push_back(base + (b - m.update_begin(u)));
+      }
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.rank(), m.world_size(), ranges));
+  for (size_t i = 0; i < sources.size(); ++i) STRATA_RETURN_IF_ERROR(w.Write(i, sources[i]));
+  STRATA_ASSIGN_OR_RETURN(auto done, w.Finish());
+  *checksum = done.first;
+  *bytes = done.second;
+  return absl::OkStatus();
+}
+
+ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
+  ckpt::Manifest man;
+  man.step = m.step;
+  man.world_size = m.world_size();
+  man.stage = m.cfg.stage;
+  man.param_dtype = std::string(DTypeName(m.cfg.param_dtype));
+  man.optimizer = m.cfg.optimizer.type == OptimizerType::kAdamW ? "adamw" : "sgd";
+  man.loss_scale = m.loss_scale;
+  man.clean_steps = m.clean_steps;
+  man.trainer_json = trainer_json;
+  for (const UnitState& u : m.units) {
+    ckpt::ManifestUnit mu{u.layout.name, {}};
+    for (const shard::ParamSlot& p : u.layout.params) {
+      mu.params.push_back({p.spec.name, p.spec.shape, p.offset_elems, p.numel, p.spec.weight_decay});
+    }
+    man.units.push_back(std::move(mu));
+  }
+  return man;
+}
+
+// Every rank's (checksum, size, ok) as 16-bit words: the collective moves raw bytes.
+struct ShardReport {
+  uint32_t checksum;
+  uint32_t ok;
+  uint64_t bytes;
+};
+
+}  // namespace
+
+absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::string& trainer_json) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "SaveCheckpoint"));
+  if (m.in_micro_batch || m.micro_batch != 0) {
+    return absl::FailedPreconditionError("SaveCheckpoint() between micro-batches of a step; call it after Step()");
+  }
+  const std::string manifest_path = (std::filesystem::path(step_dir) / ckpt::kManifestName).string();
+  if (std::filesystem::exists(manifest_path)) {
+    return absl::AlreadyExistsError(absl::StrCat("checkpoint '", step_dir, "' already exists (complete)"));
+  }
+  ShardReport mine{0, 0, 0};
+  absl::Status local = ckpt::MakeDirs(step_dir);
+  if (local.ok()) {
+    local = WriteShard(m, (std::filesystem::path(step_dir) / ShardName(m.rank())).string(), &mine.checksum, &mine.bytes);
+  }
+  mine.ok = local.ok() ? 1 : 0;
+  if (!local.ok()) {
+    STRATA_LOG(Error) << "writing checkpoint shard: " << local.message();
+  }
+  std::vector<ShardReport> all(m.world_size());
+  STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(&mine, all.data(), sizeof(ShardReport) / 2, DType::kF16,
+                                                *m.step_stream).Wait());
+  std::vector<int> failed;
+  for (int r = 0; r < m.world_size(); ++r) {
+    if (!all[r].ok) failed.push_back(r);
+  }
+  float published = 1;
+  if (m.rank() == 0 && failed.empty()) {
+    ckpt::Manifest man = BuildManifest(m, trainer_json);
+    for (int r = 0; r < m.world_size(); ++r) man.shards.push_back({r, ShardName(r), all[r].bytes, all[r].checksum});
+    absl::Status s = ckpt::WriteFileAtomic(manifest_path, ckpt::ToJson(man));
+    if (!s.ok()) {
+      STRATA_LOG(Error) << "writing checkpoint manifest: " << s.message();
+      published = 0;
+    }
+  }
+  STRATA_RETURN_IF_ERROR(
+      m.step_comm->AllReduce(&published, &published, 1, DType::kF32, comm::ReduceOp::kSum, *m.step_stream).Wait());
+  if (!failed.empty()) {
+    return absl::Status(local.ok() ? absl::StatusCode::kAborted : local.code(),
+                        absl::StrCat("checkpoint '", step_dir, "' was not published: rank(s) ",
+                                     absl::StrJoin(failed, ","), " could not write their shard",
+                                     local.ok() ? "" : absl::StrCat(" (here: ", local.message(), ")")));
+  }
+  if (published < static_cast<float>(m.world_size())) {
+    return absl::AbortedError(absl::StrCat("checkpoint '", step_dir, "' was not published: rank 0 could not "
+                                           "write the manifest (see its log)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,169 @@
+// Loading a checkpoint at any world size and stage. Each rank needs its update range of every unit
+// (its slice, or everything at stage 0); it finds the saved shards whose slices overlap, reads those
+// ranges (each verified against its checksum) and copies the overlap. The saved slice size follows from
+// the manifest's units laid out at the saved world size, so only the overlapping shards are opened.
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/status.h"
+#include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/shard_file.h"
+#include "runtime/engine/engine_impl.h"
+
+namespace strata::engine {
+
+namespace ckpt = checkpoint;
+
+namespace {
+
+std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+
+absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, const std::string& dir) {
+  auto differ = [&](const std::string& what) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", dir, "' holds a different model: ", what));
+  };
+  if (man.units.size() != m.units.size()) {
+    return differ(absl::StrCat(man.units.size(), " units there, ", m.units.size(), " here"));
+  }
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    const auto& here = m.units[i].layout;
+    const auto& there = man.units[i];
+    if (there.name != here.name) return differ(absl::StrCat("unit #", i, " is '", there.name, "' there, '", here.name, "' here"));
+    if (there.params.size() != here.params.size()) {
+      return differ(absl::StrCat("unit '", here.name, "' has ", there.params.size(), " parameters there, ",
+                                 here.params.size(), " here"));
+    }
+    for (size_t p = 0; p < here.params.size(); ++p) {
+      const auto& a = there.params[p];
+      const auto& b = here.params[p];
+      if (a.name != b.spec.name || a.shape != b.spec.shape || a.weight_decay != b.spec.weight_decay) {
+        return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ", Shape(b.spec.shape),
+                                   " here is '", there.name, ".", a.name, "' ", Shape(a.shape), " there"));
+      }
+    }
+  }
+  if (man.param_dtype != DTypeName(m.cfg.param_dtype)) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint '", dir, "' was written with param dtype ",
+                                                      man.param_dtype, "; this run uses ",
+                                                      DTypeName(m.cfg.param_dtype)));
+  }
+  const std::string opt = m.cfg.optimizer.type == OptimizerType::kAdamW ? "adamw" : "sgd";
+  if (man.optimizer != opt) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint '", dir, "' holds ", man.optimizer,
+                                                      " state; this run uses ", opt));
+  }
+  return absl::OkStatus();
+}
+
+// Opens shard files on first use, verifying each against the manifest.
+class ShardCache {
+ public:
+  ShardCache(const ckpt::Manifest& man, std::string dir) : man_(man), dir_(std::move(dir)) {}
+  absl::StatusOr<const ckpt::ShardReader*> Get(int rank) {
+    auto it = open_.find(rank);
+    if (it != open_.end()) return &it->second;
+    const ckpt::ManifestShard& s = man_.shards[rank];
+    STRATA_ASSIGN_OR_RETURN(ckpt::ShardReader r, ckpt::ShardReader::Open((std::filesystem::path(dir_) / s.file).string(),
+                                                                         &s.checksum, &s.bytes));
+    return &open_.emplace(rank, std::move(r)).first->second;
+  }
+
+ private:
+  const ckpt::Manifest& man_;
+  std::string dir_;
+  std::map<int, ckpt::ShardReader> open_;
+};
+
+// Fills dst[lo, hi) (global offsets of `unit`, `dst` indexed from `base`) with saved `kind` values.
+absl::Status FillRange(ShardCache& cache, const std::string& unit, const shard::ParamSlot& p,
+                       const std::string& kind, size_t lo, size_t hi, size_t saved_shard, float* dst, size_t base) {
+  std::vector<float> buf;
+  for (size_t s = lo / saved_shard; s * saved_shard < hi; ++s) {
+    STRATA_ASSIGN_OR_RETURN(const ckpt::ShardReader* r, cache.Get(static_cast<int>(s)));
+    const ckpt::ShardRange* range = r->Find(unit, p.spec.name, kind);
+    if (range == nullptr) {
+      return absl::DataLossError(absl::StrCat("checkpoint shard of rank ", s, " lacks ", unit, ".", p.spec.name,
+                                              " ", kind));
+    }
+    const size_t b = std::max<size_t>(lo, range->begin), e = std::min<size_t>(hi, range->begin + range->count);
+    if (b >= e) continue;
+    STRATA_RETURN_IF_ERROR(r->Read(*range, &buf));
+    std::copy(buf.begin() + (b - range->begin), buf.begin() + (e - range->begin), dst + (b - base));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit& saved, int saved_world,
+                         ShardCache& cache) {
+  std::vector<shard::ParamSpec> specs;
+  for (const auto& p : saved.params) specs.push_back({p.name, p.shape, p.weight_decay});
+  STRATA_ASSIGN_OR_RETURN(shard::UnitLayout old, shard::UnitLayout::Build(saved.name, specs, saved_world));
+  const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
+  std::vector<std::pair<std::string, float*>> kinds = {{"master", m.MasterPtr(u)}};
+  if (m.cfg.optimizer.type == OptimizerType::kAdamW) {
+    kinds.insert(kinds.end(), {{"exp_avg", u.m.as<float>()}, {"exp_avg_sq", u.v.as<float>()}});
+  } else {
+    kinds.emplace_back("momentum", u.m.as<float>());
+  }
+  for (auto& [kind, dst] : kinds) {
+    for (const shard::ParamSlot& p : u.layout.params) {
+      const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
+      if (b < e) STRATA_RETURN_IF_ERROR(FillRange(cache, u.layout.name, p, kind, b, e, old.shard_elems, dst, lo));
+    }
+  }
+  return m.CastMasterToParams(u);
+}
+
+absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manifest* man) {
+  const std::string path = (std::filesystem::path(step_dir) / ckpt::kManifestName).string();
+  auto text = ckpt::ReadFile(path);
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat("checkpoint '", step_dir, "' has no readable manifest (incomplete or "
+                                            "not a checkpoint): ", text.status().message()));
+  }
+  STRATA_ASSIGN_OR_RETURN(*man, ckpt::ParseManifest(*text, path));
+  STRATA_RETURN_IF_ERROR(CheckSameModel(m, *man, step_dir));
+  ShardCache cache(*man, step_dir);
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(RestoreUnit(m, m.units[i], man->units[i], man->world_size, cache));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "LoadCheckpoint"));
+  if (m.in_micro_batch || m.micro_batch != 0) {
+    return absl::FailedPreconditionError("LoadCheckpoint() inside a step; call it before training");
+  }
+  ckpt::Manifest man;
+  absl::Status local = LoadLocal(m, step_dir, &man);
+  // Every rank reads different shards, so one may fail where others succeed: agree before going on, or
+  // the ranks that succeeded would wait in their next collective for the one that returned.
+  std::vector<float> ok(m.world_size()), mine(1, local.ok() ? 1.0f : 0.0f);
+  STRATA_RETURN_IF_ERROR(
+      m.step_comm->AllGather(mine.data(), ok.data(), 1, DType::kF32, *m.step_stream).Wait());
+  std::vector<int> failed;
+  for (int r = 0; r < m.world_size(); ++r) {
+    if (ok[r] == 0) failed.push_back(r);
+  }
+  if (!local.ok()) return local;
+  if (!failed.empty()) {
+    return absl::DataLossError(absl::StrCat("loading checkpoint '", step_dir, "' failed on rank(s) ",
+                                            absl::StrJoin(failed, ","), " (see their errors)"));
+  }
+  STRATA_RETURN_IF_ERROR(m.ReplicateParams());
+  STRATA_RETURN_IF_ERROR(m.ZeroGrads());
+  m.step = man.step;
+  m.loss_scale = man.loss_scale;
+  m.clean_steps = man.clean_steps;
+  return man.trainer_json;
+}
+
+}  // namespace strata::engine
