@@ -11,5 +11,8 @@ int GenerateCommand(const std::vector<std::string>& args);
 int BenchStepCommand(const std::vector<std::string>& args);
 int PlotCommand(const std::vector<std::string>& args);
 int CompareCommand(const std::vector<std::string>& args);
+int CkptCommand(const std::vector<std::string>& args);
+int DoctorCommand(const std::vector<std::string>& args);
+int BenchScalingCommand(const std::vector<std::string>& args);
 
 }  // namespace strata::tools

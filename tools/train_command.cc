@@ -1,6 +1,11 @@
 // `strata train`: the GPT-2 trainer on the engine (host back-end), one process per rank under mpirun.
+#include <csignal>
+
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -13,6 +18,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "runtime/checkpoint/manifest.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/commands.h"
@@ -24,6 +30,61 @@ namespace {
 
 using engine::Engine;
 
+// The signal that asked the job to stop (SIGINT / SIGTERM), 0 if none. A signal handler can only set a
+// flag; this is the one piece of process-wide mutable state, read once per step.
+std::atomic<int> g_stop_signal{0};
+extern "C" void OnStopSignal(int sig) { g_stop_signal.store(sig); }
+
+std::string TrainerState(const TrainOptions& o, int64_t next_step, int64_t global_batch) {
+  nlohmann::ordered_json j;
+  j["model_kind"] = "gpt2";
+  j["model"] = {{"layers", o.model.layers}, {"d_model", o.model.d_model}, {"heads", o.model.heads},
+                {"seq_len", o.model.seq_len}, {"vocab", o.model.vocab}};
+  j["next_step"] = next_step;
+  j["global_batch"] = global_batch;
+  j["seed"] = o.engine.seed;
+  j["data"] = o.data;
+  j["data_order"] = o.order == gpt::DataOrder::kShuffled ? "shuffled" : "sequential";
+  return j.dump();
+}
+
+// Loads --resume and returns the step to continue from. The data position is the step: the sampler's
+// order depends only on the seed and the global sample index.
+absl::StatusOr<int64_t> Resume(const TrainOptions& o, Engine& e, int64_t global_batch) {
+  STRATA_ASSIGN_OR_RETURN(std::string dir, checkpoint::ResolveCheckpoint(o.resume));
+  STRATA_ASSIGN_OR_RETURN(std::string state, e.LoadCheckpoint(dir));
+  auto j = nlohmann::json::parse(state, nullptr, false);
+  if (j.is_discarded() || !j.contains("next_step")) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", dir, "' lacks the trainer state (next_step)"));
+  }
+  const int64_t next = j["next_step"].get<int64_t>();
+  if (j.value("global_batch", global_batch) != global_batch || j.value("seed", o.engine.seed) != o.engine.seed) {
+    STRATA_LOG(Warning) << "resuming with global batch " << global_batch << " and seed " << o.engine.seed
+                        << " where the checkpoint used " << j.value("global_batch", 0) << " and "
+                        << j.value("seed", 0) << ": the data order will differ from the original run";
+  }
+  if (e.rank() == 0) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(next));
+  return next;
+}
+
+absl::Status SaveAndPrune(const TrainOptions& o, Engine& e, int64_t done, int64_t global_batch) {
+  const std::string dir = (std::filesystem::path(o.checkpoint_dir) / checkpoint::StepDirName(done)).string();
+  STRATA_RETURN_IF_ERROR(e.SaveCheckpoint(dir, TrainerState(o, done, global_batch)));
+  if (e.rank() != 0) return absl::OkStatus();
+  std::printf("checkpoint: %s\n", dir.c_str());
+  if (o.keep_last > 0) {
+    std::vector<std::string> steps = checkpoint::CompleteSteps(o.checkpoint_dir);
+    for (size_t i = 0; i + o.keep_last < steps.size(); ++i) {
+      std::error_code ec;
+      std::filesystem::remove_all(steps[i], ec);
+      if (ec) {
+        STRATA_LOG(Warning) << "cannot remove old checkpoint " << steps[i] << ": " << ec.message();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 struct StepLog {
   int64_t step;
   double loss, lr, tokens_per_s, step_ms, grad_norm, data_wait_ms;
@@ -32,7 +93,8 @@ struct StepLog {
 };
 
 // JSON has no NaN or Infinity: non-finite values are written as null.
-std::string Num(double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null"; }
+// %.9g round-trips a float exactly, so equal trajectories print equal text.
+std::string Num(double v) { return std::isfinite(v) ? absl::StrFormat("%.9g", v) : "null"; }
 
 std::string PeakJson(const engine::MemoryStats& m) {
   std::string s = "{";
@@ -80,7 +142,14 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
   STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(o.engine, world, dev));
   STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model));
   STRATA_RETURN_IF_ERROR(e->Finalize());
+  if (!o.init_from.empty() && !o.resume.empty()) {
+    return absl::InvalidArgumentError("--init-from and --resume exclude each other");
+  }
   if (!o.init_from.empty()) STRATA_RETURN_IF_ERROR(gpt::LoadWeights(*e, model, o.init_from));
+  int64_t first_step = 0;
+  if (!o.resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(first_step, Resume(o, *e, global_batch));
+  }
   if (rank == 0) {
     std::printf("strata train: %s (%lld params), %d ranks, ZeRO stage %d, %s params, global batch %lld x %d tokens "
                 "(micro %d x accum %d x ranks %d), %lld windows of data\n",
@@ -93,12 +162,14 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
     metrics.open(o.metrics);
     if (!metrics) return absl::PermissionDeniedError(absl::StrCat("cannot write metrics file '", o.metrics, "'"));
   }
-  gpt::Loader loader(&tokens, std::move(sampler), o.model.seq_len, global_batch, micro, accum, n, rank, 0);
+  gpt::Loader loader(&tokens, std::move(sampler), o.model.seq_len, global_batch, micro, accum, n, rank, first_step);
   loader.set_delay_us(o.loader_delay_us);
   STRATA_ASSIGN_OR_RETURN(auto metrics_stream, dev.CreateStream("metrics"));
   const auto run_start = std::chrono::steady_clock::now();
   double tokens_total = 0, last_loss = 0;
-  for (int64_t step = 0; step < o.steps; ++step) {
+  std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGTERM, OnStopSignal);
+  for (int64_t step = first_step; step < o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const double wait0 = loader.wait_seconds();
     double loss = 0;
@@ -113,9 +184,11 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
       loss += l / accum;
     }
     STRATA_ASSIGN_OR_RETURN(engine::StepResult r, e->Step());
-    float mean_loss = static_cast<float>(loss);
+    // One small all-reduce per step: the mean loss, and whether any rank was asked to stop.
+    float shared[2] = {static_cast<float>(loss) / n, g_stop_signal.load() != 0 ? 1.0f : 0.0f};
     STRATA_RETURN_IF_ERROR(
-        world.AllReduce(&mean_loss, &mean_loss, 1, DType::kF32, comm::ReduceOp::kAvg, *metrics_stream).Wait());
+        world.AllReduce(shared, shared, 2, DType::kF32, comm::ReduceOp::kSum, *metrics_stream).Wait());
+    const float mean_loss = shared[0];
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tokens_total += double(global_batch) * o.model.seq_len;
     last_loss = mean_loss;
@@ -124,6 +197,15 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
       Report(o, StepLog{step + 1, mean_loss, r.lr, double(global_batch) * o.model.seq_len / secs, secs * 1e3,
                         r.grad_norm, (loader.wait_seconds() - wait0) * 1e3, r.loss_scale, r.skipped},
              e->memory_stats(), print, &metrics);
+    }
+    if (shared[1] > 0) {
+      return absl::CancelledError(absl::StrCat("stopped by signal after step ", step + 1,
+                                               "; no checkpoint was started for it, none is left partial"));
+    }
+    const bool last = step + 1 == o.steps;
+    if (!o.checkpoint_dir.empty() &&
+        ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || (last && o.checkpoint_every == 0))) {
+      STRATA_RETURN_IF_ERROR(SaveAndPrune(o, *e, step + 1, global_batch));
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
@@ -161,6 +243,10 @@ int TrainCommand(const std::vector<std::string>& args) {
   copts.timeout_ms = opts->engine.collective_timeout_ms;
   auto world = (*mpi)->World(copts);
   absl::Status s = world.ok() ? Train(*opts, **world) : world.status();
+  if (absl::IsCancelled(s)) {  // a clean stop on SIGINT / SIGTERM: every rank agreed at a step boundary
+    if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(s.message()).c_str());
+    return 128 + g_stop_signal.load();
+  }
   if (!s.ok()) {
     STRATA_LOG(Error) << "rank " << rank << " failed: " << s.message();
     // Let peers that detect the same collective error print theirs before the job is torn down.

@@ -129,6 +129,10 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"save-weights", false, "write consolidated weights at the end (.safetensors)"},
       {"metrics", false, "JSON lines, one per step"},
       {"print-every", false, "progress line every N steps (default 1)"},
+      {"checkpoint-dir", false, "write sharded checkpoints under this directory (step_NNNNNNNN/)"},
+      {"checkpoint-every", false, "steps between checkpoints (default: only at the end)"},
+      {"keep-last", false, "complete checkpoints to keep (default: all)"},
+      {"resume", false, "continue from a step directory, or the latest complete one under a directory"},
       {"max-live-units", false, "gathered units held at once (stage 3)"},
       {"prefetch", false, "units gathered ahead"},
       {"collective-timeout", false, "seconds before a stuck collective fails the job (default 60)"},
@@ -166,6 +170,16 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   o.save_weights = f.Str("save-weights");
   o.metrics = f.Str("metrics");
   o.checkpointing = f.Bool("activation-checkpointing");
+  o.checkpoint_dir = f.Str("checkpoint-dir");
+  o.resume = f.Str("resume");
+  STRATA_ASSIGN_OR_RETURN(o.checkpoint_every, f.Int("checkpoint-every", 0));
+  STRATA_ASSIGN_OR_RETURN(o.keep_last, f.Int("keep-last", 0));
+  if (o.checkpoint_every < 0 || o.keep_last < 0) {
+    return absl::InvalidArgumentError("--checkpoint-every and --keep-last must be >= 0");
+  }
+  if ((o.checkpoint_every > 0 || o.keep_last > 0) && o.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("--checkpoint-every / --keep-last need --checkpoint-dir");
+  }
   STRATA_ASSIGN_OR_RETURN(o.print_every, f.Int("print-every", 1));
   if (o.print_every < 1) return absl::InvalidArgumentError("--print-every must be >= 1");
   STRATA_ASSIGN_OR_RETURN(o.loader_delay_us, f.Int("loader-delay-us", 0));

@@ -19,6 +19,9 @@ struct TrainOptions {
   std::string data;  // "" = embedded corpus
   gpt::DataOrder order = gpt::DataOrder::kShuffled;
   std::string init_from, save_weights, metrics;
+  std::string checkpoint_dir, resume;
+  int64_t checkpoint_every = 0;  // steps; 0 = only at the end when --checkpoint-dir is set
+  int64_t keep_last = 0;         // complete checkpoints kept; 0 = all
   bool checkpointing = false;
   int64_t print_every = 1;
   int64_t loader_delay_us = 0;        // test hook: slow the loader

@@ -86,6 +86,11 @@ std::vector<ParamSpec> BlockSpecs(const GptConfig& c) {
 
 }  // namespace
 
+std::string HfName(const std::string& unit, const std::string& param) {
+  // Registered names are the HF names without the unit prefix; the embed unit's already are whole.
+  return unit == "embed" ? param : absl::StrCat(unit, ".", param);
+}
+
 GptModel::GptModel(GptModel&&) noexcept = default;
 GptModel& GptModel::operator=(GptModel&&) noexcept = default;
 GptModel::~GptModel() = default;
@@ -105,11 +110,9 @@ absl::StatusOr<GptModel> GptModel::Register(Engine& e, const GptConfig& cfg) {
   STRATA_ASSIGN_OR_RETURN(m.ln_f_, e.RegisterUnit("ln_f", {ParamSpec{"weight", {C}, false, Init::Ones()},
                                                            ParamSpec{"bias", {C}, false, Init::Zeros()}}));
   for (int u = 0; u <= m.ln_f_; ++u) {
-    // Registered names are the HF names without the unit prefix (the embed unit's already are whole).
-    const std::string prefix = u == m.embed_ ? "" : absl::StrCat(e.layout(u).name, ".");
     for (int p = 0; p < static_cast<int>(e.layout(u).params.size()); ++p) {
       const auto& spec = e.layout(u).params[p].spec;
-      m.hf_.push_back(HfParam{u, p, prefix + spec.name, spec.shape});
+      m.hf_.push_back(HfParam{u, p, HfName(e.layout(u).name, spec.name), spec.shape});
     }
   }
   return m;

@@ -25,6 +25,10 @@ struct HfParam {
   std::vector<int64_t> shape;
 };
 
+// The Hugging Face name of a registered (unit, parameter): "wte.weight" for the embed unit's, else
+// "<unit>.<param>" ("h.3.attn.c_attn.weight", "ln_f.weight").
+std::string HfName(const std::string& unit, const std::string& param);
+
 struct Workspace;  // activations and scratch of one micro-batch shape (gpt_model.cc)
 
 class GptModel {

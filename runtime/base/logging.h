@@ -29,7 +29,11 @@ class LogMessage {
 
 }  // namespace strata
 
+// The switch makes the macro one statement, so `if (x) STRATA_LOG(Info) << ...;` has no dangling else.
 #define STRATA_LOG(sev)                                                  \
-  if (!::strata::LogEnabled(::strata::LogSeverity::k##sev)) {            \
-  } else                                                                 \
-    ::strata::LogMessage(::strata::LogSeverity::k##sev).stream()
+  switch (0)                                                             \
+  case 0:                                                                \
+  default:                                                               \
+    if (!::strata::LogEnabled(::strata::LogSeverity::k##sev)) {          \
+    } else                                                               \
+      ::strata::LogMessage(::strata::LogSeverity::k##sev).stream()

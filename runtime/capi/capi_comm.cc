@@ -26,9 +26,11 @@ comm::Options WorldOptions() {
   return o;
 }
 
+#if !STRATA_WITH_MPI
 absl::Status MpiUnavailable() {
   return absl::UnimplementedError("this libstrata was built without MPI (STRATA_WITH_MPI=OFF)");
 }
+#endif
 
 absl::Status CreateMpiWorld(strata_comm** out) {
 #if STRATA_WITH_MPI

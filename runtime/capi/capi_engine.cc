@@ -1,10 +1,14 @@
 // strata_engine_*: creation from a JSON config, unit registration, finalize, introspection, whole-parameter
 // gather / set, stats, checkpoints and destruction. The per-step hooks are in capi_hooks.cc.
 #include <cstddef>
+#include <filesystem>
+
+#include "nlohmann/json.hpp"
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
+#include "runtime/checkpoint/manifest.h"
 #include "runtime/engine/config.h"
 
 namespace strata::capi {
@@ -100,22 +104,8 @@ absl::Status Finalize(strata_engine* e) {
   return absl::OkStatus();
 }
 
-// Unit and parameter ids that exist (before or after finalize).
-absl::Status CheckRegistered(const strata_engine* e, int32_t unit, int32_t param) {
-  STRATA_RETURN_IF_ERROR(CheckEngine(e));
-  if (unit < 0 || unit >= e->engine->num_units()) {
-    return absl::OutOfRangeError(absl::StrCat("no unit ", unit, " (", e->engine->num_units(), " registered)"));
-  }
-  const shard::UnitLayout& l = e->engine->layout(unit);
-  if (param != -1 && (param < 0 || param >= static_cast<int>(l.params.size()))) {
-    return absl::OutOfRangeError(
-        absl::StrCat("unit '", l.name, "' has no parameter ", param, " (", l.params.size(), " registered)"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ParamInfo(const strata_engine* e, int32_t unit, int32_t param, strata_param_info* out) {
-  STRATA_RETURN_IF_ERROR(CheckRegistered(e, unit, param < 0 ? -2 : param));
+  STRATA_RETURN_IF_ERROR(CheckRegistered(e, unit, param));
   STRATA_RETURN_IF_ERROR(CheckOutput(out, STRATA_V1_SIZE(strata_param_info, weight_decay), "out"));
   const shard::ParamSlot& p = e->engine->layout(unit).params[param];
   strata_param_info info = STRATA_PARAM_INFO_INIT;
@@ -133,7 +123,7 @@ absl::Status ParamInfo(const strata_engine* e, int32_t unit, int32_t param, stra
 // Checks (unit, param, count) of a whole-parameter transfer against the layout.
 absl::Status CheckTransfer(const strata_engine* e, int32_t unit, int32_t param, const void* data, size_t count,
                            const char* what) {
-  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit, param < 0 ? INT32_MAX : param, what));
+  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit, param));
   if (data == nullptr) return NullArgument(what);
   const shard::ParamSlot& p = e->engine->layout(unit).params[param];
   if (count != p.numel) {
@@ -163,6 +153,40 @@ absl::Status GetStats(const strata_engine* e, strata_stats* out) {
   s.last_optimizer_ms = ms[3];
   s.last_other_ms = ms[4];
   WriteVersioned(s, out);
+  return absl::OkStatus();
+}
+
+// Checkpoints: between steps, with the hook-level state the engine does not see checked here too.
+absl::Status CheckBetweenSteps(const strata_engine* e) {
+  if (!e->finalized) return absl::FailedPreconditionError("called before strata_engine_finalize");
+  if (e->in_micro_batch || e->micro_batches_done > 0 || e->open_uses > 0) {
+    return absl::FailedPreconditionError("inside a step (a micro-batch or a unit is open, or micro-batches are "
+                                         "waiting for strata_engine_step); call it between steps");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SaveCheckpoint(strata_engine* e, const char* root_dir, const char* trainer_json) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+  if (root_dir == nullptr) return NullArgument("root_dir");
+  const std::string trainer = trainer_json == nullptr ? "{}" : trainer_json;
+  if (!nlohmann::json::accept(trainer)) {
+    return absl::InvalidArgumentError("trainer_json is not a JSON document");
+  }
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps(e));
+  const std::string step_dir =
+      (std::filesystem::path(root_dir) / checkpoint::StepDirName(e->engine->step())).string();
+  return e->engine->SaveCheckpoint(step_dir, trainer);
+}
+
+absl::Status LoadCheckpoint(strata_engine* e, const char* dir, const char** out_trainer_json) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+  if (dir == nullptr) return NullArgument("dir");
+  if (out_trainer_json != nullptr) *out_trainer_json = nullptr;
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps(e));
+  STRATA_ASSIGN_OR_RETURN(const std::string step_dir, checkpoint::ResolveCheckpoint(dir));
+  STRATA_ASSIGN_OR_RETURN(e->loaded_trainer_json, e->engine->LoadCheckpoint(step_dir));
+  if (out_trainer_json != nullptr) *out_trainer_json = e->loaded_trainer_json.c_str();
   return absl::OkStatus();
 }
 
@@ -199,7 +223,7 @@ strata_status strata_engine_num_units(const strata_engine* engine, int32_t* out)
 
 strata_status strata_engine_num_params(const strata_engine* engine, int32_t unit, int32_t* out) {
   return Call(__func__, [&]() -> absl::Status {
-    STRATA_RETURN_IF_ERROR(CheckRegistered(engine, unit, -1));
+    STRATA_RETURN_IF_ERROR(CheckRegistered(engine, unit, kNoParam));
     if (out == nullptr) return NullArgument("out");
     *out = static_cast<int32_t>(engine->engine->layout(unit).params.size());
     return absl::OkStatus();
@@ -233,22 +257,12 @@ strata_status strata_engine_set_param(strata_engine* engine, int32_t unit, int32
   });
 }
 
-strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* directory) {
-  return Call(__func__, [&]() -> absl::Status {
-    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
-    if (directory == nullptr) return NullArgument("directory");
-    return absl::UnimplementedError("checkpoints are not available through the C ABI yet: the engine has no "
-                                    "Save/Load API in this build");
-  });
+strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* root_dir, const char* trainer_json) {
+  return Call(__func__, [&] { return SaveCheckpoint(engine, root_dir, trainer_json); });
 }
 
-strata_status strata_engine_load_checkpoint(strata_engine* engine, const char* directory) {
-  return Call(__func__, [&]() -> absl::Status {
-    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
-    if (directory == nullptr) return NullArgument("directory");
-    return absl::UnimplementedError("checkpoints are not available through the C ABI yet: the engine has no "
-                                    "Save/Load API in this build");
-  });
+strata_status strata_engine_load_checkpoint(strata_engine* engine, const char* dir, const char** out_trainer_json) {
+  return Call(__func__, [&] { return LoadCheckpoint(engine, dir, out_trainer_json); });
 }
 
 strata_status strata_engine_get_stats(const strata_engine* engine, strata_stats* out) {

@@ -122,13 +122,19 @@ struct strata_engine {
   int open_uses = 0;           // units begun and not ended, over all units
   std::vector<strata_unit_state> units;
   strata_step_clock clock;
+  std::string loaded_trainer_json;  // from the last load_checkpoint (strata.h states its lifetime)
 };
 
 namespace strata::capi {
 
 absl::Status CheckComm(const strata_comm* c);
 absl::Status CheckEngine(const strata_engine* e);
-// After finalize, with a valid unit id (and param id when param >= 0).
-absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit, int32_t param, const char* what);
+// "No parameter to check" for the unit / parameter checks below.
+inline constexpr int32_t kNoParam = INT32_MIN;
+
+// After finalize, with a valid unit id (and param id unless kNoParam).
+absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit, int32_t param);
+// Unit (and param unless kNoParam) ids that exist, before or after finalize.
+absl::Status CheckRegistered(const strata_engine* e, int32_t unit, int32_t param);
 
 }  // namespace strata::capi

@@ -5,6 +5,7 @@
 #include "absl/strings/cord.h"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
 
 namespace strata::capi {
@@ -30,6 +31,7 @@ strata_status CodeOf(absl::StatusCode code) {
     case absl::StatusCode::kDeadlineExceeded: return STRATA_ERR_DEADLINE_EXCEEDED;
     case absl::StatusCode::kUnimplemented: return STRATA_ERR_UNIMPLEMENTED;
     case absl::StatusCode::kNotFound: return STRATA_ERR_NOT_FOUND;
+    case absl::StatusCode::kAlreadyExists: return STRATA_ERR_ALREADY_EXISTS;
     case absl::StatusCode::kDataLoss:
     case absl::StatusCode::kPermissionDenied: return STRATA_ERR_IO;
     default: return STRATA_ERR_INTERNAL;
@@ -94,22 +96,26 @@ absl::Status CheckEngine(const strata_engine* e) {
   return absl::OkStatus();
 }
 
-absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit, int32_t param, const char* what) {
-  if (absl::Status s = CheckEngine(e); !s.ok()) return s;
-  if (!e->finalized) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, "(unit ", unit, ") before strata_engine_finalize"));
-  }
+absl::Status CheckRegistered(const strata_engine* e, int32_t unit, int32_t param) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
   const int num_units = e->engine->num_units();
   if (unit < 0 || unit >= num_units) {
-    return absl::OutOfRangeError(absl::StrCat(what, ": no unit ", unit, " (", num_units, " registered)"));
+    return absl::OutOfRangeError(absl::StrCat("no unit ", unit, " (", num_units, " registered)"));
   }
-  const shard::UnitLayout& layout = e->engine->layout(unit);
-  if (param >= 0 && param >= static_cast<int>(layout.params.size())) {
-    return absl::OutOfRangeError(absl::StrCat(what, ": unit '", layout.name, "' has no parameter ", param, " (",
-                                              layout.params.size(), " registered)"));
+  const shard::UnitLayout& l = e->engine->layout(unit);
+  if (param != kNoParam && (param < 0 || param >= static_cast<int>(l.params.size()))) {
+    return absl::OutOfRangeError(
+        absl::StrCat("unit '", l.name, "' has no parameter ", param, " (", l.params.size(), " registered)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit, int32_t param) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+  if (!e->finalized) {
+    return absl::FailedPreconditionError(absl::StrCat("unit ", unit, " used before strata_engine_finalize"));
+  }
+  return CheckRegistered(e, unit, param);
 }
 
 }  // namespace strata::capi
@@ -135,6 +141,7 @@ const char* strata_status_name(strata_status status) {
     case STRATA_ERR_NOT_FOUND: return "STRATA_ERR_NOT_FOUND";
     case STRATA_ERR_IO: return "STRATA_ERR_IO";
     case STRATA_ERR_INTERNAL: return "STRATA_ERR_INTERNAL";
+    case STRATA_ERR_ALREADY_EXISTS: return "STRATA_ERR_ALREADY_EXISTS";
     default: return "STRATA_ERR_UNKNOWN";
   }
 }

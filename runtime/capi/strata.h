@@ -60,7 +60,8 @@ enum strata_status_code {
   STRATA_ERR_VERSION = 7,             /* a struct's struct_size / version is not one this library understands */
   STRATA_ERR_NOT_FOUND = 8,           /* a file or directory does not exist */
   STRATA_ERR_IO = 9,                  /* reading or writing a file failed, or its contents are damaged */
-  STRATA_ERR_INTERNAL = 10            /* anything else (a foreign call failed; the message names it) */
+  STRATA_ERR_INTERNAL = 10,           /* anything else (a foreign call failed; the message names it) */
+  STRATA_ERR_ALREADY_EXISTS = 11      /* a checkpoint of that step is already complete */
 };
 
 /* The message of the most recent call on this thread that failed; "" after a call that succeeded (every
@@ -259,8 +260,8 @@ strata_status strata_engine_step(strata_engine* engine, strata_step_result* out)
 /* The loss scale the next micro-batches should use (fp16 dynamic loss scaling; 1 otherwise). */
 strata_status strata_engine_loss_scale(const strata_engine* engine, float* out);
 
-/* Collective, blocking, after finalize, outside begin/end of any unit: the full fp32 master value of one
- * parameter, `count` (= numel) floats into caller memory. For export, checksums and tests. */
+/* Collective, blocking, after finalize: the full fp32 master value of one parameter, `count` (= numel)
+ * floats into caller memory. For export, checksums and tests. */
 strata_status strata_engine_gather_param(strata_engine* engine, int32_t unit, int32_t param, float* out,
                                          size_t count);
 /* After finalize, outside micro-batches: overwrites one parameter with a full fp32 value (every rank passes
@@ -270,10 +271,23 @@ strata_status strata_engine_set_param(strata_engine* engine, int32_t unit, int32
 
 /* ---- Checkpoints ---- */
 
-/* Collective. Not implemented in this release (STRATA_ERR_UNIMPLEMENTED): the engine's checkpoint API
- * is being added; these will forward to it (a directory per step, loadable at any world size). */
-strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* directory);
-strata_status strata_engine_load_checkpoint(strata_engine* engine, const char* directory);
+/* Collective, between steps (after strata_engine_step, or before the first micro-batch). Writes the state
+ * after the last step (fp32 master weights, optimizer state, step, loss-scale state) as a sharded
+ * checkpoint into <root_dir>/step_<8-digit step> (the layout `strata train` and `strata ckpt` use): one
+ * shard file per rank, then the manifest, written last by rank 0; each file goes to a temporary name, is
+ * fsynced and renamed, so an interrupted save never publishes a partial checkpoint. `trainer_json` is
+ * the trainer's own state (data position, ...), a JSON document stored in the manifest; NULL means "{}".
+ * STRATA_ERR_ALREADY_EXISTS when that step's checkpoint is already complete. */
+strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* root_dir, const char* trainer_json);
+
+/* Collective, before training or between steps. `dir` is a step directory, or a root directory whose
+ * latest complete step is loaded. Accepts a checkpoint written at any world size and ZeRO stage (it
+ * reshards by global offsets) and verifies every checksum it reads; errors name the file and the problem
+ * (another model, param dtype or optimizer, a missing, truncated or corrupted file). Restores the
+ * parameters, optimizer state, step count and loss scale, and zeroes the gradients. *out_trainer_json
+ * (may be NULL) receives the trainer state saved with it: a string owned by the engine, valid until the
+ * next load or the engine's destruction. */
+strata_status strata_engine_load_checkpoint(strata_engine* engine, const char* dir, const char** out_trainer_json);
 
 /* ---- Stats ---- */
 

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Checkpoints and failure handling of `strata train` under real MPI processes:
+#   resume:    same world size, stages 1-3: the loss trajectory after resuming is bitwise identical;
+#   reshard:   saved at 4 ranks, resumed at 2 and at 1; saved at 1, resumed at 4: the final weights match
+#              the uninterrupted run within fp32 tolerance (per-tensor relative L2 <= 1e-5);
+#   tools:     ckpt inspect --verify passes, then fails naming the range after a flipped byte; ckpt export
+#              writes HF-named weights that --init-from loads;
+#   failures:  one rank killed (SIGKILL) or stopped (SIGSTOP) mid-run makes every rank exit non-zero
+#              within the bound; SIGTERM stops the job cleanly at a step boundary with no partial checkpoint.
+# usage: resilience.sh MPIRUN STRATA [section]
+set -uo pipefail
+mpirun=$1 strata=$2 only=${3:-all}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
+fails=0 runs=0
+check() {
+  runs=$((runs + 1))
+  if [ "$2" -eq 0 ]; then echo "ok    $1"; else echo "FAIL  $1"; echo "$3" | tail -8; fails=$((fails + 1)); fi
+}
+small=(--layers 2 --d-model 64 --heads 4 --seq-len 32 --lr 1e-3 --seed 5 --print-every 1000)
+exclude="h.0.attn.c_attn.bias[64:128],h.1.attn.c_attn.bias[64:128]"
+same_losses() {  # same_losses A.jsonl B.jsonl FIRST_STEP: B's steps equal A's from FIRST_STEP on, bit for bit
+  python3 - "$@" <<'PY'
+import json, sys
+a = {r["step"]: r for r in map(json.loads, open(sys.argv[1]))}
+b = [json.loads(l) for l in open(sys.argv[2])]
+bad = [r["step"] for r in b if (r["loss"], r["grad_norm"]) != (a[r["step"]]["loss"], a[r["step"]]["grad_norm"])]
+ok = b and b[0]["step"] == int(sys.argv[3]) + 1 and not bad
+print("identical" if ok else f"differ at steps {bad} (first resumed step {b[0]['step'] if b else None})")
+sys.exit(0 if ok else 1)
+PY
+}
+
+if [ "$only" = all ] || [ "$only" = resume ]; then
+  for stage in 1 2 3; do
+    d="$work/r$stage"
+    "$mpirun" -n 2 "$strata" train "${small[@]}" --stage $stage --steps 10 --micro-batch 2 --metrics "$d.full.jsonl" > /dev/null 2>&1
+    "$mpirun" -n 2 "$strata" train "${small[@]}" --stage $stage --steps 5 --micro-batch 2 --checkpoint-dir "$d" > /dev/null 2>&1
+    out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --stage $stage --steps 10 --micro-batch 2 --resume "$d" \
+          --metrics "$d.resumed.jsonl" 2>&1) && out=$(same_losses "$d.full.jsonl" "$d.resumed.jsonl" 5)
+    rc=$?
+    check "stage $stage: resumed at step 5, losses of steps 6-10 $out" $rc "$out"
+  done
+fi
+
+if [ "$only" = all ] || [ "$only" = reshard ]; then
+  # Global batch 8 at every world size: micro-batch 8 / world.
+  "$mpirun" -n 4 "$strata" train "${small[@]}" --steps 12 --micro-batch 2 --save-weights "$work/full4.safetensors" > /dev/null 2>&1
+  "$mpirun" -n 4 "$strata" train "${small[@]}" --steps 4 --micro-batch 2 --checkpoint-dir "$work/c4" > /dev/null 2>&1
+  "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --micro-batch 4 --stage 2 --resume "$work/c4" \
+    --checkpoint-dir "$work/c2" > /dev/null 2>&1
+  out=$("$mpirun" -n 1 "$strata" train "${small[@]}" --steps 12 --micro-batch 8 --stage 0 --resume "$work/c2" \
+        --save-weights "$work/via421.safetensors" 2>&1) &&
+    out=$("$strata" compare "$work/via421.safetensors" "$work/full4.safetensors" --per-tensor --rtol 1e-5 --exclude "$exclude")
+  rc=$?
+  check "4 -> 2 -> 1 ranks: $(grep compare: <<<"$out")" $rc "$out"
+  "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 12 --micro-batch 8 --save-weights "$work/full1.safetensors" > /dev/null 2>&1
+  "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 6 --micro-batch 8 --checkpoint-dir "$work/c1" > /dev/null 2>&1
+  out=$("$mpirun" -n 4 "$strata" train "${small[@]}" --steps 12 --micro-batch 2 --resume "$work/c1" \
+        --save-weights "$work/via14.safetensors" 2>&1) &&
+    out=$("$strata" compare "$work/via14.safetensors" "$work/full1.safetensors" --per-tensor --rtol 1e-5 --exclude "$exclude")
+  rc=$?
+  check "1 -> 4 ranks: $(grep compare: <<<"$out")" $rc "$out"
+fi
+
+if [ "$only" = all ] || [ "$only" = tools ]; then
+  "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 6 --micro-batch 2 --checkpoint-dir "$work/t" \
+    --checkpoint-every 2 --keep-last 2 > /dev/null 2>&1
+  n=$(ls -d "$work"/t/step_* | wc -l)
+  [ "$n" -eq 2 ] && [ -d "$work/t/step_00000006" ] && [ -d "$work/t/step_00000004" ]
+  check "--keep-last 2 keeps the two newest of 3 checkpoints ($n left)" $? "$(ls "$work/t")"
+  out=$("$strata" ckpt inspect "$work/t" --verify 2>&1)
+  grep -q "verify: ok" <<<"$out"; check "ckpt inspect --verify on a good checkpoint" $? "$out"
+  out=$("$strata" ckpt export "$work/t" -o "$work/t.safetensors" 2>&1) &&
+    out=$("$mpirun" -n 1 "$strata" train "${small[@]}" --steps 1 --micro-batch 2 --init-from "$work/t.safetensors" 2>&1)
+  check "ckpt export writes HF-named weights that --init-from loads" $? "$out"
+  python3 - "$work/t/step_00000006/shard_00001.bin" <<'PY'
+import os, sys
+p = sys.argv[1]; f = open(p, "r+b"); f.seek(os.path.getsize(p) - 9); b = f.read(1); f.seek(-1, 1)
+f.write(bytes([b[0] ^ 0xff])); f.close()
+PY
+  out=$("$strata" ckpt inspect "$work/t" --verify 2>&1); rc=$?
+  [ $rc -ne 0 ] && grep -q "fails its checksum" <<<"$out"; check "a flipped byte fails --verify naming the range" $? "$out"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --micro-batch 2 --resume "$work/t" 2>&1); rc=$?
+  [ $rc -ne 0 ] && grep -q "fails its checksum" <<<"$out"; check "resuming from the corrupted checkpoint is an error" $? "$out"
+fi
+
+rank_pid() {  # rank_pid MPIRUN_PID RANK
+  for p in $(pgrep -P "$1"); do
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$p"; return; fi
+  done
+}
+start_job() {  # start_job NAME EXTRA...: a long 2-rank run in the background, waiting for its 3rd step
+  local name=$1; shift
+  "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 100000 --micro-batch 2 --collective-timeout 3 \
+    --metrics "$work/$name.jsonl" "$@" > "$work/$name.log" 2>&1 &
+  job=$!
+  for _ in $(seq 200); do [ -s "$work/$name.jsonl" ] && [ "$(wc -l < "$work/$name.jsonl")" -ge 3 ] && break; sleep 0.1; done
+}
+finish_job() {  # waits for the job (at most 60 s), sets rc and elapsed
+  local t0=$(date +%s.%N)
+  for _ in $(seq 600); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$job" 2>/dev/null; then kill -9 "$job"; rc=124; else wait "$job"; rc=$?; fi
+  elapsed=$(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$t0" "$(date +%s.%N)")
+}
+
+if [ "$only" = all ] || [ "$only" = failures ]; then
+  start_job kill
+  kill -9 "$(rank_pid $job 1)"
+  finish_job
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 20 else 1)" "$elapsed"
+  check "rank 1 killed: the job exits non-zero ($rc) in ${elapsed}s" $? "$(tail -5 "$work/kill.log")"
+  start_job stop
+  pid=$(rank_pid $job 1)
+  kill -STOP "$pid"
+  finish_job
+  kill -9 "$pid" 2>/dev/null
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank(s) 1 did not respond" "$work/stop.log" &&
+    python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 20 else 1)" "$elapsed"
+  check "rank 1 stopped (SIGSTOP): named, the job exits non-zero ($rc) in ${elapsed}s (timeout 3 s)" $? "$(tail -5 "$work/stop.log")"
+  start_job term --checkpoint-dir "$work/term" --checkpoint-every 1
+  kill -TERM "$job"
+  finish_job
+  incomplete=$(for d in "$work"/term/step_*; do [ -f "$d/manifest.json" ] || echo "$d"; done)
+  # The ranks exit 143 (128 + SIGTERM); mpirun reports that as its own non-zero code.
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -z "$incomplete" ] && grep -q "stopped by signal" "$work/term.log"
+  check "SIGTERM: clean stop (exit $rc) in ${elapsed}s, every step directory complete" $? "$(tail -5 "$work/term.log"); incomplete: $incomplete"
+fi
+
+echo "$((runs - fails)) passed, $fails failed"
+[ "$fails" -eq 0 ]
