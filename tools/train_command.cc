@@ -23,6 +23,8 @@
 #include "runtime/device/host_device.h"
 #include "tools/commands.h"
 #include "tools/model_flags.h"
+#include "tools/step_diagnostics.h"
+#include "tools/trace.h"
 #include "tools/train_options.h"
 
 namespace strata::tools {
@@ -90,6 +92,7 @@ struct StepLog {
   double loss, lr, tokens_per_s, step_ms, grad_norm, data_wait_ms;
   float loss_scale;
   bool skipped;
+  const engine::StepResult* r;
 };
 
 // JSON has no NaN or Infinity: non-finite values are written as null.
@@ -123,9 +126,10 @@ void Report(const TrainOptions& o, const StepLog& l, const engine::MemoryStats& 
   if (metrics != nullptr && metrics->is_open()) {
     *metrics << absl::StrFormat(
         "{\"step\":%d,\"loss\":%s,\"lr\":%.6g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"grad_norm\":%s,"
-        "\"loss_scale\":%g,\"skipped\":%s,\"data_wait_ms\":%.3f,\"peak_bytes\":%s}\n",
+        "\"loss_scale\":%g,\"skipped\":%s,\"data_wait_ms\":%.3f,\"compute_ms\":%.3f,\"exposed_comm_ms\":%.3f,"
+        "\"exposed_io_ms\":%.3f,\"optimizer_ms\":%.3f,\"peak_bytes\":%s}\n",
         l.step, Num(l.loss), l.lr, l.tokens_per_s, l.step_ms, Num(l.grad_norm), l.loss_scale, l.skipped ? "true" : "false",
-        l.data_wait_ms, PeakJson(mem));
+        l.data_wait_ms, l.r->compute_ms, l.r->exposed_comm_ms, l.r->exposed_io_ms, l.r->optimizer_ms, PeakJson(mem));
     metrics->flush();
   }
 }
@@ -165,6 +169,11 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
   gpt::Loader loader(&tokens, std::move(sampler), o.model.seq_len, global_batch, micro, accum, n, rank, first_step);
   loader.set_delay_us(o.loader_delay_us);
   STRATA_ASSIGN_OR_RETURN(auto metrics_stream, dev.CreateStream("metrics"));
+  std::vector<std::string> unit_names;
+  for (int u = 0; u < e->num_units(); ++u) unit_names.push_back(e->layout(u).name);
+  TraceRecorder trace(rank, unit_names);
+  e->timeline().SetEnabled(!o.trace.empty());
+  StepDiagnostics diagnostics(DiagnosticThresholds{std::max(1, o.diagnostics_window)});
   const auto run_start = std::chrono::steady_clock::now();
   double tokens_total = 0, last_loss = 0;
   std::signal(SIGINT, OnStopSignal);
@@ -174,7 +183,9 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
     const double wait0 = loader.wait_seconds();
     double loss = 0;
     for (int a = 0; a < accum; ++a) {
+      const int64_t wait_start = device::NowNs();
       gpt::Batch b = loader.Next();
+      if (!o.trace.empty()) trace.Add(device::Span{"data", "data_wait", -1, wait_start, device::NowNs()});
       const bool inject = step == o.inject_nonfinite_step && rank == o.inject_nonfinite_rank && a == 0;
       const float scale = inject ? NAN : e->loss_scale();
       STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
@@ -190,12 +201,23 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
         world.AllReduce(shared, shared, 2, DType::kF32, comm::ReduceOp::kSum, *metrics_stream).Wait());
     const float mean_loss = shared[0];
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wait_ms = (loader.wait_seconds() - wait0) * 1e3;
+    if (!o.trace.empty()) {
+      trace.AddAll(e->timeline().Take());
+      trace.Memory(device::NowNs(), e->memory_stats());
+    }
+    if (o.diagnostics_window > 0 && rank == 0) {
+      auto msg = diagnostics.Observe(StepTimes{secs * 1e3, wait_ms, r.exposed_comm_ms, r.exposed_io_ms});
+      if (msg) {
+        STRATA_LOG(Warning) << *msg;
+      }
+    }
     tokens_total += double(global_batch) * o.model.seq_len;
     last_loss = mean_loss;
     if (rank == 0) {
       const bool print = step % o.print_every == 0 || step + 1 == o.steps || r.skipped;
       Report(o, StepLog{step + 1, mean_loss, r.lr, double(global_batch) * o.model.seq_len / secs, secs * 1e3,
-                        r.grad_norm, (loader.wait_seconds() - wait0) * 1e3, r.loss_scale, r.skipped},
+                        r.grad_norm, wait_ms, r.loss_scale, r.skipped, &r},
              e->memory_stats(), print, &metrics);
     }
     if (shared[1] > 0) {
@@ -209,6 +231,10 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  if (!o.trace.empty()) {
+    STRATA_RETURN_IF_ERROR(WriteTrace(world, *metrics_stream, trace, o.trace));
+    if (rank == 0) std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
+  }
   if (rank == 0) {
     std::printf("done: %lld steps in %.1f s, final loss %.4f, %.0f tok/s on average, peak %s\n",
                 static_cast<long long>(o.steps), total, last_loss, tokens_total / total,

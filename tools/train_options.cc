@@ -129,6 +129,8 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"save-weights", false, "write consolidated weights at the end (.safetensors)"},
       {"metrics", false, "JSON lines, one per step"},
       {"print-every", false, "progress line every N steps (default 1)"},
+      {"trace", false, "write a Chrome trace (chrome://tracing, Perfetto) of every rank and stream"},
+      {"diagnostics-window", false, "steps over which bottleneck diagnostics are judged (default 20; 0 = off)"},
       {"checkpoint-dir", false, "write sharded checkpoints under this directory (step_NNNNNNNN/)"},
       {"checkpoint-every", false, "steps between checkpoints (default: only at the end)"},
       {"keep-last", false, "complete checkpoints to keep (default: all)"},
@@ -171,6 +173,10 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   o.metrics = f.Str("metrics");
   o.checkpointing = f.Bool("activation-checkpointing");
   o.checkpoint_dir = f.Str("checkpoint-dir");
+  o.trace = f.Str("trace");
+  STRATA_ASSIGN_OR_RETURN(int64_t window, f.Int("diagnostics-window", 20));
+  if (window < 0 || window > 100000) return absl::InvalidArgumentError("--diagnostics-window must be in [0, 100000]");
+  o.diagnostics_window = static_cast<int>(window);
   o.resume = f.Str("resume");
   STRATA_ASSIGN_OR_RETURN(o.checkpoint_every, f.Int("checkpoint-every", 0));
   STRATA_ASSIGN_OR_RETURN(o.keep_last, f.Int("keep-last", 0));

@@ -20,6 +20,8 @@ struct TrainOptions {
   gpt::DataOrder order = gpt::DataOrder::kShuffled;
   std::string init_from, save_weights, metrics;
   std::string checkpoint_dir, resume;
+  std::string trace;             // Chrome trace output
+  int diagnostics_window = 20;   // steps; 0 = diagnostics off
   int64_t checkpoint_every = 0;  // steps; 0 = only at the end when --checkpoint-dir is set
   int64_t keep_last = 0;         // complete checkpoints kept; 0 = all
   bool checkpointing = false;

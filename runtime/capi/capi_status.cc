@@ -1,5 +1,6 @@
 // Status codes, the per-thread last-error message, versions, versioned-struct header checks and the
 // handle checks shared by every entry point of the C ABI.
+#include <cstring>
 #include <string>
 
 #include "absl/strings/cord.h"
@@ -14,11 +15,25 @@ namespace {
 // Marks a status as a versioned-struct error (STRATA_ERR_VERSION has no absl code of its own).
 constexpr absl::string_view kVersionPayload = "strata.capi/version";
 
-// The message of the last failed call on this thread. thread_local, not a shared global: each thread
-// (each in-process rank, each host thread) sees only its own calls.
-std::string& LastError() {
-  thread_local std::string message;
+// The message of the last failed call on this thread: thread_local, so each thread (each in-process
+// rank, each host thread) sees only its own calls. A fixed buffer, so the pointer strata_last_error()
+// returns never dangles, even when read before the call whose error it reports (an unspecified order of
+// evaluation of printf's arguments); longer messages are truncated.
+constexpr size_t kMaxMessage = 4096;
+char* LastError() {
+  thread_local char message[kMaxMessage] = "";
   return message;
+}
+
+void SetLastError(absl::string_view text) {
+  char* m = LastError();
+  if (text.size() >= kMaxMessage) {
+    std::memcpy(m, text.data(), kMaxMessage - 5);
+    std::memcpy(m + kMaxMessage - 5, "...", 4);
+    return;
+  }
+  std::memcpy(m, text.data(), text.size());
+  m[text.size()] = '\0';
 }
 
 strata_status CodeOf(absl::StatusCode code) {
@@ -42,10 +57,10 @@ strata_status CodeOf(absl::StatusCode code) {
 
 strata_status Record(const char* fn, const absl::Status& s) {
   if (s.ok()) {
-    LastError().clear();
+    LastError()[0] = '\0';
     return STRATA_OK;
   }
-  LastError() = absl::StrCat(fn, ": ", s.message());
+  SetLastError(absl::StrCat(fn, ": ", s.message()));
   return s.GetPayload(kVersionPayload).has_value() ? STRATA_ERR_VERSION : CodeOf(s.code());
 }
 
@@ -122,7 +137,7 @@ absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit, int32_t pa
 
 extern "C" {
 
-const char* strata_last_error(void) { return strata::capi::LastError().c_str(); }
+const char* strata_last_error(void) { return strata::capi::LastError(); }
 
 uint32_t strata_abi_version(void) { return STRATA_ABI_VERSION; }
 

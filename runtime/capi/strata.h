@@ -64,9 +64,9 @@ enum strata_status_code {
   STRATA_ERR_ALREADY_EXISTS = 11      /* a checkpoint of that step is already complete */
 };
 
-/* The message of the most recent call on this thread that failed; "" after a call that succeeded (every
- * strata_* function except the four below clears or sets it). The pointer stays valid until the next
- * strata_* call on this thread. Never NULL. */
+/* The message of the most recent strata_* call on this thread: "" when it succeeded (every function
+ * except the four below sets or clears it). Never NULL; the pointer is the same for the thread's whole
+ * life and its contents change with each call (messages beyond 4 KiB are truncated). */
 const char* strata_last_error(void);
 /* "STRATA_OK", "STRATA_ERR_INVALID_ARGUMENT", ...; "STRATA_ERR_UNKNOWN" for other values. Static storage. */
 const char* strata_status_name(strata_status status);

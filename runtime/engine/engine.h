@@ -51,6 +51,11 @@ struct StepResult {
   float clip_coef = 1;
   double lr = 0;
   float loss_scale = 1;    // the scale the next micro-batches should use (fp16), after this step's update
+  // Where this step's time went, from the engine's view (since the previous Step() returned):
+  double compute_ms = 0;        // between Begin* and End* of units (the trainer's compute)
+  double exposed_comm_ms = 0;   // the trainer's thread waiting on collectives (gathers, reductions, step)
+  double exposed_io_ms = 0;     // the trainer's thread waiting on offload I/O
+  double optimizer_ms = 0;      // the update itself (norm, clip, optimizer, casts)
 };
 
 struct MemoryStats {

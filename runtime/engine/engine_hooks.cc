@@ -69,7 +69,7 @@ absl::Status Engine::Impl::EnsureGathered(int unit) {
   if (cfg.stage != 3) return absl::OkStatus();
   UnitState& u = units[unit];
   if (u.param_slot < 0) STRATA_RETURN_IF_ERROR(IssueGather(unit, /*demand=*/true));
-  return u.gather.Wait();
+  return TimedWait([&] { return u.gather.Wait(); });
 }
 
 void Engine::Impl::Prefetch(int current) {
@@ -205,7 +205,9 @@ absl::Status Engine::EndForward(int unit) {
     return absl::FailedPreconditionError(absl::StrCat("EndForward('", u.layout.name, "') without BeginForward"));
   }
   --u.active;
-  m.timeline.Add(device::Span{"compute", "forward", unit, u.compute_start_ns, device::NowNs()});
+  const int64_t now = device::NowNs();
+  m.compute_ns += now - u.compute_start_ns;
+  m.timeline.Add(device::Span{"compute", "forward", unit, u.compute_start_ns, now});
   if (m.cfg.reshard_after_forward || !m.in_micro_batch) m.ReleaseParams(unit);
   return absl::OkStatus();
 }
@@ -242,7 +244,9 @@ absl::Status Engine::EndBackward(int unit) {
     return absl::FailedPreconditionError(absl::StrCat("EndBackward('", u.layout.name, "') without BeginBackward"));
   }
   --u.active;
-  m.timeline.Add(device::Span{"compute", "backward", unit, u.compute_start_ns, device::NowNs()});
+  const int64_t now = device::NowNs();
+  m.compute_ns += now - u.compute_start_ns;
+  m.timeline.Add(device::Span{"compute", "backward", unit, u.compute_start_ns, now});
   const bool last_use = u.backward_uses == u.forward_uses;
   if (last_use && (m.cfg.stage >= 2 || m.last_micro_batch())) STRATA_RETURN_IF_ERROR(Guard(m, m.ReduceGrads(unit)));
   m.ReleaseParams(unit);

@@ -61,6 +61,16 @@ struct Engine::Impl {
   float loss_scale = 1;   // fp16 dynamic loss scale
   int clean_steps = 0;    // since the last overflow or growth
   std::string failed;   // set after a failed hook: the engine refuses further hooks
+  // Time accounting of the current step (reset when Step() returns), in ns.
+  int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
+  // Runs `wait` on the trainer's thread and charges its duration to exposed communication.
+  template <typename F>
+  absl::Status TimedWait(F&& wait) {
+    const int64_t t0 = device::NowNs();
+    absl::Status s = wait();
+    exposed_comm_ns += device::NowNs() - t0;
+    return s;
+  }
 
   int rank() const { return world->rank(); }
   int world_size() const { return world->size(); }

@@ -36,7 +36,7 @@ absl::Status Engine::Impl::ReplicateParams() {
     works.push_back(step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
                                          cfg.param_dtype, *step_stream));
   }
-  for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(w.Wait());
+  for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(TimedWait([&] { return w.Wait(); }));
   return absl::OkStatus();
 }
 
@@ -46,7 +46,9 @@ absl::Status Engine::Impl::ZeroGrads() {
 }
 
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
-  STRATA_RETURN_IF_ERROR(Annotate(reduce_stream->Synchronize(), "gradient reduction"));
+  STRATA_RETURN_IF_ERROR(TimedWait([&] { return Annotate(reduce_stream->Synchronize(), "gradient reduction"); }));
+  const int64_t update_start = device::NowNs();
+  int64_t waited_in_update = exposed_comm_ns;
   const float inv = 1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * loss_scale);
   double local_sq = 0;
   for (UnitState& u : units) {
@@ -56,8 +58,9 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   }
   float total_sq = static_cast<float>(local_sq);
   if (cfg.stage != 0) {  // stage 0 holds the full, already averaged gradient on every rank
-    STRATA_RETURN_IF_ERROR(
-        step_comm->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *step_stream).Wait());
+    STRATA_RETURN_IF_ERROR(TimedWait([&] {
+      return step_comm->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *step_stream).Wait();
+    }));
   }
   StepResult r;
   r.grad_norm = std::sqrt(static_cast<double>(total_sq));
@@ -84,6 +87,9 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   }
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
+  const int64_t update_end = device::NowNs();
+  r.optimizer_ms = 1e-6 * double(update_end - update_start - (exposed_comm_ns - waited_in_update));
+  timeline.Add(device::Span{"step", "optimizer", -1, update_start, update_end});
   if (cfg.fp16.enabled && cfg.fp16.static_loss_scale <= 0 && ++clean_steps >= cfg.fp16.loss_scale_window) {
     loss_scale *= 2;
     clean_steps = 0;
@@ -104,6 +110,12 @@ absl::StatusOr<StepResult> Engine::Step() {
   auto r = m.RunStep();
   if (!r.ok() && m.failed.empty()) m.failed = std::string(r.status().message());
   m.micro_batch = 0;
+  if (r.ok()) {
+    r->compute_ms = 1e-6 * double(m.compute_ns);
+    r->exposed_comm_ms = 1e-6 * double(m.exposed_comm_ns);
+    r->exposed_io_ms = 1e-6 * double(m.exposed_io_ns);
+  }
+  m.compute_ns = m.exposed_comm_ns = m.exposed_io_ns = 0;
   return r;
 }
 
