@@ -43,6 +43,10 @@ std::optional<int> LauncherWorldSize() {
   return FirstInt({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE"});
 }
 
+TorchrunVars Torchrun() {
+  return TorchrunVars{Get("RANK"), Get("WORLD_SIZE"), Get("LOCAL_RANK"), Get("MASTER_ADDR"), Get("MASTER_PORT")};
+}
+
 std::string LogLevel() { return Get("STRATA_LOG_LEVEL").value_or("info"); }
 
 std::string ForcedCpuIsa() { return Get("STRATA_CPU_ISA").value_or(""); }
@@ -50,5 +54,7 @@ std::string ForcedCpuIsa() { return Get("STRATA_CPU_ISA").value_or(""); }
 std::string ExecutableSearchPath() { return Get("PATH").value_or(""); }
 
 std::optional<std::string> CudaVisibleDevices() { return Get("CUDA_VISIBLE_DEVICES"); }
+
+std::string ForcedIoBackend() { return Get("STRATA_IO_BACKEND").value_or(""); }
 
 }  // namespace strata::env

@@ -21,6 +21,13 @@ absl::StatusOr<long long> GetInt(absl::string_view name, long long fallback);
 std::optional<int> LauncherRank();
 std::optional<int> LauncherWorldSize();
 
+// torchrun-style launch variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (raw text,
+// nullopt when unset); parsed and validated by comm::ParseTorchrunEnv.
+struct TorchrunVars {
+  std::optional<std::string> rank, world_size, local_rank, master_addr, master_port;
+};
+TorchrunVars Torchrun();
+
 // STRATA_LOG_LEVEL: debug|info|warning|error (default info).
 std::string LogLevel();
 
@@ -32,5 +39,9 @@ std::string ExecutableSearchPath();
 
 // CUDA_VISIBLE_DEVICES as set (may be empty: no GPU visible to CUDA); nullopt when unset.
 std::optional<std::string> CudaVisibleDevices();
+
+// STRATA_IO_BACKEND: force the offload I/O back-end when the caller asked for "auto" (uring|threads);
+// empty when unset. offload/io_queue.h validates the value.
+std::string ForcedIoBackend();
 
 }  // namespace strata::env
