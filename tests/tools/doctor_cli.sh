@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# `strata doctor` as a user runs it, on this machine:
+#   --json prints one valid JSON object and exits 0; without an NVIDIA driver it says there is no GPU
+#   (a warn, never a fail); the table has its header; --nvme-path measures a directory and leaves it
+#   empty; a missing path fails naming the call (exit 1); a misspelt flag names the nearest one (exit 2);
+#   a config that offloads the optimizer under a 1 MiB locked-memory limit fails the memlock check;
+#   with FAKE_NVML_DIR's stand-in libnvidia-ml.so.1 (4 GPUs over two sockets, one throttled, one link at
+#   x8) the GPU checks read it through dlopen and flag exactly those.
+# usage: doctor_cli.sh STRATA [FAKE_NVML_DIR]
+set -uo pipefail
+strata=$1 fake_nvml=${2:-}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+check() {  # check NAME CONDITION-STATUS OUTPUT
+  if [ "$2" -eq 0 ]; then echo "ok    $1"; else echo "FAIL  $1"; echo "$3" | tail -20; fails=$((fails + 1)); fi
+}
+py() { python3 -c "$1" "$work/out.json"; }
+
+"$strata" doctor --json > "$work/out.json" 2> "$work/err"; rc=$?
+py 'import json,sys; json.load(open(sys.argv[1]))'; valid=$?
+[ $rc -eq 0 ] && [ $valid -eq 0 ]; check "doctor --json: exit 0 ($rc), valid JSON" $? "$(cat "$work/out.json" "$work/err")"
+if [ ! -e /dev/nvidiactl ]; then
+  py '
+import json, sys
+d = json.load(open(sys.argv[1]))
+g = [c for c in d["checks"] if c["name"] == "gpus"][0]
+assert d["facts"]["gpu_count"] == 0 and d["facts"]["gpus"] == [] and not d["facts"]["nvml"]["loaded"], d["facts"]
+assert g["verdict"] == "warn" and "no GPU" in g["detail"], g
+assert all(c["verdict"] != "fail" for c in d["checks"]), d["checks"]
+assert d["facts"]["cpu_cores"] >= 1 and d["facts"]["host_ram_bytes"] > 0
+'
+  check "no driver: reports no GPU as a warning, nothing fails" $? "$(cat "$work/out.json")"
+fi
+
+out=$("$strata" doctor 2>&1); rc=$?
+grep -q "^check .*verdict  detail" <<<"$out" && grep -q "^gpus " <<<"$out" && grep -q " ok$" <<<"$out"
+check "doctor (table): exit 0 ($rc), header, rows, summary" $(( rc | $? )) "$out"
+
+mkdir -p "$work/disk"
+"$strata" doctor --json --nvme-path "$work/disk" --nvme-test-size 16MiB > "$work/out.json"; rc=$?
+py '
+import json, sys
+d = json.load(open(sys.argv[1]))
+n = [c for c in d["checks"] if c["name"] == "nvme"][0]
+assert n["verdict"] != "fail" and d["facts"]["nvme"]["test_bytes"] == 16 << 20, (n, d["facts"]["nvme"])
+assert d["facts"]["nvme"]["read_bytes_per_s"] > 0 and d["facts"]["nvme"]["write_bytes_per_s"] > 0
+'
+ok=$?; [ -z "$(ls -A "$work/disk")" ]; empty=$?
+check "--nvme-path: measured, directory left empty (exit $rc)" $(( rc | ok | empty )) "$(cat "$work/out.json")"
+
+"$strata" doctor --json --nvme-path /nonexistent/strata > "$work/out.json"; rc=$?
+py '
+import json, sys
+d = json.load(open(sys.argv[1]))
+n = [c for c in d["checks"] if c["name"] == "nvme"][0]
+assert n["verdict"] == "fail" and "statvfs" in n["detail"], n
+'
+ok=$?; [ $rc -eq 1 ]; check "--nvme-path missing: nvme fails naming statvfs, exit 1 ($rc)" $(( ok | $? )) "$(cat "$work/out.json")"
+
+out=$("$strata" doctor --nvme-pth x 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "did you mean --nvme-path" <<<"$out"
+check "misspelt flag: exit 2 ($rc), nearest flag named" $? "$out"
+
+echo '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$work/cfg.json"
+(ulimit -l 1024 && "$strata" doctor --json --config "$work/cfg.json" --model gpt2 --ranks 2 > "$work/out.json"); rc=$?
+py '
+import json, sys
+d = json.load(open(sys.argv[1]))
+m = [c for c in d["checks"] if c["name"] == "memlock"][0]
+p = d["facts"]["pinned"]
+assert m["verdict"] == "fail" and p["offloaded"] and p["bytes_per_rank"] > 1 << 20, (m, p)
+assert d["verdict"] == "fail"
+'
+ok=$?; [ $rc -eq 1 ]; check "optimizer offload under a 1 MiB memlock limit: memlock fails, exit 1 ($rc)" $(( ok | $? )) "$(cat "$work/out.json")"
+
+out=$("$strata" doctor --json --config "$work/cfg.json" --stage 0 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "offload_optimizer" <<<"$out"
+check "an invalid config is a usage error naming the key (exit $rc)" $? "$out"
+
+if [ -n "$fake_nvml" ]; then
+  LD_LIBRARY_PATH="$fake_nvml${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$strata" doctor --json > "$work/out.json"; rc=$?
+  RC=$rc py '
+import json, os, sys
+d = json.load(open(sys.argv[1]))
+c = {x["name"]: x for x in d["checks"]}
+f = d["facts"]
+assert f["nvml"]["loaded"] and f["gpu_count"] == 4, f["nvml"]
+assert f["topology"][0][1] == 10 and f["topology"][0][2] == 50 and f["nvlink"][0][1] is False, f["topology"]
+assert c["gpus"]["verdict"] == "ok" and "4 x NVIDIA H100 80GB HBM3" in c["gpus"]["detail"], c["gpus"]
+assert c["interconnect"]["verdict"] == "warn" and "0-2 0-3 1-2 1-3 cross the CPU socket" in c["interconnect"]["detail"], c["interconnect"]
+assert c["pcie"]["verdict"] == "warn" and "GPU 3 runs x8 of x16" in c["pcie"]["detail"], c["pcie"]
+assert c["clocks"]["verdict"] == "warn" and "GPU 2 hw_thermal" in c["clocks"]["detail"], c["clocks"]
+assert "driver 550.54.15 (CUDA 12.4)" in c["versions"]["detail"], c["versions"]
+assert (int(os.environ["RC"]) == 1) == (d["verdict"] == "fail"), (os.environ["RC"], d["verdict"])
+'
+  check "fake NVML: 4 GPUs read through dlopen, cross-socket pairs / x8 link / thermal throttle flagged (exit $rc)" $? \
+    "$(cat "$work/out.json")"
+fi
+
+[ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }

@@ -1,0 +1,114 @@
+// `strata doctor`: the recorded facts about a machine, and the verdict types.
+//
+// The doctor is split in two so that its judgement can be tested without the hardware it judges:
+// probing (doctor_probe_*.cc: NVML, dlopen'd CUDA / NCCL, syscalls, a disk test) fills a DoctorFacts,
+// and pure functions (doctor_checks.h) turn the facts into verdicts. Every field here is plain data
+// that a test can write by hand; a field the probe could not read keeps its "unknown" value (0, "",
+// -1) and the checks say so instead of guessing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata::tools::doctor {
+
+enum class Verdict { kOk, kWarn, kFail };
+const char* VerdictName(Verdict v);  // "ok", "warn", "fail"
+
+// NVML's nvmlGpuTopologyLevel_t values (nvml.h), kept numerically so a matrix copied from
+// `nvidia-smi topo -m` or NVML reads the same. Only kSystem crosses the CPU socket interconnect.
+enum TopologyLevel : int {
+  kTopoUnknown = -1,
+  kTopoInternal = 0,     // same board (multi-GPU card)
+  kTopoSingle = 10,      // one PCIe switch
+  kTopoMultiple = 20,    // several PCIe switches, no host bridge
+  kTopoHostBridge = 30,  // through the CPU's PCIe host bridge
+  kTopoNode = 40,        // between host bridges of one NUMA node
+  kTopoSystem = 50,      // across the socket interconnect (QPI / UPI / Infinity Fabric)
+};
+
+// NVML clock-throttle ("clocks event") reason bits, nvmlClocksThrottleReason* in nvml.h.
+inline constexpr uint64_t kThrottleGpuIdle = 0x1;
+inline constexpr uint64_t kThrottleAppClocks = 0x2;
+inline constexpr uint64_t kThrottleSwPowerCap = 0x4;
+inline constexpr uint64_t kThrottleHwSlowdown = 0x8;
+inline constexpr uint64_t kThrottleSyncBoost = 0x10;
+inline constexpr uint64_t kThrottleSwThermal = 0x20;
+inline constexpr uint64_t kThrottleHwThermal = 0x40;
+inline constexpr uint64_t kThrottleHwPowerBrake = 0x80;
+inline constexpr uint64_t kThrottleDisplayClocks = 0x100;
+
+struct GpuFacts {
+  int index = 0;
+  std::string name;            // "NVIDIA H100 80GB HBM3"
+  uint64_t memory_bytes = 0;   // total device memory
+  int pcie_gen = -1, pcie_max_gen = -1;      // current and maximum link generation
+  int pcie_width = -1, pcie_max_width = -1;  // current and maximum lanes
+  int sm_clock_mhz = -1, sm_max_clock_mhz = -1;
+  uint64_t throttle_reasons = 0;  // kThrottle* bits
+};
+
+struct VersionFacts {
+  std::string driver;        // "550.54.15"; "" when no driver
+  int driver_cuda = 0;       // the newest CUDA the driver supports, 1000*major + 10*minor (12040 = 12.4); 0 unknown
+  int cuda_runtime = 0;      // cudaRuntimeGetVersion, same encoding; 0 = libcudart not found
+  std::string cuda_runtime_error;
+  int nccl = 0;              // ncclGetVersion: 10000*major + 100*minor + patch (>= 2.9), 1000*major + ... before
+  std::string nccl_error;
+};
+
+struct NvmeFacts {
+  std::string path;            // the directory tested; "" = not tested
+  std::string skipped_reason;  // why it was not tested ("" when it was)
+  std::string error;           // a failure of the test itself, naming the call and errno
+  bool direct_io = false;      // O_DIRECT accepted (else buffered with the page cache dropped)
+  uint64_t test_bytes = 0;     // bytes written and read back
+  double write_bytes_per_s = 0, read_bytes_per_s = 0;
+};
+
+struct MpiFacts {
+  bool built_with_mpi = false;
+  std::string library_version;  // MPI_Get_library_version's first line
+  std::string launcher_path;    // mpirun / mpiexec / srun found on PATH, "" when none
+  int launcher_world_size = 0;  // set when this process was started by a launcher (0: not)
+};
+
+// What the configuration will pin in host memory, per rank (pure estimate, see EstimatePinned).
+struct PinnedFacts {
+  bool offloaded = false;   // anything offloaded at all
+  bool pinned = false;      // pin_memory on for an offloaded kind
+  uint64_t bytes_per_rank = 0;
+  std::string breakdown;    // "optimizer state 16 B x 124M params / 8 ranks = ..."
+  bool implemented = false; // whether this build can run the offload (it refuses it today)
+};
+
+struct DoctorFacts {
+  bool nvml_loaded = false;
+  std::string nvml_error;          // why NVML could not be used ("" when loaded)
+  std::optional<std::string> cuda_visible_devices;  // CUDA_VISIBLE_DEVICES when set
+  std::vector<GpuFacts> gpus;
+  // topology[i][j]: TopologyLevel between GPU i and j; nvlink[i][j]: P2P over NVLink reported OK.
+  std::vector<std::vector<int>> topology;
+  std::vector<std::vector<bool>> nvlink;
+  VersionFacts versions;
+  int cpu_cores = 0;               // CPUs this process may run on (affinity mask)
+  uint64_t host_ram_bytes = 0;
+  uint64_t memlock_limit_bytes = 0;  // RLIMIT_MEMLOCK soft limit; kUnlimited when unlimited
+  bool io_uring_ok = false;
+  std::string io_uring_error;
+  NvmeFacts nvme;
+  MpiFacts mpi;
+  PinnedFacts pinned;
+};
+
+inline constexpr uint64_t kUnlimited = ~uint64_t{0};
+
+struct CheckResult {
+  std::string name;
+  Verdict verdict = Verdict::kOk;
+  std::string detail;  // one line
+};
+
+}  // namespace strata::tools::doctor
