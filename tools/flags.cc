@@ -74,8 +74,8 @@ absl::StatusOr<double> Flags::Double(const std::string& name, double fallback) c
 std::string Flags::Usage(const std::string& command, const std::vector<FlagDef>& defs) {
   std::string out = absl::StrCat("usage: strata ", command, " [flags]\n");
   for (const FlagDef& d : defs) {
-    absl::StrAppend(&out, "  --", d.name, d.boolean ? "" : " V", std::string(d.name.size() < 24 ? 24 - d.name.size() : 1, ' '),
-                    d.help, "\n");
+    const std::string left = absl::StrCat("--", d.name, d.boolean ? "" : " V");
+    absl::StrAppend(&out, "  ", left, std::string(left.size() < 28 ? 28 - left.size() : 1, ' '), d.help, "\n");
   }
   return out;
 }

@@ -260,6 +260,12 @@ int TrainCommand(const std::vector<std::string>& args) {
     return 1;
   }
   const int rank = (*mpi)->world_rank();
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      if (rank == 0) std::fputs(Flags::Usage("train", TrainFlagDefs()).c_str(), stdout);
+      return 0;
+    }
+  }
   auto opts = ParseTrainOptions(args, (*mpi)->world_size());
   if (!opts.ok()) {
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(opts.status().message()).c_str());

@@ -102,7 +102,9 @@ absl::StatusOr<std::string> ReadConfigText(const Flags& f) {
 }  // namespace
 
 std::vector<FlagDef> TrainFlagDefs() {
-  std::vector<FlagDef> d = ModelFlagDefs();
+  std::vector<FlagDef> d = {{"help", true, "print this list and exit"}};
+  const std::vector<FlagDef> model = ModelFlagDefs();
+  d.insert(d.end(), model.begin(), model.end());
   const std::vector<FlagDef> more = {
       {"config", false, "JSON config (DeepSpeed keys + \"strata\"); flags override it"},
       {"stage", false, "ZeRO stage 0-3 (default 3)"},
