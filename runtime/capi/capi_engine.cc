@@ -150,8 +150,9 @@ absl::Status GetStats(const strata_engine* e, strata_stats* out) {
   s.last_step_ms = ms[0];
   s.last_compute_ms = ms[1];
   s.last_exposed_comm_ms = ms[2];
-  s.last_optimizer_ms = ms[3];
-  s.last_other_ms = ms[4];
+  s.last_exposed_io_ms = ms[3];
+  s.last_optimizer_ms = ms[4];
+  s.last_other_ms = ms[5];
   WriteVersioned(s, out);
   return absl::OkStatus();
 }

@@ -1,6 +1,6 @@
 // The per-step hooks of the C ABI: micro-batches, begin / end of each unit's forward and backward use
-// (handing out the gathered parameter and gradient pointers), zero_grad, step, and the step clock behind
-// strata_stats' time split.
+// (handing out the gathered parameter and gradient pointers), zero_grad, step, and the step's wall clock
+// that completes the engine's time split in strata_stats.
 //
 // The wrapper keeps its own count of open uses per unit, on top of the engine's checks, for two reasons:
 // strata_engine_param / strata_engine_grad must refuse outside the periods the pointers are valid in, and
@@ -16,38 +16,29 @@ namespace {
 constexpr size_t kUnitBuffersV1 = offsetof(strata_unit_buffers, grads) + sizeof(void*);
 constexpr size_t kStepResultV1 = offsetof(strata_step_result, loss_scale) + sizeof(double);
 
-// Start of a timed call: the time since the previous strata call returned was the trainer's compute when
-// a unit was open (open_uses only changes inside calls).
-int64_t Enter(strata_engine& e) {
-  const int64_t now = device::NowNs();
-  if (e.clock.step_begin_ns == 0) e.clock.step_begin_ns = now;
-  if (e.open_uses > 0) e.clock.compute_ns += now - e.clock.mark_ns;
-  return now;
+// The step's wall time runs from the return of the previous step (or the first hook of the first one).
+void MarkStepStart(strata_engine& e) {
+  if (e.clock.step_begin_ns == 0) e.clock.step_begin_ns = device::NowNs();
 }
 
-void Leave(strata_engine& e, int64_t entered, int64_t* bucket) {
-  const int64_t now = device::NowNs();
-  *bucket += now - entered;
-  e.clock.mark_ns = now;
-}
-
-// Closes the step's accounting when strata_engine_step returns; the next step starts now.
-void FinishStep(strata_engine& e) {
+// Closes the step's accounting when strata_engine_step returns: the engine's own split of the step
+// (the same numbers `strata train` reports), plus the wall time and the remainder.
+void FinishStep(strata_engine& e, const engine::StepResult& r) {
   strata_step_clock& c = e.clock;
-  const int64_t wall = c.mark_ns - c.step_begin_ns;
-  const int64_t other = std::max<int64_t>(0, wall - c.compute_ns - c.hooks_ns - c.step_ns);
-  const int64_t split[5] = {wall, c.compute_ns, c.hooks_ns, c.step_ns, other};
-  for (int i = 0; i < 5; ++i) c.last_ms[i] = static_cast<double>(split[i]) * 1e-6;
-  c.step_begin_ns = c.mark_ns;
-  c.compute_ns = c.hooks_ns = c.step_ns = 0;
+  const int64_t now = device::NowNs();
+  const double wall = 1e-6 * static_cast<double>(now - c.step_begin_ns);
+  const double other = wall - r.compute_ms - r.exposed_comm_ms - r.exposed_io_ms - r.optimizer_ms;
+  const double split[6] = {wall, r.compute_ms, r.exposed_comm_ms, r.exposed_io_ms, r.optimizer_ms,
+                           std::max(0.0, other)};
+  std::copy(split, split + 6, c.last_ms);
+  c.step_begin_ns = now;
 }
 
 absl::Status MicroBatch(strata_engine* e, bool begin) {
   STRATA_RETURN_IF_ERROR(CheckEngine(e));
   if (!e->finalized) return absl::FailedPreconditionError("called before strata_engine_finalize");
-  const int64_t t = Enter(*e);
+  MarkStepStart(*e);
   const absl::Status s = begin ? e->engine->BeginMicroBatch() : e->engine->EndMicroBatch();
-  Leave(*e, t, &e->clock.hooks_ns);
   STRATA_RETURN_IF_ERROR(s);
   e->in_micro_batch = begin;
   if (!begin) ++e->micro_batches_done;
@@ -57,9 +48,8 @@ absl::Status MicroBatch(strata_engine* e, bool begin) {
 absl::Status BeginUse(strata_engine* e, int32_t unit, bool backward, strata_unit_buffers* out) {
   STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit, kNoParam));
   if (out != nullptr) STRATA_RETURN_IF_ERROR(CheckOutput(out, kUnitBuffersV1, "out"));
-  const int64_t t = Enter(*e);
+  MarkStepStart(*e);
   const absl::Status s = backward ? e->engine->BeginBackward(unit) : e->engine->BeginForward(unit);
-  Leave(*e, t, &e->clock.hooks_ns);
   STRATA_RETURN_IF_ERROR(s);
   strata_unit_state& u = e->units[unit];
   ++(backward ? u.open_backward : u.open_forward);
@@ -88,9 +78,7 @@ absl::Status EndUse(strata_engine* e, int32_t unit, bool backward) {
                                                       backward ? "backward" : "forward", " use (call strata_engine_begin_",
                                                       backward ? "backward" : "forward", " first)"));
   }
-  const int64_t t = Enter(*e);
   const absl::Status s = backward ? e->engine->EndBackward(unit) : e->engine->EndForward(unit);
-  Leave(*e, t, &e->clock.hooks_ns);
   // The engine closed the use before anything in it could fail (a later failure poisons the engine).
   --open;
   --e->open_uses;
@@ -126,12 +114,10 @@ absl::Status Step(strata_engine* e, strata_step_result* out) {
     return absl::FailedPreconditionError(absl::StrCat("after ", e->micro_batches_done, " micro-batches, but "
                                                       "gradient_accumulation_steps is ", accum));
   }
-  const int64_t t = Enter(*e);
   absl::StatusOr<engine::StepResult> r = e->engine->Step();
-  Leave(*e, t, &e->clock.step_ns);
-  FinishStep(*e);
   e->micro_batches_done = 0;
   STRATA_RETURN_IF_ERROR(r.status());
+  FinishStep(*e, *r);
   if (out != nullptr) {
     strata_step_result c = STRATA_STEP_RESULT_INIT;
     c.step = r->step;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -103,12 +104,10 @@ struct strata_unit_state {
   int open_backward = 0;
 };
 
-// The time split of strata_stats, measured on the hook thread (see strata.h for the definitions).
+// The time split of strata_stats (see strata.h for the definitions).
 struct strata_step_clock {
-  int64_t step_begin_ns = 0;  // 0: the step has not started
-  int64_t mark_ns = 0;        // when the last strata call returned
-  int64_t compute_ns = 0, hooks_ns = 0, step_ns = 0;
-  double last_ms[5] = {0, 0, 0, 0, 0};  // step, compute, exposed comm, optimizer, other
+  int64_t step_begin_ns = 0;  // 0: the first step has not started
+  double last_ms[6] = {0, 0, 0, 0, 0, 0};  // step, compute, exposed comm, exposed I/O, optimizer, other
 };
 
 struct strata_engine {

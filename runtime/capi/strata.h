@@ -23,8 +23,9 @@
  * zero, else STRATA_ERR_VERSION). It writes an output struct up to min(struct_size, its own size) and sets
  * `version` to the lower of the caller's and its own, which tells the caller which fields were written.
  *
- * Threading. strata_last_error() is per thread. One engine is driven from one thread at a time (its hook
- * thread); distinct engines and communicators may be used concurrently from distinct threads. Collective
+ * Threading. strata_last_error() is per thread. A communicator and the engines created on it are driven
+ * from one thread at a time (the trainer's hook thread); distinct communicators, with their engines, may
+ * be used concurrently from distinct threads (as the ranks of an in-process group must be). Collective
  * calls (marked so) must be made by every rank of the communicator in the same order.
  *
  * Pointer lifetimes are stated at each function. Strings passed in are copied before the call returns.
@@ -304,20 +305,23 @@ typedef struct strata_stats {
   uint64_t nvme_peak_bytes;
   int64_t steps;       /* updates applied */
   double loss_scale;
-  /* Time split of the last completed step, measured on the hook thread, in milliseconds. The step spans
-   * from the return of the previous strata_engine_step (or the first begin_micro_batch) to the return of
-   * this one. compute: a unit was begun and not ended, outside strata calls (the trainer's kernels).
-   * exposed_comm: blocked inside the begin / end hooks (gathers not yet arrived, gradient buffers still
-   * being reduced). optimizer: inside strata_engine_step (it includes the wait for the last gradient
-   * reductions). other: the rest (data loading, loss, logging). They sum to step. 0 before any step. */
+  /* Time split of the last completed step, in milliseconds, as the engine measures it on the hook thread
+   * (the numbers `strata train` reports). step: wall time from the return of the previous
+   * strata_engine_step (or the first begin of the first step) to the return of this one. compute: between
+   * a unit's begin returning and its end being called, summed over uses. exposed_comm: the hook thread
+   * blocked on collectives (gathers not yet arrived, gradient reductions, the step's collectives).
+   * exposed_io: blocked on offload I/O (0 while the engine has no offload tier). optimizer: the update
+   * itself. other: the rest (data loading, loss, logging, bookkeeping), so that the parts sum to step
+   * unless nested uses of units overlap. All 0 before the first step. */
   double last_step_ms;
   double last_compute_ms;
   double last_exposed_comm_ms;
+  double last_exposed_io_ms;
   double last_optimizer_ms;
   double last_other_ms;
 } strata_stats;
 #define STRATA_STATS_INIT \
-  { (uint32_t)sizeof(strata_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0 }
+  { (uint32_t)sizeof(strata_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0 }
 
 strata_status strata_engine_get_stats(const strata_engine* engine, strata_stats* out);
 /* Peaks := current bytes. */

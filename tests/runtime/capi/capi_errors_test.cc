@@ -1,0 +1,306 @@
+// Every error path of the C ABI returns a code and a message naming the function: NULL handles and
+// outputs, bad JSON configs, bad parameter specs, versioned-struct mismatches, a unit used before
+// finalize, bad unit / parameter ids, calls out of order, unimplemented back-ends; and the last-error
+// message is per thread and cleared by a successful call.
+#include <cstring>
+#include <thread>
+
+#include "tests/runtime/capi/capi_test_util.h"
+
+namespace strata::capi_test {
+namespace {
+
+constexpr strata_status kInvalid = STRATA_ERR_INVALID_ARGUMENT;
+constexpr strata_status kOrder = STRATA_ERR_FAILED_PRECONDITION;
+constexpr strata_status kRange = STRATA_ERR_OUT_OF_RANGE;
+
+TEST(CApiErrors, VersionsAndStatusNames) {
+  EXPECT_EQ(strata_abi_version(), static_cast<uint32_t>(STRATA_ABI_VERSION));
+  EXPECT_STREQ(strata_version_string(), "0.1.0");
+  EXPECT_STREQ(strata_status_name(STRATA_OK), "STRATA_OK");
+  EXPECT_STREQ(strata_status_name(STRATA_ERR_VERSION), "STRATA_ERR_VERSION");
+  EXPECT_STREQ(strata_status_name(STRATA_ERR_ALREADY_EXISTS), "STRATA_ERR_ALREADY_EXISTS");
+  EXPECT_STREQ(strata_status_name(12345), "STRATA_ERR_UNKNOWN");
+}
+
+TEST(CApiErrors, NullHandlesAreInvalidArgument) {
+  strata_engine* e = nullptr;
+  strata_comm* c = nullptr;
+  int32_t i = 0;
+  float f = 0;
+  void* p = nullptr;
+  float* g = nullptr;
+  strata_stats st = STRATA_STATS_INIT;
+  strata_param_info info = STRATA_PARAM_INFO_INIT;
+  EXPECT_STRATA_ERROR(strata_comm_rank(c, &i), kInvalid, "comm is NULL");
+  EXPECT_STRATA_ERROR(strata_comm_size(c, &i), kInvalid, "comm is NULL");
+  EXPECT_STRATA_ERROR(strata_comm_abort(c, "x"), kInvalid, "comm is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_create(c, nullptr, &e), kInvalid, "comm is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", nullptr, 1, nullptr), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_finalize(e), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_num_units(e, &i), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_num_params(e, 0, &i), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_param_info(e, 0, 0, &info), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_begin_micro_batch(e), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_end_micro_batch(e), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_begin_forward(e, 0, nullptr), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_end_forward(e, 0), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_begin_backward(e, 0, nullptr), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_end_backward(e, 0), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_param(e, 0, 0, &p), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_grad(e, 0, 0, &g), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_zero_grad(e), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_step(e, nullptr), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_loss_scale(e, &f), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 0, &f, 1), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, 0, &f, 1), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_save_checkpoint(e, "/tmp/x", nullptr), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_load_checkpoint(e, "/tmp/x", nullptr), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_get_stats(e, &st), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_engine_reset_peak_memory(e), kInvalid, "engine is NULL");
+  EXPECT_STRATA_ERROR(strata_comm_create_mpi_world(nullptr), kInvalid, "out is NULL");
+  EXPECT_STRATA_ERROR(strata_comm_create_mpi(0, nullptr), kInvalid, "out is NULL");
+  EXPECT_STRATA_ERROR(strata_comm_create_in_process(2, nullptr), kInvalid, "out_comms is NULL");
+  EXPECT_STRATA_ERROR(strata_comm_create_in_process(0, &c), kInvalid, "world_size 0");
+  // Destroying NULL is a no-op, like free().
+  EXPECT_STRATA_OK(strata_engine_destroy(nullptr));
+  EXPECT_STRATA_OK(strata_comm_destroy(nullptr));
+}
+
+TEST(CApiErrors, NullOutputsAndBadArgumentsOnALiveEngine) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, nullptr, true, &e));
+    float buf[32];
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, nullptr, nullptr), kInvalid, "out is NULL");
+    EXPECT_STRATA_ERROR(strata_comm_rank(comm, nullptr), kInvalid, "out_rank is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_num_units(e, nullptr), kInvalid, "out is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_param_info(e, 0, 0, nullptr), kInvalid, "out is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_get_stats(e, nullptr), kInvalid, "out is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_loss_scale(e, nullptr), kInvalid, "out is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 0, nullptr, 32), kInvalid, "out is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 0, buf, 31), kInvalid, "has 32 elements, count is 31");
+    EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, 1, buf, 32), kInvalid, "has 8 elements, count is 32");
+    EXPECT_STRATA_ERROR(strata_engine_save_checkpoint(e, nullptr, nullptr), kInvalid, "root_dir is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_save_checkpoint(e, "/tmp/x", "{oops"), kInvalid, "not a JSON document");
+    EXPECT_STRATA_ERROR(strata_engine_load_checkpoint(e, nullptr, nullptr), kInvalid, "dir is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_load_checkpoint(e, "/nonexistent/ckpt", nullptr), STRATA_ERR_NOT_FOUND,
+                        "/nonexistent/ckpt");
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+TEST(CApiErrors, BadJsonConfigIsInvalidArgumentNamingTheProblem) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    strata_engine_options o = STRATA_ENGINE_OPTIONS_INIT;
+    o.config_json = "{\"zero_optimization\": {\"stage\": 3}";  // unterminated
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), kInvalid, "options.config_json");
+    EXPECT_EQ(e, nullptr);
+    o.config_json = "{\"zero_optimisation\": {\"stage\": 3}}";
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), kInvalid, "zero_optimization");
+    o.config_json = "{\"zero_optimization\": {\"stage\": 7}}";
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), kInvalid, "zero_optimization.stage");
+    o.config_json = "";  // empty means defaults
+    ASSERT_STRATA_OK(strata_engine_create(comm, &o, &e));
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+TEST(CApiErrors, UnimplementedBackEndsSaySo) {
+  strata_comm* c = reinterpret_cast<strata_comm*>(0x1);
+  EXPECT_STRATA_ERROR(strata_comm_create_nccl(nullptr, &c), STRATA_ERR_UNIMPLEMENTED, "NCCL back-end does not exist");
+  EXPECT_EQ(c, nullptr);
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    strata_engine_options o = STRATA_ENGINE_OPTIONS_INIT;
+    o.device = STRATA_DEVICE_CUDA;
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), STRATA_ERR_UNIMPLEMENTED, "no CUDA device back-end");
+    o.device = 7;
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), kInvalid, "options.device is 7");
+  });
+}
+
+TEST(CApiErrors, VersionedStructsAreChecked) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    strata_engine_options o = STRATA_ENGINE_OPTIONS_INIT;
+    o.struct_size = 4;
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), STRATA_ERR_VERSION, "STRATA_*_INIT");
+    o = STRATA_ENGINE_OPTIONS_INIT;
+    o.version = 0;
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), STRATA_ERR_VERSION, "version 0");
+    // A newer caller's larger struct: unknown trailing fields must be zero.
+    struct Newer {
+      strata_engine_options base;
+      uint64_t newer_field;
+    } newer{STRATA_ENGINE_OPTIONS_INIT, 5};
+    newer.base.struct_size = sizeof(Newer);
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &newer.base, &e), STRATA_ERR_VERSION, "does not know");
+    newer.newer_field = 0;
+    ASSERT_STRATA_OK(strata_engine_create(comm, &newer.base, &e));
+    ASSERT_STRATA_OK(RegisterModel(e));
+    // Output structs: a newer caller's fields beyond this library's layout are left alone.
+    struct NewerInfo {
+      strata_param_info base;
+      uint64_t newer_field;
+    } info{STRATA_PARAM_INFO_INIT, 0xfeed};
+    info.base.struct_size = sizeof(NewerInfo);
+    info.base.version = STRATA_ABI_VERSION + 1;
+    ASSERT_STRATA_OK(strata_engine_param_info(e, 1, 0, &info.base));
+    EXPECT_EQ(info.base.struct_size, sizeof(NewerInfo));
+    EXPECT_EQ(info.base.version, static_cast<uint32_t>(STRATA_ABI_VERSION)) << "the layout actually written";
+    EXPECT_STREQ(info.base.name, "w");
+    EXPECT_EQ(info.base.numel, 16u);
+    EXPECT_EQ(info.newer_field, 0xfeedu);
+    strata_param_info bad = STRATA_PARAM_INFO_INIT;
+    bad.struct_size = 8;
+    EXPECT_STRATA_ERROR(strata_engine_param_info(e, 1, 0, &bad), STRATA_ERR_VERSION, "struct_size 8");
+    // Arrays of specs: every element must have the stride of the first.
+    strata_param_spec specs[2] = {Spec("w", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0),
+                                  Spec("v", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0)};
+    specs[1].struct_size = 8;
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "c", specs, 2, nullptr), STRATA_ERR_VERSION, "params[1]");
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+TEST(CApiErrors, BadParameterSpecsAreInvalidArgument) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(strata_engine_create(comm, nullptr, &e));
+    const int64_t negative[] = {4, -2};
+    strata_param_spec s = Spec(nullptr, kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "params[0].name is NULL");
+    s = Spec("w", kShapeAB, 0, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "params[0].ndim is 0");
+    s = Spec("w", nullptr, 1, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "params[0].shape is NULL");
+    s = Spec("w", kShapeAB, 1, 0, 42, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "params[0].init is 42");
+    s = Spec("w", negative, 2, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "-2");
+    s = Spec("w", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 0, nullptr), kInvalid, "num_params is 0");
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, nullptr, &s, 1, nullptr), kInvalid, "name is NULL");
+    const strata_param_spec twice[2] = {s, s};
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", twice, 2, nullptr), kInvalid, "w");
+    int32_t id = -1;
+    ASSERT_STRATA_OK(strata_engine_register_unit(e, "u", &s, 1, &id));
+    EXPECT_EQ(id, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "registered twice");
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+TEST(CApiErrors, AUnitUsedBeforeFinalizeIsFailedPrecondition) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, nullptr, /*finalize=*/false, &e));
+    void* p = nullptr;
+    float buf[32];
+    strata_param_info info = STRATA_PARAM_INFO_INIT;
+    EXPECT_STRATA_OK(strata_engine_param_info(e, 0, 0, &info));  // the layout is known already
+    EXPECT_STRATA_ERROR(strata_engine_begin_forward(e, 0, nullptr), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_ERROR(strata_engine_begin_backward(e, 0, nullptr), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_ERROR(strata_engine_end_forward(e, 0), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_ERROR(strata_engine_param(e, 0, 0, &p), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 0, buf, 32), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_ERROR(strata_engine_begin_micro_batch(e), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_ERROR(strata_engine_step(e, nullptr), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_ERROR(strata_engine_zero_grad(e), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_ERROR(strata_engine_save_checkpoint(e, "/tmp/x", nullptr), kOrder, "before strata_engine_finalize");
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+TEST(CApiErrors, BadUnitAndParameterIdsAreOutOfRange) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, nullptr, true, &e));
+    void* p = nullptr;
+    int32_t n = 0;
+    float buf[32];
+    strata_param_info info = STRATA_PARAM_INFO_INIT;
+    EXPECT_STRATA_ERROR(strata_engine_begin_forward(e, 2, nullptr), kRange, "no unit 2 (2 registered)");
+    EXPECT_STRATA_ERROR(strata_engine_begin_backward(e, -1, nullptr), kRange, "no unit -1");
+    EXPECT_STRATA_ERROR(strata_engine_end_backward(e, 99), kRange, "no unit 99");
+    EXPECT_STRATA_ERROR(strata_engine_num_params(e, 5, &n), kRange, "no unit 5");
+    EXPECT_STRATA_ERROR(strata_engine_param_info(e, 0, 2, &info), kRange, "unit 'a' has no parameter 2");
+    EXPECT_STRATA_ERROR(strata_engine_param_info(e, 0, -1, &info), kRange, "has no parameter -1");
+    EXPECT_STRATA_ERROR(strata_engine_param(e, 1, 3, &p), kRange, "unit 'b' has no parameter 3");
+    EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 9, buf, 32), kRange, "has no parameter 9");
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+TEST(CApiErrors, CallsOutOfOrderAreFailedPrecondition) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, nullptr, true, &e));
+    void* p = nullptr;
+    float* g = nullptr;
+    float buf[8] = {};
+    const strata_param_spec s = Spec("w", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "late", &s, 1, nullptr), kOrder, "after Finalize");
+    EXPECT_STRATA_ERROR(strata_engine_finalize(e), kOrder, "called twice");
+    EXPECT_STRATA_ERROR(strata_engine_end_forward(e, 0), kOrder, "no open forward use");
+    EXPECT_STRATA_ERROR(strata_engine_param(e, 0, 0, &p), kOrder, "not between a begin and its end");
+    EXPECT_STRATA_ERROR(strata_engine_begin_backward(e, 0, nullptr), kOrder, "outside a micro-batch");
+    EXPECT_STRATA_ERROR(strata_engine_end_micro_batch(e), kOrder, "without BeginMicroBatch");
+    EXPECT_STRATA_ERROR(strata_engine_step(e, nullptr), kOrder, "after 0 micro-batches");
+    EXPECT_STRATA_OK(strata_engine_zero_grad(e));  // nothing accumulated yet
+    ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+    EXPECT_STRATA_ERROR(strata_engine_begin_micro_batch(e), kOrder, "inside an open micro-batch");
+    EXPECT_STRATA_ERROR(strata_engine_step(e, nullptr), kOrder, "inside an open micro-batch");
+    EXPECT_STRATA_ERROR(strata_engine_zero_grad(e), kOrder, "cannot be discarded");
+    EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, 1, buf, 8), kOrder, "between steps");
+    ASSERT_STRATA_OK(strata_engine_begin_forward(e, 0, nullptr));
+    EXPECT_STRATA_OK(strata_engine_param(e, 0, 0, &p));
+    EXPECT_NE(p, nullptr);
+    EXPECT_STRATA_ERROR(strata_engine_grad(e, 0, 0, &g), kOrder, "gradients exist only there");
+    EXPECT_STRATA_ERROR(strata_engine_end_backward(e, 0), kOrder, "no open backward use");
+    ASSERT_STRATA_OK(strata_engine_end_forward(e, 0));
+    EXPECT_STRATA_ERROR(strata_engine_param(e, 0, 0, &p), kOrder, "not between a begin and its end");
+    EXPECT_EQ(p, nullptr);
+    EXPECT_STRATA_ERROR(strata_engine_begin_backward(e, 1, nullptr), kOrder, "only 0 forward uses");
+    ASSERT_STRATA_OK(strata_engine_begin_backward(e, 0, nullptr));
+    EXPECT_STRATA_OK(strata_engine_grad(e, 0, 1, &g));
+    EXPECT_NE(g, nullptr);
+    ASSERT_STRATA_OK(strata_engine_end_backward(e, 0));
+    ASSERT_STRATA_OK(strata_engine_end_micro_batch(e));
+    EXPECT_STRATA_ERROR(strata_engine_zero_grad(e), kOrder, "1 micro-batch(es)");
+    EXPECT_STRATA_ERROR(strata_engine_save_checkpoint(e, "/tmp/x", nullptr), kOrder, "between steps");
+    EXPECT_STRATA_ERROR(strata_comm_destroy(comm), kOrder, "still alive");
+    ASSERT_STRATA_OK(strata_engine_step(e, nullptr));
+    EXPECT_STRATA_OK(strata_engine_zero_grad(e));
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+TEST(CApiErrors, AFailedHookPoisonsTheEngineWithItsCause) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, nullptr, true, &e));
+    ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+    ASSERT_STRATA_OK(strata_engine_begin_forward(e, 0, nullptr));
+    EXPECT_STRATA_ERROR(strata_engine_end_micro_batch(e), kOrder, "unit 'a' was begun but not ended");
+    EXPECT_STRATA_ERROR(strata_engine_end_forward(e, 0), kOrder, "after an earlier failure: EndMicroBatch()");
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+TEST(CApiErrors, LastErrorIsPerThreadStableAndClearedOnSuccess) {
+  const char* before = strata_last_error();
+  EXPECT_STRATA_ERROR(strata_engine_finalize(nullptr), kInvalid, "engine is NULL");
+  EXPECT_EQ(strata_last_error(), before) << "the pointer stays the same: read early, it shows the latest";
+  std::string other;
+  std::thread([&] { other = strata_last_error(); }).join();
+  EXPECT_EQ(other, "") << "another thread's error leaked";
+  EXPECT_NE(std::string(strata_last_error()), "");
+  EXPECT_STRATA_OK(strata_engine_destroy(nullptr));
+  EXPECT_STREQ(strata_last_error(), "");
+}
+
+}  // namespace
+}  // namespace strata::capi_test

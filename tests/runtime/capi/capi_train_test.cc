@@ -1,0 +1,249 @@
+// Training through the C ABI: bit-for-bit the same parameters and step results as the same model driven
+// through the C++ engine API (stages 0-3, gradient accumulation, a tied unit), the pointers and their
+// lifetimes, a checkpoint save / load round trip, and the stats (memory per tier, step time split).
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/device/host_device.h"
+#include "runtime/engine/config.h"
+#include "runtime/engine/engine.h"
+#include "tests/runtime/capi/capi_test_util.h"
+#include "tests/runtime/engine/rank_harness.h"
+
+namespace strata::capi_test {
+namespace {
+
+constexpr int kWorld = 2;
+constexpr int kSteps = 3;
+
+std::string Config(int stage) {
+  return absl::StrCat("{\"zero_optimization\": {\"stage\": ", stage, "}, \"gradient_accumulation_steps\": 2, ",
+                      "\"gradient_clipping\": 0.5, \"optimizer\": {\"params\": {\"lr\": 0.01}}, ",
+                      "\"strata\": {\"seed\": 3, \"collective_timeout_ms\": 20000}}");
+}
+
+// The synthetic gradient of one backward use: depends on the parameters, the rank and the micro-batch.
+void AddGrad(const float* param, float* grad, size_t n, int rank, int mb) {
+  for (size_t i = 0; i < n; ++i) grad[i] += 0.01f * static_cast<float>(rank + 1 + mb) + 0.1f * param[i];
+}
+
+// Uses per micro-batch: a, b, a (tied) forward; then the reverse backward.
+constexpr int kOrder[] = {0, 1, 0};
+constexpr size_t kNumel[2][2] = {{32, 8}, {16, 2}};
+
+struct Result {
+  std::vector<float> params;  // every parameter, registration order
+  std::vector<double> grad_norms;
+};
+
+// The model through the C ABI, on one rank.
+void TrainC(int rank, strata_comm* comm, int stage, Result* out) {
+  strata_engine* e = nullptr;
+  const std::string json = Config(stage);
+  ASSERT_STRATA_OK(MakeEngine(comm, json.c_str(), true, &e));
+  for (int step = 0; step < kSteps; ++step) {
+    for (int mb = 0; mb < 2; ++mb) {
+      ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+      for (int u : kOrder) {
+        strata_unit_buffers b = STRATA_UNIT_BUFFERS_INIT;
+        ASSERT_STRATA_OK(strata_engine_begin_forward(e, u, &b));
+        ASSERT_EQ(b.num_params, 2);
+        ASSERT_EQ(b.grads, nullptr);
+        ASSERT_STRATA_OK(strata_engine_end_forward(e, u));
+      }
+      for (int k = 2; k >= 0; --k) {
+        const int u = kOrder[k];
+        strata_unit_buffers b = STRATA_UNIT_BUFFERS_INIT;
+        ASSERT_STRATA_OK(strata_engine_begin_backward(e, u, &b));
+        for (int p = 0; p < 2; ++p) {
+          void* same = nullptr;
+          ASSERT_STRATA_OK(strata_engine_param(e, u, p, &same));
+          ASSERT_EQ(same, b.params[p]);
+          AddGrad(static_cast<const float*>(b.params[p]), b.grads[p], kNumel[u][p], rank, mb);
+        }
+        ASSERT_STRATA_OK(strata_engine_end_backward(e, u));
+      }
+      ASSERT_STRATA_OK(strata_engine_end_micro_batch(e));
+    }
+    strata_step_result r = STRATA_STEP_RESULT_INIT;
+    ASSERT_STRATA_OK(strata_engine_step(e, &r));
+    EXPECT_EQ(r.step, step + 1);
+    EXPECT_EQ(r.skipped, 0);
+    out->grad_norms.push_back(r.grad_norm);
+  }
+  for (int u = 0; u < 2; ++u) {
+    for (int p = 0; p < 2; ++p) {
+      std::vector<float> v(kNumel[u][p]);
+      ASSERT_STRATA_OK(strata_engine_gather_param(e, u, p, v.data(), v.size()));
+      out->params.insert(out->params.end(), v.begin(), v.end());
+    }
+  }
+  EXPECT_STRATA_OK(strata_engine_destroy(e));
+}
+
+// The same model through the C++ engine, on one rank.
+absl::Status TrainCxx(int rank, comm::Communicator& world, int stage, Result* out) {
+  device::HostDevice dev;
+  STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseConfig(Config(stage)));
+  STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(cfg, world, dev));
+  using shard::Init;
+  STRATA_RETURN_IF_ERROR(e->RegisterUnit("a", {{"w", {8, 4}, true, Init::Uniform(0.5f)}, {"b", {8}, false, Init::Zeros()}})
+                             .status());
+  STRATA_RETURN_IF_ERROR(
+      e->RegisterUnit("b", {{"w", {2, 8}, true, Init::Normal(0.3f)}, {"b", {2}, false, Init::Constant(0.1f)}}).status());
+  STRATA_RETURN_IF_ERROR(e->Finalize());
+  for (int step = 0; step < kSteps; ++step) {
+    for (int mb = 0; mb < 2; ++mb) {
+      STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+      for (int u : kOrder) {
+        STRATA_RETURN_IF_ERROR(e->BeginForward(u));
+        STRATA_RETURN_IF_ERROR(e->EndForward(u));
+      }
+      for (int k = 2; k >= 0; --k) {
+        const int u = kOrder[k];
+        STRATA_RETURN_IF_ERROR(e->BeginBackward(u));
+        for (int p = 0; p < 2; ++p) AddGrad(e->Param(u, p).f32(), e->Grad(u, p), kNumel[u][p], rank, mb);
+        STRATA_RETURN_IF_ERROR(e->EndBackward(u));
+      }
+      STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
+    }
+    STRATA_ASSIGN_OR_RETURN(engine::StepResult r, e->Step());
+    out->grad_norms.push_back(r.grad_norm);
+  }
+  for (int u = 0; u < 2; ++u) {
+    for (int p = 0; p < 2; ++p) {
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e->GatherParam(u, p));
+      out->params.insert(out->params.end(), v.begin(), v.end());
+    }
+  }
+  return absl::OkStatus();
+}
+
+class CApiTrain : public ::testing::TestWithParam<int> {};
+
+TEST_P(CApiTrain, MatchesTheCxxEngineBitForBit) {
+  const int stage = GetParam();
+  std::vector<Result> c(kWorld), cxx(kWorld);
+  RunCRanks(kWorld, [&](int rank, strata_comm* comm) { TrainC(rank, comm, stage, &c[rank]); });
+  const auto statuses = strata::testing::RunRanks(kWorld, comm::Options{}, [&](int rank, comm::Communicator& w) {
+    return TrainCxx(rank, w, stage, &cxx[rank]);
+  });
+  for (const absl::Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(c[r].params.size(), 58u);
+    EXPECT_EQ(c[r].params, cxx[r].params) << "rank " << r << ", stage " << stage;
+    EXPECT_EQ(c[r].grad_norms, cxx[r].grad_norms) << "rank " << r << ", stage " << stage;
+  }
+  EXPECT_NE(c[0].params, std::vector<float>(58, 0.0f));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, CApiTrain, ::testing::Values(0, 1, 2, 3));
+
+// One step of a single micro-batch using both units once, adding `g` to every gradient; sleeps
+// `compute_ms` inside unit a's forward (trainer compute, for the time split).
+void OneStep(strata_engine* e, float g, int compute_ms = 0) {
+  ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+  for (int u = 0; u < 2; ++u) {
+    ASSERT_STRATA_OK(strata_engine_begin_forward(e, u, nullptr));
+    if (u == 0 && compute_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(compute_ms));
+    ASSERT_STRATA_OK(strata_engine_end_forward(e, u));
+  }
+  for (int u = 1; u >= 0; --u) {
+    strata_unit_buffers b = STRATA_UNIT_BUFFERS_INIT;
+    ASSERT_STRATA_OK(strata_engine_begin_backward(e, u, &b));
+    for (int p = 0; p < 2; ++p) {
+      for (size_t i = 0; i < kNumel[u][p]; ++i) b.grads[p][i] += g;
+    }
+    ASSERT_STRATA_OK(strata_engine_end_backward(e, u));
+  }
+  ASSERT_STRATA_OK(strata_engine_end_micro_batch(e));
+  ASSERT_STRATA_OK(strata_engine_step(e, nullptr));
+}
+
+std::vector<float> AllParams(strata_engine* e) {
+  std::vector<float> all;
+  for (int u = 0; u < 2; ++u) {
+    for (int p = 0; p < 2; ++p) {
+      std::vector<float> v(kNumel[u][p]);
+      EXPECT_STRATA_OK(strata_engine_gather_param(e, u, p, v.data(), v.size()));
+      all.insert(all.end(), v.begin(), v.end());
+    }
+  }
+  return all;
+}
+
+TEST(CApiCheckpoint, SaveThenLoadResumesExactly) {
+  const std::string root = ::testing::TempDir() + "/capi_ckpt_" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  std::vector<std::vector<float>> continued(kWorld), resumed(kWorld);
+  RunCRanks(kWorld, [&](int rank, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, "{\"zero_optimization\": {\"stage\": 3}}", true, &e));
+    OneStep(e, 0.1f);
+    OneStep(e, -0.2f);
+    ASSERT_STRATA_OK(strata_engine_save_checkpoint(e, root.c_str(), "{\"data_position\": 32}"));
+    EXPECT_STRATA_ERROR(strata_engine_save_checkpoint(e, root.c_str(), nullptr), STRATA_ERR_ALREADY_EXISTS,
+                        "already exists");
+    OneStep(e, 0.3f);
+    continued[rank] = AllParams(e);
+    ASSERT_STRATA_OK(strata_engine_destroy(e));
+
+    ASSERT_STRATA_OK(MakeEngine(comm, "{\"zero_optimization\": {\"stage\": 3}}", true, &e));
+    const char* trainer = nullptr;
+    ASSERT_STRATA_OK(strata_engine_load_checkpoint(e, root.c_str(), &trainer));  // the latest step under root
+    ASSERT_NE(trainer, nullptr);
+    EXPECT_STREQ(trainer, "{\"data_position\":32}");
+    strata_stats st = STRATA_STATS_INIT;
+    ASSERT_STRATA_OK(strata_engine_get_stats(e, &st));
+    EXPECT_EQ(st.steps, 2);
+    OneStep(e, 0.3f);
+    resumed[rank] = AllParams(e);
+    ASSERT_STRATA_OK(strata_engine_destroy(e));
+  });
+  EXPECT_TRUE(std::filesystem::exists(root + "/step_00000002"));
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(resumed[r], continued[r]) << "rank " << r;
+  std::filesystem::remove_all(root);
+}
+
+TEST(CApiStats, MemoryPerTierAndTheStepTimeSplit) {
+  std::mutex mu;
+  RunCRanks(kWorld, [&](int rank, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, "{\"zero_optimization\": {\"stage\": 3}}", true, &e));
+    strata_stats st = STRATA_STATS_INIT;
+    ASSERT_STRATA_OK(strata_engine_get_stats(e, &st));
+    EXPECT_EQ(st.last_step_ms, 0.0) << "no step yet";
+    EXPECT_GT(st.device_current_bytes, 0u);
+    OneStep(e, 0.1f, /*compute_ms=*/30);
+    ASSERT_STRATA_OK(strata_engine_get_stats(e, &st));
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(st.steps, 1);
+    EXPECT_EQ(st.loss_scale, 1.0);
+    EXPECT_GE(st.device_peak_bytes, st.device_current_bytes);
+    EXPECT_EQ(st.pinned_host_peak_bytes, 0u);
+    EXPECT_EQ(st.nvme_peak_bytes, 0u);
+    EXPECT_GE(st.last_compute_ms, 30.0) << "rank " << rank << ": the sleep inside unit a's forward";
+    EXPECT_GT(st.last_optimizer_ms, 0.0);
+    EXPECT_EQ(st.last_exposed_io_ms, 0.0) << "no offload tier";
+    EXPECT_GE(st.last_step_ms, st.last_compute_ms);
+    const double parts = st.last_compute_ms + st.last_exposed_comm_ms + st.last_exposed_io_ms +
+                         st.last_optimizer_ms + st.last_other_ms;
+    EXPECT_NEAR(parts, st.last_step_ms, 1e-3) << "the parts sum to the step";
+    ASSERT_STRATA_OK(strata_engine_reset_peak_memory(e));
+    ASSERT_STRATA_OK(strata_engine_get_stats(e, &st));
+    EXPECT_EQ(st.device_peak_bytes, st.device_current_bytes);
+    float scale = 0;
+    ASSERT_STRATA_OK(strata_engine_loss_scale(e, &scale));
+    EXPECT_EQ(scale, 1.0f);
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+}  // namespace
+}  // namespace strata::capi_test
