@@ -1,13 +1,8 @@
 // Communicators over MPI state that the host trainer owns: an MPI it initialised itself, and any of its
 // MPI communicators (the C ABI's strata_comm_create_mpi / strata_comm_create_mpi_world).
 //
-// comm::MpiRuntime covers the other case, where Strata initialises MPI itself; it has no way to adopt
-// an MPI that is already initialised or a communicator other than MPI_COMM_WORLD, and runtime/comm is
-// not the C ABI's to change, so the adopting communicator lives here. It follows the MpiCommunicator
-// contract (non-blocking MPI collectives polled against the deadline, bf16 / fp16 sums through custom
-// ops), except that a timeout names the collective and the deadline but not the unresponsive ranks
-// (MpiRuntime's liveness exchange needs its private control communicator). Folding it into
-// runtime/comm as MpiRuntime::Adopt would remove that difference.
+// Thin wrappers over comm::MpiRuntime::Adopt / Wrap in the C ABI's terms (Fortran handles). A timeout's
+// liveness check names unresponsive peers by their MPI_COMM_WORLD rank.
 #pragma once
 
 #include <memory>

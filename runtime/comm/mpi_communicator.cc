@@ -18,7 +18,17 @@
 
 namespace strata::comm {
 
+// Shared by the runtime and every communicator made from it; frees its MPI objects when the last holder
+// goes, unless MPI was finalised first (then they are gone with it).
 struct MpiContext {
+  ~MpiContext() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (bf16_sum != MPI_OP_NULL) MPI_Op_free(&bf16_sum);
+    if (fp16_sum != MPI_OP_NULL) MPI_Op_free(&fp16_sum);
+    if (control != MPI_COMM_NULL && !diag_done) MPI_Comm_free(&control);
+  }
   MPI_Op bf16_sum = MPI_OP_NULL;
   MPI_Op fp16_sum = MPI_OP_NULL;
   MPI_Comm control = MPI_COMM_NULL;  // liveness exchange after a timeout
@@ -215,21 +225,63 @@ absl::StatusOr<std::unique_ptr<MpiRuntime>> MpiRuntime::Init(int* argc, char*** 
         "this MPI provides thread level ", provided, ", but strata needs MPI_THREAD_MULTIPLE (each stream issues "
         "collectives from its own thread); rebuild or choose an MPI with thread-multiple support"));
   }
-  auto ctx = std::make_shared<MpiContext>();
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<MpiContext> ctx, MakeContext());
+  return std::unique_ptr<MpiRuntime>(new MpiRuntime(std::move(ctx), /*owns_mpi=*/true));
+}
+
+absl::StatusOr<std::shared_ptr<MpiContext>> MpiRuntime::MakeContext() {
+  auto ctx = std::make_shared<MpiContext>();
   STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_rank(MPI_COMM_WORLD, &ctx->world_rank)));
   STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_size(MPI_COMM_WORLD, &ctx->world_size)));
   STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Op_create(&Bf16SumOp, /*commute=*/1, &ctx->bf16_sum)));
   STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Op_create(&Fp16SumOp, /*commute=*/1, &ctx->fp16_sum)));
   STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &ctx->control)));
   SetLogRank(ctx->world_rank);
-  return std::unique_ptr<MpiRuntime>(new MpiRuntime(std::move(ctx)));
+  return ctx;
+}
+
+absl::StatusOr<bool> MpiRuntime::IsInitialized() {
+  int initialized = 0, finalized = 0;
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Initialized(&initialized)));
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Finalized(&finalized)));
+  if (finalized) return absl::FailedPreconditionError("MPI was already finalised in this process; it cannot be used again");
+  return initialized != 0;
+}
+
+absl::StatusOr<std::unique_ptr<MpiRuntime>> MpiRuntime::Adopt() {
+  STRATA_ASSIGN_OR_RETURN(const bool initialized, IsInitialized());
+  if (!initialized) {
+    return absl::FailedPreconditionError("MPI is not initialised: initialise it with MPI_THREAD_MULTIPLE first");
+  }
+  int provided = 0;
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Query_thread(&provided)));
+  if (provided < MPI_THREAD_MULTIPLE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MPI was initialised with thread level ", provided, ", but strata needs MPI_THREAD_MULTIPLE (each stream "
+        "issues collectives from its own thread): initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)"));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<MpiContext> ctx, MakeContext());
+  return std::unique_ptr<MpiRuntime>(new MpiRuntime(std::move(ctx), /*owns_mpi=*/false));
+}
+
+int MpiRuntime::WorldFortranHandle() { return static_cast<int>(MPI_Comm_c2f(MPI_COMM_WORLD)); }
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiRuntime::Wrap(int fortran_handle, const Options& options) {
+  const MPI_Comm host = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+  if (host == MPI_COMM_NULL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Fortran handle ", fortran_handle, " names MPI_COMM_NULL, not a communicator"));
+  }
+  MPI_Comm dup = MPI_COMM_NULL;
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_dup(host, &dup)));
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(ctx_, dup, options));
 }
 
 MpiRuntime::~MpiRuntime() {
-  MPI_Op_free(&ctx_->bf16_sum);
-  MPI_Op_free(&ctx_->fp16_sum);
-  if (!ctx_->diag_done) MPI_Comm_free(&ctx_->control);
+  if (!owns_mpi_) return;
+  ctx_.reset();  // frees the ops and the control communicator unless a communicator still holds them
   MPI_Finalize();
 }
 

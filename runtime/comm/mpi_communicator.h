@@ -19,7 +19,13 @@ class MpiRuntime {
  public:
   // Initialises MPI (once per process); FailedPrecondition when MPI_THREAD_MULTIPLE is not provided.
   static absl::StatusOr<std::unique_ptr<MpiRuntime>> Init(int* argc, char*** argv);
-  ~MpiRuntime();  // MPI_Finalize (unless the job was aborted)
+  // Uses an MPI the caller initialised (with MPI_THREAD_MULTIPLE, else FailedPrecondition); never
+  // finalises it. For trainers that embed Strata and own MPI themselves.
+  static absl::StatusOr<std::unique_ptr<MpiRuntime>> Adopt();
+  // true when MPI is initialised (and not finalised); FailedPrecondition once finalised.
+  static absl::StatusOr<bool> IsInitialized();
+  static int WorldFortranHandle();  // MPI_Comm_c2f(MPI_COMM_WORLD)
+  ~MpiRuntime();  // MPI_Finalize when this runtime initialised MPI
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
 
@@ -27,10 +33,16 @@ class MpiRuntime {
   int world_size() const;
   // A new communicator over MPI_COMM_WORLD (duplicated, so it has its own ordering).
   absl::StatusOr<std::unique_ptr<Communicator>> World(const Options& options);
+  // A new communicator over a duplicate of any MPI communicator, given by its Fortran handle
+  // (MPI_Comm_c2f) so that this header needs no mpi.h. Collective over that communicator. A timeout's
+  // liveness check names unresponsive peers by their MPI_COMM_WORLD rank.
+  absl::StatusOr<std::unique_ptr<Communicator>> Wrap(int fortran_handle, const Options& options);
 
  private:
-  explicit MpiRuntime(std::shared_ptr<MpiContext> ctx) : ctx_(std::move(ctx)) {}
+  MpiRuntime(std::shared_ptr<MpiContext> ctx, bool owns_mpi) : ctx_(std::move(ctx)), owns_mpi_(owns_mpi) {}
+  static absl::StatusOr<std::shared_ptr<MpiContext>> MakeContext();
   std::shared_ptr<MpiContext> ctx_;
+  bool owns_mpi_;
 };
 
 }  // namespace strata::comm
