@@ -23,6 +23,10 @@ const std::pair<const char*, const char*> kConfigFlags[] = {
     {"seed", "strata.seed"},
     {"max-live-units", "strata.max_live_units"},
     {"prefetch", "strata.prefetch_depth"},
+    {"offload-params", "zero_optimization.offload_param.device"},
+    {"offload-optimizer", "zero_optimization.offload_optimizer.device"},
+    {"device-budget", "strata.device_budget"},
+    {"host-budget", "strata.host_budget"},
 };
 
 absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::string& text) {
@@ -34,6 +38,11 @@ absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::st
     STRATA_ASSIGN_OR_RETURN(double secs, f.Double("collective-timeout", 60));
     if (!(secs > 0)) return absl::InvalidArgumentError("--collective-timeout must be > 0 seconds");
     o.push_back(absl::StrCat("strata.collective_timeout_ms=", static_cast<int64_t>(std::ceil(secs * 1000))));
+  }
+  if (f.Has("nvme-path")) {
+    for (const char* which : {"offload_param", "offload_optimizer"}) {
+      o.push_back(absl::StrCat("zero_optimization.", which, ".nvme_path=", f.Str("nvme-path")));
+    }
   }
   const std::string dtype = f.Str("param-dtype");
   if (dtype == "fp32") {
@@ -138,6 +147,11 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"keep-last", false, "complete checkpoints to keep (default: all)"},
       {"resume", false, "continue from a step directory, or the latest complete one under a directory"},
       {"max-live-units", false, "gathered units held at once (stage 3)"},
+      {"offload-params", false, "none | cpu | nvme: where parameter shards live (stage 3)"},
+      {"offload-optimizer", false, "none | cpu | nvme: where master weights and optimizer state live"},
+      {"nvme-path", false, "directory for NVMe-offloaded state"},
+      {"device-budget", false, "bytes of the device tier (e.g. 512MiB); host memory on host builds"},
+      {"host-budget", false, "bytes of pinned host memory"},
       {"prefetch", false, "units gathered ahead"},
       {"collective-timeout", false, "seconds before a stuck collective fails the job (default 60)"},
       {"loader-delay-us", false, "testing: slow the data loader by this much per batch"},

@@ -10,6 +10,7 @@
 #include "kernels/common/element_math.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/base/units.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine_impl.h"
 #include "runtime/optim/optimizer.h"
@@ -45,7 +46,7 @@ void InitRange(const UnitState& u, uint64_t seed, size_t lo, size_t hi, float* m
 }  // namespace
 
 float* Engine::Impl::MasterPtr(UnitState& u) const {
-  if (cfg.param_dtype != DType::kF32) return u.master.as<float>();
+  if (separate_master()) return u.master.as<float>();
   if (cfg.stage == 3) return u.params.as<float>();
   return u.params.as<float>() + update_begin(u);
 }
@@ -74,8 +75,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   if (config.reduce_dtype != DType::kF32) {
     return absl::UnimplementedError("strata.reduce_dtype other than fp32 is not implemented yet; use fp32");
   }
-  if (config.offload_param.device != OffloadDevice::kNone || config.offload_optimizer.device != OffloadDevice::kNone) {
-    return absl::UnimplementedError("offload_param / offload_optimizer are not implemented in this build yet");
+  if (config.offload_param.device == OffloadDevice::kNvme || config.offload_optimizer.device == OffloadDevice::kNvme) {
+    return absl::UnimplementedError("NVMe offload (device: nvme) is not implemented in this build yet; use cpu");
   }
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
@@ -93,6 +94,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   STRATA_ASSIGN_OR_RETURN(impl->step_stream, device.CreateStream("step"));
   impl->device_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kDevice, config.device_budget_bytes,
                                                                &impl->tracker);
+  impl->host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
+                                                             &impl->tracker);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -146,31 +149,74 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   return absl::OkStatus();
 }
 
+size_t ParamElems(const Engine::Impl& m, const UnitState& u) {
+  return m.cfg.stage == 3 ? u.layout.shard_elems : u.layout.total_elems;
+}
+size_t GradElems(const Engine::Impl& m, const UnitState& u) {
+  return m.cfg.stage <= 1 ? u.layout.total_elems : u.layout.shard_elems;
+}
+
 absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
-  memory::Allocator& a = *m.device_alloc;
-  const size_t total = u.layout.total_elems, upd = m.update_elems(u);
-  const size_t param_elems = m.cfg.stage == 3 ? u.layout.shard_elems : total;
-  const size_t grad_elems = m.cfg.stage <= 1 ? total : u.layout.shard_elems;
-  STRATA_ASSIGN_OR_RETURN(u.params, a.Allocate(param_elems * m.param_bytes(), Kind::kParamShard));
-  if (m.cfg.param_dtype != DType::kF32) {
-    STRATA_ASSIGN_OR_RETURN(u.master, a.Allocate(upd * 4, Kind::kMaster));
+  memory::Allocator& opt = m.OptimizerTier();
+  const size_t upd = m.update_elems(u), param_elems = ParamElems(m, u);
+  STRATA_ASSIGN_OR_RETURN(u.params, m.ParamTier().Allocate(param_elems * m.param_bytes(), Kind::kParamShard));
+  if (m.separate_master()) {
+    STRATA_ASSIGN_OR_RETURN(u.master, opt.Allocate(upd * 4, Kind::kMaster));
   }
-  STRATA_ASSIGN_OR_RETURN(u.grads, a.Allocate(grad_elems * 4, Kind::kGradShard));
-  STRATA_ASSIGN_OR_RETURN(u.m, a.Allocate(upd * 4, Kind::kOptimizerState));
+  STRATA_ASSIGN_OR_RETURN(u.grads, opt.Allocate(GradElems(m, u) * 4, Kind::kGradShard));
+  STRATA_ASSIGN_OR_RETURN(u.m, opt.Allocate(upd * 4, Kind::kOptimizerState));
   if (optim::StateBuffers(m.cfg.optimizer) > 1) {
-    STRATA_ASSIGN_OR_RETURN(u.v, a.Allocate(upd * 4, Kind::kOptimizerState));
+    STRATA_ASSIGN_OR_RETURN(u.v, opt.Allocate(upd * 4, Kind::kOptimizerState));
   }
   u.update_segments = m.cfg.stage == 0 ? u.layout.FullSegments() : u.layout.ShardSegments(m.rank());
   // Initial values: the rank's own range for stage 3, everything for the replicated stages.
   const size_t lo = m.cfg.stage == 3 ? m.update_begin(u) : 0;
   const size_t hi = lo + param_elems;
-  float* master = m.cfg.param_dtype != DType::kF32 ? u.master.as<float>() : nullptr;
+  float* master = m.separate_master() ? u.master.as<float>() : nullptr;
   InitRange(u, m.cfg.seed, lo, hi, nullptr, u.params.data(), m.cfg.param_dtype);
   if (master != nullptr) InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, master, nullptr, DType::kF32);
   return absl::OkStatus();
 }
 
 }  // namespace
+
+// Checks, before anything is allocated, that every tier's budget holds what Finalize will place there
+// (Note [Tier placement]); the error names the tier, the need, the budget and the shortfall.
+absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard) {
+  uint64_t need[memory::kNumTiers] = {0, 0, 0};
+  std::string parts[memory::kNumTiers];
+  auto add = [&](memory::Allocator& a, uint64_t bytes, const char* what) {
+    const int t = static_cast<int>(a.tier());
+    need[t] += bytes;
+    if (bytes) absl::StrAppend(&parts[t], parts[t].empty() ? "" : ", ", what, " ", FormatBytes(bytes));
+  };
+  uint64_t params = 0, master = 0, grads = 0, state = 0;
+  for (const UnitState& u : m.units) {
+    params += ParamElems(m, u) * m.param_bytes();
+    master += m.separate_master() ? m.update_elems(u) * 4 : 0;
+    grads += GradElems(m, u) * 4;
+    state += m.update_elems(u) * 4 * optim::StateBuffers(m.cfg.optimizer);
+  }
+  add(m.ParamTier(), params, "parameters");
+  add(m.OptimizerTier(), master, "fp32 master");
+  add(m.OptimizerTier(), grads, "gradients");
+  add(m.OptimizerTier(), state, "optimizer state");
+  if (m.cfg.stage == 3) add(*m.device_alloc, uint64_t(live) * largest * m.param_bytes(), "gathered units");
+  if (m.cfg.stage >= 2) {
+    add(*m.device_alloc, uint64_t(m.cfg.max_live_units) * largest * 4 + largest_shard * 4, "gradient buffers");
+  }
+  for (memory::Allocator* a : {m.device_alloc.get(), m.host_alloc.get()}) {
+    const int t = static_cast<int>(a->tier());
+    if (need[t] > a->free_bytes()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the model does not fit: tier '", memory::TierName(a->tier()), "' needs ", FormatBytes(need[t]), " (",
+          parts[t], ") but has ", FormatBytes(a->free_bytes()), " of its budget free: short by ",
+          FormatBytes(need[t] - a->free_bytes()), " (", need[t] - a->free_bytes(),
+          " bytes); offload (offload_param / offload_optimizer) or raise the budget"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Engine::Finalize() {
   Impl& m = *impl_;
@@ -180,7 +226,6 @@ absl::Status Engine::Finalize() {
   size_t largest = 0, largest_shard = 0;
   std::vector<std::string> names;
   for (UnitState& u : m.units) {
-    STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
     largest = std::max(largest, u.layout.total_elems);
     largest_shard = std::max(largest_shard, u.layout.shard_elems);
     names.push_back(u.layout.name);
@@ -188,6 +233,10 @@ absl::Status Engine::Finalize() {
   const int live = m.cfg.stage == 3 && !m.cfg.reshard_after_forward
                        ? std::max<int>(m.cfg.max_live_units, static_cast<int>(m.units.size()))
                        : m.cfg.max_live_units;
+  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard));
+  for (UnitState& u : m.units) {
+    STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
+  }
   if (m.cfg.stage == 3) {
     STRATA_ASSIGN_OR_RETURN(m.param_pool,
                             shard::SlotPool::Create(*m.device_alloc, live, largest * m.param_bytes(), Kind::kGathered));

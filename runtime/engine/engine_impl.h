@@ -47,6 +47,22 @@ struct Engine::Impl {
   std::unique_ptr<device::Stream> gather_stream, reduce_stream, step_stream;
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Allocator> device_alloc;
+  std::unique_ptr<memory::Allocator> host_alloc;  // the pinned-host tier (offloaded state), host budget
+
+  // Note [Tier placement] (DeepSpeed's offload_param / offload_optimizer semantics): parameter shards
+  // live on the device unless offload_param says cpu; with offload_optimizer the fp32 master, the fp32
+  // gradient shard and Adam's m, v live on the host tier and the update runs there. The master is a
+  // separate buffer whenever it cannot be the parameter storage itself (low-precision params, or the
+  // optimizer offloaded away from the parameters). Gathered and working buffers stay on the device.
+  bool separate_master() const {
+    return cfg.param_dtype != DType::kF32 || cfg.offload_optimizer.device != OffloadDevice::kNone;
+  }
+  memory::Allocator& ParamTier() const {
+    return cfg.offload_param.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
+  }
+  memory::Allocator& OptimizerTier() const {
+    return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
+  }
   device::Timeline timeline;
 
   std::vector<UnitState> units;

@@ -16,8 +16,12 @@
 namespace strata::engine {
 
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u) {
-  if (cfg.param_dtype == DType::kF32) return absl::OkStatus();  // the master is the param storage
+  if (!separate_master()) return absl::OkStatus();  // the master is the param storage
   const float* master = u.master.as<float>();
+  if (cfg.param_dtype == DType::kF32) {  // an fp32 master kept on another tier: copy
+    std::memcpy(u.params.as<float>() + (cfg.stage == 3 ? 0 : update_begin(u)), master, update_elems(u) * 4);
+    return absl::OkStatus();
+  }
   uint16_t* dst = u.params.as<uint16_t>() + (cfg.stage == 3 ? 0 : update_begin(u));
   const size_t n = update_elems(u);
   if (cfg.param_dtype == DType::kBF16) {
