@@ -94,7 +94,10 @@ void ForTiles(optim::HostExecutor& e, size_t n, Body body) {
 // First touch by the same threads and tiles that later use the memory.
 void Fill(optim::HostExecutor& e, float* x, size_t n, float scale, float offset) {
   ForTiles(e, n, [=](size_t b, size_t end) {
-    for (size_t i = b; i < end; ++i) x[i] = scale * static_cast<float>(static_cast<uint32_t>(i * 2654435761u) >> 8) * 0x1p-24f + offset;
+    for (size_t i = b; i < end; ++i) {
+      const uint32_t hash = static_cast<uint32_t>(i * 2654435761u) >> 8;  // 24 bits, uniform enough
+      x[i] = scale * static_cast<float>(hash) * 0x1p-24f + offset;
+    }
   });
 }
 

@@ -2,11 +2,12 @@
 // same plus AVX512-BF16, which switches the bf16 rounding to vcvtneps2bf16). Not a public header: it
 // defines internal-linkage code for the including file only (Note [ISA translation units]).
 //
-// 16 floats per register; full blocks use plain loads and stores, the last partial block uses masked ones
-// (masked-off lanes are neither read nor written), so there is no scalar tail and no float instantiation
-// of the shared element templates here. Results are bit-identical to the scalar variant
-// (Note [One operation order]); the bf16 / fp16 conversions are fixed up where the instructions differ
-// from element_math.h (NaN payloads, and subnormal inputs for vcvtneps2bf16, which flushes them).
+// 16 floats per register; full blocks use plain loads and stores (and streaming stores for 16-bit
+// outputs), a range's head and tail use masked ones (masked-off lanes are neither read nor written), so
+// there is no scalar tail and no float instantiation of the shared element templates here. Results are
+// bit-identical to the scalar variant (Note [One operation order]); the bf16 / fp16 conversions are fixed
+// up where the instructions differ from element_math.h (NaN payloads, and subnormal inputs for
+// vcvtneps2bf16, which flushes them).
 #pragma once
 
 #include <immintrin.h>
@@ -32,26 +33,44 @@ inline V16 Splat(float x) { return {_mm512_set1_ps(x)}; }
 
 inline __mmask16 TailMask(size_t n) { return static_cast<__mmask16>((1u << n) - 1u); }  // n < 16
 
-template <bool kFull>
+// How a block of 16 elements touches memory. kMasked: only the lanes of the mask (the head and tail of
+// a range). kStream: all 16 lanes, software prefetch kPrefetchElems ahead on the input streams, and the
+// 16-bit output (param copy, cast result) written with non-temporal stores, which skip the
+// read-for-ownership and keep the write-only output out of the caches (the output pointer must be
+// 32-byte aligned: StreamHead). Note [Streaming stores] in cpu_kernels.h.
+enum class Mem { kMasked, kStream };
+inline constexpr size_t kPrefetchElems = 512;
+
+template <Mem kMem>
 inline V16 Load(const float* p, __mmask16 k) {
-  if constexpr (kFull) return {_mm512_loadu_ps(p)};
+  if constexpr (kMem == Mem::kStream) return {_mm512_loadu_ps(p)};
   return {_mm512_maskz_loadu_ps(k, p)};
 }
-template <bool kFull>
+template <Mem kMem>
+inline void Prefetch(const float* p) {
+  if constexpr (kMem == Mem::kStream) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchElems), _MM_HINT_T0);
+}
+template <Mem kMem>
 inline void Store(float* p, __mmask16 k, V16 x) {
-  if constexpr (kFull) {
+  if constexpr (kMem == Mem::kStream) {
     _mm512_storeu_ps(p, x.r);
   } else {
     _mm512_mask_storeu_ps(p, k, x.r);
   }
 }
-template <bool kFull>
+template <Mem kMem>
 inline void Store16(uint16_t* p, __mmask16 k, __m256i x) {
-  if constexpr (kFull) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x);
+  if constexpr (kMem == Mem::kStream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x);
   } else {
     _mm256_mask_storeu_epi16(p, k, x);
   }
+}
+
+// Elements before `out` reaches a 32-byte boundary (at most `n`), done masked so the rest can stream.
+inline size_t StreamHead(const uint16_t* out, size_t n) {
+  const size_t head = (16 - (reinterpret_cast<uintptr_t>(out) / 2) % 16) % 16;
+  return head < n ? head : n;
 }
 
 inline __mmask16 NanMask(V16 x) { return _mm512_cmp_ps_mask(x.r, x.r, _CMP_UNORD_Q); }
@@ -90,20 +109,29 @@ inline __m256i ToHalf(V16 x) {
   return _mm256_mask_mov_epi16(h, NanMask(x), quiet);
 }
 
-template <ParamCopy kCopy, bool kFull>
+template <ParamCopy kCopy, Mem kMem>
 inline void StoreCopy(uint16_t* out, __mmask16 k, V16 p) {
-  if constexpr (kCopy == ParamCopy::kBf16) Store16<kFull>(out, k, ToBf16(p));
-  if constexpr (kCopy == ParamCopy::kF16) Store16<kFull>(out, k, ToHalf(p));
+  if constexpr (kCopy == ParamCopy::kBf16) Store16<kMem>(out, k, ToBf16(p));
+  if constexpr (kCopy == ParamCopy::kF16) Store16<kMem>(out, k, ToHalf(p));
 }
 
-template <ParamCopy kCopy, bool kFull>
-inline void AdamWBlock(const OptimizerArrays& a, size_t i, __mmask16 k, const AdamWCoeffs<V16>& c, V16 gs) {
-  V16 p = Load<kFull>(a.master + i, k), m = Load<kFull>(a.m + i, k), v = Load<kFull>(a.v + i, k);
-  AdamWUpdate(Load<kFull>(a.grad + i, k) * gs, p, m, v, c);
-  Store<kFull>(a.master + i, k, p);
-  Store<kFull>(a.m + i, k, m);
-  Store<kFull>(a.v + i, k, v);
-  StoreCopy<kCopy, kFull>(a.param_copy + i, k, p);
+// Streaming stores are weakly ordered: fence them before the range returns (and before the pool's
+// release of the task), so any thread that synchronises with this one sees them.
+template <ParamCopy kCopy>
+inline void FenceStreams() {
+  if constexpr (kCopy != ParamCopy::kNone) _mm_sfence();
+}
+
+// Runs block<Mem>(i, mask) over [begin, end): a masked head until `out + i` is 32-byte aligned (none
+// without an output), streamed full blocks, a masked tail.
+template <ParamCopy kCopy, class Block>
+inline void ForBlocks(size_t begin, size_t end, const uint16_t* out, Block&& block) {
+  size_t i = begin;
+  const size_t head = kCopy == ParamCopy::kNone ? 0 : StreamHead(out + i, end - i);
+  if (head > 0) block.template operator()<Mem::kMasked>(i, TailMask(head));
+  for (i += head; i + 16 <= end; i += 16) block.template operator()<Mem::kStream>(i, __mmask16{0xffff});
+  if (i < end) block.template operator()<Mem::kMasked>(i, TailMask(end - i));
+  FenceStreams<kCopy>();
 }
 
 template <ParamCopy kCopy>
@@ -112,26 +140,33 @@ void AdamWRange(const OptimizerArrays& a, size_t begin, size_t end, const AdamWC
                               Splat(cf.beta2),           Splat(cf.one_minus_beta2),
                               Splat(cf.bias_correction2_sqrt), Splat(cf.eps), Splat(cf.step_size)};
   const V16 gs = Splat(grad_scale);
-  size_t i = begin;
-  for (; i + 16 <= end; i += 16) AdamWBlock<kCopy, true>(a, i, 0xffff, c, gs);
-  if (i < end) AdamWBlock<kCopy, false>(a, i, TailMask(end - i), c, gs);
-}
-
-template <ParamCopy kCopy, bool kFull>
-inline void SgdBlock(const OptimizerArrays& a, size_t i, __mmask16 k, V16 lr, V16 mu, V16 wd, V16 gs) {
-  V16 p = Load<kFull>(a.master + i, k), buf = Load<kFull>(a.m + i, k);
-  SgdUpdate(Load<kFull>(a.grad + i, k) * gs, p, buf, lr, mu, wd);
-  Store<kFull>(a.master + i, k, p);
-  Store<kFull>(a.m + i, k, buf);
-  StoreCopy<kCopy, kFull>(a.param_copy + i, k, p);
+  ForBlocks<kCopy>(begin, end, a.param_copy, [&]<Mem kMem>(size_t i, __mmask16 k) {
+    Prefetch<kMem>(a.grad + i);
+    Prefetch<kMem>(a.master + i);
+    Prefetch<kMem>(a.m + i);
+    Prefetch<kMem>(a.v + i);
+    V16 p = Load<kMem>(a.master + i, k), m = Load<kMem>(a.m + i, k), v = Load<kMem>(a.v + i, k);
+    AdamWUpdate(Load<kMem>(a.grad + i, k) * gs, p, m, v, c);
+    Store<kMem>(a.master + i, k, p);
+    Store<kMem>(a.m + i, k, m);
+    Store<kMem>(a.v + i, k, v);
+    StoreCopy<kCopy, kMem>(a.param_copy + i, k, p);
+  });
 }
 
 template <ParamCopy kCopy>
 void SgdRange(const OptimizerArrays& a, size_t begin, size_t end, const SgdStep& c, float grad_scale) {
   const V16 lr = Splat(c.lr), mu = Splat(c.momentum), wd = Splat(c.weight_decay), gs = Splat(grad_scale);
-  size_t i = begin;
-  for (; i + 16 <= end; i += 16) SgdBlock<kCopy, true>(a, i, 0xffff, lr, mu, wd, gs);
-  if (i < end) SgdBlock<kCopy, false>(a, i, TailMask(end - i), lr, mu, wd, gs);
+  ForBlocks<kCopy>(begin, end, a.param_copy, [&]<Mem kMem>(size_t i, __mmask16 k) {
+    Prefetch<kMem>(a.grad + i);
+    Prefetch<kMem>(a.master + i);
+    Prefetch<kMem>(a.m + i);
+    V16 p = Load<kMem>(a.master + i, k), buf = Load<kMem>(a.m + i, k);
+    SgdUpdate(Load<kMem>(a.grad + i, k) * gs, p, buf, lr, mu, wd);
+    Store<kMem>(a.master + i, k, p);
+    Store<kMem>(a.m + i, k, buf);
+    StoreCopy<kCopy, kMem>(a.param_copy + i, k, p);
+  });
 }
 
 void AdamW(const OptimizerArrays& a, size_t begin, size_t end, const AdamWCoeffs<float>& c, float gs) {
@@ -158,18 +193,19 @@ void Sgd(const OptimizerArrays& a, size_t begin, size_t end, const SgdStep& c, f
 
 template <ParamCopy kCopy>
 void CastRange(const float* x, uint16_t* y, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) StoreCopy<kCopy, true>(y + i, 0xffff, Load<true>(x + i, 0xffff));
-  if (i < n) StoreCopy<kCopy, false>(y + i, TailMask(n - i), Load<false>(x + i, TailMask(n - i)));
+  ForBlocks<kCopy>(0, n, y, [&]<Mem kMem>(size_t i, __mmask16 k) {
+    Prefetch<kMem>(x + i);
+    StoreCopy<kCopy, kMem>(y + i, k, Load<kMem>(x + i, k));
+  });
 }
 void CastBf16(const float* x, uint16_t* y, size_t n) { CastRange<ParamCopy::kBf16>(x, y, n); }
 void CastF16(const float* x, uint16_t* y, size_t n) { CastRange<ParamCopy::kF16>(x, y, n); }
 
 void Scale(const float* x, float* y, size_t n, float s) {
   const V16 sv = Splat(s);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) Store<true>(y + i, 0xffff, Load<true>(x + i, 0xffff) * sv);
-  if (i < n) Store<false>(y + i, TailMask(n - i), Load<false>(x + i, TailMask(n - i)) * sv);
+  ForBlocks<ParamCopy::kNone>(0, n, nullptr, [&]<Mem kMem>(size_t i, __mmask16 k) {
+    Store<kMem>(y + i, k, Load<kMem>(x + i, k) * sv);
+  });
 }
 
 // Lanes 8j..8j+7 of Note [Sum of squares order] live in acc[j]; masked-off inputs add +0.0 (no change).
@@ -197,19 +233,27 @@ double SumSquares(const float* x, size_t n) {
   return _mm_cvtsd_f64(w2) + _mm_cvtsd_f64(_mm_unpackhi_pd(w2, w2));
 }
 
-size_t CountNonFinite(const float* x, size_t n) {
+inline __mmask16 NonFiniteMask(const float* x, __mmask16 k) {
   const __m512i exp = _mm512_set1_epi32(0x7f800000);
+  const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, x));
+  return _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
+}
+
+// Four registers per step with one (predictable, almost never taken) branch on their combined mask.
+size_t CountNonFinite(const float* x, size_t n) {
   size_t count = 0;
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
-    const __mmask16 bad = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
-    if (bad != 0) count += static_cast<size_t>(__builtin_popcount(_cvtmask16_u32(bad)));  // rare
+  for (; i + 64 <= n; i += 64) {
+    const __mmask16 a = NonFiniteMask(x + i, 0xffff), b = NonFiniteMask(x + i + 16, 0xffff),
+                    c = NonFiniteMask(x + i + 32, 0xffff), d = NonFiniteMask(x + i + 48, 0xffff);
+    if ((a | b | c | d) != 0) {
+      count += static_cast<size_t>(__builtin_popcount(_cvtmask16_u32(a)) + __builtin_popcount(_cvtmask16_u32(b)) +
+                                   __builtin_popcount(_cvtmask16_u32(c)) + __builtin_popcount(_cvtmask16_u32(d)));
+    }
   }
-  if (i < n) {
-    const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(TailMask(n - i), x + i));
-    const __mmask16 bad = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp), exp);
-    count += static_cast<size_t>(__builtin_popcount(_cvtmask16_u32(bad)));
+  for (; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? __mmask16{0xffff} : TailMask(n - i);
+    count += static_cast<size_t>(__builtin_popcount(_cvtmask16_u32(NonFiniteMask(x + i, k))));
   }
   return count;
 }

@@ -1,8 +1,9 @@
 // The AVX2 variant (AVX2, FMA, F16C; compiled with those flags only, kernels/CMakeLists.txt).
 //
-// 8 floats per register; the last partial block uses vmaskmov loads and stores (masked-off lanes are
-// neither read nor written), and 16-bit outputs of a partial block go through a small stack buffer, so
-// there is no float instantiation of the element templates here (Note [ISA translation units]).
+// 8 floats per register; full blocks use plain loads and stores (streaming stores for 16-bit outputs,
+// Note [Streaming stores]); a range's head and tail use vmaskmov loads and stores (masked-off lanes are
+// neither read nor written), their 16-bit outputs going through a small stack buffer, so there is no
+// float instantiation of the element templates here (Note [ISA translation units]).
 // Results are bit-identical to the scalar variant (Note [One operation order]); FMA is used only in the
 // sum of squares, where it is exact (Note [Sum of squares order]).
 #include <immintrin.h>
@@ -31,34 +32,50 @@ inline __m256i TailMask(size_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// A block of up to 8 elements: `n` == 8 uses plain loads and stores, fewer uses masks.
+// A block of up to 8 elements: its length and lane mask (used by kMasked accesses only).
 struct Block {
   size_t n;
   __m256i mask;
 };
 
-template <bool kFull>
+// How a block touches memory: kMasked only the lanes of the block (a range's head and tail), kStream all
+// 8 with software prefetch ahead and non-temporal stores for 16-bit outputs (Note [Streaming stores];
+// the output must be 16-byte aligned: StreamHead).
+enum class Mem { kMasked, kStream };
+inline constexpr size_t kPrefetchElems = 512;
+
+template <Mem kMem>
 inline V8 Load(const float* p, const Block& b) {
-  if constexpr (kFull) return {_mm256_loadu_ps(p)};
+  if constexpr (kMem == Mem::kStream) return {_mm256_loadu_ps(p)};
   return {_mm256_maskload_ps(p, b.mask)};
 }
-template <bool kFull>
+template <Mem kMem>
+inline void Prefetch(const float* p) {
+  if constexpr (kMem == Mem::kStream) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchElems), _MM_HINT_T0);
+}
+template <Mem kMem>
 inline void Store(float* p, const Block& b, V8 x) {
-  if constexpr (kFull) {
+  if constexpr (kMem == Mem::kStream) {
     _mm256_storeu_ps(p, x.r);
   } else {
     _mm256_maskstore_ps(p, b.mask, x.r);
   }
 }
-template <bool kFull>
+template <Mem kMem>
 inline void Store16(uint16_t* p, const Block& b, __m128i x) {
-  if constexpr (kFull) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), x);
+  if constexpr (kMem == Mem::kStream) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), x);
   } else {
     alignas(16) uint16_t buf[8];
     _mm_store_si128(reinterpret_cast<__m128i*>(buf), x);
     for (size_t j = 0; j < b.n; ++j) p[j] = buf[j];
   }
+}
+
+// Elements before `out` reaches a 16-byte boundary (at most `n`), done masked so the rest can stream.
+inline size_t StreamHead(const uint16_t* out, size_t n) {
+  const size_t head = (8 - (reinterpret_cast<uintptr_t>(out) / 2) % 8) % 8;
+  return head < n ? head : n;
 }
 
 inline __m256i NanMask(V8 x) { return _mm256_castps_si256(_mm256_cmp_ps(x.r, x.r, _CMP_UNORD_Q)); }
@@ -85,20 +102,23 @@ inline __m128i ToHalf(V8 x) {
   return _mm_andnot_si128(_mm_and_si128(nan16, _mm_set1_epi16(0x01ff)), h);
 }
 
-template <ParamCopy kCopy, bool kFull>
+template <ParamCopy kCopy, Mem kMem>
 inline void StoreCopy(uint16_t* out, const Block& b, V8 p) {
-  if constexpr (kCopy == ParamCopy::kBf16) Store16<kFull>(out, b, ToBf16(p));
-  if constexpr (kCopy == ParamCopy::kF16) Store16<kFull>(out, b, ToHalf(p));
+  if constexpr (kCopy == ParamCopy::kBf16) Store16<kMem>(out, b, ToBf16(p));
+  if constexpr (kCopy == ParamCopy::kF16) Store16<kMem>(out, b, ToHalf(p));
 }
 
-template <ParamCopy kCopy, bool kFull>
-inline void AdamWBlock(const OptimizerArrays& a, size_t i, const Block& b, const AdamWCoeffs<V8>& c, V8 gs) {
-  V8 p = Load<kFull>(a.master + i, b), m = Load<kFull>(a.m + i, b), v = Load<kFull>(a.v + i, b);
-  AdamWUpdate(Load<kFull>(a.grad + i, b) * gs, p, m, v, c);
-  Store<kFull>(a.master + i, b, p);
-  Store<kFull>(a.m + i, b, m);
-  Store<kFull>(a.v + i, b, v);
-  StoreCopy<kCopy, kFull>(a.param_copy + i, b, p);
+// Runs block<Mem>(i, b) over [begin, end): a masked head until `out + i` is 16-byte aligned (none
+// without an output), streamed full blocks, a masked tail; then fences the streaming stores.
+template <ParamCopy kCopy, class Body>
+inline void ForBlocks(size_t begin, size_t end, const uint16_t* out, Body&& body) {
+  size_t i = begin;
+  const size_t head = kCopy == ParamCopy::kNone ? 0 : StreamHead(out + i, end - i);
+  if (head > 0) body.template operator()<Mem::kMasked>(i, Block{head, TailMask(head)});
+  const Block full{8, _mm256_set1_epi32(-1)};
+  for (i += head; i + 8 <= end; i += 8) body.template operator()<Mem::kStream>(i, full);
+  if (i < end) body.template operator()<Mem::kMasked>(i, Block{end - i, TailMask(end - i)});
+  if constexpr (kCopy != ParamCopy::kNone) _mm_sfence();
 }
 
 template <ParamCopy kCopy>
@@ -107,28 +127,33 @@ void AdamWRange(const OptimizerArrays& a, size_t begin, size_t end, const AdamWC
                              Splat(cf.beta2),           Splat(cf.one_minus_beta2),
                              Splat(cf.bias_correction2_sqrt), Splat(cf.eps), Splat(cf.step_size)};
   const V8 gs = Splat(grad_scale);
-  const Block full{8, _mm256_set1_epi32(-1)};
-  size_t i = begin;
-  for (; i + 8 <= end; i += 8) AdamWBlock<kCopy, true>(a, i, full, c, gs);
-  if (i < end) AdamWBlock<kCopy, false>(a, i, Block{end - i, TailMask(end - i)}, c, gs);
-}
-
-template <ParamCopy kCopy, bool kFull>
-inline void SgdBlock(const OptimizerArrays& a, size_t i, const Block& b, V8 lr, V8 mu, V8 wd, V8 gs) {
-  V8 p = Load<kFull>(a.master + i, b), buf = Load<kFull>(a.m + i, b);
-  SgdUpdate(Load<kFull>(a.grad + i, b) * gs, p, buf, lr, mu, wd);
-  Store<kFull>(a.master + i, b, p);
-  Store<kFull>(a.m + i, b, buf);
-  StoreCopy<kCopy, kFull>(a.param_copy + i, b, p);
+  ForBlocks<kCopy>(begin, end, a.param_copy, [&]<Mem kMem>(size_t i, const Block& b) {
+    Prefetch<kMem>(a.grad + i);
+    Prefetch<kMem>(a.master + i);
+    Prefetch<kMem>(a.m + i);
+    Prefetch<kMem>(a.v + i);
+    V8 p = Load<kMem>(a.master + i, b), m = Load<kMem>(a.m + i, b), v = Load<kMem>(a.v + i, b);
+    AdamWUpdate(Load<kMem>(a.grad + i, b) * gs, p, m, v, c);
+    Store<kMem>(a.master + i, b, p);
+    Store<kMem>(a.m + i, b, m);
+    Store<kMem>(a.v + i, b, v);
+    StoreCopy<kCopy, kMem>(a.param_copy + i, b, p);
+  });
 }
 
 template <ParamCopy kCopy>
 void SgdRange(const OptimizerArrays& a, size_t begin, size_t end, const SgdStep& c, float grad_scale) {
   const V8 lr = Splat(c.lr), mu = Splat(c.momentum), wd = Splat(c.weight_decay), gs = Splat(grad_scale);
-  const Block full{8, _mm256_set1_epi32(-1)};
-  size_t i = begin;
-  for (; i + 8 <= end; i += 8) SgdBlock<kCopy, true>(a, i, full, lr, mu, wd, gs);
-  if (i < end) SgdBlock<kCopy, false>(a, i, Block{end - i, TailMask(end - i)}, lr, mu, wd, gs);
+  ForBlocks<kCopy>(begin, end, a.param_copy, [&]<Mem kMem>(size_t i, const Block& b) {
+    Prefetch<kMem>(a.grad + i);
+    Prefetch<kMem>(a.master + i);
+    Prefetch<kMem>(a.m + i);
+    V8 p = Load<kMem>(a.master + i, b), buf = Load<kMem>(a.m + i, b);
+    SgdUpdate(Load<kMem>(a.grad + i, b) * gs, p, buf, lr, mu, wd);
+    Store<kMem>(a.master + i, b, p);
+    Store<kMem>(a.m + i, b, buf);
+    StoreCopy<kCopy, kMem>(a.param_copy + i, b, p);
+  });
 }
 
 void AdamW(const OptimizerArrays& a, size_t begin, size_t end, const AdamWCoeffs<float>& c, float gs) {
@@ -155,26 +180,19 @@ void Sgd(const OptimizerArrays& a, size_t begin, size_t end, const SgdStep& c, f
 
 template <ParamCopy kCopy>
 void CastRange(const float* x, uint16_t* y, size_t n) {
-  const Block full{8, _mm256_set1_epi32(-1)};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) StoreCopy<kCopy, true>(y + i, full, Load<true>(x + i, full));
-  if (i < n) {
-    const Block b{n - i, TailMask(n - i)};
-    StoreCopy<kCopy, false>(y + i, b, Load<false>(x + i, b));
-  }
+  ForBlocks<kCopy>(0, n, y, [&]<Mem kMem>(size_t i, const Block& b) {
+    Prefetch<kMem>(x + i);
+    StoreCopy<kCopy, kMem>(y + i, b, Load<kMem>(x + i, b));
+  });
 }
 void CastBf16(const float* x, uint16_t* y, size_t n) { CastRange<ParamCopy::kBf16>(x, y, n); }
 void CastF16(const float* x, uint16_t* y, size_t n) { CastRange<ParamCopy::kF16>(x, y, n); }
 
 void Scale(const float* x, float* y, size_t n, float s) {
   const V8 sv = Splat(s);
-  const Block full{8, _mm256_set1_epi32(-1)};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) Store<true>(y + i, full, Load<true>(x + i, full) * sv);
-  if (i < n) {
-    const Block b{n - i, TailMask(n - i)};
-    Store<false>(y + i, b, Load<false>(x + i, b) * sv);
-  }
+  ForBlocks<ParamCopy::kNone>(0, n, nullptr, [&]<Mem kMem>(size_t i, const Block& b) {
+    Store<kMem>(y + i, b, Load<kMem>(x + i, b) * sv);
+  });
 }
 
 // Lanes 4j..4j+3 of Note [Sum of squares order] live in acc[j]; masked-off inputs add +0.0 (no change).
@@ -190,7 +208,8 @@ double SumSquares(const float* x, size_t n) {
   }
   for (int j = 0; j < 8 && i + 4 * j < n; ++j) {
     const size_t left = n - i - 4 * j;
-    const __m128i mask = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(left > 4 ? 4 : left)), _mm_setr_epi32(0, 1, 2, 3));
+    const __m128i lanes = _mm_set1_epi32(static_cast<int>(left > 4 ? 4 : left));
+    const __m128i mask = _mm_cmpgt_epi32(lanes, _mm_setr_epi32(0, 1, 2, 3));
     const __m256d d = _mm256_cvtps_pd(_mm_maskload_ps(x + i + 4 * j, mask));
     acc[j] = _mm256_fmadd_pd(d, d, acc[j]);
   }

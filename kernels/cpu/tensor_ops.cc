@@ -27,7 +27,9 @@ constexpr size_t kChunksPerBatch = 512;  // partial sums kept on the stack per p
 // The chunk's tiles summed in order (tensor_ops.h).
 double ChunkSum(const CpuKernels& k, const float* x, size_t n) {
   double sum = 0.0;
-  for (size_t lo = 0; lo < n; lo += kSumTileElems) sum += k.sum_squares(x + lo, n - lo < kSumTileElems ? n - lo : kSumTileElems);
+  for (size_t lo = 0; lo < n; lo += kSumTileElems) {
+    sum += k.sum_squares(x + lo, n - lo < kSumTileElems ? n - lo : kSumTileElems);
+  }
   return sum;
 }
 

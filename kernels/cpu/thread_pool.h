@@ -8,10 +8,12 @@
 //    participant 0 is the calling thread, 1..threads-1 the workers.
 //  - Run() calls are serialised by an internal mutex: the pool may be shared, it is just not concurrent.
 //    fn must not call Run() on the same pool (that would deadlock).
-//  - Workers are created in the constructor (the only allocation) and pinned, one CPU each, to `cpus`
-//    (default: the process's allowed CPUs in order, skipping the first, which the caller is expected
-//    to use). Pinning is best effort: pinned() says whether every worker got its CPU. The caller's thread
-//    is never re-pinned by the pool (it belongs to the caller; see PinCurrentThread).
+//  - Workers are created in the constructor (the only allocation) and pinned, one CPU each: worker i to
+//    cpus[i], or by default to the i-th CPU the constructing thread may run on (AllowedCpus(), wrapping
+//    around when there are more threads than CPUs), leaving the first for the caller. So construct the
+//    pool before pinning the calling thread, or pass cpus. Pinning is best effort: pinned() says whether
+//    every worker got its CPU. The caller's thread is never re-pinned by the pool (it belongs to the
+//    caller; see PinCurrentThread).
 //  - Between Runs the workers spin briefly (about 50 us) and then sleep on a futex, so an idle pool
 //    costs no CPU and back-to-back Runs do not pay a wake-up each.
 // No function here allocates after construction, reads the environment or throws.
@@ -77,7 +79,7 @@ class ThreadPool {
 // Pins the calling thread to `cpu`; false when the OS refuses (for example, a CPU outside the cpuset).
 bool PinCurrentThread(int cpu);
 
-// The CPUs this process may run on, in increasing order.
+// The CPUs the calling thread may run on (its affinity mask), in increasing order.
 std::vector<int> AllowedCpus();
 
 }  // namespace strata::kernels::cpu

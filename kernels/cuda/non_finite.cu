@@ -16,7 +16,9 @@ __global__ void CountKernel(const float* x, size_t n, VectorSplit sp, unsigned l
     for (int k = 0; k < kVec; ++k) c += IsFinite(v.v[k]) ? 0 : 1;
   }
   const size_t rest = sp.head + sp.vecs * kVec;
-  for (size_t k = tid; k < sp.head + (n - rest); k += stride) c += IsFinite(x[k < sp.head ? k : rest + (k - sp.head)]) ? 0 : 1;
+  for (size_t k = tid; k < sp.head + (n - rest); k += stride) {
+    c += IsFinite(x[k < sp.head ? k : rest + (k - sp.head)]) ? 0 : 1;
+  }
   for (int off = 16; off > 0; off /= 2) c += __shfl_down_sync(0xffffffffu, c, off);
   __shared__ unsigned long long warp_sums[kBlockThreads / 32];
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = c;

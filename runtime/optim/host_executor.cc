@@ -1,3 +1,5 @@
+// HostExecutor: resolves the kernel variant (with errors that name it) and owns the pool (see
+// host_executor.h).
 #include "runtime/optim/host_executor.h"
 
 #include <string>

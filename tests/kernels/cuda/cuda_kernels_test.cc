@@ -29,7 +29,11 @@ using cpu::testing::RandomBits;
 using cpu::testing::TestSizes;
 using cpu::testing::Uniform;
 
-#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(call)
+#define ASSERT_CUDA(call)                                                          \
+  do {                                                                             \
+    const cudaError_t strata_err_ = (call);                                        \
+    ASSERT_EQ(strata_err_, cudaSuccess) << #call << ": " << cudaGetErrorString(strata_err_); \
+  } while (0)
 
 // Device copy of a host vector with `pad` spare elements in front (to shift alignment); freed on scope exit.
 template <class T>
