@@ -86,8 +86,13 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   r.clip_coef = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
   for (UnitState& u : units) {
     optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
-    optim::ApplyUpdate(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef);
-    STRATA_RETURN_IF_ERROR(CastMasterToParams(u));
+    optim::UpdateOptions opts;
+    if (cfg.param_dtype != DType::kF32) {  // the fused pass also writes the low-precision param copy
+      opts.param_copy = u.params.as<uint16_t>() + (cfg.stage == 3 ? 0 : update_begin(u));
+      opts.param_copy_dtype = cfg.param_dtype;
+    }
+    optim::ApplyUpdate(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef, opts);
+    if (cfg.param_dtype == DType::kF32) STRATA_RETURN_IF_ERROR(CastMasterToParams(u));
   }
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
