@@ -12,7 +12,9 @@ int BenchStepCommand(const std::vector<std::string>& args);
 int PlotCommand(const std::vector<std::string>& args);
 int CompareCommand(const std::vector<std::string>& args);
 int CkptCommand(const std::vector<std::string>& args);
+int BenchCapacityCommand(const std::vector<std::string>& args);
 int DoctorCommand(const std::vector<std::string>& args);
 int BenchScalingCommand(const std::vector<std::string>& args);
+int BenchNvmeCommand(const std::vector<std::string>& args);
 
 }  // namespace strata::tools

@@ -60,6 +60,9 @@ struct EngineConfig {
   uint64_t seed = 1;                            // strata.seed
   uint64_t device_budget_bytes = ~uint64_t{0};  // strata.device_budget ("512MiB" or a number)
   uint64_t host_budget_bytes = ~uint64_t{0};    // strata.host_budget
+  // Elements per tile of NVMe-resident optimizer state (not a JSON key: the pinned staging buffers are
+  // 3 x lanes tiles, so this is a memory knob the engine sizes; tests shrink it to exercise tiling).
+  uint64_t nvme_tile_elems = uint64_t{1} << 20;
 };
 
 // Parses and validates a JSON document (the whole text). Missing keys keep their defaults.

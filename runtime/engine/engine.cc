@@ -46,6 +46,7 @@ void InitRange(const UnitState& u, uint64_t seed, size_t lo, size_t hi, float* m
 }  // namespace
 
 float* Engine::Impl::MasterPtr(UnitState& u) const {
+  if (nvme_optimizer()) return nullptr;  // on NVMe: ReadLane(u, 0) stages it
   if (separate_master()) return u.master.as<float>();
   if (cfg.stage == 3) return u.params.as<float>();
   return u.params.as<float>() + update_begin(u);
@@ -75,12 +76,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   if (config.reduce_dtype != DType::kF32) {
     return absl::UnimplementedError("strata.reduce_dtype other than fp32 is not implemented yet; use fp32");
   }
-  if (config.offload_param.device == OffloadDevice::kNvme || config.offload_optimizer.device == OffloadDevice::kNvme) {
-    return absl::UnimplementedError("NVMe offload (device: nvme) is not implemented in this build yet; use cpu");
+  if (config.offload_param.device == OffloadDevice::kNvme) {
+    return absl::UnimplementedError(
+        "offload_param.device = nvme is not implemented yet (parameter shards: use cpu; optimizer state may go "
+        "to nvme)");
   }
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->world = &world;
+  impl->nvme_tile_elems = std::max<uint64_t>(config.nvme_tile_elems, 1024);
   if (config.fp16.enabled) {
     impl->loss_scale = config.fp16.static_loss_scale > 0 ? static_cast<float>(config.fp16.static_loss_scale)
                                                          : std::ldexp(1.0f, static_cast<int>(config.fp16.initial_scale_power));
@@ -160,20 +164,30 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
   memory::Allocator& opt = m.OptimizerTier();
   const size_t upd = m.update_elems(u), param_elems = ParamElems(m, u);
   STRATA_ASSIGN_OR_RETURN(u.params, m.ParamTier().Allocate(param_elems * m.param_bytes(), Kind::kParamShard));
-  if (m.separate_master()) {
+  if (m.nvme_optimizer()) {  // master and state on NVMe (SetUpNvme); gradients on the host tier
+    STRATA_ASSIGN_OR_RETURN(u.grads, opt.Allocate(GradElems(m, u) * 4, Kind::kGradShard));
+  } else if (m.separate_master()) {
     STRATA_ASSIGN_OR_RETURN(u.master, opt.Allocate(upd * 4, Kind::kMaster));
   }
-  STRATA_ASSIGN_OR_RETURN(u.grads, opt.Allocate(GradElems(m, u) * 4, Kind::kGradShard));
-  STRATA_ASSIGN_OR_RETURN(u.m, opt.Allocate(upd * 4, Kind::kOptimizerState));
-  if (optim::StateBuffers(m.cfg.optimizer) > 1) {
-    STRATA_ASSIGN_OR_RETURN(u.v, opt.Allocate(upd * 4, Kind::kOptimizerState));
+  if (!m.nvme_optimizer()) {
+    STRATA_ASSIGN_OR_RETURN(u.grads, opt.Allocate(GradElems(m, u) * 4, Kind::kGradShard));
+    STRATA_ASSIGN_OR_RETURN(u.m, opt.Allocate(upd * 4, Kind::kOptimizerState));
+    if (optim::StateBuffers(m.cfg.optimizer) > 1) {
+      STRATA_ASSIGN_OR_RETURN(u.v, opt.Allocate(upd * 4, Kind::kOptimizerState));
+    }
   }
   u.update_segments = m.cfg.stage == 0 ? u.layout.FullSegments() : u.layout.ShardSegments(m.rank());
   // Initial values: the rank's own range for stage 3, everything for the replicated stages.
   const size_t lo = m.cfg.stage == 3 ? m.update_begin(u) : 0;
   const size_t hi = lo + param_elems;
-  float* master = m.separate_master() ? u.master.as<float>() : nullptr;
   InitRange(u, m.cfg.seed, lo, hi, nullptr, u.params.data(), m.cfg.param_dtype);
+  if (m.nvme_optimizer()) {  // initial master and zero state, written through the staging buffers
+    std::vector<float> values(upd, 0.0f);
+    for (int l = 1; l < m.lanes(); ++l) STRATA_RETURN_IF_ERROR(m.WriteLane(u, l, values));
+    InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, values.data(), nullptr, DType::kF32);
+    return m.WriteLane(u, 0, values);
+  }
+  float* master = m.separate_master() ? u.master.as<float>() : nullptr;
   if (master != nullptr) InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, master, nullptr, DType::kF32);
   return absl::OkStatus();
 }
@@ -193,9 +207,13 @@ absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t larg
   uint64_t params = 0, master = 0, grads = 0, state = 0;
   for (const UnitState& u : m.units) {
     params += ParamElems(m, u) * m.param_bytes();
-    master += m.separate_master() ? m.update_elems(u) * 4 : 0;
+    master += m.separate_master() && !m.nvme_optimizer() ? m.update_elems(u) * 4 : 0;
     grads += GradElems(m, u) * 4;
-    state += m.update_elems(u) * 4 * optim::StateBuffers(m.cfg.optimizer);
+    state += m.nvme_optimizer() ? 0 : m.update_elems(u) * 4 * optim::StateBuffers(m.cfg.optimizer);
+  }
+  if (m.nvme_optimizer()) {  // the pinned staging buffers of the tiled update (NVMe space is checked by the store)
+    add(*m.host_alloc, uint64_t(std::max<size_t>(m.cfg.offload_optimizer.buffer_count, 3 * m.lanes())) *
+                           m.nvme_tile_elems * 4, "NVMe staging buffers");
   }
   add(m.ParamTier(), params, "parameters");
   add(m.OptimizerTier(), master, "fp32 master");
@@ -234,6 +252,7 @@ absl::Status Engine::Finalize() {
                        ? std::max<int>(m.cfg.max_live_units, static_cast<int>(m.units.size()))
                        : m.cfg.max_live_units;
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard));
+  if (m.nvme_optimizer()) STRATA_RETURN_IF_ERROR(m.SetUpNvme());
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
@@ -274,11 +293,16 @@ absl::StatusOr<std::vector<float>> Engine::GatherParam(int unit, int param) {
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherParam"));
   UnitState& u = m.units[unit];
   const shard::ParamSlot& p = u.layout.params[param];
-  std::vector<float> full(u.layout.total_elems);
+  std::vector<float> full(u.layout.total_elems), staged;
+  const float* master = m.MasterPtr(u);
+  if (m.nvme_optimizer()) {
+    STRATA_ASSIGN_OR_RETURN(staged, m.ReadLane(u, 0));
+    master = staged.data();
+  }
   if (m.cfg.stage == 0) {
-    std::memcpy(full.data(), m.MasterPtr(u), full.size() * 4);
+    std::memcpy(full.data(), master, full.size() * 4);
   } else {
-    STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(m.MasterPtr(u), full.data(), u.layout.shard_elems, DType::kF32,
+    STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(master, full.data(), u.layout.shard_elems, DType::kF32,
                                                   *m.step_stream).Wait());
   }
   return std::vector<float>(full.begin() + p.offset_elems, full.begin() + p.offset_elems + p.numel);
@@ -295,10 +319,16 @@ absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& val
   }
   // Master over the update range, then the param storage over what this rank holds.
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
+  std::vector<float> staged;
   float* master = m.MasterPtr(u);
+  if (m.nvme_optimizer()) {
+    STRATA_ASSIGN_OR_RETURN(staged, m.ReadLane(u, 0));
+    master = staged.data();
+  }
   for (size_t j = std::max(lo, p.offset_elems); j < std::min(hi, p.offset_elems + p.numel); ++j) {
     master[j - lo] = value[j - p.offset_elems];
   }
+  if (m.nvme_optimizer()) STRATA_RETURN_IF_ERROR(m.WriteLane(u, 0, staged));
   const size_t plo = m.cfg.stage == 3 ? lo : 0;
   const size_t phi = m.cfg.stage == 3 ? hi : u.layout.total_elems;
   for (size_t j = std::max(plo, p.offset_elems); j < std::min(phi, p.offset_elems + p.numel); ++j) {

@@ -28,35 +28,58 @@ namespace {
 
 std::string ShardName(int rank) { return absl::StrFormat("shard_%05d.bin", rank); }
 
-// The state kinds the optimizer keeps, and the buffer holding each over the update range.
-std::vector<std::pair<std::string, float*>> Kinds(Engine::Impl& m, UnitState& u) {
-  std::vector<std::pair<std::string, float*>> k = {{"master", m.MasterPtr(u)}};
-  if (m.cfg.optimizer.type == OptimizerType::kAdamW) {
-    k.emplace_back("exp_avg", u.m.as<float>());
-    k.emplace_back("exp_avg_sq", u.v.as<float>());
-  } else {
-    k.emplace_back("momentum", u.m.as<float>());
+std::vector<std::string> KindNames(const Engine::Impl& m) {
+  if (m.cfg.optimizer.type == OptimizerType::kAdamW) return {"master", "exp_avg", "exp_avg_sq"};
+  return {"master", "momentum"};
+}
+
+// The buffers holding each kind over the update range. NVMe-resident state is staged into `staged`, one
+// unit at a time (Note [NVMe state]).
+absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u, std::vector<std::vector<float>>* staged) {
+  if (m.nvme_optimizer()) {
+    staged->clear();
+    std::vector<float*> out;
+    for (int l = 0; l < m.lanes(); ++l) {
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> lane, m.ReadLane(u, l));
+      staged->push_back(std::move(lane));
+    }
+    for (auto& v : *staged) out.push_back(v.data());
+    return out;
   }
-  return k;
+  std::vector<float*> out = {m.MasterPtr(u), u.m.as<float>()};
+  if (m.cfg.optimizer.type == OptimizerType::kAdamW) out.push_back(u.v.as<float>());
+  return out;
 }
 
 absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
   const size_t r = static_cast<size_t>(m.rank());
+  const std::vector<std::string> kinds = KindNames(m);
   std::vector<ckpt::ShardRange> ranges;
-  std::vector<const float*> sources;
-  for (UnitState& u : m.units) {
+  std::vector<std::pair<size_t, size_t>> where;  // (unit, kind) of each range
+  for (size_t ui = 0; ui < m.units.size(); ++ui) {
+    const UnitState& u = m.units[ui];
     const size_t lo = r * u.layout.shard_elems, hi = lo + u.layout.shard_elems;
-    for (auto& [kind, base] : Kinds(m, u)) {
+    for (size_t k = 0; k < kinds.size(); ++k) {
       for (const shard::ParamSlot& p : u.layout.params) {
         const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
         if (b >= e) continue;
-        ranges.push_back({u.layout.name, p.spec.name, kind, b, e - b});
-        sources.push_back(base + (b - m.update_begin(u)));
+        ranges.push_back({u.layout.name, p.spec.name, kinds[k], b, e - b});
+        where.emplace_back(ui, k);
       }
     }
   }
   STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.rank(), m.world_size(), ranges));
-  for (size_t i = 0; i < sources.size(); ++i) STRATA_RETURN_IF_ERROR(w.Write(i, sources[i]));
+  std::vector<std::vector<float>> staged;
+  std::vector<float*> buffers;
+  size_t staged_unit = SIZE_MAX;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    UnitState& u = m.units[where[i].first];
+    if (where[i].first != staged_unit) {
+      STRATA_ASSIGN_OR_RETURN(buffers, KindBuffers(m, u, &staged));
+      staged_unit = where[i].first;
+    }
+    STRATA_RETURN_IF_ERROR(w.Write(i, buffers[where[i].second] + (ranges[i].begin - m.update_begin(u))));
+  }
   STRATA_ASSIGN_OR_RETURN(auto done, w.Finish());
   *checksum = done.first;
   *bytes = done.second;

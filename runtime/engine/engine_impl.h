@@ -16,6 +16,9 @@
 #include "runtime/device/timeline.h"
 #include "runtime/engine/engine.h"
 #include "runtime/memory/memory.h"
+#include "offload/io_queue.h"
+#include "offload/nvme_store.h"
+#include "offload/pinned_pool.h"
 #include "runtime/shard/schedule.h"
 #include "runtime/shard/slot_pool.h"
 
@@ -28,6 +31,8 @@ struct UnitState {
   memory::Buffer grads;   // fp32
   memory::Buffer m, v;    // optimizer state, fp32
   std::vector<shard::Segment> update_segments;  // relative to the update range start
+  // offload_optimizer = nvme: master, m, v as tiles on NVMe (lane 0 master, 1 m, 2 v), Note [NVMe state].
+  std::vector<std::vector<offload::NvmeExtent>> nvme_lanes;
 
   // Live state within a step.
   int param_slot = -1;  // stage 3: gathered buffer
@@ -60,6 +65,21 @@ struct Engine::Impl {
   memory::Allocator& ParamTier() const {
     return cfg.offload_param.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
+  // Note [NVMe state]. With offload_optimizer = nvme the fp32 master and the optimizer state of each unit
+  // live on NVMe in tiles of nvme_tile_elems (every lane's tile i covers the same elements); the step
+  // streams them through pinned buffers with offload::RunTiledPipeline (read tile i+1 and write tile
+  // i-1 while tile i updates). Gradients stay on the pinned-host tier. Anything that needs the master in
+  // memory (export, SetParam, checkpoints) stages one unit at a time.
+  bool nvme_optimizer() const { return cfg.offload_optimizer.device == OffloadDevice::kNvme; }
+  size_t nvme_tile_elems = size_t{1} << 20;
+  std::unique_ptr<offload::IoQueue> io_queue;
+  std::unique_ptr<offload::NvmeStore> nvme;
+  std::unique_ptr<offload::PinnedPool> staging;
+  absl::Status SetUpNvme();                                   // engine_nvme.cc
+  absl::Status NvmeUpdate(UnitState& u, double lr, float clip_coef);
+  absl::StatusOr<std::vector<float>> ReadLane(UnitState& u, int lane);  // the lane over the update range
+  absl::Status WriteLane(UnitState& u, int lane, const std::vector<float>& values);
+  int lanes() const;
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
@@ -119,6 +139,7 @@ struct Engine::Impl {
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
   absl::Status CastMasterToParams(UnitState& u);
+  absl::Status CastMasterToParams(UnitState& u, const float* master);  // from a staged copy (NVMe)
   absl::Status ReplicateParams();  // stages 1-2: all-gather every unit's params from the updated slices
   absl::Status ZeroGrads();
 };

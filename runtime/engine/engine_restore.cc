@@ -103,19 +103,26 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
   for (const auto& p : saved.params) specs.push_back({p.name, p.shape, p.weight_decay});
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout old, shard::UnitLayout::Build(saved.name, specs, saved_world));
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  std::vector<std::pair<std::string, float*>> kinds = {{"master", m.MasterPtr(u)}};
-  if (m.cfg.optimizer.type == OptimizerType::kAdamW) {
-    kinds.insert(kinds.end(), {{"exp_avg", u.m.as<float>()}, {"exp_avg_sq", u.v.as<float>()}});
-  } else {
-    kinds.emplace_back("momentum", u.m.as<float>());
+  const bool adam = m.cfg.optimizer.type == OptimizerType::kAdamW;
+  std::vector<std::string> names = adam ? std::vector<std::string>{"master", "exp_avg", "exp_avg_sq"}
+                                        : std::vector<std::string>{"master", "momentum"};
+  // NVMe-resident state is filled into a staged copy of this unit, then written out (Note [NVMe state]).
+  std::vector<std::vector<float>> staged;
+  std::vector<float*> dsts = {m.MasterPtr(u), u.m.as<float>()};
+  if (adam) dsts.push_back(u.v.as<float>());
+  if (m.nvme_optimizer()) {
+    staged.assign(names.size(), std::vector<float>(m.update_elems(u), 0.0f));
+    for (size_t k = 0; k < names.size(); ++k) dsts[k] = staged[k].data();
   }
-  for (auto& [kind, dst] : kinds) {
+  for (size_t k = 0; k < names.size(); ++k) {
     for (const shard::ParamSlot& p : u.layout.params) {
       const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
-      if (b < e) STRATA_RETURN_IF_ERROR(FillRange(cache, u.layout.name, p, kind, b, e, old.shard_elems, dst, lo));
+      if (b < e) STRATA_RETURN_IF_ERROR(FillRange(cache, u.layout.name, p, names[k], b, e, old.shard_elems, dsts[k], lo));
     }
   }
-  return m.CastMasterToParams(u);
+  if (!m.nvme_optimizer()) return m.CastMasterToParams(u);
+  for (size_t k = 0; k < names.size(); ++k) STRATA_RETURN_IF_ERROR(m.WriteLane(u, static_cast<int>(k), staged[k]));
+  return m.CastMasterToParams(u, staged[0].data());
 }
 
 absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manifest* man) {

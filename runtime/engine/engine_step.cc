@@ -17,7 +17,10 @@ namespace strata::engine {
 
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u) {
   if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  const float* master = u.master.as<float>();
+  return CastMasterToParams(u, u.master.as<float>());
+}
+
+absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
   if (cfg.param_dtype == DType::kF32) {  // an fp32 master kept on another tier: copy
     std::memcpy(u.params.as<float>() + (cfg.stage == 3 ? 0 : update_begin(u)), master, update_elems(u) * 4);
     return absl::OkStatus();
@@ -85,6 +88,10 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   }
   r.clip_coef = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
   for (UnitState& u : units) {
+    if (nvme_optimizer()) {
+      STRATA_RETURN_IF_ERROR(NvmeUpdate(u, r.lr, r.clip_coef));
+      continue;
+    }
     optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
     optim::UpdateOptions opts;
     if (cfg.param_dtype != DType::kF32) {  // the fused pass also writes the low-precision param copy

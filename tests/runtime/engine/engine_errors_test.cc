@@ -175,7 +175,7 @@ TEST(EngineErrors, UnsupportedFeaturesAreRejectedAtCreate) {
   auto results = testing::RunRanks(1, comm::Options{}, [](int, comm::Communicator& c) -> absl::Status {
     device::HostDevice d;
     EngineConfig cfg = Stage3();
-    cfg.offload_optimizer.device = OffloadDevice::kNvme;
+    cfg.offload_param.device = OffloadDevice::kNvme;  // parameter shards on NVMe: not implemented yet
     return Engine::Create(cfg, c, d).status();
   });
   EXPECT_EQ(results[0].code(), absl::StatusCode::kUnimplemented);

@@ -1,0 +1,163 @@
+#include "offload/nvme_files.h"
+
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#include "runtime/base/units.h"
+
+namespace strata::offload {
+namespace {
+
+absl::Status PathError(const char* call, const std::string& what, const std::string& path) {
+  return Annotate(ErrnoError(absl::StrCat(call, "('", path, "')"), errno, __FILE__, __LINE__), what);
+}
+
+uint64_t FreeBytes(const std::string& dir) {
+  struct statvfs v;
+  if (statvfs(dir.c_str(), &v) != 0) return 0;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+absl::Status CheckDirectory(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("NVMe path '", dir, "' does not exist (create it, or point nvme_path at ",
+                                              "an existing directory)"));
+    }
+    return PathError("stat", absl::StrCat("NVMe path '", dir, "'"), dir);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("NVMe path '", dir, "' is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string FileSystemType(const std::string& path) {
+  struct statfs s;
+  if (statfs(path.c_str(), &s) != 0) return "unknown";
+  switch (static_cast<unsigned long>(s.f_type)) {
+    case EXT4_SUPER_MAGIC:
+      return "ext4";  // also ext2/ext3: one magic
+    case TMPFS_MAGIC:
+      return "tmpfs";
+    case XFS_SUPER_MAGIC:
+      return "xfs";
+    case BTRFS_SUPER_MAGIC:
+      return "btrfs";
+    case OVERLAYFS_SUPER_MAGIC:
+      return "overlay";
+    case NFS_SUPER_MAGIC:
+      return "nfs";
+    case PROC_SUPER_MAGIC:
+      return "proc";
+    default:
+      return absl::StrCat("0x", absl::Hex(static_cast<unsigned long>(s.f_type)));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<NvmeFileSet>> NvmeFileSet::Open(const NvmeFileSetOptions& o) {
+  if (o.paths.empty()) return absl::InvalidArgumentError("an NVMe store needs at least one path");
+  if (o.capacity_bytes == 0) return absl::InvalidArgumentError("an NVMe store needs a capacity above 0 bytes");
+  if (o.stripe_bytes == 0 || o.stripe_bytes % kAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("NVMe stripe_bytes ", o.stripe_bytes, " is not a multiple of 4096"));
+  }
+  std::unique_ptr<NvmeFileSet> set(new NvmeFileSet());
+  set->keep_files_ = o.keep_files;
+  set->stripe_ = o.stripe_bytes;
+  const uint64_t n = o.paths.size();
+  const uint64_t file_bytes =
+      n == 1 ? RoundUp(o.capacity_bytes, kAlignment) : RoundUp(o.capacity_bytes, n * o.stripe_bytes) / n;
+  set->capacity_ = file_bytes * n;
+  for (size_t i = 0; i < o.paths.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(set->OpenOne(o.paths[i], static_cast<int>(i), file_bytes, o));
+  }
+  return set;
+}
+
+absl::Status NvmeFileSet::OpenOne(const std::string& dir, int index, uint64_t file_bytes, const NvmeFileSetOptions& o) {
+  STRATA_RETURN_IF_ERROR(CheckDirectory(dir));
+  File f;
+  f.path = absl::StrCat(dir, "/strata-", o.name, "-r", o.rank, ".", index, ".swap");
+  f.fs_type = FileSystemType(dir);
+  const std::string what = absl::StrCat("NVMe path '", dir, "'");
+  const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
+  f.direct = o.direct_io != DirectIo::kOff;
+  int fd = -1;
+  if (f.direct) {
+    fd = o.refuse_direct_for_test ? (errno = EINVAL, -1) : open(f.path.c_str(), flags | O_DIRECT, 0600);
+    if (fd < 0 && errno == EINVAL) {
+      if (o.direct_io == DirectIo::kRequire) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, " (", f.fs_type, ") refuses O_DIRECT and direct I/O ", "was required"));
+      }
+      STRATA_LOG(Warning) << what << " (" << f.fs_type << ") refuses O_DIRECT; using buffered I/O for '" << f.path
+                          << "' (swapped data passes through the page cache)";
+      f.direct = false;
+    }
+  }
+  if (!f.direct) fd = open(f.path.c_str(), flags, 0600);
+  if (fd < 0) {
+    const bool denied = errno == EACCES || errno == EROFS || errno == EPERM;
+    return PathError("open", denied ? absl::StrCat(what, " is not writable") : what, f.path);
+  }
+  f.fd = fd;
+  files_.push_back(f);  // from here the destructor closes and unlinks it, whatever fails next
+  if (o.preallocate) {
+    if (fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) == 0) return absl::OkStatus();
+    if (errno == ENOSPC || errno == EDQUOT) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, " is too small: preallocating ", FormatBytes(file_bytes), " (", file_bytes, " bytes) for '", f.path,
+          "' failed with ENOSPC; the file system has ", FormatBytes(FreeBytes(dir)), " free"));
+    }
+    if (errno != EOPNOTSUPP) return PathError("fallocate", what, f.path);
+    STRATA_LOG(Warning) << what << " (" << f.fs_type << ") cannot preallocate; '" << f.path
+                        << "' is sparse and a write may fail when the disk fills";
+  }
+  if (ftruncate(fd, static_cast<off_t>(file_bytes)) != 0) return PathError("ftruncate", what, f.path);
+  return absl::OkStatus();
+}
+
+NvmeFileSet::~NvmeFileSet() {
+  for (const File& f : files_) {
+    close(f.fd);
+    if (!keep_files_) unlink(f.path.c_str());
+  }
+}
+
+bool NvmeFileSet::all_direct() const {
+  return std::all_of(files_.begin(), files_.end(), [](const File& f) { return f.direct; });
+}
+
+std::vector<FilePiece> NvmeFileSet::Map(uint64_t offset, uint64_t bytes) const {
+  std::vector<FilePiece> pieces;
+  const uint64_t n = files_.size();
+  if (n == 1) {
+    pieces.push_back(FilePiece{0, offset, 0, bytes});
+    return pieces;
+  }
+  uint64_t done = 0;
+  while (done < bytes) {
+    const uint64_t at = offset + done;
+    const uint64_t unit = at / stripe_;
+    const uint64_t within = at % stripe_;
+    const uint64_t len = std::min(bytes - done, stripe_ - within);
+    pieces.push_back(FilePiece{static_cast<int>(unit % n), (unit / n) * stripe_ + within, done, len});
+    done += len;
+  }
+  return pieces;
+}
+
+}  // namespace strata::offload

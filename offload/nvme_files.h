@@ -1,0 +1,93 @@
+// NvmeFileSet: the per-rank backing files of an NvmeStore, optionally striped over several directories
+// (one file per directory, RAID-0 style), and the map from the store's logical byte space to them.
+//
+// Guarantees. Open() either returns files that are created, sized and (by default) fully preallocated
+// with fallocate, so later writes cannot run out of space, or an error naming the path and leaves no
+// file behind:
+//   - directory missing: NotFound; not a directory: FailedPrecondition; not writable (EACCES, EROFS):
+//     PermissionDenied; not enough space for the preallocation: ResourceExhausted naming the path, the
+//     bytes needed and the bytes free.
+// Files are opened with O_DIRECT; a file system that refuses it (EINVAL) gets buffered I/O and one
+// warning naming the path and its file-system type (DirectIo::kRequire makes that an error instead).
+// A file system without fallocate (EOPNOTSUPP) gets a sparse file and a warning: writes to it may then
+// fail with ENOSPC, which the store reports as ResourceExhausted. Files are named
+// "<dir>/strata-<name>-r<rank>.<index>.swap", truncated on open (swap space, not persistent state) and
+// unlinked on destruction unless keep_files.
+//
+// Striping. The logical space is cut into stripe_bytes units dealt round-robin over the files: unit u
+// lives in file u % n at offset (u / n) * stripe_bytes. A range is split at unit boundaries; with one
+// file nothing is split.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::offload {
+
+enum class DirectIo { kAuto, kRequire, kOff };
+
+struct NvmeFileSetOptions {
+  std::vector<std::string> paths;  // directories (NVMe mount points); one file each
+  int rank = 0;
+  std::string name = "swap";        // distinguishes several stores of one rank
+  uint64_t capacity_bytes = 0;      // logical bytes; rounded up to 4096 (and to n x stripe_bytes when striped)
+  uint64_t stripe_bytes = 1 << 20;  // a multiple of 4096
+  DirectIo direct_io = DirectIo::kAuto;
+  bool preallocate = true;              // false: sparse files (tests of ENOSPC during a write)
+  bool keep_files = false;              // leave the files behind on destruction (debugging)
+  bool refuse_direct_for_test = false;  // behave as if the file system answered O_DIRECT with EINVAL
+};
+
+// A piece of a logical range inside one file.
+struct FilePiece {
+  int file = 0;
+  uint64_t file_offset = 0;
+  uint64_t range_offset = 0;  // where the piece starts within the logical range
+  uint64_t bytes = 0;
+};
+
+class NvmeFileSet {
+ public:
+  static constexpr uint64_t kAlignment = 4096;
+
+  static absl::StatusOr<std::unique_ptr<NvmeFileSet>> Open(const NvmeFileSetOptions& options);
+  ~NvmeFileSet();  // closes, and unlinks unless keep_files
+  NvmeFileSet(const NvmeFileSet&) = delete;
+  NvmeFileSet& operator=(const NvmeFileSet&) = delete;
+
+  size_t file_count() const { return files_.size(); }
+  const std::string& path(int file) const { return files_[file].path; }
+  int fd(int file) const { return files_[file].fd; }
+  bool direct(int file) const { return files_[file].direct; }
+  bool all_direct() const;
+  const std::string& fs_type(int file) const { return files_[file].fs_type; }
+  uint64_t capacity_bytes() const { return capacity_; }
+  uint64_t stripe_bytes() const { return stripe_; }
+
+  // Splits logical [offset, offset + bytes) into per-file pieces, in range order.
+  std::vector<FilePiece> Map(uint64_t offset, uint64_t bytes) const;
+
+ private:
+  struct File {
+    std::string path;
+    int fd = -1;
+    bool direct = false;
+    std::string fs_type;
+  };
+  NvmeFileSet() = default;
+  absl::Status OpenOne(const std::string& dir, int index, uint64_t file_bytes, const NvmeFileSetOptions& o);
+
+  std::vector<File> files_;
+  uint64_t capacity_ = 0;
+  uint64_t stripe_ = 0;
+  bool keep_files_ = false;
+};
+
+// The file-system type of `path` ("ext4", "tmpfs", "xfs", ... or the magic number in hex).
+std::string FileSystemType(const std::string& path);
+
+}  // namespace strata::offload

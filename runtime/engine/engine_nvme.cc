@@ -1,0 +1,117 @@
+// The NVMe tier of the optimizer (Note [NVMe state] in engine_impl.h): set-up, the tiled update, and
+// staging one unit's lane in memory for export, SetParam and checkpoints.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/element_math.h"
+#include "offload/tiled_pipeline.h"
+#include "runtime/base/status.h"
+#include "runtime/engine/engine_impl.h"
+#include "runtime/optim/optimizer.h"
+
+namespace strata::engine {
+
+int Engine::Impl::lanes() const { return 1 + optim::StateBuffers(cfg.optimizer); }
+
+namespace {
+
+size_t Tiles(const Engine::Impl& m, const UnitState& u) {
+  return (m.update_elems(u) + m.nvme_tile_elems - 1) / m.nvme_tile_elems;
+}
+
+size_t TileElems(const Engine::Impl& m, const UnitState& u, size_t t) {
+  return std::min(m.nvme_tile_elems, m.update_elems(u) - t * m.nvme_tile_elems);
+}
+
+}  // namespace
+
+absl::Status Engine::Impl::SetUpNvme() {
+  const std::string& path = cfg.offload_optimizer.nvme_path;
+  if (!std::filesystem::is_directory(path)) {
+    return absl::NotFoundError(absl::StrCat("offload_optimizer.nvme_path '", path, "' is not a directory"));
+  }
+  uint64_t need = 0;
+  for (const UnitState& u : units) {
+    for (size_t t = 0; t < Tiles(*this, u); ++t) need += lanes() * offload::NvmeStore::IoBytes(TileElems(*this, u, t) * 4);
+  }
+  STRATA_ASSIGN_OR_RETURN(io_queue, offload::CreateIoQueue(offload::IoQueueOptions{}));
+  offload::NvmeStoreOptions so;
+  so.files.paths = {path};
+  so.files.rank = rank();
+  so.files.name = "optimizer";
+  so.files.capacity_bytes = std::max<uint64_t>(need, offload::NvmeStore::kAlignment);
+  so.tracker = &tracker;
+  STRATA_ASSIGN_OR_RETURN(nvme, offload::NvmeStore::Create(so, io_queue.get()));
+  offload::PinnedPoolOptions po;
+  po.buffer_count = std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * lanes());
+  po.buffer_bytes = nvme_tile_elems * 4;
+  po.kind = memory::Kind::kScratch;
+  po.pin = cfg.offload_optimizer.pin_memory ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
+  STRATA_ASSIGN_OR_RETURN(staging, offload::PinnedPool::Create(po, host_alloc.get()));
+  io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
+  for (UnitState& u : units) {
+    u.nvme_lanes.assign(lanes(), {});
+    for (int l = 0; l < lanes(); ++l) {
+      const memory::Kind kind = l == 0 ? memory::Kind::kMaster : memory::Kind::kOptimizerState;
+      for (size_t t = 0; t < Tiles(*this, u); ++t) {
+        STRATA_ASSIGN_OR_RETURN(offload::NvmeExtent e, nvme->Allocate(TileElems(*this, u, t) * 4, kind));
+        u.nvme_lanes[l].push_back(std::move(e));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Engine::Impl::ReadLane(UnitState& u, int lane) {
+  std::vector<float> out(update_elems(u));
+  offload::PinnedBuffer buf = staging->Acquire();
+  for (size_t t = 0; t < u.nvme_lanes[lane].size(); ++t) {
+    const size_t n = TileElems(*this, u, t);
+    STRATA_RETURN_IF_ERROR(nvme->Read(u.nvme_lanes[lane][t], buf.view()).Wait());
+    std::memcpy(out.data() + t * nvme_tile_elems, buf.data(), n * 4);
+  }
+  return out;
+}
+
+absl::Status Engine::Impl::WriteLane(UnitState& u, int lane, const std::vector<float>& values) {
+  offload::PinnedBuffer buf = staging->Acquire();
+  for (size_t t = 0; t < u.nvme_lanes[lane].size(); ++t) {
+    const size_t n = TileElems(*this, u, t);
+    std::memcpy(buf.data(), values.data() + t * nvme_tile_elems, n * 4);
+    STRATA_RETURN_IF_ERROR(nvme->Write(u.nvme_lanes[lane][t], buf.view()).Wait());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) {
+  std::vector<offload::TileLane> tiles(lanes());
+  for (int l = 0; l < lanes(); ++l) {
+    for (const offload::NvmeExtent& e : u.nvme_lanes[l]) tiles[l].tiles.push_back(&e);
+  }
+  const float* grad = GradUpdatePtr(u);
+  const size_t param_base = cfg.stage == 3 ? 0 : update_begin(u);
+  auto fn = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
+    const size_t lo = t * nvme_tile_elems, hi = lo + TileElems(*this, u, t);
+    std::vector<shard::Segment> segs;
+    for (const shard::Segment& s : u.update_segments) {
+      const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
+      if (b < e) segs.push_back({b - lo, e - lo, s.param, s.weight_decay});
+    }
+    optim::ShardState st{v[0].as<float>(), grad + lo, v[1].as<float>(), lanes() > 2 ? v[2].as<float>() : nullptr};
+    optim::UpdateOptions opts;
+    if (cfg.param_dtype != DType::kF32) {
+      opts.param_copy = u.params.as<uint16_t>() + param_base + lo;
+      opts.param_copy_dtype = cfg.param_dtype;
+    }
+    optim::ApplyUpdate(cfg.optimizer, st, segs, lr, step + 1, clip_coef, opts);
+    if (cfg.param_dtype == DType::kF32) std::memcpy(u.params.as<float>() + param_base + lo, v[0].data, (hi - lo) * 4);
+    return absl::OkStatus();
+  };
+  STRATA_ASSIGN_OR_RETURN(offload::TilePipelineStats stats, offload::RunTiledPipeline(*nvme, *staging, tiles, fn));
+  exposed_io_ns += stats.read_wait_ns + stats.write_wait_ns;
+  return absl::OkStatus();
+}
+
+}  // namespace strata::engine

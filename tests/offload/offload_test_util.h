@@ -1,0 +1,117 @@
+// Helpers shared by the offload tests: scratch directories, aligned buffers with a recognisable
+// pattern, the I/O back-ends to instantiate suites for, and size-limited tmpfs mounts for disk-full tests.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "offload/io_queue.h"
+#include "runtime/memory/memory.h"
+
+namespace strata::offload::testing {
+
+// A fresh directory under /tmp (ext4 here: O_DIRECT works), removed with its contents at the end.
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "strata-offload-XXXXXX").string();
+    path_ = mkdtemp(t.data()) ? t : "";
+    EXPECT_FALSE(path_.empty()) << "mkdtemp failed";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A 4096-aligned heap buffer.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(size_t bytes) : bytes_(bytes) {
+    data_ = static_cast<char*>(std::aligned_alloc(4096, std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096)));
+    std::memset(data_, 0, bytes);
+  }
+  ~AlignedBuffer() { std::free(data_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  char* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  memory::BufferView view() const { return memory::BufferView{data_, bytes_, memory::Tier::kPinnedHost}; }
+
+ private:
+  char* data_;
+  size_t bytes_;
+};
+
+// Byte i of pattern `seed`: distinct across seeds and positions, never constant over a block.
+inline char PatternByte(uint64_t seed, uint64_t i) { return static_cast<char>((i * 2654435761u + seed * 40503u) >> 7); }
+inline void FillPattern(char* p, size_t n, uint64_t seed) {
+  for (size_t i = 0; i < n; ++i) p[i] = PatternByte(seed, i);
+}
+// Index of the first byte that differs from the pattern, or -1.
+inline int64_t FirstMismatch(const char* p, size_t n, uint64_t seed) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != PatternByte(seed, i)) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// The back-ends a suite runs on; io_uring only when built (tests skip it when the kernel refuses).
+inline std::vector<IoBackend> Backends() {
+  std::vector<IoBackend> b;
+  if (UringCompiledIn()) b.push_back(IoBackend::kUring);
+  b.push_back(IoBackend::kThreads);
+  return b;
+}
+inline std::string BackendParamName(const ::testing::TestParamInfo<IoBackend>& info) {
+  return std::string(IoBackendName(info.param));
+}
+
+// Creates a queue of `backend`; skips the test when io_uring is refused by this kernel / sandbox.
+#define STRATA_MAKE_QUEUE_OR_SKIP(var, options)                                      \
+  auto var##_or = ::strata::offload::CreateIoQueue(options);                         \
+  if (!var##_or.ok() && (options).backend == ::strata::offload::IoBackend::kUring) { \
+    GTEST_SKIP() << "io_uring unavailable here: " << var##_or.status();              \
+  }                                                                                  \
+  ASSERT_TRUE(var##_or.ok()) << var##_or.status();                                   \
+  std::unique_ptr<::strata::offload::IoQueue> var = std::move(var##_or).value()
+
+// A tmpfs with `options` ("size=1m") mounted on a fresh directory (needs CAP_SYS_ADMIN); unmounted at the end.
+// ok() is false, and reason() says why, when the mount is refused.
+class TmpfsMount {
+ public:
+  explicit TmpfsMount(const std::string& options, bool read_only = false) {
+    if (mount("strata-test", dir_.path().c_str(), "tmpfs", read_only ? MS_RDONLY : 0, options.c_str()) == 0) {
+      mounted_ = true;
+    } else {
+      reason_ = absl::StrCat("mount -t tmpfs -o ", read_only ? "ro," : "", options, " refused: ", std::strerror(errno));
+    }
+  }
+  ~TmpfsMount() {
+    if (mounted_) umount2(dir_.path().c_str(), MNT_DETACH);
+  }
+  bool ok() const { return mounted_; }
+  const std::string& reason() const { return reason_; }
+  const std::string& path() const { return dir_.path(); }
+
+ private:
+  TempDir dir_;
+  bool mounted_ = false;
+  std::string reason_;
+};
+
+}  // namespace strata::offload::testing
