@@ -35,7 +35,7 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 std::vector<FlagDef> NvmeBenchFlagDefs() {
-  return {{"path", false, "DIR[,DIR...]: directories for the store's files (several: striped) and fio's"},
+  return {{"path", false, "DIR[,DIR...]: directories for the store's files (several: striped); fio runs on those files"},
           {"block-bytes", false, "bytes per I/O, a multiple of 4096 (suffixes: 1MiB)"},
           {"queue-depth", false, "I/Os in flight"},
           {"backend", false, "auto|uring|threads (default auto)"},
@@ -58,15 +58,10 @@ class StoreBench {
       paths.push_back(store_->files().path(static_cast<int>(f)));
     return absl::StrJoin(paths, ":");
   }
-  void TearDown() {
-    extents_.clear();
-    buffers_.clear();
-    store_.reset();
-    pool_.reset();
-    queue_.reset();
-  }
 
  private:
+  // Declaration order is teardown order, reversed: extents and leases go before the store and the pool,
+  // the queue after both, the allocator last.
   memory::MemoryTracker tracker_;
   memory::HostAllocator pinned_alloc_{memory::Tier::kPinnedHost, memory::kUnlimited, &tracker_};
   std::unique_ptr<offload::IoQueue> queue_;
@@ -194,6 +189,34 @@ absl::StatusOr<double> FioBandwidth(const std::string& fio_output, bool read) {
   return j["jobs"][0][dir]["bw_bytes"].get<double>();
 }
 
+namespace {
+
+struct Samples {
+  std::vector<double> write, read, fio_write, fio_read;
+};
+
+// `repeat` rounds of: store write, store read, then (when fio is usable) fio write, fio read.
+absl::Status RunRounds(const NvmeBenchOptions& o, StoreBench& store, const absl::StatusOr<std::string>& engine,
+                       bool direct, Samples* out) {
+  const std::string files = store.FileList();  // Note [Same file]
+  for (int rep = 0; rep < o.repeat; ++rep) {
+    for (bool read : {false, true}) {
+      STRATA_ASSIGN_OR_RETURN(const double bw, store.Run(read));
+      (read ? out->read : out->write).push_back(bw);
+    }
+    if (!engine.ok()) continue;
+    for (bool read : {false, true}) {
+      STRATA_ASSIGN_OR_RETURN(const std::string fio_out, RunAndCapture(FioArgv(o, files, *engine, direct, read)));
+      auto bw = FioBandwidth(fio_out, read);
+      if (!bw.ok()) return Annotate(bw.status(), "fio");
+      (read ? out->fio_read : out->fio_write).push_back(*bw);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<json> RunNvmeBench(const NvmeBenchOptions& o) {
   json out = {{"path", absl::StrJoin(o.paths, ",")},
               {"block_bytes", o.block_bytes},
@@ -204,49 +227,24 @@ absl::StatusOr<json> RunNvmeBench(const NvmeBenchOptions& o) {
   StoreBench store;
   STRATA_RETURN_IF_ERROR(store.SetUp(o, &out));
   const bool direct = out["direct_io"].get<bool>();
-  absl::StatusOr<std::string> engine = o.fio ? FioEngine() : absl::NotFoundError("--no-fio");
-  // fio runs on the store's own files (Note [Same file]): same file system, same blocks on the disk.
-  const std::string files = store.FileList();
-  std::vector<double> w, r, fw, fr;
-  absl::Status status;
-  for (int rep = 0; rep < o.repeat && status.ok(); ++rep) {
-    for (bool read : {false, true}) {
-      if (read) usleep(1000000);
-      auto s = store.Run(read);
-      if (!s.ok()) {
-        status = s.status();
-        break;
-      }
-      (read ? r : w).push_back(*s);
-    }
-    for (bool read : {false, true}) {
-      if (!engine.ok() || !status.ok()) continue;
-      auto fio_out = RunAndCapture(FioArgv(o, files, *engine, direct, read));
-      auto bw = fio_out.ok() ? FioBandwidth(*fio_out, read) : absl::StatusOr<double>(fio_out.status());
-      if (!bw.ok()) {
-        status = Annotate(bw.status(), "fio");
-        break;
-      }
-      (read ? fr : fw).push_back(*bw);
-    }
-  }
-  store.TearDown();
-  STRATA_RETURN_IF_ERROR(status);
-  out["write_bytes_per_s"] = Median(w);
-  out["read_bytes_per_s"] = Median(r);
-  out["samples"] = {{"write", w}, {"read", r}};
+  const absl::StatusOr<std::string> engine = o.fio ? FioEngine() : absl::NotFoundError("--no-fio");
+  Samples s;
+  STRATA_RETURN_IF_ERROR(RunRounds(o, store, engine, direct, &s));
+  out["write_bytes_per_s"] = Median(s.write);
+  out["read_bytes_per_s"] = Median(s.read);
+  out["samples"] = {{"write", s.write}, {"read", s.read}};
   if (!engine.ok()) {
     out["fio"] = std::string(engine.status().message());
     return out;
   }
   out["fio_ioengine"] = *engine;
-  out["fio_command"] = absl::StrJoin(FioArgv(o, files, *engine, direct, true), " ");
-  out["fio_write_bytes_per_s"] = Median(fw);
-  out["fio_read_bytes_per_s"] = Median(fr);
-  out["write_ratio"] = Median(w) / std::max(Median(fw), 1.0);
-  out["read_ratio"] = Median(r) / std::max(Median(fr), 1.0);
-  out["samples"]["fio_write"] = fw;
-  out["samples"]["fio_read"] = fr;
+  out["fio_command"] = absl::StrJoin(FioArgv(o, store.FileList(), *engine, direct, true), " ");
+  out["fio_write_bytes_per_s"] = Median(s.fio_write);
+  out["fio_read_bytes_per_s"] = Median(s.fio_read);
+  out["write_ratio"] = Median(s.write) / std::max(Median(s.fio_write), 1.0);
+  out["read_ratio"] = Median(s.read) / std::max(Median(s.fio_read), 1.0);
+  out["samples"]["fio_write"] = s.fio_write;
+  out["samples"]["fio_read"] = s.fio_read;
   return out;
 }
 
