@@ -134,8 +134,29 @@ void Report(const TrainOptions& o, const StepLog& l, const engine::MemoryStats& 
   }
 }
 
+// Output paths are checked before training, so a typo costs seconds, not a finished run.
+absl::Status PrepareOutputs(const TrainOptions& o) {
+  for (const std::string& path : {o.save_weights, o.metrics, o.trace}) {
+    if (path.empty()) continue;
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create the directory of '", path, "': ", ec.message()));
+  }
+  if (!o.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpoint_dir, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create --checkpoint-dir '", o.checkpoint_dir, "': ", ec.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
   const int rank = world.rank(), n = world.size();
+  if (rank == 0) STRATA_RETURN_IF_ERROR(PrepareOutputs(o));
   const int micro = static_cast<int>(o.engine.train_micro_batch_size_per_gpu);
   const int accum = o.engine.gradient_accumulation_steps;
   const int64_t global_batch = int64_t{micro} * accum * n;

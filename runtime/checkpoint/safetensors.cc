@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/common/element_math.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/files.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -201,6 +203,8 @@ absl::Status WriteBody(int fd, const std::string& tmp, const std::vector<TensorT
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  if (!parent.empty()) STRATA_RETURN_IF_ERROR(MakeDirs(parent));
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), absl::StrCat("writing '", path, "'"));
