@@ -41,6 +41,27 @@ if [ "$only" = all ] || [ "$only" = equivalence ]; then
   check "2 ranks x 2 micro-batches, activation checkpointing == 1 rank: $(grep compare: <<<"$out")" $rc "$out"
 fi
 
+if [ "$only" = all ] || [ "$only" = offload ]; then
+  # Offloaded state gives the same weights as none, bit for bit (the arithmetic is the same).
+  mkdir -p "$work/nvme"
+  for n in 2 4; do
+    for stage in 1 2 3; do
+      "$mpirun" -n $n "$strata" train "${small[@]}" --stage $stage --steps 6 --micro-batch 2 --print-every 100 \
+        --save-weights "$work/base$n$stage.safetensors" > /dev/null 2>&1
+      variants=("--offload-optimizer cpu" "--offload-optimizer nvme --nvme-path $work/nvme")
+      [ $stage -eq 3 ] && variants+=("--offload-params cpu --offload-optimizer cpu" "--offload-params cpu --offload-optimizer nvme --nvme-path $work/nvme")
+      for v in "${variants[@]}"; do
+        # shellcheck disable=SC2086
+        out=$("$mpirun" -n $n "$strata" train "${small[@]}" --stage $stage --steps 6 --micro-batch 2 --print-every 100 \
+              $v --save-weights "$work/off.safetensors" 2>&1) &&
+          out=$("$strata" compare "$work/off.safetensors" "$work/base$n$stage.safetensors" --rtol 0 2>&1)
+        rc=$?
+        check "$n ranks stage $stage ${v%% --nvme-path*}: bit for bit $(grep -o 'match\|DIFFER' <<<"$out")" $rc "$out"
+      done
+    done
+  done
+fi
+
 if [ "$only" = all ] || [ "$only" = precision ]; then
   out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --param-dtype fp16 --steps 6 --micro-batch 2 \
         --inject-nonfinite-step 2 --inject-nonfinite-rank 1 --metrics "$work/inj.jsonl" 2>&1); rc=$?
