@@ -117,10 +117,12 @@ absl::StatusOr<Buffer> Allocator::Allocate(size_t bytes, Kind kind, size_t align
     return absl::ResourceExhaustedError(absl::StrCat("tier '", TierName(tier_), "': the system refused ",
                                                      FormatBytes(bytes), " for ", KindName(kind)));
   }
-  std::memset(p, 0, bytes);
+  ZeroFill(p, bytes);
   if (tracker_ != nullptr) tracker_->Add(tier_, kind, bytes);
   return Buffer(this, p, bytes, kind);
 }
+
+void Allocator::ZeroFill(void* p, size_t bytes) { std::memset(p, 0, bytes); }
 
 void Allocator::Free(void* p, size_t bytes, Kind kind) {
   // Uncount before releasing the reservation: once used_ drops, another thread may reserve and count

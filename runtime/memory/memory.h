@@ -117,6 +117,8 @@ class Allocator {
   // Raw memory of the tier; nullptr on failure.
   virtual void* RawAllocate(size_t bytes, size_t alignment) = 0;
   virtual void RawFree(void* p, size_t bytes) = 0;
+  // Zero-fills a fresh block (memset for host memory; a device tier overrides it).
+  virtual void ZeroFill(void* p, size_t bytes);
 
  private:
   friend class Buffer;
