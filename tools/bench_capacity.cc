@@ -15,6 +15,7 @@
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/commands.h"
+#include "tools/mpi_command.h"
 #include "tools/train_options.h"
 
 namespace strata::tools {
@@ -104,15 +105,8 @@ absl::Status Capacity(const TrainOptions& o, comm::Communicator& world, bool wid
 }  // namespace
 
 int BenchCapacityCommand(const std::vector<std::string>& args) {
-  int argc = 1;
-  char arg0[] = "strata";
-  char* argv0[] = {arg0, nullptr};
-  char** argv = argv0;
-  auto mpi = comm::MpiRuntime::Init(&argc, &argv);
-  if (!mpi.ok()) {
-    std::fprintf(stderr, "strata bench capacity: %s\n", std::string(mpi.status().message()).c_str());
-    return 1;
-  }
+  auto mpi = StartMpi("bench capacity");
+  if (mpi == nullptr) return 1;
   std::vector<std::string> rest;
   std::string vary = "layers";
   for (size_t i = 0; i < args.size(); ++i) {
@@ -122,12 +116,12 @@ int BenchCapacityCommand(const std::vector<std::string>& args) {
       rest.push_back(args[i]);
     }
   }
-  auto opts = ParseTrainOptions(rest, (*mpi)->world_size());
+  auto opts = ParseTrainOptions(rest, mpi->world_size());
   absl::Status s = opts.status();
   if (s.ok() && vary != "layers" && vary != "width") s = absl::InvalidArgumentError("--vary layers|width");
   if (s.ok()) {
     SetMinLogSeverity(LogSeverity::kError);  // failed candidates are expected; their errors are not news
-    auto world = (*mpi)->World(comm::Options{});
+    auto world = mpi->World(comm::Options{});
     s = world.ok() ? Capacity(*opts, **world, vary == "width") : world.status();
   }
   if (!s.ok()) {

@@ -16,6 +16,7 @@
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/commands.h"
+#include "tools/mpi_command.h"
 #include "tools/train_options.h"
 
 namespace strata::tools {
@@ -102,25 +103,18 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
 }  // namespace
 
 int BenchStepCommand(const std::vector<std::string>& args) {
-  int argc = 1;
-  char arg0[] = "strata";
-  char* argv0[] = {arg0, nullptr};
-  char** argv = argv0;
-  auto mpi = comm::MpiRuntime::Init(&argc, &argv);
-  if (!mpi.ok()) {
-    std::fprintf(stderr, "strata bench step: %s\n", std::string(mpi.status().message()).c_str());
-    return 1;
-  }
+  auto mpi = StartMpi("bench step");
+  if (mpi == nullptr) return 1;
   std::vector<std::string> rest;
   bool json = false;
   for (const auto& a : args) (a == "--json" ? json = true : (rest.push_back(a), false));
   bool has_steps = false;
   for (const auto& a : rest) has_steps |= a.rfind("--steps", 0) == 0;
   if (!has_steps) rest.insert(rest.end(), {"--steps", "3"});
-  auto opts = ParseTrainOptions(rest, (*mpi)->world_size());
+  auto opts = ParseTrainOptions(rest, mpi->world_size());
   absl::Status s = opts.status();
   if (s.ok()) {
-    auto world = (*mpi)->World(comm::Options{});
+    auto world = mpi->World(comm::Options{});
     s = world.ok() ? Bench(*opts, **world, json) : world.status();
   }
   if (!s.ok()) {

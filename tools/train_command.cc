@@ -22,6 +22,7 @@
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/commands.h"
+#include "tools/mpi_command.h"
 #include "tools/model_flags.h"
 #include "tools/step_diagnostics.h"
 #include "tools/trace.h"
@@ -271,30 +272,23 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
 }  // namespace
 
 int TrainCommand(const std::vector<std::string>& args) {
-  int argc = 1;
-  char arg0[] = "strata";
-  char* argv0[] = {arg0, nullptr};
-  char** argv = argv0;
-  auto mpi = comm::MpiRuntime::Init(&argc, &argv);
-  if (!mpi.ok()) {
-    std::fprintf(stderr, "strata train: %s\n", std::string(mpi.status().message()).c_str());
-    return 1;
-  }
-  const int rank = (*mpi)->world_rank();
+  auto mpi = StartMpi("train");
+  if (mpi == nullptr) return 1;
+  const int rank = mpi->world_rank();
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       if (rank == 0) std::fputs(Flags::Usage("train", TrainFlagDefs()).c_str(), stdout);
       return 0;
     }
   }
-  auto opts = ParseTrainOptions(args, (*mpi)->world_size());
+  auto opts = ParseTrainOptions(args, mpi->world_size());
   if (!opts.ok()) {
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(opts.status().message()).c_str());
     return 2;
   }
   comm::Options copts;
   copts.timeout_ms = opts->engine.collective_timeout_ms;
-  auto world = (*mpi)->World(copts);
+  auto world = mpi->World(copts);
   absl::Status s = world.ok() ? Train(*opts, **world) : world.status();
   if (absl::IsCancelled(s)) {  // a clean stop on SIGINT / SIGTERM: every rank agreed at a step boundary
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(s.message()).c_str());
@@ -304,7 +298,7 @@ int TrainCommand(const std::vector<std::string>& args) {
     STRATA_LOG(Error) << "rank " << rank << " failed: " << s.message();
     // Let peers that detect the same collective error print theirs before the job is torn down.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    if (world.ok() && (*mpi)->world_size() > 1) (*world)->Abort(s);
+    if (world.ok() && mpi->world_size() > 1) (*world)->Abort(s);
     return 1;
   }
   return 0;
