@@ -13,6 +13,7 @@ int PlotCommand(const std::vector<std::string>& args);
 int CompareCommand(const std::vector<std::string>& args);
 int CkptCommand(const std::vector<std::string>& args);
 int BenchCapacityCommand(const std::vector<std::string>& args);
+int BenchCommCommand(const std::vector<std::string>& args);
 int DoctorCommand(const std::vector<std::string>& args);
 int BenchScalingCommand(const std::vector<std::string>& args);
 int BenchNvmeCommand(const std::vector<std::string>& args);

@@ -23,7 +23,8 @@ const char kUsage[] =
     "  generate   sample text from trained weights\n"
     "  bench      step: training throughput; scaling: 1 rank against N ranks; nvme: NVMe store vs fio;\n"
     "             capacity: the largest GPT within --device-budget / --host-budget;\n"
-    "             adam: host AdamW throughput against a same-run triad\n"
+    "             adam: host AdamW throughput against a same-run triad;\n"
+    "             comm: the MPI back-end's collectives against raw MPI\n"
     "  doctor     check GPUs, interconnect, versions, host, NVMe, MPI and limits before training\n"
     "  plot       draw the loss curve of a metrics file as a PNG\n"
     "  compare    compare two weight files within a relative tolerance\n"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     av.push_back(nullptr);
     return strata::tools::RunBenchAdam(static_cast<int>(av.size()) - 1, av.data());
   }
+  if (cmd == "bench" && !args.empty() && args[0] == "comm") return BenchCommCommand({args.begin() + 1, args.end()});
   if (cmd == "bench" && !args.empty() && args[0] == "capacity") {
     return BenchCapacityCommand({args.begin() + 1, args.end()});
   }
