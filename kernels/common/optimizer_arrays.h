@@ -9,6 +9,18 @@ namespace strata::kernels {
 // The low-precision copy an optimizer pass writes beside the fp32 master, if any.
 enum class ParamCopy { kNone, kBf16, kF16 };
 
+// Turns the run-time copy mode into the compile-time one: calls f.template operator()<kCopy>(). The one
+// place for that switch, shared by every kernel variant (host code only; each variant's lambda keeps its
+// own instruction set, since the lambda is instantiated in its own file).
+template <typename F>
+inline void WithParamCopy(ParamCopy copy, F&& f) {
+  switch (copy) {
+    case ParamCopy::kNone: return f.template operator()<ParamCopy::kNone>();
+    case ParamCopy::kBf16: return f.template operator()<ParamCopy::kBf16>();
+    case ParamCopy::kF16: return f.template operator()<ParamCopy::kF16>();
+  }
+}
+
 // One shard's optimizer state, index-aligned: element i of every array is the same parameter element.
 // SGD keeps its momentum in `m` and ignores `v`. With copy != kNone, param_copy[i] receives the updated
 // master[i] rounded to nearest even (FloatToBf16 / FloatToHalf bits of element_math.h).

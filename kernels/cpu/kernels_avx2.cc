@@ -157,25 +157,11 @@ void SgdRange(const OptimizerArrays& a, size_t begin, size_t end, const SgdStep&
 }
 
 void AdamW(const OptimizerArrays& a, size_t begin, size_t end, const AdamWCoeffs<float>& c, float gs) {
-  switch (a.copy) {
-    case ParamCopy::kNone:
-      return AdamWRange<ParamCopy::kNone>(a, begin, end, c, gs);
-    case ParamCopy::kBf16:
-      return AdamWRange<ParamCopy::kBf16>(a, begin, end, c, gs);
-    case ParamCopy::kF16:
-      return AdamWRange<ParamCopy::kF16>(a, begin, end, c, gs);
-  }
+  WithParamCopy(a.copy, [&]<ParamCopy kCopy>() { AdamWRange<kCopy>(a, begin, end, c, gs); });
 }
 
 void Sgd(const OptimizerArrays& a, size_t begin, size_t end, const SgdStep& c, float gs) {
-  switch (a.copy) {
-    case ParamCopy::kNone:
-      return SgdRange<ParamCopy::kNone>(a, begin, end, c, gs);
-    case ParamCopy::kBf16:
-      return SgdRange<ParamCopy::kBf16>(a, begin, end, c, gs);
-    case ParamCopy::kF16:
-      return SgdRange<ParamCopy::kF16>(a, begin, end, c, gs);
-  }
+  WithParamCopy(a.copy, [&]<ParamCopy kCopy>() { SgdRange<kCopy>(a, begin, end, c, gs); });
 }
 
 template <ParamCopy kCopy>
