@@ -33,7 +33,7 @@ class StepDiagnostics {
  private:
   DiagnosticThresholds t_;
   std::deque<StepTimes> recent_;
-  int quiet_data_ = 0, quiet_comm_ = 0, quiet_io_ = 0;
+  int quiet_[3] = {0, 0, 0};  // per condition (data wait, exposed communication, exposed I/O)
 };
 
 }  // namespace strata::tools
