@@ -25,18 +25,38 @@ std::string Strip(const std::string& name) {
   return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
 }
 
+// The tensors of one unit, sliced from one gather of the unit (HfParams come unit by unit).
+class UnitGatherer {
+ public:
+  explicit UnitGatherer(engine::Engine& e) : e_(e) {}
+  absl::StatusOr<std::vector<float>> Param(const HfParam& p) {
+    if (p.unit != unit_) {
+      STRATA_ASSIGN_OR_RETURN(full_, e_.GatherUnit(p.unit));
+      unit_ = p.unit;
+    }
+    const shard::ParamSlot& slot = e_.layout(p.unit).params[p.param];
+    return std::vector<float>(full_.begin() + slot.offset_elems, full_.begin() + slot.offset_elems + slot.numel);
+  }
+
+ private:
+  engine::Engine& e_;
+  int unit_ = -1;
+  std::vector<float> full_;
+};
+
 }  // namespace
 
 absl::Status SaveWeights(engine::Engine& e, const GptModel& model, const std::string& path, bool write) {
   const auto& params = model.hf_params();
+  UnitGatherer gather(e);
   size_t gathered = 0;
   absl::Status status;
   if (write) {
     std::vector<checkpoint::TensorToWrite> tensors;
     for (const HfParam& p : params) {
-      tensors.push_back({p.name, p.shape, [&e, &p, &gathered]() {
+      tensors.push_back({p.name, p.shape, [&gather, &p, &gathered]() {
                            ++gathered;
-                           return e.GatherParam(p.unit, p.param);
+                           return gather.Param(p);
                          }});
     }
     const GptConfig& c = model.config();
@@ -46,9 +66,10 @@ absl::Status SaveWeights(engine::Engine& e, const GptModel& model, const std::st
          {"n_embd", absl::StrCat(c.d_model)}, {"n_head", absl::StrCat(c.heads)},
          {"n_positions", absl::StrCat(c.seq_len)}, {"vocab_size", absl::StrCat(c.vocab)}});
   }
-  // Non-writers, and a writer that stopped early, take part in the remaining gathers.
+  // Non-writers, and a writer that stopped early, take part in the remaining gathers (the same units in
+  // the same order, so every rank issues the same collectives).
   for (size_t i = gathered; i < params.size(); ++i) {
-    auto v = e.GatherParam(params[i].unit, params[i].param);
+    auto v = gather.Param(params[i]);
     if (!v.ok() && status.ok()) status = v.status();
   }
   return status;

@@ -289,10 +289,15 @@ float* Engine::Grad(int unit, int param) const {
 }
 
 absl::StatusOr<std::vector<float>> Engine::GatherParam(int unit, int param) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> full, GatherUnit(unit));
+  const shard::ParamSlot& p = impl_->units[unit].layout.params[param];
+  return std::vector<float>(full.begin() + p.offset_elems, full.begin() + p.offset_elems + p.numel);
+}
+
+absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   Impl& m = *impl_;
-  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherParam"));
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));
   UnitState& u = m.units[unit];
-  const shard::ParamSlot& p = u.layout.params[param];
   std::vector<float> full(u.layout.total_elems), staged;
   const float* master = m.MasterPtr(u);
   if (m.nvme_optimizer()) {
@@ -305,7 +310,7 @@ absl::StatusOr<std::vector<float>> Engine::GatherParam(int unit, int param) {
     STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(master, full.data(), u.layout.shard_elems, DType::kF32,
                                                   *m.step_stream).Wait());
   }
-  return std::vector<float>(full.begin() + p.offset_elems, full.begin() + p.offset_elems + p.numel);
+  return full;
 }
 
 absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& value) {

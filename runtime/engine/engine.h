@@ -100,7 +100,9 @@ class Engine {
   // manifest from a newer format.
   absl::StatusOr<std::string> LoadCheckpoint(const std::string& step_dir);
 
-  // Collective, blocking: the full fp32 master value of one parameter (for export and tests).
+  // Collective, blocking: the full fp32 master of a unit (total_elems, padding included), one gather for
+  // all its parameters; and of one parameter (a slice of the same gather).
+  absl::StatusOr<std::vector<float>> GatherUnit(int unit);
   absl::StatusOr<std::vector<float>> GatherParam(int unit, int param);
   // Overwrites one parameter from a full fp32 value (every rank passes the same data).
   absl::Status SetParam(int unit, int param, const std::vector<float>& value);
