@@ -217,19 +217,29 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
       loss += l / accum;
     }
     STRATA_ASSIGN_OR_RETURN(engine::StepResult r, e->Step());
-    // One small all-reduce per step: the mean loss, and whether any rank was asked to stop.
-    float shared[2] = {static_cast<float>(loss) / n, g_stop_signal.load() != 0 ? 1.0f : 0.0f};
-    STRATA_RETURN_IF_ERROR(
-        world.AllReduce(shared, shared, 2, DType::kF32, comm::ReduceOp::kSum, *metrics_stream).Wait());
-    const float mean_loss = shared[0];
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // One small all-gather per step: every rank's loss, stop request and data wait. A rank that waits
+    // for its batch makes the others wait in the next collective, so the data-wait diagnostic needs the
+    // slowest rank's wait, and that wait is not exposed communication on the others.
     const double wait_ms = (loader.wait_seconds() - wait0) * 1e3;
+    const float mine[3] = {static_cast<float>(loss), g_stop_signal.load() != 0 ? 1.0f : 0.0f,
+                           static_cast<float>(wait_ms)};
+    std::vector<float> all(3 * n);
+    STRATA_RETURN_IF_ERROR(world.AllGather(mine, all.data(), 3, DType::kF32, *metrics_stream).Wait());
+    float mean_loss = 0, stop = 0, max_wait_ms = 0;
+    for (int q = 0; q < n; ++q) {  // in rank order: the same sum on every rank and every run
+      mean_loss += all[3 * q] / n;
+      stop += all[3 * q + 1];
+      max_wait_ms = std::max(max_wait_ms, all[3 * q + 2]);
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o.trace.empty()) {
       trace.AddAll(e->timeline().Take());
       trace.Memory(device::NowNs(), e->memory_stats());
     }
     if (o.diagnostics_window > 0 && rank == 0) {
-      auto msg = diagnostics.Observe(StepTimes{secs * 1e3, wait_ms, r.exposed_comm_ms, r.exposed_io_ms});
+      const double peers_data_ms = max_wait_ms - wait_ms;  // spent here waiting for another rank's batch
+      auto msg = diagnostics.Observe(StepTimes{secs * 1e3, max_wait_ms,
+                                               std::max(0.0, r.exposed_comm_ms - peers_data_ms), r.exposed_io_ms});
       if (msg) {
         STRATA_LOG(Warning) << *msg;
       }
@@ -242,7 +252,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
                         r.grad_norm, wait_ms, r.loss_scale, r.skipped, &r},
              e->memory_stats(), print, &metrics);
     }
-    if (shared[1] > 0) {
+    if (stop > 0) {
       return absl::CancelledError(absl::StrCat("stopped by signal after step ", step + 1,
                                                "; no checkpoint was started for it, none is left partial"));
     }
