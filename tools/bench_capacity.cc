@@ -96,9 +96,10 @@ absl::Status Capacity(const TrainOptions& o, comm::Communicator& world, bool wid
   std::printf("  step %.1f ms: compute %.1f, exposed communication %.1f, exposed I/O %.1f, optimizer %.1f\n",
               best.step_ms, best.last.compute_ms, best.last.exposed_comm_ms, best.last.exposed_io_ms,
               best.last.optimizer_ms);
-  // The tiled update reads and writes every NVMe-resident lane once per step (Note [NVMe state]).
-  const uint64_t nvme = best.mem.tier[static_cast<int>(memory::Tier::kNvme)].current_bytes;
-  std::printf("  NVMe bytes per step: %s read, %s written\n", FormatBytes(nvme).c_str(), FormatBytes(nvme).c_str());
+  // Measured by the engine over the last step: parameter shards not served by the cache, and the tiled
+  // optimizer update (Notes [NVMe params] and [NVMe state]).
+  std::printf("  NVMe bytes per step: %s read, %s written\n", FormatBytes(best.last.nvme_read_bytes).c_str(),
+              FormatBytes(best.last.nvme_write_bytes).c_str());
   return absl::OkStatus();
 }
 

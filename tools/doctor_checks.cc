@@ -288,19 +288,18 @@ CheckResult CheckMpi(const DoctorFacts& f) {
 CheckResult CheckMemlock(const DoctorFacts& f) {
   const PinnedFacts& p = f.pinned;
   const std::string limit = LimitText(f.memlock_limit_bytes);
-  const std::string note = p.offloaded && !p.implemented ? "; offload is not implemented in this build yet" : "";
   if (!p.offloaded) {
     return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, "; nothing is offloaded, so no pinned buffers are needed"));
   }
   if (!p.pinned) {
-    return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, "; offload with pin_memory=false pins nothing", note));
+    return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, "; offload with pin_memory=false pins nothing"));
   }
   const std::string need = absl::StrCat(FormatBytes(p.bytes_per_rank), " pinned per rank (", p.breakdown, ")");
   if (f.memlock_limit_bytes != kUnlimited && f.memlock_limit_bytes < p.bytes_per_rank) {
     return Make("memlock", Verdict::kFail,
-                absl::StrCat("limit ", limit, " < ", need, ": raise it (ulimit -l unlimited; --ulimit memlock=-1)", note));
+                absl::StrCat("limit ", limit, " < ", need, ": raise it (ulimit -l unlimited; --ulimit memlock=-1)"));
   }
-  return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, " covers ", need, note));
+  return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, " covers ", need));
 }
 
 std::vector<CheckResult> RunChecks(const DoctorFacts& f) {
@@ -317,9 +316,11 @@ Verdict Worst(const std::vector<CheckResult>& checks) {
 // Note [Pinned estimate]
 // DeepSpeed semantics, per rank, P params over N ranks (shard = ceil(P / N)):
 //  - offload_optimizer cpu: fp32 grad + master + Adam m, v = 16 B x shard (the 16 of docs/decisions/0001).
-//  - offload_optimizer nvme: the fp32 grad shard stays pinned in host (4 B x shard) and buffer_count
-//    staging tiles stream master, m, v (12 B) for one unit's shard at a time: 12 B x largest unit / N.
-//  - offload_param cpu: the param shard in param_dtype; nvme: buffer_count tiles of one unit's shard.
+//  - offload_optimizer nvme: the fp32 grad shard stays pinned in host (4 B x shard) and
+//    max(buffer_count, 9) fp32 staging tiles of min(strata.nvme_tile_elems, the largest unit's shard)
+//    elements stream master, m, v (engine Note [NVMe state]).
+//  - offload_param cpu: the param shard in param_dtype; nvme: max(buffer_count, max_live_units + 1)
+//    buffers of one unit's shard, 4 KiB-rounded (engine Note [NVMe params]).
 // A kind with pin_memory=false pins nothing. The largest unit of the GPT is the embedding (V + T) x C
 // or a block (12 C^2 + 13 C), whichever is bigger.
 PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const gpt::GptConfig& model, int ranks) {
@@ -340,11 +341,13 @@ PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const gpt::GptConfig
     p.bytes_per_rank += b;
     parts.push_back(absl::StrCat(what, o.device == OffloadDevice::kCpu ? " on cpu " : " via nvme ", FormatBytes(b)));
   };
-  add(cfg.offload_optimizer, "optimizer", 16 * shard, 4 * shard + uint64_t(cfg.offload_optimizer.buffer_count) * 12 * unit_shard);
-  add(cfg.offload_param, "params", dtype * shard, uint64_t(cfg.offload_param.buffer_count) * dtype * unit_shard);
+  const uint64_t tile = std::min<uint64_t>(cfg.nvme_tile_elems, std::max<uint64_t>((unit_shard + 1023) / 1024 * 1024, 1024));
+  const uint64_t staging = std::max<uint64_t>(cfg.offload_optimizer.buffer_count, 9);
+  add(cfg.offload_optimizer, "optimizer", 16 * shard, 4 * shard + staging * 4 * tile);
+  const uint64_t param_buffers = std::max<uint64_t>(cfg.offload_param.buffer_count, cfg.max_live_units + 1);
+  add(cfg.offload_param, "params", dtype * shard, param_buffers * ((dtype * unit_shard + 4095) / 4096 * 4096));
   p.pinned = p.bytes_per_rank > 0;
   p.breakdown = absl::StrCat(absl::StrJoin(parts, " + "), "; ", params, " params over ", n, " ranks");
-  p.implemented = false;  // runtime/engine/engine.cc refuses offload configs until offload/ lands
   return p;
 }
 

@@ -81,7 +81,6 @@ struct PinnedFacts {
   bool pinned = false;      // pin_memory on for an offloaded kind
   uint64_t bytes_per_rank = 0;
   std::string breakdown;    // "optimizer state 16 B x 124M params / 8 ranks = ..."
-  bool implemented = false; // whether this build can run the offload (it refuses it today)
 };
 
 struct DoctorFacts {

@@ -77,8 +77,7 @@ json FactsToJson(const DoctorFacts& f) {
        {{"offloaded", f.pinned.offloaded},
         {"pinned", f.pinned.pinned},
         {"bytes_per_rank", f.pinned.bytes_per_rank},
-        {"breakdown", f.pinned.breakdown},
-        {"implemented", f.pinned.implemented}}},
+        {"breakdown", f.pinned.breakdown}}},
   };
   return j;
 }

@@ -128,9 +128,11 @@ void Report(const TrainOptions& o, const StepLog& l, const engine::MemoryStats& 
     *metrics << absl::StrFormat(
         "{\"step\":%d,\"loss\":%s,\"lr\":%.6g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"grad_norm\":%s,"
         "\"loss_scale\":%g,\"skipped\":%s,\"data_wait_ms\":%.3f,\"compute_ms\":%.3f,\"exposed_comm_ms\":%.3f,"
-        "\"exposed_io_ms\":%.3f,\"optimizer_ms\":%.3f,\"peak_bytes\":%s}\n",
+        "\"exposed_io_ms\":%.3f,\"optimizer_ms\":%.3f,\"nvme_read_bytes\":%d,\"nvme_write_bytes\":%d,"
+        "\"peak_bytes\":%s}\n",
         l.step, Num(l.loss), l.lr, l.tokens_per_s, l.step_ms, Num(l.grad_norm), l.loss_scale, l.skipped ? "true" : "false",
-        l.data_wait_ms, l.r->compute_ms, l.r->exposed_comm_ms, l.r->exposed_io_ms, l.r->optimizer_ms, PeakJson(mem));
+        l.data_wait_ms, l.r->compute_ms, l.r->exposed_comm_ms, l.r->exposed_io_ms, l.r->optimizer_ms,
+        l.r->nvme_read_bytes, l.r->nvme_write_bytes, PeakJson(mem));
     metrics->flush();
   }
 }

@@ -76,10 +76,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   if (config.reduce_dtype != DType::kF32) {
     return absl::UnimplementedError("strata.reduce_dtype other than fp32 is not implemented yet; use fp32");
   }
-  if (config.offload_param.device == OffloadDevice::kNvme) {
-    return absl::UnimplementedError(
-        "offload_param.device = nvme is not implemented yet (parameter shards: use cpu; optimizer state may go "
-        "to nvme)");
+  if (config.offload_param.device != OffloadDevice::kNone && config.stage != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("offload_param needs ZeRO stage 3 (stage is ", config.stage, ")"));
   }
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
@@ -163,7 +161,9 @@ size_t GradElems(const Engine::Impl& m, const UnitState& u) {
 absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
   memory::Allocator& opt = m.OptimizerTier();
   const size_t upd = m.update_elems(u), param_elems = ParamElems(m, u);
-  STRATA_ASSIGN_OR_RETURN(u.params, m.ParamTier().Allocate(param_elems * m.param_bytes(), Kind::kParamShard));
+  if (!m.nvme_params()) {  // NVMe params live in the shard cache (Note [NVMe params])
+    STRATA_ASSIGN_OR_RETURN(u.params, m.ParamTier().Allocate(param_elems * m.param_bytes(), Kind::kParamShard));
+  }
   if (m.nvme_optimizer()) {  // master and state on NVMe (SetUpNvme); gradients on the host tier
     STRATA_ASSIGN_OR_RETURN(u.grads, opt.Allocate(GradElems(m, u) * 4, Kind::kGradShard));
   } else if (m.separate_master()) {
@@ -180,7 +180,10 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
   // Initial values: the rank's own range for stage 3, everything for the replicated stages.
   const size_t lo = m.cfg.stage == 3 ? m.update_begin(u) : 0;
   const size_t hi = lo + param_elems;
-  InitRange(u, m.cfg.seed, lo, hi, nullptr, u.params.data(), m.cfg.param_dtype);
+  STRATA_RETURN_IF_ERROR(m.ParamStorage(u, [&](char* params) {
+    InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
+    return absl::OkStatus();
+  }, /*keep=*/false));
   if (m.nvme_optimizer()) {  // initial master and zero state, written through the staging buffers
     std::vector<float> values(upd, 0.0f);
     for (int l = 1; l < m.lanes(); ++l) STRATA_RETURN_IF_ERROR(m.WriteLane(u, l, values));
@@ -215,7 +218,12 @@ absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t larg
     add(*m.host_alloc, uint64_t(std::max<size_t>(m.cfg.offload_optimizer.buffer_count, 3 * m.lanes())) *
                            m.nvme_tile_elems * 4, "NVMe staging buffers");
   }
-  add(m.ParamTier(), params, "parameters");
+  if (m.nvme_params()) {  // the shard cache's buffers (NVMe space is checked by the store)
+    add(*m.host_alloc, m.ParamBufferCount(live) * offload::NvmeStore::IoBytes(largest_shard * m.param_bytes()),
+        "NVMe parameter buffers");
+  } else {
+    add(m.ParamTier(), params, "parameters");
+  }
   add(m.OptimizerTier(), master, "fp32 master");
   add(m.OptimizerTier(), grads, "gradients");
   add(m.OptimizerTier(), state, "optimizer state");
@@ -251,8 +259,13 @@ absl::Status Engine::Finalize() {
   const int live = m.cfg.stage == 3 && !m.cfg.reshard_after_forward
                        ? std::max<int>(m.cfg.max_live_units, static_cast<int>(m.units.size()))
                        : m.cfg.max_live_units;
+  // A tile larger than the largest update range would only make the staging buffers bigger.
+  size_t largest_update = 0;
+  for (const UnitState& u : m.units) largest_update = std::max(largest_update, m.update_elems(u));
+  m.nvme_tile_elems = std::min(m.nvme_tile_elems, std::max<size_t>((largest_update + 1023) / 1024 * 1024, 1024));
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard));
   if (m.nvme_optimizer()) STRATA_RETURN_IF_ERROR(m.SetUpNvme());
+  if (m.nvme_params()) STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest_shard));
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
@@ -336,10 +349,12 @@ absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& val
   if (m.nvme_optimizer()) STRATA_RETURN_IF_ERROR(m.WriteLane(u, 0, staged));
   const size_t plo = m.cfg.stage == 3 ? lo : 0;
   const size_t phi = m.cfg.stage == 3 ? hi : u.layout.total_elems;
-  for (size_t j = std::max(plo, p.offset_elems); j < std::min(phi, p.offset_elems + p.numel); ++j) {
-    StoreAs(m.cfg.param_dtype, value[j - p.offset_elems], u.params.data(), j - plo);
-  }
-  return absl::OkStatus();
+  return m.ParamStorage(u, [&](char* params) {
+    for (size_t j = std::max(plo, p.offset_elems); j < std::min(phi, p.offset_elems + p.numel); ++j) {
+      StoreAs(m.cfg.param_dtype, value[j - p.offset_elems], params, j - plo);
+    }
+    return absl::OkStatus();
+  }, /*keep=*/true);
 }
 
 int Engine::num_units() const { return static_cast<int>(impl_->units.size()); }

@@ -56,6 +56,10 @@ struct StepResult {
   double exposed_comm_ms = 0;   // the trainer's thread waiting on collectives (gathers, reductions, step)
   double exposed_io_ms = 0;     // the trainer's thread waiting on offload I/O
   double optimizer_ms = 0;      // the update itself (norm, clip, optimizer, casts)
+  // NVMe traffic since the previous Step() returned: parameter shards (offload_param = nvme, reads
+  // not served from the cache) and the tiled optimizer update (offload_optimizer = nvme).
+  uint64_t nvme_read_bytes = 0;
+  uint64_t nvme_write_bytes = 0;
 };
 
 struct MemoryStats {

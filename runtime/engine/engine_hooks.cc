@@ -56,12 +56,31 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
         " are held by units [", absl::StrJoin(live, ", "), "]; end a unit before beginning the next, or raise "
         "max_live_units"));
   }
+  const void* src = u.params.data();
+  offload::ShardCache::Lease lease;
+  if (nvme_params()) {  // Note [NVMe params]: the gather sends from the pinned, cached shard
+    absl::StatusOr<offload::ShardCache::Lease> l = param_cache->Pin(unit);
+    if (!l.ok()) {
+      param_pool.Release(slot, nullptr);
+      return Annotate(l.status(), absl::StrCat("reading the parameter shard of unit '", u.layout.name, "'"));
+    }
+    lease = std::move(l).value();
+    src = lease.data();
+    u.param_read = lease.ready();
+  }
   u.param_slot = slot;
   if (device::Event* fence = param_pool.fence(slot)) gather_stream->WaitFor(*fence);
   auto start = Stamp(*gather_stream);
-  u.gather = gather_comm->AllGather(u.params.data(), param_pool.view(slot).data, u.layout.shard_elems,
-                                    cfg.param_dtype, *gather_stream);
+  if (!lease.empty()) lease.ready().StreamWait(*gather_stream);
+  u.gather = gather_comm->AllGather(src, param_pool.view(slot).data, u.layout.shard_elems, cfg.param_dtype,
+                                    *gather_stream);
   Span(*gather_stream, "gather", unit, start);
+  if (!lease.empty()) {  // the pinned buffer is free for eviction once the gather has sent it
+    gather_stream->Enqueue([lease]() mutable {
+      lease.Reset();
+      return absl::OkStatus();
+    });
+  }
   return absl::OkStatus();
 }
 
@@ -69,13 +88,26 @@ absl::Status Engine::Impl::EnsureGathered(int unit) {
   if (cfg.stage != 3) return absl::OkStatus();
   UnitState& u = units[unit];
   if (u.param_slot < 0) STRATA_RETURN_IF_ERROR(IssueGather(unit, /*demand=*/true));
+  if (nvme_params()) {  // a read not hidden by read-ahead is exposed I/O, and its error comes first
+    const int64_t t0 = device::NowNs();
+    absl::Status read = u.param_read.Wait();
+    exposed_io_ns += device::NowNs() - t0;
+    u.param_read = offload::IoWork();
+    if (!read.ok()) return Annotate(read, absl::StrCat("reading the parameter shard of unit '", u.layout.name, "'"));
+  }
   return TimedWait([&] { return u.gather.Wait(); });
 }
 
 void Engine::Impl::Prefetch(int current) {
   if (cfg.stage != 3 || cfg.prefetch_depth <= 0 || !in_micro_batch) return;
   for (int next : schedule->Upcoming(cfg.prefetch_depth, current)) {
-    if (units[next].param_slot < 0) IssueGather(next, /*demand=*/false).IgnoreError();  // never fails
+    // A failed read-ahead is dropped; the demand gather of that unit reports it.
+    if (units[next].param_slot < 0) IssueGather(next, /*demand=*/false).IgnoreError();
+  }
+  if (nvme_params()) {  // read further ahead than the gathers, as far as free buffers allow
+    for (int next : schedule->Upcoming(static_cast<int>(param_buffers->buffer_count()), current)) {
+      param_cache->Prefetch(next);
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 //   stage 3: params S,               grads S, master S*, state S,  plus pooled gathered / working buffers
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "offload/io_queue.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_pool.h"
+#include "offload/shard_cache.h"
 #include "runtime/shard/schedule.h"
 #include "runtime/shard/slot_pool.h"
 
@@ -38,6 +40,7 @@ struct UnitState {
   int param_slot = -1;  // stage 3: gathered buffer
   int grad_slot = -1;   // stages 2-3: working gradient buffer
   comm::Work gather;    // pending gather into param_slot
+  offload::IoWork param_read;  // offload_param = nvme: the read of the shard that gather sends
   int active = 0;       // Begin* without End*
   int forward_uses = 0;   // in the current micro-batch
   int backward_uses = 0;  // in the current micro-batch
@@ -60,7 +63,7 @@ struct Engine::Impl {
   // separate buffer whenever it cannot be the parameter storage itself (low-precision params, or the
   // optimizer offloaded away from the parameters). Gathered and working buffers stay on the device.
   bool separate_master() const {
-    return cfg.param_dtype != DType::kF32 || cfg.offload_optimizer.device != OffloadDevice::kNone;
+    return cfg.param_dtype != DType::kF32 || cfg.offload_optimizer.device != OffloadDevice::kNone || nvme_params();
   }
   memory::Allocator& ParamTier() const {
     return cfg.offload_param.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
@@ -76,10 +79,30 @@ struct Engine::Impl {
   std::unique_ptr<offload::NvmeStore> nvme;
   std::unique_ptr<offload::PinnedPool> staging;
   absl::Status SetUpNvme();                                   // engine_nvme.cc
+  absl::Status CreateIoQueue();
   absl::Status NvmeUpdate(UnitState& u, double lr, float clip_coef);
   absl::StatusOr<std::vector<float>> ReadLane(UnitState& u, int lane);  // the lane over the update range
   absl::Status WriteLane(UnitState& u, int lane, const std::vector<float>& values);
   int lanes() const;
+  // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
+  // NVMe extent behind an offload::ShardCache of pinned buffers (no u.params). A gather pins the shard
+  // (reading it when not cached), the gather stream waits for the read, all-gathers from the pinned
+  // buffer and then releases it. Prefetch reads the shards of the next units of the recorded schedule
+  // ahead of their gathers, as far as free buffers allow (offload_param.buffer_count, at least one more
+  // than the gathered units that can be live). Whatever writes the shard (initialisation, the update's
+  // cast, SetParam, a restore) goes through ParamStorage, which writes the cache and NVMe through.
+  // The fp32 master is then always a separate buffer (separate_master()).
+  bool nvme_params() const { return cfg.offload_param.device == OffloadDevice::kNvme; }
+  std::unique_ptr<offload::NvmeStore> param_store;
+  std::unique_ptr<offload::PinnedPool> param_buffers;
+  std::unique_ptr<offload::ShardCache> param_cache;
+  offload::ShardCacheStats param_io_mark;  // cache counters when the last step ended
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // by the tiled update in the current step
+  absl::Status SetUpNvmeParams(int live, size_t largest_shard);  // engine_nvme.cc
+  size_t ParamBufferCount(int live) const;
+  // Runs fn(base) with base = the rank's parameter storage (what u.params holds: the shard at stage 3,
+  // the whole unit otherwise). keep = false: fn overwrites all of it (NVMe: the buffer is not read first).
+  absl::Status ParamStorage(UnitState& u, const std::function<absl::Status(char* base)>& fn, bool keep);
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }

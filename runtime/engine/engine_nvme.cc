@@ -27,16 +27,66 @@ size_t TileElems(const Engine::Impl& m, const UnitState& u, size_t t) {
 
 }  // namespace
 
+absl::Status Engine::Impl::CreateIoQueue() {
+  if (io_queue != nullptr) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(io_queue, offload::CreateIoQueue(offload::IoQueueOptions{}));
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status CheckNvmePath(const char* which, const std::string& path) {
+  if (!std::filesystem::is_directory(path)) {
+    return absl::NotFoundError(absl::StrCat(which, ".nvme_path '", path, "' is not a directory"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+size_t Engine::Impl::ParamBufferCount(int live) const {
+  return std::max<size_t>(cfg.offload_param.buffer_count, static_cast<size_t>(live) + 1);
+}
+
+absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
+  STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_param", cfg.offload_param.nvme_path));
+  STRATA_RETURN_IF_ERROR(CreateIoQueue());
+  std::vector<uint64_t> bytes;
+  uint64_t need = 0;
+  for (const UnitState& u : units) {
+    bytes.push_back(u.layout.shard_elems * param_bytes());
+    need += offload::NvmeStore::IoBytes(std::max<uint64_t>(bytes.back(), 1));
+  }
+  offload::NvmeStoreOptions so;
+  so.files.paths = {cfg.offload_param.nvme_path};
+  so.files.rank = rank();
+  so.files.name = "params";
+  so.files.capacity_bytes = std::max<uint64_t>(need, offload::NvmeStore::kAlignment);
+  so.tracker = &tracker;
+  STRATA_ASSIGN_OR_RETURN(param_store, offload::NvmeStore::Create(so, io_queue.get()));
+  offload::PinnedPoolOptions po;
+  po.buffer_count = ParamBufferCount(live);
+  po.buffer_bytes = std::max<size_t>(largest_shard * param_bytes(), 1);
+  po.kind = memory::Kind::kParamShard;
+  po.pin = cfg.offload_param.pin_memory ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
+  STRATA_ASSIGN_OR_RETURN(param_buffers, offload::PinnedPool::Create(po, host_alloc.get()));
+  STRATA_ASSIGN_OR_RETURN(param_cache, offload::ShardCache::Create(param_store.get(), param_buffers.get(),
+                                                                   std::move(bytes), memory::Kind::kParamShard));
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::ParamStorage(UnitState& u, const std::function<absl::Status(char* base)>& fn, bool keep) {
+  if (!nvme_params()) return fn(u.params.as<char>());
+  const int unit = static_cast<int>(&u - units.data());
+  return param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst)); }, keep);
+}
+
 absl::Status Engine::Impl::SetUpNvme() {
   const std::string& path = cfg.offload_optimizer.nvme_path;
-  if (!std::filesystem::is_directory(path)) {
-    return absl::NotFoundError(absl::StrCat("offload_optimizer.nvme_path '", path, "' is not a directory"));
-  }
+  STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
   uint64_t need = 0;
   for (const UnitState& u : units) {
     for (size_t t = 0; t < Tiles(*this, u); ++t) need += lanes() * offload::NvmeStore::IoBytes(TileElems(*this, u, t) * 4);
   }
-  STRATA_ASSIGN_OR_RETURN(io_queue, offload::CreateIoQueue(offload::IoQueueOptions{}));
+  STRATA_RETURN_IF_ERROR(CreateIoQueue());
   offload::NvmeStoreOptions so;
   so.files.paths = {path};
   so.files.rank = rank();
@@ -92,26 +142,31 @@ absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) 
   }
   const float* grad = GradUpdatePtr(u);
   const size_t param_base = cfg.stage == 3 ? 0 : update_begin(u);
-  auto fn = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
-    const size_t lo = t * nvme_tile_elems, hi = lo + TileElems(*this, u, t);
-    std::vector<shard::Segment> segs;
-    for (const shard::Segment& s : u.update_segments) {
-      const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
-      if (b < e) segs.push_back({b - lo, e - lo, s.param, s.weight_decay});
-    }
-    optim::ShardState st{v[0].as<float>(), grad + lo, v[1].as<float>(), lanes() > 2 ? v[2].as<float>() : nullptr};
-    optim::UpdateOptions opts;
-    if (cfg.param_dtype != DType::kF32) {
-      opts.param_copy = u.params.as<uint16_t>() + param_base + lo;
-      opts.param_copy_dtype = cfg.param_dtype;
-    }
-    optim::ApplyUpdate(cfg.optimizer, st, segs, lr, step + 1, clip_coef, opts);
-    if (cfg.param_dtype == DType::kF32) std::memcpy(u.params.as<float>() + param_base + lo, v[0].data, (hi - lo) * 4);
+  return ParamStorage(u, [&](char* params) -> absl::Status {
+    auto fn = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
+      const size_t lo = t * nvme_tile_elems, hi = lo + TileElems(*this, u, t);
+      std::vector<shard::Segment> segs;
+      for (const shard::Segment& s : u.update_segments) {
+        const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
+        if (b < e) segs.push_back({b - lo, e - lo, s.param, s.weight_decay});
+      }
+      optim::ShardState st{v[0].as<float>(), grad + lo, v[1].as<float>(), lanes() > 2 ? v[2].as<float>() : nullptr};
+      optim::UpdateOptions opts;
+      char* dst = params + (param_base + lo) * param_bytes();
+      if (cfg.param_dtype != DType::kF32) {
+        opts.param_copy = reinterpret_cast<uint16_t*>(dst);
+        opts.param_copy_dtype = cfg.param_dtype;
+      }
+      optim::ApplyUpdate(cfg.optimizer, st, segs, lr, step + 1, clip_coef, opts);
+      if (cfg.param_dtype == DType::kF32) std::memcpy(dst, v[0].data, (hi - lo) * 4);
+      return absl::OkStatus();
+    };
+    STRATA_ASSIGN_OR_RETURN(offload::TilePipelineStats stats, offload::RunTiledPipeline(*nvme, *staging, tiles, fn));
+    exposed_io_ns += stats.read_wait_ns + stats.write_wait_ns;
+    nvme_read_bytes += stats.bytes_read;
+    nvme_write_bytes += stats.bytes_written;
     return absl::OkStatus();
-  };
-  STRATA_ASSIGN_OR_RETURN(offload::TilePipelineStats stats, offload::RunTiledPipeline(*nvme, *staging, tiles, fn));
-  exposed_io_ns += stats.read_wait_ns + stats.write_wait_ns;
-  return absl::OkStatus();
+  }, /*keep=*/false);  // the tiles cover the whole update range: every byte of a stage-3 shard
 }
 
 }  // namespace strata::engine

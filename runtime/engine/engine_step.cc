@@ -20,19 +20,28 @@ absl::Status Engine::Impl::CastMasterToParams(UnitState& u) {
   return CastMasterToParams(u, u.master.as<float>());
 }
 
-absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
-  if (cfg.param_dtype == DType::kF32) {  // an fp32 master kept on another tier: copy
-    std::memcpy(u.params.as<float>() + (cfg.stage == 3 ? 0 : update_begin(u)), master, update_elems(u) * 4);
-    return absl::OkStatus();
+namespace {
+// dst[i] = master[i] in the param dtype.
+void CastInto(DType dtype, const float* master, char* dst, size_t n) {
+  if (dtype == DType::kF32) {  // an fp32 master kept apart from the params: copy
+    std::memcpy(dst, master, n * 4);
+    return;
   }
-  uint16_t* dst = u.params.as<uint16_t>() + (cfg.stage == 3 ? 0 : update_begin(u));
-  const size_t n = update_elems(u);
-  if (cfg.param_dtype == DType::kBF16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = kernels::FloatToBf16(master[i]);
+  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+  if (dtype == DType::kBF16) {
+    for (size_t i = 0; i < n; ++i) out[i] = kernels::FloatToBf16(master[i]);
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = kernels::FloatToHalf(master[i]);
+    for (size_t i = 0; i < n; ++i) out[i] = kernels::FloatToHalf(master[i]);
   }
-  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
+  const size_t offset = (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes();
+  return ParamStorage(u, [&](char* params) {
+    CastInto(cfg.param_dtype, master, params + offset, update_elems(u));
+    return absl::OkStatus();
+  }, /*keep=*/cfg.stage != 3);  // stage 3 writes the whole shard
 }
 
 absl::Status Engine::Impl::ReplicateParams() {
@@ -93,13 +102,17 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
       continue;
     }
     optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
-    optim::UpdateOptions opts;
-    if (cfg.param_dtype != DType::kF32) {  // the fused pass also writes the low-precision param copy
-      opts.param_copy = u.params.as<uint16_t>() + (cfg.stage == 3 ? 0 : update_begin(u));
-      opts.param_copy_dtype = cfg.param_dtype;
-    }
-    optim::ApplyUpdate(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef, opts);
-    if (cfg.param_dtype == DType::kF32) STRATA_RETURN_IF_ERROR(CastMasterToParams(u));
+    const size_t offset = (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes();
+    STRATA_RETURN_IF_ERROR(ParamStorage(u, [&](char* params) {
+      optim::UpdateOptions opts;
+      if (cfg.param_dtype != DType::kF32) {  // the fused pass also writes the low-precision param copy
+        opts.param_copy = reinterpret_cast<uint16_t*>(params + offset);
+        opts.param_copy_dtype = cfg.param_dtype;
+      }
+      optim::ApplyUpdate(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef, opts);
+      if (cfg.param_dtype == DType::kF32 && separate_master()) CastInto(DType::kF32, s.master, params + offset, update_elems(u));
+      return absl::OkStatus();
+    }, /*keep=*/cfg.stage != 3));
   }
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
@@ -130,8 +143,17 @@ absl::StatusOr<StepResult> Engine::Step() {
     r->compute_ms = 1e-6 * double(m.compute_ns);
     r->exposed_comm_ms = 1e-6 * double(m.exposed_comm_ns);
     r->exposed_io_ms = 1e-6 * double(m.exposed_io_ns);
+    r->nvme_read_bytes = m.nvme_read_bytes;
+    r->nvme_write_bytes = m.nvme_write_bytes;
+    if (m.param_cache != nullptr) {
+      const offload::ShardCacheStats& now = m.param_cache->stats();
+      r->nvme_read_bytes += now.read_bytes - m.param_io_mark.read_bytes;
+      r->nvme_write_bytes += now.write_bytes - m.param_io_mark.write_bytes;
+      m.param_io_mark = now;
+    }
   }
   m.compute_ns = m.exposed_comm_ns = m.exposed_io_ns = 0;
+  m.nvme_read_bytes = m.nvme_write_bytes = 0;
   return r;
 }
 

@@ -49,7 +49,9 @@ if [ "$only" = all ] || [ "$only" = offload ]; then
       "$mpirun" -n $n "$strata" train "${small[@]}" --stage $stage --steps 6 --micro-batch 2 --print-every 100 \
         --save-weights "$work/base$n$stage.safetensors" > /dev/null 2>&1
       variants=("--offload-optimizer cpu" "--offload-optimizer nvme --nvme-path $work/nvme")
-      [ $stage -eq 3 ] && variants+=("--offload-params cpu --offload-optimizer cpu" "--offload-params cpu --offload-optimizer nvme --nvme-path $work/nvme")
+      [ $stage -eq 3 ] && variants+=("--offload-params cpu --offload-optimizer cpu" "--offload-params cpu --offload-optimizer nvme --nvme-path $work/nvme"
+                                     "--offload-params nvme --offload-optimizer cpu --nvme-path $work/nvme"
+                                     "--offload-params nvme --offload-optimizer nvme --nvme-path $work/nvme")
       for v in "${variants[@]}"; do
         # shellcheck disable=SC2086
         out=$("$mpirun" -n $n "$strata" train "${small[@]}" --stage $stage --steps 6 --micro-batch 2 --print-every 100 \

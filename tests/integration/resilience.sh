@@ -43,8 +43,9 @@ if [ "$only" = all ] || [ "$only" = resume ]; then
     check "stage $stage: resumed at step 5, losses of steps 6-10 $out" $rc "$out"
   done
   mkdir -p "$work/nvme"
-  for offload in "--offload-optimizer cpu --offload-params cpu" "--offload-optimizer nvme --nvme-path $work/nvme"; do
-    d="$work/o$(echo "$offload" | cut -c20-23)"
+  for offload in "--offload-optimizer cpu --offload-params cpu" "--offload-optimizer nvme --nvme-path $work/nvme" \
+                 "--offload-optimizer nvme --offload-params nvme --nvme-path $work/nvme"; do
+    d="$work/o$(echo "$offload" | tr -dc 'a-z' | cut -c1-40)"
     # shellcheck disable=SC2086
     "$mpirun" -n 2 "$strata" train "${small[@]}" --stage 3 $offload --steps 10 --micro-batch 2 --metrics "$d.full.jsonl" > /dev/null 2>&1
     # shellcheck disable=SC2086
@@ -53,7 +54,7 @@ if [ "$only" = all ] || [ "$only" = resume ]; then
     out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --stage 3 $offload --steps 10 --micro-batch 2 --resume "$d" \
           --metrics "$d.resumed.jsonl" 2>&1) && out=$(same_losses "$d.full.jsonl" "$d.resumed.jsonl" 5)
     rc=$?
-    check "stage 3 with $(echo "$offload" | cut -d' ' -f1-2): resumed at step 5, losses of steps 6-10 $out" $rc "$out"
+    check "stage 3 with ${offload%% --nvme-path*}: resumed at step 5, losses of steps 6-10 $out" $rc "$out"
   done
 fi
 

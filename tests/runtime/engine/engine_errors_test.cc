@@ -171,14 +171,19 @@ TEST(EngineErrors, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST(EngineErrors, UnsupportedFeaturesAreRejectedAtCreate) {
-  auto results = testing::RunRanks(1, comm::Options{}, [](int, comm::Communicator& c) -> absl::Status {
-    device::HostDevice d;
-    EngineConfig cfg = Stage3();
-    cfg.offload_param.device = OffloadDevice::kNvme;  // parameter shards on NVMe: not implemented yet
-    return Engine::Create(cfg, c, d).status();
-  });
-  EXPECT_EQ(results[0].code(), absl::StatusCode::kUnimplemented);
+TEST(EngineErrors, ParameterOffloadBelowStage3IsRejectedAtCreate) {
+  for (OffloadDevice where : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    auto results = testing::RunRanks(1, comm::Options{}, [&](int, comm::Communicator& c) -> absl::Status {
+      device::HostDevice d;
+      EngineConfig cfg = Stage3();
+      cfg.stage = 2;
+      cfg.offload_param.device = where;  // parameter shards exist only at stage 3 (DeepSpeed's rule too)
+      cfg.offload_param.nvme_path = "/tmp";
+      return Engine::Create(cfg, c, d).status();
+    });
+    EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(results[0].message()), ::testing::HasSubstr("offload_param needs ZeRO stage 3"));
+  }
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ using memory::Tier;
 struct Outcome {
   std::vector<float> params;
   MemoryStats mem;
+  std::vector<StepResult> steps;  // rank 0's
 };
 
 absl::StatusOr<Outcome> TrainMlp(EngineConfig cfg, int world, int steps = 6, const std::string& load = "",
@@ -38,11 +39,13 @@ absl::StatusOr<Outcome> TrainMlp(EngineConfig cfg, int world, int steps = 6, con
     STRATA_RETURN_IF_ERROR(e->Finalize());
     if (!load.empty()) STRATA_RETURN_IF_ERROR(e->LoadCheckpoint(load).status());
     const int micro = 8 / world;
+    std::vector<StepResult> results;
     for (int s = 0; s < steps; ++s) {
       STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
       STRATA_RETURN_IF_ERROR(mlp.TrainMicroBatch(*e, int64_t{s} * 8 + rank * micro, micro).status());
       STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
-      STRATA_RETURN_IF_ERROR(e->Step().status());
+      STRATA_ASSIGN_OR_RETURN(StepResult r, e->Step());
+      results.push_back(r);
     }
     if (!save.empty()) STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(save, "{}"));
     std::vector<float> all;
@@ -56,6 +59,7 @@ absl::StatusOr<Outcome> TrainMlp(EngineConfig cfg, int world, int steps = 6, con
       std::lock_guard<std::mutex> lock(mu);
       out.params = std::move(all);
       out.mem = e->memory_stats();
+      out.steps = std::move(results);
     }
     return absl::OkStatus();
   });
@@ -186,12 +190,106 @@ TEST_F(NvmeOffload, CheckpointsStreamNvmeStateAndLoadAnywhere) {
   EXPECT_EQ(a->params, b->params);
 }
 
+// Note [NVMe params]: parameter shards on NVMe behind a write-through cache of pinned buffers.
+TEST_F(NvmeOffload, ParamsOnNvmeGiveTheSameWeightsBitForBit) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (OffloadDevice optimizer : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+      for (int buffers : {1, 8}) {  // 2 buffers (1 live + 1): evicted and re-read each use; 8: all cached
+        EngineConfig base;
+        base.stage = 3;
+        base.param_dtype = dtype;
+        base.max_live_units = 1;
+        EngineConfig nvme = Nvme(3);
+        nvme.param_dtype = dtype;
+        nvme.max_live_units = 1;
+        nvme.offload_optimizer.device = optimizer;
+        nvme.offload_param.device = OffloadDevice::kNvme;
+        nvme.offload_param.nvme_path = dir_;
+        nvme.offload_param.pin_memory = false;
+        nvme.offload_param.buffer_count = buffers;
+        for (int world : {2, 4}) {
+          auto a = TrainMlp(base, world), b = TrainMlp(nvme, world);
+          ASSERT_TRUE(a.ok()) << a.status();
+          ASSERT_TRUE(b.ok()) << b.status();
+          const std::string what = absl::StrCat(DTypeName(dtype), " optimizer ", static_cast<int>(optimizer),
+                                                " buffers ", buffers, " world ", world);
+          EXPECT_EQ(a->params, b->params) << what;
+          EXPECT_GT(Peak(b->mem, Tier::kNvme, Kind::kParamShard), 0u) << what;
+          EXPECT_EQ(Peak(b->mem, Tier::kDevice, Kind::kParamShard), 0u) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(NvmeOffload, ParamShardsAreReadAgainOnlyWhenTheCacheIsTooSmall) {
+  EngineConfig c;
+  c.stage = 3;
+  c.max_live_units = 1;
+  c.offload_param.device = OffloadDevice::kNvme;
+  c.offload_param.nvme_path = dir_;
+  c.offload_param.pin_memory = false;
+  c.offload_param.buffer_count = 8;  // every shard fits: written through, never read back
+  auto big = TrainMlp(c, 2, 3);
+  ASSERT_TRUE(big.ok()) << big.status();
+  const uint64_t shards = Peak(big->mem, Tier::kNvme, Kind::kParamShard);  // 4 KiB-rounded
+  for (const StepResult& r : big->steps) {
+    EXPECT_EQ(r.nvme_read_bytes, 0u) << "step " << r.step;
+    EXPECT_GT(r.nvme_write_bytes, 0u);
+    EXPECT_LE(r.nvme_write_bytes, shards);
+  }
+  c.offload_param.buffer_count = 1;  // 2 buffers for 3 units: each use after the first reads its shard
+  auto small = TrainMlp(c, 2, 3);
+  ASSERT_TRUE(small.ok()) << small.status();
+  for (size_t s = 1; s < small->steps.size(); ++s) {
+    EXPECT_GT(small->steps[s].nvme_read_bytes, small->steps[s].nvme_write_bytes) << "step " << s;
+  }
+  EXPECT_EQ(small->params, big->params);
+}
+
+TEST_F(NvmeOffload, ACorruptParameterShardIsDataLossNamingTheUnit) {
+  EngineConfig c;
+  c.stage = 3;
+  c.max_live_units = 1;
+  c.offload_param.device = OffloadDevice::kNvme;
+  c.offload_param.nvme_path = dir_;
+  c.offload_param.pin_memory = false;
+  c.offload_param.buffer_count = 1;
+  auto results = testing::RunRanks(1, comm::Options{}, [&](int, comm::Communicator& comm) -> absl::Status {
+    device::HostDevice dev;
+    STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(c, comm, dev));
+    STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{}));
+    STRATA_RETURN_IF_ERROR(e->Finalize());
+    // Written through at Finalize; with 2 buffers the first unit is no longer cached. Flip every byte on disk.
+    for (const auto& f : std::filesystem::directory_iterator(dir_)) {
+      if (f.path().filename().string().find("params") == std::string::npos) continue;
+      std::FILE* fp = std::fopen(f.path().c_str(), "r+b");
+      std::vector<char> bytes(std::filesystem::file_size(f.path()));
+      EXPECT_EQ(std::fread(bytes.data(), 1, bytes.size(), fp), bytes.size());
+      for (char& b : bytes) b = static_cast<char>(~b);
+      std::rewind(fp);
+      std::fwrite(bytes.data(), 1, bytes.size(), fp);
+      std::fclose(fp);
+    }
+    STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+    return mlp.TrainMicroBatch(*e, 0, 4).status();
+  });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDataLoss) << results[0];
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("reading the parameter shard of unit 'input'"));
+}
+
 TEST_F(NvmeOffload, MissingPathIsANamedError) {
   EngineConfig c = Nvme(3);
   c.offload_optimizer.nvme_path = dir_ + "/does/not/exist";
   auto r = TrainMlp(c, 1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("does/not/exist"));
+  c = Nvme(3);
+  c.offload_param.device = OffloadDevice::kNvme;
+  c.offload_param.nvme_path = dir_ + "/params/not/here";
+  r = TrainMlp(c, 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("offload_param.nvme_path '" + dir_ + "/params/not/here'"));
 }
 
 }  // namespace
