@@ -15,8 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/nn_math.h"
 #include "kernels/cpu/nn.h"
-#include "kernels/cpu/nn_exp.h"
 #include "kernels/cpu/nn_sgemm.h"
 
 namespace strata::kernels::cpu {
@@ -35,7 +35,7 @@ void CausalSoftmaxRow(float* row, int len, int T) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int i = 0; i < len; ++i) {
-    row[i] = internal::Exp(row[i] - max_val);
+    row[i] = Exp(row[i] - max_val);
     sum += row[i];
   }
   const float inv = 1.0f / sum;  // sum >= 1: the max term is exp(0)

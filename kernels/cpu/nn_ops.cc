@@ -1,33 +1,24 @@
 // The row-wise and elementwise kernels of nn.h: LayerNorm, GELU (tanh), softmax cross-entropy,
 // embeddings, adds. Plain loops over the contiguous last dimension, written for GCC's vectoriser
 // (reductions carry `omp simd` so they vectorise without -ffast-math; the library builds with
-// -fopenmp-simd, which enables only these pragmas, no OpenMP runtime). exp is internal::Exp, which
-// vectorises (Note [Vectorisable exp]); GELU needs one exp per element (Note [GELU through the
-// logistic]). Selects are value ternaries, not std::min / std::max, for the same reason.
+// -fopenmp-simd, which enables only these pragmas, no OpenMP runtime). The per-element formulas are
+// kernels/common/nn_math.h, shared with the CUDA twins (kernels/cuda): exp is its Exp, which vectorises
+// (Note [Vectorisable exp]); GELU needs one exp per element (Note [GELU through the logistic]). Selects
+// are value ternaries, not std::min / std::max, for the same reason.
 //
 // Numerics: LayerNorm takes the mean first and the variance of the deviations second (two passes; a
 // one-pass E[x^2] - E[x]^2 in fp32 cancels catastrophically once |mean| >> stddev). Softmax subtracts the
 // row max; cross-entropy is log-sum-exp, so a target whose probability underflows still has a finite
 // loss, and sums each row in double.
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 
+#include "kernels/common/nn_math.h"
 #include "kernels/cpu/nn.h"
-#include "kernels/cpu/nn_exp.h"
 
 namespace strata::kernels::cpu {
-namespace {
-
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-bool ValidTarget(int32_t t, int V) { return t >= 0 && t < V; }
-
-}  // namespace
 
 void LayerNormForward(const float* x, const float* w, const float* b, float* out, float* mean, float* rstd, int N,
                       int C, float eps) {
@@ -37,22 +28,22 @@ void LayerNormForward(const float* x, const float* w, const float* b, float* out
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < C; ++j) sum += xi[j];
-    const float m = sum / static_cast<float>(C);
+    const float m = RowMean(sum, C);
     float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
     for (int j = 0; j < C; ++j) {
       const float d = xi[j] - m;
       sq += d * d;
     }
-    const float r = 1.0f / std::sqrt(sq / static_cast<float>(C) + eps);
-    for (int j = 0; j < C; ++j) oi[j] = (xi[j] - m) * r * w[j] + b[j];
+    const float r = LayerNormRstd(sq, C, eps);
+    for (int j = 0; j < C; ++j) oi[j] = LayerNormOut(xi[j], m, r, w[j], b[j]);
     mean[i] = m;
     rstd[i] = r;
   }
 }
 
-// With n = (x - mean) * rstd and g = w * dout, per row:
-//   dx += rstd * (g - mean(g) - n * mean(g * n)),  dw += n * dout,  db += dout.
+// Per row (nn_math.h LayerNormDx): dx += rstd * (g - mean(g) - n * mean(g * n)), dw += n * dout,
+// db += dout, with n = (x - mean) * rstd and g = w * dout.
 void LayerNormBackward(const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
                        float* dx, float* dw, float* db, int N, int C) {
   for (int i = 0; i < N; ++i) {
@@ -68,56 +59,28 @@ void LayerNormBackward(const float* dout, const float* x, const float* w, const 
     for (int j = 0; j < C; ++j) {
       const float g = w[j] * gi[j];
       sum_g += g;
-      sum_gn += g * ((xi[j] - m) * r);
+      sum_gn += g * LayerNormNormalized(xi[j], m, r);
     }
-    const float mean_g = sum_g / static_cast<float>(C);
-    const float mean_gn = sum_gn / static_cast<float>(C);
+    const float mean_g = RowMean(sum_g, C);
+    const float mean_gn = RowMean(sum_gn, C);
     // Two loops rather than one: with all three outputs in one loop GCC 12 leaves it scalar
     // (-fopt-info-vec-missed); split, each vectorises behind run-time alias checks.
-    for (int j = 0; j < C; ++j) dxi[j] += r * (w[j] * gi[j] - mean_g - (xi[j] - m) * r * mean_gn);
+    for (int j = 0; j < C; ++j) dxi[j] += LayerNormDx(xi[j], m, r, w[j], gi[j], mean_g, mean_gn);
     for (int j = 0; j < C; ++j) {
       db[j] += gi[j];
-      dw[j] += (xi[j] - m) * r * gi[j];
+      dw[j] += LayerNormNormalized(xi[j], m, r) * gi[j];
     }
   }
 }
 
-// Note [GELU through the logistic]
-// 0.5 (1 + tanh u) = 1 / (1 + exp(-2u)) exactly, so gelu(x) = x * s with s = sigmoid(2u),
-// u = sqrt(2/pi) (x + 0.044715 x^3). Evaluated this way it is the same function with one exp, which
-// vectorises (Note [Vectorisable exp]), instead of glibc's tanhf (~15-20 ns an element measured here,
-// and a call that keeps the loop scalar); it is also more accurate for x < 0, where 1 + tanh u
-// cancels. The exponent is capped at kGeluExpCap so exp never overflows (which would make 1 - s = e s
-// an inf * 0); past the cap (x < ~-9.4) s is e^-80 instead of smaller: gelu(x) ~ x e^-80 either way,
-// far below the fp32 resolution of the values around it.
-namespace {
-
-constexpr float kGeluExpCap = 80.0f;
-
-// e = exp(-2u) (capped), so that s = sigmoid(2u) = 1 / (1 + e).
-float GeluExpNeg2u(float x) {
-  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-  const float arg = -2.0f * u;
-  return internal::Exp(arg > kGeluExpCap ? kGeluExpCap : arg);  // NaN compares false: stays NaN
-}
-
-}  // namespace
-
+// GELU through the logistic (Note [GELU through the logistic], nn_math.h).
 void GeluForward(const float* x, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = x[i] / (1.0f + GeluExpNeg2u(x[i]));
+  for (size_t i = 0; i < n; ++i) out[i] = Gelu(x[i]);
 }
 
-// gelu'(x) = s + 2 x s (1 - s) u'(x), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2), with 1 - s = e s taken
-// without cancellation (Note [GELU through the logistic]); this equals the tanh form
-// 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u'.
+// dx = dout * gelu'(x) (written).
 void GeluBackward(const float* x, const float* dout, float* dx, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float e = GeluExpNeg2u(v);
-    const float s = 1.0f / (1.0f + e);
-    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
-    dx[i] = dout[i] * (s + 2.0f * v * s * (e * s) * du);
-  }
+  for (size_t i = 0; i < n; ++i) dx[i] = dout[i] * GeluGrad(x[i]);
 }
 
 // Note [Cross-entropy in place]
@@ -131,21 +94,19 @@ double CrossEntropyForward(const float* logits, const int32_t* targets, float* p
     const float* li = logits + static_cast<size_t>(i) * V;
     float* pi = probs + static_cast<size_t>(i) * V;
     const int32_t t = targets[i];
-    const float target_logit = ValidTarget(t, V) ? li[t] : kNaN;  // before pi overwrites li
+    const float target_logit = ValidTarget(t, V) ? li[t] : QuietNaN();  // before pi overwrites li
     float max_val = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : max_val)
     for (int j = 0; j < V; ++j) max_val = li[j] > max_val ? li[j] : max_val;
     double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < V; ++j) {
-      pi[j] = internal::Exp(li[j] - max_val);
+      pi[j] = Exp(li[j] - max_val);
       sum += pi[j];
     }
-    const float inv = static_cast<float>(1.0 / sum);
+    const float inv = SoftmaxInv(sum);
     for (int j = 0; j < V; ++j) pi[j] *= inv;
-    // loss = log(sum_j exp(l_j)) - l_t = log(sum) - (l_t - max): finite even when probs[t] underflows.
-    // An invalid target carries NaN through target_logit.
-    const float loss = static_cast<float>(std::log(sum) - static_cast<double>(target_logit - max_val));
+    const float loss = CrossEntropyLoss(sum, target_logit, max_val);  // NaN for an invalid target
     losses[i] = loss;
     total += loss;
   }
@@ -160,12 +121,12 @@ void CrossEntropyBackward(const float* probs, const int32_t* targets, float* dlo
     float* di = dlogits + static_cast<size_t>(i) * V;
     const int32_t t = targets[i];
     if (!ValidTarget(t, V)) {
-      std::fill(di, di + V, kNaN);
+      std::fill(di, di + V, QuietNaN());
       continue;
     }
-    const float target_prob = pi[t];
-    for (int j = 0; j < V; ++j) di[j] = pi[j] * dloss;
-    di[t] = (target_prob - 1.0f) * dloss;
+    const float target_prob = pi[t];  // before di may overwrite it
+    for (int j = 0; j < V; ++j) di[j] = CrossEntropyGrad(pi[j], false, dloss);
+    di[t] = CrossEntropyGrad(target_prob, true, dloss);
   }
 }
 

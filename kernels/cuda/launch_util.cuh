@@ -23,6 +23,13 @@ inline unsigned GridFor(size_t work) {
   return blocks == 0 ? 1u : (blocks > kMaxBlocks ? kMaxBlocks : static_cast<unsigned>(blocks));
 }
 
+// Row kernels (one block a row, threads along the row): blocks for `rows` rows, one each up to
+// kMaxRowBlocks, grid-stride over rows beyond. 0 for no rows (the caller launches nothing).
+inline constexpr unsigned kMaxRowBlocks = 65535;
+inline unsigned GridForRows(size_t rows) {
+  return rows < kMaxRowBlocks ? static_cast<unsigned>(rows) : kMaxRowBlocks;
+}
+
 // [0, head) scalar, then vecs steps of kVec elements, then the scalar rest up to n.
 struct VectorSplit {
   size_t head = 0;

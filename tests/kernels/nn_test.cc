@@ -9,12 +9,14 @@
 // scale of the terms that cancelled, not against itself). Each rtol below states the fp32 error it
 // expects on these sizes and the margin over what was observed.
 //
+// The shared per-element math underneath (exp, GELU, LayerNorm and cross-entropy pieces, kernels/common/
+// nn_math.h) is checked on its own in tests/kernels/common/nn_math_test.cc.
+//
 // The accumulate contract is checked by pre-filling: accumulated outputs start from random values and
 // must equal prefill + gradient; written outputs start as NaN ("garbage") and must hold no trace of it.
 #include "kernels/cpu/nn.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -25,7 +27,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/nn_exp.h"
+#include "tests/kernels/gelu_reference.h"
 
 namespace strata::kernels::cpu {
 namespace {
@@ -112,41 +114,6 @@ DVec FiniteDiff(DVec x, const std::function<double(const DVec&)>& f) {
     g[i] = (fp - fm) / (2 * kFdStep);
   }
   return g;
-}
-
-// ============================== the vectorisable exp ==============================
-
-// ulps of |actual - expected| at expected's magnitude (fp32 spacing).
-double UlpError(float actual, double expected) {
-  const float e = static_cast<float>(expected);
-  const double ulp = static_cast<double>(std::nextafter(e, INFINITY)) - e;
-  return std::fabs(actual - expected) / ulp;
-}
-
-TEST(Exp, WithinOneUlpOverTheNormalRangeAndExactAtTheEdges) {
-  // Every kernel's softmax and GELU rests on internal::Exp (Note [Vectorisable exp]): <= 1 ulp against
-  // exp in double over [-87.33, 88.72] (Cephes' polynomial; observed max ~0.96), sampled densely.
-  double worst = 0;
-  float worst_x = 0;
-  for (double xd = -87.33; xd <= 88.72; xd += 1.37e-4) {
-    const float x = static_cast<float>(xd);
-    const double err = UlpError(internal::Exp(x), std::exp(static_cast<double>(x)));
-    if (err > worst) worst = err, worst_x = x;
-  }
-  EXPECT_LE(worst, 1.0) << "worst at x = " << worst_x << ": " << internal::Exp(worst_x) << " vs "
-                        << std::exp(static_cast<double>(worst_x));
-  EXPECT_EQ(internal::Exp(0.0f), 1.0f);
-  EXPECT_EQ(internal::Exp(-87.34f), 0.0f);  // below the smallest normal result: flushed
-  EXPECT_EQ(internal::Exp(-1e30f), 0.0f);
-  EXPECT_EQ(internal::Exp(-INFINITY), 0.0f);
-  EXPECT_TRUE(std::isfinite(internal::Exp(88.72f)));
-  EXPECT_EQ(internal::Exp(88.73f), INFINITY);
-  EXPECT_EQ(internal::Exp(INFINITY), INFINITY);
-  EXPECT_TRUE(std::isnan(internal::Exp(kGarbage)));
-  // A NaN payload must not leak into the exponent bits and come out as a number.
-  for (uint32_t bits : {0x7fc00123u, 0xffc001ffu, 0x7f800001u}) {
-    EXPECT_TRUE(std::isnan(internal::Exp(std::bit_cast<float>(bits)))) << "NaN bits 0x" << std::hex << bits;
-  }
 }
 
 // ============================== matrix products ==============================
@@ -390,15 +357,8 @@ TEST(LayerNorm, StaysAccurateWhenTheMeanDwarfsTheSpread) {
 
 // ============================== GELU ==============================
 
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
-
-double RefGelu(double x) { return 0.5 * x * (1 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x))); }
-double RefGeluGrad(double x) {
-  const double u = kSqrt2OverPi * (x + 0.044715 * x * x * x);
-  const double du = kSqrt2OverPi * (1 + 3 * 0.044715 * x * x);
-  const double sech = 1 / std::cosh(u);
-  return 0.5 * (1 + std::tanh(u)) + 0.5 * x * sech * sech * du;
-}
+using kernels::testing::RefGelu;
+using kernels::testing::RefGeluGrad;
 
 TEST(GeluReference, DerivativeMatchesFiniteDifferences) {
   for (double x = -6; x <= 6; x += 0.37) {

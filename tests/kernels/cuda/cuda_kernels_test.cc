@@ -19,6 +19,7 @@
 #include "kernels/cuda/sgd.cuh"
 #include "kernels/cuda/sum_squares.cuh"
 #include "tests/kernels/cpu/kernel_test_util.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace strata::kernels::cuda {
 namespace {
@@ -29,45 +30,9 @@ using cpu::testing::RandomBits;
 using cpu::testing::TestSizes;
 using cpu::testing::Uniform;
 
-#define ASSERT_CUDA(call)                                                          \
-  do {                                                                             \
-    const cudaError_t strata_err_ = (call);                                        \
-    ASSERT_EQ(strata_err_, cudaSuccess) << #call << ": " << cudaGetErrorString(strata_err_); \
-  } while (0)
+using testing::DeviceVec;
 
-// Device copy of a host vector with `pad` spare elements in front (to shift alignment); freed on scope exit.
-template <class T>
-class DeviceVec {
- public:
-  DeviceVec(const std::vector<T>& host, size_t pad) : n_(host.size()), pad_(pad) {
-    ok_ = cudaMalloc(&base_, (n_ + pad_ + 1) * sizeof(T)) == cudaSuccess &&
-          cudaMemcpy(base_ + pad_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
-  }
-  ~DeviceVec() { cudaFree(base_); }
-  T* get() { return base_ + pad_; }
-  bool ok() const { return ok_; }
-  std::vector<T> Host() {
-    std::vector<T> out(n_);
-    if (cudaMemcpy(out.data(), get(), n_ * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) out.clear();
-    return out;
-  }
-
- private:
-  size_t n_, pad_;
-  T* base_ = nullptr;
-  bool ok_ = false;
-};
-
-class CudaKernelsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    int count = 0;
-    const cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "no CUDA device visible (" << (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)) << ")";
-    }
-  }
-};
+class CudaKernelsTest : public testing::CudaDeviceTest {};
 
 struct Host {
   std::vector<float> master, grad, m, v;
