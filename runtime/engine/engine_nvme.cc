@@ -40,6 +40,26 @@ absl::Status CheckNvmePath(const char* which, const std::string& path) {
   }
   return absl::OkStatus();
 }
+
+// The options of one of the rank's stores: files "<name>" under `path`, sized for `need` bytes.
+offload::NvmeStoreOptions StoreOptions(Engine::Impl& m, const std::string& path, const char* name, uint64_t need) {
+  offload::NvmeStoreOptions so;
+  so.files.paths = {path};
+  so.files.rank = m.rank();
+  so.files.name = name;
+  so.files.capacity_bytes = std::max<uint64_t>(need, offload::NvmeStore::kAlignment);
+  so.tracker = &m.tracker;
+  return so;
+}
+
+offload::PinnedPoolOptions PoolOptions(size_t count, size_t bytes, memory::Kind kind, bool pin) {
+  offload::PinnedPoolOptions po;
+  po.buffer_count = count;
+  po.buffer_bytes = bytes;
+  po.kind = kind;
+  po.pin = pin ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
+  return po;
+}
 }  // namespace
 
 size_t Engine::Impl::ParamBufferCount(int live) const {
@@ -55,19 +75,15 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
     bytes.push_back(u.layout.shard_elems * param_bytes());
     need += offload::NvmeStore::IoBytes(std::max<uint64_t>(bytes.back(), 1));
   }
-  offload::NvmeStoreOptions so;
-  so.files.paths = {cfg.offload_param.nvme_path};
-  so.files.rank = rank();
-  so.files.name = "params";
-  so.files.capacity_bytes = std::max<uint64_t>(need, offload::NvmeStore::kAlignment);
-  so.tracker = &tracker;
-  STRATA_ASSIGN_OR_RETURN(param_store, offload::NvmeStore::Create(so, io_queue.get()));
-  offload::PinnedPoolOptions po;
-  po.buffer_count = ParamBufferCount(live);
-  po.buffer_bytes = std::max<size_t>(largest_shard * param_bytes(), 1);
-  po.kind = memory::Kind::kParamShard;
-  po.pin = cfg.offload_param.pin_memory ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
-  STRATA_ASSIGN_OR_RETURN(param_buffers, offload::PinnedPool::Create(po, host_alloc.get()));
+  STRATA_ASSIGN_OR_RETURN(param_store, offload::NvmeStore::Create(
+                                           StoreOptions(*this, cfg.offload_param.nvme_path, "params", need),
+                                           io_queue.get()));
+  STRATA_ASSIGN_OR_RETURN(param_buffers,
+                          offload::PinnedPool::Create(PoolOptions(ParamBufferCount(live),
+                                                                  std::max<size_t>(largest_shard * param_bytes(), 1),
+                                                                  memory::Kind::kParamShard,
+                                                                  cfg.offload_param.pin_memory),
+                                                      host_alloc.get()));
   STRATA_ASSIGN_OR_RETURN(param_cache, offload::ShardCache::Create(param_store.get(), param_buffers.get(),
                                                                    std::move(bytes), memory::Kind::kParamShard));
   return absl::OkStatus();
@@ -87,19 +103,12 @@ absl::Status Engine::Impl::SetUpNvme() {
     for (size_t t = 0; t < Tiles(*this, u); ++t) need += lanes() * offload::NvmeStore::IoBytes(TileElems(*this, u, t) * 4);
   }
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
-  offload::NvmeStoreOptions so;
-  so.files.paths = {path};
-  so.files.rank = rank();
-  so.files.name = "optimizer";
-  so.files.capacity_bytes = std::max<uint64_t>(need, offload::NvmeStore::kAlignment);
-  so.tracker = &tracker;
-  STRATA_ASSIGN_OR_RETURN(nvme, offload::NvmeStore::Create(so, io_queue.get()));
-  offload::PinnedPoolOptions po;
-  po.buffer_count = std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * lanes());
-  po.buffer_bytes = nvme_tile_elems * 4;
-  po.kind = memory::Kind::kScratch;
-  po.pin = cfg.offload_optimizer.pin_memory ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
-  STRATA_ASSIGN_OR_RETURN(staging, offload::PinnedPool::Create(po, host_alloc.get()));
+  STRATA_ASSIGN_OR_RETURN(nvme, offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), io_queue.get()));
+  STRATA_ASSIGN_OR_RETURN(staging, offload::PinnedPool::Create(
+                                       PoolOptions(std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * lanes()),
+                                                   nvme_tile_elems * 4, memory::Kind::kScratch,
+                                                   cfg.offload_optimizer.pin_memory),
+                                       host_alloc.get()));
   io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
   for (UnitState& u : units) {
     u.nvme_lanes.assign(lanes(), {});

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "offload/io_queue.h"
+#include "offload/nvme_store.h"
 #include "runtime/memory/memory.h"
 
 namespace strata::offload::testing {
@@ -89,6 +90,22 @@ inline std::string BackendParamName(const ::testing::TestParamInfo<IoBackend>& i
   }                                                                                  \
   ASSERT_TRUE(var##_or.ok()) << var##_or.status();                                   \
   std::unique_ptr<::strata::offload::IoQueue> var = std::move(var##_or).value()
+
+// An I/O queue of `backend` (depth 16) and a store of `capacity_bytes` in one file under `dir`. Skips the
+// test when io_uring is refused; callers return when IsSkipped() or HasFatalFailure().
+inline void MakeQueueAndStore(IoBackend backend, const std::string& dir, uint64_t capacity_bytes,
+                              std::unique_ptr<IoQueue>* queue, std::unique_ptr<NvmeStore>* store) {
+  auto q = CreateIoQueue(IoQueueOptions{.backend = backend, .depth = 16});
+  if (!q.ok() && backend == IoBackend::kUring) GTEST_SKIP() << "io_uring unavailable: " << q.status();
+  ASSERT_TRUE(q.ok()) << q.status();
+  *queue = std::move(q).value();
+  NvmeStoreOptions so;
+  so.files.paths = {dir};
+  so.files.capacity_bytes = capacity_bytes;
+  auto s = NvmeStore::Create(so, queue->get());
+  ASSERT_TRUE(s.ok()) << s.status();
+  *store = std::move(s).value();
+}
 
 // A tmpfs with `options` ("size=1m") mounted on a fresh directory (needs CAP_SYS_ADMIN); unmounted at the end.
 // ok() is false, and reason() says why, when the mount is refused.

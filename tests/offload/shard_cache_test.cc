@@ -27,17 +27,8 @@ constexpr uint64_t kShardBytes = 3 * 4096 + 100;  // not a multiple of the I/O b
 
 class ShardCacheTest : public ::testing::TestWithParam<IoBackend> {
  protected:
+  void SetUp() override { testing::MakeQueueAndStore(GetParam(), dir_.path(), 1 << 20, &queue_, &store_); }
   void Make(size_t buffers) {
-    auto q = CreateIoQueue(IoQueueOptions{.backend = GetParam(), .depth = 16});
-    if (!q.ok() && GetParam() == IoBackend::kUring) GTEST_SKIP() << "io_uring unavailable: " << q.status();
-    ASSERT_TRUE(q.ok()) << q.status();
-    queue_ = std::move(q).value();
-    NvmeStoreOptions so;
-    so.files.paths = {dir_.path()};
-    so.files.capacity_bytes = 1 << 20;
-    auto s = NvmeStore::Create(so, queue_.get());
-    ASSERT_TRUE(s.ok()) << s.status();
-    store_ = std::move(s).value();
     auto pool = PinnedPool::Create({.buffer_count = buffers, .buffer_bytes = kShardBytes, .pin = PinMethod::kNone},
                                    &alloc_);
     ASSERT_TRUE(pool.ok()) << pool.status();

@@ -33,16 +33,8 @@ void Update(float* w, float* m, float* v, const float* g, size_t n) {
 class TiledPipelineTest : public ::testing::TestWithParam<IoBackend> {
  protected:
   void SetUp() override {
-    auto q = CreateIoQueue(IoQueueOptions{.backend = GetParam(), .depth = 16});
-    if (!q.ok() && GetParam() == IoBackend::kUring) GTEST_SKIP() << "io_uring unavailable: " << q.status();
-    ASSERT_TRUE(q.ok()) << q.status();
-    queue_ = std::move(q).value();
-    NvmeStoreOptions so;
-    so.files.paths = {dir_.path()};
-    so.files.capacity_bytes = 8 << 20;
-    auto s = NvmeStore::Create(so, queue_.get());
-    ASSERT_TRUE(s.ok()) << s.status();
-    store_ = std::move(s).value();
+    testing::MakeQueueAndStore(GetParam(), dir_.path(), 8 << 20, &queue_, &store_);
+    if (store_ == nullptr) return;  // skipped or failed
     auto pool = PinnedPool::Create({.buffer_count = 3 * kLanes, .buffer_bytes = kTileElems * 4}, &alloc_);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(pool).value();

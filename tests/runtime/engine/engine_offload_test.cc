@@ -150,6 +150,17 @@ class NvmeOffload : public ::testing::Test {
     c.nvme_tile_elems = 1024;  // several tiles per unit: the pipeline overlaps them
     return c;
   }
+  // Stage 3, one live gathered unit, parameter shards on NVMe with `buffers` (at least 2) cache buffers.
+  EngineConfig NvmeParams(int buffers) const {
+    EngineConfig c;
+    c.stage = 3;
+    c.max_live_units = 1;
+    c.offload_param.device = OffloadDevice::kNvme;
+    c.offload_param.nvme_path = dir_;
+    c.offload_param.pin_memory = false;
+    c.offload_param.buffer_count = buffers;
+    return c;
+  }
   std::string dir_;
 };
 
@@ -199,14 +210,11 @@ TEST_F(NvmeOffload, ParamsOnNvmeGiveTheSameWeightsBitForBit) {
         base.stage = 3;
         base.param_dtype = dtype;
         base.max_live_units = 1;
-        EngineConfig nvme = Nvme(3);
+        EngineConfig nvme = NvmeParams(buffers);
         nvme.param_dtype = dtype;
-        nvme.max_live_units = 1;
+        nvme.offload_optimizer = Nvme(3).offload_optimizer;
         nvme.offload_optimizer.device = optimizer;
-        nvme.offload_param.device = OffloadDevice::kNvme;
-        nvme.offload_param.nvme_path = dir_;
-        nvme.offload_param.pin_memory = false;
-        nvme.offload_param.buffer_count = buffers;
+        nvme.nvme_tile_elems = 1024;
         for (int world : {2, 4}) {
           auto a = TrainMlp(base, world), b = TrainMlp(nvme, world);
           ASSERT_TRUE(a.ok()) << a.status();
@@ -223,13 +231,7 @@ TEST_F(NvmeOffload, ParamsOnNvmeGiveTheSameWeightsBitForBit) {
 }
 
 TEST_F(NvmeOffload, ParamShardsAreReadAgainOnlyWhenTheCacheIsTooSmall) {
-  EngineConfig c;
-  c.stage = 3;
-  c.max_live_units = 1;
-  c.offload_param.device = OffloadDevice::kNvme;
-  c.offload_param.nvme_path = dir_;
-  c.offload_param.pin_memory = false;
-  c.offload_param.buffer_count = 8;  // every shard fits: written through, never read back
+  EngineConfig c = NvmeParams(8);  // every shard fits: written through, never read back
   auto big = TrainMlp(c, 2, 3);
   ASSERT_TRUE(big.ok()) << big.status();
   const uint64_t shards = Peak(big->mem, Tier::kNvme, Kind::kParamShard);  // 4 KiB-rounded
@@ -248,13 +250,7 @@ TEST_F(NvmeOffload, ParamShardsAreReadAgainOnlyWhenTheCacheIsTooSmall) {
 }
 
 TEST_F(NvmeOffload, ACorruptParameterShardIsDataLossNamingTheUnit) {
-  EngineConfig c;
-  c.stage = 3;
-  c.max_live_units = 1;
-  c.offload_param.device = OffloadDevice::kNvme;
-  c.offload_param.nvme_path = dir_;
-  c.offload_param.pin_memory = false;
-  c.offload_param.buffer_count = 1;
+  const EngineConfig c = NvmeParams(1);
   auto results = testing::RunRanks(1, comm::Options{}, [&](int, comm::Communicator& comm) -> absl::Status {
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(c, comm, dev));
