@@ -52,6 +52,7 @@ class StoreBench {
  public:
   absl::Status SetUp(const NvmeBenchOptions& o, json* setup);
   absl::StatusOr<double> Run(bool read);  // bytes per second
+  offload::IoQueueStats queue_stats() const { return queue_->stats(); }
   std::string FileList() const {          // fio's --filename syntax
     std::vector<std::string> paths;
     for (size_t f = 0; f < store_->files().file_count(); ++f)
@@ -230,6 +231,8 @@ absl::StatusOr<json> RunNvmeBench(const NvmeBenchOptions& o) {
   const absl::StatusOr<std::string> engine = o.fio ? FioEngine() : absl::NotFoundError("--no-fio");
   Samples s;
   STRATA_RETURN_IF_ERROR(RunRounds(o, store, engine, direct, &s));
+  const offload::IoQueueStats qs = store.queue_stats();
+  out["queue_stats"] = {{"requests", qs.requests}, {"fixed_buffer_ios", qs.fixed_buffer_ios}, {"resubmits", qs.resubmits}};
   out["write_bytes_per_s"] = Median(s.write);
   out["read_bytes_per_s"] = Median(s.read);
   out["samples"] = {{"write", s.write}, {"read", s.read}};
