@@ -9,6 +9,10 @@
 #include <fstream>
 #include <string>
 
+#if STRATA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -63,11 +67,20 @@ absl::Status Pin(PinMethod method, void* p, size_t n) {
   switch (method) {
     case PinMethod::kNone:
       return absl::OkStatus();
-    case PinMethod::kCudaHostRegister:
-      // Hook [CUDA pinning]: a CUDA build registers the region here with
-      // cudaHostRegister(p, n, cudaHostRegisterDefault) (and Unpin with cudaHostUnregister), wrapped
-      // with the CUDA error text. This library does not link CUDA.
-      return absl::UnimplementedError("cudaHostRegister pinning needs the CUDA build of the pinned pool");
+    case PinMethod::kCudaHostRegister: {
+#if STRATA_WITH_CUDA
+      // Page-locked and mapped for DMA by the driver: H2D / D2H copies from the pool run at full PCIe
+      // rate and asynchronously. The locked-memory limit does not apply to it.
+      const cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
+      if (e == cudaSuccess) return absl::OkStatus();
+      cudaGetLastError();  // clear the sticky-free error so later calls do not report it
+      return absl::FailedPreconditionError(absl::StrCat("cudaHostRegister(", FormatBytes(n),
+                                                        ") of the pinned pool failed: ", cudaGetErrorString(e)));
+#else
+      return absl::UnimplementedError(
+          "PinMethod::kCudaHostRegister needs a CUDA build (STRATA_WITH_CUDA=ON); use kMlock on host builds");
+#endif
+    }
     case PinMethod::kMlock:
       break;
   }
@@ -87,6 +100,9 @@ absl::Status Pin(PinMethod method, void* p, size_t n) {
 
 void Unpin(PinMethod method, void* p, size_t n) {
   if (method == PinMethod::kMlock) munlock(p, n);
+#if STRATA_WITH_CUDA
+  if (method == PinMethod::kCudaHostRegister) cudaHostUnregister(p);
+#endif
 }
 
 }  // namespace

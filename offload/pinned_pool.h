@@ -11,9 +11,9 @@
 // checked against RLIMIT_MEMLOCK (minus what the process has locked already, VmLck) unless the process
 // holds CAP_IPC_LOCK (root normally does; the limit does not apply to it): too little is
 // FailedPrecondition naming the limit, the need and how to raise it. mlock's own ENOMEM / EPERM get the
-// same kind of message. On CUDA builds the same hook registers the pages with cudaHostRegister instead
-// (PinMethod::kCudaHostRegister, the marked hook in pinned_pool.cc); this library does not link CUDA, so
-// that method is Unimplemented here. PinMethod::kNone skips locking (tests, or hosts that forbid it).
+// same kind of message. PinMethod::kCudaHostRegister (CUDA builds; Unimplemented otherwise) registers
+// the region with cudaHostRegister instead, so device copies from it are asynchronous DMA; its failure is
+// FailedPrecondition with the CUDA error text. PinMethod::kNone skips locking (tests, or hosts that forbid it).
 //
 // Threads. Acquire / TryAcquire / returning a PinnedBuffer are thread-safe. The pool must outlive every
 // PinnedBuffer; its destructor unlocks and frees.

@@ -64,6 +64,22 @@ if [ "$only" = all ] || [ "$only" = offload ]; then
   done
 fi
 
+if [ "$only" = all ] || [ "$only" = offload ]; then
+  # gpt2-tiny itself (the issue's model) with parameters and optimizer state on NVMe, and on cpu.
+  for n in 2 4; do
+    "$mpirun" -n $n "$strata" train --model gpt2-tiny --stage 3 --steps 4 --micro-batch 2 --print-every 100 \
+      --save-weights "$work/tiny$n.safetensors" > /dev/null 2>&1
+    for v in "--offload-params nvme --offload-optimizer nvme" "--offload-params cpu --offload-optimizer cpu"; do
+      # shellcheck disable=SC2086
+      out=$("$mpirun" -n $n "$strata" train --model gpt2-tiny --stage 3 --steps 4 --micro-batch 2 --print-every 100 \
+            $v --nvme-path "$work/nvme" --save-weights "$work/tinyoff.safetensors" 2>&1) &&
+        out=$("$strata" compare "$work/tinyoff.safetensors" "$work/tiny$n.safetensors" --rtol 0 2>&1)
+      rc=$?
+      check "gpt2-tiny, $n ranks stage 3 $v: bit for bit $(grep -o 'match\|DIFFER' <<<"$out")" $rc "$out"
+    done
+  done
+fi
+
 if [ "$only" = all ] || [ "$only" = precision ]; then
   out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --param-dtype fp16 --steps 6 --micro-batch 2 \
         --inject-nonfinite-step 2 --inject-nonfinite-rank 1 --metrics "$work/inj.jsonl" 2>&1); rc=$?

@@ -151,11 +151,17 @@ TEST(PinnedPool, BuffersAreReturnedAndReused) {
   EXPECT_EQ((*pool)->free_count(), 2u);
 }
 
-TEST(PinnedPool, CudaPinningIsAHookOnHostBuilds) {
+// On CUDA builds tests/runtime/device/cuda_device_test.cc (label gpu) checks the registration itself.
+TEST(PinnedPool, CudaPinningNeedsACudaBuild) {
+#if STRATA_WITH_CUDA
+  GTEST_SKIP() << "CUDA build: CudaPinnedPool.BuffersAreRegisteredHostMemory covers kCudaHostRegister";
+#else
   auto alloc = PinnedAllocator(memory::kUnlimited, nullptr);
   auto pool =
       PinnedPool::Create({.buffer_count = 1, .buffer_bytes = 4096, .pin = PinMethod::kCudaHostRegister}, &alloc);
   EXPECT_EQ(pool.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(pool.status().message()), HasSubstr("STRATA_WITH_CUDA"));
+#endif
 }
 
 // Drops CAP_IPC_LOCK (so RLIMIT_MEMLOCK binds), lowers the limit to 1 MiB, asks for 4 MiB: exit code 0

@@ -1,6 +1,7 @@
 // The CUDA device on a real GPU (label gpu; skipped with the reason where none is visible): stream
 // order with host tasks, events across streams, sticky task errors, the arena allocator's zeroed blocks
-// and budget, and the NCCL back-end at world size 1 against host-computed results.
+// and budget, the pinned pool registered with cudaHostRegister, and the NCCL back-end at world size 1
+// against host-computed results.
 #include "runtime/device/cuda_device.h"
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "offload/pinned_pool.h"
 #include "runtime/memory/cuda_arena_allocator.h"
 #if STRATA_WITH_NCCL
 #include "runtime/comm/nccl_communicator.h"
@@ -66,6 +68,22 @@ TEST(CudaArenaAllocator, ZeroesBlocksAndHonoursTheBudget) {
   ASSERT_EQ(cudaMemcpy(host.data(), b->data(), 4096, cudaMemcpyDeviceToHost), cudaSuccess);
   for (char c : host) ASSERT_EQ(c, 0);
   EXPECT_EQ((*alloc)->Allocate(2 << 20, memory::Kind::kScratch).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(CudaPinnedPool, BuffersAreRegisteredHostMemory) {
+  SKIP_WITHOUT_GPU();
+  memory::HostAllocator alloc(memory::Tier::kPinnedHost, memory::kUnlimited, nullptr);
+  auto pool = offload::PinnedPool::Create(
+      {.buffer_count = 2, .buffer_bytes = 1 << 20, .pin = offload::PinMethod::kCudaHostRegister}, &alloc);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, (*pool)->buffers()[1].data), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeHost) << "registered (page-locked) host memory";
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 1 << 20), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(device, (*pool)->buffers()[1].data, 1 << 20, cudaMemcpyHostToDevice, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(device);
 }
 
 #if STRATA_WITH_NCCL
