@@ -46,7 +46,7 @@ void InitRange(const UnitState& u, uint64_t seed, size_t lo, size_t hi, float* m
 }  // namespace
 
 float* Engine::Impl::MasterPtr(UnitState& u) const {
-  if (nvme_optimizer()) return nullptr;  // on NVMe: ReadLane(u, 0) stages it
+  if (nvme_optimizer()) return nullptr;  // on NVMe: ReadState(u, 0) stages it
   if (separate_master()) return u.master.as<float>();
   if (cfg.stage == 3) return u.params.as<float>();
   return u.params.as<float>() + update_begin(u);
@@ -98,6 +98,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                                &impl->tracker);
   impl->host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
                                                              &impl->tracker);
+  impl->host_ops = MakeHostTierOps();
+  impl->device_ops = MakeHostTierOps();
+  impl->control = impl->step_comm.get();
+  impl->control_stream = impl->step_stream.get();
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -127,7 +131,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   for (size_t i = 0; i < m.units.size(); ++i) mine[1 + i] = m.units[i].layout.Fingerprint();
   std::vector<uint64_t> counts(n);
   // 64-bit words travel as 4 x 16-bit elements (no arithmetic touches them).
-  STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(&mine[0], counts.data(), 4, DType::kF16, *m.step_stream).Wait());
+  STRATA_RETURN_IF_ERROR(m.control->AllGather(&mine[0], counts.data(), 4, DType::kF16, *m.control_stream).Wait());
   for (int r = 0; r < n; ++r) {
     if (counts[r] != mine[0]) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -137,7 +141,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   }
   std::vector<uint64_t> all(n * mine.size());
   STRATA_RETURN_IF_ERROR(
-      m.step_comm->AllGather(mine.data(), all.data(), 4 * mine.size(), DType::kF16, *m.step_stream).Wait());
+      m.control->AllGather(mine.data(), all.data(), 4 * mine.size(), DType::kF16, *m.control_stream).Wait());
   for (size_t i = 0; i < m.units.size(); ++i) {
     for (int r = 0; r < n; ++r) {
       if (all[r * mine.size() + 1 + i] != mine[1 + i]) {
@@ -184,15 +188,15 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
     InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
     return absl::OkStatus();
   }, /*keep=*/false));
-  if (m.nvme_optimizer()) {  // initial master and zero state, written through the staging buffers
-    std::vector<float> values(upd, 0.0f);
-    for (int l = 1; l < m.lanes(); ++l) STRATA_RETURN_IF_ERROR(m.WriteLane(u, l, values));
-    InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, values.data(), nullptr, DType::kF32);
-    return m.WriteLane(u, 0, values);
+  // The initial master (when it is not the param storage itself) and, on NVMe, zero optimizer state
+  // (allocators hand out zeroed memory).
+  std::vector<float> values(upd, 0.0f);
+  if (m.nvme_optimizer()) {
+    for (int l = 1; l < m.lanes(); ++l) STRATA_RETURN_IF_ERROR(m.WriteState(u, l, values));
   }
-  float* master = m.separate_master() ? u.master.as<float>() : nullptr;
-  if (master != nullptr) InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, master, nullptr, DType::kF32);
-  return absl::OkStatus();
+  if (!m.separate_master()) return absl::OkStatus();
+  InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, values.data(), nullptr, DType::kF32);
+  return m.WriteState(u, 0, values);
 }
 
 }  // namespace
@@ -311,18 +315,11 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));
   UnitState& u = m.units[unit];
-  std::vector<float> full(u.layout.total_elems), staged;
-  const float* master = m.MasterPtr(u);
-  if (m.nvme_optimizer()) {
-    STRATA_ASSIGN_OR_RETURN(staged, m.ReadLane(u, 0));
-    master = staged.data();
-  }
-  if (m.cfg.stage == 0) {
-    std::memcpy(full.data(), master, full.size() * 4);
-  } else {
-    STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(master, full.data(), u.layout.shard_elems, DType::kF32,
-                                                  *m.step_stream).Wait());
-  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, 0));
+  if (m.cfg.stage == 0) return master;
+  std::vector<float> full(u.layout.total_elems);
+  STRATA_RETURN_IF_ERROR(
+      m.control->AllGather(master.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.control_stream).Wait());
   return full;
 }
 
@@ -337,16 +334,11 @@ absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& val
   }
   // Master over the update range, then the param storage over what this rank holds.
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  std::vector<float> staged;
-  float* master = m.MasterPtr(u);
-  if (m.nvme_optimizer()) {
-    STRATA_ASSIGN_OR_RETURN(staged, m.ReadLane(u, 0));
-    master = staged.data();
-  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, 0));
   for (size_t j = std::max(lo, p.offset_elems); j < std::min(hi, p.offset_elems + p.numel); ++j) {
     master[j - lo] = value[j - p.offset_elems];
   }
-  if (m.nvme_optimizer()) STRATA_RETURN_IF_ERROR(m.WriteLane(u, 0, staged));
+  STRATA_RETURN_IF_ERROR(m.WriteState(u, 0, master));
   const size_t plo = m.cfg.stage == 3 ? lo : 0;
   const size_t phi = m.cfg.stage == 3 ? hi : u.layout.total_elems;
   return m.ParamStorage(u, [&](char* params) {

@@ -33,21 +33,16 @@ std::vector<std::string> KindNames(const Engine::Impl& m) {
   return {"master", "momentum"};
 }
 
-// The buffers holding each kind over the update range. NVMe-resident state is staged into `staged`, one
-// unit at a time (Note [NVMe state]).
+// Each kind over the update range, staged in host memory one unit at a time, wherever it lives
+// (ReadState; Note [NVMe state]).
 absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u, std::vector<std::vector<float>>* staged) {
-  if (m.nvme_optimizer()) {
-    staged->clear();
-    std::vector<float*> out;
-    for (int l = 0; l < m.lanes(); ++l) {
-      STRATA_ASSIGN_OR_RETURN(std::vector<float> lane, m.ReadLane(u, l));
-      staged->push_back(std::move(lane));
-    }
-    for (auto& v : *staged) out.push_back(v.data());
-    return out;
+  staged->clear();
+  std::vector<float*> out;
+  for (int l = 0; l < m.lanes(); ++l) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> lane, m.ReadState(u, l));
+    staged->push_back(std::move(lane));
   }
-  std::vector<float*> out = {m.MasterPtr(u), u.m.as<float>()};
-  if (m.cfg.optimizer.type == OptimizerType::kAdamW) out.push_back(u.v.as<float>());
+  for (auto& v : *staged) out.push_back(v.data());
   return out;
 }
 
@@ -135,8 +130,8 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
     STRATA_LOG(Error) << "writing checkpoint shard: " << local.message();
   }
   std::vector<ShardReport> all(m.world_size());
-  STRATA_RETURN_IF_ERROR(m.step_comm->AllGather(&mine, all.data(), sizeof(ShardReport) / 2, DType::kF16,
-                                                *m.step_stream).Wait());
+  STRATA_RETURN_IF_ERROR(m.control->AllGather(&mine, all.data(), sizeof(ShardReport) / 2, DType::kF16,
+                                              *m.control_stream).Wait());
   std::vector<int> failed;
   for (int r = 0; r < m.world_size(); ++r) {
     if (!all[r].ok) failed.push_back(r);
@@ -152,7 +147,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
     }
   }
   STRATA_RETURN_IF_ERROR(
-      m.step_comm->AllReduce(&published, &published, 1, DType::kF32, comm::ReduceOp::kSum, *m.step_stream).Wait());
+      m.control->AllReduce(&published, &published, 1, DType::kF32, comm::ReduceOp::kSum, *m.control_stream).Wait());
   if (!failed.empty()) {
     return absl::Status(local.ok() ? absl::StatusCode::kAborted : local.code(),
                         absl::StrCat("checkpoint '", step_dir, "' was not published: rank(s) ",

@@ -131,8 +131,7 @@ absl::Status Engine::Impl::AcquireGradSlot(int unit) {
   }
   u.grad_slot = slot;
   STRATA_RETURN_IF_ERROR(grad_pool.WaitFence(slot));  // the previous owner's reduce-scatter read it
-  std::memset(grad_pool.view(slot).data, 0, u.layout.total_elems * 4);
-  return absl::OkStatus();
+  return device_ops->Zero(grad_pool.view(slot).data, u.layout.total_elems * 4);
 }
 
 absl::Status Engine::Impl::ReduceGrads(int unit) {
@@ -150,10 +149,12 @@ absl::Status Engine::Impl::ReduceGrads(int unit) {
   reduce_comm->ReduceScatter(working, scratch, u.layout.shard_elems, DType::kF32, comm::ReduceOp::kSum, rs);
   float* shard = u.grads.as<float>();
   const size_t n = u.layout.shard_elems;
-  rs.Enqueue([shard, scratch, n]() {
-    comm::AccumulateInto(shard, scratch, n, DType::kF32);
-    return absl::OkStatus();
-  });
+  if (grad_staging.empty()) {
+    OptimizerOps().AccumulateOn(rs, shard, scratch, n);
+  } else {  // device scratch, host shard (offloaded optimizer on a GPU): through pinned staging
+    device_ops->ToHostOn(rs, grad_staging.data(), scratch, n * 4);
+    host_ops->AccumulateOn(rs, shard, grad_staging.as<float>(), n);
+  }
   Span(rs, "reduce_scatter", unit, start);
   auto fence = std::shared_ptr<device::Event>(device->CreateEvent());
   rs.Record(*fence);

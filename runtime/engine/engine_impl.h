@@ -16,6 +16,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/device/timeline.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/tier_ops.h"
 #include "runtime/memory/memory.h"
 #include "offload/io_queue.h"
 #include "offload/nvme_store.h"
@@ -56,6 +57,18 @@ struct Engine::Impl {
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Allocator> device_alloc;
   std::unique_ptr<memory::Allocator> host_alloc;  // the pinned-host tier (offloaded state), host budget
+  // Note [Tier ops]: the operations on buffer contents, per tier. device_ops is HostTierOps on host
+  // devices (the device tier is host memory there) and CudaTierOps on CUDA devices.
+  std::unique_ptr<TierOps> device_ops, host_ops;
+  TierOps& OpsOf(const memory::Allocator& a) const {
+    return a.tier() == memory::Tier::kDevice ? *device_ops : *host_ops;
+  }
+  // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
+  // step_comm on host devices; on CUDA devices a host communicator beside the NCCL ones.
+  comm::Communicator* control = nullptr;
+  device::Stream* control_stream = nullptr;
+  std::unique_ptr<comm::Communicator> control_comm;
+  std::unique_ptr<device::Stream> control_host_stream;
 
   // Note [Tier placement] (DeepSpeed's offload_param / offload_optimizer semantics): parameter shards
   // live on the device unless offload_param says cpu; with offload_optimizer the fp32 master, the fp32
@@ -81,8 +94,11 @@ struct Engine::Impl {
   absl::Status SetUpNvme();                                   // engine_nvme.cc
   absl::Status CreateIoQueue();
   absl::Status NvmeUpdate(UnitState& u, double lr, float clip_coef);
-  absl::StatusOr<std::vector<float>> ReadLane(UnitState& u, int lane);  // the lane over the update range
-  absl::Status WriteLane(UnitState& u, int lane, const std::vector<float>& values);
+  // The optimizer state of a unit over its update range, as host vectors, wherever it lives (device,
+  // pinned host or NVMe tiles): lane 0 the fp32 master, 1 Adam m (SGD momentum), 2 Adam v. What export,
+  // SetParam, checkpoints and initialisation use; never on the step's hot path.
+  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, int lane);
+  absl::Status WriteState(UnitState& u, int lane, const std::vector<float>& values);
   int lanes() const;
   // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
   // NVMe extent behind an offload::ShardCache of pinned buffers (no u.params). A gather pins the shard
@@ -106,6 +122,13 @@ struct Engine::Impl {
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
+  TierOps& ParamOps() const { return OpsOf(ParamTier()); }
+  TierOps& OptimizerOps() const { return OpsOf(OptimizerTier()); }
+  TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
+  // Where lane `lane` (see ReadState) of the unit lives in memory (nullptr with NVMe optimizer state).
+  float* LanePtr(UnitState& u, int lane) const {
+    return lane == 0 ? MasterPtr(u) : (lane == 1 ? u.m.as<float>() : u.v.as<float>());
+  }
   device::Timeline timeline;
 
   std::vector<UnitState> units;
@@ -113,6 +136,9 @@ struct Engine::Impl {
   std::unique_ptr<shard::Schedule> schedule;
   shard::SlotPool param_pool, grad_pool;
   memory::Buffer reduce_scratch;  // one shard of the largest unit, used in reduce-stream order
+  // Pinned host copy of reduce_scratch when the gradient shards are in host memory but the reduction ran
+  // in device memory (CUDA with offload_optimizer); empty otherwise. Reduce-stream order.
+  memory::Buffer grad_staging;
 
   bool in_micro_batch = false;
   int micro_batch = 0;  // micro-batches completed in this step

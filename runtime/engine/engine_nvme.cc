@@ -90,7 +90,13 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
 }
 
 absl::Status Engine::Impl::ParamStorage(UnitState& u, const std::function<absl::Status(char* base)>& fn, bool keep) {
-  if (!nvme_params()) return fn(u.params.as<char>());
+  if (!nvme_params() && ParamOps().host_visible()) return fn(u.params.as<char>());
+  if (!nvme_params()) {  // device memory: through a host copy
+    std::vector<char> host(u.params.bytes());
+    if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host.data(), u.params.data(), host.size()));
+    STRATA_RETURN_IF_ERROR(fn(host.data()));
+    return ParamOps().FromHost(u.params.data(), host.data(), host.size());
+  }
   const int unit = static_cast<int>(&u - units.data());
   return param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst)); }, keep);
 }
@@ -123,8 +129,12 @@ absl::Status Engine::Impl::SetUpNvme() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> Engine::Impl::ReadLane(UnitState& u, int lane) {
+absl::StatusOr<std::vector<float>> Engine::Impl::ReadState(UnitState& u, int lane) {
   std::vector<float> out(update_elems(u));
+  if (!nvme_optimizer()) {
+    STRATA_RETURN_IF_ERROR((lane == 0 ? MasterOps() : OptimizerOps()).ToHost(out.data(), LanePtr(u, lane), out.size() * 4));
+    return out;
+  }
   offload::PinnedBuffer buf = staging->Acquire();
   for (size_t t = 0; t < u.nvme_lanes[lane].size(); ++t) {
     const size_t n = TileElems(*this, u, t);
@@ -134,7 +144,10 @@ absl::StatusOr<std::vector<float>> Engine::Impl::ReadLane(UnitState& u, int lane
   return out;
 }
 
-absl::Status Engine::Impl::WriteLane(UnitState& u, int lane, const std::vector<float>& values) {
+absl::Status Engine::Impl::WriteState(UnitState& u, int lane, const std::vector<float>& values) {
+  if (!nvme_optimizer()) {
+    return (lane == 0 ? MasterOps() : OptimizerOps()).FromHost(LanePtr(u, lane), values.data(), values.size() * 4);
+  }
   offload::PinnedBuffer buf = staging->Acquire();
   for (size_t t = 0; t < u.nvme_lanes[lane].size(); ++t) {
     const size_t n = TileElems(*this, u, t);

@@ -106,22 +106,18 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
   const bool adam = m.cfg.optimizer.type == OptimizerType::kAdamW;
   std::vector<std::string> names = adam ? std::vector<std::string>{"master", "exp_avg", "exp_avg_sq"}
                                         : std::vector<std::string>{"master", "momentum"};
-  // NVMe-resident state is filled into a staged copy of this unit, then written out (Note [NVMe state]).
-  std::vector<std::vector<float>> staged;
-  std::vector<float*> dsts = {m.MasterPtr(u), u.m.as<float>()};
-  if (adam) dsts.push_back(u.v.as<float>());
-  if (m.nvme_optimizer()) {
-    staged.assign(names.size(), std::vector<float>(m.update_elems(u), 0.0f));
-    for (size_t k = 0; k < names.size(); ++k) dsts[k] = staged[k].data();
-  }
+  // Each kind is filled into a host copy of this unit's update range, then written to wherever it lives
+  // (WriteState: device, pinned host or NVMe tiles).
+  std::vector<std::vector<float>> staged(names.size(), std::vector<float>(m.update_elems(u), 0.0f));
   for (size_t k = 0; k < names.size(); ++k) {
     for (const shard::ParamSlot& p : u.layout.params) {
       const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
-      if (b < e) STRATA_RETURN_IF_ERROR(FillRange(cache, u.layout.name, p, names[k], b, e, old.shard_elems, dsts[k], lo));
+      if (b < e) {
+        STRATA_RETURN_IF_ERROR(FillRange(cache, u.layout.name, p, names[k], b, e, old.shard_elems, staged[k].data(), lo));
+      }
     }
+    STRATA_RETURN_IF_ERROR(m.WriteState(u, static_cast<int>(k), staged[k]));
   }
-  if (!m.nvme_optimizer()) return m.CastMasterToParams(u);
-  for (size_t k = 0; k < names.size(); ++k) STRATA_RETURN_IF_ERROR(m.WriteLane(u, static_cast<int>(k), staged[k]));
   return m.CastMasterToParams(u, staged[0].data());
 }
 
@@ -155,7 +151,7 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
   // the ranks that succeeded would wait in their next collective for the one that returned.
   std::vector<float> ok(m.world_size()), mine(1, local.ok() ? 1.0f : 0.0f);
   STRATA_RETURN_IF_ERROR(
-      m.step_comm->AllGather(mine.data(), ok.data(), 1, DType::kF32, *m.step_stream).Wait());
+      m.control->AllGather(mine.data(), ok.data(), 1, DType::kF32, *m.control_stream).Wait());
   std::vector<int> failed;
   for (int r = 0; r < m.world_size(); ++r) {
     if (ok[r] == 0) failed.push_back(r);

@@ -17,7 +17,8 @@ namespace strata::engine {
 
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u) {
   if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  return CastMasterToParams(u, u.master.as<float>());
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, ReadState(u, 0));
+  return CastMasterToParams(u, master.data());
 }
 
 namespace {
@@ -57,7 +58,7 @@ absl::Status Engine::Impl::ReplicateParams() {
 }
 
 absl::Status Engine::Impl::ZeroGrads() {
-  for (UnitState& u : units) std::memset(u.grads.data(), 0, u.grads.bytes());
+  for (UnitState& u : units) STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
   return absl::OkStatus();
 }
 
@@ -69,13 +70,14 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   double local_sq = 0;
   for (UnitState& u : units) {
     float* g = GradUpdatePtr(u);
-    comm::ScaleInPlace(g, update_elems(u), DType::kF32, inv);
-    local_sq += optim::SumSquares(g, update_elems(u));
+    STRATA_RETURN_IF_ERROR(OptimizerOps().Scale(g, update_elems(u), inv));
+    STRATA_ASSIGN_OR_RETURN(const double sq, OptimizerOps().SumSquares(g, update_elems(u)));
+    local_sq += sq;
   }
   float total_sq = static_cast<float>(local_sq);
   if (cfg.stage != 0) {  // stage 0 holds the full, already averaged gradient on every rank
     STRATA_RETURN_IF_ERROR(TimedWait([&] {
-      return step_comm->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *step_stream).Wait();
+      return control->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *control_stream).Wait();
     }));
   }
   StepResult r;
@@ -103,16 +105,20 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
     }
     optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
     const size_t offset = (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes();
-    STRATA_RETURN_IF_ERROR(ParamStorage(u, [&](char* params) {
-      optim::UpdateOptions opts;
-      if (cfg.param_dtype != DType::kF32) {  // the fused pass also writes the low-precision param copy
-        opts.param_copy = reinterpret_cast<uint16_t*>(params + offset);
-        opts.param_copy_dtype = cfg.param_dtype;
-      }
-      optim::ApplyUpdate(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef, opts);
-      if (cfg.param_dtype == DType::kF32 && separate_master()) CastInto(DType::kF32, s.master, params + offset, update_elems(u));
+    // The fused pass also writes the low-precision param copy; an fp32 master kept apart is copied.
+    auto update = [&](char* params) -> absl::Status {
+      const bool copy = cfg.param_dtype != DType::kF32;
+      STRATA_RETURN_IF_ERROR(OptimizerOps().Update(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef,
+                                                   copy ? reinterpret_cast<uint16_t*>(params + offset) : nullptr,
+                                                   cfg.param_dtype));
+      if (!copy && separate_master()) return OptimizerOps().Cast(DType::kF32, s.master, params + offset, update_elems(u));
       return absl::OkStatus();
-    }, /*keep=*/cfg.stage != 3));
+    };
+    if (OptimizerOps().host_visible()) {
+      STRATA_RETURN_IF_ERROR(ParamStorage(u, update, /*keep=*/cfg.stage != 3));
+    } else {  // device state, device params (Note [Tier ops]): in place
+      STRATA_RETURN_IF_ERROR(update(u.params.as<char>()));
+    }
   }
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());

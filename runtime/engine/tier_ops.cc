@@ -1,0 +1,74 @@
+#include "runtime/engine/tier_ops.h"
+
+#include <cstring>
+
+#include "kernels/common/element_math.h"
+#include "runtime/comm/host_communicator.h"
+
+namespace strata::engine {
+
+namespace {
+
+class HostTierOps final : public TierOps {
+ public:
+  bool host_visible() const override { return true; }
+  absl::Status ToHost(void* host, const void* src, size_t bytes) override {
+    if (bytes != 0 && host != src) std::memcpy(host, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status FromHost(void* dst, const void* host, size_t bytes) override { return ToHost(dst, host, bytes); }
+  absl::Status Zero(void* p, size_t bytes) override {
+    if (bytes != 0) std::memset(p, 0, bytes);
+    return absl::OkStatus();
+  }
+  void AccumulateOn(device::Stream& stream, float* dst, const float* src, size_t n) override {
+    stream.Enqueue([dst, src, n]() {
+      comm::AccumulateInto(dst, src, n, DType::kF32);
+      return absl::OkStatus();
+    });
+  }
+  void ToHostOn(device::Stream& stream, void* host, const void* src, size_t bytes) override {
+    stream.Enqueue([host, src, bytes]() {
+      if (bytes != 0 && host != src) std::memcpy(host, src, bytes);
+      return absl::OkStatus();
+    });
+  }
+  absl::Status Scale(float* p, size_t n, float factor) override {
+    comm::ScaleInPlace(p, n, DType::kF32, factor);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<double> SumSquares(const float* p, size_t n) override { return optim::SumSquares(p, n); }
+  absl::Status Update(const optim::OptimizerConfig& cfg, const optim::ShardState& s,
+                      const std::vector<shard::Segment>& segs, double lr, int64_t step, float grad_scale,
+                      uint16_t* param_copy, DType copy_dtype) override {
+    optim::UpdateOptions opts;
+    if (param_copy != nullptr && copy_dtype != DType::kF32) {
+      opts.param_copy = param_copy;
+      opts.param_copy_dtype = copy_dtype;
+    }
+    optim::ApplyUpdate(cfg, s, segs, lr, step, grad_scale, opts);
+    return absl::OkStatus();
+  }
+  absl::Status Cast(DType to, const float* src, void* dst, size_t n) override {
+    if (to == DType::kF32) return ToHost(dst, src, n * 4);
+    uint16_t* out = static_cast<uint16_t*>(dst);
+    if (to == DType::kBF16) {
+      for (size_t i = 0; i < n; ++i) out[i] = kernels::FloatToBf16(src[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) out[i] = kernels::FloatToHalf(src[i]);
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<TierOps> MakeHostTierOps() { return std::make_unique<HostTierOps>(); }
+
+#if !STRATA_WITH_CUDA
+absl::StatusOr<std::unique_ptr<TierOps>> MakeCudaTierOps(device::Device&) {
+  return absl::UnimplementedError("this build has no CUDA (STRATA_WITH_CUDA=OFF): the engine runs on the host");
+}
+#endif
+
+}  // namespace strata::engine
