@@ -45,6 +45,13 @@ void InitRange(const UnitState& u, uint64_t seed, size_t lo, size_t hi, float* m
 
 }  // namespace
 
+#if !STRATA_WITH_CUDA
+absl::Status Engine::Impl::SetUpCuda(comm::Communicator&) {
+  return absl::UnimplementedError("this build has no CUDA (STRATA_WITH_CUDA=OFF): use a host device");
+}
+absl::Status Engine::Impl::CreateDeviceArena(uint64_t) { return absl::OkStatus(); }
+#endif
+
 float* Engine::Impl::MasterPtr(UnitState& u) const {
   if (nvme_optimizer()) return nullptr;  // on NVMe: ReadState(u, 0) stages it
   if (separate_master()) return u.master.as<float>();
@@ -88,20 +95,25 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                          : std::ldexp(1.0f, static_cast<int>(config.fp16.initial_scale_power));
   }
   impl->device = &device;
-  STRATA_ASSIGN_OR_RETURN(impl->gather_comm, world.Dup("gather", config.collective_timeout_ms));
-  STRATA_ASSIGN_OR_RETURN(impl->reduce_comm, world.Dup("reduce", config.collective_timeout_ms));
-  STRATA_ASSIGN_OR_RETURN(impl->step_comm, world.Dup("step", config.collective_timeout_ms));
   STRATA_ASSIGN_OR_RETURN(impl->gather_stream, device.CreateStream("gather"));
   STRATA_ASSIGN_OR_RETURN(impl->reduce_stream, device.CreateStream("reduce"));
   STRATA_ASSIGN_OR_RETURN(impl->step_stream, device.CreateStream("step"));
+  // On CUDA this host allocator only checks the device budget until Finalize creates the arena.
   impl->device_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kDevice, config.device_budget_bytes,
                                                                &impl->tracker);
   impl->host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
                                                              &impl->tracker);
   impl->host_ops = MakeHostTierOps();
-  impl->device_ops = MakeHostTierOps();
-  impl->control = impl->step_comm.get();
-  impl->control_stream = impl->step_stream.get();
+  if (device.kind() == device::DeviceKind::kCuda) {  // Note [Engine on CUDA]
+    STRATA_RETURN_IF_ERROR(impl->SetUpCuda(world));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(impl->gather_comm, world.Dup("gather", config.collective_timeout_ms));
+    STRATA_ASSIGN_OR_RETURN(impl->reduce_comm, world.Dup("reduce", config.collective_timeout_ms));
+    STRATA_ASSIGN_OR_RETURN(impl->step_comm, world.Dup("step", config.collective_timeout_ms));
+    impl->device_ops = MakeHostTierOps();
+    impl->control = impl->step_comm.get();
+    impl->control_stream = impl->step_stream.get();
+  }
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -203,7 +215,7 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
 
 // Checks, before anything is allocated, that every tier's budget holds what Finalize will place there
 // (Note [Tier placement]); the error names the tier, the need, the budget and the shortfall.
-absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard) {
+absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard, uint64_t* device_need) {
   uint64_t need[memory::kNumTiers] = {0, 0, 0};
   std::string parts[memory::kNumTiers];
   auto add = [&](memory::Allocator& a, uint64_t bytes, const char* what) {
@@ -235,6 +247,8 @@ absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t larg
   if (m.cfg.stage >= 2) {
     add(*m.device_alloc, uint64_t(m.cfg.max_live_units) * largest * 4 + largest_shard * 4, "gradient buffers");
   }
+  if (m.GradStagingNeeded()) add(*m.host_alloc, uint64_t(largest_shard) * 4, "gradient staging");
+  *device_need = need[static_cast<int>(memory::Tier::kDevice)];
   for (memory::Allocator* a : {m.device_alloc.get(), m.host_alloc.get()}) {
     const int t = static_cast<int>(a->tier());
     if (need[t] > a->free_bytes()) {
@@ -267,7 +281,9 @@ absl::Status Engine::Finalize() {
   size_t largest_update = 0;
   for (const UnitState& u : m.units) largest_update = std::max(largest_update, m.update_elems(u));
   m.nvme_tile_elems = std::min(m.nvme_tile_elems, std::max<size_t>((largest_update + 1023) / 1024 * 1024, 1024));
-  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard));
+  uint64_t device_need = 0;
+  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, &device_need));
+  STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
   if (m.nvme_optimizer()) STRATA_RETURN_IF_ERROR(m.SetUpNvme());
   if (m.nvme_params()) STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest_shard));
   for (UnitState& u : m.units) {
@@ -281,6 +297,9 @@ absl::Status Engine::Finalize() {
     STRATA_ASSIGN_OR_RETURN(m.grad_pool,
                             shard::SlotPool::Create(*m.device_alloc, m.cfg.max_live_units, largest * 4, Kind::kGradWorking));
     STRATA_ASSIGN_OR_RETURN(m.reduce_scratch, m.device_alloc->Allocate(largest_shard * 4, Kind::kScratch));
+    if (m.GradStagingNeeded()) {
+      STRATA_ASSIGN_OR_RETURN(m.grad_staging, m.host_alloc->Allocate(largest_shard * 4, Kind::kScratch));
+    }
   }
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
   m.finalized = true;

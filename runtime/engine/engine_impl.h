@@ -63,6 +63,15 @@ struct Engine::Impl {
   TierOps& OpsOf(const memory::Allocator& a) const {
     return a.tier() == memory::Tier::kDevice ? *device_ops : *host_ops;
   }
+  // Note [Engine on CUDA]. On a CUDA device (engine_cuda.cc) the device tier is one cudaMalloc arena
+  // (created in Finalize: the device budget, or without one exactly what the model's state needs, so
+  // the rest of the GPU stays with the trainer; until then a host accountant checks the budget), the
+  // device tier ops are the kernels/cuda twins, gather / reduce / step run on NCCL communicators
+  // bootstrapped over the host world, and control collectives stay on a host communicator. Parameter
+  // offload is not supported there yet; optimizer offload needs stage >= 2 (reduced gradient shards
+  // are copied to the host through grad_staging).
+  absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
+  absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
   // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
   // step_comm on host devices; on CUDA devices a host communicator beside the NCCL ones.
   comm::Communicator* control = nullptr;
@@ -139,6 +148,9 @@ struct Engine::Impl {
   // Pinned host copy of reduce_scratch when the gradient shards are in host memory but the reduction ran
   // in device memory (CUDA with offload_optimizer); empty otherwise. Reduce-stream order.
   memory::Buffer grad_staging;
+  bool GradStagingNeeded() const {
+    return cfg.stage >= 2 && !device_ops->host_visible() && OptimizerTier().tier() != memory::Tier::kDevice;
+  }
 
   bool in_micro_batch = false;
   int micro_batch = 0;  // micro-batches completed in this step

@@ -1,0 +1,61 @@
+// The engine on a CUDA device (Note [Engine on CUDA] in engine_impl.h): the device tier as one cudaMalloc
+// arena, the kernels/cuda tier ops, NCCL communicators per stream bootstrapped over the host world, and a
+// host communicator for the small control collectives. Built only with STRATA_WITH_CUDA.
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/base/units.h"
+#include "runtime/device/cuda_device.h"
+#include "runtime/device/host_device.h"
+#include "runtime/engine/engine_impl.h"
+#include "runtime/memory/cuda_arena_allocator.h"
+#if STRATA_WITH_NCCL
+#include "runtime/comm/nccl_communicator.h"
+#endif
+
+namespace strata::engine {
+
+absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
+  if (cfg.offload_param.device != OffloadDevice::kNone) {
+    return absl::UnimplementedError(
+        "offload_param on a CUDA device is not implemented yet (parameter shards stay on the GPU); use "
+        "offload_optimizer, or --device host");
+  }
+  if (cfg.offload_optimizer.device != OffloadDevice::kNone && cfg.stage < 2) {
+    return absl::UnimplementedError(absl::StrCat(
+        "offload_optimizer on a CUDA device needs stage 2 or 3 (stage is ", cfg.stage,
+        "): gradients are reduced on the GPU into a shard and copied to the host"));
+  }
+#if STRATA_WITH_NCCL
+  STRATA_ASSIGN_OR_RETURN(device_ops, MakeCudaTierOps(*device));
+  control_host_stream = std::make_unique<device::HostStream>("control");
+  STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", cfg.collective_timeout_ms));
+  control = control_comm.get();
+  control_stream = control_host_stream.get();
+  comm::Options o;
+  o.timeout_ms = cfg.collective_timeout_ms;
+  o.name = "gather";
+  STRATA_ASSIGN_OR_RETURN(gather_comm, comm::CreateNcclFromHost(*control, *control_stream, o));
+  STRATA_ASSIGN_OR_RETURN(reduce_comm, gather_comm->Dup("reduce", cfg.collective_timeout_ms));
+  STRATA_ASSIGN_OR_RETURN(step_comm, gather_comm->Dup("step", cfg.collective_timeout_ms));
+  return absl::OkStatus();
+#else
+  (void)host_world;
+  return absl::UnimplementedError("this CUDA build has no NCCL: the engine cannot run on the GPU");
+#endif
+}
+
+absl::Status Engine::Impl::CreateDeviceArena(uint64_t need) {
+  if (device->kind() != device::DeviceKind::kCuda) return absl::OkStatus();
+  // Without a budget the arena is what this model needs, plus room for each block's alignment; the rest
+  // of the GPU stays free for the trainer's activations and workspaces.
+  const uint64_t bytes = cfg.device_budget_bytes != memory::kUnlimited ? cfg.device_budget_bytes
+                                                                       : need + need / 100 + (uint64_t{4} << 20);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::CudaArenaAllocator> arena,
+                          memory::CudaArenaAllocator::Create(bytes, &tracker));
+  device_alloc = std::move(arena);
+  return absl::OkStatus();
+}
+
+}  // namespace strata::engine

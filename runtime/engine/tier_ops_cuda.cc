@@ -1,0 +1,144 @@
+// CudaTierOps (Note [Tier ops]): the device tier of a CUDA engine, through the kernels/cuda twins of the
+// host kernels (same element math, so an update gives the host's bits; the norm's summation order
+// differs, see kernels/cuda/sum_squares.cuh). Built only with STRATA_WITH_CUDA.
+//
+// Ordering. Blocking calls run on a private non-blocking stream of the engine's device and synchronise
+// it before returning, so they are ordered after everything they themselves issued; work that other
+// streams did on the same buffers must be complete first, which the engine guarantees (the step waits for
+// the reduce stream, a gradient slot is zeroed only after its fence, exports run between steps).
+// "On(stream)" calls enqueue on that stream's cudaStream_t; a launch error poisons the stream.
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/element_math.h"
+#include "kernels/common/optimizer_arrays.h"
+#include "kernels/cuda/adamw.cuh"
+#include "kernels/cuda/add.cuh"
+#include "kernels/cuda/cast.cuh"
+#include "kernels/cuda/scale.cuh"
+#include "kernels/cuda/sgd.cuh"
+#include "kernels/cuda/sum_squares.cuh"
+#include "runtime/base/status.h"
+#include "runtime/device/cuda_device.h"
+#include "runtime/engine/tier_ops.h"
+
+namespace strata::engine {
+
+namespace {
+
+cudaStream_t Native(device::Stream& s) { return static_cast<device::CudaStream&>(s).native(); }
+
+// A launch error becomes the stream's sticky error (the task fails when the stream reaches it).
+void Poison(device::Stream& s, cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  s.Enqueue([err, what]() { return device::CudaError(what, err, __FILE__, __LINE__); });
+}
+
+class CudaTierOps final : public TierOps {
+ public:
+  CudaTierOps(std::unique_ptr<device::Stream> stream, double* workspace)
+      : stream_(std::move(stream)), native_(Native(*stream_)), workspace_(workspace) {}
+  ~CudaTierOps() override {
+    stream_->Synchronize().IgnoreError();
+    cudaFree(workspace_);
+  }
+
+  bool host_visible() const override { return false; }
+
+  absl::Status ToHost(void* host, const void* src, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, native_)));
+    return Sync();
+  }
+  absl::Status FromHost(void* dst, const void* host, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, native_)));
+    return Sync();
+  }
+  absl::Status Zero(void* p, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaMemsetAsync(p, 0, bytes, native_)));
+    return Sync();
+  }
+  void AccumulateOn(device::Stream& stream, float* dst, const float* src, size_t n) override {
+    Poison(stream, kernels::cuda::LaunchAddInto(dst, src, n, Native(stream)), "LaunchAddInto");
+  }
+  void ToHostOn(device::Stream& stream, void* host, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    Poison(stream, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, Native(stream)), "cudaMemcpyAsync(D2H)");
+  }
+  absl::Status Scale(float* p, size_t n, float factor) override {
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(kernels::cuda::LaunchScale(p, p, n, factor, native_)));
+    return Sync();
+  }
+  absl::StatusOr<double> SumSquares(const float* p, size_t n) override {
+    double* out = workspace_ + kernels::cuda::kSumSquaresBlocks;
+    STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(kernels::cuda::LaunchSumSquares(p, n, workspace_, out, native_)));
+    double host = 0;
+    STRATA_RETURN_IF_ERROR(ToHost(&host, out, sizeof(host)));
+    return host;
+  }
+  absl::Status Update(const optim::OptimizerConfig& cfg, const optim::ShardState& s,
+                      const std::vector<shard::Segment>& segs, double lr, int64_t step, float grad_scale,
+                      uint16_t* param_copy, DType copy_dtype) override {
+    kernels::OptimizerArrays a{s.master, s.grad, s.m, s.v, nullptr, kernels::ParamCopy::kNone};
+    if (param_copy != nullptr && copy_dtype != DType::kF32) {
+      a.param_copy = param_copy;
+      a.copy = copy_dtype == DType::kBF16 ? kernels::ParamCopy::kBf16 : kernels::ParamCopy::kF16;
+    }
+    // The same per-segment coefficients as the host (runtime/optim/optimizer.cc, kernels/cpu).
+    if (cfg.type == optim::OptimizerType::kAdamW) {
+      const kernels::AdamWStep decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step);
+      const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step);
+      for (const shard::Segment& seg : segs) {
+        const kernels::AdamWCoeffs<float> c = kernels::AdamWCoeffsOf(seg.weight_decay ? decay : no_decay);
+        STRATA_RETURN_IF_ERROR(
+            STRATA_CUDA_CALL(kernels::cuda::LaunchAdamW(a, seg.begin, seg.end, c, grad_scale, native_)));
+      }
+    } else {
+      const kernels::SgdStep decay{static_cast<float>(lr), static_cast<float>(cfg.momentum),
+                                   static_cast<float>(cfg.weight_decay)};
+      const kernels::SgdStep no_decay{static_cast<float>(lr), static_cast<float>(cfg.momentum), 0.0f};
+      for (const shard::Segment& seg : segs) {
+        STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(
+            kernels::cuda::LaunchSgd(a, seg.begin, seg.end, seg.weight_decay ? decay : no_decay, grad_scale, native_)));
+      }
+    }
+    return Sync();
+  }
+  absl::Status Cast(DType to, const float* src, void* dst, size_t n) override {
+    if (n == 0) return absl::OkStatus();
+    if (to == DType::kF32) {
+      STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, native_)));
+    } else {
+      const kernels::ParamCopy mode = to == DType::kBF16 ? kernels::ParamCopy::kBf16 : kernels::ParamCopy::kF16;
+      STRATA_RETURN_IF_ERROR(
+          STRATA_CUDA_CALL(kernels::cuda::LaunchCast(src, static_cast<uint16_t*>(dst), n, mode, native_)));
+    }
+    return Sync();
+  }
+
+ private:
+  absl::Status Sync() { return STRATA_CUDA_CALL(cudaStreamSynchronize(native_)); }
+
+  std::unique_ptr<device::Stream> stream_;
+  cudaStream_t native_;
+  double* workspace_;  // kSumSquaresBlocks partial sums, then the result
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TierOps>> MakeCudaTierOps(device::Device& device) {
+  if (device.kind() != device::DeviceKind::kCuda) {
+    return absl::InvalidArgumentError("MakeCudaTierOps needs a CUDA device");
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, device.CreateStream("tier-ops"));
+  // The norm's workspace: 8 KiB, outside the device arena (it exists before the arena's budget is
+  // split among the units, and is the same for every model).
+  void* workspace = nullptr;
+  STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(
+      cudaMalloc(&workspace, kernels::cuda::SumSquaresWorkspaceBytes() + sizeof(double))));
+  return std::unique_ptr<TierOps>(new CudaTierOps(std::move(stream), static_cast<double*>(workspace)));
+}
+
+}  // namespace strata::engine
