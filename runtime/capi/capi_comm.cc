@@ -1,5 +1,5 @@
 // strata_comm_*: communicators over MPI (initialised by Strata or adopted from the host), in-process
-// groups, and the NCCL entry point that is declared but not implemented yet.
+// groups, and NCCL communicators adopted from the embedder (CUDA builds).
 //
 // Note [Process-wide MPI runtime]. MPI_Init / MPI_Finalize are process state by MPI's own definition
 // (once each per process), so when Strata initialises MPI the runtime object is shared by every world
@@ -12,6 +12,9 @@
 #include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
 #include "runtime/comm/in_process.h"
+#if STRATA_WITH_NCCL
+#include "runtime/comm/nccl_communicator.h"
+#endif
 #if STRATA_WITH_MPI
 #include "runtime/capi/mpi_adopt.h"
 #include "runtime/comm/mpi_communicator.h"
@@ -95,10 +98,20 @@ strata_status strata_comm_create_mpi(int32_t mpi_comm_fortran_handle, strata_com
 
 strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out) {
   return Call(__func__, [&]() -> absl::Status {
-    if (out != nullptr) *out = nullptr;
+    if (out == nullptr) return NullArgument("out");
+    *out = nullptr;
+#if STRATA_WITH_NCCL
+    if (nccl_comm == nullptr) return NullArgument("nccl_comm");
+    auto c = std::make_unique<strata_comm>();
+    STRATA_ASSIGN_OR_RETURN(c->comm, strata::comm::AdoptNcclCommunicator(nccl_comm, strata::capi::WorldOptions()));
+    *out = c.release();
+    return absl::OkStatus();
+#else
+    (void)nccl_comm;
     return absl::UnimplementedError(
-        "the NCCL back-end does not exist yet in Strata; use strata_comm_create_mpi or strata_comm_create_mpi_world "
-        "with host buffers (STRATA_DEVICE_HOST)");
+        "this libstrata was built without NCCL (STRATA_WITH_CUDA=OFF or NCCL not found); use strata_comm_create_mpi "
+        "or strata_comm_create_mpi_world");
+#endif
   });
 }
 

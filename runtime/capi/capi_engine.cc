@@ -11,6 +11,10 @@
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/engine/config.h"
 
+#if STRATA_WITH_CUDA
+#include "runtime/device/cuda_device.h"
+#endif
+
 namespace strata::capi {
 namespace {
 
@@ -49,6 +53,22 @@ absl::StatusOr<shard::ParamSpec> ReadSpec(const strata_param_spec* params, int32
   return shard::ParamSpec{p.name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.weight_decay != 0, init};
 }
 
+// The calling thread's current CUDA device (cudaSetDevice before strata_engine_create picks another).
+absl::StatusOr<std::unique_ptr<device::Device>> CreateCudaDevice() {
+#if STRATA_WITH_CUDA
+  if (device::CudaDeviceCount() == 0) {
+    return absl::FailedPreconditionError("STRATA_DEVICE_CUDA: no CUDA device is visible to this process");
+  }
+  int ordinal = 0;
+  STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaGetDevice(&ordinal)));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::CudaDevice> d, device::CudaDevice::Create(ordinal));
+  return std::unique_ptr<device::Device>(std::move(d));
+#else
+  return absl::UnimplementedError("STRATA_DEVICE_CUDA: this libstrata was built without CUDA (STRATA_WITH_CUDA=OFF); "
+                                  "use STRATA_DEVICE_HOST");
+#endif
+}
+
 absl::Status CreateEngine(strata_comm* comm, const strata_engine_options* options, strata_engine** out) {
   STRATA_RETURN_IF_ERROR(CheckComm(comm));
   if (out == nullptr) return NullArgument("out");
@@ -57,18 +77,22 @@ absl::Status CreateEngine(strata_comm* comm, const strata_engine_options* option
   if (options != nullptr) {
     STRATA_RETURN_IF_ERROR(ReadVersioned(options, STRATA_V1_SIZE(strata_engine_options, device), "options", &o));
   }
-  if (o.device == STRATA_DEVICE_CUDA) {
-    return absl::UnimplementedError("STRATA_DEVICE_CUDA: this release has no CUDA device back-end; use "
-                                    "STRATA_DEVICE_HOST");
-  }
-  if (o.device != STRATA_DEVICE_HOST) {
+  if (o.device != STRATA_DEVICE_HOST && o.device != STRATA_DEVICE_CUDA) {
     return absl::InvalidArgumentError(absl::StrCat("options.device is ", o.device, ", not a strata_device_kind"));
   }
   const std::string json = o.config_json == nullptr || o.config_json[0] == '\0' ? "{}" : o.config_json;
   absl::StatusOr<engine::EngineConfig> config = engine::ParseConfig(json);
   if (!config.ok()) return Annotate(config.status(), "options.config_json");
   auto e = std::make_unique<strata_engine>();
-  STRATA_ASSIGN_OR_RETURN(e->engine, engine::Engine::Create(*config, *comm->comm, e->device));
+  if (o.device == STRATA_DEVICE_CUDA) {
+    STRATA_ASSIGN_OR_RETURN(e->device, CreateCudaDevice());
+  } else {
+    if (comm->comm->device_buffers()) {
+      return absl::InvalidArgumentError("an NCCL communicator (strata_comm_create_nccl) needs STRATA_DEVICE_CUDA");
+    }
+    e->device = std::make_unique<device::HostDevice>();
+  }
+  STRATA_ASSIGN_OR_RETURN(e->engine, engine::Engine::Create(*config, *comm->comm, *e->device));
   e->comm = comm;
   ++comm->live_engines;
   *out = e.release();

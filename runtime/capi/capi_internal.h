@@ -113,7 +113,7 @@ struct strata_step_clock {
 struct strata_engine {
   uint32_t magic = strata::capi::kEngineMagic;
   strata_comm* comm = nullptr;
-  strata::device::HostDevice device;               // declared before `engine`: it must outlive it
+  std::unique_ptr<strata::device::Device> device;  // host or CUDA; declared before `engine`: it must outlive it
   std::unique_ptr<strata::engine::Engine> engine;
   bool finalized = false;
   bool in_micro_batch = false;

@@ -106,8 +106,10 @@ strata_status strata_comm_create_mpi_world(strata_comm** out);
  * free its own afterwards. MPI must already be initialised with MPI_THREAD_MULTIPLE. */
 strata_status strata_comm_create_mpi(int32_t mpi_comm_fortran_handle, strata_comm** out);
 
-/* Over an existing ncclComm_t (passed as void*). Always STRATA_ERR_UNIMPLEMENTED in this release: the
- * NCCL back-end does not exist yet. Declared now so that the signature is part of ABI version 1. */
+/* Over an existing ncclComm_t of the host (passed as void*), for engines with STRATA_DEVICE_CUDA.
+ * Collective over that communicator's ranks: Strata splits it (ncclCommSplit) and keeps its own split, so
+ * the host may go on using, and later destroy, its communicator. The host's CUDA device must be current on
+ * the calling thread. STRATA_ERR_UNIMPLEMENTED in a build without CUDA and NCCL. */
 strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out);
 
 /* `world_size` ranks as threads of this process (for tests and single-process use): fills
@@ -138,7 +140,12 @@ typedef struct strata_engine_options {
    * scheduler, bf16, fp16, gradient_clipping, gradient_accumulation_steps, ...) plus a "strata" object.
    * NULL or "" means all defaults. An unknown key is an error naming the nearest valid one. */
   const char* config_json;
-  int32_t device; /* strata_device_kind; only STRATA_DEVICE_HOST in this release */
+  /* strata_device_kind. STRATA_DEVICE_CUDA: the state and the pointers the hooks return (parameters,
+   * gradients) are in the memory of the calling thread's current CUDA device; collectives run on NCCL
+   * (bootstrapped over an MPI or in-process comm, or the comm from strata_comm_create_nccl). Parameter
+   * offload is refused there; optimizer offload needs stage 2 or 3. STRATA_ERR_FAILED_PRECONDITION when
+   * no GPU is visible, STRATA_ERR_UNIMPLEMENTED in a build without CUDA. */
+  int32_t device;
 } strata_engine_options;
 #define STRATA_ENGINE_OPTIONS_INIT \
   { (uint32_t)sizeof(strata_engine_options), STRATA_ABI_VERSION, NULL, STRATA_DEVICE_HOST }

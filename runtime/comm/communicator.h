@@ -56,6 +56,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const Options& options() const = 0;
+  // True when collectives take device buffers on CUDA streams (NCCL); false for host buffers.
+  virtual bool device_buffers() const { return false; }
 
   virtual Work AllGather(const void* send, void* recv, size_t count, DType dtype, device::Stream& stream) = 0;
   virtual Work ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,

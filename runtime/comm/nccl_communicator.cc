@@ -74,6 +74,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const Options& options() const override { return options_; }
+  bool device_buffers() const override { return true; }
 
   Work AllGather(const void* send, void* recv, size_t count, DType dtype, device::Stream& s) override {
     return Run("all_gather", s, [&](cudaStream_t cs) {
@@ -137,7 +138,113 @@ class NcclCommunicator final : public Communicator {
   uint64_t seq_ = 0;
 };
 
+// The event of an operation that already finished (host-buffer collectives run to completion).
+class Finished final : public device::Event {
+ public:
+  explicit Finished(absl::Status s) : status_(std::move(s)) {}
+  absl::Status Synchronize() override { return status_; }
+  bool Query() override { return true; }
+  int64_t completed_ns() const override { return 0; }
+
+ private:
+  absl::Status status_;
+};
+
+// Note [Host buffers over NCCL] (header).
+class HostOverNccl final : public Communicator {
+ public:
+  HostOverNccl(std::unique_ptr<Communicator> nccl, std::unique_ptr<device::CudaStream> stream)
+      : nccl_(std::move(nccl)), stream_(std::move(stream)) {}
+  ~HostOverNccl() override { cudaFree(bounce_); }
+
+  int rank() const override { return nccl_->rank(); }
+  int size() const override { return nccl_->size(); }
+  const Options& options() const override { return nccl_->options(); }
+
+  Work AllGather(const void* send, void* recv, size_t count, DType dtype, device::Stream&) override {
+    const size_t in = count * DTypeBytes(dtype);
+    return Bounced(send, in, recv, in * size(), [&](char* d_in, char* d_out) {
+      return nccl_->AllGather(d_in, d_out, count, dtype, *stream_);
+    });
+  }
+  Work ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, device::Stream&) override {
+    const size_t out = count * DTypeBytes(dtype);
+    return Bounced(send, out * size(), recv, out, [&](char* d_in, char* d_out) {
+      return nccl_->ReduceScatter(d_in, d_out, count, dtype, op, *stream_);
+    });
+  }
+  Work AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, device::Stream&) override {
+    const size_t bytes = count * DTypeBytes(dtype);
+    return Bounced(send, bytes, recv, bytes, [&](char* d_in, char* d_out) {
+      return nccl_->AllReduce(d_in, d_out, count, dtype, op, *stream_);
+    });
+  }
+  Work Broadcast(void* buf, size_t count, DType dtype, int root, device::Stream&) override {
+    const size_t bytes = count * DTypeBytes(dtype);
+    return Bounced(buf, bytes, buf, bytes, [&](char* d_in, char*) {
+      return nccl_->Broadcast(d_in, count, dtype, root, *stream_);
+    }, /*in_place=*/true);
+  }
+  Work Barrier(device::Stream&) override {
+    return Work(std::make_shared<Finished>(nccl_->Barrier(*stream_).Wait()));
+  }
+  absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms) override {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> dup, nccl_->Dup(name, timeout_ms));
+    return HostBuffersOverNccl(std::move(dup));
+  }
+  void Abort(const absl::Status& cause) override { nccl_->Abort(cause); }
+
+ private:
+  // Copies `in` host bytes to the device, runs `op` (input, output: device pointers), copies `out` bytes
+  // back. In place: the output is the input.
+  template <typename Op>
+  Work Bounced(const void* host_in, size_t in, void* host_out, size_t out, Op&& op, bool in_place = false) {
+    auto run = [&]() -> absl::Status {
+      const size_t need = in_place ? in : in + out;
+      if (need > capacity_) {
+        cudaFree(bounce_);
+        bounce_ = nullptr;
+        capacity_ = 0;
+        STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaMalloc(&bounce_, need)));
+        capacity_ = need;
+      }
+      char* d_in = static_cast<char*>(bounce_);
+      char* d_out = in_place ? d_in : d_in + in;
+      cudaStream_t cs = stream_->native();
+      STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaMemcpyAsync(d_in, host_in, in, cudaMemcpyHostToDevice, cs)));
+      STRATA_RETURN_IF_ERROR(op(d_in, d_out).Wait());
+      STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaMemcpyAsync(host_out, d_out, out, cudaMemcpyDeviceToHost, cs)));
+      return STRATA_CUDA_CALL(cudaStreamSynchronize(cs));
+    };
+    return Work(std::make_shared<Finished>(run()));
+  }
+
+  std::unique_ptr<Communicator> nccl_;
+  std::unique_ptr<device::CudaStream> stream_;
+  void* bounce_ = nullptr;
+  size_t capacity_ = 0;
+};
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> HostBuffersOverNccl(std::unique_ptr<Communicator> nccl) {
+  if (nccl == nullptr || !nccl->device_buffers()) {
+    return absl::InvalidArgumentError("HostBuffersOverNccl needs an NCCL communicator");
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::CudaStream> stream, device::CudaStream::Create("host-over-nccl"));
+  return std::unique_ptr<Communicator>(new HostOverNccl(std::move(nccl), std::move(stream)));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> AdoptNcclCommunicator(void* nccl_comm, const Options& options) {
+  if (nccl_comm == nullptr) return absl::InvalidArgumentError("the ncclComm_t is null");
+  ncclComm_t theirs = static_cast<ncclComm_t>(nccl_comm);
+  int size = 0, rank = 0;
+  STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommCount(theirs, &size)));
+  STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommUserRank(theirs, &rank)));
+  ncclComm_t ours = nullptr;
+  STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommSplit(theirs, 0, rank, &ours, nullptr)));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(ours, rank, size, options));
+}
 
 absl::StatusOr<std::string> NewNcclId() {
   ncclUniqueId id;

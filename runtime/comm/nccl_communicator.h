@@ -23,6 +23,17 @@ absl::StatusOr<std::string> NewNcclId();
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const std::string& id, int rank, int world_size,
                                                                      const Options& options);
 
+// Over a communicator the caller created (`nccl_comm` is its ncclComm_t): splits it (collective over its
+// ranks; the caller keeps and later destroys its own), so Strata's collectives never interleave with the
+// caller's. InvalidArgument for null.
+absl::StatusOr<std::unique_ptr<Communicator>> AdoptNcclCommunicator(void* nccl_comm, const Options& options);
+
+// Note [Host buffers over NCCL]: a Communicator for small collectives on host buffers, on any stream,
+// carried by an NCCL communicator (owned) through a device bounce buffer on a private CUDA stream. Every
+// call blocks until done and returns a completed Work. For the engine's control collectives when the only
+// communicator the embedder gave is NCCL.
+absl::StatusOr<std::unique_ptr<Communicator>> HostBuffersOverNccl(std::unique_ptr<Communicator> nccl);
+
 // Spreads rank 0's id over a host communicator (MPI launch) and creates the NCCL communicator.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromHost(Communicator& host, device::Stream& host_stream,
                                                                  const Options& options);

@@ -30,15 +30,22 @@ absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
 #if STRATA_WITH_NCCL
   STRATA_ASSIGN_OR_RETURN(device_ops, MakeCudaTierOps(*device));
   control_host_stream = std::make_unique<device::HostStream>("control");
-  STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", cfg.collective_timeout_ms));
-  control = control_comm.get();
   control_stream = control_host_stream.get();
-  comm::Options o;
-  o.timeout_ms = cfg.collective_timeout_ms;
-  o.name = "gather";
-  STRATA_ASSIGN_OR_RETURN(gather_comm, comm::CreateNcclFromHost(*control, *control_stream, o));
-  STRATA_ASSIGN_OR_RETURN(reduce_comm, gather_comm->Dup("reduce", cfg.collective_timeout_ms));
-  STRATA_ASSIGN_OR_RETURN(step_comm, gather_comm->Dup("step", cfg.collective_timeout_ms));
+  const int64_t t = cfg.collective_timeout_ms;
+  if (host_world.device_buffers()) {  // an embedder's NCCL communicator (C ABI): control through a bounce
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c, host_world.Dup("control", t));
+    STRATA_ASSIGN_OR_RETURN(control_comm, comm::HostBuffersOverNccl(std::move(c)));
+    STRATA_ASSIGN_OR_RETURN(gather_comm, host_world.Dup("gather", t));
+  } else {  // a host world (MPI, in-process): NCCL bootstrapped over it
+    STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", t));
+    comm::Options o;
+    o.timeout_ms = t;
+    o.name = "gather";
+    STRATA_ASSIGN_OR_RETURN(gather_comm, comm::CreateNcclFromHost(*control_comm, *control_stream, o));
+  }
+  control = control_comm.get();
+  STRATA_ASSIGN_OR_RETURN(reduce_comm, gather_comm->Dup("reduce", t));
+  STRATA_ASSIGN_OR_RETURN(step_comm, gather_comm->Dup("step", t));
   return absl::OkStatus();
 #else
   (void)host_world;

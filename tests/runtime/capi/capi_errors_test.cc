@@ -107,15 +107,31 @@ TEST(CApiErrors, BadJsonConfigIsInvalidArgumentNamingTheProblem) {
   });
 }
 
-TEST(CApiErrors, UnimplementedBackEndsSaySo) {
+// What the CUDA / NCCL entry points answer depends on the build (STRATA_TEST_CUDA / _NCCL) and, for a CUDA
+// device, on whether a GPU is visible; the GPU path itself is tests/runtime/capi/capi_cuda_test.cc.
+TEST(CApiErrors, CudaAndNcclEntryPointsSayWhatIsMissing) {
   strata_comm* c = reinterpret_cast<strata_comm*>(0x1);
-  EXPECT_STRATA_ERROR(strata_comm_create_nccl(nullptr, &c), STRATA_ERR_UNIMPLEMENTED, "NCCL back-end does not exist");
+#if STRATA_TEST_NCCL
+  EXPECT_STRATA_ERROR(strata_comm_create_nccl(nullptr, &c), kInvalid, "nccl_comm");
+#else
+  EXPECT_STRATA_ERROR(strata_comm_create_nccl(nullptr, &c), STRATA_ERR_UNIMPLEMENTED, "built without NCCL");
+#endif
   EXPECT_EQ(c, nullptr);
   RunCRanks(1, [](int, strata_comm* comm) {
     strata_engine* e = nullptr;
     strata_engine_options o = STRATA_ENGINE_OPTIONS_INIT;
     o.device = STRATA_DEVICE_CUDA;
-    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), STRATA_ERR_UNIMPLEMENTED, "no CUDA device back-end");
+#if STRATA_TEST_CUDA
+    const strata_status s = strata_engine_create(comm, &o, &e);
+    if (s == STRATA_OK) {  // a GPU is visible here
+      EXPECT_STRATA_OK(strata_engine_destroy(e));
+    } else {
+      EXPECT_EQ(s, STRATA_ERR_FAILED_PRECONDITION) << strata_last_error();
+      EXPECT_THAT(std::string(strata_last_error()), ::testing::HasSubstr("no CUDA device is visible"));
+    }
+#else
+    EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), STRATA_ERR_UNIMPLEMENTED, "built without CUDA");
+#endif
     o.device = 7;
     EXPECT_STRATA_ERROR(strata_engine_create(comm, &o, &e), kInvalid, "options.device is 7");
   });
