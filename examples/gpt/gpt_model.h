@@ -4,8 +4,9 @@
 // Units: "embed" {wte.weight [V,C], wpe.weight [T,C]} used twice per pass (lookup, then the LM head),
 // "h.{i}" one per block with Hugging Face's parameter names and Conv1D layouts ([in, out]), and "ln_f".
 // Weight decay applies to the 2-D matrices (embeddings included), not to biases or LayerNorm.
-// Forward and backward are hand-written over kernels/cpu/nn.h; with activation checkpointing each block
-// keeps only its input and recomputes its forward inside its backward use (same gradients).
+// Forward and backward are hand-written over an NnBackend (kernels/cpu/nn.h, or their CUDA twins); with
+// activation checkpointing each block keeps only its input and recomputes its forward inside its backward
+// use (same gradients).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "examples/gpt/gpt_config.h"
+#include "examples/gpt/nn_backend.h"
 #include "runtime/engine/engine.h"
 
 namespace strata::gpt {
@@ -33,7 +35,10 @@ struct Workspace;  // activations and scratch of one micro-batch shape (gpt_mode
 
 class GptModel {
  public:
-  static absl::StatusOr<GptModel> Register(engine::Engine& e, const GptConfig& cfg);
+  // `nn`: where forward and backward run (nullptr: the host kernels). A CUDA back-end needs an engine on
+  // the same GPU (its parameters and gradients are device memory).
+  static absl::StatusOr<GptModel> Register(engine::Engine& e, const GptConfig& cfg,
+                                           std::unique_ptr<NnBackend> nn = nullptr);
   GptModel(GptModel&&) noexcept;
   GptModel& operator=(GptModel&&) noexcept;
   ~GptModel();
@@ -60,7 +65,8 @@ class GptModel {
   std::vector<int> blocks_;
   std::vector<HfParam> hf_;
   std::unique_ptr<Workspace> ws_;
-  std::vector<float> unit_f32_;  // fp32 copy of the unit in use when the param dtype is not fp32
+  std::unique_ptr<NnBackend> nn_;
+  std::shared_ptr<float> unit_f32_;  // fp32 copy of the unit in use when the param dtype is not fp32
 
   friend struct Pass;
 };
