@@ -2,6 +2,8 @@
 // (each rank times a [B*T, C] x [C, 4C] product, the shape of the MLP's first matmul, at the same
 // moment, so contention between ranks is in both numbers). Reports tokens/s, achieved GFLOP/s per rank
 // (3 x forward FLOPs per token, 4 x with activation checkpointing) and its fraction of the sgemm rate.
+// With --device cuda the reference is the GPU's dense bf16 matrix-product rate measured in the same run
+// (the MFU denominator) instead.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -15,6 +17,7 @@
 #include "runtime/base/status.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
+#include "tools/compute.h"
 #include "tools/commands.h"
 #include "tools/mpi_command.h"
 #include "tools/train_options.h"
@@ -39,9 +42,15 @@ double SgemmGflops(int M, int K, int N) {
 }
 
 absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) {
-  device::HostDevice dev;
-  STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(o.engine, world, dev));
-  STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model));
+  STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.tf32));
+  // On a GPU the reference is the dense bf16 matrix-product rate (MFU); on the host, sgemm (below).
+  double bf16_flops = 0;
+  if (compute.nn != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(bf16_flops, compute.nn->Bf16MatmulFlops());
+  }
+  device::HostDevice dev;  // a host stream for the bench's own collectives
+  STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(o.engine, world, *compute.device));
+  STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model, std::move(compute.nn)));
   STRATA_RETURN_IF_ERROR(e->Finalize());
   const int B = static_cast<int>(o.engine.train_micro_batch_size_per_gpu), T = o.model.seq_len;
   std::vector<int32_t> in(size_t(B) * T), tgt(in.size());
@@ -64,7 +73,8 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
   };
   STRATA_RETURN_IF_ERROR(run_step());  // warm-up: records the schedule, touches all memory
   STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
-  const double sgemm = SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
+  const bool gpu = compute.name != "host";
+  const double sgemm = gpu ? 0.0 : SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
   STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
   const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
   fwd_bwd_s = opt_s = 0;
@@ -83,6 +93,25 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
   const double max_rss_mib = *std::max_element(all_rss.begin(), all_rss.end());
   if (world.rank() != 0) return absl::OkStatus();
   const std::string shape = gpt::Describe(o.model);
+  if (gpu) {  // MFU against the bf16 rate measured in this run (fp32 / TF32 products run below it)
+    const double mfu = gflops_per_rank * 1e9 / bf16_flops;
+    if (json) {
+      std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
+                  "\"device\":\"%s\",\"tf32\":%s,\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,"
+                  "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
+                  "\"peak_device_bytes\":%llu}\n",
+                  gpt::Describe(o.model).c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(),
+                  o.engine.stage, B, T, compute.name.c_str(), o.tf32 ? "true" : "false", secs / steps * 1e3,
+                  tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3,
+                  static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes));
+    } else {
+      std::printf("%s, %d ranks on %s, stage %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s per rank, MFU %.1f%% "
+                  "of the bf16 matmul rate (%.1f TFLOP/s in the same run)\n",
+                  gpt::Describe(o.model).c_str(), world.size(), compute.name.c_str(), o.engine.stage,
+                  secs / steps * 1e3, tokens / secs, gflops_per_rank, 100 * mfu, bf16_flops / 1e12);
+    }
+    return absl::OkStatus();
+  }
   if (json) {
     std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
                 "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,\"sgemm_gflops_per_rank\":%.2f,"

@@ -21,6 +21,7 @@
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
+#include "tools/compute.h"
 #include "tools/commands.h"
 #include "tools/mpi_command.h"
 #include "tools/model_flags.h"
@@ -166,9 +167,10 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, gpt::LoadTokens(o.data, o.model.vocab));
   STRATA_ASSIGN_OR_RETURN(gpt::Sampler sampler, gpt::Sampler::Create(static_cast<int64_t>(tokens.size()),
                                                                       o.model.seq_len, o.engine.seed, o.order));
-  device::HostDevice dev;
-  STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(o.engine, world, dev));
-  STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model));
+  STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.tf32));
+  device::HostDevice dev;  // host streams for the trainer's own collectives (metrics)
+  STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(o.engine, world, *compute.device));
+  STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model, std::move(compute.nn)));
   STRATA_RETURN_IF_ERROR(e->Finalize());
   if (!o.init_from.empty() && !o.resume.empty()) {
     return absl::InvalidArgumentError("--init-from and --resume exclude each other");
@@ -179,9 +181,10 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
     STRATA_ASSIGN_OR_RETURN(first_step, Resume(o, *e, global_batch));
   }
   if (rank == 0) {
-    std::printf("strata train: %s (%lld params), %d ranks, ZeRO stage %d, %s params, global batch %lld x %d tokens "
-                "(micro %d x accum %d x ranks %d), %lld windows of data\n",
-                gpt::Describe(o.model).c_str(), static_cast<long long>(gpt::NumParams(o.model)), n, o.engine.stage,
+    std::printf("strata train: %s (%lld params), %d ranks on %s, ZeRO stage %d, %s params, global batch %lld x %d "
+                "tokens (micro %d x accum %d x ranks %d), %lld windows of data\n",
+                gpt::Describe(o.model).c_str(), static_cast<long long>(gpt::NumParams(o.model)), n,
+                compute.name.c_str(), o.engine.stage,
                 std::string(DTypeName(o.engine.param_dtype)).c_str(), static_cast<long long>(global_batch),
                 o.model.seq_len, micro, accum, n, static_cast<long long>(sampler.num_windows()));
   }

@@ -134,6 +134,8 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"seed", false, "initialisation and data-order seed"},
       {"param-dtype", false, "fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)"},
       {"activation-checkpointing", true, "recompute each block's activations in backward"},
+      {"device", false, "cuda | host | auto (default: cuda when built with CUDA and a GPU is visible)"},
+      {"tf32", true, "let fp32 matrix products use TF32 tensor cores (--device cuda)"},
       {"data", false, "llm.c token file or text file (default: the embedded corpus)"},
       {"data-order", false, "shuffled (default) | sequential"},
       {"init-from", false, "initial weights (.safetensors, Hugging Face GPT-2 names)"},
@@ -188,6 +190,11 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   o.save_weights = f.Str("save-weights");
   o.metrics = f.Str("metrics");
   o.checkpointing = f.Bool("activation-checkpointing");
+  o.device = f.Str("device", "auto");
+  if (o.device != "cuda" && o.device != "host" && o.device != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--device '", o.device, "': use cuda, host or auto"));
+  }
+  o.tf32 = f.Bool("tf32");
   o.checkpoint_dir = f.Str("checkpoint-dir");
   o.trace = f.Str("trace");
   STRATA_ASSIGN_OR_RETURN(int64_t window, f.Int("diagnostics-window", 20));

@@ -25,6 +25,8 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;  // steps; 0 = only at the end when --checkpoint-dir is set
   int64_t keep_last = 0;         // complete checkpoints kept; 0 = all
   bool checkpointing = false;
+  std::string device = "auto";  // --device: cuda | host | auto (tools/compute.h)
+  bool tf32 = false;            // --tf32: fp32 matrix products on TF32 tensor cores (CUDA)
   int64_t print_every = 1;
   int64_t loader_delay_us = 0;        // test hook: slow the loader
   int64_t inject_nonfinite_step = -1;  // test hook: a NaN gradient on one rank at this step (0-based)

@@ -60,6 +60,12 @@ class NnBackend {
   virtual void AddInto(float* dst, const float* src, size_t n) = 0;
 
   virtual absl::Status Sync() = 0;
+
+  // The dense bf16 matrix-product rate of this back-end in FLOP/s (4096^3 products, measured now): the
+  // reference of an MFU figure. Unimplemented on the host.
+  virtual absl::StatusOr<double> Bf16MatmulFlops() {
+    return absl::UnimplementedError("no bf16 matrix products on this back-end");
+  }
 };
 
 std::unique_ptr<NnBackend> MakeHostNn();

@@ -21,7 +21,25 @@ __global__ void CastKernel(const float* x, uint16_t* y, size_t n, VectorSplit s)
   }
 }
 
+template <ParamCopy kFrom>
+__global__ void WidenKernel(const uint16_t* x, float* y, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
+    y[i] = kFrom == ParamCopy::kBf16 ? Bf16ToFloat(x[i]) : HalfToFloat(x[i]);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchWiden(const uint16_t* x, float* y, size_t n, ParamCopy from, cudaStream_t stream) {
+  if (n == 0 || from == ParamCopy::kNone) return cudaSuccess;
+  if (from == ParamCopy::kBf16) {
+    WidenKernel<ParamCopy::kBf16><<<GridFor(n), kBlockThreads, 0, stream>>>(x, y, n);
+  } else {
+    WidenKernel<ParamCopy::kF16><<<GridFor(n), kBlockThreads, 0, stream>>>(x, y, n);
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchCast(const float* x, uint16_t* y, size_t n, ParamCopy to, cudaStream_t stream) {
   if (n == 0 || to == ParamCopy::kNone) return cudaSuccess;

@@ -20,6 +20,9 @@ absl::StatusOr<long long> GetInt(absl::string_view name, long long fallback);
 // torchrun's RANK / WORLD_SIZE. nullopt when none is set.
 std::optional<int> LauncherRank();
 std::optional<int> LauncherWorldSize();
+// The rank within this node (which GPU to use): OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
+// SLURM_LOCALID, then torchrun's LOCAL_RANK. nullopt when none is set.
+std::optional<int> LauncherLocalRank();
 
 // torchrun-style launch variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (raw text,
 // nullopt when unset); parsed and validated by comm::ParseTorchrunEnv.

@@ -117,6 +117,28 @@ TEST_F(CudaKernelsTest, CastsAndScaleMatchHostScalarBitForBit) {
   }
 }
 
+TEST_F(CudaKernelsTest, WideningMatchesTheHostBitForBit) {
+  for (size_t n : TestSizes()) {
+    std::vector<uint16_t> bits(n);
+    for (size_t i = 0; i < n; ++i) bits[i] = static_cast<uint16_t>(i * 40503u + 7);  // every class: NaN, Inf, subnormal
+    std::vector<float> want_bf(n), want_hf(n);
+    for (size_t i = 0; i < n; ++i) {
+      want_bf[i] = Bf16ToFloat(bits[i]);
+      want_hf[i] = HalfToFloat(bits[i]);
+    }
+    DeviceVec<uint16_t> dx(bits, 1);
+    DeviceVec<float> db(want_bf, 0), dh(want_hf, 0);
+    ASSERT_TRUE(dx.ok() && db.ok() && dh.ok());
+    ASSERT_CUDA(cudaMemset(db.get(), 0, n * 4));
+    ASSERT_CUDA(cudaMemset(dh.get(), 0, n * 4));
+    ASSERT_CUDA(LaunchWiden(dx.get(), db.get(), n, ParamCopy::kBf16, nullptr));
+    ASSERT_CUDA(LaunchWiden(dx.get(), dh.get(), n, ParamCopy::kF16, nullptr));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    ExpectBitEqual(want_bf, db.Host(), "bf16 -> f32 n=" + std::to_string(n));
+    ExpectBitEqual(want_hf, dh.Host(), "fp16 -> f32 n=" + std::to_string(n));
+  }
+}
+
 TEST_F(CudaKernelsTest, SumSquaresIsWithinItsBoundAndCountNonFiniteIsExact) {
   for (size_t n : TestSizes()) {
     const std::vector<float> x = Uniform(n, -3, 3, 23);

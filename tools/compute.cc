@@ -1,0 +1,43 @@
+#include "tools/compute.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/env.h"
+#include "runtime/base/status.h"
+#include "runtime/device/host_device.h"
+#if STRATA_WITH_CUDA
+#include "runtime/device/cuda_device.h"
+#endif
+
+namespace strata::tools {
+
+absl::StatusOr<Compute> MakeCompute(const std::string& which, bool tf32) {
+  if (which != "host" && which != "cuda" && which != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--device '", which, "': use cuda, host or auto"));
+  }
+  Compute c;
+#if STRATA_WITH_CUDA
+  const int gpus = device::CudaDeviceCount();
+  if (which == "cuda" && gpus == 0) {
+    return absl::FailedPreconditionError("--device cuda: no CUDA device is visible (check nvidia-smi and "
+                                         "CUDA_VISIBLE_DEVICES), or use --device host");
+  }
+  if (which == "cuda" || (which == "auto" && gpus > 0)) {
+    const int ordinal = env::LauncherLocalRank().value_or(0) % gpus;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::CudaDevice> d, device::CudaDevice::Create(ordinal));
+    c.device = std::move(d);
+    STRATA_ASSIGN_OR_RETURN(c.nn, gpt::MakeCudaNn(tf32));
+    c.name = absl::StrCat("cuda:", ordinal);
+    return c;
+  }
+#else
+  if (which == "cuda") {
+    return absl::UnimplementedError("--device cuda: this strata was built without CUDA; use --device host");
+  }
+#endif
+  (void)tf32;
+  c.device = std::make_unique<device::HostDevice>();
+  c.name = "host";
+  return c;
+}
+
+}  // namespace strata::tools
