@@ -12,6 +12,7 @@
 #include "runtime/comm/in_process.h"
 #include "runtime/device/cuda_device.h"
 #include "runtime/device/host_device.h"
+#include "tests/runtime/device/cuda_device_fixture.h"
 
 namespace strata::gpt {
 namespace {
@@ -67,15 +68,8 @@ double MaxScaledDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / scale;
 }
 
-class GptOnCuda : public ::testing::Test {
+class GptOnCuda : public device::testing::CudaDeviceFixture {
  protected:
-  void SetUp() override {
-    if (device::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
-    auto d = device::CudaDevice::Create(0);
-    ASSERT_TRUE(d.ok()) << d.status();
-    cuda_ = std::move(d).value();
-  }
-  std::unique_ptr<device::CudaDevice> cuda_;
   device::HostDevice host_;
 };
 

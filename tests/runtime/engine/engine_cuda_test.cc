@@ -18,6 +18,7 @@
 #include "runtime/device/cuda_device.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
+#include "tests/runtime/device/cuda_device_fixture.h"
 
 namespace strata::engine {
 namespace {
@@ -74,18 +75,17 @@ absl::StatusOr<std::vector<float>> Train(const EngineConfig& cfg, device::Device
   return all;
 }
 
-class EngineOnCuda : public ::testing::Test {
+class EngineOnCuda : public device::testing::CudaDeviceFixture {
  protected:
   void SetUp() override {
-    if (device::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
-    auto d = device::CudaDevice::Create(0);
-    ASSERT_TRUE(d.ok()) << d.status();
-    cuda_ = std::move(d).value();
+    CudaDeviceFixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     dir_ = ::testing::TempDir() + "/engine_cuda_" + std::to_string(getpid());
     std::filesystem::create_directories(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::unique_ptr<device::CudaDevice> cuda_;
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
   device::HostDevice host_;
   std::string dir_;
 };
