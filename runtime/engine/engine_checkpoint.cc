@@ -35,7 +35,8 @@ std::vector<std::string> KindNames(const Engine::Impl& m) {
 
 // Each kind over the update range, staged in host memory one unit at a time, wherever it lives
 // (ReadState; Note [NVMe state]).
-absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u, std::vector<std::vector<float>>* staged) {
+absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
+                                                std::vector<std::vector<float>>* staged) {
   staged->clear();
   std::vector<float*> out;
   for (int l = 0; l < m.lanes(); ++l) {

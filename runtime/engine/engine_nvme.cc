@@ -52,12 +52,17 @@ offload::NvmeStoreOptions StoreOptions(Engine::Impl& m, const std::string& path,
   return so;
 }
 
-offload::PinnedPoolOptions PoolOptions(size_t count, size_t bytes, memory::Kind kind, bool pin) {
+// Staging buffers are page-locked with mlock on host devices and registered with CUDA on CUDA devices
+// (asynchronous DMA to and from the GPU), unless pin_memory is off.
+offload::PinnedPoolOptions PoolOptions(const Engine::Impl& m, size_t count, size_t bytes, memory::Kind kind, bool pin) {
   offload::PinnedPoolOptions po;
   po.buffer_count = count;
   po.buffer_bytes = bytes;
   po.kind = kind;
-  po.pin = pin ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
+  const bool cuda = m.device->kind() == device::DeviceKind::kCuda;
+  po.pin = !pin  ? offload::PinMethod::kNone
+           : cuda ? offload::PinMethod::kCudaHostRegister
+                  : offload::PinMethod::kMlock;
   return po;
 }
 }  // namespace
@@ -79,7 +84,7 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
                                            StoreOptions(*this, cfg.offload_param.nvme_path, "params", need),
                                            io_queue.get()));
   STRATA_ASSIGN_OR_RETURN(param_buffers,
-                          offload::PinnedPool::Create(PoolOptions(ParamBufferCount(live),
+                          offload::PinnedPool::Create(PoolOptions(*this, ParamBufferCount(live),
                                                                   std::max<size_t>(largest_shard * param_bytes(), 1),
                                                                   memory::Kind::kParamShard,
                                                                   cfg.offload_param.pin_memory),
@@ -109,12 +114,13 @@ absl::Status Engine::Impl::SetUpNvme() {
     for (size_t t = 0; t < Tiles(*this, u); ++t) need += lanes() * offload::NvmeStore::IoBytes(TileElems(*this, u, t) * 4);
   }
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
-  STRATA_ASSIGN_OR_RETURN(nvme, offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), io_queue.get()));
-  STRATA_ASSIGN_OR_RETURN(staging, offload::PinnedPool::Create(
-                                       PoolOptions(std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * lanes()),
-                                                   nvme_tile_elems * 4, memory::Kind::kScratch,
-                                                   cfg.offload_optimizer.pin_memory),
-                                       host_alloc.get()));
+  STRATA_ASSIGN_OR_RETURN(nvme,
+                          offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), io_queue.get()));
+  const size_t buffers = std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * lanes());
+  STRATA_ASSIGN_OR_RETURN(staging, offload::PinnedPool::Create(PoolOptions(*this, buffers, nvme_tile_elems * 4,
+                                                                           memory::Kind::kScratch,
+                                                                           cfg.offload_optimizer.pin_memory),
+                                                               host_alloc.get()));
   io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
   for (UnitState& u : units) {
     u.nvme_lanes.assign(lanes(), {});
@@ -132,7 +138,8 @@ absl::Status Engine::Impl::SetUpNvme() {
 absl::StatusOr<std::vector<float>> Engine::Impl::ReadState(UnitState& u, int lane) {
   std::vector<float> out(update_elems(u));
   if (!nvme_optimizer()) {
-    STRATA_RETURN_IF_ERROR((lane == 0 ? MasterOps() : OptimizerOps()).ToHost(out.data(), LanePtr(u, lane), out.size() * 4));
+    TierOps& ops = lane == 0 ? MasterOps() : OptimizerOps();
+    STRATA_RETURN_IF_ERROR(ops.ToHost(out.data(), LanePtr(u, lane), out.size() * 4));
     return out;
   }
   offload::PinnedBuffer buf = staging->Acquire();
