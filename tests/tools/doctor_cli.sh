@@ -79,7 +79,9 @@ out=$("$strata" doctor --json --config "$work/cfg.json" --stage 0 2>&1); rc=$?
 check "an invalid config is a usage error naming the key (exit $rc)" $? "$out"
 
 if [ -n "$fake_nvml" ]; then
-  LD_LIBRARY_PATH="$fake_nvml${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$strata" doctor --json > "$work/out.json"; rc=$?
+  # The fake GPUs must be visible whatever the caller set (scripts/test hides real GPUs from the CPU tests).
+  env -u CUDA_VISIBLE_DEVICES LD_LIBRARY_PATH="$fake_nvml${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$strata" doctor --json \
+    > "$work/out.json"; rc=$?
   RC=$rc py '
 import json, os, sys
 d = json.load(open(sys.argv[1]))
