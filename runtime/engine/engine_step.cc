@@ -98,7 +98,10 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
     return r;
   }
   r.clip_coef = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
-  for (UnitState& u : units) {
+  // Units are independent here, so the order is free: last to first, so that with parameter shards on
+  // NVMe the cache keeps the first units (the most recently written), which the next forward needs first.
+  for (auto it = units.rbegin(); it != units.rend(); ++it) {
+    UnitState& u = *it;
     if (nvme_optimizer()) {
       STRATA_RETURN_IF_ERROR(NvmeUpdate(u, r.lr, r.clip_coef));
       continue;
