@@ -143,8 +143,11 @@ typedef struct strata_engine_options {
   /* strata_device_kind. STRATA_DEVICE_CUDA: the state and the pointers the hooks return (parameters,
    * gradients) are in the memory of the calling thread's current CUDA device; collectives run on NCCL
    * (bootstrapped over an MPI or in-process comm, or the comm from strata_comm_create_nccl). Parameter
-   * offload is refused there; optimizer offload needs stage 2 or 3. STRATA_ERR_FAILED_PRECONDITION when
-   * no GPU is visible, STRATA_ERR_UNIMPLEMENTED in a build without CUDA. */
+   * offload is refused there; optimizer offload needs stage 2 or 3. The host's GPU work that reads a
+   * unit's parameters or writes its gradients must be complete (e.g. cudaStreamSynchronize on its stream)
+   * before strata_engine_end_forward / end_backward: the engine may then reuse the gathered buffer or
+   * start reducing the gradients on its own streams. STRATA_ERR_FAILED_PRECONDITION when no GPU is
+   * visible, STRATA_ERR_UNIMPLEMENTED in a build without CUDA. */
   int32_t device;
 } strata_engine_options;
 #define STRATA_ENGINE_OPTIONS_INIT \
