@@ -353,11 +353,11 @@ absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& val
   }
   // Master over the update range, then the param storage over what this rank holds.
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, 0));
-  for (size_t j = std::max(lo, p.offset_elems); j < std::min(hi, p.offset_elems + p.numel); ++j) {
-    master[j - lo] = value[j - p.offset_elems];
-  }
-  STRATA_RETURN_IF_ERROR(m.WriteState(u, 0, master));
+  STRATA_RETURN_IF_ERROR(m.EditState(u, 0, [&](float* master) {
+    for (size_t j = std::max(lo, p.offset_elems); j < std::min(hi, p.offset_elems + p.numel); ++j) {
+      master[j - lo] = value[j - p.offset_elems];
+    }
+  }, /*write_back=*/true));
   const size_t plo = m.cfg.stage == 3 ? lo : 0;
   const size_t phi = m.cfg.stage == 3 ? hi : u.layout.total_elems;
   return m.ParamStorage(u, [&](char* params) {

@@ -108,6 +108,9 @@ struct Engine::Impl {
   // SetParam, checkpoints and initialisation use; never on the step's hot path.
   absl::StatusOr<std::vector<float>> ReadState(UnitState& u, int lane);
   absl::Status WriteState(UnitState& u, int lane, const std::vector<float>& values);
+  // Runs fn on the lane over the update range: in place where the CPU can reach it, else on a staged copy
+  // (written back when write_back).
+  absl::Status EditState(UnitState& u, int lane, const std::function<void(float*)>& fn, bool write_back);
   int lanes() const;
   // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
   // NVMe extent behind an offload::ShardCache of pinned buffers (no u.params). A gather pins the shard
@@ -128,12 +131,14 @@ struct Engine::Impl {
   // Runs fn(base) with base = the rank's parameter storage (what u.params holds: the shard at stage 3,
   // the whole unit otherwise). keep = false: fn overwrites all of it (NVMe: the buffer is not read first).
   absl::Status ParamStorage(UnitState& u, const std::function<absl::Status(char* base)>& fn, bool keep);
+  std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
   TierOps& ParamOps() const { return OpsOf(ParamTier()); }
   TierOps& OptimizerOps() const { return OpsOf(OptimizerTier()); }
   TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
+  TierOps& LaneOps(int lane) const { return lane == 0 ? MasterOps() : OptimizerOps(); }
   // Where lane `lane` (see ReadState) of the unit lives in memory (nullptr with NVMe optimizer state).
   float* LanePtr(UnitState& u, int lane) const {
     return lane == 0 ? MasterPtr(u) : (lane == 1 ? u.m.as<float>() : u.v.as<float>());

@@ -97,10 +97,11 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
 absl::Status Engine::Impl::ParamStorage(UnitState& u, const std::function<absl::Status(char* base)>& fn, bool keep) {
   if (!nvme_params() && ParamOps().host_visible()) return fn(u.params.as<char>());
   if (!nvme_params()) {  // device memory: through a host copy
-    std::vector<char> host(u.params.bytes());
-    if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host.data(), u.params.data(), host.size()));
-    STRATA_RETURN_IF_ERROR(fn(host.data()));
-    return ParamOps().FromHost(u.params.data(), host.data(), host.size());
+    param_scratch.resize(std::max(param_scratch.size(), u.params.bytes()));
+    char* host = param_scratch.data();
+    if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host, u.params.data(), u.params.bytes()));
+    STRATA_RETURN_IF_ERROR(fn(host));
+    return ParamOps().FromHost(u.params.data(), host, u.params.bytes());
   }
   const int unit = static_cast<int>(&u - units.data());
   return param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst)); }, keep);
@@ -138,8 +139,7 @@ absl::Status Engine::Impl::SetUpNvme() {
 absl::StatusOr<std::vector<float>> Engine::Impl::ReadState(UnitState& u, int lane) {
   std::vector<float> out(update_elems(u));
   if (!nvme_optimizer()) {
-    TierOps& ops = lane == 0 ? MasterOps() : OptimizerOps();
-    STRATA_RETURN_IF_ERROR(ops.ToHost(out.data(), LanePtr(u, lane), out.size() * 4));
+    STRATA_RETURN_IF_ERROR(LaneOps(lane).ToHost(out.data(), LanePtr(u, lane), out.size() * 4));
     return out;
   }
   offload::PinnedBuffer buf = staging->Acquire();
@@ -152,9 +152,7 @@ absl::StatusOr<std::vector<float>> Engine::Impl::ReadState(UnitState& u, int lan
 }
 
 absl::Status Engine::Impl::WriteState(UnitState& u, int lane, const std::vector<float>& values) {
-  if (!nvme_optimizer()) {
-    return (lane == 0 ? MasterOps() : OptimizerOps()).FromHost(LanePtr(u, lane), values.data(), values.size() * 4);
-  }
+  if (!nvme_optimizer()) return LaneOps(lane).FromHost(LanePtr(u, lane), values.data(), values.size() * 4);
   offload::PinnedBuffer buf = staging->Acquire();
   for (size_t t = 0; t < u.nvme_lanes[lane].size(); ++t) {
     const size_t n = TileElems(*this, u, t);
@@ -162,6 +160,17 @@ absl::Status Engine::Impl::WriteState(UnitState& u, int lane, const std::vector<
     STRATA_RETURN_IF_ERROR(nvme->Write(u.nvme_lanes[lane][t], buf.view()).Wait());
   }
   return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::EditState(UnitState& u, int lane, const std::function<void(float*)>& fn,
+                                     bool write_back) {
+  if (!nvme_optimizer() && LaneOps(lane).host_visible()) {
+    fn(LanePtr(u, lane));
+    return absl::OkStatus();
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, ReadState(u, lane));
+  fn(staged.data());
+  return write_back ? WriteState(u, lane, staged) : absl::OkStatus();
 }
 
 absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) {

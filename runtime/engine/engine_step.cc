@@ -3,10 +3,8 @@
 // zero the gradients. A non-finite norm skips the update on every rank (the norm is global, so every
 // rank reaches the same decision) and is reported in the result.
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/element_math.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/host_communicator.h"
@@ -17,31 +15,17 @@ namespace strata::engine {
 
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u) {
   if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, ReadState(u, 0));
-  return CastMasterToParams(u, master.data());
+  absl::Status cast;
+  STRATA_RETURN_IF_ERROR(EditState(u, 0, [&](float* master) { cast = CastMasterToParams(u, master); },
+                                   /*write_back=*/false));
+  return cast;
 }
 
-namespace {
-// dst[i] = master[i] in the param dtype.
-void CastInto(DType dtype, const float* master, char* dst, size_t n) {
-  if (dtype == DType::kF32) {  // an fp32 master kept apart from the params: copy
-    std::memcpy(dst, master, n * 4);
-    return;
-  }
-  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
-  if (dtype == DType::kBF16) {
-    for (size_t i = 0; i < n; ++i) out[i] = kernels::FloatToBf16(master[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) out[i] = kernels::FloatToHalf(master[i]);
-  }
-}
-}  // namespace
-
+// `master` is host memory; the param storage ParamStorage hands out is too.
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
   const size_t offset = (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes();
   return ParamStorage(u, [&](char* params) {
-    CastInto(cfg.param_dtype, master, params + offset, update_elems(u));
-    return absl::OkStatus();
+    return host_ops->Cast(cfg.param_dtype, master, params + offset, update_elems(u));
   }, /*keep=*/cfg.stage != 3);  // stage 3 writes the whole shard
 }
 

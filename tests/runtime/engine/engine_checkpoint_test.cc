@@ -63,13 +63,7 @@ absl::StatusOr<std::vector<float>> Train(const Plan& plan) {
     if (!plan.save.empty()) {
       STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(plan.save, absl::StrCat("{\"next_step\":", plan.first_step + plan.steps, "}")));
     }
-    std::vector<float> all;
-    for (int u = 0; u < e->num_units(); ++u) {
-      for (int p = 0; p < 2; ++p) {
-        STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e->GatherParam(u, p));
-        all.insert(all.end(), v.begin(), v.end());
-      }
-    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, testing::GatherAll(*e));
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       out = std::move(all);

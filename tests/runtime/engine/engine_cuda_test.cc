@@ -19,6 +19,7 @@
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
 #include "tests/runtime/device/cuda_device_fixture.h"
+#include "tests/runtime/engine/rank_harness.h"
 
 namespace strata::engine {
 namespace {
@@ -65,14 +66,7 @@ absl::StatusOr<std::vector<float>> Train(const EngineConfig& cfg, device::Device
     }
     STRATA_RETURN_IF_ERROR(e->Step().status());
   }
-  std::vector<float> all;
-  for (int u = 0; u < e->num_units(); ++u) {
-    for (int p = 0; p < 2; ++p) {
-      STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e->GatherParam(u, p));
-      all.insert(all.end(), v.begin(), v.end());
-    }
-  }
-  return all;
+  return testing::GatherAll(*e);
 }
 
 class EngineOnCuda : public device::testing::CudaDeviceFixture {

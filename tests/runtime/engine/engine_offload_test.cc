@@ -48,13 +48,7 @@ absl::StatusOr<Outcome> TrainMlp(EngineConfig cfg, int world, int steps = 6, con
       results.push_back(r);
     }
     if (!save.empty()) STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(save, "{}"));
-    std::vector<float> all;
-    for (int u = 0; u < e->num_units(); ++u) {
-      for (int p = 0; p < 2; ++p) {
-        STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e->GatherParam(u, p));
-        all.insert(all.end(), v.begin(), v.end());
-      }
-    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, testing::GatherAll(*e));
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       out.params = std::move(all);
