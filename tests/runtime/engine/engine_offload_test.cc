@@ -234,11 +234,14 @@ TEST_F(NvmeOffload, ParamShardsAreReadAgainOnlyWhenTheCacheIsTooSmall) {
     EXPECT_GT(r.nvme_write_bytes, 0u);
     EXPECT_LE(r.nvme_write_bytes, shards);
   }
-  c.offload_param.buffer_count = 1;  // 2 buffers for 3 units: each use after the first reads its shard
+  // 2 buffers for 3 units: the forward and the backward each need a shard the cache cannot hold, so every
+  // step reads. How much more it reads depends on when the gather stream releases its leases (read-ahead
+  // takes a buffer only when one is free), so only the lower bound is asserted.
+  c.offload_param.buffer_count = 1;
   auto small = TrainMlp(c, 2, 3);
   ASSERT_TRUE(small.ok()) << small.status();
   for (size_t s = 1; s < small->steps.size(); ++s) {
-    EXPECT_GT(small->steps[s].nvme_read_bytes, small->steps[s].nvme_write_bytes) << "step " << s;
+    EXPECT_GT(small->steps[s].nvme_read_bytes, 0u) << "step " << s;
   }
   EXPECT_EQ(small->params, big->params);
 }
