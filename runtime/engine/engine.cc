@@ -73,7 +73,8 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   if (!impl_) return;
   // Drain the streams before buffers go away.
-  for (auto* s : {impl_->gather_stream.get(), impl_->reduce_stream.get(), impl_->step_stream.get()}) {
+  for (auto* s : {impl_->copy_stream.get(), impl_->gather_stream.get(), impl_->reduce_stream.get(),
+                  impl_->step_stream.get()}) {
     if (s != nullptr) s->Synchronize().IgnoreError();
   }
 }
@@ -113,6 +114,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     impl->device_ops = MakeHostTierOps();
     impl->control = impl->step_comm.get();
     impl->control_stream = impl->step_stream.get();
+  }
+  if (config.offload_param.device != OffloadDevice::kNone && impl->gather_comm->device_buffers()) {
+    STRATA_ASSIGN_OR_RETURN(impl->copy_stream, device.CreateStream("h2d"));  // Note [Staged gathers]
   }
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }

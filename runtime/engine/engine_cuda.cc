@@ -17,10 +17,10 @@
 namespace strata::engine {
 
 absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
-  if (cfg.offload_param.device != OffloadDevice::kNone) {
+  if (cfg.offload_param.device != OffloadDevice::kNone && cfg.offload_optimizer.device == OffloadDevice::kNone) {
     return absl::UnimplementedError(
-        "offload_param on a CUDA device is not implemented yet (parameter shards stay on the GPU); use "
-        "offload_optimizer, or --device host");
+        "offload_param on a CUDA device needs offload_optimizer (cpu or nvme) too: the update runs where the "
+        "fp32 master lives and writes the parameter shard there, so both must be off the GPU");
   }
   if (cfg.offload_optimizer.device != OffloadDevice::kNone && cfg.stage < 2) {
     return absl::UnimplementedError(absl::StrCat(
@@ -29,6 +29,8 @@ absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
   }
 #if STRATA_WITH_NCCL
   STRATA_ASSIGN_OR_RETURN(device_ops, MakeCudaTierOps(*device));
+  // Offloaded state is registered host memory, so the copies to and from the GPU are asynchronous DMA.
+  host_alloc = std::make_unique<memory::CudaHostAllocator>(cfg.host_budget_bytes, &tracker);
   control_host_stream = std::make_unique<device::HostStream>("control");
   control_stream = control_host_stream.get();
   const int64_t t = cfg.collective_timeout_ms;

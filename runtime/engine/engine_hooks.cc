@@ -69,18 +69,36 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
     u.param_read = lease.ready();
   }
   u.param_slot = slot;
-  if (device::Event* fence = param_pool.fence(slot)) gather_stream->WaitFor(*fence);
-  auto start = Stamp(*gather_stream);
-  if (!lease.empty()) lease.ready().StreamWait(*gather_stream);
-  u.gather = gather_comm->AllGather(src, param_pool.view(slot).data, u.layout.shard_elems, cfg.param_dtype,
-                                    *gather_stream);
-  Span(*gather_stream, "gather", unit, start);
-  if (!lease.empty()) {  // the pinned buffer is free for eviction once the gather has sent it
-    gather_stream->Enqueue([lease]() mutable {
+  char* recv = static_cast<char*>(param_pool.view(slot).data);
+  // Note [Staged gathers]: a host shard reaches a device-buffer communicator through its own block of
+  // the gathered buffer, copied on the copy stream; the all-gather then runs in place.
+  device::Stream& first = staged_gathers() ? *copy_stream : *gather_stream;
+  if (device::Event* fence = param_pool.fence(slot)) first.WaitFor(*fence);
+  if (!lease.empty()) lease.ready().StreamWait(first);
+  // The pinned buffer is free for eviction once the copy or the gather has read it.
+  auto release = [&](device::Stream& s) {
+    if (lease.empty()) return;
+    s.Enqueue([lease = std::move(lease)]() mutable {
       lease.Reset();
       return absl::OkStatus();
     });
+  };
+  if (staged_gathers()) {
+    char* own = recv + static_cast<size_t>(rank()) * u.layout.shard_elems * param_bytes();
+    auto copy_start = Stamp(*copy_stream);
+    device_ops->FromHostOn(*copy_stream, own, src, u.layout.shard_elems * param_bytes());
+    Span(*copy_stream, "h2d", unit, copy_start);
+    release(*copy_stream);
+    auto copied = std::shared_ptr<device::Event>(device->CreateEvent());
+    copy_stream->Record(*copied);
+    gather_stream->WaitFor(*copied);
+    gather_stream->Enqueue([copied]() { return absl::OkStatus(); });  // keeps the event until the wait passed
+    src = own;
   }
+  auto start = Stamp(*gather_stream);
+  u.gather = gather_comm->AllGather(src, recv, u.layout.shard_elems, cfg.param_dtype, *gather_stream);
+  Span(*gather_stream, "gather", unit, start);
+  release(*gather_stream);
   return absl::OkStatus();
 }
 

@@ -67,9 +67,10 @@ struct Engine::Impl {
   // (created in Finalize: the device budget, or without one exactly what the model's state needs, so
   // the rest of the GPU stays with the trainer; until then a host accountant checks the budget), the
   // device tier ops are the kernels/cuda twins, gather / reduce / step run on NCCL communicators
-  // bootstrapped over the host world, and control collectives stay on a host communicator. Parameter
-  // offload is not supported there yet; optimizer offload needs stage >= 2 (reduced gradient shards
-  // are copied to the host through grad_staging).
+  // bootstrapped over the host world, and control collectives stay on a host communicator. The
+  // pinned-host tier is registered with CUDA. Optimizer offload needs stage >= 2 (reduced gradient
+  // shards are copied to the host through grad_staging); parameter offload also needs optimizer offload
+  // and gathers through Note [Staged gathers].
   absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
   absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
   // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
@@ -132,6 +133,14 @@ struct Engine::Impl {
   // the whole unit otherwise). keep = false: fn overwrites all of it (NVMe: the buffer is not read first).
   absl::Status ParamStorage(UnitState& u, const std::function<absl::Status(char* base)>& fn, bool keep);
   std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
+  // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
+  // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
+  // shard into the rank's own block of the gathered buffer on copy_stream (after the slot's fence and,
+  // for NVMe, the shard's read; the cache lease is released after the copy), and the gather stream waits
+  // for that copy and all-gathers in place. Prefetched gathers copy ahead the same way, so the copy of
+  // the next unit overlaps the current unit's compute and the gather before it.
+  bool staged_gathers() const { return copy_stream != nullptr; }
+  std::unique_ptr<device::Stream> copy_stream;  // only with staged gathers
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }

@@ -33,6 +33,9 @@ class HostTierOps final : public TierOps {
       return absl::OkStatus();
     });
   }
+  void FromHostOn(device::Stream& stream, void* dst, const void* host, size_t bytes) override {
+    ToHostOn(stream, dst, host, bytes);
+  }
   absl::Status Scale(float* p, size_t n, float factor) override {
     comm::ScaleInPlace(p, n, DType::kF32, factor);
     return absl::OkStatus();

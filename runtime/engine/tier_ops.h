@@ -42,6 +42,8 @@ class TierOps {
   virtual void AccumulateOn(device::Stream& stream, float* dst, const float* src, size_t n) = 0;
   // `host[0, bytes)` = src[0, bytes), in `stream` order (host pinned for asynchronous device copies).
   virtual void ToHostOn(device::Stream& stream, void* host, const void* src, size_t bytes) = 0;
+  // dst[0, bytes) = `host[0, bytes)`, in `stream` order (host pinned for asynchronous device copies).
+  virtual void FromHostOn(device::Stream& stream, void* dst, const void* host, size_t bytes) = 0;
 
   // Blocking, for the optimizer step (all pointers on this tier):
   virtual absl::Status Scale(float* p, size_t n, float factor) = 0;

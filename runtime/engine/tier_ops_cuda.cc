@@ -67,6 +67,10 @@ class CudaTierOps final : public TierOps {
     if (bytes == 0) return;
     Poison(stream, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, Native(stream)), "cudaMemcpyAsync(D2H)");
   }
+  void FromHostOn(device::Stream& stream, void* dst, const void* host, size_t bytes) override {
+    if (bytes == 0) return;
+    Poison(stream, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, Native(stream)), "cudaMemcpyAsync(H2D)");
+  }
   absl::Status Scale(float* p, size_t n, float factor) override {
     STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(kernels::cuda::LaunchScale(p, p, n, factor, native_)));
     return Sync();

@@ -2,7 +2,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/device/cuda_device.h"
 
@@ -38,5 +42,31 @@ void CudaArenaAllocator::RawFree(void* p, size_t) {
 }
 
 void CudaArenaAllocator::ZeroFill(void* p, size_t bytes) { cudaMemset(p, 0, bytes); }
+
+
+namespace {
+constexpr size_t kPage = 4096;
+size_t PageRound(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+}  // namespace
+
+void* CudaHostAllocator::RawAllocate(size_t bytes, size_t alignment) {
+  void* p = nullptr;  // whole pages, so that no two blocks share a registered page
+  if (posix_memalign(&p, alignment < kPage ? kPage : alignment, PageRound(bytes)) != 0) return nullptr;
+  const cudaError_t e = cudaHostRegister(p, PageRound(bytes), cudaHostRegisterDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky, but clear it so that later calls do not report it
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      STRATA_LOG(Warning) << "cudaHostRegister(" << bytes << " bytes) failed (" << cudaGetErrorString(e)
+                          << "): the pinned-host tier stays pageable, so its device copies are synchronous";
+    }
+  }
+  return p;
+}
+
+void CudaHostAllocator::RawFree(void* p, size_t) {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();  // a block whose registration was refused
+  std::free(p);
+}
 
 }  // namespace strata::memory

@@ -31,4 +31,18 @@ class CudaArenaAllocator final : public Allocator {
   Arena arena_;
 };
 
+// The pinned-host tier of a CUDA engine: host memory registered with cudaHostRegister, so device copies
+// from and to it are asynchronous DMA. Registration is a hint: where the driver refuses it (a locked-memory
+// or IOMMU limit), the block stays ordinary host memory, copies still work synchronously, and the first
+// refusal is logged.
+class CudaHostAllocator final : public Allocator {
+ public:
+  CudaHostAllocator(uint64_t budget_bytes, MemoryTracker* tracker)
+      : Allocator(Tier::kPinnedHost, budget_bytes, tracker) {}
+
+ protected:
+  void* RawAllocate(size_t bytes, size_t alignment) override;
+  void RawFree(void* p, size_t bytes) override;
+};
+
 }  // namespace strata::memory

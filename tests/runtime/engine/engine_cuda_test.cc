@@ -2,7 +2,8 @@
 // synthetic gradients written into Grad() each micro-batch, the CUDA engine's weights equal the host
 // engine's bit for bit (the optimizer kernels share the element math; clipping is off, so the norm's
 // different summation order cannot change a coefficient), for stages 0-3, fp32 and bf16 params, and the
-// optimizer offloaded to cpu and to nvme. Unsupported placements are refused with a named reason.
+// optimizer offloaded to cpu and to nvme, and parameter shards on cpu and nvme (staged gathers).
+// Unsupported placements are refused with a named reason.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -89,11 +90,14 @@ TEST_F(EngineOnCuda, MatchesTheHostEngineBitForBit) {
     int stage;
     DType dtype;
     OffloadDevice optimizer;
+    OffloadDevice params = OffloadDevice::kNone;  // stage 3: Note [Staged gathers]
   };
-  for (const Case& c : {Case{0, DType::kF32, OffloadDevice::kNone}, Case{1, DType::kF32, OffloadDevice::kNone},
-                        Case{2, DType::kBF16, OffloadDevice::kNone}, Case{3, DType::kF32, OffloadDevice::kNone},
-                        Case{3, DType::kBF16, OffloadDevice::kNone}, Case{2, DType::kF32, OffloadDevice::kCpu},
-                        Case{3, DType::kBF16, OffloadDevice::kCpu}, Case{3, DType::kF32, OffloadDevice::kNvme}}) {
+  using enum OffloadDevice;
+  for (const Case& c : {Case{0, DType::kF32, kNone}, Case{1, DType::kF32, kNone}, Case{2, DType::kBF16, kNone},
+                        Case{3, DType::kF32, kNone}, Case{3, DType::kBF16, kNone}, Case{2, DType::kF32, kCpu},
+                        Case{3, DType::kBF16, kCpu}, Case{3, DType::kF32, kNvme}, Case{3, DType::kF32, kCpu, kCpu},
+                        Case{3, DType::kBF16, kCpu, kCpu}, Case{3, DType::kBF16, kCpu, kNvme},
+                        Case{3, DType::kF32, kNvme, kNvme}}) {
     EngineConfig cfg;
     cfg.stage = c.stage;
     cfg.param_dtype = c.dtype;
@@ -101,13 +105,16 @@ TEST_F(EngineOnCuda, MatchesTheHostEngineBitForBit) {
     cfg.offload_optimizer.device = c.optimizer;
     cfg.offload_optimizer.nvme_path = dir_;
     cfg.offload_optimizer.pin_memory = false;
+    cfg.offload_param.device = c.params;
+    cfg.offload_param.nvme_path = dir_;
+    cfg.offload_param.buffer_count = 1;  // 2 buffers for 3 units: shards are read back every step
     cfg.nvme_tile_elems = 1024;
     auto want = Train(cfg, host_, 4);
     auto got = Train(cfg, *cuda_, 4);
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*want, *got) << "stage " << c.stage << " " << DTypeName(c.dtype) << " optimizer offload "
-                           << static_cast<int>(c.optimizer);
+                           << static_cast<int>(c.optimizer) << " param offload " << static_cast<int>(c.params);
   }
 }
 
@@ -115,10 +122,11 @@ TEST_F(EngineOnCuda, UnsupportedPlacementsAreNamed) {
   auto group = comm::CreateInProcessGroup(1, comm::Options{});
   EngineConfig cfg;
   cfg.stage = 3;
-  cfg.offload_param.device = OffloadDevice::kCpu;
+  cfg.offload_param.device = OffloadDevice::kCpu;  // without offload_optimizer
   auto e = Engine::Create(cfg, *group[0], *cuda_);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(e.status().message()), ::testing::HasSubstr("offload_param on a CUDA device"));
+  EXPECT_THAT(std::string(e.status().message()), ::testing::HasSubstr("offload_param on a CUDA device needs "
+                                                                      "offload_optimizer"));
   cfg = EngineConfig{};
   cfg.stage = 1;
   cfg.offload_optimizer.device = OffloadDevice::kCpu;

@@ -3,6 +3,7 @@
 // a run that cannot fit refused before training, naming the tier and the shortfall.
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <mutex>
 
@@ -22,17 +23,69 @@ using ::testing::HasSubstr;
 using memory::Kind;
 using memory::Tier;
 
+// Note [Staged gathers]: a communicator that claims device_buffers(), as NCCL does, so that the engine
+// stages host parameter shards through the gathered buffer; it counts the gathers on 'gather' and how
+// many of them ran in place (send is the rank's own block of recv), and forwards everything.
+struct StagingProbe {
+  std::atomic<int> gathers{0}, in_place{0};
+};
+
+class DeviceBuffersComm final : public comm::Communicator {
+ public:
+  DeviceBuffersComm(comm::Communicator* inner, std::unique_ptr<comm::Communicator> owned, StagingProbe* probe)
+      : inner_(inner), owned_(std::move(owned)), probe_(probe) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const comm::Options& options() const override { return inner_->options(); }
+  bool device_buffers() const override { return true; }
+  comm::Work AllGather(const void* send, void* recv, size_t count, DType dtype, device::Stream& stream) override {
+    if (options().name == "gather") {
+      ++probe_->gathers;
+      if (send == static_cast<char*>(recv) + static_cast<size_t>(rank()) * count * DTypeBytes(dtype)) {
+        ++probe_->in_place;
+      }
+    }
+    return inner_->AllGather(send, recv, count, dtype, stream);
+  }
+  comm::Work ReduceScatter(const void* send, void* recv, size_t count, DType dtype, comm::ReduceOp op,
+                           device::Stream& stream) override {
+    return inner_->ReduceScatter(send, recv, count, dtype, op, stream);
+  }
+  comm::Work AllReduce(const void* send, void* recv, size_t count, DType dtype, comm::ReduceOp op,
+                       device::Stream& stream) override {
+    return inner_->AllReduce(send, recv, count, dtype, op, stream);
+  }
+  comm::Work Broadcast(void* buf, size_t count, DType dtype, int root, device::Stream& stream) override {
+    return inner_->Broadcast(buf, count, dtype, root, stream);
+  }
+  comm::Work Barrier(device::Stream& stream) override { return inner_->Barrier(stream); }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> Dup(const std::string& name, int64_t timeout_ms) override {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> d, inner_->Dup(name, timeout_ms));
+    comm::Communicator* raw = d.get();
+    return std::unique_ptr<comm::Communicator>(new DeviceBuffersComm(raw, std::move(d), probe_));
+  }
+  void Abort(const absl::Status& cause) override { inner_->Abort(cause); }
+
+ private:
+  comm::Communicator* inner_;
+  std::unique_ptr<comm::Communicator> owned_;
+  StagingProbe* probe_;
+};
+
 struct Outcome {
   std::vector<float> params;
   MemoryStats mem;
   std::vector<StepResult> steps;  // rank 0's
 };
 
+// With `probe`, each rank's world is a DeviceBuffersComm reporting to it.
 absl::StatusOr<Outcome> TrainMlp(EngineConfig cfg, int world, int steps = 6, const std::string& load = "",
-                                 const std::string& save = "") {
+                                 const std::string& save = "", StagingProbe* probe = nullptr) {
   Outcome out;
   std::mutex mu;
-  auto results = testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
+  auto results = testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& world_comm) -> absl::Status {
+    DeviceBuffersComm staged(&world_comm, nullptr, probe);
+    comm::Communicator& c = probe != nullptr ? static_cast<comm::Communicator&>(staged) : world_comm;
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
     STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{}));
@@ -219,6 +272,35 @@ TEST_F(NvmeOffload, ParamsOnNvmeGiveTheSameWeightsBitForBit) {
           EXPECT_GT(Peak(b->mem, Tier::kNvme, Kind::kParamShard), 0u) << what;
           EXPECT_EQ(Peak(b->mem, Tier::kDevice, Kind::kParamShard), 0u) << what;
         }
+      }
+    }
+  }
+}
+
+// Note [Staged gathers]: host shards (cpu or NVMe) reach a communicator that takes only device buffers
+// through the rank's block of the gathered buffer, copied on the copy stream; the result is unchanged.
+TEST_F(NvmeOffload, HostShardsAreStagedForADeviceBufferCommunicator) {
+  for (OffloadDevice params : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      EngineConfig base;
+      base.stage = 3;
+      base.param_dtype = dtype;
+      base.max_live_units = 1;
+      EngineConfig off = params == OffloadDevice::kNvme ? NvmeParams(1) : base;
+      off.offload_param.device = params;
+      off.offload_optimizer.device = OffloadDevice::kCpu;
+      off.param_dtype = dtype;
+      for (int world : {2, 4}) {
+        const std::string what = absl::StrCat("params ", static_cast<int>(params), " ", DTypeName(dtype), " world ", world);
+        StagingProbe unstaged, staged;
+        auto a = TrainMlp(base, world, 6, "", "", &unstaged), b = TrainMlp(off, world, 6, "", "", &staged);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        EXPECT_EQ(a->params, b->params) << what;
+        EXPECT_GT(unstaged.gathers.load(), 0) << what;
+        EXPECT_EQ(unstaged.in_place.load(), 0) << what << ": device shards are sent from where they live";
+        EXPECT_GT(staged.gathers.load(), 0) << what;
+        EXPECT_EQ(staged.in_place.load(), staged.gathers.load()) << what << ": every host shard was staged";
       }
     }
   }
