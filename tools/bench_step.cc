@@ -42,7 +42,7 @@ double SgemmGflops(int M, int K, int N) {
 }
 
 absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) {
-  STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.tf32));
+  STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.matmul, o.attention, o.engine.param_dtype));
   // On a GPU the reference is the dense bf16 matrix-product rate (MFU); on the host, sgemm (below).
   double bf16_flops = 0;
   if (compute.nn != nullptr) {
@@ -93,15 +93,16 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
   const double max_rss_mib = *std::max_element(all_rss.begin(), all_rss.end());
   if (world.rank() != 0) return absl::OkStatus();
   const std::string shape = gpt::Describe(o.model);
+  const std::string attention = model.nn().attention_in_use();
   if (gpu) {  // MFU against the bf16 rate measured in this run (fp32 / TF32 products run below it)
     const double mfu = gflops_per_rank * 1e9 / bf16_flops;
     if (json) {
       std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
-                  "\"device\":\"%s\",\"tf32\":%s,\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,"
+                  "\"device\":\"%s\",\"matmul\":\"%s\",\"attention\":\"%s\",\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,"
                   "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
                   "\"peak_device_bytes\":%llu}\n",
                   gpt::Describe(o.model).c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(),
-                  o.engine.stage, B, T, compute.name.c_str(), o.tf32 ? "true" : "false", secs / steps * 1e3,
+                  o.engine.stage, B, T, compute.name.c_str(), gpt::ProductsName(compute.products), attention.c_str(), secs / steps * 1e3,
                   tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3,
                   static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes));
     } else {

@@ -10,10 +10,18 @@
 
 namespace strata::tools {
 
-absl::StatusOr<Compute> MakeCompute(const std::string& which, bool tf32) {
+absl::StatusOr<Compute> MakeCompute(const std::string& which, const std::string& matmul, const std::string& attention,
+                                    DType param_dtype) {
   if (which != "host" && which != "cuda" && which != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("--device '", which, "': use cuda, host or auto"));
   }
+  gpt::NnOptions nn;
+  if (matmul == "auto") {
+    nn.products = param_dtype == DType::kBF16 ? gpt::Products::kBf16 : gpt::Products::kF32;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(nn.products, gpt::ParseProducts(matmul));
+  }
+  STRATA_ASSIGN_OR_RETURN(nn.attention, gpt::ParseAttention(attention));
   Compute c;
 #if STRATA_WITH_CUDA
   const int gpus = device::CudaDeviceCount();
@@ -25,8 +33,9 @@ absl::StatusOr<Compute> MakeCompute(const std::string& which, bool tf32) {
     const int ordinal = env::LauncherLocalRank().value_or(0) % gpus;
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::CudaDevice> d, device::CudaDevice::Create(ordinal));
     c.device = std::move(d);
-    STRATA_ASSIGN_OR_RETURN(c.nn, gpt::MakeCudaNn(tf32));
+    STRATA_ASSIGN_OR_RETURN(c.nn, gpt::MakeCudaNn(nn));
     c.name = absl::StrCat("cuda:", ordinal);
+    c.products = nn.products;
     return c;
   }
 #else
@@ -34,7 +43,13 @@ absl::StatusOr<Compute> MakeCompute(const std::string& which, bool tf32) {
     return absl::UnimplementedError("--device cuda: this strata was built without CUDA; use --device host");
   }
 #endif
-  (void)tf32;
+  // The host computes in fp32 with the reference attention.
+  if (matmul != "auto" && matmul != "fp32") {
+    return absl::InvalidArgumentError(absl::StrCat("--matmul ", matmul, " needs --device cuda (the host multiplies in fp32)"));
+  }
+  if (attention == "fused") {
+    return absl::InvalidArgumentError("--attention fused needs --device cuda (cuDNN); the host runs the reference");
+  }
   c.device = std::make_unique<device::HostDevice>();
   c.name = "host";
   return c;

@@ -14,12 +14,16 @@ struct Compute {
   std::unique_ptr<device::Device> device;
   std::unique_ptr<gpt::NnBackend> nn;  // nullptr: the host kernels
   std::string name;                    // "host" or "cuda:<ordinal>"
+  gpt::Products products = gpt::Products::kF32;
 };
 
 // `which`: "host", "cuda", or "auto" (cuda when this build has CUDA and a GPU is visible, else host).
-// With cuda the GPU is the launcher's local rank modulo the visible GPUs. `tf32`: fp32 matrix products
-// may use TF32 tensor cores. A bad value, or cuda without a GPU or without CUDA in the build, is an error
-// naming the reason.
-absl::StatusOr<Compute> MakeCompute(const std::string& which, bool tf32);
+// With cuda the GPU is the launcher's local rank modulo the visible GPUs. `matmul` (auto | fp32 | tf32 |
+// bf16; auto is bf16 when `param_dtype` is bf16, else fp32) and `attention` (auto | fused | reference)
+// say how the CUDA back-end computes (gpt::NnOptions); the host computes in fp32 with the reference
+// attention, so asking it for anything else is an error. A bad value, or cuda without a GPU or without
+// CUDA in the build, is an error naming the reason.
+absl::StatusOr<Compute> MakeCompute(const std::string& which, const std::string& matmul, const std::string& attention,
+                                    DType param_dtype);
 
 }  // namespace strata::tools

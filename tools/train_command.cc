@@ -167,7 +167,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, gpt::LoadTokens(o.data, o.model.vocab));
   STRATA_ASSIGN_OR_RETURN(gpt::Sampler sampler, gpt::Sampler::Create(static_cast<int64_t>(tokens.size()),
                                                                       o.model.seq_len, o.engine.seed, o.order));
-  STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.tf32));
+  STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.matmul, o.attention, o.engine.param_dtype));
   device::HostDevice dev;  // host streams for the trainer's own collectives (metrics)
   STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(o.engine, world, *compute.device));
   STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model, std::move(compute.nn)));

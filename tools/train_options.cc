@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "examples/gpt/nn_backend.h"
 #include "tools/model_flags.h"
 
 namespace strata::tools {
@@ -135,7 +136,9 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"param-dtype", false, "fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)"},
       {"activation-checkpointing", true, "recompute each block's activations in backward"},
       {"device", false, "cuda | host | auto (default: cuda when built with CUDA and a GPU is visible)"},
-      {"tf32", true, "let fp32 matrix products use TF32 tensor cores (--device cuda)"},
+      {"matmul", false, "auto | fp32 | tf32 | bf16: matrix products on the GPU (auto: bf16 with bf16 params, else fp32)"},
+      {"tf32", true, "the same as --matmul tf32"},
+      {"attention", false, "auto | fused | reference: cuDNN's fused attention or the plain kernel (auto: fused with bf16 products)"},
       {"data", false, "llm.c token file or text file (default: the embedded corpus)"},
       {"data-order", false, "shuffled (default) | sequential"},
       {"init-from", false, "initial weights (.safetensors, Hugging Face GPT-2 names)"},
@@ -194,7 +197,13 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   if (o.device != "cuda" && o.device != "host" && o.device != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("--device '", o.device, "': use cuda, host or auto"));
   }
-  o.tf32 = f.Bool("tf32");
+  o.matmul = f.Str("matmul", f.Bool("tf32") ? "tf32" : "auto");
+  if (f.Bool("tf32") && o.matmul != "tf32") {
+    return absl::InvalidArgumentError(absl::StrCat("--tf32 and --matmul ", o.matmul, " disagree"));
+  }
+  if (o.matmul != "auto") STRATA_RETURN_IF_ERROR(gpt::ParseProducts(o.matmul).status());
+  o.attention = f.Str("attention", "auto");
+  STRATA_RETURN_IF_ERROR(gpt::ParseAttention(o.attention).status());
   o.checkpoint_dir = f.Str("checkpoint-dir");
   o.trace = f.Str("trace");
   STRATA_ASSIGN_OR_RETURN(int64_t window, f.Int("diagnostics-window", 20));

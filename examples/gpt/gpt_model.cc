@@ -38,7 +38,8 @@ namespace {
 
 absl::Status Prepare(Workspace& w, NnBackend& nn, const GptConfig& c, int B, int T, bool recompute) {
   if (w.B == B && w.T == T && w.recompute == recompute) return absl::OkStatus();
-  const size_t N = size_t(B) * T, C = c.d_model, BHTT = size_t(B) * c.heads * T * T, V = c.vocab;
+  const size_t N = size_t(B) * T, C = c.d_model, V = c.vocab;
+  STRATA_ASSIGN_OR_RETURN(const AttentionBuffers att, nn.PrepareAttention(B, T, c.d_model, c.heads));
   w = Workspace{};
   auto alloc = [&](size_t n) -> absl::StatusOr<float*> {
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<float> p, nn.AllocFloats(n));
@@ -58,7 +59,7 @@ absl::Status Prepare(Workspace& w, NnBackend& nn, const GptConfig& c, int B, int
       STRATA_ASSIGN_OR_RETURN(*v, alloc(N));
     }
     STRATA_ASSIGN_OR_RETURN(a.qkv, alloc(N * 3 * C));
-    STRATA_ASSIGN_OR_RETURN(a.att, alloc(BHTT));
+    STRATA_ASSIGN_OR_RETURN(a.att, alloc(att.saved_floats));
     STRATA_ASSIGN_OR_RETURN(a.fc, alloc(N * 4 * C));
     STRATA_ASSIGN_OR_RETURN(a.gelu, alloc(N * 4 * C));
   }
@@ -71,7 +72,7 @@ absl::Status Prepare(Workspace& w, NnBackend& nn, const GptConfig& c, int B, int
   STRATA_ASSIGN_OR_RETURN(w.probs, alloc(N * V));
   STRATA_ASSIGN_OR_RETURN(w.dlogits, alloc(N * V));
   STRATA_ASSIGN_OR_RETURN(w.dqkv, alloc(N * 3 * C));
-  STRATA_ASSIGN_OR_RETURN(w.datt, alloc(BHTT));
+  STRATA_ASSIGN_OR_RETURN(w.datt, alloc(att.scratch_floats));
   STRATA_ASSIGN_OR_RETURN(w.dfc, alloc(N * 4 * C));
   STRATA_ASSIGN_OR_RETURN(w.dgelu, alloc(N * 4 * C));
   STRATA_ASSIGN_OR_RETURN(w.token_storage, nn.AllocInts(2 * N));

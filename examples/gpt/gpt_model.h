@@ -57,6 +57,7 @@ class GptModel {
 
   const GptConfig& config() const { return cfg_; }
   const std::vector<HfParam>& hf_params() const { return hf_; }
+  const NnBackend& nn() const { return *nn_; }
 
  private:
   GptModel() = default;

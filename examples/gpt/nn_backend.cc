@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/nn.h"
 
@@ -92,8 +93,31 @@ class HostNn final : public NnBackend {
 
 std::unique_ptr<NnBackend> MakeHostNn() { return std::make_unique<HostNn>(); }
 
+absl::StatusOr<Products> ParseProducts(const std::string& s) {
+  if (s == "fp32") return Products::kF32;
+  if (s == "tf32") return Products::kTf32;
+  if (s == "bf16") return Products::kBf16;
+  return absl::InvalidArgumentError(absl::StrCat("--matmul '", s, "': use fp32, tf32 or bf16"));
+}
+
+absl::StatusOr<AttentionKind> ParseAttention(const std::string& s) {
+  if (s == "auto") return AttentionKind::kAuto;
+  if (s == "fused") return AttentionKind::kFused;
+  if (s == "reference") return AttentionKind::kReference;
+  return absl::InvalidArgumentError(absl::StrCat("--attention '", s, "': use auto, fused or reference"));
+}
+
+const char* ProductsName(Products p) {
+  switch (p) {
+    case Products::kF32: return "fp32";
+    case Products::kTf32: return "tf32";
+    case Products::kBf16: return "bf16";
+  }
+  return "?";
+}
+
 #if !STRATA_GPT_CUDA
-absl::StatusOr<std::unique_ptr<NnBackend>> MakeCudaNn(bool) {
+absl::StatusOr<std::unique_ptr<NnBackend>> MakeCudaNn(const NnOptions&) {
   return absl::UnimplementedError("this build has no CUDA GPT back-end (STRATA_WITH_CUDA=OFF): use --device host");
 }
 #endif

@@ -13,11 +13,40 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "runtime/base/dtype.h"
 
 namespace strata::gpt {
+
+// How a back-end computes. The host back-end runs fp32 products and the reference attention only.
+enum class Products : uint8_t {
+  kF32,   // fp32 factors, fp32 accumulation
+  kTf32,  // fp32 factors rounded to TF32 on the tensor cores (~1e-3 relative error)
+  kBf16,  // activations and weights rounded to bf16 on the way in, fp32 accumulation, fp32 results
+};
+enum class AttentionKind : uint8_t {
+  kAuto,       // fused where the products are bf16 and cuDNN takes the shape, else the reference
+  kFused,      // cuDNN's fused SDPA on bf16 q, k, v (an error where it cannot run)
+  kReference,  // the plain kernel, fp32, saving the T x T probabilities
+};
+struct NnOptions {
+  Products products = Products::kF32;
+  AttentionKind attention = AttentionKind::kAuto;
+};
+// Parses "fp32" / "tf32" / "bf16" and "auto" / "fused" / "reference"; the error names the flag.
+absl::StatusOr<Products> ParseProducts(const std::string& s);
+absl::StatusOr<AttentionKind> ParseAttention(const std::string& s);
+const char* ProductsName(Products p);
+
+// What one attention call keeps for its backward (AttentionForward's `att`) and the scratch its backward
+// needs (AttentionBackward's `datt`), in floats.
+struct AttentionBuffers {
+  size_t saved_floats = 0;
+  size_t scratch_floats = 0;
+  bool fused = false;
+};
 
 class NnBackend {
  public:
@@ -45,6 +74,18 @@ class NnBackend {
                                  const float* rstd, float* dx, float* dw, float* db, int N, int C) = 0;
   virtual void GeluForward(const float* x, float* out, size_t n) = 0;
   virtual void GeluBackward(const float* x, const float* dout, float* dx, size_t n) = 0;
+  // Chooses the attention for a (B, T, C, NH) shape before its buffers are allocated, and says how large
+  // they must be. The reference saves the probabilities [B,NH,T,T] and needs as much scratch; a fused
+  // attention saves less (cuDNN: the row statistics and its bf16 output). Called again for a shape it
+  // has seen, it returns the same answer.
+  virtual absl::StatusOr<AttentionBuffers> PrepareAttention(int B, int T, int C, int NH) {
+    (void)C;
+    const size_t bhtt = size_t(B) * NH * T * T;
+    return AttentionBuffers{bhtt, bhtt, false};
+  }
+  // "fused" once PrepareAttention chose the fused attention for some shape, else "reference".
+  virtual const char* attention_in_use() const { return "reference"; }
+  // `att` and `datt` are PrepareAttention's buffers for this shape.
   virtual void AttentionForward(const float* qkv, float* out, float* att, int B, int T, int C, int NH) = 0;
   virtual void AttentionBackward(const float* dout, const float* qkv, const float* att, float* dqkv, float* datt,
                                  int B, int T, int C, int NH) = 0;
@@ -70,8 +111,9 @@ class NnBackend {
 
 std::unique_ptr<NnBackend> MakeHostNn();
 
-// CUDA builds (nn_backend_cuda.cc): on the calling thread's current device. `allow_tf32` lets the fp32
-// matrix products use TF32 tensor cores (faster, ~1e-3 relative error). Unimplemented elsewhere.
-absl::StatusOr<std::unique_ptr<NnBackend>> MakeCudaNn(bool allow_tf32);
+// CUDA builds (nn_backend_cuda.cc): on the calling thread's current device, computing as `options` say
+// (fused attention needs a build with cuDNN 9; kFused is an error without it, kAuto falls back to the
+// reference). Unimplemented elsewhere.
+absl::StatusOr<std::unique_ptr<NnBackend>> MakeCudaNn(const NnOptions& options);
 
 }  // namespace strata::gpt

@@ -1,15 +1,25 @@
 // The CUDA back-end of the GPT (nn_backend.h): the kernels/cuda twins of kernels/cpu/nn.h and cuBLASLt
-// products (fp32, or TF32 when allowed), on one non-blocking stream of the calling thread's device.
-// Built with STRATA_WITH_CUDA when cuBLASLt is found.
+// products, on one non-blocking stream of the calling thread's device. Built with STRATA_WITH_CUDA when
+// cuBLASLt is found; the fused attention also needs cuDNN 9 (STRATA_GPT_CUDNN).
+//
+// Precision (NnOptions). Products run in fp32, TF32, or bf16: with bf16 each factor is rounded to bf16
+// into a scratch buffer (kernels/cuda/cast.cuh, round to nearest even) and cuBLASLt multiplies with fp32
+// accumulation into the fp32 activation or gradient, so the model's activations and the engine's
+// gradients stay fp32. Bias gradients are summed from the fp32 output gradient.
+//
+// Attention (Note [Fused attention in the trainer]). The reference kernels (attention.cuh, fp32) save
+// the probabilities [B,NH,T,T]. The fused path rounds qkv to bf16, runs cuDNN's SDPA (sdpa_cudnn.h) and
+// widens its bf16 output; in `att` it saves cuDNN's row statistics [B,NH,T] (fp32) and, after them
+// (256-byte aligned), the bf16 output the backward needs, so the per-layer memory is O(T) instead of
+// O(T^2). The backward rounds qkv and dout again (the same bits) and widens cuDNN's dqkv.
 //
 // Errors. A launch or cuBLASLt failure is remembered (the first one) and returned by the next Sync(),
 // naming the operation; later operations still run (on possibly bad data) until then, as on a CUDA stream.
-//
-// Attention runs the plain reference kernels (kernels/cuda/attention.cuh, fp32, O(T^2) scores kept for the
-// backward). The cuDNN fused attention (kernels/cuda/sdpa_cudnn.h, bf16) is not wired in yet.
 #include <cuda_runtime.h>
 
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "examples/gpt/nn_backend.h"
@@ -23,6 +33,11 @@
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matmul_rate.cuh"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#if STRATA_GPT_CUDNN
+#include "kernels/cuda/sdpa_cudnn.h"
+#endif
 
 namespace strata::gpt {
 
@@ -43,13 +58,37 @@ absl::StatusOr<std::shared_ptr<T>> DeviceArray(size_t n) {
   return std::shared_ptr<T>(static_cast<T*>(p), [](T* q) { cudaFree(q); });
 }
 
+// A device buffer that only grows; growing waits for the stream (work in flight may still read it).
+struct Scratch {
+  void* p = nullptr;
+  size_t bytes = 0;
+  ~Scratch() { cudaFree(p); }
+  cudaError_t Ensure(size_t need, cudaStream_t stream) {
+    if (need <= bytes) return cudaSuccess;
+    cudaError_t e = cudaStreamSynchronize(stream);
+    if (e != cudaSuccess) return e;
+    cudaFree(p);
+    p = nullptr;
+    bytes = 0;
+    e = cudaMalloc(&p, need);
+    if (e == cudaSuccess) bytes = need;
+    return e;
+  }
+};
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
 class CudaNn final : public NnBackend {
  public:
-  CudaNn(cudaStream_t stream, void* workspace, std::unique_ptr<kc::MatmulContext> mm)
-      : stream_(stream), mm_workspace_(workspace), mm_(std::move(mm)) {}
+  CudaNn(cudaStream_t stream, void* workspace, std::unique_ptr<kc::MatmulContext> mm, const NnOptions& options)
+      : stream_(stream), mm_workspace_(workspace), mm_(std::move(mm)), options_(options) {}
   ~CudaNn() override {
     cudaStreamSynchronize(stream_);
     mm_.reset();
+#if STRATA_GPT_CUDNN
+    sdpa_.reset();
+#endif
     cudaFree(mm_workspace_);
     cudaFree(ln_workspace_);
     cudaFree(mean_loss_);
@@ -73,27 +112,36 @@ class CudaNn final : public NnBackend {
     Check(kc::LaunchWiden(src, dst, n, from, stream_), "widen parameters");
   }
 
+  // The factors of the products: fp32 as given, or rounded to bf16 into scratch slot `slot` (Factor).
   void MatmulForward(const float* a, const float* w, const float* bias, float* out, int M, int K, int N) override {
-    Check(kc::MatmulForward(*mm_, a, w, bias, out, M, K, N, false, kc::kMatmulF32, stream_), "matmul forward");
+    Check(kc::MatmulForward(*mm_, Factor(0, a, size_t(M) * K), Factor(1, w, size_t(K) * N), bias, out, M, K, N, false,
+                            Types(), stream_),
+          "matmul forward");
   }
   void MatmulBackward(const float* dout, const float* a, const float* w, float* da, float* dw, float* dbias, int M,
                       int K, int N) override {
-    if (da != nullptr) Check(kc::MatmulBackwardData(*mm_, dout, w, da, M, K, N, kc::kMatmulF32, stream_), "matmul dA");
-    if (dw != nullptr || dbias != nullptr) {
-      if (dw != nullptr) {
-        Check(kc::MatmulBackwardWeight(*mm_, dout, a, dw, dbias, M, K, N, kc::kMatmulF32, stream_), "matmul dW");
-      } else {
-        Check(mm_->BiasGrad(dout, dbias, M, N, kc::kMatmulF32, stream_), "matmul dbias");
-      }
+    const void* d = Factor(2, dout, size_t(M) * N);
+    if (da != nullptr) {
+      Check(kc::MatmulBackwardData(*mm_, d, Factor(1, w, size_t(K) * N), da, M, K, N, Types(), stream_), "matmul dA");
     }
+    if (dw != nullptr) {
+      Check(kc::MatmulBackwardWeight(*mm_, d, Factor(0, a, size_t(M) * K), dw, nullptr, M, K, N, Types(), stream_),
+            "matmul dW");
+    }
+    if (dbias != nullptr) Check(mm_->BiasGrad(dout, dbias, M, N, kc::kMatmulF32, stream_), "matmul dbias");
   }
   void MatmulTransBForward(const float* a, const float* b, float* out, int M, int K, int N) override {
-    Check(kc::MatmulTransBForward(*mm_, a, b, out, M, K, N, kc::kMatmulF32, stream_), "lm head forward");
+    Check(kc::MatmulTransBForward(*mm_, Factor(0, a, size_t(M) * K), Factor(1, b, size_t(N) * K), out, M, K, N,
+                                  Types(), stream_),
+          "lm head forward");
   }
   void MatmulTransBBackward(const float* dout, const float* a, const float* b, float* da, float* db, int M, int K,
                             int N) override {
-    Check(kc::MatmulTransBBackwardData(*mm_, dout, b, da, M, K, N, kc::kMatmulF32, stream_), "lm head dA");
-    Check(kc::MatmulTransBBackwardWeight(*mm_, dout, a, db, M, K, N, kc::kMatmulF32, stream_), "lm head dW");
+    const void* d = Factor(2, dout, size_t(M) * N);
+    Check(kc::MatmulTransBBackwardData(*mm_, d, Factor(1, b, size_t(N) * K), da, M, K, N, Types(), stream_),
+          "lm head dA");
+    Check(kc::MatmulTransBBackwardWeight(*mm_, d, Factor(0, a, size_t(M) * K), db, M, K, N, Types(), stream_),
+          "lm head dW");
   }
   void LayerNormForward(const float* x, const float* w, const float* b, float* out, float* mean, float* rstd, int N,
                         int C) override {
@@ -119,11 +167,26 @@ class CudaNn final : public NnBackend {
   void GeluBackward(const float* x, const float* dout, float* dx, size_t n) override {
     Check(kc::LaunchGeluBackward(x, dout, dx, n, stream_), "gelu backward");
   }
+  absl::StatusOr<AttentionBuffers> PrepareAttention(int B, int T, int C, int NH) override;
+  const char* attention_in_use() const override {
+#if STRATA_GPT_CUDNN
+    for (const auto& [shape, fused] : fused_) {
+      if (fused) return "fused";
+    }
+#endif
+    return "reference";
+  }
   void AttentionForward(const float* qkv, float* out, float* att, int B, int T, int C, int NH) override {
+#if STRATA_GPT_CUDNN
+    if (Fused(B, T, C, NH)) return FusedForward(qkv, out, att, B, T, C, NH);
+#endif
     Check(kc::LaunchAttentionForward(qkv, out, att, B, T, C, NH, stream_), "attention forward");
   }
   void AttentionBackward(const float* dout, const float* qkv, const float* att, float* dqkv, float* datt, int B,
                          int T, int C, int NH) override {
+#if STRATA_GPT_CUDNN
+    if (Fused(B, T, C, NH)) return FusedBackward(dout, qkv, att, dqkv, B, T, C, NH);
+#endif
     Check(kc::LaunchAttentionBackward(dout, qkv, att, dqkv, datt, B, T, C, NH, stream_), "attention backward");
   }
   absl::StatusOr<double> CrossEntropyForward(const float* logits, const int32_t* targets, float* probs, float* losses,
@@ -169,6 +232,42 @@ class CudaNn final : public NnBackend {
   }
 
  private:
+  kc::MatmulTypes Types() const {
+    return options_.products == Products::kBf16 ? kc::kMatmulBf16InF32Out : kc::kMatmulF32;
+  }
+  // `x` itself for fp32 products; with bf16 products, x rounded to bf16 in scratch slot `slot` (0: the
+  // activation factor, 1: the weight, 2: the output gradient), valid until the slot is used again.
+  const void* Factor(int slot, const float* x, size_t n) {
+    if (options_.products != Products::kBf16) return x;
+    uint16_t* y = Bf16Scratch(slot, n);
+    if (y != nullptr) Check(kc::LaunchCast(x, y, n, kernels::ParamCopy::kBf16, stream_), "round a factor to bf16");
+    return y;
+  }
+  uint16_t* Bf16Scratch(int slot, size_t n) {
+    return Check(scratch_[slot].Ensure(AlignUp(n * 2), stream_), "bf16 scratch") ? static_cast<uint16_t*>(scratch_[slot].p)
+                                                                                  : nullptr;
+  }
+#if STRATA_GPT_CUDNN
+  using ShapeKey = std::tuple<int, int, int, int>;
+  bool Fused(int B, int T, int C, int NH) const {
+    auto it = fused_.find(ShapeKey{B, T, C, NH});
+    return it != fused_.end() && it->second;
+  }
+  // Why cuDNN cannot run this shape (building both plans), or OK; sizes the workspace.
+  absl::Status PrepareFused(const kc::SdpaShape& shape);
+  void FusedForward(const float* qkv, float* out, float* att, int B, int T, int C, int NH);
+  void FusedBackward(const float* dout, const float* qkv, const float* att, float* dqkv, int B, int T, int C, int NH);
+  static size_t StatsBytes(int B, int T, int NH) { return AlignUp(size_t(B) * NH * T * 4); }
+  bool Check(const kc::SdpaStatus& s, const char* what) {
+    if (s.ok()) return true;
+    if (first_.ok()) first_ = absl::InternalError(absl::StrCat("GPT on CUDA, ", what, ": ", s.message));
+    return false;
+  }
+  std::unique_ptr<kc::SdpaContext> sdpa_;
+  Scratch sdpa_workspace_;
+  std::map<ShapeKey, bool> fused_;  // PrepareAttention's choice per shape
+#endif
+
   // Remembers the first failure; true when `e` is success.
   bool Check(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return true;
@@ -187,12 +286,106 @@ class CudaNn final : public NnBackend {
   void* ln_workspace_ = nullptr;
   size_t ln_workspace_bytes_ = 0;
   void* mean_loss_ = nullptr;
+  NnOptions options_;
+  Scratch scratch_[3];  // bf16 factors (Factor); the fused attention reuses them for qkv, dout and dqkv / out
   absl::Status first_;
 };
 
+absl::StatusOr<AttentionBuffers> CudaNn::PrepareAttention(int B, int T, int C, int NH) {
+  const size_t bhtt = size_t(B) * NH * T * T;
+  const AttentionBuffers reference{bhtt, bhtt, false};
+  const bool want = options_.attention == AttentionKind::kFused ||
+                    (options_.attention == AttentionKind::kAuto && options_.products == Products::kBf16);
+  if (!want) return reference;
+#if STRATA_GPT_CUDNN
+  const kc::SdpaShape shape{B, T, C, NH};
+  const ShapeKey key{B, T, C, NH};
+  if (auto it = fused_.find(key); it != fused_.end()) {
+    return it->second ? AttentionBuffers{(StatsBytes(B, T, NH) + AlignUp(size_t(B) * T * C * 2)) / 4, 0, true}
+                      : reference;
+  }
+  absl::Status why = PrepareFused(shape);
+  if (!why.ok()) {
+    if (options_.attention == AttentionKind::kFused) {
+      return Annotate(why, absl::StrCat("--attention fused (B=", B, " T=", T, " C=", C, " heads=", NH, ")"));
+    }
+    STRATA_LOG(Info) << "attention: the reference kernel for B=" << B << " T=" << T << " C=" << C << " heads=" << NH
+                     << " (cuDNN's fused attention cannot run it: " << why.message() << ")";
+    fused_[key] = false;
+    return reference;
+  }
+  fused_[key] = true;
+  return AttentionBuffers{(StatsBytes(B, T, NH) + AlignUp(size_t(B) * T * C * 2)) / 4, 0, true};
+#else
+  (void)C;
+  if (options_.attention == AttentionKind::kFused) {
+    return absl::UnimplementedError("--attention fused: this build has no cuDNN 9 (strata_kernels_cudnn)");
+  }
+  return reference;
+#endif
+}
+
+#if STRATA_GPT_CUDNN
+absl::Status CudaNn::PrepareFused(const kc::SdpaShape& shape) {
+  auto fail = [](const kc::SdpaStatus& s) { return absl::FailedPreconditionError(s.message); };
+  if (sdpa_ == nullptr) {
+    const kc::SdpaStatus s = kc::SdpaContext::Create(&sdpa_);
+    if (!s.ok()) return fail(s);
+  }
+  size_t need = 0;
+  for (kc::SdpaPass pass : {kc::SdpaPass::kForward, kc::SdpaPass::kBackward}) {
+    kc::SdpaStatus s = kc::SdpaSupported(*sdpa_, shape, kc::SdpaDtype::kBf16, pass);
+    size_t bytes = 0;
+    if (s.ok()) s = kc::SdpaWorkspaceBytes(*sdpa_, shape, kc::SdpaDtype::kBf16, pass, &bytes);
+    if (!s.ok()) return fail(s);
+    need = std::max(need, bytes);
+  }
+  const cudaError_t e = sdpa_workspace_.Ensure(AlignUp(std::max<size_t>(need, 1)), stream_);
+  if (e != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat("the fused attention's workspace (", need, " bytes): ",
+                                                     cudaGetErrorString(e)));
+  }
+  return absl::OkStatus();
+}
+
+void CudaNn::FusedForward(const float* qkv, float* out, float* att, int B, int T, int C, int NH) {
+  const size_t n = size_t(B) * T * C;
+  uint16_t* qkv16 = Bf16Scratch(0, 3 * n);
+  if (qkv16 == nullptr) return;
+  Check(kc::LaunchCast(qkv, qkv16, 3 * n, kernels::ParamCopy::kBf16, stream_), "round qkv to bf16");
+  float* stats = att;
+  uint16_t* out16 = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(att) + StatsBytes(B, T, NH));
+  if (!Check(kc::SdpaForward(*sdpa_, kc::SdpaDtype::kBf16, kc::SdpaShape{B, T, C, NH}, qkv16, out16, stats, stream_,
+                             kc::SdpaWorkspace{sdpa_workspace_.p, sdpa_workspace_.bytes}),
+             "fused attention forward")) {
+    return;
+  }
+  Check(kc::LaunchWiden(out16, out, n, kernels::ParamCopy::kBf16, stream_), "widen the attention output");
+}
+
+void CudaNn::FusedBackward(const float* dout, const float* qkv, const float* att, float* dqkv, int B, int T, int C,
+                           int NH) {
+  const size_t n = size_t(B) * T * C;
+  uint16_t* qkv16 = Bf16Scratch(0, 3 * n);
+  uint16_t* dout16 = Bf16Scratch(2, n);
+  uint16_t* dqkv16 = Bf16Scratch(1, 3 * n);
+  if (qkv16 == nullptr || dout16 == nullptr || dqkv16 == nullptr) return;
+  Check(kc::LaunchCast(qkv, qkv16, 3 * n, kernels::ParamCopy::kBf16, stream_), "round qkv to bf16");
+  Check(kc::LaunchCast(dout, dout16, n, kernels::ParamCopy::kBf16, stream_), "round the attention gradient to bf16");
+  const float* stats = att;
+  const uint16_t* out16 = reinterpret_cast<const uint16_t*>(reinterpret_cast<const char*>(att) + StatsBytes(B, T, NH));
+  if (!Check(kc::SdpaBackward(*sdpa_, kc::SdpaDtype::kBf16, kc::SdpaShape{B, T, C, NH}, dout16, qkv16, out16, stats,
+                              dqkv16, stream_, kc::SdpaWorkspace{sdpa_workspace_.p, sdpa_workspace_.bytes}),
+             "fused attention backward")) {
+    return;
+  }
+  Check(kc::LaunchWiden(dqkv16, dqkv, 3 * n, kernels::ParamCopy::kBf16, stream_), "widen the qkv gradient");
+}
+#endif
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NnBackend>> MakeCudaNn(bool allow_tf32) {
+absl::StatusOr<std::unique_ptr<NnBackend>> MakeCudaNn(const NnOptions& options) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     return absl::FailedPreconditionError("--device cuda: no CUDA device is visible to this process");
@@ -207,7 +400,7 @@ absl::StatusOr<std::unique_ptr<NnBackend>> MakeCudaNn(bool allow_tf32) {
     return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of the cuBLASLt workspace: ", cudaGetErrorString(e)));
   }
   kc::MatmulOptions o;
-  o.allow_tf32 = allow_tf32;
+  o.allow_tf32 = options.products == Products::kTf32;
   std::unique_ptr<kc::MatmulContext> mm;
   const kc::MatmulStatus s = kc::MatmulContext::Create(workspace, kc::kMatmulRecommendedWorkspaceBytes, o, &mm);
   if (!s.ok()) {
@@ -215,7 +408,7 @@ absl::StatusOr<std::unique_ptr<NnBackend>> MakeCudaNn(bool allow_tf32) {
     cudaStreamDestroy(stream);
     return absl::InternalError(absl::StrCat("cuBLASLt: ", s.message));
   }
-  return std::unique_ptr<NnBackend>(new CudaNn(stream, workspace, std::move(mm)));
+  return std::unique_ptr<NnBackend>(new CudaNn(stream, workspace, std::move(mm), options));
 }
 
 }  // namespace strata::gpt

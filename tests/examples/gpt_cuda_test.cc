@@ -2,7 +2,8 @@
 // is visible): a CUDA engine with the CUDA back-end and a host engine with the host kernels start from
 // the same deterministic initialisation and see the same tokens; the loss, the logits and the weights
 // after a few ZeRO-3 steps agree within fp32 rounding of differently ordered sums (cuBLASLt without
-// TF32, the device reductions), and a bf16-parameter run agrees within bf16 rounding.
+// TF32, the device reductions), and a bf16-parameter run agrees within bf16 rounding. With bf16 products
+// and cuDNN's fused attention the same holds within bf16 rounding of every factor.
 #include <cmath>
 #include <random>
 
@@ -23,7 +24,8 @@ struct Run {
   std::vector<float> weights;
 };
 
-absl::StatusOr<Run> Train(device::Device& dev, bool cuda, const GptConfig& c, DType dtype, int steps, int B) {
+absl::StatusOr<Run> Train(device::Device& dev, bool cuda, const GptConfig& c, DType dtype, int steps, int B,
+                          const NnOptions& options = {}, std::string* attention = nullptr) {
   auto comms = comm::CreateInProcessGroup(1, comm::Options{});
   engine::EngineConfig ec;
   ec.stage = 3;
@@ -32,7 +34,7 @@ absl::StatusOr<Run> Train(device::Device& dev, bool cuda, const GptConfig& c, DT
   STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(ec, *comms[0], dev));
   std::unique_ptr<NnBackend> nn;
   if (cuda) {
-    STRATA_ASSIGN_OR_RETURN(nn, MakeCudaNn(/*allow_tf32=*/false));
+    STRATA_ASSIGN_OR_RETURN(nn, MakeCudaNn(options));
   }
   STRATA_ASSIGN_OR_RETURN(GptModel m, GptModel::Register(*e, c, std::move(nn)));
   STRATA_RETURN_IF_ERROR(e->Finalize());
@@ -51,6 +53,7 @@ absl::StatusOr<Run> Train(device::Device& dev, bool cuda, const GptConfig& c, DT
     r.losses.push_back(loss);
   }
   STRATA_RETURN_IF_ERROR(m.Forward(*e, in.data(), nullptr, 1, c.seq_len, &r.logits, 3).status());
+  if (attention != nullptr) *attention = m.nn().attention_in_use();
   for (const HfParam& p : m.hf_params()) {
     STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e->GatherParam(p.unit, p.param));
     r.weights.insert(r.weights.end(), v.begin(), v.end());
@@ -88,6 +91,34 @@ TEST_F(GptOnCuda, ForwardBackwardAndStepsMatchTheHost) {
     }
     EXPECT_LT(MaxScaledDiff(got->logits, want->logits), tol) << DTypeName(dtype) << " logits";
     EXPECT_LT(MaxScaledDiff(got->weights, want->weights), tol) << DTypeName(dtype) << " weights";
+  }
+}
+
+// bf16 products (factors rounded to bf16, fp32 accumulation) and the fused attention (bf16 q, k, v, P):
+// each rounding is 2^-9 relative, so the run agrees with the fp32 host within bf16 tolerance, and the
+// fused attention is what ran (head dim 16 is one cuDNN takes on SM80+).
+TEST_F(GptOnCuda, Bf16ProductsAndFusedAttentionMatchTheHostWithinBf16Rounding) {
+  const GptConfig c{2, 64, 4, 32, 97};
+  auto want = Train(host_, false, c, DType::kF32, 5, 3);
+  ASSERT_TRUE(want.ok()) << want.status();
+  struct Case {
+    Products products;
+    AttentionKind attention;
+    const char* expect;
+  };
+  for (const Case& k : {Case{Products::kBf16, AttentionKind::kReference, "reference"},
+                        Case{Products::kF32, AttentionKind::kFused, "fused"},
+                        Case{Products::kBf16, AttentionKind::kAuto, "fused"}}) {
+    std::string used;
+    auto got = Train(*cuda_, true, c, DType::kF32, 5, 3, NnOptions{k.products, k.attention}, &used);
+    const std::string what = std::string(ProductsName(k.products)) + " products, " + k.expect + " attention";
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+    EXPECT_EQ(used, k.expect) << what;
+    for (size_t s = 0; s < want->losses.size(); ++s) {
+      EXPECT_NEAR(got->losses[s], want->losses[s], 2e-2 * std::fabs(want->losses[s])) << what << " step " << s;
+    }
+    EXPECT_LT(MaxScaledDiff(got->logits, want->logits), 3e-2) << what << " logits";
+    EXPECT_LT(MaxScaledDiff(got->weights, want->weights), 2e-2) << what << " weights";
   }
 }
 

@@ -146,6 +146,11 @@ PY
   expect_error "weights missing a tensor" "has no tensor 'h.0.ln_1.weight'" --init-from "$work/renamed.safetensors"
   expect_error "truncated weights" "truncated file" --init-from "$work/cut.safetensors"
   expect_error "unknown flag" "did you mean --micro-batch" --micro-bach 2
+  expect_error "bad --matmul" "use fp32, tf32 or bf16" --matmul fp8
+  expect_error "bad --attention" "use auto, fused or reference" --attention flash
+  expect_error "--tf32 against --matmul" "disagree" --tf32 --matmul bf16
+  expect_error "bf16 products on the host" "needs --device cuda" --device host --matmul bf16
+  expect_error "fused attention on the host" "needs --device cuda" --device host --attention fused
 fi
 
 echo "$((runs - fails)) passed, $fails failed"
