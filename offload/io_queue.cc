@@ -132,6 +132,7 @@ IoQueueStats Counters::Snapshot() const {
                       resubmits.load(), fixed.load(),      failed.load()};
 }
 
+namespace {
 absl::Status ValidateBatch(absl::Span<const IoRequest> batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     const IoRequest& r = batch[i];
@@ -143,9 +144,15 @@ absl::Status ValidateBatch(absl::Span<const IoRequest> batch) {
   }
   return absl::OkStatus();
 }
+}  // namespace
 
 std::vector<std::unique_ptr<InFlight>> MakeInFlight(absl::Span<const IoRequest> batch, IoDone done,
                                                     FaultInjector& faults, Counters& counters) {
+  absl::Status valid = ValidateBatch(batch);
+  if (!valid.ok() || batch.empty()) {
+    done(std::move(valid));
+    return {};
+  }
   auto state = std::make_shared<BatchState>(batch.size(), std::move(done));
   std::vector<std::unique_ptr<InFlight>> ops;
   ops.reserve(batch.size());

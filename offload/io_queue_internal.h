@@ -71,10 +71,9 @@ struct Counters {
   IoQueueStats Snapshot() const;
 };
 
-// Checks a batch before anything is submitted; InvalidArgument naming the bad request.
-absl::Status ValidateBatch(absl::Span<const IoRequest> batch);
-
-// Builds the in-flight records of a valid, non-empty batch (fault decisions made here, in order).
+// Checks a batch before anything is submitted and builds its in-flight records (fault decisions made
+// here, in order). An empty batch, or an invalid one (InvalidArgument naming the bad request), completes
+// `done` at once and gives no records.
 std::vector<std::unique_ptr<InFlight>> MakeInFlight(absl::Span<const IoRequest> batch, IoDone done,
                                                     FaultInjector& faults, Counters& counters);
 

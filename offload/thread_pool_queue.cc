@@ -45,12 +45,8 @@ class ThreadPoolQueue final : public IoQueue {
   IoQueueStats stats() const override { return counters_.Snapshot(); }
 
   void SubmitWithCallback(absl::Span<const IoRequest> batch, IoDone done) override {
-    absl::Status valid = ValidateBatch(batch);
-    if (!valid.ok() || batch.empty()) {
-      done(std::move(valid));
-      return;
-    }
     auto ops = MakeInFlight(batch, std::move(done), faults_, counters_);
+    if (ops.empty()) return;  // done already has the verdict
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& op : ops) queue_.push_back(std::move(op));

@@ -226,12 +226,8 @@ int UringQueue::FindRegistered(const char* p, uint64_t n) const {
 }
 
 void UringQueue::SubmitWithCallback(absl::Span<const IoRequest> batch, IoDone done) {
-  absl::Status valid = ValidateBatch(batch);
-  if (!valid.ok() || batch.empty()) {
-    done(std::move(valid));
-    return;
-  }
   auto ops = MakeInFlight(batch, std::move(done), faults_, counters_);
+  if (ops.empty()) return;  // done already has the verdict
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& op : ops) incoming_.push_back(std::move(op));
