@@ -16,7 +16,7 @@ namespace {
 // Stable thread ids per stream, so every rank's tracks line up in the same order.
 int StreamTid(const std::string& stream) {
   static const std::map<std::string, int> kTids = {{"compute", 1}, {"gather", 2}, {"reduce", 3}, {"step", 4},
-                                                   {"data", 5},    {"io", 6},     {"memory", 7}};
+                                                   {"data", 5},    {"io", 6},     {"memory", 7}, {"h2d", 8}};
   auto it = kTids.find(stream);
   return it == kTids.end() ? 9 : it->second;
 }
@@ -57,7 +57,7 @@ void TraceRecorder::Memory(int64_t ns, const engine::MemoryStats& m) {
 std::string TraceRecorder::EventsJson(int64_t origin_ns) const {
   std::string out = absl::StrFormat(
       "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
-  for (const char* stream : {"compute", "gather", "reduce", "step", "data", "io"}) {
+  for (const char* stream : {"compute", "gather", "reduce", "step", "data", "io", "h2d"}) {
     absl::StrAppendFormat(&out, ",{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
                           rank_, StreamTid(stream), stream);
   }
