@@ -296,6 +296,9 @@ absl::Status Engine::Finalize() {
   if (m.cfg.stage == 3) {
     STRATA_ASSIGN_OR_RETURN(m.param_pool,
                             shard::SlotPool::Create(*m.device_alloc, live, largest * m.param_bytes(), Kind::kGathered));
+    if (m.staged_gathers()) {
+      for (int i = 0; i < m.param_pool.size(); ++i) m.copied.push_back(m.device->CreateEvent());
+    }
   }
   if (m.cfg.stage >= 2) {
     STRATA_ASSIGN_OR_RETURN(m.grad_pool,

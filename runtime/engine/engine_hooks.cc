@@ -89,10 +89,10 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
     device_ops->FromHostOn(*copy_stream, own, src, u.layout.shard_elems * param_bytes());
     Span(*copy_stream, "h2d", unit, copy_start);
     release(*copy_stream);
-    auto copied = std::shared_ptr<device::Event>(device->CreateEvent());
-    copy_stream->Record(*copied);
-    gather_stream->WaitFor(*copied);
-    gather_stream->Enqueue([copied]() { return absl::OkStatus(); });  // keeps the event until the wait passed
+    // The slot's own event: re-recorded only after this gather completed (the slot was released), and
+    // owned by the engine, because a CUDA event must not be destroyed inside a stream's host function.
+    copy_stream->Record(*copied[slot]);
+    gather_stream->WaitFor(*copied[slot]);
     src = own;
   }
   auto start = Stamp(*gather_stream);

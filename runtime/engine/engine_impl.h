@@ -141,6 +141,7 @@ struct Engine::Impl {
   // the next unit overlaps the current unit's compute and the gather before it.
   bool staged_gathers() const { return copy_stream != nullptr; }
   std::unique_ptr<device::Stream> copy_stream;  // only with staged gathers
+  std::vector<std::unique_ptr<device::Event>> copied;  // per gathered slot: its copy is done
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }

@@ -28,10 +28,11 @@ namespace {
 
 cudaStream_t Native(device::Stream& s) { return static_cast<device::CudaStream&>(s).native(); }
 
-// A launch error becomes the stream's sticky error (the task fails when the stream reaches it).
+// A launch error becomes the stream's sticky error (the task fails when the stream reaches it). The
+// message is made here: a stream's host function must not call the CUDA runtime (cudaGetErrorString).
 void Poison(device::Stream& s, cudaError_t err, const char* what) {
   if (err == cudaSuccess) return;
-  s.Enqueue([err, what]() { return device::CudaError(what, err, __FILE__, __LINE__); });
+  s.Enqueue([status = device::CudaError(what, err, __FILE__, __LINE__)]() { return status; });
 }
 
 class CudaTierOps final : public TierOps {
