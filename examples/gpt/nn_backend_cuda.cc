@@ -54,7 +54,11 @@ absl::StatusOr<std::shared_ptr<T>> DeviceArray(size_t n) {
     return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc(", bytes, ") for GPT activations: ",
                                                      cudaGetErrorString(e)));
   }
-  if (cudaMemset(p, 0, bytes) != cudaSuccess) return absl::InternalError("cudaMemset of GPT activations failed");
+  // On the legacy stream, which the back-end's non-blocking stream does not wait for: finish it here.
+  if (cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy) != cudaSuccess || cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) {
+    cudaFree(p);
+    return absl::InternalError("zeroing GPT activations failed");
+  }
   return std::shared_ptr<T>(static_cast<T*>(p), [](T* q) { cudaFree(q); });
 }
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -28,22 +29,61 @@ ncclDataType_t NcclType(DType t) {
   return t == DType::kF32 ? ncclFloat32 : (t == DType::kBF16 ? ncclBfloat16 : ncclFloat16);
 }
 
+// The communicator handle, shared by the communicator and its pending collectives. ncclCommAbort frees
+// the communicator, so once aborted nobody polls it or destroys it again (the last owner destroys it
+// otherwise).
+class NcclHandle {
+ public:
+  explicit NcclHandle(ncclComm_t comm) : comm_(comm) {}
+  ~NcclHandle() {
+    if (!aborted_) ncclCommDestroy(comm_);
+  }
+  ncclComm_t comm() const { return comm_; }
+  // The asynchronous error; ncclInvalidUsage once aborted.
+  ncclResult_t AsyncError() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return ncclInvalidUsage;
+    ncclResult_t r = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &r);
+    return r;
+  }
+  void Abort() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+  bool aborted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_;
+  }
+
+ private:
+  const ncclComm_t comm_;
+  std::mutex mu_;
+  bool aborted_ = false;
+};
+
 // Completion of one collective: polls the CUDA event and the communicator's asynchronous error against
 // the deadline; aborts the communicator on a timeout or an error (Note: NCCL cannot say which peer).
 class NcclDone final : public device::Event {
  public:
-  NcclDone(std::unique_ptr<device::CudaEvent> e, ncclComm_t comm, std::string what, int64_t timeout_ms)
-      : event_(std::move(e)), comm_(comm), what_(std::move(what)), timeout_ms_(timeout_ms) {}
+  NcclDone(std::unique_ptr<device::CudaEvent> e, std::shared_ptr<NcclHandle> comm, std::string what,
+           int64_t timeout_ms)
+      : event_(std::move(e)), comm_(std::move(comm)), what_(std::move(what)), timeout_ms_(timeout_ms) {}
   explicit NcclDone(absl::Status failed) : failed_(std::move(failed)) {}
 
   absl::Status Synchronize() override {
     if (!failed_.ok()) return failed_;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
     while (!event_->Query()) {
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      if (comm_->aborted()) {
+        failed_ = absl::AbortedError(absl::StrCat(what_, ": the communicator was aborted after an earlier failure"));
+        return failed_;
+      }
+      const ncclResult_t async = comm_->AsyncError();
       if (async != ncclSuccess || std::chrono::steady_clock::now() > deadline) {
-        ncclCommAbort(comm_);
+        comm_->Abort();
         failed_ = async != ncclSuccess
                       ? absl::InternalError(absl::StrCat(what_, ": NCCL asynchronous error: ", ncclGetErrorString(async)))
                       : absl::DeadlineExceededError(absl::StrCat(what_, " timed out after ", timeout_ms_,
@@ -59,7 +99,7 @@ class NcclDone final : public device::Event {
 
  private:
   std::unique_ptr<device::CudaEvent> event_;
-  ncclComm_t comm_ = nullptr;
+  std::shared_ptr<NcclHandle> comm_;
   std::string what_;
   int64_t timeout_ms_ = 0;
   absl::Status failed_;
@@ -68,8 +108,8 @@ class NcclDone final : public device::Event {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, Options o)
-      : comm_(comm), rank_(rank), size_(size), options_(std::move(o)) {}
-  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+      : handle_(std::make_shared<NcclHandle>(comm)), comm_(comm), rank_(rank), size_(size), options_(std::move(o)) {}
+  ~NcclCommunicator() override { cudaFree(barrier_); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -97,13 +137,20 @@ class NcclCommunicator final : public Communicator {
       return ncclBroadcast(buf, buf, count, NcclType(dtype), root, comm_, cs);
     });
   }
-  Work Barrier(device::Stream& s) override {  // an empty all-reduce orders every rank
+  // A one-element all-reduce (NCCL discards empty collectives, so a zero count would order nothing).
+  Work Barrier(device::Stream& s) override {
+    if (barrier_ == nullptr && cudaMalloc(&barrier_, sizeof(float)) != cudaSuccess) {
+      barrier_ = nullptr;
+      return Work(std::make_shared<NcclDone>(absl::ResourceExhaustedError(
+          absl::StrCat("barrier on '", options_.name, "': cudaMalloc of its 4-byte buffer failed"))));
+    }
     return Run("barrier", s, [&](cudaStream_t cs) {
-      return ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm_, cs);
+      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm_, cs);
     });
   }
 
   absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms) override {
+    if (handle_->aborted()) return absl::AbortedError(absl::StrCat("Dup('", name, "') of an aborted communicator"));
     ncclComm_t c = nullptr;
     STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommSplit(comm_, 0, rank_, &c, nullptr)));
     Options o = options_;
@@ -112,12 +159,15 @@ class NcclCommunicator final : public Communicator {
     return std::unique_ptr<Communicator>(new NcclCommunicator(c, rank_, size_, std::move(o)));
   }
 
-  void Abort(const absl::Status& cause) override { ncclCommAbort(comm_); }
+  void Abort(const absl::Status& cause) override { handle_->Abort(); }
 
  private:
   template <typename F>
   Work Run(const char* what, device::Stream& s, F&& call) {
     const std::string label = absl::StrCat(what, " #", seq_++, " on '", options_.name, "' (rank ", rank_, ")");
+    if (handle_->aborted()) {
+      return Work(std::make_shared<NcclDone>(absl::AbortedError(absl::StrCat(label, ": the communicator was aborted"))));
+    }
     auto* cuda = dynamic_cast<device::CudaStream*>(&s);
     if (cuda == nullptr) {
       return Work(std::make_shared<NcclDone>(absl::InvalidArgumentError(
@@ -129,10 +179,12 @@ class NcclCommunicator final : public Communicator {
       return Work(std::make_shared<NcclDone>(Annotate(st.ok() ? event.status() : st, label)));
     }
     cuda->Record(**event);
-    return Work(std::make_shared<NcclDone>(std::move(*event), comm_, label, options_.timeout_ms));
+    return Work(std::make_shared<NcclDone>(std::move(*event), handle_, label, options_.timeout_ms));
   }
 
-  ncclComm_t comm_;
+  std::shared_ptr<NcclHandle> handle_;
+  ncclComm_t comm_;  // handle_'s
+  float* barrier_ = nullptr;  // Barrier's device element
   const int rank_, size_;
   const Options options_;
   uint64_t seq_ = 0;

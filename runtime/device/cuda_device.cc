@@ -30,7 +30,9 @@ CudaEvent::~CudaEvent() { cudaEventDestroy(event_); }
 
 absl::Status CudaEvent::Synchronize() { return STRATA_CUDA_CALL(cudaEventSynchronize(event_)); }
 
-bool CudaEvent::Query() { return cudaEventQuery(event_) == cudaSuccess; }
+// Done, or failed (Synchronize then says how): only cudaErrorNotReady means still pending, so a sticky
+// device error is reported at once instead of being polled until a deadline.
+bool CudaEvent::Query() { return cudaEventQuery(event_) != cudaErrorNotReady; }
 
 // ---- CudaStream ----
 
@@ -95,6 +97,11 @@ void CudaStream::WaitFor(Event& event) {
 absl::Status CudaStream::Synchronize() {
   absl::Status s = STRATA_CUDA_CALL(cudaStreamSynchronize(stream_));
   if (!s.ok()) Fail(s);
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+absl::Status CudaStream::status() {
   std::lock_guard<std::mutex> lock(mu_);
   return status_;
 }

@@ -54,6 +54,7 @@ class CudaStream final : public Stream {
   void Record(Event& event) override;
   void WaitFor(Event& event) override;
   absl::Status Synchronize() override;
+  absl::Status status() override;  // host-side: failed tasks and CUDA calls made through this class
   cudaStream_t native() const { return stream_; }
 
  private:

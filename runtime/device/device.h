@@ -32,7 +32,7 @@ class Event {
   // Blocks the calling thread until the last Record() of this event completed; returns the status the
   // recording stream had at that point. An event never recorded is complete. Thread-safe.
   virtual absl::Status Synchronize() = 0;
-  // Non-blocking: true when the last recorded point has completed.
+  // Non-blocking: true when the last recorded point has completed, or failed (Synchronize says how).
   virtual bool Query() = 0;
   // Monotonic time (ns) at which the last recorded point completed; 0 before. Used by timelines.
   virtual int64_t completed_ns() const = 0;
@@ -50,6 +50,8 @@ class Stream {
   virtual void WaitFor(Event& event) = 0;
   // Blocks until everything enqueued so far has run; returns the sticky status.
   virtual absl::Status Synchronize() = 0;
+  // Non-blocking: the sticky status as of now (the first failure among the work that has run so far).
+  virtual absl::Status status() = 0;
 };
 
 class Device {

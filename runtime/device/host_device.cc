@@ -106,6 +106,11 @@ absl::Status HostStream::Synchronize() {
   return status_;
 }
 
+absl::Status HostStream::status() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
 void HostStream::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {

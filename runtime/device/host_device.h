@@ -51,6 +51,7 @@ class HostStream final : public Stream {
   void Record(Event& event) override;
   void WaitFor(Event& event) override;
   absl::Status Synchronize() override;
+  absl::Status status() override;
 
  private:
   struct Item {

@@ -297,13 +297,17 @@ absl::Status Engine::Finalize() {
     STRATA_ASSIGN_OR_RETURN(m.param_pool,
                             shard::SlotPool::Create(*m.device_alloc, live, largest * m.param_bytes(), Kind::kGathered));
     if (m.staged_gathers()) {
-      for (int i = 0; i < m.param_pool.size(); ++i) m.copied.push_back(m.device->CreateEvent());
+      for (int i = 0; i < m.param_pool.size(); ++i) {
+        m.copied.push_back(m.device->CreateEvent());
+        if (m.copied.back() == nullptr) return absl::InternalError("creating the staged gathers' events failed");
+      }
     }
   }
   if (m.cfg.stage >= 2) {
     STRATA_ASSIGN_OR_RETURN(m.grad_pool,
                             shard::SlotPool::Create(*m.device_alloc, m.cfg.max_live_units, largest * 4, Kind::kGradWorking));
     STRATA_ASSIGN_OR_RETURN(m.reduce_scratch, m.device_alloc->Allocate(largest_shard * 4, Kind::kScratch));
+    m.grad_slot_reduce.resize(m.grad_pool.size());
     if (m.GradStagingNeeded()) {
       STRATA_ASSIGN_OR_RETURN(m.grad_staging, m.host_alloc->Allocate(largest_shard * 4, Kind::kScratch));
     }

@@ -66,7 +66,25 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
     }
     lease = std::move(l).value();
     src = lease.data();
-    u.param_read = lease.ready();
+    if (!staged_gathers()) {
+      u.param_read = lease.ready();  // the gather stream waits for it; EnsureGathered reports its error
+    } else {
+      // Note [Staged gathers]: the copy is enqueued once the shard is read, so no stream blocks on I/O (on
+      // CUDA a blocking host function would hold back every stream's host functions). A read-ahead gather
+      // whose read is still running is not issued: the read goes on, and a later prefetch or the demand
+      // gather finds the shard cached.
+      if (!demand && !lease.ready().Done()) {
+        param_pool.Release(slot, nullptr);
+        return absl::OkStatus();
+      }
+      const int64_t t0 = device::NowNs();
+      absl::Status read = lease.ready().Wait();
+      exposed_io_ns += device::NowNs() - t0;
+      if (!read.ok()) {
+        param_pool.Release(slot, nullptr);
+        return Annotate(read, absl::StrCat("reading the parameter shard of unit '", u.layout.name, "'"));
+      }
+    }
   }
   u.param_slot = slot;
   char* recv = static_cast<char*>(param_pool.view(slot).data);
@@ -74,7 +92,7 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
   // the gathered buffer, copied on the copy stream; the all-gather then runs in place.
   device::Stream& first = staged_gathers() ? *copy_stream : *gather_stream;
   if (device::Event* fence = param_pool.fence(slot)) first.WaitFor(*fence);
-  if (!lease.empty()) lease.ready().StreamWait(first);
+  if (!lease.empty() && !staged_gathers()) lease.ready().StreamWait(first);
   // The pinned buffer is free for eviction once the copy or the gather has read it.
   auto release = [&](device::Stream& s) {
     if (lease.empty()) return;
@@ -113,7 +131,12 @@ absl::Status Engine::Impl::EnsureGathered(int unit) {
     u.param_read = offload::IoWork();
     if (!read.ok()) return Annotate(read, absl::StrCat("reading the parameter shard of unit '", u.layout.name, "'"));
   }
-  return TimedWait([&] { return u.gather.Wait(); });
+  STRATA_RETURN_IF_ERROR(TimedWait([&] { return u.gather.Wait(); }));
+  if (staged_gathers()) {  // a failed copy fails its own stream; the gather after it does not know
+    absl::Status copy = copy_stream->status();
+    if (!copy.ok()) return Annotate(copy, "copying parameter shards to the device");
+  }
+  return absl::OkStatus();
 }
 
 void Engine::Impl::Prefetch(int current) {
@@ -148,6 +171,7 @@ absl::Status Engine::Impl::AcquireGradSlot(int unit) {
         " are held by units still in backward (tied units hold theirs until their last use); raise max_live_units"));
   }
   u.grad_slot = slot;
+  STRATA_RETURN_IF_ERROR(TimedWait([&] { return grad_slot_reduce[slot].Wait(); }));
   STRATA_RETURN_IF_ERROR(grad_pool.WaitFence(slot));  // the previous owner's reduce-scatter read it
   return device_ops->Zero(grad_pool.view(slot).data, u.layout.total_elems * 4);
 }
@@ -158,13 +182,15 @@ absl::Status Engine::Impl::ReduceGrads(int unit) {
   auto start = Stamp(rs);
   if (cfg.stage <= 1) {
     // Full gradients accumulate locally; one all-reduce on the last micro-batch.
-    reduce_comm->AllReduce(u.grads.data(), u.grads.data(), u.layout.total_elems, DType::kF32, comm::ReduceOp::kSum, rs);
+    last_reduce = reduce_comm->AllReduce(u.grads.data(), u.grads.data(), u.layout.total_elems, DType::kF32,
+                                         comm::ReduceOp::kSum, rs);
     Span(rs, "all_reduce", unit, start);
     return absl::OkStatus();
   }
   float* working = static_cast<float*>(grad_pool.view(u.grad_slot).data);
   float* scratch = reduce_scratch.as<float>();
-  reduce_comm->ReduceScatter(working, scratch, u.layout.shard_elems, DType::kF32, comm::ReduceOp::kSum, rs);
+  last_reduce = reduce_comm->ReduceScatter(working, scratch, u.layout.shard_elems, DType::kF32, comm::ReduceOp::kSum, rs);
+  grad_slot_reduce[u.grad_slot] = last_reduce;
   float* shard = u.grads.as<float>();
   const size_t n = u.layout.shard_elems;
   if (grad_staging.empty()) {
@@ -175,6 +201,7 @@ absl::Status Engine::Impl::ReduceGrads(int unit) {
   }
   Span(rs, "reduce_scatter", unit, start);
   auto fence = std::shared_ptr<device::Event>(device->CreateEvent());
+  if (fence == nullptr) return absl::InternalError(absl::StrCat("creating the gradient fence of unit '", u.layout.name, "' failed"));
   rs.Record(*fence);
   grad_pool.Release(u.grad_slot, std::move(fence));
   u.grad_slot = -1;

@@ -135,10 +135,13 @@ struct Engine::Impl {
   std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
   // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
   // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
-  // shard into the rank's own block of the gathered buffer on copy_stream (after the slot's fence and,
-  // for NVMe, the shard's read; the cache lease is released after the copy), and the gather stream waits
-  // for that copy and all-gathers in place. Prefetched gathers copy ahead the same way, so the copy of
-  // the next unit overlaps the current unit's compute and the gather before it.
+  // shard into the rank's own block of the gathered buffer on copy_stream (after the slot's fence; the
+  // cache lease is released after the copy), and the gather stream waits for that copy and all-gathers
+  // in place. Prefetched gathers copy ahead the same way, so the copy of the next unit overlaps the
+  // current unit's compute and the gather before it. An NVMe read is waited for on the host before its
+  // copy is enqueued, never inside a stream (a blocking CUDA host function holds back the host functions
+  // of every stream): a demand gather waits (exposed I/O), a read-ahead gather whose read is still running
+  // is not issued yet. A failed copy fails copy_stream, which EnsureGathered checks after the gather.
   bool staged_gathers() const { return copy_stream != nullptr; }
   std::unique_ptr<device::Stream> copy_stream;  // only with staged gathers
   std::vector<std::unique_ptr<device::Event>> copied;  // per gathered slot: its copy is done
@@ -163,6 +166,11 @@ struct Engine::Impl {
   // Pinned host copy of reduce_scratch when the gradient shards are in host memory but the reduction ran
   // in device memory (CUDA with offload_optimizer); empty otherwise. Reduce-stream order.
   memory::Buffer grad_staging;
+  // The last reduction of the step, and per gradient slot the reduce-scatter that last read it: waited
+  // for (with the communicator's deadline) before the reduce stream or a slot's fence, so that a dead
+  // peer is an error naming the collective, never a wait without end on a device event.
+  comm::Work last_reduce;
+  std::vector<comm::Work> grad_slot_reduce;
   bool GradStagingNeeded() const {
     return cfg.stage >= 2 && !device_ops->host_visible() && OptimizerTier().tier() != memory::Tier::kDevice;
   }

@@ -52,17 +52,16 @@ offload::NvmeStoreOptions StoreOptions(Engine::Impl& m, const std::string& path,
   return so;
 }
 
-// Staging buffers are page-locked with mlock on host devices and registered with CUDA on CUDA devices
-// (asynchronous DMA to and from the GPU), unless pin_memory is off.
+// Staging buffers are page-locked with mlock on host devices unless pin_memory is off. On CUDA devices
+// the pinned-host tier's allocator has already registered them with CUDA (memory::CudaHostAllocator;
+// registering twice fails with cudaErrorHostMemoryAlreadyRegistered), so the pool pins nothing itself.
 offload::PinnedPoolOptions PoolOptions(const Engine::Impl& m, size_t count, size_t bytes, memory::Kind kind, bool pin) {
   offload::PinnedPoolOptions po;
   po.buffer_count = count;
   po.buffer_bytes = bytes;
   po.kind = kind;
   const bool cuda = m.device->kind() == device::DeviceKind::kCuda;
-  po.pin = !pin  ? offload::PinMethod::kNone
-           : cuda ? offload::PinMethod::kCudaHostRegister
-                  : offload::PinMethod::kMlock;
+  po.pin = pin && !cuda ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
   return po;
 }
 }  // namespace

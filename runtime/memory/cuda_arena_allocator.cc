@@ -41,7 +41,11 @@ void CudaArenaAllocator::RawFree(void* p, size_t) {
   arena_.Free(p).IgnoreError();
 }
 
-void CudaArenaAllocator::ZeroFill(void* p, size_t bytes) { cudaMemset(p, 0, bytes); }
+// cudaMemset runs on the legacy default stream, which the engine's non-blocking streams do not wait for:
+// finish it before the block is handed out.
+void CudaArenaAllocator::ZeroFill(void* p, size_t bytes) {
+  if (cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy) == cudaSuccess) cudaStreamSynchronize(cudaStreamLegacy);
+}
 
 
 namespace {

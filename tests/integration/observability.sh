@@ -44,7 +44,8 @@ PY
 )
 check "trace of a 2-rank run: $out" $? "$out"
 
-out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 12 --diagnostics-window 5 --loader-delay-us 40000 2>&1)
+# The loader is slowed far more than a step takes, even on a loaded machine, so data wait dominates.
+out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 12 --diagnostics-window 5 --loader-delay-us 150000 2>&1)
 grep -q "data loading is the bottleneck" <<<"$out"
 check "data-wait diagnostic fires when the loader is slowed" $? "$out"
 out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 12 --diagnostics-window 5 2>&1)

@@ -275,6 +275,19 @@ TEST(HostStream, FailedTaskMakesLaterTasksSkipAndSynchronizeReturnTheFirstError)
   EXPECT_EQ(ran, 1);
 }
 
+TEST(HostStream, StatusSaysTheStickyErrorWithoutWaiting) {
+  HostDevice dev;
+  auto s = MakeStream(dev, "s");
+  EXPECT_TRUE(s->status().ok());
+  Gate gate;
+  s->Enqueue(gate.Task());
+  s->Enqueue([] { return absl::DataLossError("failed"); });
+  EXPECT_TRUE(s->status().ok()) << "the failing task has not run yet";
+  gate.Open();
+  EXPECT_EQ(s->Synchronize().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s->status().code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(HostStream, EventsRecordedAfterAFailureCompleteWithTheError) {
   HostDevice dev;
   auto s = MakeStream(dev, "s");
