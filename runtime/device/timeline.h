@@ -24,6 +24,10 @@ class Timeline {
     std::lock_guard<std::mutex> lock(mu_);
     if (enabled_) spans_.push_back(std::move(span));
   }
+  bool enabled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enabled_;
+  }
   void SetEnabled(bool on) {
     std::lock_guard<std::mutex> lock(mu_);
     enabled_ = on;

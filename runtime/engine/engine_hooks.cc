@@ -26,7 +26,10 @@ absl::Status Engine::Impl::CheckUnit(int unit, const char* hook) const {
 }
 
 // Appends a span for the work enqueued on `s` since `start` was stamped (stamped by an earlier task).
+// Stamps and spans are stream tasks (host functions on CUDA), so nothing is enqueued while the timeline
+// is off: Stamp then gives nullptr.
 void Engine::Impl::Span(device::Stream& s, const char* kind, int unit, std::shared_ptr<int64_t> start) {
+  if (start == nullptr) return;
   s.Enqueue([this, kind, unit, start, name = std::string(s.name())]() {
     timeline.Add(device::Span{name, kind, unit, *start, device::NowNs()});
     return absl::OkStatus();
@@ -34,7 +37,8 @@ void Engine::Impl::Span(device::Stream& s, const char* kind, int unit, std::shar
 }
 
 namespace {
-std::shared_ptr<int64_t> Stamp(device::Stream& s) {
+std::shared_ptr<int64_t> Stamp(device::Timeline& timeline, device::Stream& s) {
+  if (!timeline.enabled()) return nullptr;
   auto start = std::make_shared<int64_t>(0);
   s.Enqueue([start]() {
     *start = device::NowNs();
@@ -103,7 +107,7 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
   };
   if (staged_gathers()) {
     char* own = recv + static_cast<size_t>(rank()) * u.layout.shard_elems * param_bytes();
-    auto copy_start = Stamp(*copy_stream);
+    auto copy_start = Stamp(timeline, *copy_stream);
     device_ops->FromHostOn(*copy_stream, own, src, u.layout.shard_elems * param_bytes());
     Span(*copy_stream, "h2d", unit, copy_start);
     release(*copy_stream);
@@ -113,7 +117,7 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
     gather_stream->WaitFor(*copied[slot]);
     src = own;
   }
-  auto start = Stamp(*gather_stream);
+  auto start = Stamp(timeline, *gather_stream);
   u.gather = gather_comm->AllGather(src, recv, u.layout.shard_elems, cfg.param_dtype, *gather_stream);
   Span(*gather_stream, "gather", unit, start);
   release(*gather_stream);
@@ -179,7 +183,7 @@ absl::Status Engine::Impl::AcquireGradSlot(int unit) {
 absl::Status Engine::Impl::ReduceGrads(int unit) {
   UnitState& u = units[unit];
   device::Stream& rs = *reduce_stream;
-  auto start = Stamp(rs);
+  auto start = Stamp(timeline, rs);
   if (cfg.stage <= 1) {
     // Full gradients accumulate locally; one all-reduce on the last micro-batch.
     last_reduce = reduce_comm->AllReduce(u.grads.data(), u.grads.data(), u.layout.total_elems, DType::kF32,
