@@ -96,18 +96,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-// Consolidated parameters of every unit, in registration order (collective).
-absl::StatusOr<std::vector<float>> AllParams(engine::Engine& e) {
-  std::vector<float> all;
-  for (int u = 0; u < e.num_units(); ++u) {
-    for (int p = 0; p < static_cast<int>(e.layout(u).params.size()); ++p) {
-      STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e.GatherParam(u, p));
-      all.insert(all.end(), v.begin(), v.end());
-    }
-  }
-  return all;
-}
-
 absl::Status Compare(const std::vector<float>& got, const std::string& path, double rtol) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open reference dump '", path, "'"));
@@ -190,7 +178,7 @@ absl::Status Train(const Args& a, comm::Communicator& world, device::HostDevice&
   }
   if (a.print_memory) PrintMemory(*engine);
   if (!a.dump.empty() || !a.compare.empty()) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, AllParams(*engine));
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, engine->GatherAllParams());
     if (world.rank() == 0 && !a.dump.empty()) {
       std::ofstream f(a.dump, std::ios::binary);
       f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));

@@ -341,6 +341,17 @@ absl::StatusOr<std::vector<float>> Engine::GatherParam(int unit, int param) {
   return std::vector<float>(full.begin() + p.offset_elems, full.begin() + p.offset_elems + p.numel);
 }
 
+absl::StatusOr<std::vector<float>> Engine::GatherAllParams() {
+  std::vector<float> all;
+  for (int u = 0; u < num_units(); ++u) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> full, GatherUnit(u));
+    for (const shard::ParamSlot& p : impl_->units[u].layout.params) {
+      all.insert(all.end(), full.begin() + p.offset_elems, full.begin() + p.offset_elems + p.numel);
+    }
+  }
+  return all;
+}
+
 absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));

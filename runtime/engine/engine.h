@@ -108,6 +108,9 @@ class Engine {
   // all its parameters; and of one parameter (a slice of the same gather).
   absl::StatusOr<std::vector<float>> GatherUnit(int unit);
   absl::StatusOr<std::vector<float>> GatherParam(int unit, int param);
+  // Collective, blocking: every parameter of every unit (no padding), in registration order, one gather
+  // per unit.
+  absl::StatusOr<std::vector<float>> GatherAllParams();
   // Overwrites one parameter from a full fp32 value (every rank passes the same data).
   absl::Status SetParam(int unit, int param, const std::vector<float>& value);
 

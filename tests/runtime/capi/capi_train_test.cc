@@ -116,12 +116,7 @@ absl::Status TrainCxx(int rank, comm::Communicator& world, int stage, Result* ou
     STRATA_ASSIGN_OR_RETURN(engine::StepResult r, e->Step());
     out->grad_norms.push_back(r.grad_norm);
   }
-  for (int u = 0; u < 2; ++u) {
-    for (int p = 0; p < 2; ++p) {
-      STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e->GatherParam(u, p));
-      out->params.insert(out->params.end(), v.begin(), v.end());
-    }
-  }
+  STRATA_ASSIGN_OR_RETURN(out->params, e->GatherAllParams());
   return absl::OkStatus();
 }
 

@@ -63,7 +63,7 @@ absl::StatusOr<std::vector<float>> Train(const Plan& plan) {
     if (!plan.save.empty()) {
       STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(plan.save, absl::StrCat("{\"next_step\":", plan.first_step + plan.steps, "}")));
     }
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, testing::GatherAll(*e));
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, e->GatherAllParams());
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       out = std::move(all);

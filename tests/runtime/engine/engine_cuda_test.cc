@@ -67,7 +67,7 @@ absl::StatusOr<std::vector<float>> Train(const EngineConfig& cfg, device::Device
     }
     STRATA_RETURN_IF_ERROR(e->Step().status());
   }
-  return testing::GatherAll(*e);
+  return e->GatherAllParams();
 }
 
 class EngineOnCuda : public device::testing::CudaDeviceFixture {

@@ -101,7 +101,7 @@ absl::StatusOr<Outcome> TrainMlp(EngineConfig cfg, int world, int steps = 6, con
       results.push_back(r);
     }
     if (!save.empty()) STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(save, "{}"));
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, testing::GatherAll(*e));
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, e->GatherAllParams());
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       out.params = std::move(all);

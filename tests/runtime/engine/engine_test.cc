@@ -71,13 +71,7 @@ std::vector<float> Train(const RunSpec& s, std::vector<device::Span>* timeline =
       STRATA_RETURN_IF_ERROR(e->Step().status());
     }
     if (rank == 0 && timeline != nullptr) *timeline = e->timeline().Take();
-    std::vector<float> all;
-    for (int u = 0; u < e->num_units(); ++u) {
-      for (int p = 0; p < static_cast<int>(e->layout(u).params.size()); ++p) {
-        STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e->GatherParam(u, p));
-        all.insert(all.end(), v.begin(), v.end());
-      }
-    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, e->GatherAllParams());
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       params = std::move(all);

@@ -26,16 +26,4 @@ inline std::vector<absl::Status> RunRanks(int world, const comm::Options& option
   return results;
 }
 
-// Every parameter of every unit, gathered (collective), in registration order.
-inline absl::StatusOr<std::vector<float>> GatherAll(engine::Engine& e) {
-  std::vector<float> all;
-  for (int u = 0; u < e.num_units(); ++u) {
-    for (int p = 0; p < static_cast<int>(e.layout(u).params.size()); ++p) {
-      STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e.GatherParam(u, p));
-      all.insert(all.end(), v.begin(), v.end());
-    }
-  }
-  return all;
-}
-
 }  // namespace strata::testing
