@@ -108,7 +108,7 @@ class NcclDone final : public device::Event {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, Options o)
-      : handle_(std::make_shared<NcclHandle>(comm)), comm_(comm), rank_(rank), size_(size), options_(std::move(o)) {}
+      : handle_(std::make_shared<NcclHandle>(comm)), rank_(rank), size_(size), options_(std::move(o)) {}
   ~NcclCommunicator() override { cudaFree(barrier_); }
 
   int rank() const override { return rank_; }
@@ -118,23 +118,23 @@ class NcclCommunicator final : public Communicator {
 
   Work AllGather(const void* send, void* recv, size_t count, DType dtype, device::Stream& s) override {
     return Run("all_gather", s, [&](cudaStream_t cs) {
-      return ncclAllGather(send, recv, count, NcclType(dtype), comm_, cs);
+      return ncclAllGather(send, recv, count, NcclType(dtype), comm(), cs);
     });
   }
   Work ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                      device::Stream& s) override {
     return Run("reduce_scatter", s, [&](cudaStream_t cs) {
-      return ncclReduceScatter(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, cs);
+      return ncclReduceScatter(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm(), cs);
     });
   }
   Work AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, device::Stream& s) override {
     return Run("all_reduce", s, [&](cudaStream_t cs) {
-      return ncclAllReduce(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, cs);
+      return ncclAllReduce(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm(), cs);
     });
   }
   Work Broadcast(void* buf, size_t count, DType dtype, int root, device::Stream& s) override {
     return Run("broadcast", s, [&](cudaStream_t cs) {
-      return ncclBroadcast(buf, buf, count, NcclType(dtype), root, comm_, cs);
+      return ncclBroadcast(buf, buf, count, NcclType(dtype), root, comm(), cs);
     });
   }
   // A one-element all-reduce (NCCL discards empty collectives, so a zero count would order nothing).
@@ -145,14 +145,14 @@ class NcclCommunicator final : public Communicator {
           absl::StrCat("barrier on '", options_.name, "': cudaMalloc of its 4-byte buffer failed"))));
     }
     return Run("barrier", s, [&](cudaStream_t cs) {
-      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm_, cs);
+      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm(), cs);
     });
   }
 
   absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms) override {
     if (handle_->aborted()) return absl::AbortedError(absl::StrCat("Dup('", name, "') of an aborted communicator"));
     ncclComm_t c = nullptr;
-    STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommSplit(comm_, 0, rank_, &c, nullptr)));
+    STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommSplit(comm(), 0, rank_, &c, nullptr)));
     Options o = options_;
     o.name = name;
     if (timeout_ms > 0) o.timeout_ms = timeout_ms;
@@ -182,8 +182,9 @@ class NcclCommunicator final : public Communicator {
     return Work(std::make_shared<NcclDone>(std::move(*event), handle_, label, options_.timeout_ms));
   }
 
+  ncclComm_t comm() const { return handle_->comm(); }
+
   std::shared_ptr<NcclHandle> handle_;
-  ncclComm_t comm_;  // handle_'s
   float* barrier_ = nullptr;  // Barrier's device element
   const int rank_, size_;
   const Options options_;

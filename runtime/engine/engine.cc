@@ -200,7 +200,7 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
   // Initial values: the rank's own range for stage 3, everything for the replicated stages.
   const size_t lo = m.cfg.stage == 3 ? m.update_begin(u) : 0;
   const size_t hi = lo + param_elems;
-  STRATA_RETURN_IF_ERROR(m.ParamStorage(u, [&](char* params) {
+  STRATA_RETURN_IF_ERROR(m.ParamStorage(u, 0, param_elems * m.param_bytes(), [&](char* params) {
     InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
     return absl::OkStatus();
   }, /*keep=*/false));
@@ -380,14 +380,14 @@ absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& val
       master[j - lo] = value[j - p.offset_elems];
     }
   }, /*write_back=*/true));
+  // The parameter's elements within what this rank holds, [b, e), from the storage's first element plo.
   const size_t plo = m.cfg.stage == 3 ? lo : 0;
   const size_t phi = m.cfg.stage == 3 ? hi : u.layout.total_elems;
-  return m.ParamStorage(u, [&](char* params) {
-    for (size_t j = std::max(plo, p.offset_elems); j < std::min(phi, p.offset_elems + p.numel); ++j) {
-      StoreAs(m.cfg.param_dtype, value[j - p.offset_elems], params, j - plo);
-    }
+  const size_t b = std::max(plo, p.offset_elems), e = std::max(b, std::min(phi, p.offset_elems + p.numel));
+  return m.ParamStorage(u, (b - plo) * m.param_bytes(), (e - b) * m.param_bytes(), [&](char* params) {
+    for (size_t j = b; j < e; ++j) StoreAs(m.cfg.param_dtype, value[j - p.offset_elems], params, j - b);
     return absl::OkStatus();
-  }, /*keep=*/true);
+  }, /*keep=*/false);
 }
 
 int Engine::num_units() const { return static_cast<int>(impl_->units.size()); }

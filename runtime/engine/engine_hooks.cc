@@ -63,32 +63,13 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
   const void* src = u.params.data();
   offload::ShardCache::Lease lease;
   if (nvme_params()) {  // Note [NVMe params]: the gather sends from the pinned, cached shard
-    absl::StatusOr<offload::ShardCache::Lease> l = param_cache->Pin(unit);
-    if (!l.ok()) {
+    absl::StatusOr<offload::ShardCache::Lease> l = PinParamShard(unit, demand);
+    if (!l.ok() || l->empty()) {  // failed, or a read-ahead gather not issued yet
       param_pool.Release(slot, nullptr);
-      return Annotate(l.status(), absl::StrCat("reading the parameter shard of unit '", u.layout.name, "'"));
+      return l.status();
     }
     lease = std::move(l).value();
     src = lease.data();
-    if (!staged_gathers()) {
-      u.param_read = lease.ready();  // the gather stream waits for it; EnsureGathered reports its error
-    } else {
-      // Note [Staged gathers]: the copy is enqueued once the shard is read, so no stream blocks on I/O (on
-      // CUDA a blocking host function would hold back every stream's host functions). A read-ahead gather
-      // whose read is still running is not issued: the read goes on, and a later prefetch or the demand
-      // gather finds the shard cached.
-      if (!demand && !lease.ready().Done()) {
-        param_pool.Release(slot, nullptr);
-        return absl::OkStatus();
-      }
-      const int64_t t0 = device::NowNs();
-      absl::Status read = lease.ready().Wait();
-      exposed_io_ns += device::NowNs() - t0;
-      if (!read.ok()) {
-        param_pool.Release(slot, nullptr);
-        return Annotate(read, absl::StrCat("reading the parameter shard of unit '", u.layout.name, "'"));
-      }
-    }
   }
   u.param_slot = slot;
   char* recv = static_cast<char*>(param_pool.view(slot).data);
@@ -124,16 +105,34 @@ absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::Impl::ParamReadError(int unit, const absl::Status& cause) const {
+  return Annotate(cause, absl::StrCat("reading the parameter shard of unit '", units[unit].layout.name, "'"));
+}
+
+absl::StatusOr<offload::ShardCache::Lease> Engine::Impl::PinParamShard(int unit, bool demand) {
+  absl::StatusOr<offload::ShardCache::Lease> lease = param_cache->Pin(unit);
+  if (!lease.ok()) return ParamReadError(unit, lease.status());
+  if (!staged_gathers()) {
+    units[unit].param_read = lease->ready();  // the gather stream waits for it; EnsureGathered reports its error
+    return lease;
+  }
+  // The copy is enqueued once the shard is read, so no stream blocks on I/O (on CUDA a blocking host
+  // function would hold back every stream's host functions). A read-ahead gather whose read is still
+  // running waits: the read goes on, and a later prefetch or the demand gather finds the shard cached.
+  if (!demand && !lease->ready().Done()) return offload::ShardCache::Lease();
+  absl::Status read = TimedWait(exposed_io_ns, [&] { return lease->ready().Wait(); });
+  if (!read.ok()) return ParamReadError(unit, read);
+  return lease;
+}
+
 absl::Status Engine::Impl::EnsureGathered(int unit) {
   if (cfg.stage != 3) return absl::OkStatus();
   UnitState& u = units[unit];
   if (u.param_slot < 0) STRATA_RETURN_IF_ERROR(IssueGather(unit, /*demand=*/true));
   if (nvme_params()) {  // a read not hidden by read-ahead is exposed I/O, and its error comes first
-    const int64_t t0 = device::NowNs();
-    absl::Status read = u.param_read.Wait();
-    exposed_io_ns += device::NowNs() - t0;
+    absl::Status read = TimedWait(exposed_io_ns, [&] { return u.param_read.Wait(); });
     u.param_read = offload::IoWork();
-    if (!read.ok()) return Annotate(read, absl::StrCat("reading the parameter shard of unit '", u.layout.name, "'"));
+    if (!read.ok()) return ParamReadError(unit, read);
   }
   STRATA_RETURN_IF_ERROR(TimedWait([&] { return u.gather.Wait(); }));
   if (staged_gathers()) {  // a failed copy fails its own stream; the gather after it does not know

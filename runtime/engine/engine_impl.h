@@ -129,9 +129,14 @@ struct Engine::Impl {
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // by the tiled update in the current step
   absl::Status SetUpNvmeParams(int live, size_t largest_shard);  // engine_nvme.cc
   size_t ParamBufferCount(int live) const;
-  // Runs fn(base) with base = the rank's parameter storage (what u.params holds: the shard at stage 3,
-  // the whole unit otherwise). keep = false: fn overwrites all of it (NVMe: the buffer is not read first).
-  absl::Status ParamStorage(UnitState& u, const std::function<absl::Status(char* base)>& fn, bool keep);
+  // Runs fn(p) with p = bytes [offset, offset + bytes) of the rank's parameter storage (what u.params
+  // holds: the shard at stage 3, the whole unit otherwise), in host memory: in place where the CPU reaches
+  // it, else a host copy written back (device memory: only that range; NVMe: through the cache). keep =
+  // false: fn overwrites the whole range, so it is not read first.
+  absl::Status ParamStorage(UnitState& u, size_t offset, size_t bytes, const std::function<absl::Status(char* p)>& fn,
+                            bool keep);
+  // Where this rank's update range starts in its parameter storage, in bytes.
+  size_t UpdateParamOffset(const UnitState& u) const { return (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes(); }
   std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
   // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
   // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
@@ -183,13 +188,18 @@ struct Engine::Impl {
   std::string failed;   // set after a failed hook: the engine refuses further hooks
   // Time accounting of the current step (reset when Step() returns), in ns.
   int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
-  // Runs `wait` on the trainer's thread and charges its duration to exposed communication.
+  // Runs `wait` on the trainer's thread and charges its duration to `counter` (exposed communication
+  // unless said otherwise).
   template <typename F>
-  absl::Status TimedWait(F&& wait) {
+  absl::Status TimedWait(int64_t& counter, F&& wait) {
     const int64_t t0 = device::NowNs();
     absl::Status s = wait();
-    exposed_comm_ns += device::NowNs() - t0;
+    counter += device::NowNs() - t0;
     return s;
+  }
+  template <typename F>
+  absl::Status TimedWait(F&& wait) {
+    return TimedWait(exposed_comm_ns, std::forward<F>(wait));
   }
 
   int rank() const { return world->rank(); }
@@ -210,6 +220,11 @@ struct Engine::Impl {
   // engine_hooks.cc
   absl::Status CheckUnit(int unit, const char* hook) const;
   absl::Status IssueGather(int unit, bool demand);
+  // Note [NVMe params]: pins the unit's cached shard for its gather. With staged gathers its read is
+  // waited for here (Note [Staged gathers]), and a read-ahead gather whose read is still running gets an
+  // empty lease: not issued yet.
+  absl::StatusOr<offload::ShardCache::Lease> PinParamShard(int unit, bool demand);
+  absl::Status ParamReadError(int unit, const absl::Status& cause) const;
   absl::Status IssueGatherIfNeeded(int unit) {
     return cfg.stage == 3 && units[unit].param_slot < 0 ? IssueGather(unit, /*demand=*/true) : absl::OkStatus();
   }
@@ -222,8 +237,9 @@ struct Engine::Impl {
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
-  absl::Status CastMasterToParams(UnitState& u);
-  absl::Status CastMasterToParams(UnitState& u, const float* master);  // from a staged copy (NVMe)
+  // The param storage over the update range from `master` (host memory, the update range of the fp32
+  // master); nothing when the master is the param storage itself.
+  absl::Status CastMasterToParams(UnitState& u, const float* master);
   absl::Status ReplicateParams();  // stages 1-2: all-gather every unit's params from the updated slices
   absl::Status ZeroGrads();
 };

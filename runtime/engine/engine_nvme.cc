@@ -93,17 +93,22 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::Impl::ParamStorage(UnitState& u, const std::function<absl::Status(char* base)>& fn, bool keep) {
-  if (!nvme_params() && ParamOps().host_visible()) return fn(u.params.as<char>());
-  if (!nvme_params()) {  // device memory: through a host copy
-    param_scratch.resize(std::max(param_scratch.size(), u.params.bytes()));
+absl::Status Engine::Impl::ParamStorage(UnitState& u, size_t offset, size_t bytes,
+                                         const std::function<absl::Status(char* p)>& fn, bool keep) {
+  if (bytes == 0) return absl::OkStatus();
+  if (!nvme_params() && ParamOps().host_visible()) return fn(u.params.as<char>() + offset);
+  if (!nvme_params()) {  // device memory: through a host copy of the range
+    param_scratch.resize(std::max(param_scratch.size(), bytes));
     char* host = param_scratch.data();
-    if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host, u.params.data(), u.params.bytes()));
+    char* dev = u.params.as<char>() + offset;
+    if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host, dev, bytes));
     STRATA_RETURN_IF_ERROR(fn(host));
-    return ParamOps().FromHost(u.params.data(), host, u.params.bytes());
+    return ParamOps().FromHost(dev, host, bytes);
   }
+  // The cache writes whole shards: a part of one keeps the rest.
   const int unit = static_cast<int>(&u - units.data());
-  return param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst)); }, keep);
+  const bool whole = offset == 0 && bytes == u.layout.shard_elems * param_bytes();
+  return param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst) + offset); }, keep || !whole);
 }
 
 absl::Status Engine::Impl::SetUpNvme() {
@@ -178,8 +183,7 @@ absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) 
     for (const offload::NvmeExtent& e : u.nvme_lanes[l]) tiles[l].tiles.push_back(&e);
   }
   const float* grad = GradUpdatePtr(u);
-  const size_t param_base = cfg.stage == 3 ? 0 : update_begin(u);
-  return ParamStorage(u, [&](char* params) -> absl::Status {
+  return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), [&](char* params) -> absl::Status {
     auto fn = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
       const size_t lo = t * nvme_tile_elems, hi = lo + TileElems(*this, u, t);
       std::vector<shard::Segment> segs;
@@ -189,7 +193,7 @@ absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) 
       }
       optim::ShardState st{v[0].as<float>(), grad + lo, v[1].as<float>(), lanes() > 2 ? v[2].as<float>() : nullptr};
       optim::UpdateOptions opts;
-      char* dst = params + (param_base + lo) * param_bytes();
+      char* dst = params + lo * param_bytes();
       if (cfg.param_dtype != DType::kF32) {
         opts.param_copy = reinterpret_cast<uint16_t*>(dst);
         opts.param_copy_dtype = cfg.param_dtype;
@@ -203,7 +207,7 @@ absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) 
     nvme_read_bytes += stats.bytes_read;
     nvme_write_bytes += stats.bytes_written;
     return absl::OkStatus();
-  }, /*keep=*/false);  // the tiles cover the whole update range: every byte of a stage-3 shard
+  }, /*keep=*/false);  // the tiles cover the whole update range
 }
 
 }  // namespace strata::engine

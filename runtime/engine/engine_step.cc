@@ -13,20 +13,12 @@
 
 namespace strata::engine {
 
-absl::Status Engine::Impl::CastMasterToParams(UnitState& u) {
-  if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  absl::Status cast;
-  STRATA_RETURN_IF_ERROR(EditState(u, 0, [&](float* master) { cast = CastMasterToParams(u, master); },
-                                   /*write_back=*/false));
-  return cast;
-}
-
 // `master` is host memory; the param storage ParamStorage hands out is too.
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
-  const size_t offset = (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes();
-  return ParamStorage(u, [&](char* params) {
-    return host_ops->Cast(cfg.param_dtype, master, params + offset, update_elems(u));
-  }, /*keep=*/cfg.stage != 3);  // stage 3 writes the whole shard
+  if (!separate_master()) return absl::OkStatus();  // the master is the param storage
+  return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), [&](char* params) {
+    return host_ops->Cast(cfg.param_dtype, master, params, update_elems(u));
+  }, /*keep=*/false);
 }
 
 absl::Status Engine::Impl::ReplicateParams() {
@@ -96,20 +88,21 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
       continue;
     }
     optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
-    const size_t offset = (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes();
-    // The fused pass also writes the low-precision param copy; an fp32 master kept apart is copied.
+    // The fused pass also writes the low-precision param copy (`params`: the update range of the param
+    // storage); an fp32 master kept apart is copied.
     auto update = [&](char* params) -> absl::Status {
       const bool copy = cfg.param_dtype != DType::kF32;
       STRATA_RETURN_IF_ERROR(OptimizerOps().Update(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef,
-                                                   copy ? reinterpret_cast<uint16_t*>(params + offset) : nullptr,
+                                                   copy ? reinterpret_cast<uint16_t*>(params) : nullptr,
                                                    cfg.param_dtype));
-      if (!copy && separate_master()) return OptimizerOps().Cast(DType::kF32, s.master, params + offset, update_elems(u));
+      if (!copy && separate_master()) return OptimizerOps().Cast(DType::kF32, s.master, params, update_elems(u));
       return absl::OkStatus();
     };
     if (OptimizerOps().host_visible()) {
-      STRATA_RETURN_IF_ERROR(ParamStorage(u, update, /*keep=*/cfg.stage != 3));
+      STRATA_RETURN_IF_ERROR(ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), update,
+                                          /*keep=*/false));
     } else {  // device state, device params (Note [Tier ops]): in place
-      STRATA_RETURN_IF_ERROR(update(u.params.as<char>()));
+      STRATA_RETURN_IF_ERROR(update(u.params.as<char>() + UpdateParamOffset(u)));
     }
   }
   STRATA_RETURN_IF_ERROR(ReplicateParams());

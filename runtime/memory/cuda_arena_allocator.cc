@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/base/units.h"
 #include "runtime/device/cuda_device.h"
 
 namespace strata::memory {
@@ -48,15 +49,12 @@ void CudaArenaAllocator::ZeroFill(void* p, size_t bytes) {
 }
 
 
-namespace {
-constexpr size_t kPage = 4096;
-size_t PageRound(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
-}  // namespace
-
 void* CudaHostAllocator::RawAllocate(size_t bytes, size_t alignment) {
-  void* p = nullptr;  // whole pages, so that no two blocks share a registered page
-  if (posix_memalign(&p, alignment < kPage ? kPage : alignment, PageRound(bytes)) != 0) return nullptr;
-  const cudaError_t e = cudaHostRegister(p, PageRound(bytes), cudaHostRegisterDefault);
+  constexpr size_t kPage = 4096;  // whole pages, so that no two blocks share a registered page
+  const size_t pages = RoundUp(bytes, kPage);
+  void* p = AlignedHostAlloc(pages, alignment < kPage ? kPage : alignment);
+  if (p == nullptr) return nullptr;
+  const cudaError_t e = cudaHostRegister(p, pages, cudaHostRegisterDefault);
   if (e != cudaSuccess) {
     cudaGetLastError();  // not sticky, but clear it so that later calls do not report it
     static std::atomic<bool> logged{false};

@@ -134,7 +134,9 @@ void Allocator::Free(void* p, size_t bytes, Kind kind) {
   used_.fetch_sub(bytes);
 }
 
-void* HostAllocator::RawAllocate(size_t bytes, size_t alignment) {
+void* HostAllocator::RawAllocate(size_t bytes, size_t alignment) { return AlignedHostAlloc(bytes, alignment); }
+
+void* AlignedHostAlloc(size_t bytes, size_t alignment) {
   void* p = nullptr;
   if (posix_memalign(&p, alignment < sizeof(void*) ? sizeof(void*) : alignment, bytes) != 0) return nullptr;
   // Note [Huge pages] (offload/pinned_pool.cc): asking for 2 MiB alignment means "back me with huge

@@ -140,6 +140,10 @@ class HostAllocator final : public Allocator {
   void RawFree(void* p, size_t bytes) override;
 };
 
+// posix_memalign of `bytes` at `alignment` (free with std::free), with the huge-page advice for 2 MiB
+// alignment (Note [Huge pages] in offload/pinned_pool.cc); nullptr on failure. What HostAllocator hands out.
+void* AlignedHostAlloc(size_t bytes, size_t alignment);
+
 inline constexpr uint64_t kUnlimited = ~uint64_t{0};
 
 }  // namespace strata::memory
