@@ -162,11 +162,17 @@ PinnedBuffer PinnedPool::Acquire() {
 }
 
 absl::StatusOr<PinnedBuffer> PinnedPool::TryAcquire() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (free_.empty()) {
+  PinnedBuffer b = TryTake();
+  if (b.empty()) {
     return absl::UnavailableError(
         absl::StrCat("all ", views_.size(), " pinned buffers of ", FormatBytes(buffer_bytes_), " are in use"));
   }
+  return b;
+}
+
+PinnedBuffer PinnedPool::TryTake() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) return PinnedBuffer();
   const size_t i = free_.back();
   free_.pop_back();
   return PinnedBuffer(this, i);

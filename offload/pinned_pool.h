@@ -79,6 +79,8 @@ class PinnedPool {
   PinnedBuffer Acquire();
   // Unavailable naming the pool size when every buffer is out.
   absl::StatusOr<PinnedBuffer> TryAcquire();
+  // An empty buffer when every buffer is out (no error to build: for callers that poll).
+  PinnedBuffer TryTake();
 
   size_t buffer_count() const { return views_.size(); }
   size_t buffer_bytes() const { return buffer_bytes_; }

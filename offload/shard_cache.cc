@@ -59,7 +59,7 @@ int ShardCache::PickVictim(int shard, bool may_wait) {
 
 absl::StatusOr<PinnedBuffer> ShardCache::TakeBuffer(int shard, bool may_wait) {
   while (true) {
-    if (absl::StatusOr<PinnedBuffer> free = pool_->TryAcquire(); free.ok()) return std::move(free).value();
+    if (PinnedBuffer free = pool_->TryTake(); !free.empty()) return free;
     const int victim = PickVictim(shard, may_wait);
     if (victim >= 0) {
       Entry& v = entries_[victim];
@@ -70,7 +70,7 @@ absl::StatusOr<PinnedBuffer> ShardCache::TakeBuffer(int shard, bool may_wait) {
       v.read_ahead = false;
       return std::move(v.buffer);
     }
-    if (!may_wait) return absl::UnavailableError("no pinned buffer free without waiting");
+    if (!may_wait) return PinnedBuffer();  // none without waiting
     // Every buffer is pinned (by gathers in flight): wait for a lease to go.
     std::unique_lock<std::mutex> lock(mu_);
     unpinned_.wait(lock, [&] {
@@ -98,7 +98,7 @@ void ShardCache::StartRead(int shard, PinnedBuffer buffer) {
 void ShardCache::Prefetch(int shard) {
   if (!CheckShard(shard, "Prefetch").ok() || cached(shard) || !entries_[shard].written) return;
   absl::StatusOr<PinnedBuffer> b = TakeBuffer(shard, /*may_wait=*/false);
-  if (!b.ok()) return;  // read-ahead is best effort
+  if (!b.ok() || b->empty()) return;  // read-ahead is best effort
   StartRead(shard, std::move(b).value());
   entries_[shard].read_ahead = true;
   entries_[shard].last_use = ++clock_;
@@ -149,14 +149,13 @@ absl::Status ShardCache::Write(int shard, const std::function<absl::Status(void*
   const absl::Status previous = e.io.Wait();  // one I/O per shard; the buffer is free after it
   e.io = IoWork();
   if (!previous.ok() && !e.io_is_read) return previous;  // reported once; the buffer keeps the newest bytes
-  if (!previous.ok()) {  // a failed read left garbage
+  if (!previous.ok() && keep) {  // a failed read left garbage, and the contents were to be kept
     e.buffer.Reset();
-    if (keep) return previous;
+    return previous;
   }
   if (e.buffer.empty()) {
     STRATA_ASSIGN_OR_RETURN(e.buffer, TakeBuffer(shard, /*may_wait=*/true));
   }
-  e.io = IoWork();
   e.last_use = ++clock_;
   e.read_ahead = false;
   if (absl::Status s = fill(e.buffer.data()); !s.ok()) {

@@ -89,7 +89,8 @@ class ShardCache {
   };
   ShardCache(NvmeStore* store, PinnedPool* pool) : store_(store), pool_(pool) {}
   absl::Status CheckShard(int shard, const char* op) const;
-  // A buffer for `shard`: a free one, else an evicted one. may_wait = false: never blocks (Unavailable).
+  // A buffer for `shard`: a free one, else an evicted one. may_wait = false: never blocks (an empty buffer
+  // when none is free without waiting).
   absl::StatusOr<PinnedBuffer> TakeBuffer(int shard, bool may_wait);
   int PickVictim(int shard, bool may_wait);  // -1 when none
   void StartRead(int shard, PinnedBuffer buffer);

@@ -44,39 +44,30 @@ fi
 if [ "$only" = all ] || [ "$only" = offload ]; then
   # Offloaded state gives the same weights as none, bit for bit (the arithmetic is the same).
   mkdir -p "$work/nvme"
+  bit_for_bit() {  # bit_for_bit LABEL RANKS "TRAIN ARGS" VARIANT...: each variant against the run without one
+    local label=$1 n=$2 args=$3 v; shift 3
+    # shellcheck disable=SC2086
+    "$mpirun" -n "$n" "$strata" train $args --print-every 100 --save-weights "$work/base.safetensors" > /dev/null 2>&1
+    for v in "$@"; do
+      # shellcheck disable=SC2086
+      out=$("$mpirun" -n "$n" "$strata" train $args --print-every 100 $v --save-weights "$work/off.safetensors" 2>&1) &&
+        out=$("$strata" compare "$work/off.safetensors" "$work/base.safetensors" --rtol 0 2>&1)
+      rc=$?
+      check "$label ${v%% --nvme-path*}: bit for bit $(grep -o 'match\|DIFFER' <<<"$out")" $rc "$out"
+    done
+  }
+  nv="--nvme-path $work/nvme"
   for n in 2 4; do
     for stage in 1 2 3; do
-      "$mpirun" -n $n "$strata" train "${small[@]}" --stage $stage --steps 6 --micro-batch 2 --print-every 100 \
-        --save-weights "$work/base$n$stage.safetensors" > /dev/null 2>&1
-      variants=("--offload-optimizer cpu" "--offload-optimizer nvme --nvme-path $work/nvme")
-      [ $stage -eq 3 ] && variants+=("--offload-params cpu --offload-optimizer cpu" "--offload-params cpu --offload-optimizer nvme --nvme-path $work/nvme"
-                                     "--offload-params nvme --offload-optimizer cpu --nvme-path $work/nvme"
-                                     "--offload-params nvme --offload-optimizer nvme --nvme-path $work/nvme")
-      for v in "${variants[@]}"; do
-        # shellcheck disable=SC2086
-        out=$("$mpirun" -n $n "$strata" train "${small[@]}" --stage $stage --steps 6 --micro-batch 2 --print-every 100 \
-              $v --save-weights "$work/off.safetensors" 2>&1) &&
-          out=$("$strata" compare "$work/off.safetensors" "$work/base$n$stage.safetensors" --rtol 0 2>&1)
-        rc=$?
-        check "$n ranks stage $stage ${v%% --nvme-path*}: bit for bit $(grep -o 'match\|DIFFER' <<<"$out")" $rc "$out"
-      done
+      variants=("--offload-optimizer cpu" "--offload-optimizer nvme $nv")
+      [ $stage -eq 3 ] && variants+=("--offload-params cpu --offload-optimizer cpu" "--offload-params cpu --offload-optimizer nvme $nv"
+                                     "--offload-params nvme --offload-optimizer cpu $nv"
+                                     "--offload-params nvme --offload-optimizer nvme $nv")
+      bit_for_bit "$n ranks stage $stage" $n "${small[*]} --stage $stage --steps 6 --micro-batch 2" "${variants[@]}"
     done
-  done
-fi
-
-if [ "$only" = all ] || [ "$only" = offload ]; then
-  # gpt2-tiny itself (the issue's model) with parameters and optimizer state on NVMe, and on cpu.
-  for n in 2 4; do
-    "$mpirun" -n $n "$strata" train --model gpt2-tiny --stage 3 --steps 4 --micro-batch 2 --print-every 100 \
-      --save-weights "$work/tiny$n.safetensors" > /dev/null 2>&1
-    for v in "--offload-params nvme --offload-optimizer nvme" "--offload-params cpu --offload-optimizer cpu"; do
-      # shellcheck disable=SC2086
-      out=$("$mpirun" -n $n "$strata" train --model gpt2-tiny --stage 3 --steps 4 --micro-batch 2 --print-every 100 \
-            $v --nvme-path "$work/nvme" --save-weights "$work/tinyoff.safetensors" 2>&1) &&
-        out=$("$strata" compare "$work/tinyoff.safetensors" "$work/tiny$n.safetensors" --rtol 0 2>&1)
-      rc=$?
-      check "gpt2-tiny, $n ranks stage 3 $v: bit for bit $(grep -o 'match\|DIFFER' <<<"$out")" $rc "$out"
-    done
+    # gpt2-tiny itself (the issue's model) with parameters and optimizer state on NVMe, and on cpu.
+    bit_for_bit "gpt2-tiny, $n ranks stage 3" $n "--model gpt2-tiny --stage 3 --steps 4 --micro-batch 2" \
+      "--offload-params nvme --offload-optimizer nvme $nv" "--offload-params cpu --offload-optimizer cpu $nv"
   done
 fi
 

@@ -95,10 +95,9 @@ inline std::string BackendParamName(const ::testing::TestParamInfo<IoBackend>& i
 // test when io_uring is refused; callers return when IsSkipped() or HasFatalFailure().
 inline void MakeQueueAndStore(IoBackend backend, const std::string& dir, uint64_t capacity_bytes,
                               std::unique_ptr<IoQueue>* queue, std::unique_ptr<NvmeStore>* store) {
-  auto q = CreateIoQueue(IoQueueOptions{.backend = backend, .depth = 16});
-  if (!q.ok() && backend == IoBackend::kUring) GTEST_SKIP() << "io_uring unavailable: " << q.status();
-  ASSERT_TRUE(q.ok()) << q.status();
-  *queue = std::move(q).value();
+  const IoQueueOptions options{.backend = backend, .depth = 16};
+  STRATA_MAKE_QUEUE_OR_SKIP(q, options);
+  *queue = std::move(q);
   NvmeStoreOptions so;
   so.files.paths = {dir};
   so.files.capacity_bytes = capacity_bytes;

@@ -38,11 +38,6 @@ class ShardCacheTest : public ::testing::TestWithParam<IoBackend> {
     ASSERT_TRUE(c.ok()) << c.status();
     cache_ = std::move(c).value();
   }
-  void TearDown() override {
-    cache_.reset();
-    pool_.reset();
-    store_.reset();
-  }
   absl::Status WriteSeed(int shard, uint64_t seed) {
     return cache_->Write(shard, [&](void* dst) {
       FillPattern(static_cast<char*>(dst), kShardBytes, seed);

@@ -34,7 +34,7 @@ class TiledPipelineTest : public ::testing::TestWithParam<IoBackend> {
  protected:
   void SetUp() override {
     testing::MakeQueueAndStore(GetParam(), dir_.path(), 8 << 20, &queue_, &store_);
-    if (store_ == nullptr) return;  // skipped or failed
+    if (IsSkipped() || HasFatalFailure()) return;
     auto pool = PinnedPool::Create({.buffer_count = 3 * kLanes, .buffer_bytes = kTileElems * 4}, &alloc_);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(pool).value();

@@ -15,6 +15,7 @@
 namespace {
 
 using strata::capi_test::RunCRanks;
+using strata::capi_test::Spec;
 
 bool GpuVisible() {
   int n = 0;
@@ -32,17 +33,13 @@ std::vector<float> Train(strata_comm* comm, int32_t device) {
   EXPECT_STRATA_OK(strata_engine_create(comm, &o, &e));
   if (e == nullptr) return all;
   const int64_t shapes[2][2][2] = {{{16, 8}, {8, 0}}, {{8, 3}, {3, 0}}};
+  // Elements of parameter p of unit u.
+  auto numel = [&](int u, int p) {
+    return p == 0 ? size_t(shapes[u][0][0] * shapes[u][0][1]) : size_t(shapes[u][1][0]);
+  };
   for (int u = 0; u < 2; ++u) {
-    strata_param_spec p[2] = {STRATA_PARAM_SPEC_INIT, STRATA_PARAM_SPEC_INIT};
-    p[0].name = "weight";
-    p[0].shape = shapes[u][0];
-    p[0].ndim = 2;
-    p[0].weight_decay = 1;
-    p[0].init = STRATA_INIT_NORMAL;
-    p[0].init_value = 0.02f;
-    p[1].name = "bias";
-    p[1].shape = shapes[u][1];
-    p[1].ndim = 1;
+    const strata_param_spec p[2] = {Spec("weight", shapes[u][0], 2, 1, STRATA_INIT_NORMAL, 0.02f),
+                                    Spec("bias", shapes[u][1], 1, 0, STRATA_INIT_ZEROS, 0)};
     int32_t id = -1;
     EXPECT_STRATA_OK(strata_engine_register_unit(e, u == 0 ? "a" : "b", p, 2, &id));
   }
@@ -57,7 +54,7 @@ std::vector<float> Train(strata_comm* comm, int32_t device) {
       strata_unit_buffers b = STRATA_UNIT_BUFFERS_INIT;
       EXPECT_STRATA_OK(strata_engine_begin_backward(e, u, &b));
       for (int p = 0; p < b.num_params; ++p) {
-        const size_t n = p == 0 ? size_t(shapes[u][0][0] * shapes[u][0][1]) : size_t(shapes[u][1][0]);
+        const size_t n = numel(u, p);
         std::vector<float> g(n);
         if (device == STRATA_DEVICE_CUDA) {
           EXPECT_EQ(cudaMemcpy(g.data(), b.grads[p], n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -79,7 +76,7 @@ std::vector<float> Train(strata_comm* comm, int32_t device) {
   }
   for (int u = 0; u < 2; ++u) {
     for (int p = 0; p < 2; ++p) {
-      const size_t n = p == 0 ? size_t(shapes[u][0][0] * shapes[u][0][1]) : size_t(shapes[u][1][0]);
+      const size_t n = numel(u, p);
       std::vector<float> v(n);
       EXPECT_STRATA_OK(strata_engine_gather_param(e, u, p, v.data(), n));
       all.insert(all.end(), v.begin(), v.end());

@@ -7,10 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "runtime/base/status.h"
 #include "runtime/comm/in_process.h"
-#include "runtime/engine/engine.h"
 
 namespace strata::testing {
 
