@@ -197,6 +197,14 @@ class NvmeOffload : public ::testing::Test {
     c.nvme_tile_elems = 1024;  // several tiles per unit: the pipeline overlaps them
     return c;
   }
+  // Stage 3 with one live gathered unit and no offload: what the parameter offload tests compare with.
+  static EngineConfig Stage3(DType dtype) {
+    EngineConfig c;
+    c.stage = 3;
+    c.param_dtype = dtype;
+    c.max_live_units = 1;
+    return c;
+  }
   // Stage 3, one live gathered unit, parameter shards on NVMe with `buffers` (at least 2) cache buffers.
   EngineConfig NvmeParams(int buffers) const {
     EngineConfig c;
@@ -251,10 +259,7 @@ TEST_F(NvmeOffload, CheckpointsStreamNvmeStateAndLoadAnywhere) {
 // Note [NVMe params]: parameter shards on NVMe behind a write-through cache of pinned buffers.
 TEST_F(NvmeOffload, ParamsOnNvmeGiveTheSameWeightsBitForBit) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    EngineConfig base;
-    base.stage = 3;
-    base.param_dtype = dtype;
-    base.max_live_units = 1;
+    const EngineConfig base = Stage3(dtype);
     for (int world : {2, 4}) {
       auto a = TrainMlp(base, world);
       ASSERT_TRUE(a.ok()) << a.status();
@@ -282,10 +287,7 @@ TEST_F(NvmeOffload, ParamsOnNvmeGiveTheSameWeightsBitForBit) {
 // through the rank's block of the gathered buffer, copied on the copy stream; the result is unchanged.
 TEST_F(NvmeOffload, HostShardsAreStagedForADeviceBufferCommunicator) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    EngineConfig base;
-    base.stage = 3;
-    base.param_dtype = dtype;
-    base.max_live_units = 1;
+    const EngineConfig base = Stage3(dtype);
     for (int world : {2, 4}) {
       StagingProbe unstaged;
       auto a = TrainMlp(base, world, 6, "", "", &unstaged);
