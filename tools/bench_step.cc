@@ -44,8 +44,9 @@ double SgemmGflops(int M, int K, int N) {
 absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) {
   STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.matmul, o.attention, o.engine.param_dtype));
   // On a GPU the reference is the dense bf16 matrix-product rate (MFU); on the host, sgemm (below).
+  const bool gpu = compute.nn != nullptr;
   double bf16_flops = 0;
-  if (compute.nn != nullptr) {
+  if (gpu) {
     STRATA_ASSIGN_OR_RETURN(bf16_flops, compute.nn->Bf16MatmulFlops());
   }
   device::HostDevice dev;  // a host stream for the bench's own collectives
@@ -73,7 +74,6 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
   };
   STRATA_RETURN_IF_ERROR(run_step());  // warm-up: records the schedule, touches all memory
   STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
-  const bool gpu = compute.name != "host";
   const double sgemm = gpu ? 0.0 : SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
   STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
   const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
@@ -101,14 +101,14 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
                   "\"device\":\"%s\",\"matmul\":\"%s\",\"attention\":\"%s\",\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,"
                   "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
                   "\"peak_device_bytes\":%llu}\n",
-                  gpt::Describe(o.model).c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(),
+                  shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(),
                   o.engine.stage, B, T, compute.name.c_str(), gpt::ProductsName(compute.products), attention.c_str(), secs / steps * 1e3,
                   tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3,
                   static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes));
     } else {
       std::printf("%s, %d ranks on %s, stage %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s per rank, MFU %.1f%% "
                   "of the bf16 matmul rate (%.1f TFLOP/s in the same run)\n",
-                  gpt::Describe(o.model).c_str(), world.size(), compute.name.c_str(), o.engine.stage,
+                  shape.c_str(), world.size(), compute.name.c_str(), o.engine.stage,
                   secs / steps * 1e3, tokens / secs, gflops_per_rank, 100 * mfu, bf16_flops / 1e12);
     }
     return absl::OkStatus();

@@ -10,18 +10,14 @@
 
 namespace strata::tools {
 
-absl::StatusOr<Compute> MakeCompute(const std::string& which, const std::string& matmul, const std::string& attention,
-                                    DType param_dtype) {
+absl::StatusOr<Compute> MakeCompute(const std::string& which, std::optional<gpt::Products> matmul,
+                                    gpt::AttentionKind attention, DType param_dtype) {
   if (which != "host" && which != "cuda" && which != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("--device '", which, "': use cuda, host or auto"));
   }
   gpt::NnOptions nn;
-  if (matmul == "auto") {
-    nn.products = param_dtype == DType::kBF16 ? gpt::Products::kBf16 : gpt::Products::kF32;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(nn.products, gpt::ParseProducts(matmul));
-  }
-  STRATA_ASSIGN_OR_RETURN(nn.attention, gpt::ParseAttention(attention));
+  nn.products = matmul.value_or(param_dtype == DType::kBF16 ? gpt::Products::kBf16 : gpt::Products::kF32);
+  nn.attention = attention;
   Compute c;
 #if STRATA_WITH_CUDA
   const int gpus = device::CudaDeviceCount();
@@ -44,10 +40,11 @@ absl::StatusOr<Compute> MakeCompute(const std::string& which, const std::string&
   }
 #endif
   // The host computes in fp32 with the reference attention.
-  if (matmul != "auto" && matmul != "fp32") {
-    return absl::InvalidArgumentError(absl::StrCat("--matmul ", matmul, " needs --device cuda (the host multiplies in fp32)"));
+  if (matmul.has_value() && *matmul != gpt::Products::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("--matmul ", gpt::ProductsName(*matmul),
+                                                   " needs --device cuda (the host multiplies in fp32)"));
   }
-  if (attention == "fused") {
+  if (attention == gpt::AttentionKind::kFused) {
     return absl::InvalidArgumentError("--attention fused needs --device cuda (cuDNN); the host runs the reference");
   }
   c.device = std::make_unique<device::HostDevice>();

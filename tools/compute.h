@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -18,12 +19,11 @@ struct Compute {
 };
 
 // `which`: "host", "cuda", or "auto" (cuda when this build has CUDA and a GPU is visible, else host).
-// With cuda the GPU is the launcher's local rank modulo the visible GPUs. `matmul` (auto | fp32 | tf32 |
-// bf16; auto is bf16 when `param_dtype` is bf16, else fp32) and `attention` (auto | fused | reference)
-// say how the CUDA back-end computes (gpt::NnOptions); the host computes in fp32 with the reference
+// With cuda the GPU is the launcher's local rank modulo the visible GPUs. `matmul` (empty: bf16 when
+// `param_dtype` is bf16, else fp32) and `attention` say how the CUDA back-end computes (gpt::NnOptions); the host computes in fp32 with the reference
 // attention, so asking it for anything else is an error. A bad value, or cuda without a GPU or without
 // CUDA in the build, is an error naming the reason.
-absl::StatusOr<Compute> MakeCompute(const std::string& which, const std::string& matmul, const std::string& attention,
-                                    DType param_dtype);
+absl::StatusOr<Compute> MakeCompute(const std::string& which, std::optional<gpt::Products> matmul,
+                                    gpt::AttentionKind attention, DType param_dtype);
 
 }  // namespace strata::tools

@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
-#include "examples/gpt/nn_backend.h"
 #include "tools/model_flags.h"
 
 namespace strata::tools {
@@ -197,13 +196,14 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   if (o.device != "cuda" && o.device != "host" && o.device != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("--device '", o.device, "': use cuda, host or auto"));
   }
-  o.matmul = f.Str("matmul", f.Bool("tf32") ? "tf32" : "auto");
-  if (f.Bool("tf32") && o.matmul != "tf32") {
-    return absl::InvalidArgumentError(absl::StrCat("--tf32 and --matmul ", o.matmul, " disagree"));
+  const std::string matmul = f.Str("matmul", f.Bool("tf32") ? "tf32" : "auto");
+  if (f.Bool("tf32") && matmul != "tf32") {
+    return absl::InvalidArgumentError(absl::StrCat("--tf32 and --matmul ", matmul, " disagree"));
   }
-  if (o.matmul != "auto") STRATA_RETURN_IF_ERROR(gpt::ParseProducts(o.matmul).status());
-  o.attention = f.Str("attention", "auto");
-  STRATA_RETURN_IF_ERROR(gpt::ParseAttention(o.attention).status());
+  if (matmul != "auto") {
+    STRATA_ASSIGN_OR_RETURN(o.matmul, gpt::ParseProducts(matmul));
+  }
+  STRATA_ASSIGN_OR_RETURN(o.attention, gpt::ParseAttention(f.Str("attention", "auto")));
   o.checkpoint_dir = f.Str("checkpoint-dir");
   o.trace = f.Str("trace");
   STRATA_ASSIGN_OR_RETURN(int64_t window, f.Int("diagnostics-window", 20));

@@ -1,12 +1,14 @@
 // `strata train` options: the flags, the JSON config they override, and their validation.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "examples/gpt/data.h"
 #include "examples/gpt/gpt_config.h"
+#include "examples/gpt/nn_backend.h"
 #include "runtime/engine/config.h"
 #include "tools/flags.h"
 
@@ -26,10 +28,10 @@ struct TrainOptions {
   int64_t keep_last = 0;         // complete checkpoints kept; 0 = all
   bool checkpointing = false;
   std::string device = "auto";  // --device: cuda | host | auto (tools/compute.h)
-  // --matmul fp32 | tf32 | bf16 | auto (bf16 when the parameters are bf16, else fp32; --tf32 = tf32) and
-  // --attention auto | fused | reference: how the CUDA back-end computes (gpt::NnOptions).
-  std::string matmul = "auto";
-  std::string attention = "auto";
+  // --matmul fp32 | tf32 | bf16 | auto (empty: bf16 when the parameters are bf16, else fp32; --tf32 =
+  // tf32) and --attention auto | fused | reference: how the CUDA back-end computes (gpt::NnOptions).
+  std::optional<gpt::Products> matmul;
+  gpt::AttentionKind attention = gpt::AttentionKind::kAuto;
   int64_t print_every = 1;
   int64_t loader_delay_us = 0;        // test hook: slow the loader
   int64_t inject_nonfinite_step = -1;  // test hook: a NaN gradient on one rank at this step (0-based)

@@ -7,7 +7,7 @@
 // accumulation into the fp32 activation or gradient, so the model's activations and the engine's
 // gradients stay fp32. Bias gradients are summed from the fp32 output gradient.
 //
-// Attention (Note [Fused attention in the trainer]). The reference kernels (attention.cuh, fp32) save
+// Note [Fused attention in the trainer]. The reference kernels (attention.cuh, fp32) save
 // the probabilities [B,NH,T,T]. The fused path rounds qkv to bf16, runs cuDNN's SDPA (sdpa_cudnn.h) and
 // widens its bf16 output; in `att` it saves cuDNN's row statistics [B,NH,T] (fp32) and, after them
 // (256-byte aligned), the bf16 output the backward needs, so the per-layer memory is O(T) instead of
@@ -94,7 +94,6 @@ class CudaNn final : public NnBackend {
     sdpa_.reset();
 #endif
     cudaFree(mm_workspace_);
-    cudaFree(ln_workspace_);
     cudaFree(mean_loss_);
     cudaStreamDestroy(stream_);
   }
@@ -153,15 +152,8 @@ class CudaNn final : public NnBackend {
   }
   void LayerNormBackward(const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
                          float* dx, float* dw, float* db, int N, int C) override {
-    const size_t need = kc::LayerNormBackwardWorkspaceBytes(N, C);
-    if (need > ln_workspace_bytes_) {
-      Check(cudaStreamSynchronize(stream_), "layernorm workspace");
-      cudaFree(ln_workspace_);
-      ln_workspace_ = nullptr;
-      ln_workspace_bytes_ = 0;
-      if (Check(cudaMalloc(&ln_workspace_, need), "layernorm workspace")) ln_workspace_bytes_ = need;
-    }
-    Check(kc::LaunchLayerNormBackward(dout, x, w, mean, rstd, dx, dw, db, N, C, static_cast<float*>(ln_workspace_),
+    Check(ln_workspace_.Ensure(kc::LayerNormBackwardWorkspaceBytes(N, C), stream_), "layernorm workspace");
+    Check(kc::LaunchLayerNormBackward(dout, x, w, mean, rstd, dx, dw, db, N, C, static_cast<float*>(ln_workspace_.p),
                                       stream_),
           "layernorm backward");
   }
@@ -172,14 +164,7 @@ class CudaNn final : public NnBackend {
     Check(kc::LaunchGeluBackward(x, dout, dx, n, stream_), "gelu backward");
   }
   absl::StatusOr<AttentionBuffers> PrepareAttention(int B, int T, int C, int NH) override;
-  const char* attention_in_use() const override {
-#if STRATA_GPT_CUDNN
-    for (const auto& [shape, fused] : fused_) {
-      if (fused) return "fused";
-    }
-#endif
-    return "reference";
-  }
+  const char* attention_in_use() const override { return any_fused_ ? "fused" : "reference"; }
   void AttentionForward(const float* qkv, float* out, float* att, int B, int T, int C, int NH) override {
 #if STRATA_GPT_CUDNN
     if (Fused(B, T, C, NH)) return FusedForward(qkv, out, att, B, T, C, NH);
@@ -271,6 +256,7 @@ class CudaNn final : public NnBackend {
   Scratch sdpa_workspace_;
   std::map<ShapeKey, bool> fused_;  // PrepareAttention's choice per shape
 #endif
+  bool any_fused_ = false;  // some shape runs the fused attention
 
   // Remembers the first failure; true when `e` is success.
   bool Check(cudaError_t e, const char* what) {
@@ -287,8 +273,7 @@ class CudaNn final : public NnBackend {
   cudaStream_t stream_;
   void* mm_workspace_;
   std::unique_ptr<kc::MatmulContext> mm_;
-  void* ln_workspace_ = nullptr;
-  size_t ln_workspace_bytes_ = 0;
+  Scratch ln_workspace_;
   void* mean_loss_ = nullptr;
   NnOptions options_;
   Scratch scratch_[3];  // bf16 factors (Factor); the fused attention reuses them for qkv, dout and dqkv / out
@@ -296,36 +281,32 @@ class CudaNn final : public NnBackend {
 };
 
 absl::StatusOr<AttentionBuffers> CudaNn::PrepareAttention(int B, int T, int C, int NH) {
-  const size_t bhtt = size_t(B) * NH * T * T;
-  const AttentionBuffers reference{bhtt, bhtt, false};
   const bool want = options_.attention == AttentionKind::kFused ||
                     (options_.attention == AttentionKind::kAuto && options_.products == Products::kBf16);
-  if (!want) return reference;
+  if (!want) return NnBackend::PrepareAttention(B, T, C, NH);
 #if STRATA_GPT_CUDNN
-  const kc::SdpaShape shape{B, T, C, NH};
   const ShapeKey key{B, T, C, NH};
-  if (auto it = fused_.find(key); it != fused_.end()) {
-    return it->second ? AttentionBuffers{(StatsBytes(B, T, NH) + AlignUp(size_t(B) * T * C * 2)) / 4, 0, true}
-                      : reference;
-  }
-  absl::Status why = PrepareFused(shape);
-  if (!why.ok()) {
-    if (options_.attention == AttentionKind::kFused) {
+  auto it = fused_.find(key);
+  if (it == fused_.end()) {
+    absl::Status why = PrepareFused(kc::SdpaShape{B, T, C, NH});
+    if (!why.ok() && options_.attention == AttentionKind::kFused) {
       return Annotate(why, absl::StrCat("--attention fused (B=", B, " T=", T, " C=", C, " heads=", NH, ")"));
     }
-    STRATA_LOG(Info) << "attention: the reference kernel for B=" << B << " T=" << T << " C=" << C << " heads=" << NH
-                     << " (cuDNN's fused attention cannot run it: " << why.message() << ")";
-    fused_[key] = false;
-    return reference;
+    if (!why.ok()) {
+      STRATA_LOG(Info) << "attention: the reference kernel for B=" << B << " T=" << T << " C=" << C << " heads=" << NH
+                       << " (cuDNN's fused attention cannot run it: " << why.message() << ")";
+    }
+    it = fused_.emplace(key, why.ok()).first;
+    any_fused_ = any_fused_ || why.ok();
   }
-  fused_[key] = true;
+  if (!it->second) return NnBackend::PrepareAttention(B, T, C, NH);
+  // The row statistics, then (256-byte aligned) the bf16 output (Note [Fused attention in the trainer]).
   return AttentionBuffers{(StatsBytes(B, T, NH) + AlignUp(size_t(B) * T * C * 2)) / 4, 0, true};
 #else
-  (void)C;
   if (options_.attention == AttentionKind::kFused) {
     return absl::UnimplementedError("--attention fused: this build has no cuDNN 9 (strata_kernels_cudnn)");
   }
-  return reference;
+  return NnBackend::PrepareAttention(B, T, C, NH);
 #endif
 }
 

@@ -9,9 +9,10 @@ namespace strata::kernels {
 // The low-precision copy an optimizer pass writes beside the fp32 master, if any.
 enum class ParamCopy { kNone, kBf16, kF16 };
 
-// Turns the run-time copy mode into the compile-time one: calls f.template operator()<kCopy>(). The one
-// place for that switch, shared by every kernel variant (host code only; each variant's lambda keeps its
-// own instruction set, since the lambda is instantiated in its own file).
+// Turns the run-time copy mode into the compile-time one: calls f.template operator()<kCopy>(). Shared by
+// the host kernel variants (each variant's lambda keeps its own instruction set, since it is instantiated
+// in its own file). The CUDA launchers switch themselves: kernels/cuda compiles as C++17, without
+// templated lambdas.
 template <typename F>
 inline void WithParamCopy(ParamCopy copy, F&& f) {
   switch (copy) {

@@ -54,10 +54,7 @@ absl::StatusOr<Run> Train(device::Device& dev, bool cuda, const GptConfig& c, DT
   }
   STRATA_RETURN_IF_ERROR(m.Forward(*e, in.data(), nullptr, 1, c.seq_len, &r.logits, 3).status());
   if (attention != nullptr) *attention = m.nn().attention_in_use();
-  for (const HfParam& p : m.hf_params()) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> v, e->GatherParam(p.unit, p.param));
-    r.weights.insert(r.weights.end(), v.begin(), v.end());
-  }
+  STRATA_ASSIGN_OR_RETURN(r.weights, e->GatherAllParams());
   return r;
 }
 
