@@ -60,7 +60,7 @@ cudaError_t LaunchEmbeddingBackward(const float* dout, const int32_t* tokens, fl
                                     int T, int C, cudaStream_t stream) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return cudaSuccess;
-  const dim3 grid((C + kBlockThreads - 1) / kBlockThreads, kEmbeddingBuckets);
+  const dim3 grid(BlocksFor(static_cast<size_t>(C), kBlockThreads), kEmbeddingBuckets);
   EmbeddingBackwardWteKernel<<<grid, kBlockThreads, 0, stream>>>(dout, tokens, dwte, N, C);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;

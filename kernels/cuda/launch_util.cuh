@@ -17,6 +17,11 @@ inline constexpr int kBlockThreads = 256;
 inline constexpr unsigned kMaxBlocks = 2048;  // grid-stride beyond this (a few waves on an H100)
 inline constexpr int kVec = 8;                // elements per vector step
 
+// ceil(items / per_block): blocks that cover `items` with `per_block` each (no cap; 0 for none).
+constexpr unsigned BlocksFor(size_t items, size_t per_block) {
+  return static_cast<unsigned>((items + per_block - 1) / per_block);
+}
+
 // Blocks for `work` grid-stride items: enough to cover them, at most kMaxBlocks, at least 1.
 inline unsigned GridFor(size_t work) {
   const size_t blocks = (work + kBlockThreads - 1) / kBlockThreads;

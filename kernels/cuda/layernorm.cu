@@ -83,10 +83,6 @@ __global__ void LayerNormParamGradKernel(const float* workspace, int blocks, flo
   db[c] += sum_db;
 }
 
-unsigned BlocksFor(int items, int per_block) {
-  return static_cast<unsigned>((static_cast<long long>(items) + per_block - 1) / per_block);
-}
-
 }  // namespace
 
 cudaError_t LaunchLayerNormForward(const float* x, const float* w, const float* b, float* out, float* mean,

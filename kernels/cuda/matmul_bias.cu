@@ -96,7 +96,7 @@ cudaError_t LaunchBiasGrad(const void* dout, MatmulDtype dout_type, void* dbias,
   const int64_t chunks = BiasGradChunks(M, N, workspace_bytes);
   const int64_t rows_per_chunk = BiasGradRowsPerChunk(M, chunks);
   float* partial = chunks > 1 ? workspace : nullptr;
-  const dim3 grid(static_cast<unsigned>((N + kColsPerBlock - 1) / kColsPerBlock), static_cast<unsigned>(chunks));
+  const dim3 grid(BlocksFor(static_cast<size_t>(N), kColsPerBlock), static_cast<unsigned>(chunks));
   const dim3 block(kColsPerBlock, kRowLanes);
   cudaError_t err = cudaSuccess;
   WithElemType(dout_type, [&](auto in_tag) {
@@ -107,8 +107,8 @@ cudaError_t LaunchBiasGrad(const void* dout, MatmulDtype dout_type, void* dbias,
       BiasGradChunkKernel<<<grid, block, 0, stream>>>(static_cast<const TIn*>(dout), M, N, rows_per_chunk, partial, db);
       err = cudaGetLastError();
       if (err != cudaSuccess || partial == nullptr) return;
-      const auto finish_blocks = static_cast<unsigned>((N + kBlockThreads - 1) / kBlockThreads);
-      BiasGradFinishKernel<<<finish_blocks, kBlockThreads, 0, stream>>>(partial, chunks, N, db);
+      BiasGradFinishKernel<<<BlocksFor(static_cast<size_t>(N), kBlockThreads), kBlockThreads, 0, stream>>>(
+          partial, chunks, N, db);
       err = cudaGetLastError();
     });
   });

@@ -144,11 +144,11 @@ struct MatmulKey {
   bool tf32 = false;  // fp32 factors rounded to TF32 on the tensor cores (only when in == kF32)
   uint32_t align_a = 256, align_b = 256, align_c = 256, align_bias = 256;
 
+  // The layouts' rows and columns follow from the transposes and m, n, k, so they are not compared.
   auto Tie() const {
     const ColumnMajorGemm& g = gemm;
-    return std::make_tuple(g.trans_a, g.trans_b, g.m, g.n, g.k, g.a_rows, g.a_cols, g.lda, g.b_rows, g.b_cols, g.ldb,
-                           g.c_rows, g.c_cols, g.ldc, in, out, bias, fused_bias, tf32, align_a, align_b, align_c,
-                           align_bias);
+    return std::make_tuple(g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, in, out, bias, fused_bias, tf32,
+                           align_a, align_b, align_c, align_bias);
   }
   friend bool operator==(const MatmulKey& x, const MatmulKey& y) { return x.Tie() == y.Tie(); }
   friend bool operator!=(const MatmulKey& x, const MatmulKey& y) { return !(x == y); }

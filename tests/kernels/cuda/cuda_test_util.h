@@ -17,6 +17,12 @@ namespace strata::kernels::cuda::testing {
     ASSERT_EQ(strata_err_, cudaSuccess) << #call << ": " << cudaGetErrorString(strata_err_); \
   } while (0)
 
+// Asserts each of a list of ok flags (device allocations and copies).
+#define ASSERT_ALL_OK(...)                                                                    \
+  do {                                                                                        \
+    for (bool strata_ok_ : {__VA_ARGS__}) ASSERT_TRUE(strata_ok_) << "cudaMalloc/cudaMemcpy"; \
+  } while (0)
+
 // Skips every test of a suite derived from it when no CUDA device is visible.
 class CudaDeviceTest : public ::testing::Test {
  protected:

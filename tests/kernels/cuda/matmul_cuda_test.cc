@@ -115,11 +115,6 @@ void ExpectProductNear(const Vec& want, const Vec& got, const std::string& what,
     ASSERT_TRUE(strata_s_.ok()) << #expr << ": " << strata_s_.message; \
   } while (0)
 
-#define ASSERT_ALL_OK(...)                                                                    \
-  do {                                                                                        \
-    for (bool strata_ok_ : {__VA_ARGS__}) ASSERT_TRUE(strata_ok_) << "cudaMalloc/cudaMemcpy"; \
-  } while (0)
-
 // A context over a 32 MiB workspace (skips with the fixture's reason when there is no GPU).
 class MatmulCudaFixture : public testing::CudaDeviceTest {
  protected:

@@ -94,11 +94,6 @@ void ExpectUlpClose(const Vec& want, const Vec& got, const std::string& what, do
 }
 
 // Every DeviceVec of a test allocated and filled.
-#define ASSERT_ALL_OK(...)                                                                   \
-  do {                                                                                       \
-    for (bool strata_ok_ : {__VA_ARGS__}) ASSERT_TRUE(strata_ok_) << "cudaMalloc/cudaMemcpy"; \
-  } while (0)
-
 // ============================== LayerNorm ==============================
 
 struct RowShape {
