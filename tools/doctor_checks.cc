@@ -317,10 +317,10 @@ Verdict Worst(const std::vector<CheckResult>& checks) {
 // DeepSpeed semantics, per rank, P params over N ranks (shard = ceil(P / N)):
 //  - offload_optimizer cpu: fp32 grad + master + Adam m, v = 16 B x shard (the 16 of docs/decisions/0001).
 //  - offload_optimizer nvme: the fp32 grad shard stays pinned in host (4 B x shard) and
-//    max(buffer_count, 9) fp32 staging tiles of min(strata.nvme_tile_elems, the largest unit's shard)
+//    engine::NvmeStagingTiles fp32 staging tiles (max(buffer_count, 9) for Adam) of engine::NvmeTileElems
 //    elements stream master, m, v (engine Note [NVMe state]).
-//  - offload_param cpu: the param shard in param_dtype; nvme: max(buffer_count, max_live_units + 1)
-//    buffers of one unit's shard, 4 KiB-rounded (engine Note [NVMe params]).
+//  - offload_param cpu: the param shard in param_dtype; nvme: engine::NvmeParamBuffers buffers of one
+//    unit's shard, 4 KiB-rounded (engine Note [NVMe params]).
 // A kind with pin_memory=false pins nothing. The largest unit of the GPT is the embedding (V + T) x C
 // or a block (12 C^2 + 13 C), whichever is bigger.
 PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const gpt::GptConfig& model, int ranks) {
@@ -341,10 +341,10 @@ PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const gpt::GptConfig
     p.bytes_per_rank += b;
     parts.push_back(absl::StrCat(what, o.device == OffloadDevice::kCpu ? " on cpu " : " via nvme ", FormatBytes(b)));
   };
-  const uint64_t tile = std::min<uint64_t>(cfg.nvme_tile_elems, std::max<uint64_t>((unit_shard + 1023) / 1024 * 1024, 1024));
-  const uint64_t staging = std::max<uint64_t>(cfg.offload_optimizer.buffer_count, 9);
-  add(cfg.offload_optimizer, "optimizer", 16 * shard, 4 * shard + staging * 4 * tile);
-  const uint64_t param_buffers = std::max<uint64_t>(cfg.offload_param.buffer_count, cfg.max_live_units + 1);
+  // The engine's own sizing (engine/config.h); the GPT registers an embedding, its blocks and ln_f.
+  const uint64_t tile = engine::NvmeTileElems(cfg, unit_shard);
+  add(cfg.offload_optimizer, "optimizer", 16 * shard, 4 * shard + engine::NvmeStagingTiles(cfg) * 4 * tile);
+  const uint64_t param_buffers = engine::NvmeParamBuffers(cfg, engine::LiveGatheredUnits(cfg, model.layers + 2));
   add(cfg.offload_param, "params", dtype * shard, param_buffers * ((dtype * unit_shard + 4095) / 4096 * 4096));
   p.pinned = p.bytes_per_rank > 0;
   p.breakdown = absl::StrCat(absl::StrJoin(parts, " + "), "; ", params, " params over ", n, " ranks");

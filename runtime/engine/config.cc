@@ -38,6 +38,7 @@
 #include "runtime/base/nearest.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "runtime/optim/optimizer.h"
 
 namespace strata::engine {
 namespace {
@@ -691,6 +692,24 @@ const std::vector<std::string>& ValidKeyPaths() {
     return paths;
   }();
   return *kPaths;
+}
+
+int LiveGatheredUnits(const EngineConfig& cfg, int units) {
+  return cfg.stage == 3 && !cfg.reshard_after_forward ? std::max(cfg.max_live_units, units) : cfg.max_live_units;
+}
+
+size_t NvmeTileElems(const EngineConfig& cfg, size_t largest_update) {
+  const size_t configured = std::max<uint64_t>(cfg.nvme_tile_elems, 1024);
+  return std::min(configured, std::max<size_t>((largest_update + 1023) / 1024 * 1024, 1024));
+}
+
+size_t NvmeStagingTiles(const EngineConfig& cfg) {
+  const size_t lanes = 1 + optim::StateBuffers(cfg.optimizer);  // master, then the optimizer's state
+  return std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * lanes);
+}
+
+size_t NvmeParamBuffers(const EngineConfig& cfg, int live) {
+  return std::max<size_t>(cfg.offload_param.buffer_count, static_cast<size_t>(live) + 1);
 }
 
 }  // namespace strata::engine

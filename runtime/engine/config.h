@@ -80,4 +80,16 @@ absl::StatusOr<EngineConfig> ParseConfigWithOverrides(std::string_view json_text
 // Every valid key path, for error messages and docs.
 const std::vector<std::string>& ValidKeyPaths();
 
+// Sizes the engine derives from the config and the model's shape alone; `strata doctor` estimates pinned
+// memory with the same functions.
+// Gathered units that can be live at once (stage 3 without resharding after forward keeps every unit).
+int LiveGatheredUnits(const EngineConfig& cfg, int units);
+// Elements per NVMe optimizer tile: strata.nvme_tile_elems (at least 1024), no more than the largest
+// update range rounded up to 1024.
+size_t NvmeTileElems(const EngineConfig& cfg, size_t largest_update);
+// Pinned staging tiles of the NVMe optimizer update: enough for read, update and write of every lane.
+size_t NvmeStagingTiles(const EngineConfig& cfg);
+// Pinned buffers of the NVMe parameter cache: one more than the live gathered units, at least.
+size_t NvmeParamBuffers(const EngineConfig& cfg, int live);
+
 }  // namespace strata::engine

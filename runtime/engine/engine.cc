@@ -90,7 +90,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->world = &world;
-  impl->nvme_tile_elems = std::max<uint64_t>(config.nvme_tile_elems, 1024);
   if (config.fp16.enabled) {
     impl->loss_scale = config.fp16.static_loss_scale > 0 ? static_cast<float>(config.fp16.static_loss_scale)
                                                          : std::ldexp(1.0f, static_cast<int>(config.fp16.initial_scale_power));
@@ -235,11 +234,10 @@ absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t larg
     state += m.nvme_optimizer() ? 0 : m.update_elems(u) * 4 * optim::StateBuffers(m.cfg.optimizer);
   }
   if (m.nvme_optimizer()) {  // the pinned staging buffers of the tiled update (NVMe space is checked by the store)
-    add(*m.host_alloc, uint64_t(std::max<size_t>(m.cfg.offload_optimizer.buffer_count, 3 * m.lanes())) *
-                           m.nvme_tile_elems * 4, "NVMe staging buffers");
+    add(*m.host_alloc, uint64_t(NvmeStagingTiles(m.cfg)) * m.nvme_tile_elems * 4, "NVMe staging buffers");
   }
   if (m.nvme_params()) {  // the shard cache's buffers (NVMe space is checked by the store)
-    add(*m.host_alloc, m.ParamBufferCount(live) * offload::NvmeStore::IoBytes(largest_shard * m.param_bytes()),
+    add(*m.host_alloc, NvmeParamBuffers(m.cfg, live) * offload::NvmeStore::IoBytes(largest_shard * m.param_bytes()),
         "NVMe parameter buffers");
   } else {
     add(m.ParamTier(), params, "parameters");
@@ -278,13 +276,11 @@ absl::Status Engine::Finalize() {
     largest_shard = std::max(largest_shard, u.layout.shard_elems);
     names.push_back(u.layout.name);
   }
-  const int live = m.cfg.stage == 3 && !m.cfg.reshard_after_forward
-                       ? std::max<int>(m.cfg.max_live_units, static_cast<int>(m.units.size()))
-                       : m.cfg.max_live_units;
+  const int live = LiveGatheredUnits(m.cfg, static_cast<int>(m.units.size()));
   // A tile larger than the largest update range would only make the staging buffers bigger.
   size_t largest_update = 0;
   for (const UnitState& u : m.units) largest_update = std::max(largest_update, m.update_elems(u));
-  m.nvme_tile_elems = std::min(m.nvme_tile_elems, std::max<size_t>((largest_update + 1023) / 1024 * 1024, 1024));
+  m.nvme_tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, &device_need));
   STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));

@@ -97,7 +97,7 @@ struct Engine::Impl {
   // i-1 while tile i updates). Gradients stay on the pinned-host tier. Anything that needs the master in
   // memory (export, SetParam, checkpoints) stages one unit at a time.
   bool nvme_optimizer() const { return cfg.offload_optimizer.device == OffloadDevice::kNvme; }
-  size_t nvme_tile_elems = size_t{1} << 20;
+  size_t nvme_tile_elems = size_t{1} << 20;  // NvmeTileElems, set at Finalize
   std::unique_ptr<offload::IoQueue> io_queue;
   std::unique_ptr<offload::NvmeStore> nvme;
   std::unique_ptr<offload::PinnedPool> staging;
@@ -128,7 +128,6 @@ struct Engine::Impl {
   offload::ShardCacheStats param_io_mark;  // cache counters when the last step ended
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // by the tiled update in the current step
   absl::Status SetUpNvmeParams(int live, size_t largest_shard);  // engine_nvme.cc
-  size_t ParamBufferCount(int live) const;
   // Runs fn(p) with p = bytes [offset, offset + bytes) of the rank's parameter storage (what u.params
   // holds: the shard at stage 3, the whole unit otherwise), in host memory: in place where the CPU reaches
   // it, else a host copy written back (device memory: only that range; NVMe: through the cache). keep =

@@ -66,10 +66,6 @@ offload::PinnedPoolOptions PoolOptions(const Engine::Impl& m, size_t count, size
 }
 }  // namespace
 
-size_t Engine::Impl::ParamBufferCount(int live) const {
-  return std::max<size_t>(cfg.offload_param.buffer_count, static_cast<size_t>(live) + 1);
-}
-
 absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_param", cfg.offload_param.nvme_path));
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
@@ -83,7 +79,7 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
                                            StoreOptions(*this, cfg.offload_param.nvme_path, "params", need),
                                            io_queue.get()));
   STRATA_ASSIGN_OR_RETURN(param_buffers,
-                          offload::PinnedPool::Create(PoolOptions(*this, ParamBufferCount(live),
+                          offload::PinnedPool::Create(PoolOptions(*this, NvmeParamBuffers(cfg, live),
                                                                   std::max<size_t>(largest_shard * param_bytes(), 1),
                                                                   memory::Kind::kParamShard,
                                                                   cfg.offload_param.pin_memory),
@@ -121,8 +117,7 @@ absl::Status Engine::Impl::SetUpNvme() {
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(nvme,
                           offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), io_queue.get()));
-  const size_t buffers = std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * lanes());
-  STRATA_ASSIGN_OR_RETURN(staging, offload::PinnedPool::Create(PoolOptions(*this, buffers, nvme_tile_elems * 4,
+  STRATA_ASSIGN_OR_RETURN(staging, offload::PinnedPool::Create(PoolOptions(*this, NvmeStagingTiles(cfg), nvme_tile_elems * 4,
                                                                            memory::Kind::kScratch,
                                                                            cfg.offload_optimizer.pin_memory),
                                                                host_alloc.get()));
