@@ -29,17 +29,64 @@ ncclDataType_t NcclType(DType t) {
   return t == DType::kF32 ? ncclFloat32 : (t == DType::kBF16 ? ncclBfloat16 : ncclFloat16);
 }
 
+// Note [Nonblocking NCCL]. Every communicator Strata creates is nonblocking (ncclConfig_t::blocking = 0):
+// initialisation, split and finalisation return at once with ncclInProgress, and a blocking NCCL call
+// would otherwise wait forever for a rank that never arrives (its bootstrap has no deadline). So each
+// call is followed by Settle(), which polls ncclCommGetAsyncError until the state leaves ncclInProgress
+// or the deadline passes, and then aborts the communicator. Collectives may return ncclInProgress too
+// (connections are set up at first use); they are settled before their completion event is recorded,
+// since until then the kernel may not be on the stream yet.
+ncclConfig_t NonblockingConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// Polls the state (`poll()`: what ncclCommGetAsyncError says; see the Note) after a call that returned
+// `issued`. OK once the state is ncclSuccess; the NCCL error, or DeadlineExceeded after `timeout_ms`,
+// otherwise. Does not abort: the caller decides.
+template <typename Poll>
+absl::Status Settle(Poll&& poll, ncclResult_t issued, const std::string& what, int64_t timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  ncclResult_t state = issued;
+  while (state == ncclInProgress) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, " did not complete within ", timeout_ms, " ms"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    state = poll();
+  }
+  if (state == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, " failed: ", ncclGetErrorString(state), " (", ncclGetLastError(nullptr),
+                                          ")"));
+}
+
+// The state of a communicator nobody else can abort meanwhile.
+ncclResult_t StateOf(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+  return r == ncclSuccess ? state : r;
+}
+
 // The communicator handle, shared by the communicator and its pending collectives. ncclCommAbort frees
-// the communicator, so once aborted nobody polls it or destroys it again (the last owner destroys it
-// otherwise).
+// the communicator, so once aborted nobody polls it or destroys it again. The last owner finalises it
+// (waiting for every issued collective, within the deadline) and destroys it, or aborts it when the
+// finalisation does not settle.
 class NcclHandle {
  public:
-  explicit NcclHandle(ncclComm_t comm) : comm_(comm) {}
+  NcclHandle(ncclComm_t comm, int64_t timeout_ms) : comm_(comm), timeout_ms_(timeout_ms) {}
   ~NcclHandle() {
-    if (!aborted_) ncclCommDestroy(comm_);
+    if (aborted_) return;
+    const ncclComm_t comm = comm_;
+    if (Settle([comm] { return StateOf(comm); }, ncclCommFinalize(comm), "ncclCommFinalize", timeout_ms_).ok()) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
   }
   ncclComm_t comm() const { return comm_; }
-  // The asynchronous error; ncclInvalidUsage once aborted.
+  // The asynchronous state: ncclSuccess, ncclInProgress while a call settles, or the error;
+  // ncclInvalidUsage once aborted.
   ncclResult_t AsyncError() {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) return ncclInvalidUsage;
@@ -60,9 +107,22 @@ class NcclHandle {
 
  private:
   const ncclComm_t comm_;
+  const int64_t timeout_ms_;
   std::mutex mu_;
   bool aborted_ = false;
 };
+
+// A communicator fresh from a nonblocking init or split (`issued` is what the call returned), settled
+// within `timeout_ms`; aborted, and the failure annotated with `what`, when it does not settle.
+absl::Status SettleNew(ncclComm_t comm, ncclResult_t issued, const std::string& what, int64_t timeout_ms) {
+  if (issued != ncclSuccess && issued != ncclInProgress) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    return absl::InternalError(absl::StrCat(what, " failed: ", ncclGetErrorString(issued)));
+  }
+  absl::Status st = Settle([comm] { return StateOf(comm); }, issued, what, timeout_ms);
+  if (!st.ok()) ncclCommAbort(comm);
+  return st;
+}
 
 // Completion of one collective: polls the CUDA event and the communicator's asynchronous error against
 // the deadline; aborts the communicator on a timeout or an error (Note: NCCL cannot say which peer).
@@ -81,10 +141,10 @@ class NcclDone final : public device::Event {
         failed_ = absl::AbortedError(absl::StrCat(what_, ": the communicator was aborted after an earlier failure"));
         return failed_;
       }
-      const ncclResult_t async = comm_->AsyncError();
-      if (async != ncclSuccess || std::chrono::steady_clock::now() > deadline) {
+      const ncclResult_t async = comm_->AsyncError();  // ncclInProgress: another call is settling
+      if ((async != ncclSuccess && async != ncclInProgress) || std::chrono::steady_clock::now() > deadline) {
         comm_->Abort();
-        failed_ = async != ncclSuccess
+        failed_ = async != ncclSuccess && async != ncclInProgress
                       ? absl::InternalError(absl::StrCat(what_, ": NCCL asynchronous error: ", ncclGetErrorString(async)))
                       : absl::DeadlineExceededError(absl::StrCat(what_, " timed out after ", timeout_ms_,
                                                                  " ms (a peer is dead or stuck); communicator aborted"));
@@ -96,6 +156,9 @@ class NcclDone final : public device::Event {
   }
   bool Query() override { return !failed_.ok() || event_->Query(); }
   int64_t completed_ns() const override { return 0; }
+  // A stream waits for the collective's device event; a collective that failed before reaching the
+  // device has none, and a stream waiting for it fails with its status (CudaStream::WaitFor).
+  Event& waitable() override { return event_ != nullptr ? static_cast<Event&>(*event_) : *this; }
 
  private:
   std::unique_ptr<device::CudaEvent> event_;
@@ -108,7 +171,7 @@ class NcclDone final : public device::Event {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, Options o)
-      : handle_(std::make_shared<NcclHandle>(comm)), rank_(rank), size_(size), options_(std::move(o)) {}
+      : handle_(std::make_shared<NcclHandle>(comm, o.timeout_ms)), rank_(rank), size_(size), options_(std::move(o)) {}
   ~NcclCommunicator() override { cudaFree(barrier_); }
 
   int rank() const override { return rank_; }
@@ -133,6 +196,11 @@ class NcclCommunicator final : public Communicator {
     });
   }
   Work Broadcast(void* buf, size_t count, DType dtype, int root, device::Stream& s) override {
+    if (root < 0 || root >= size_) {
+      return FailOn(s, absl::InvalidArgumentError(absl::StrCat("broadcast #", seq_++, " on '", options_.name, "' (rank ",
+                                                               rank_, "): root ", root, " is outside the world of ",
+                                                               size_, " ranks")));
+    }
     return Run("broadcast", s, [&](cudaStream_t cs) {
       return ncclBroadcast(buf, buf, count, NcclType(dtype), root, comm(), cs);
     });
@@ -151,17 +219,27 @@ class NcclCommunicator final : public Communicator {
 
   absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms) override {
     if (handle_->aborted()) return absl::AbortedError(absl::StrCat("Dup('", name, "') of an aborted communicator"));
-    ncclComm_t c = nullptr;
-    STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommSplit(comm(), 0, rank_, &c, nullptr)));
     Options o = options_;
     o.name = name;
     if (timeout_ms > 0) o.timeout_ms = timeout_ms;
+    ncclConfig_t config = NonblockingConfig();
+    ncclComm_t c = nullptr;
+    const ncclResult_t issued = ncclCommSplit(comm(), 0, rank_, &c, &config);
+    STRATA_RETURN_IF_ERROR(SettleNew(c, issued, absl::StrCat("Dup('", name, "') of '", options_.name, "' (rank ", rank_,
+                                                             ", ncclCommSplit)"), o.timeout_ms));
     return std::unique_ptr<Communicator>(new NcclCommunicator(c, rank_, size_, std::move(o)));
   }
 
   void Abort(const absl::Status& cause) override { handle_->Abort(); }
 
  private:
+  // A collective that fails before it reaches the device: the failure is sticky on `s` at once (later
+  // collectives issued on it return it, as on the host back-ends) and the Work carries it.
+  Work FailOn(device::Stream& s, absl::Status failure) {
+    if (auto* cuda = dynamic_cast<device::CudaStream*>(&s)) cuda->Fail(failure);
+    return Work(std::make_shared<NcclDone>(std::move(failure)));
+  }
+
   template <typename F>
   Work Run(const char* what, device::Stream& s, F&& call) {
     const std::string label = absl::StrCat(what, " #", seq_++, " on '", options_.name, "' (rank ", rank_, ")");
@@ -173,11 +251,16 @@ class NcclCommunicator final : public Communicator {
       return Work(std::make_shared<NcclDone>(absl::InvalidArgumentError(
           absl::StrCat(label, ": the NCCL back-end needs a CUDA stream, got '", s.name(), "'"))));
     }
-    absl::Status st = STRATA_NCCL_CALL(call(cuda->native()));
-    auto event = device::CudaEvent::Create();
-    if (!st.ok() || !event.ok()) {
-      return Work(std::make_shared<NcclDone>(Annotate(st.ok() ? event.status() : st, label)));
+    // An earlier failure on this stream is sticky: nothing after it is issued.
+    if (absl::Status earlier = cuda->status(); !earlier.ok()) return Work(std::make_shared<NcclDone>(earlier));
+    // Note [Nonblocking NCCL]; polled through the handle, which another thread may abort meanwhile.
+    absl::Status st = Settle([this] { return handle_->AsyncError(); }, call(cuda->native()), label, options_.timeout_ms);
+    if (!st.ok()) {
+      handle_->Abort();
+      return FailOn(s, st);
     }
+    auto event = device::CudaEvent::Create();
+    if (!event.ok()) return FailOn(s, Annotate(event.status(), label));
     cuda->Record(**event);
     return Work(std::make_shared<NcclDone>(std::move(*event), handle_, label, options_.timeout_ms));
   }
@@ -294,8 +377,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> AdoptNcclCommunicator(void* nccl_c
   int size = 0, rank = 0;
   STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommCount(theirs, &size)));
   STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommUserRank(theirs, &rank)));
+  ncclConfig_t config = NonblockingConfig();  // Note [Nonblocking NCCL], whatever the caller's is
   ncclComm_t ours = nullptr;
-  STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommSplit(theirs, 0, rank, &ours, nullptr)));
+  const ncclResult_t issued = ncclCommSplit(theirs, 0, rank, &ours, &config);
+  STRATA_RETURN_IF_ERROR(SettleNew(ours, issued, absl::StrCat("adopting the caller's NCCL communicator (rank ", rank,
+                                                              " of ", size, ", ncclCommSplit)"),
+                                   options.timeout_ms));
   return std::unique_ptr<Communicator>(new NcclCommunicator(ours, rank, size, options));
 }
 
@@ -312,8 +399,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const std::
     return absl::InvalidArgumentError(absl::StrCat("an NCCL id has ", sizeof(uid.internal), " bytes, got ", id.size()));
   }
   std::memcpy(uid.internal, id.data(), id.size());
+  ncclConfig_t config = NonblockingConfig();  // Note [Nonblocking NCCL]: a rank that never joins is a deadline
   ncclComm_t comm = nullptr;
-  STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommInitRank(&comm, world_size, uid, rank)));
+  const ncclResult_t issued = ncclCommInitRankConfig(&comm, world_size, uid, rank, &config);
+  STRATA_RETURN_IF_ERROR(SettleNew(
+      comm, issued,
+      absl::StrCat("NCCL initialisation of rank ", rank, " of ", world_size,
+                   " (every rank must start, pass the same id and reach rank 0's address; NCCL_SOCKET_IFNAME "
+                   "picks the interface)"),
+      options.timeout_ms));
   return std::unique_ptr<Communicator>(new NcclCommunicator(comm, rank, world_size, options));
 }
 

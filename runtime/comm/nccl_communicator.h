@@ -3,6 +3,8 @@
 // the stream's progress and ncclCommGetAsyncError against the communicator's deadline, and on a timeout
 // or an asynchronous error aborts the communicator (ncclCommAbort) and fails naming the collective and
 // the rank, so a dead peer never becomes a hang. One communicator per stream: Dup() is ncclCommSplit.
+// Every NCCL communicator Strata makes is nonblocking, so initialisation and splits are deadline-bounded
+// too (Note [Nonblocking NCCL] in the .cc).
 // Bootstrap: rank 0 makes the id (NewNcclId) and hands it to the others, through MPI (a host
 // Communicator's Broadcast) or the torchrun-style TCP exchange (bootstrap.h).
 #pragma once
@@ -18,8 +20,9 @@ namespace strata::comm {
 // A fresh ncclUniqueId as bytes (rank 0 only).
 absl::StatusOr<std::string> NewNcclId();
 
-// Collective over `world_size` processes that pass the same id; selects the calling thread's CUDA device
-// beforehand. Blocks until every rank joined or `options.timeout_ms` passed.
+// Collective over `world_size` processes that pass the same id; the caller selects its CUDA device
+// beforehand. Blocks until every rank joined; after `options.timeout_ms` it aborts the half-made
+// communicator and returns DeadlineExceeded naming the rank and the world size.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const std::string& id, int rank, int world_size,
                                                                      const Options& options);
 

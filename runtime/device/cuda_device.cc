@@ -90,7 +90,17 @@ void CudaStream::Record(Event& event) {
 }
 
 void CudaStream::WaitFor(Event& event) {
-  absl::Status s = STRATA_CUDA_CALL(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).native(), 0));
+  auto* cuda = dynamic_cast<CudaEvent*>(&event.waitable());
+  if (cuda == nullptr) {
+    // Nothing on the device to wait for: an operation that failed before it got there (its status
+    // becomes this stream's), or a host-side event, which the device cannot wait for.
+    absl::Status s = event.Query() ? event.Synchronize()
+                                   : absl::InvalidArgumentError(absl::StrCat(
+                                         "CUDA stream '", name_, "' cannot wait on the device for a pending host event"));
+    if (!s.ok()) Fail(std::move(s));
+    return;
+  }
+  absl::Status s = STRATA_CUDA_CALL(cudaStreamWaitEvent(stream_, cuda->native(), 0));
   if (!s.ok()) Fail(std::move(s));
 }
 

@@ -55,11 +55,13 @@ class CudaStream final : public Stream {
   void WaitFor(Event& event) override;
   absl::Status Synchronize() override;
   absl::Status status() override;  // host-side: failed tasks and CUDA calls made through this class
+  // Makes `s` the sticky status now, unless the stream failed before (a collective refused before it
+  // reached the device). Later host tasks are skipped; work already on the device still runs.
+  void Fail(absl::Status s);
   cudaStream_t native() const { return stream_; }
 
  private:
   CudaStream(std::string name, cudaStream_t s) : name_(std::move(name)), stream_(s) {}
-  void Fail(absl::Status s);
   const std::string name_;
   cudaStream_t stream_;
   std::mutex mu_;

@@ -36,6 +36,9 @@ class Event {
   virtual bool Query() = 0;
   // Monotonic time (ns) at which the last recorded point completed; 0 before. Used by timelines.
   virtual int64_t completed_ns() const = 0;
+  // What a stream's WaitFor waits on: this event, or the event a wrapper holds (an NCCL collective's
+  // completion wraps the CUDA event recorded after it).
+  virtual Event& waitable() { return *this; }
 };
 
 class Stream {

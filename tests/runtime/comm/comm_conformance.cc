@@ -23,6 +23,16 @@ float InputValue(DType dtype, int rank, size_t i, int salt) {
                                : kernels::HalfToFloat(kernels::FloatToHalf(v));
 }
 
+namespace {
+ArrayMemory& Memory() {
+  static ArrayMemory memory{[](size_t bytes) { return std::malloc(bytes == 0 ? 1 : bytes); }, std::free};
+  return memory;
+}
+}  // namespace
+
+void SetArrayMemory(ArrayMemory memory) { Memory() = memory; }
+const ArrayMemory& GetArrayMemory() { return Memory(); }
+
 void ExpectElements(int rank, const std::string& what, const HostArray& got, size_t offset,
                     const std::vector<double>& want, const std::vector<double>& tol) {
   size_t bad = 0;

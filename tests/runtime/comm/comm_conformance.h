@@ -18,8 +18,10 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -50,6 +52,16 @@ const std::vector<Case>& Cases();
 // Element counts of the data cases: empty, one, odd, large, and 1001 (not a multiple of 2, 3 or 4).
 inline constexpr size_t kCounts[] = {0, 1, 7, 1000, 1001};
 
+// Where HostArray keeps its bytes: the heap, unless a back-end's test binary installs other functions
+// before any case runs. The NCCL test installs CUDA managed memory, which both the host and NCCL's
+// kernels address, so that the cases run unchanged on a device-buffer back-end.
+struct ArrayMemory {
+  void* (*allocate)(size_t bytes);  // nullptr when it cannot
+  void (*release)(void* p);
+};
+void SetArrayMemory(ArrayMemory memory);
+const ArrayMemory& GetArrayMemory();
+
 // A flat host buffer of `count` elements of `dtype`, followed by guard elements; every byte starts as
 // a sentinel so that elements a collective failed to write, or wrote past the end, are visible.
 class HostArray {
@@ -58,12 +70,16 @@ class HostArray {
   static constexpr size_t kGuardElems = 4;
 
   HostArray(DType dtype, size_t count)
-      : dtype_(dtype), count_(count), bytes_((count + kGuardElems) * DTypeBytes(dtype), kSentinelByte) {}
+      : dtype_(dtype), count_(count), size_((count + kGuardElems) * DTypeBytes(dtype)),
+        bytes_(static_cast<unsigned char*>(GetArrayMemory().allocate(size_)), GetArrayMemory().release) {
+    if (bytes_ == nullptr) std::abort();  // a test harness out of memory
+    std::memset(bytes_.get(), kSentinelByte, size_);
+  }
   DType dtype() const { return dtype_; }
   size_t count() const { return count_; }
-  void* data() { return bytes_.data(); }
-  const void* data() const { return bytes_.data(); }
-  void* at(size_t i) { return bytes_.data() + i * DTypeBytes(dtype_); }
+  void* data() { return bytes_.get(); }
+  const void* data() const { return bytes_.get(); }
+  void* at(size_t i) { return bytes_.get() + i * DTypeBytes(dtype_); }
   // Rounds to dtype.
   void Set(size_t i, float v) {
     if (dtype_ == DType::kF32) {
@@ -74,7 +90,7 @@ class HostArray {
     std::memcpy(at(i), &h, sizeof(h));
   }
   double Get(size_t i) const {
-    const unsigned char* p = bytes_.data() + i * DTypeBytes(dtype_);
+    const unsigned char* p = bytes_.get() + i * DTypeBytes(dtype_);
     if (dtype_ == DType::kF32) {
       float v;
       std::memcpy(&v, p, sizeof(v));
@@ -85,8 +101,8 @@ class HostArray {
     return dtype_ == DType::kBF16 ? kernels::Bf16ToFloat(h) : kernels::HalfToFloat(h);
   }
   bool GuardIntact() const {
-    for (size_t b = count_ * DTypeBytes(dtype_); b < bytes_.size(); ++b) {
-      if (bytes_[b] != kSentinelByte) return false;
+    for (size_t b = count_ * DTypeBytes(dtype_); b < size_; ++b) {
+      if (bytes_.get()[b] != kSentinelByte) return false;
     }
     return true;
   }
@@ -94,7 +110,8 @@ class HostArray {
  private:
   DType dtype_;
   size_t count_;
-  std::vector<unsigned char> bytes_;
+  size_t size_;  // bytes, guard included
+  std::unique_ptr<unsigned char, void (*)(void*)> bytes_;
 };
 
 // Element i of rank r's input (already representable in dtype). `salt` separates the inputs of

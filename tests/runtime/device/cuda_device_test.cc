@@ -1,7 +1,6 @@
 // The CUDA device on a real GPU (label gpu; skipped with the reason where none is visible): stream
 // order with host tasks, events across streams, sticky task errors, the arena allocator's zeroed blocks
-// and budget, the pinned pool registered with cudaHostRegister, and the NCCL back-end at world size 1
-// against host-computed results.
+// and budget, the pinned pool registered with cudaHostRegister. (The NCCL back-end: tests/runtime/comm/nccl_test.cc.)
 #include "runtime/device/cuda_device.h"
 
 #include <cuda_runtime_api.h>
@@ -14,9 +13,6 @@
 #include "gtest/gtest.h"
 #include "offload/pinned_pool.h"
 #include "runtime/memory/cuda_arena_allocator.h"
-#if STRATA_WITH_NCCL
-#include "runtime/comm/nccl_communicator.h"
-#endif
 
 namespace strata::device {
 namespace {
@@ -86,35 +82,36 @@ TEST(CudaPinnedPool, BuffersAreRegisteredHostMemory) {
   cudaFree(device);
 }
 
-#if STRATA_WITH_NCCL
-TEST(Nccl, WorldSizeOneCollectivesMatchTheHost) {
+// WaitFor on an event with nothing on the device behind it (device::Event::waitable): a failed one makes
+// the waiting stream fail with its status; a pending host-side one cannot be waited for on the device
+// and fails the stream naming it, instead of being reinterpreted as a CUDA event.
+TEST(CudaStream, WaitingForAnEventThatIsNotOnTheDevice) {
   SKIP_WITHOUT_GPU();
   auto dev = CudaDevice::Create(0);
-  auto s = (*dev)->CreateStream("nccl");
-  auto id = comm::NewNcclId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto c = comm::CreateNcclCommunicator(*id, 0, 1, comm::Options{});
-  ASSERT_TRUE(c.ok()) << c.status();
-  const size_t n = 1001;
-  std::vector<float> host(n);
-  for (size_t i = 0; i < n; ++i) host[i] = float(i % 7) - 3;
-  float *x = nullptr, *y = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&x), n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&y), n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(x, host.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  for (int op = 0; op < 3; ++op) {
-    comm::Work w = op == 0   ? (*c)->AllGather(x, y, n, DType::kF32, **s)
-                   : op == 1 ? (*c)->ReduceScatter(x, y, n, DType::kF32, comm::ReduceOp::kSum, **s)
-                             : (*c)->AllReduce(x, y, n, DType::kF32, comm::ReduceOp::kAvg, **s);
-    ASSERT_TRUE(w.Wait().ok()) << op;
-    std::vector<float> out(n);
-    ASSERT_EQ(cudaMemcpy(out.data(), y, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(out, host) << "op " << op;
-  }
-  cudaFree(x);
-  cudaFree(y);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  struct HostOnly final : Event {
+    explicit HostOnly(bool done, absl::Status s) : done(done), status(std::move(s)) {}
+    absl::Status Synchronize() override { return status; }
+    bool Query() override { return done; }
+    int64_t completed_ns() const override { return 0; }
+    bool done;
+    absl::Status status;
+  };
+  auto failed_waiter = (*dev)->CreateStream("failed_waiter");
+  auto pending_waiter = (*dev)->CreateStream("pending_waiter");
+  auto ok_waiter = (*dev)->CreateStream("ok_waiter");
+  ASSERT_TRUE(failed_waiter.ok() && pending_waiter.ok() && ok_waiter.ok());
+  HostOnly failed(true, absl::DataLossError("refused before the device")), pending(false, absl::OkStatus()),
+      finished(true, absl::OkStatus());
+  (*failed_waiter)->WaitFor(failed);
+  (*pending_waiter)->WaitFor(pending);
+  (*ok_waiter)->WaitFor(finished);
+  EXPECT_EQ((*failed_waiter)->Synchronize(), failed.status);
+  const absl::Status p = (*pending_waiter)->Synchronize();
+  EXPECT_EQ(p.code(), absl::StatusCode::kInvalidArgument) << p;
+  EXPECT_NE(p.message().find("pending_waiter"), absl::string_view::npos) << p;
+  EXPECT_TRUE((*ok_waiter)->Synchronize().ok());
 }
-#endif
 
 }  // namespace
 }  // namespace strata::device
