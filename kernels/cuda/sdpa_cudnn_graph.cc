@@ -27,7 +27,8 @@
 //   Stats = M + log(Z) (bound); P = E / Z (I/O type); O = P V (bound).
 // Backward (recomputes P from Stats, the flash-attention way):
 //   D = rowsum(dO * O) * 1 (bound fp32 scratch; the "* 1" is the frontend's dropout rescale, kept so the
-//   graph is the one the engine is known to accept); S1 = Q K^T * scale; P = exp(mask(S1 - Stats));
+//   graph is the one the engine is known to accept); S1 = Q K^T * scale; P = exp(mask(S1) - Stats), the
+//   mask filling with -FLT_MAX in every version, as the frontend's backward does;
 //   dV = reshape(P)^T dO; dS = (dO V^T - D) * P * scale; dK = reshape(dS)^T Q;
 //   dQacc = dS K (bound fp32 scratch, K the reshape of K^T back to [B, NH, T, hd]); dQ = identity(dQacc).
 // Checked without a GPU (cuDNN 9.19; the operation graph finalized without a handle, and the heuristics
@@ -35,7 +36,9 @@
 // both graphs as SDPA_FWD / SDPA_BWD for bf16 and fp16, T = 64 ... 1024, head dims 64 ... 256, and its
 // mode-A heuristics propose the flash-attention engines (forward engines 1 and 2, backward 6 and 7),
 // whose plans then stop only at run-time compilation, for want of libcuda on that machine. A graph with P
-// left in fp32 is, by contrast, rejected by the pattern check. Whether a plan finalizes, what it
+// left in fp32 is, by contrast, rejected by the pattern check. The backward used to subtract Stats before
+// masking (the same numbers: both orders give exp(...) = 0 where masked); cuDNN proposed engines 6 and 7
+// for either order, and the frontend's order is kept since it is the one known to run. Whether a plan finalizes, what it
 // computes and how fast, only a GPU run shows: a rejected graph comes back as kUnsupported with cuDNN's
 // per-engine reasons (cudnn_graph_util.h), and the trainer falls back to the reference kernel.
 #include "kernels/cuda/sdpa_cudnn_graph.h"
@@ -56,14 +59,14 @@ SdpaShape ShapeOf(const SdpaPlanKey& k) {
 
 cudnnDataType_t IoType(SdpaDtype dtype) { return dtype == SdpaDtype::kBf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
 
-// The fill value of masked scores (Note [SDPA graphs]).
-float MaskFill() {
+// The fill value of the forward's masked scores (Note [SDPA graphs]).
+float ForwardMaskFill() {
   return cudnnGetVersion() < 91000 ? std::numeric_limits<float>::lowest() : -std::numeric_limits<float>::infinity();
 }
 
 // select(row >= col, scores, fill): the causal (top-left aligned) mask of a [B, NH, T, T] score tensor.
-int64_t CausalMask(GraphBuilder& g, int64_t scores, const Dims4& dims) {
-  const int64_t fill = g.Scalar("mask fill", MaskFill());
+int64_t CausalMask(GraphBuilder& g, int64_t scores, const Dims4& dims, float fill_value) {
+  const int64_t fill = g.Scalar("mask fill", fill_value);
   const int64_t row = g.Virtual("row index", CUDNN_DATA_INT32, dims);
   const int64_t col = g.Virtual("column index", CUDNN_DATA_INT32, dims);
   const int64_t keep = g.Virtual("row >= column", CUDNN_DATA_BOOLEAN, dims);
@@ -112,7 +115,7 @@ void DeclareForward(GraphBuilder& g, const SdpaPlanKey& key) {
   const Dims4 scores{key.B, key.NH, key.T, key.T}, rows{key.B, key.NH, key.T, 1};
   const CommonTensors t = DeclareCommonTensors(g, key);
 
-  const int64_t masked = CausalMask(g, ScaledScores(g, t.q, t.kt, t.scale, scores), scores);
+  const int64_t masked = CausalMask(g, ScaledScores(g, t.q, t.kt, t.scale, scores), scores, ForwardMaskFill());
   // Softmax with its log-sum-exp saved for the backward (the frontend's composite softmax).
   const int64_t max = g.Virtual("row max", kF32, rows);
   const int64_t shifted = g.Virtual("S - max", kF32, scores);
@@ -155,12 +158,13 @@ void DeclareBackward(GraphBuilder& g, const SdpaPlanKey& key) {
   g.Pointwise("D = rowsum * 1", CUDNN_POINTWISE_MUL, kF32, softmax_sum, do_o_sum, one);
 
   // P, recomputed from the forward's stats; then dV = P^T dO.
+  const int64_t masked =
+      CausalMask(g, ScaledScores(g, q, kt, scale, scores), scores, std::numeric_limits<float>::lowest());
   const int64_t shifted = g.Virtual("S - stats", kF32, scores);
-  g.Pointwise("S - stats", CUDNN_POINTWISE_SUB, kF32, shifted, ScaledScores(g, q, kt, scale, scores), t.stats);
-  const int64_t masked = CausalMask(g, shifted, scores);
+  g.Pointwise("S - stats", CUDNN_POINTWISE_SUB, kF32, shifted, masked, t.stats);
   const int64_t p = g.Virtual("P", kF32, scores);
   const int64_t pt = g.Virtual("P^T", io, {key.B, key.NH, key.T, key.T}, transposed);
-  g.Pointwise("P = exp", CUDNN_POINTWISE_EXP, kF32, p, masked);
+  g.Pointwise("P = exp", CUDNN_POINTWISE_EXP, kF32, p, shifted);
   g.Reshape("P^T", p, pt);
   g.Matmul("dV = P^T dO", pt, d_o, dv);
 
