@@ -68,10 +68,11 @@ ncclResult_t StateOf(ncclComm_t comm) {
   return r == ncclSuccess ? state : r;
 }
 
-// The communicator handle, shared by the communicator and its pending collectives. ncclCommAbort frees
-// the communicator, so once aborted nobody polls it or destroys it again. The last owner finalises it
-// (waiting for every issued collective, within the deadline) and destroys it, or aborts it when the
-// finalisation does not settle.
+// The communicator handle, shared by the communicator and its pending collectives. One lock covers every
+// use of the communicator: issuing a call and settling it (Issue), polling its state and aborting it,
+// since ncclCommGetAsyncError is not a plain read and ncclCommAbort frees the communicator. Once aborted
+// nobody polls it or destroys it again. The last owner finalises it (waiting for every issued
+// collective, within the deadline) and destroys it, or aborts it when the finalisation does not settle.
 class NcclHandle {
  public:
   NcclHandle(ncclComm_t comm, int64_t timeout_ms) : comm_(comm), timeout_ms_(timeout_ms) {}
@@ -84,21 +85,26 @@ class NcclHandle {
       ncclCommAbort(comm_);
     }
   }
-  ncclComm_t comm() const { return comm_; }
+  // Runs `call(comm)`, an NCCL call on this communicator, and settles it (Note [Nonblocking NCCL]); a
+  // failure aborts the communicator. Aborted, without calling, when it was aborted before.
+  template <typename Call>
+  absl::Status Issue(Call&& call, const std::string& what, int64_t timeout_ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return absl::AbortedError(absl::StrCat(what, ": the communicator was aborted after an earlier failure"));
+    const ncclComm_t comm = comm_;
+    absl::Status st = Settle([comm] { return StateOf(comm); }, call(comm), what, timeout_ms);
+    if (!st.ok()) AbortLocked();
+    return st;
+  }
   // The asynchronous state: ncclSuccess, ncclInProgress while a call settles, or the error;
   // ncclInvalidUsage once aborted.
   ncclResult_t AsyncError() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (aborted_) return ncclInvalidUsage;
-    ncclResult_t r = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &r);
-    return r;
+    return aborted_ ? ncclInvalidUsage : StateOf(comm_);
   }
   void Abort() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (aborted_) return;
-    ncclCommAbort(comm_);
-    aborted_ = true;
+    AbortLocked();
   }
   bool aborted() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -106,14 +112,20 @@ class NcclHandle {
   }
 
  private:
+  void AbortLocked() {
+    if (aborted_) return;
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+
   const ncclComm_t comm_;
   const int64_t timeout_ms_;
   std::mutex mu_;
   bool aborted_ = false;
 };
 
-// A communicator fresh from a nonblocking init or split (`issued` is what the call returned), settled
-// within `timeout_ms`; aborted, and the failure annotated with `what`, when it does not settle.
+// A communicator fresh from a nonblocking init (`issued` is what the call returned), settled within
+// `timeout_ms`; aborted, and the failure annotated with `what`, when it does not settle.
 absl::Status SettleNew(ncclComm_t comm, ncclResult_t issued, const std::string& what, int64_t timeout_ms) {
   if (issued != ncclSuccess && issued != ncclInProgress) {
     if (comm != nullptr) ncclCommAbort(comm);
@@ -122,6 +134,31 @@ absl::Status SettleNew(ncclComm_t comm, ncclResult_t issued, const std::string& 
   absl::Status st = Settle([comm] { return StateOf(comm); }, issued, what, timeout_ms);
   if (!st.ok()) ncclCommAbort(comm);
   return st;
+}
+
+// Splits a communicator (Dup, or adopting the caller's) into one over the same ranks, ordered by `key`.
+// With a nonblocking parent the split runs as a job of the parent's, which writes the child into the
+// output slot when it finishes, possibly after ncclCommSplit returned ncclSuccess; until then the
+// parent's state is ncclInProgress. So the slot is heap memory that outlives the call, the parent is
+// settled first (`settle_parent` runs the split and settles it: NcclHandle::Issue for ours), then the
+// child. A child the split made is aborted on a failure once the slot is final: after any failure when
+// `settle_parent` aborts the parent then (ours), else after failures other than the deadline. The caller
+// frees the slot unless the parent's job may still write it (the deadline passed, the parent not ours).
+template <typename SettleParent>
+absl::StatusOr<ncclComm_t> Split(ncclComm_t* slot, int key, SettleParent&& settle_parent, bool aborts_parent,
+                                 const std::string& what, int64_t timeout_ms) {
+  const absl::Status st = settle_parent([slot, key](ncclComm_t parent) {
+    ncclConfig_t config = NonblockingConfig();
+    const ncclResult_t r = ncclCommSplit(parent, 0, key, slot, &config);
+    return r == ncclSuccess ? ncclInProgress : r;  // done only when the parent's state says so
+  });
+  if (!st.ok()) {
+    if ((aborts_parent || !absl::IsDeadlineExceeded(st)) && *slot != nullptr) ncclCommAbort(*slot);
+    return st;
+  }
+  if (*slot == nullptr) return absl::InternalError(absl::StrCat(what, ": ncclCommSplit settled without a communicator"));
+  STRATA_RETURN_IF_ERROR(SettleNew(*slot, ncclInProgress, what, timeout_ms));
+  return *slot;
 }
 
 // Completion of one collective: polls the CUDA event and the communicator's asynchronous error against
@@ -180,19 +217,19 @@ class NcclCommunicator final : public Communicator {
   bool device_buffers() const override { return true; }
 
   Work AllGather(const void* send, void* recv, size_t count, DType dtype, device::Stream& s) override {
-    return Run("all_gather", s, [&](cudaStream_t cs) {
-      return ncclAllGather(send, recv, count, NcclType(dtype), comm(), cs);
+    return Run("all_gather", s, [&](ncclComm_t c, cudaStream_t cs) {
+      return ncclAllGather(send, recv, count, NcclType(dtype), c, cs);
     });
   }
   Work ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                      device::Stream& s) override {
-    return Run("reduce_scatter", s, [&](cudaStream_t cs) {
-      return ncclReduceScatter(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm(), cs);
+    return Run("reduce_scatter", s, [&](ncclComm_t c, cudaStream_t cs) {
+      return ncclReduceScatter(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, c, cs);
     });
   }
   Work AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, device::Stream& s) override {
-    return Run("all_reduce", s, [&](cudaStream_t cs) {
-      return ncclAllReduce(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm(), cs);
+    return Run("all_reduce", s, [&](ncclComm_t c, cudaStream_t cs) {
+      return ncclAllReduce(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, c, cs);
     });
   }
   Work Broadcast(void* buf, size_t count, DType dtype, int root, device::Stream& s) override {
@@ -201,8 +238,8 @@ class NcclCommunicator final : public Communicator {
                                                                rank_, "): root ", root, " is outside the world of ",
                                                                size_, " ranks")));
     }
-    return Run("broadcast", s, [&](cudaStream_t cs) {
-      return ncclBroadcast(buf, buf, count, NcclType(dtype), root, comm(), cs);
+    return Run("broadcast", s, [&](ncclComm_t c, cudaStream_t cs) {
+      return ncclBroadcast(buf, buf, count, NcclType(dtype), root, c, cs);
     });
   }
   // A one-element all-reduce (NCCL discards empty collectives, so a zero count would order nothing).
@@ -212,8 +249,8 @@ class NcclCommunicator final : public Communicator {
       return Work(std::make_shared<NcclDone>(absl::ResourceExhaustedError(
           absl::StrCat("barrier on '", options_.name, "': cudaMalloc of its 4-byte buffer failed"))));
     }
-    return Run("barrier", s, [&](cudaStream_t cs) {
-      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm(), cs);
+    return Run("barrier", s, [&](ncclComm_t c, cudaStream_t cs) {
+      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, c, cs);
     });
   }
 
@@ -222,11 +259,12 @@ class NcclCommunicator final : public Communicator {
     Options o = options_;
     o.name = name;
     if (timeout_ms > 0) o.timeout_ms = timeout_ms;
-    ncclConfig_t config = NonblockingConfig();
-    ncclComm_t c = nullptr;
-    const ncclResult_t issued = ncclCommSplit(comm(), 0, rank_, &c, &config);
-    STRATA_RETURN_IF_ERROR(SettleNew(c, issued, absl::StrCat("Dup('", name, "') of '", options_.name, "' (rank ", rank_,
-                                                             ", ncclCommSplit)"), o.timeout_ms));
+    const std::string what = absl::StrCat("Dup('", name, "') of '", options_.name, "' (rank ", rank_, ", ncclCommSplit)");
+    // Issue aborts the parent when the split does not settle, which ends its job: the slot is then final.
+    auto slot = std::make_unique<ncclComm_t>(nullptr);
+    STRATA_ASSIGN_OR_RETURN(
+        ncclComm_t c, Split(slot.get(), rank_, [&](auto&& call) { return handle_->Issue(call, what, o.timeout_ms); },
+                            /*aborts_parent=*/true, what, o.timeout_ms));
     return std::unique_ptr<Communicator>(new NcclCommunicator(c, rank_, size_, std::move(o)));
   }
 
@@ -253,19 +291,14 @@ class NcclCommunicator final : public Communicator {
     }
     // An earlier failure on this stream is sticky: nothing after it is issued.
     if (absl::Status earlier = cuda->status(); !earlier.ok()) return Work(std::make_shared<NcclDone>(earlier));
-    // Note [Nonblocking NCCL]; polled through the handle, which another thread may abort meanwhile.
-    absl::Status st = Settle([this] { return handle_->AsyncError(); }, call(cuda->native()), label, options_.timeout_ms);
-    if (!st.ok()) {
-      handle_->Abort();
-      return FailOn(s, st);
-    }
+    cudaStream_t cs = cuda->native();
+    absl::Status st = handle_->Issue([&](ncclComm_t c) { return call(c, cs); }, label, options_.timeout_ms);
+    if (!st.ok()) return FailOn(s, st);
     auto event = device::CudaEvent::Create();
     if (!event.ok()) return FailOn(s, Annotate(event.status(), label));
     cuda->Record(**event);
     return Work(std::make_shared<NcclDone>(std::move(*event), handle_, label, options_.timeout_ms));
   }
-
-  ncclComm_t comm() const { return handle_->comm(); }
 
   std::shared_ptr<NcclHandle> handle_;
   float* barrier_ = nullptr;  // Barrier's device element
@@ -377,13 +410,22 @@ absl::StatusOr<std::unique_ptr<Communicator>> AdoptNcclCommunicator(void* nccl_c
   int size = 0, rank = 0;
   STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommCount(theirs, &size)));
   STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommUserRank(theirs, &rank)));
-  ncclConfig_t config = NonblockingConfig();  // Note [Nonblocking NCCL], whatever the caller's is
-  ncclComm_t ours = nullptr;
-  const ncclResult_t issued = ncclCommSplit(theirs, 0, rank, &ours, &config);
-  STRATA_RETURN_IF_ERROR(SettleNew(ours, issued, absl::StrCat("adopting the caller's NCCL communicator (rank ", rank,
-                                                              " of ", size, ", ncclCommSplit)"),
-                                   options.timeout_ms));
-  return std::unique_ptr<Communicator>(new NcclCommunicator(ours, rank, size, options));
+  // Ours is nonblocking (Note [Nonblocking NCCL]). Whether the split itself is bounded by the deadline is
+  // the caller's communicator's choice: NCCL takes it from the parent, and a blocking parent blocks here.
+  // The caller's communicator is theirs: a split that does not settle leaves it as it is, and its job
+  // may still write the slot, which is therefore not freed then.
+  const std::string what = absl::StrCat("adopting the caller's NCCL communicator (rank ", rank, " of ", size,
+                                        ", ncclCommSplit)");
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
+  auto ours = Split(
+      slot.get(), rank,
+      [&](auto&& call) { return Settle([theirs] { return StateOf(theirs); }, call(theirs), what, options.timeout_ms); },
+      /*aborts_parent=*/false, what, options.timeout_ms);
+  if (!ours.ok()) {
+    if (absl::IsDeadlineExceeded(ours.status())) slot.release();  // NOLINT: still NCCL's to write
+    return ours.status();
+  }
+  return std::unique_ptr<Communicator>(new NcclCommunicator(*ours, rank, size, options));
 }
 
 absl::StatusOr<std::string> NewNcclId() {
@@ -419,6 +461,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromHost(Communicator& h
   }
   STRATA_RETURN_IF_ERROR(host.Broadcast(id.data(), id.size() / 2, DType::kF16, 0, host_stream).Wait());
   return CreateNcclCommunicator(id, host.rank(), host.size(), options);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromTorchrun(const TorchrunEnv& env, const Options& options) {
+  std::string id;
+  if (env.rank == 0) {
+    STRATA_ASSIGN_OR_RETURN(id, NewNcclId());
+  }
+  STRATA_ASSIGN_OR_RETURN(id, ExchangeBlob(env, id, options.timeout_ms));
+  return CreateNcclCommunicator(id, env.rank, env.world_size, options);
 }
 
 }  // namespace strata::comm

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "runtime/comm/bootstrap.h"
 #include "runtime/comm/communicator.h"
 
 namespace strata::comm {
@@ -40,5 +41,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> HostBuffersOverNccl(std::unique_pt
 // Spreads rank 0's id over a host communicator (MPI launch) and creates the NCCL communicator.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromHost(Communicator& host, device::Stream& host_stream,
                                                                  const Options& options);
+
+// A torchrun-style launch (no MPI): rank 0's id travels over the TCP exchange (ExchangeBlob), then the
+// NCCL communicator of `env.world_size` ranks, on the CUDA device the caller selected. Each step gives up
+// after `options.timeout_ms`.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromTorchrun(const TorchrunEnv& env, const Options& options);
 
 }  // namespace strata::comm

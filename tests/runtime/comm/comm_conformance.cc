@@ -325,7 +325,8 @@ void WorkBody(RankHarness& h) {
   Gate hold;
   auto consumer = h.device.CreateStream("consumer");
   ASSERT_TRUE(consumer.ok());
-  Op op{.kind = Kind::kAllReduce, .in_place = true, .count = 64, .salt = 7};
+  // Out of place, so the collective writes recv even at world size 1 (where an in-place one may do nothing).
+  Op op{.kind = Kind::kAllReduce, .count = 64, .salt = 7};
   Prepare(op, rank, world);
   h.stream.Enqueue(hold.Task());  // the collective cannot start before the gate opens
   op.work = Issue(h.comm, h.stream, op);
