@@ -1,4 +1,5 @@
-// `strata train`: the GPT-2 trainer on the engine (host back-end), one process per rank under mpirun.
+// `strata train`: the GPT-2 trainer on the engine, one process per rank under mpirun, srun or torchrun
+// (Note [Launchers]).
 #include <csignal>
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -15,11 +17,16 @@
 #include "examples/gpt/data.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/weights.h"
+#include "runtime/base/env.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/checkpoint/manifest.h"
+#include "runtime/comm/bootstrap.h"
 #include "runtime/comm/mpi_communicator.h"
+#if STRATA_WITH_NCCL
+#include "runtime/comm/nccl_communicator.h"
+#endif
 #include "runtime/device/host_device.h"
 #include "tools/compute.h"
 #include "tools/commands.h"
@@ -158,7 +165,9 @@ absl::Status PrepareOutputs(const TrainOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
+// `world` carries the engine's collectives; `host` (host buffers) the trainer's own, and is `world`
+// itself unless the world is NCCL (Note [Launchers]).
+absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Communicator& host, Compute& compute) {
   const int rank = world.rank(), n = world.size();
   if (rank == 0) STRATA_RETURN_IF_ERROR(PrepareOutputs(o));
   const int micro = static_cast<int>(o.engine.train_micro_batch_size_per_gpu);
@@ -167,7 +176,6 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, gpt::LoadTokens(o.data, o.model.vocab));
   STRATA_ASSIGN_OR_RETURN(gpt::Sampler sampler, gpt::Sampler::Create(static_cast<int64_t>(tokens.size()),
                                                                       o.model.seq_len, o.engine.seed, o.order));
-  STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.matmul, o.attention, o.engine.param_dtype));
   device::HostDevice dev;  // host streams for the trainer's own collectives (metrics)
   STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(o.engine, world, *compute.device));
   STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model, std::move(compute.nn)));
@@ -229,7 +237,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
     const float mine[3] = {static_cast<float>(loss), g_stop_signal.load() != 0 ? 1.0f : 0.0f,
                            static_cast<float>(wait_ms)};
     std::vector<float> all(3 * n);
-    STRATA_RETURN_IF_ERROR(world.AllGather(mine, all.data(), 3, DType::kF32, *metrics_stream).Wait());
+    STRATA_RETURN_IF_ERROR(host.AllGather(mine, all.data(), 3, DType::kF32, *metrics_stream).Wait());
     float mean_loss = 0, stop = 0, max_wait_ms = 0;
     for (int q = 0; q < n; ++q) {  // in rank order: the same sum on every rank and every run
       mean_loss += all[3 * q] / n;
@@ -269,7 +277,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   if (!o.trace.empty()) {
-    STRATA_RETURN_IF_ERROR(WriteTrace(world, *metrics_stream, trace, o.trace));
+    STRATA_RETURN_IF_ERROR(WriteTrace(host, *metrics_stream, trace, o.trace));
     if (rank == 0) std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
   }
   if (rank == 0) {
@@ -284,27 +292,93 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world) {
   return absl::OkStatus();
 }
 
+// Note [Launchers]. `strata train` runs one process per rank. Under mpirun or srun the MPI world is
+// the job: the engine bootstraps NCCL over it on GPUs, and the host back-end's collectives are MPI's.
+// Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and MPI a 1-rank singleton in
+// each process) the job is the torchrun world: on GPUs rank 0's NCCL id travels over the TCP exchange
+// (comm::CreateNcclFromTorchrun), the engine takes that NCCL world, and the trainer's own small
+// collectives (metrics, trace) ride on it through a device bounce (comm::HostBuffersOverNccl). The host
+// back-end has no collectives without MPI, so a torchrun launch of more than one rank on the host is
+// refused with the way to launch it instead of running N separate 1-rank jobs. A torchrun launch is
+// recognised by WORLD_SIZE (MASTER_ADDR and MASTER_PORT alone are often left in a shell by other jobs).
+struct Launch {
+  int rank = 0;
+  int size = 1;
+  std::optional<comm::TorchrunEnv> torchrun;  // set for a torchrun launch
+};
+
+absl::StatusOr<Launch> DetectLaunch(const comm::MpiRuntime& mpi) {
+  Launch l{mpi.world_rank(), mpi.world_size(), std::nullopt};
+  const env::TorchrunVars vars = env::Torchrun();
+  if (mpi.world_size() > 1 || !vars.world_size) return l;
+  STRATA_ASSIGN_OR_RETURN(comm::TorchrunEnv t, comm::ParseTorchrunEnv(vars));
+  l.rank = t.rank;
+  l.size = t.world_size;
+  l.torchrun = t;
+  return l;
+}
+
+// The engine's world and the trainer's host-buffer communicator (Note [Launchers]).
+struct Worlds {
+  std::unique_ptr<comm::Communicator> world;
+  std::unique_ptr<comm::Communicator> host;  // null: `world` takes host buffers itself
+  comm::Communicator& host_buffers() { return host ? *host : *world; }
+};
+
+absl::StatusOr<Worlds> MakeWorlds(comm::MpiRuntime& mpi, const Launch& launch, const Compute& compute,
+                                  const comm::Options& options) {
+  Worlds w;
+  if (!launch.torchrun || compute.device->kind() == device::DeviceKind::kHost) {  // 1 rank (see TrainCommand)
+    STRATA_ASSIGN_OR_RETURN(w.world, mpi.World(options));
+    return w;
+  }
+#if STRATA_WITH_NCCL
+  STRATA_ASSIGN_OR_RETURN(w.world, comm::CreateNcclFromTorchrun(*launch.torchrun, options));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> trainer, w.world->Dup("trainer", options.timeout_ms));
+  STRATA_ASSIGN_OR_RETURN(w.host, comm::HostBuffersOverNccl(std::move(trainer)));
+  return w;
+#else
+  return absl::UnimplementedError("a torchrun launch on GPUs needs NCCL, and this build has none; use mpirun");
+#endif
+}
+
 }  // namespace
 
 int TrainCommand(const std::vector<std::string>& args) {
   auto mpi = StartMpi("train");
   if (mpi == nullptr) return 1;
-  const int rank = mpi->world_rank();
+  auto launch = DetectLaunch(*mpi);
+  if (!launch.ok()) {
+    std::fprintf(stderr, "strata train: %s\n", std::string(launch.status().message()).c_str());
+    return 2;
+  }
+  const int rank = launch->rank;
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       if (rank == 0) std::fputs(Flags::Usage("train", TrainFlagDefs()).c_str(), stdout);
       return 0;
     }
   }
-  auto opts = ParseTrainOptions(args, mpi->world_size());
+  auto opts = ParseTrainOptions(args, launch->size);
   if (!opts.ok()) {
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(opts.status().message()).c_str());
     return 2;
   }
+  auto compute = MakeCompute(opts->device, opts->matmul, opts->attention, opts->engine.param_dtype);
+  if (compute.ok() && launch->torchrun && launch->size > 1 && (*compute).device->kind() == device::DeviceKind::kHost) {
+    if (rank == 0) {
+      std::fprintf(stderr,
+                   "strata train: started by torchrun (WORLD_SIZE=%d) on the host back-end, whose collectives need "
+                   "MPI: launch it with `mpirun -n %d strata train ...` (or srun), or train on GPUs (--device cuda), "
+                   "where torchrun's variables bootstrap NCCL\n",
+                   launch->size, launch->size);
+    }
+    return 2;
+  }
   comm::Options copts;
   copts.timeout_ms = opts->engine.collective_timeout_ms;
-  auto world = mpi->World(copts);
-  absl::Status s = world.ok() ? Train(*opts, **world) : world.status();
+  auto worlds = compute.ok() ? MakeWorlds(*mpi, *launch, *compute, copts) : compute.status();
+  absl::Status s = worlds.ok() ? Train(*opts, *worlds->world, worlds->host_buffers(), *compute) : worlds.status();
   if (absl::IsCancelled(s)) {  // a clean stop on SIGINT / SIGTERM: every rank agreed at a step boundary
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(s.message()).c_str());
     return 128 + g_stop_signal.load();
@@ -313,7 +387,7 @@ int TrainCommand(const std::vector<std::string>& args) {
     STRATA_LOG(Error) << "rank " << rank << " failed: " << s.message();
     // Let peers that detect the same collective error print theirs before the job is torn down.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    if (world.ok() && mpi->world_size() > 1) (*world)->Abort(s);
+    if (worlds.ok() && launch->size > 1) worlds->world->Abort(s);
     return 1;
   }
   return 0;

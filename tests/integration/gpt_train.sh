@@ -142,6 +142,28 @@ PY
   expect_error "--tf32 against --matmul" "disagree" --tf32 --matmul bf16
   expect_error "bf16 products on the host" "needs --device cuda" --device host --matmul bf16
   expect_error "fused attention on the host" "needs --device cuda" --device host --attention fused
+
+  # torchrun-style launches (Note [Launchers] in tools/train_command.cc): each process is a 1-rank MPI
+  # singleton, so the variables define the job. More than one rank on the host back-end is refused with
+  # the way to launch it (not N separate 1-rank jobs); a bad variable is named; one rank trains.
+  torchrun_env() {  # torchrun_env RANK WORLD_SIZE CMD...
+    local r=$1 w=$2; shift 2
+    env RANK="$r" WORLD_SIZE="$w" LOCAL_RANK="$r" MASTER_ADDR=127.0.0.1 MASTER_PORT=29531 "$@"
+  }
+  for r in 0 1; do
+    out=$(torchrun_env "$r" 2 "$strata" train "${small[@]}" --steps 1 --device host 2>&1); rc=$?
+    [ $rc -eq 2 ] && { [ "$r" != 0 ] || grep -q -- "mpirun -n 2 strata train" <<<"$out"; }
+    check "torchrun, 2 ranks on the host: refused, rank $r exits 2 (rank 0 naming mpirun -n 2)" $? "rc=$rc: $out"
+  done
+  out=$(torchrun_env 7 2 "$strata" train "${small[@]}" --steps 1 --device host 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q "RANK='7' is not an integer in \[0, 1\]" <<<"$out"
+  check "torchrun with RANK outside WORLD_SIZE: named" $? "rc=$rc: $out"
+  out=$(torchrun_env 0 1 "$strata" train "${small[@]}" --steps 2 --device host --save-weights "$work/tr.safetensors" 2>&1) &&
+    "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 2 --device host --save-weights "$work/mp.safetensors" > /dev/null 2>&1 &&
+    out=$("$strata" compare "$work/tr.safetensors" "$work/mp.safetensors" --rtol 0 2>&1)
+  check "torchrun with 1 rank trains as mpirun -n 1 does (bit for bit)" $? "$out"
+  out=$(env MASTER_ADDR=127.0.0.1 MASTER_PORT=29531 "$strata" train "${small[@]}" --steps 1 --device host 2>&1)
+  check "MASTER_ADDR and MASTER_PORT alone (left by another job) are not a torchrun launch" $? "$out"
 fi
 
 echo "$((runs - fails)) passed, $fails failed"
