@@ -17,8 +17,9 @@
 #include "runtime/base/status.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
-#include "tools/compute.h"
 #include "tools/commands.h"
+#include "tools/compute.h"
+#include "tools/launch.h"
 #include "tools/mpi_command.h"
 #include "tools/train_options.h"
 
@@ -41,8 +42,9 @@ double SgemmGflops(int M, int K, int N) {
   return 2.0 * M * K * N * reps / secs / 1e9;
 }
 
-absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) {
-  STRATA_ASSIGN_OR_RETURN(Compute compute, MakeCompute(o.device, o.matmul, o.attention, o.engine.param_dtype));
+// `world` carries the engine's collectives, `host` (host buffers) the bench's own (launch.h).
+absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Communicator& host, Compute& compute,
+                   bool json) {
   // On a GPU the reference is the dense bf16 matrix-product rate (MFU); on the host, sgemm (below).
   const bool gpu = compute.nn != nullptr;
   double bf16_flops = 0;
@@ -73,9 +75,9 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
     return absl::OkStatus();
   };
   STRATA_RETURN_IF_ERROR(run_step());  // warm-up: records the schedule, touches all memory
-  STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
+  STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
   const double sgemm = gpu ? 0.0 : SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
-  STRATA_RETURN_IF_ERROR(world.Barrier(*sync).Wait());
+  STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
   const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
   fwd_bwd_s = opt_s = 0;
   const auto t0 = Clock::now();
@@ -89,7 +91,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, bool json) 
   getrusage(RUSAGE_SELF, &ru);
   float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;  // ru_maxrss is in KiB on Linux
   std::vector<float> all_rss(world.size());
-  STRATA_RETURN_IF_ERROR(world.AllGather(&rss_mib, all_rss.data(), 1, DType::kF32, *sync).Wait());
+  STRATA_RETURN_IF_ERROR(host.AllGather(&rss_mib, all_rss.data(), 1, DType::kF32, *sync).Wait());
   const double max_rss_mib = *std::max_element(all_rss.begin(), all_rss.end());
   if (world.rank() != 0) return absl::OkStatus();
   const std::string shape = gpt::Describe(o.model);
@@ -141,11 +143,20 @@ int BenchStepCommand(const std::vector<std::string>& args) {
   bool has_steps = false;
   for (const auto& a : rest) has_steps |= a.rfind("--steps", 0) == 0;
   if (!has_steps) rest.insert(rest.end(), {"--steps", "3"});
-  auto opts = ParseTrainOptions(rest, mpi->world_size());
-  absl::Status s = opts.status();
+  auto launch = DetectLaunch(*mpi);
+  absl::Status s = launch.status();
   if (s.ok()) {
-    auto world = mpi->World(comm::Options{});
-    s = world.ok() ? Bench(*opts, **world, json) : world.status();
+    auto opts = ParseTrainOptions(rest, launch->size);
+    auto compute = opts.ok() ? MakeCompute(opts->device, opts->matmul, opts->attention, opts->engine.param_dtype)
+                             : opts.status();
+    if (compute.ok()) {
+      if (auto refused = RefuseHostUnderTorchrun(*launch, *compute, "bench step")) {
+        if (launch->rank == 0) std::fprintf(stderr, "strata bench step: %s\n", refused->c_str());
+        return 2;
+      }
+    }
+    auto worlds = compute.ok() ? MakeWorlds(*mpi, *launch, *compute, comm::Options{}) : compute.status();
+    s = worlds.ok() ? Bench(*opts, *worlds->world, worlds->host_buffers(), *compute, json) : worlds.status();
   }
   if (!s.ok()) {
     std::fprintf(stderr, "strata bench step: %s\n", std::string(s.message()).c_str());

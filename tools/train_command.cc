@@ -1,5 +1,5 @@
 // `strata train`: the GPT-2 trainer on the engine, one process per rank under mpirun, srun or torchrun
-// (Note [Launchers]).
+// (Note [Launchers] in launch.cc).
 #include <csignal>
 
 #include <atomic>
@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -17,19 +16,15 @@
 #include "examples/gpt/data.h"
 #include "examples/gpt/gpt_model.h"
 #include "examples/gpt/weights.h"
-#include "runtime/base/env.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/checkpoint/manifest.h"
-#include "runtime/comm/bootstrap.h"
 #include "runtime/comm/mpi_communicator.h"
-#if STRATA_WITH_NCCL
-#include "runtime/comm/nccl_communicator.h"
-#endif
 #include "runtime/device/host_device.h"
-#include "tools/compute.h"
 #include "tools/commands.h"
+#include "tools/compute.h"
+#include "tools/launch.h"
 #include "tools/mpi_command.h"
 #include "tools/model_flags.h"
 #include "tools/step_diagnostics.h"
@@ -292,56 +287,6 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   return absl::OkStatus();
 }
 
-// Note [Launchers]. `strata train` runs one process per rank. Under mpirun or srun the MPI world is
-// the job: the engine bootstraps NCCL over it on GPUs, and the host back-end's collectives are MPI's.
-// Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and MPI a 1-rank singleton in
-// each process) the job is the torchrun world: on GPUs rank 0's NCCL id travels over the TCP exchange
-// (comm::CreateNcclFromTorchrun), the engine takes that NCCL world, and the trainer's own small
-// collectives (metrics, trace) ride on it through a device bounce (comm::HostBuffersOverNccl). The host
-// back-end has no collectives without MPI, so a torchrun launch of more than one rank on the host is
-// refused with the way to launch it instead of running N separate 1-rank jobs. A torchrun launch is
-// recognised by WORLD_SIZE (MASTER_ADDR and MASTER_PORT alone are often left in a shell by other jobs).
-struct Launch {
-  int rank = 0;
-  int size = 1;
-  std::optional<comm::TorchrunEnv> torchrun;  // set for a torchrun launch
-};
-
-absl::StatusOr<Launch> DetectLaunch(const comm::MpiRuntime& mpi) {
-  Launch l{mpi.world_rank(), mpi.world_size(), std::nullopt};
-  const env::TorchrunVars vars = env::Torchrun();
-  if (mpi.world_size() > 1 || !vars.world_size) return l;
-  STRATA_ASSIGN_OR_RETURN(comm::TorchrunEnv t, comm::ParseTorchrunEnv(vars));
-  l.rank = t.rank;
-  l.size = t.world_size;
-  l.torchrun = t;
-  return l;
-}
-
-// The engine's world and the trainer's host-buffer communicator (Note [Launchers]).
-struct Worlds {
-  std::unique_ptr<comm::Communicator> world;
-  std::unique_ptr<comm::Communicator> host;  // null: `world` takes host buffers itself
-  comm::Communicator& host_buffers() { return host ? *host : *world; }
-};
-
-absl::StatusOr<Worlds> MakeWorlds(comm::MpiRuntime& mpi, const Launch& launch, const Compute& compute,
-                                  const comm::Options& options) {
-  Worlds w;
-  if (!launch.torchrun || compute.device->kind() == device::DeviceKind::kHost) {  // 1 rank (see TrainCommand)
-    STRATA_ASSIGN_OR_RETURN(w.world, mpi.World(options));
-    return w;
-  }
-#if STRATA_WITH_NCCL
-  STRATA_ASSIGN_OR_RETURN(w.world, comm::CreateNcclFromTorchrun(*launch.torchrun, options));
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> trainer, w.world->Dup("trainer", options.timeout_ms));
-  STRATA_ASSIGN_OR_RETURN(w.host, comm::HostBuffersOverNccl(std::move(trainer)));
-  return w;
-#else
-  return absl::UnimplementedError("a torchrun launch on GPUs needs NCCL, and this build has none; use mpirun");
-#endif
-}
-
 }  // namespace
 
 int TrainCommand(const std::vector<std::string>& args) {
@@ -365,15 +310,11 @@ int TrainCommand(const std::vector<std::string>& args) {
     return 2;
   }
   auto compute = MakeCompute(opts->device, opts->matmul, opts->attention, opts->engine.param_dtype);
-  if (compute.ok() && launch->torchrun && launch->size > 1 && (*compute).device->kind() == device::DeviceKind::kHost) {
-    if (rank == 0) {
-      std::fprintf(stderr,
-                   "strata train: started by torchrun (WORLD_SIZE=%d) on the host back-end, whose collectives need "
-                   "MPI: launch it with `mpirun -n %d strata train ...` (or srun), or train on GPUs (--device cuda), "
-                   "where torchrun's variables bootstrap NCCL\n",
-                   launch->size, launch->size);
+  if (compute.ok()) {
+    if (auto refused = RefuseHostUnderTorchrun(*launch, *compute, "train")) {
+      if (rank == 0) std::fprintf(stderr, "strata train: %s\n", refused->c_str());
+      return 2;
     }
-    return 2;
   }
   comm::Options copts;
   copts.timeout_ms = opts->engine.collective_timeout_ms;

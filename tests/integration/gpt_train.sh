@@ -143,7 +143,7 @@ PY
   expect_error "bf16 products on the host" "needs --device cuda" --device host --matmul bf16
   expect_error "fused attention on the host" "needs --device cuda" --device host --attention fused
 
-  # torchrun-style launches (Note [Launchers] in tools/train_command.cc): each process is a 1-rank MPI
+  # torchrun-style launches (Note [Launchers] in tools/launch.cc): each process is a 1-rank MPI
   # singleton, so the variables define the job. More than one rank on the host back-end is refused with
   # the way to launch it (not N separate 1-rank jobs); a bad variable is named; one rank trains.
   torchrun_env() {  # torchrun_env RANK WORLD_SIZE CMD...
@@ -155,6 +155,9 @@ PY
     [ $rc -eq 2 ] && { [ "$r" != 0 ] || grep -q -- "mpirun -n 2 strata train" <<<"$out"; }
     check "torchrun, 2 ranks on the host: refused, rank $r exits 2 (rank 0 naming mpirun -n 2)" $? "rc=$rc: $out"
   done
+  out=$(torchrun_env 0 2 "$strata" bench step "${small[@]}" --device host 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q -- "mpirun -n 2 strata bench step" <<<"$out"
+  check "torchrun, 2 ranks of bench step on the host: refused naming mpirun -n 2" $? "rc=$rc: $out"
   out=$(torchrun_env 7 2 "$strata" train "${small[@]}" --steps 1 --device host 2>&1); rc=$?
   [ $rc -eq 2 ] && grep -q "RANK='7' is not an integer in \[0, 1\]" <<<"$out"
   check "torchrun with RANK outside WORLD_SIZE: named" $? "rc=$rc: $out"

@@ -1,0 +1,58 @@
+#include "tools/launch.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/env.h"
+#include "runtime/base/status.h"
+#if STRATA_WITH_NCCL
+#include "runtime/comm/nccl_communicator.h"
+#endif
+
+namespace strata::tools {
+
+// Note [Launchers]. The CLI runs one process per rank. Under mpirun or srun the MPI world is the job:
+// the engine bootstraps NCCL over it on GPUs, and the host back-end's collectives are MPI's. Under
+// torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and MPI a 1-rank singleton in each
+// process) the job is the torchrun world: on GPUs rank 0's NCCL id travels over the TCP exchange
+// (comm::CreateNcclFromTorchrun), the engine takes that NCCL world, and the command's own small
+// collectives ride on it through a device bounce (comm::HostBuffersOverNccl). The host back-end has no
+// collectives without MPI, so a torchrun launch of more than one rank on the host is refused with the
+// way to launch it instead of running N separate 1-rank jobs. A torchrun launch is recognised by
+// WORLD_SIZE: MASTER_ADDR and MASTER_PORT alone are often left in a shell by earlier PyTorch jobs.
+
+absl::StatusOr<Launch> DetectLaunch(const comm::MpiRuntime& mpi) {
+  Launch l{mpi.world_rank(), mpi.world_size(), std::nullopt};
+  const env::TorchrunVars vars = env::Torchrun();
+  if (mpi.world_size() > 1 || !vars.world_size) return l;
+  STRATA_ASSIGN_OR_RETURN(comm::TorchrunEnv t, comm::ParseTorchrunEnv(vars));
+  l.rank = t.rank;
+  l.size = t.world_size;
+  l.torchrun = t;
+  return l;
+}
+
+std::optional<std::string> RefuseHostUnderTorchrun(const Launch& launch, const Compute& compute,
+                                                   const std::string& command) {
+  if (!launch.torchrun || launch.size == 1 || compute.device->kind() != device::DeviceKind::kHost) return std::nullopt;
+  return absl::StrCat("started by torchrun (WORLD_SIZE=", launch.size, ") on the host back-end, whose collectives ",
+                      "need MPI: launch it with `mpirun -n ", launch.size, " strata ", command,
+                      " ...` (or srun), or run on GPUs (--device cuda), where torchrun's variables bootstrap NCCL");
+}
+
+absl::StatusOr<Worlds> MakeWorlds(comm::MpiRuntime& mpi, const Launch& launch, const Compute& compute,
+                                  const comm::Options& options) {
+  Worlds w;
+  if (!launch.torchrun || compute.device->kind() == device::DeviceKind::kHost) {  // MPI, or 1 torchrun rank
+    STRATA_ASSIGN_OR_RETURN(w.world, mpi.World(options));
+    return w;
+  }
+#if STRATA_WITH_NCCL
+  STRATA_ASSIGN_OR_RETURN(w.world, comm::CreateNcclFromTorchrun(*launch.torchrun, options));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> own, w.world->Dup("host-buffers", options.timeout_ms));
+  STRATA_ASSIGN_OR_RETURN(w.host, comm::HostBuffersOverNccl(std::move(own)));
+  return w;
+#else
+  return absl::UnimplementedError("a torchrun launch on GPUs needs NCCL, and this build has none; use mpirun");
+#endif
+}
+
+}  // namespace strata::tools
