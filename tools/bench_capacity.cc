@@ -15,6 +15,7 @@
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/commands.h"
+#include "tools/launch.h"
 #include "tools/mpi_command.h"
 #include "tools/train_options.h"
 
@@ -116,6 +117,16 @@ int BenchCapacityCommand(const std::vector<std::string>& args) {
     } else {
       rest.push_back(args[i]);
     }
+  }
+  // The search runs the host back-end (Note [Launchers]): MPI's world, or one torchrun rank.
+  auto launch = DetectLaunch(*mpi);
+  if (!launch.ok()) {
+    std::fprintf(stderr, "strata bench capacity: %s\n", std::string(launch.status().message()).c_str());
+    return 2;
+  }
+  if (auto refused = RefuseHostUnderTorchrun(*launch, device::DeviceKind::kHost, "bench capacity")) {
+    if (launch->rank == 0) std::fprintf(stderr, "strata bench capacity: %s\n", refused->c_str());
+    return 2;
   }
   auto opts = ParseTrainOptions(rest, mpi->world_size());
   absl::Status s = opts.status();

@@ -150,7 +150,7 @@ int BenchStepCommand(const std::vector<std::string>& args) {
     auto compute = opts.ok() ? MakeCompute(opts->device, opts->matmul, opts->attention, opts->engine.param_dtype)
                              : opts.status();
     if (compute.ok()) {
-      if (auto refused = RefuseHostUnderTorchrun(*launch, *compute, "bench step")) {
+      if (auto refused = RefuseHostUnderTorchrun(*launch, (*compute).device->kind(), "bench step")) {
         if (launch->rank == 0) std::fprintf(stderr, "strata bench step: %s\n", refused->c_str());
         return 2;
       }

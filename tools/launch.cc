@@ -30,9 +30,9 @@ absl::StatusOr<Launch> DetectLaunch(const comm::MpiRuntime& mpi) {
   return l;
 }
 
-std::optional<std::string> RefuseHostUnderTorchrun(const Launch& launch, const Compute& compute,
+std::optional<std::string> RefuseHostUnderTorchrun(const Launch& launch, device::DeviceKind kind,
                                                    const std::string& command) {
-  if (!launch.torchrun || launch.size == 1 || compute.device->kind() != device::DeviceKind::kHost) return std::nullopt;
+  if (!launch.torchrun || launch.size == 1 || kind != device::DeviceKind::kHost) return std::nullopt;
   return absl::StrCat("started by torchrun (WORLD_SIZE=", launch.size, ") on the host back-end, whose collectives ",
                       "need MPI: launch it with `mpirun -n ", launch.size, " strata ", command,
                       " ...` (or srun), or run on GPUs (--device cuda), where torchrun's variables bootstrap NCCL");

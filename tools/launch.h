@@ -10,6 +10,7 @@
 #include "runtime/comm/bootstrap.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/mpi_communicator.h"
+#include "runtime/device/device.h"
 #include "tools/compute.h"
 
 namespace strata::tools {
@@ -25,8 +26,8 @@ struct Launch {
 absl::StatusOr<Launch> DetectLaunch(const comm::MpiRuntime& mpi);
 
 // Why `strata <command>` cannot run as launched: a torchrun launch of more than one rank on the host
-// back-end, whose collectives need MPI (the message names the mpirun command); nullopt when it can.
-std::optional<std::string> RefuseHostUnderTorchrun(const Launch& launch, const Compute& compute,
+// back-end (`kind`), whose collectives need MPI (the message names the mpirun command); nullopt when it can.
+std::optional<std::string> RefuseHostUnderTorchrun(const Launch& launch, device::DeviceKind kind,
                                                    const std::string& command);
 
 // The engine's world, and a communicator on host buffers for the command's own small collectives

@@ -311,7 +311,7 @@ int TrainCommand(const std::vector<std::string>& args) {
   }
   auto compute = MakeCompute(opts->device, opts->matmul, opts->attention, opts->engine.param_dtype);
   if (compute.ok()) {
-    if (auto refused = RefuseHostUnderTorchrun(*launch, *compute, "train")) {
+    if (auto refused = RefuseHostUnderTorchrun(*launch, (*compute).device->kind(), "train")) {
       if (rank == 0) std::fprintf(stderr, "strata train: %s\n", refused->c_str());
       return 2;
     }

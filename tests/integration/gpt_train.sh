@@ -158,6 +158,9 @@ PY
   out=$(torchrun_env 0 2 "$strata" bench step "${small[@]}" --device host 2>&1); rc=$?
   [ $rc -eq 2 ] && grep -q -- "mpirun -n 2 strata bench step" <<<"$out"
   check "torchrun, 2 ranks of bench step on the host: refused naming mpirun -n 2" $? "rc=$rc: $out"
+  out=$(torchrun_env 0 2 "$strata" bench capacity "${small[@]}" 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q -- "mpirun -n 2 strata bench capacity" <<<"$out"
+  check "torchrun, 2 ranks of bench capacity (host only): refused naming mpirun -n 2" $? "rc=$rc: $out"
   out=$(torchrun_env 7 2 "$strata" train "${small[@]}" --steps 1 --device host 2>&1); rc=$?
   [ $rc -eq 2 ] && grep -q "RANK='7' is not an integer in \[0, 1\]" <<<"$out"
   check "torchrun with RANK outside WORLD_SIZE: named" $? "rc=$rc: $out"
