@@ -144,20 +144,22 @@ int BenchStepCommand(const std::vector<std::string>& args) {
   for (const auto& a : rest) has_steps |= a.rfind("--steps", 0) == 0;
   if (!has_steps) rest.insert(rest.end(), {"--steps", "3"});
   auto launch = DetectLaunch(*mpi);
-  absl::Status s = launch.status();
-  if (s.ok()) {
-    auto opts = ParseTrainOptions(rest, launch->size);
-    auto compute = opts.ok() ? MakeCompute(opts->device, opts->matmul, opts->attention, opts->engine.param_dtype)
-                             : opts.status();
-    if (compute.ok()) {
-      if (auto refused = RefuseHostUnderTorchrun(*launch, (*compute).device->kind(), "bench step")) {
-        if (launch->rank == 0) std::fprintf(stderr, "strata bench step: %s\n", refused->c_str());
-        return 2;
-      }
-    }
-    auto worlds = compute.ok() ? MakeWorlds(*mpi, *launch, *compute, comm::Options{}) : compute.status();
-    s = worlds.ok() ? Bench(*opts, *worlds->world, worlds->host_buffers(), *compute, json) : worlds.status();
+  if (!launch.ok()) {
+    std::fprintf(stderr, "strata bench step: %s\n", std::string(launch.status().message()).c_str());
+    return 2;
   }
+  auto opts = ParseTrainOptions(rest, launch->size);
+  if (!opts.ok()) {
+    if (launch->rank == 0) std::fprintf(stderr, "strata bench step: %s\n", std::string(opts.status().message()).c_str());
+    return 2;
+  }
+  if (auto refused = RefuseHostUnderTorchrun(*launch, DeviceKindFor(opts->device), "bench step")) {
+    if (launch->rank == 0) std::fprintf(stderr, "strata bench step: %s\n", refused->c_str());
+    return 2;
+  }
+  auto job = StartJob(*mpi, *launch, *opts, comm::Options{});
+  const absl::Status s =
+      job.ok() ? Bench(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute, json) : job.status();
   if (!s.ok()) {
     std::fprintf(stderr, "strata bench step: %s\n", std::string(s.message()).c_str());
     return 1;

@@ -10,8 +10,15 @@
 
 namespace strata::tools {
 
+device::DeviceKind DeviceKindFor(const std::string& which) {
+#if STRATA_WITH_CUDA
+  if (which == "auto" && device::CudaDeviceCount() > 0) return device::DeviceKind::kCuda;
+#endif
+  return which == "cuda" ? device::DeviceKind::kCuda : device::DeviceKind::kHost;
+}
+
 absl::StatusOr<Compute> MakeCompute(const std::string& which, std::optional<gpt::Products> matmul,
-                                    gpt::AttentionKind attention, DType param_dtype) {
+                                    gpt::AttentionKind attention, DType param_dtype, std::optional<int> local_rank) {
   if (which != "host" && which != "cuda" && which != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("--device '", which, "': use cuda, host or auto"));
   }
@@ -25,8 +32,8 @@ absl::StatusOr<Compute> MakeCompute(const std::string& which, std::optional<gpt:
     return absl::FailedPreconditionError("--device cuda: no CUDA device is visible (check nvidia-smi and "
                                          "CUDA_VISIBLE_DEVICES), or use --device host");
   }
-  if (which == "cuda" || (which == "auto" && gpus > 0)) {
-    const int ordinal = env::LauncherLocalRank().value_or(0) % gpus;
+  if (DeviceKindFor(which) == device::DeviceKind::kCuda) {
+    const int ordinal = local_rank.value_or(env::LauncherLocalRank().value_or(0)) % gpus;
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::CudaDevice> d, device::CudaDevice::Create(ordinal));
     c.device = std::move(d);
     STRATA_ASSIGN_OR_RETURN(c.nn, gpt::MakeCudaNn(nn));

@@ -18,12 +18,17 @@ struct Compute {
   gpt::Products products = gpt::Products::kF32;
 };
 
-// `which`: "host", "cuda", or "auto" (cuda when this build has CUDA and a GPU is visible, else host).
-// With cuda the GPU is the launcher's local rank modulo the visible GPUs. `matmul` (empty: bf16 when
-// `param_dtype` is bf16, else fp32) and `attention` say how the CUDA back-end computes (gpt::NnOptions); the host computes in fp32 with the reference
-// attention, so asking it for anything else is an error. A bad value, or cuda without a GPU or without
-// CUDA in the build, is an error naming the reason.
+// The kind of device `which` ("host", "cuda" or "auto") means here: cuda for "cuda", and for "auto" when
+// this build has CUDA and a GPU is visible; host otherwise (MakeCompute reports what is wrong with it).
+device::DeviceKind DeviceKindFor(const std::string& which);
+
+// `which`: "host", "cuda", or "auto" (DeviceKindFor). With cuda the GPU is `local_rank` (the launcher's
+// when nullopt: env::LauncherLocalRank) modulo the visible GPUs. `matmul` (empty: bf16 when
+// `param_dtype` is bf16, else fp32) and `attention` say how the CUDA back-end computes (gpt::NnOptions);
+// the host computes in fp32 with the reference attention, so asking it for anything else is an error. A
+// bad value, or cuda without a GPU or without CUDA in the build, is an error naming the reason.
 absl::StatusOr<Compute> MakeCompute(const std::string& which, std::optional<gpt::Products> matmul,
-                                    gpt::AttentionKind attention, DType param_dtype);
+                                    gpt::AttentionKind attention, DType param_dtype,
+                                    std::optional<int> local_rank = std::nullopt);
 
 }  // namespace strata::tools

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/env.h"
+#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #if STRATA_WITH_NCCL
 #include "runtime/comm/nccl_communicator.h"
@@ -22,11 +23,12 @@ namespace strata::tools {
 absl::StatusOr<Launch> DetectLaunch(const comm::MpiRuntime& mpi) {
   Launch l{mpi.world_rank(), mpi.world_size(), std::nullopt};
   const env::TorchrunVars vars = env::Torchrun();
-  if (mpi.world_size() > 1 || !vars.world_size) return l;
+  if (mpi.world_size() > 1 || env::MpiLauncherWorldSize() || !vars.world_size) return l;
   STRATA_ASSIGN_OR_RETURN(comm::TorchrunEnv t, comm::ParseTorchrunEnv(vars));
   l.rank = t.rank;
   l.size = t.world_size;
   l.torchrun = t;
+  SetLogRank(t.rank);
   return l;
 }
 
@@ -38,21 +40,32 @@ std::optional<std::string> RefuseHostUnderTorchrun(const Launch& launch, device:
                       " ...` (or srun), or run on GPUs (--device cuda), where torchrun's variables bootstrap NCCL");
 }
 
-absl::StatusOr<Worlds> MakeWorlds(comm::MpiRuntime& mpi, const Launch& launch, const Compute& compute,
-                                  const comm::Options& options) {
-  Worlds w;
-  if (!launch.torchrun || compute.device->kind() == device::DeviceKind::kHost) {  // MPI, or 1 torchrun rank
-    STRATA_ASSIGN_OR_RETURN(w.world, mpi.World(options));
-    return w;
+absl::StatusOr<Job> StartJob(comm::MpiRuntime& mpi, const Launch& launch, const TrainOptions& o,
+                             const comm::Options& options) {
+  const bool nccl_world = launch.torchrun && DeviceKindFor(o.device) == device::DeviceKind::kCuda;
+  Worlds worlds;
+  if (!nccl_world) {  // MPI, or one torchrun rank on the host
+    STRATA_ASSIGN_OR_RETURN(worlds.world, mpi.World(options));
   }
+  const std::optional<int> local_rank = launch.torchrun ? std::optional<int>(launch.torchrun->local_rank) : std::nullopt;
+  auto compute = MakeCompute(o.device, o.matmul, o.attention, o.engine.param_dtype, local_rank);
+  if (!compute.ok()) {
+    if (worlds.world != nullptr && worlds.world->size() > 1) {
+      STRATA_LOG(Error) << "rank " << launch.rank << " failed: " << compute.status().message();
+      worlds.world->Abort(compute.status());  // MPI_Abort: does not return
+    }
+    return compute.status();
+  }
+  if (nccl_world) {
 #if STRATA_WITH_NCCL
-  STRATA_ASSIGN_OR_RETURN(w.world, comm::CreateNcclFromTorchrun(*launch.torchrun, options));
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> own, w.world->Dup("host-buffers", options.timeout_ms));
-  STRATA_ASSIGN_OR_RETURN(w.host, comm::HostBuffersOverNccl(std::move(own)));
-  return w;
+    STRATA_ASSIGN_OR_RETURN(worlds.world, comm::CreateNcclFromTorchrun(*launch.torchrun, options));
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> own, worlds.world->Dup("host-buffers", options.timeout_ms));
+    STRATA_ASSIGN_OR_RETURN(worlds.host, comm::HostBuffersOverNccl(std::move(own)));
 #else
-  return absl::UnimplementedError("a torchrun launch on GPUs needs NCCL, and this build has none; use mpirun");
+    return absl::UnimplementedError("a torchrun launch on GPUs needs NCCL, and this build has none; use mpirun");
 #endif
+  }
+  return Job{std::move(*compute), std::move(worlds)};
 }
 
 }  // namespace strata::tools

@@ -1,5 +1,5 @@
-// How a multi-process CLI command (`strata train`, `strata bench step`) finds its job and its
-// communicators: mpirun / srun, or torchrun (Note [Launchers] in launch.cc).
+// How a multi-process CLI command (`strata train`, `bench step`, `bench capacity`) finds its job, its
+// device and its communicators: mpirun / srun, or torchrun (Note [Launchers] in launch.cc).
 #pragma once
 
 #include <memory>
@@ -12,6 +12,7 @@
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/device.h"
 #include "tools/compute.h"
+#include "tools/train_options.h"
 
 namespace strata::tools {
 
@@ -21,8 +22,9 @@ struct Launch {
   std::optional<comm::TorchrunEnv> torchrun;  // set for a torchrun launch
 };
 
-// The MPI world when it has more than one rank; else a torchrun launch when WORLD_SIZE is set (its
-// variables validated, errors naming them); else MPI's one rank.
+// The MPI world when an MPI launcher started this process or MPI sees more than one rank; else a
+// torchrun launch when WORLD_SIZE is set (its variables validated, errors naming them; log lines then
+// carry the torchrun rank); else MPI's one rank.
 absl::StatusOr<Launch> DetectLaunch(const comm::MpiRuntime& mpi);
 
 // Why `strata <command>` cannot run as launched: a torchrun launch of more than one rank on the host
@@ -38,8 +40,18 @@ struct Worlds {
   comm::Communicator& host_buffers() { return host ? *host : *world; }
 };
 
-// Collective. Call after RefuseHostUnderTorchrun said nothing.
-absl::StatusOr<Worlds> MakeWorlds(comm::MpiRuntime& mpi, const Launch& launch, const Compute& compute,
-                                  const comm::Options& options);
+// What a command runs on. `worlds` is declared last, so its communicators go before the device.
+struct Job {
+  Compute compute;
+  Worlds worlds;
+};
+
+// Collective; call after RefuseHostUnderTorchrun said nothing. The device of `o.device` (under torchrun
+// the GPU of its LOCAL_RANK) and the communicators, in an order that strands no rank: under MPI the
+// world first, so that a rank whose device fails to start aborts the job (MPI_Abort) instead of leaving
+// the others in MPI's communicator creation, which has no deadline; under torchrun the device first,
+// since NCCL's initialisation runs on it.
+absl::StatusOr<Job> StartJob(comm::MpiRuntime& mpi, const Launch& launch, const TrainOptions& o,
+                             const comm::Options& options);
 
 }  // namespace strata::tools

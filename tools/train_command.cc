@@ -309,26 +309,25 @@ int TrainCommand(const std::vector<std::string>& args) {
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(opts.status().message()).c_str());
     return 2;
   }
-  auto compute = MakeCompute(opts->device, opts->matmul, opts->attention, opts->engine.param_dtype);
-  if (compute.ok()) {
-    if (auto refused = RefuseHostUnderTorchrun(*launch, (*compute).device->kind(), "train")) {
-      if (rank == 0) std::fprintf(stderr, "strata train: %s\n", refused->c_str());
-      return 2;
-    }
+  if (auto refused = RefuseHostUnderTorchrun(*launch, DeviceKindFor(opts->device), "train")) {
+    if (rank == 0) std::fprintf(stderr, "strata train: %s\n", refused->c_str());
+    return 2;
   }
   comm::Options copts;
   copts.timeout_ms = opts->engine.collective_timeout_ms;
-  auto worlds = compute.ok() ? MakeWorlds(*mpi, *launch, *compute, copts) : compute.status();
-  absl::Status s = worlds.ok() ? Train(*opts, *worlds->world, worlds->host_buffers(), *compute) : worlds.status();
+  auto job = StartJob(*mpi, *launch, *opts, copts);
+  absl::Status s = job.ok() ? Train(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute) : job.status();
   if (absl::IsCancelled(s)) {  // a clean stop on SIGINT / SIGTERM: every rank agreed at a step boundary
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(s.message()).c_str());
     return 128 + g_stop_signal.load();
   }
   if (!s.ok()) {
     STRATA_LOG(Error) << "rank " << rank << " failed: " << s.message();
-    // Let peers that detect the same collective error print theirs before the job is torn down.
+    // Let peers that detect the same collective error print theirs before the job is torn down. Under
+    // MPI the abort ends the job; under torchrun it aborts this rank's NCCL world, and torchrun's agent
+    // stops the other ranks when this one exits non-zero.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    if (worlds.ok() && launch->size > 1) worlds->world->Abort(s);
+    if (job.ok() && launch->size > 1) job->worlds.world->Abort(s);
     return 1;
   }
   return 0;

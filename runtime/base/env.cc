@@ -43,12 +43,15 @@ std::optional<int> LauncherWorldSize() {
   return FirstInt({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE"});
 }
 
+std::optional<int> MpiLauncherWorldSize() { return FirstInt({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}); }
+
 std::optional<int> LauncherLocalRank() {
   return FirstInt({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"});
 }
 
 TorchrunVars Torchrun() {
-  return TorchrunVars{Get("RANK"), Get("WORLD_SIZE"), Get("LOCAL_RANK"), Get("MASTER_ADDR"), Get("MASTER_PORT")};
+  return TorchrunVars{Get("RANK"),        Get("WORLD_SIZE"),  Get("LOCAL_RANK"),
+                      Get("MASTER_ADDR"), Get("MASTER_PORT"), Get("STRATA_BOOTSTRAP_PORT")};
 }
 
 std::string LogLevel() { return Get("STRATA_LOG_LEVEL").value_or("info"); }

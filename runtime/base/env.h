@@ -20,14 +20,17 @@ absl::StatusOr<long long> GetInt(absl::string_view name, long long fallback);
 // torchrun's RANK / WORLD_SIZE. nullopt when none is set.
 std::optional<int> LauncherRank();
 std::optional<int> LauncherWorldSize();
+// The world size an MPI launcher (mpirun: OMPI_COMM_WORLD_SIZE, PMI_SIZE) set for this process; nullopt
+// when none did. Slurm's variables do not count: torchrun workers inside an allocation inherit them.
+std::optional<int> MpiLauncherWorldSize();
 // The rank within this node (which GPU to use): OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
 // SLURM_LOCALID, then torchrun's LOCAL_RANK. nullopt when none is set.
 std::optional<int> LauncherLocalRank();
 
-// torchrun-style launch variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (raw text,
-// nullopt when unset); parsed and validated by comm::ParseTorchrunEnv.
+// torchrun-style launch variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and Strata's
+// STRATA_BOOTSTRAP_PORT (raw text, nullopt when unset); parsed and validated by comm::ParseTorchrunEnv.
 struct TorchrunVars {
-  std::optional<std::string> rank, world_size, local_rank, master_addr, master_port;
+  std::optional<std::string> rank, world_size, local_rank, master_addr, master_port, bootstrap_port;
 };
 TorchrunVars Torchrun();
 

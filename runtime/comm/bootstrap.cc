@@ -83,11 +83,11 @@ absl::StatusOr<sockaddr_in> Resolve(const TorchrunEnv& env) {
   }
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
   ::freeaddrinfo(res);
-  addr.sin_port = htons(static_cast<uint16_t>(env.master_port));
+  addr.sin_port = htons(static_cast<uint16_t>(env.exchange_port));
   return addr;
 }
 
-std::string Where(const TorchrunEnv& env) { return absl::StrCat(env.master_addr, ":", env.master_port); }
+std::string Where(const TorchrunEnv& env) { return absl::StrCat(env.master_addr, ":", env.exchange_port); }
 
 absl::StatusOr<std::string> Serve(const TorchrunEnv& env, const sockaddr_in& addr, const std::string& blob,
                                   Clock::time_point deadline) {
@@ -96,7 +96,12 @@ absl::StatusOr<std::string> Serve(const TorchrunEnv& env, const sockaddr_in& add
   const int one = 1;
   ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Annotate(ErrnoError("bind", errno, __FILE__, __LINE__), absl::StrCat("bootstrap on ", Where(env)));
+    const int err = errno;
+    return Annotate(ErrnoError("bind", err, __FILE__, __LINE__),
+                    absl::StrCat("bootstrap on ", Where(env),
+                                 err == EADDRINUSE ? " (the port is taken: choose another with STRATA_BOOTSTRAP_PORT, "
+                                                     "the same on every rank)"
+                                                   : ""));
   }
   if (::listen(listener.get(), env.world_size) != 0) return ErrnoError("listen", errno, __FILE__, __LINE__);
   std::vector<Socket> peers;
@@ -147,7 +152,8 @@ absl::StatusOr<std::string> Join(const TorchrunEnv& env, const sockaddr_in& addr
     }
     if (Clock::now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("bootstrap: rank ", env.rank, " could not reach rank 0 at ",
-                                                      Where(env), " (MASTER_ADDR:MASTER_PORT) before the deadline"));
+                                                      Where(env), " (MASTER_ADDR, and STRATA_BOOTSTRAP_PORT or else "
+                                                      "MASTER_PORT + 1) before the deadline"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 may not be listening yet
   }
@@ -168,6 +174,14 @@ absl::StatusOr<TorchrunEnv> ParseTorchrunEnv(const env::TorchrunVars& v) {
     return absl::InvalidArgumentError("torchrun-style launch: MASTER_ADDR is not set");
   }
   e.master_addr = *v.master_addr;
+  if (v.bootstrap_port) {
+    STRATA_ASSIGN_OR_RETURN(e.exchange_port, IntVar("STRATA_BOOTSTRAP_PORT", v.bootstrap_port, 1, 65535));
+  } else if (e.master_port == 65535) {
+    return absl::InvalidArgumentError("torchrun-style launch: MASTER_PORT=65535 leaves no port above it for "
+                                      "Strata's id exchange; set STRATA_BOOTSTRAP_PORT");
+  } else {
+    e.exchange_port = e.master_port + 1;
+  }
   return e;
 }
 

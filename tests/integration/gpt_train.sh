@@ -170,6 +170,8 @@ PY
   check "torchrun with 1 rank trains as mpirun -n 1 does (bit for bit)" $? "$out"
   out=$(env MASTER_ADDR=127.0.0.1 MASTER_PORT=29531 "$strata" train "${small[@]}" --steps 1 --device host 2>&1)
   check "MASTER_ADDR and MASTER_PORT alone (left by another job) are not a torchrun launch" $? "$out"
+  out=$(torchrun_env 0 4 "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 1 --device host 2>&1)
+  check "torchrun variables left in the shell do not turn an mpirun launch into a torchrun one" $? "$out"
 fi
 
 echo "$((runs - fails)) passed, $fails failed"

@@ -31,7 +31,22 @@ int FreePort() {
   return ntohs(a.sin_port);
 }
 
-TorchrunEnv Env(int rank, int world, int port) { return TorchrunEnv{rank, world, rank, "127.0.0.1", port}; }
+// The exchange on `port` (MASTER_PORT is not used by the exchange itself).
+TorchrunEnv Env(int rank, int world, int port) { return TorchrunEnv{rank, world, rank, "127.0.0.1", port - 1, port}; }
+
+// A socket listening on loopback `port` (0: any), standing for torchrun's rendezvous store; -1 if taken.
+int Listen(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 4) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 TEST(ParseTorchrunEnv, ReadsAndValidatesTheVariables) {
   auto e = ParseTorchrunEnv({"3", "8", "1", "node0", "29500"});
@@ -41,6 +56,12 @@ TEST(ParseTorchrunEnv, ReadsAndValidatesTheVariables) {
   EXPECT_EQ(e->local_rank, 1);
   EXPECT_EQ(e->master_addr, "node0");
   EXPECT_EQ(e->master_port, 29500);
+  EXPECT_EQ(e->exchange_port, 29501) << "MASTER_PORT is torchrun's own store; the exchange uses the next port";
+  EXPECT_EQ(ParseTorchrunEnv({"0", "2", "0", "h", "29500", "31000"})->exchange_port, 31000) << "STRATA_BOOTSTRAP_PORT";
+  EXPECT_THAT(std::string(ParseTorchrunEnv({"0", "2", "0", "h", "29500", "0"}).status().message()),
+              HasSubstr("STRATA_BOOTSTRAP_PORT='0'"));
+  EXPECT_THAT(std::string(ParseTorchrunEnv({"0", "2", "0", "h", "65535"}).status().message()),
+              HasSubstr("set STRATA_BOOTSTRAP_PORT"));
   EXPECT_EQ(ParseTorchrunEnv({"2", "4", std::nullopt, "h", "1"})->local_rank, 2) << "LOCAL_RANK defaults to RANK";
   EXPECT_EQ(ParseTorchrunEnv({}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(ParseTorchrunEnv({"4", "4", "0", "h", "1"}).status().message()), HasSubstr("RANK='4'"));
@@ -97,6 +118,44 @@ TEST(ExchangeBlob, ARankClaimedTwiceOrAWrongWorldSizeIsAnError) {
   auto s2 = ExchangeBlob(Env(0, 2, port2), "id", 3000).status();
   c.join();
   EXPECT_THAT(std::string(s2.message()), HasSubstr("world size 5")) << s2;
+}
+
+// torchrun's agent keeps its rendezvous store listening on MASTER_PORT for the whole job. The exchange,
+// parsed from the variables as a launch would, serves on the port above it, so it works beside it.
+TEST(ExchangeBlob, WorksBesideTorchrunsStoreOnMasterPort) {
+  int store = -1, master_port = 0;
+  for (int attempt = 0; attempt < 50 && store < 0; ++attempt) {  // a port P listened on, P + 1 free
+    master_port = FreePort();
+    const int above = Listen(master_port + 1);
+    if (above < 0) continue;
+    ::close(above);
+    store = Listen(master_port);
+  }
+  ASSERT_GE(store, 0) << "no pair of free ports";
+  const std::string mp = std::to_string(master_port);
+  auto e0 = ParseTorchrunEnv({"0", "2", "0", "127.0.0.1", mp});
+  auto e1 = ParseTorchrunEnv({"1", "2", "1", "127.0.0.1", mp});
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  absl::StatusOr<std::string> got1 = absl::UnknownError("not run");
+  std::thread one([&] { got1 = ExchangeBlob(*e1, "", 10000); });
+  auto got0 = ExchangeBlob(*e0, "the id", 10000);
+  one.join();
+  ::close(store);
+  ASSERT_TRUE(got0.ok()) << got0.status();
+  ASSERT_TRUE(got1.ok()) << got1.status();
+  EXPECT_EQ(*got1, "the id");
+}
+
+// A taken exchange port is an error that says which variable moves it.
+TEST(ExchangeBlob, ATakenExchangePortNamesTheVariable) {
+  const int taken = Listen(0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  ::getsockname(taken, reinterpret_cast<sockaddr*>(&a), &len);
+  auto s = ExchangeBlob(Env(0, 2, ntohs(a.sin_port)), "id", 1000).status();
+  ::close(taken);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("STRATA_BOOTSTRAP_PORT")) << s;
 }
 
 }  // namespace
