@@ -275,6 +275,10 @@ CheckResult CheckNvme(const DoctorFacts& f) {
 CheckResult CheckMpi(const DoctorFacts& f) {
   const MpiFacts& m = f.mpi;
   if (!m.built_with_mpi) return Make("mpi", Verdict::kWarn, "built without MPI (STRATA_WITH_MPI=OFF): one process only");
+  if (f.launch.torchrun) {
+    return Make("mpi", Verdict::kOk, absl::StrCat(m.library_version, "; under torchrun each process is a 1-rank MPI "
+                                                  "singleton (see launch)"));
+  }
   if (m.launcher_world_size > 0) {
     return Make("mpi", Verdict::kOk, absl::StrCat(m.library_version, "; started by a launcher, ", m.launcher_world_size, " processes"));
   }
@@ -282,6 +286,24 @@ CheckResult CheckMpi(const DoctorFacts& f) {
     return Make("mpi", Verdict::kWarn, absl::StrCat(m.library_version, "; no mpirun, mpiexec or srun on PATH"));
   }
   return Make("mpi", Verdict::kOk, absl::StrCat(m.library_version, "; launcher ", m.launcher_path));
+}
+
+// Under torchrun: fail when its variables are wrong or rank 0's id exchange cannot be reached (the
+// message says why); warn when more than one rank will find no GPU, since the host back-end then
+// refuses the launch (it needs mpirun). Not under torchrun: ok, nothing to check (mpi covers mpirun).
+CheckResult CheckLaunch(const DoctorFacts& f) {
+  const LaunchFacts& l = f.launch;
+  if (!l.torchrun) return Make("launch", Verdict::kOk, "not started by torchrun (mpirun and srun: see mpi)");
+  if (!l.error.empty()) return Make("launch", Verdict::kFail, l.error);
+  const std::string who = absl::StrCat("torchrun rank ", l.rank, " of ", l.size);
+  if (l.size == 1) return Make("launch", Verdict::kOk, who + ": nothing to exchange");
+  const std::string text = absl::StrCat(who, ": id exchange with rank 0 (", l.rank0_host, ") at ", l.exchange, " in ",
+                                        absl::StrFormat("%.1f", l.exchange_ms), " ms");
+  if (f.gpus.empty()) {
+    return Make("launch", Verdict::kWarn,
+                text + ", but no GPU: strata train on the host refuses a multi-rank torchrun launch (use mpirun)");
+  }
+  return Make("launch", Verdict::kOk, text);
 }
 
 // fail: the configuration pins more per rank than RLIMIT_MEMLOCK allows (pinning would fail).
@@ -304,7 +326,7 @@ CheckResult CheckMemlock(const DoctorFacts& f) {
 
 std::vector<CheckResult> RunChecks(const DoctorFacts& f) {
   return {CheckGpus(f),     CheckVersions(f), CheckInterconnect(f), CheckPcie(f), CheckClocks(f), CheckCpuCores(f),
-          CheckHostRam(f),  CheckIoUring(f),  CheckNvme(f),         CheckMpi(f),  CheckMemlock(f)};
+          CheckHostRam(f),  CheckIoUring(f),  CheckNvme(f),         CheckMpi(f),  CheckLaunch(f), CheckMemlock(f)};
 }
 
 Verdict Worst(const std::vector<CheckResult>& checks) {

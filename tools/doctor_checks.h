@@ -30,6 +30,7 @@ CheckResult CheckHostRam(const DoctorFacts& f);
 CheckResult CheckIoUring(const DoctorFacts& f);
 CheckResult CheckNvme(const DoctorFacts& f);
 CheckResult CheckMpi(const DoctorFacts& f);
+CheckResult CheckLaunch(const DoctorFacts& f);
 CheckResult CheckMemlock(const DoctorFacts& f);
 
 // Every check above, in this order.

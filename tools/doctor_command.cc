@@ -3,7 +3,11 @@
 // verdicts (doctor_checks.h), doctor_report.h prints them. `strata train`'s model and config flags
 // (--config, --stage, --model, ...) are accepted so the locked-memory check sees the same offload
 // settings the job will use. Exit code: 0 unless a check fails (1); 2 for a usage error. MPI is never
-// initialised: the doctor is one process, run on each node (or under the launcher) as wanted.
+// initialised: the doctor is one process, run on each node (or under the launcher) as wanted. Under
+// torchrun every rank runs it and the launch check tries the id exchange with rank 0 for real.
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <set>
 
@@ -11,6 +15,7 @@
 #include "runtime/base/env.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "runtime/comm/bootstrap.h"
 #include "tools/commands.h"
 #include "tools/doctor_checks.h"
 #include "tools/doctor_probe.h"
@@ -87,12 +92,39 @@ void ProbeNvmeFor(const DoctorOptions& o, doctor::DoctorFacts* f) {
   f->nvme = doctor::ProbeNvme(path, o.nvme_test_bytes, kNvmeSecondsPerDirection);
 }
 
+// Under torchrun (Note [Launchers] in launch.cc), the variables and rank 0's id exchange, for real:
+// rank 0 sends its host name, within the collective timeout.
+void ProbeLaunch(const DoctorOptions& o, doctor::LaunchFacts* l) {
+  const env::TorchrunVars vars = env::Torchrun();
+  if (env::MpiLauncherWorldSize() || !vars.world_size) return;
+  l->torchrun = true;
+  auto t = comm::ParseTorchrunEnv(vars);
+  if (!t.ok()) {
+    l->error = std::string(t.status().message());
+    return;
+  }
+  l->rank = t->rank;
+  l->size = t->world_size;
+  l->exchange = absl::StrCat(t->master_addr, ":", t->exchange_port);
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const auto start = std::chrono::steady_clock::now();
+  auto got = comm::ExchangeBlob(*t, t->rank == 0 ? std::string(host) : "", o.train.engine.collective_timeout_ms);
+  l->exchange_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (got.ok()) {
+    l->rank0_host = *got;
+  } else {
+    l->error = std::string(got.status().message());
+  }
+}
+
 doctor::DoctorFacts Probe(const DoctorOptions& o) {
   doctor::DoctorFacts f;
   doctor::ProbeGpus(&f);
   doctor::ProbeLibraries(&f.versions);
   doctor::ProbeHost(&f);
   ProbeNvmeFor(o, &f);
+  ProbeLaunch(o, &f.launch);
   int ranks = static_cast<int>(o.ranks);
   if (ranks == 0) ranks = f.mpi.launcher_world_size > 0 ? f.mpi.launcher_world_size : std::max<int>(1, f.gpus.size());
   f.pinned = doctor::EstimatePinned(o.train.engine, o.train.model, ranks);

@@ -75,6 +75,16 @@ struct MpiFacts {
   int launcher_world_size = 0;  // set when this process was started by a launcher (0: not)
 };
 
+// A torchrun launch (tools/launch.cc, Note [Launchers]) and its id exchange, tried for real.
+struct LaunchFacts {
+  bool torchrun = false;       // WORLD_SIZE set and no MPI launcher around this process
+  int rank = 0, size = 1;
+  std::string exchange;        // MASTER_ADDR:port of the id exchange
+  std::string error;           // the variables or the exchange failed: why ("" when not)
+  double exchange_ms = -1;     // the exchange's time (< 0: not tried)
+  std::string rank0_host;      // what rank 0 sent: its host name
+};
+
 // What the configuration will pin in host memory, per rank (pure estimate, see EstimatePinned).
 struct PinnedFacts {
   bool offloaded = false;   // anything offloaded at all
@@ -99,6 +109,7 @@ struct DoctorFacts {
   std::string io_uring_error;
   NvmeFacts nvme;
   MpiFacts mpi;
+  LaunchFacts launch;
   PinnedFacts pinned;
 };
 

@@ -100,4 +100,42 @@ assert (int(os.environ["RC"]) == 1) == (d["verdict"] == "fail"), (os.environ["RC
     "$(cat "$work/out.json")"
 fi
 
+# Under torchrun every rank runs the doctor and the launch check tries rank 0's id exchange for real
+# (on MASTER_PORT + 1: torchrun's agent holds MASTER_PORT, so a listener stands in for it here).
+port=$(python3 -c "
+import socket
+for _ in range(50):
+    s = socket.socket(); s.bind(('127.0.0.1', 0)); p = s.getsockname()[1]
+    t = socket.socket()
+    try:
+        t.bind(('127.0.0.1', p + 1)); t.close(); print(p); break
+    except OSError:
+        pass
+    finally:
+        s.close()")
+python3 -c "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',int(sys.argv[1]))); s.listen(); time.sleep(30)" "$port" &
+store=$!
+sleep 0.3
+trun() { env RANK="$1" WORLD_SIZE="$2" LOCAL_RANK="$1" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" "$strata" doctor --json "${@:3}"; }
+trun 1 2 > "$work/r1.json" 2>&1 &
+one=$!
+trun 0 2 > "$work/r0.json" 2>&1; rc0=$?
+wait $one; rc1=$?
+python3 - "$work/r0.json" "$work/r1.json" "$port" <<'PY'
+import json, sys
+for r, path in enumerate(sys.argv[1:3]):
+    d = json.load(open(path))
+    c = [c for c in d["checks"] if c["name"] == "launch"][0]
+    l = d["facts"]["launch"]
+    assert l["torchrun"] and l["rank"] == r and l["size"] == 2 and not l["error"], l
+    assert l["exchange"] == "127.0.0.1:%d" % (int(sys.argv[3]) + 1), l
+    assert c["verdict"] in ("ok", "warn") and ("rank %d of 2" % r) in c["detail"], c
+PY
+check "torchrun, 2 ranks: both reach rank 0's id exchange on MASTER_PORT + 1 beside the store (exit $rc0/$rc1)" \
+  $(( rc0 | rc1 | $? )) "$(cat "$work/r0.json" "$work/r1.json")"
+out=$(trun 0 2 --collective-timeout 1 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "waited for rank(s) 1" <<<"$out"
+check "torchrun, rank 1 never starts: the launch check fails naming it (exit $rc)" $? "$out"
+kill $store 2>/dev/null
+
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }

@@ -65,7 +65,7 @@ DoctorFacts NoGpu() {
 TEST(DoctorChecks, HealthyMachineIsAllOk) {
   const auto checks = RunChecks(Healthy(8));
   for (const CheckResult& c : checks) EXPECT_EQ(c.verdict, Verdict::kOk) << c.name << ": " << c.detail;
-  EXPECT_EQ(checks.size(), 11u);
+  EXPECT_EQ(checks.size(), 12u);
 }
 
 TEST(DoctorChecks, CrossSocketPairIsFlaggedWarn) {
@@ -246,6 +246,31 @@ TEST(DoctorChecks, MpiWithoutLauncherWarns) {
   EXPECT_EQ(CheckMpi(f).verdict, Verdict::kOk);
 }
 
+TEST(DoctorChecks, LaunchUnderTorchrun) {
+  DoctorFacts f = Healthy(2);
+  EXPECT_EQ(CheckLaunch(f).verdict, Verdict::kOk) << "not a torchrun launch";
+  f.launch = LaunchFacts{true, 1, 2, "node0:29501", "", 3.5, "node0"};
+  CheckResult c = CheckLaunch(f);
+  EXPECT_EQ(c.verdict, Verdict::kOk) << c.detail;
+  EXPECT_NE(c.detail.find("rank 1 of 2"), std::string::npos) << c.detail;
+  EXPECT_NE(c.detail.find("(node0) at node0:29501"), std::string::npos) << c.detail;
+  f.gpus.clear();
+  c = CheckLaunch(f);
+  EXPECT_EQ(c.verdict, Verdict::kWarn) << "no GPU: the host back-end refuses the launch";
+  EXPECT_NE(c.detail.find("use mpirun"), std::string::npos) << c.detail;
+  f.launch.size = 1;
+  EXPECT_EQ(CheckLaunch(f).verdict, Verdict::kOk) << "one rank runs anywhere";
+  f.launch.error = "bootstrap: rank 1 could not reach rank 0 at node0:29501";
+  c = CheckLaunch(f);
+  EXPECT_EQ(c.verdict, Verdict::kFail);
+  EXPECT_EQ(c.detail, f.launch.error);
+  f.launch.torchrun = false;
+  f.mpi.launcher_world_size = 2;
+  EXPECT_NE(CheckMpi(f).detail.find("started by a launcher"), std::string::npos);
+  f.launch.torchrun = true;
+  EXPECT_NE(CheckMpi(f).detail.find("torchrun"), std::string::npos) << "MPI runs as singletons under torchrun";
+}
+
 TEST(DoctorPinned, NothingOffloadedNeedsNoPinnedMemory) {
   const PinnedFacts p = EstimatePinned(engine::EngineConfig{}, *gpt::GptPreset("gpt2"), 8);
   EXPECT_FALSE(p.offloaded);
@@ -315,7 +340,7 @@ TEST(DoctorReport, TableAlignsColumnsAndSummarises) {
   const std::string t = RenderTable(RunChecks(f));
   EXPECT_THAT(t, HasSubstr("check         verdict  detail\n"));
   EXPECT_THAT(t, HasSubstr("gpus          FAIL     GPUs differ"));
-  EXPECT_THAT(t, HasSubstr("1 fail, 0 warn, 10 ok: fix the failed checks"));
+  EXPECT_THAT(t, HasSubstr("1 fail, 0 warn, 11 ok: fix the failed checks"));
 }
 
 // Runs on any machine: with a driver (or the fake NVML of tests/tools/fake_nvml.c on LD_LIBRARY_PATH)
