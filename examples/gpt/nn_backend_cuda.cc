@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -55,9 +56,11 @@ absl::StatusOr<std::shared_ptr<T>> DeviceArray(size_t n) {
                                                      cudaGetErrorString(e)));
   }
   // On the legacy stream, which the back-end's non-blocking stream does not wait for: finish it here.
-  if (cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy) != cudaSuccess || cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess) {
+  cudaError_t z = cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy);
+  if (z == cudaSuccess) z = cudaStreamSynchronize(cudaStreamLegacy);
+  if (z != cudaSuccess) {
     cudaFree(p);
-    return absl::InternalError("zeroing GPT activations failed");
+    return absl::InternalError(absl::StrCat("zeroing ", bytes, " bytes of GPT activations: ", cudaGetErrorString(z)));
   }
   return std::shared_ptr<T>(static_cast<T*>(p), [](T* q) { cudaFree(q); });
 }
@@ -70,8 +73,8 @@ struct Scratch {
   cudaError_t Ensure(size_t need, cudaStream_t stream) {
     if (need <= bytes) return cudaSuccess;
     cudaError_t e = cudaStreamSynchronize(stream);
+    if (e == cudaSuccess) e = cudaFree(p);
     if (e != cudaSuccess) return e;
-    cudaFree(p);
     p = nullptr;
     bytes = 0;
     e = cudaMalloc(&p, need);
@@ -115,36 +118,48 @@ class CudaNn final : public NnBackend {
     Check(kc::LaunchWiden(src, dst, n, from, stream_), "widen parameters");
   }
 
-  // The factors of the products: fp32 as given, or rounded to bf16 into scratch slot `slot` (Factor).
+  // The factors of the products: fp32 as given, or rounded to bf16 into scratch slot `slot` (In), with
+  // the fp32 fallback of Multiply.
   void MatmulForward(const float* a, const float* w, const float* bias, float* out, int M, int K, int N) override {
-    Check(kc::MatmulForward(*mm_, Factor(0, a, size_t(M) * K), Factor(1, w, size_t(K) * N), bias, out, M, K, N, false,
-                            Types(), stream_),
-          "matmul forward");
+    Multiply("matmul forward", [&](bool bf16) {
+      return kc::MatmulForward(*mm_, In(bf16, 0, a, size_t(M) * K), In(bf16, 1, w, size_t(K) * N), bias, out, M, K, N,
+                               false, TypesFor(bf16), stream_);
+    });
   }
   void MatmulBackward(const float* dout, const float* a, const float* w, float* da, float* dw, float* dbias, int M,
                       int K, int N) override {
-    const void* d = Factor(2, dout, size_t(M) * N);
+    const void* d = Factor(2, dout, size_t(M) * N);  // rounded once for both products
     if (da != nullptr) {
-      Check(kc::MatmulBackwardData(*mm_, d, Factor(1, w, size_t(K) * N), da, M, K, N, Types(), stream_), "matmul dA");
+      Multiply("matmul dA", [&](bool bf16) {
+        return kc::MatmulBackwardData(*mm_, bf16 ? d : dout, In(bf16, 1, w, size_t(K) * N), da, M, K, N,
+                                      TypesFor(bf16), stream_);
+      });
     }
     if (dw != nullptr) {
-      Check(kc::MatmulBackwardWeight(*mm_, d, Factor(0, a, size_t(M) * K), dw, nullptr, M, K, N, Types(), stream_),
-            "matmul dW");
+      Multiply("matmul dW", [&](bool bf16) {
+        return kc::MatmulBackwardWeight(*mm_, bf16 ? d : dout, In(bf16, 0, a, size_t(M) * K), dw, nullptr, M, K, N,
+                                        TypesFor(bf16), stream_);
+      });
     }
     if (dbias != nullptr) Check(mm_->BiasGrad(dout, dbias, M, N, kc::kMatmulF32, stream_), "matmul dbias");
   }
   void MatmulTransBForward(const float* a, const float* b, float* out, int M, int K, int N) override {
-    Check(kc::MatmulTransBForward(*mm_, Factor(0, a, size_t(M) * K), Factor(1, b, size_t(N) * K), out, M, K, N,
-                                  Types(), stream_),
-          "lm head forward");
+    Multiply("lm head forward", [&](bool bf16) {
+      return kc::MatmulTransBForward(*mm_, In(bf16, 0, a, size_t(M) * K), In(bf16, 1, b, size_t(N) * K), out, M, K, N,
+                                     TypesFor(bf16), stream_);
+    });
   }
   void MatmulTransBBackward(const float* dout, const float* a, const float* b, float* da, float* db, int M, int K,
                             int N) override {
     const void* d = Factor(2, dout, size_t(M) * N);
-    Check(kc::MatmulTransBBackwardData(*mm_, d, Factor(1, b, size_t(N) * K), da, M, K, N, Types(), stream_),
-          "lm head dA");
-    Check(kc::MatmulTransBBackwardWeight(*mm_, d, Factor(0, a, size_t(M) * K), db, M, K, N, Types(), stream_),
-          "lm head dW");
+    Multiply("lm head dA", [&](bool bf16) {
+      return kc::MatmulTransBBackwardData(*mm_, bf16 ? d : dout, In(bf16, 1, b, size_t(N) * K), da, M, K, N,
+                                          TypesFor(bf16), stream_);
+    });
+    Multiply("lm head dW", [&](bool bf16) {
+      return kc::MatmulTransBBackwardWeight(*mm_, bf16 ? d : dout, In(bf16, 0, a, size_t(M) * K), db, M, K, N,
+                                            TypesFor(bf16), stream_);
+    });
   }
   void LayerNormForward(const float* x, const float* w, const float* b, float* out, float* mean, float* rstd, int N,
                         int C) override {
@@ -152,7 +167,7 @@ class CudaNn final : public NnBackend {
   }
   void LayerNormBackward(const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
                          float* dx, float* dw, float* db, int N, int C) override {
-    Check(ln_workspace_.Ensure(kc::LayerNormBackwardWorkspaceBytes(N, C), stream_), "layernorm workspace");
+    if (!Check(ln_workspace_.Ensure(kc::LayerNormBackwardWorkspaceBytes(N, C), stream_), "layernorm workspace")) return;
     Check(kc::LaunchLayerNormBackward(dout, x, w, mean, rstd, dx, dw, db, N, C, static_cast<float*>(ln_workspace_.p),
                                       stream_),
           "layernorm backward");
@@ -221,9 +236,26 @@ class CudaNn final : public NnBackend {
   }
 
  private:
-  kc::MatmulTypes Types() const {
-    return options_.products == Products::kBf16 ? kc::kMatmulBf16InF32Out : kc::kMatmulF32;
+  static kc::MatmulTypes TypesFor(bool bf16) { return bf16 ? kc::kMatmulBf16InF32Out : kc::kMatmulF32; }
+  // Runs `product(bf16)`: with bf16 factors when the products are bf16, else in fp32. Where cuBLASLt has
+  // no bf16 algorithm for a shape (a row length that is not a multiple of 8 leaves bf16 rows without
+  // 16-byte alignment, as GPT-2's 50257-token vocabulary does in the head), that product runs in fp32
+  // instead, logged once per kind of product.
+  template <typename Product>
+  void Multiply(const char* what, Product&& product) {
+    const bool bf16 = options_.products == Products::kBf16;
+    kc::MatmulStatus s = product(bf16);
+    if (bf16 && s.code == kc::MatmulCode::kUnsupported) {
+      if (fp32_fallbacks_.insert(what).second) {
+        STRATA_LOG(Info) << "GPT on CUDA, " << what << ": no bf16 algorithm for this shape (" << s.message
+                         << "); this product runs in fp32";
+      }
+      s = product(false);
+    }
+    Check(s, what);
   }
+  // `x` for fp32 factors, else Factor.
+  const void* In(bool bf16, int slot, const float* x, size_t n) { return bf16 ? Factor(slot, x, n) : x; }
   // `x` itself for fp32 products; with bf16 products, x rounded to bf16 in scratch slot `slot` (0: the
   // activation factor, 1: the weight, 2: the output gradient), valid until the slot is used again.
   const void* Factor(int slot, const float* x, size_t n) {
@@ -277,6 +309,7 @@ class CudaNn final : public NnBackend {
   void* mean_loss_ = nullptr;
   NnOptions options_;
   Scratch scratch_[3];  // bf16 factors (Factor); the fused attention reuses them for qkv, dout and dqkv / out
+  std::set<std::string> fp32_fallbacks_;  // Multiply's logged fallbacks
   absl::Status first_;
 };
 

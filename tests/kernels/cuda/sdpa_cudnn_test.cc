@@ -206,6 +206,14 @@ TEST_P(SdpaCudnnMatchesReference, ForwardAndBackward) {
   const char* names[] = {"dq", "dk", "dv"};
   for (int p = 0; p < 3; ++p) ExpectScaleClose(QkvPartOf(want, s, p), QkvPartOf(got, s, p), names[p], kOutputRtol);
   EXPECT_EQ(ctx_->cached_plans(), 2u);
+  // Again on the same workspace, as the next layer does: the fp32 dQ accumulator in it must start from
+  // zero, or dq comes out with the first call's added (the backward's atomics need not repeat to the
+  // bit, so against the reference again).
+  ASSERT_SDPA_OK(SdpaBackward(*ctx_, c.dtype, s, d_dout.get(), d_qkv.get(), d_out.get(), d_stats.get(), d_dqkv.get(),
+                              nullptr, SdpaWorkspace{ws.get(), ws_bytes}));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ExpectScaleClose(QkvPartOf(want, s, 0), QkvPartOf(Widen(d_dqkv.Host(), c.dtype), s, 0), "dq (second call)",
+                   kOutputRtol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SdpaCudnnMatchesReference,
