@@ -128,7 +128,7 @@ int BenchCapacityCommand(const std::vector<std::string>& args) {
     if (launch->rank == 0) std::fprintf(stderr, "strata bench capacity: %s\n", refused->c_str());
     return 2;
   }
-  auto opts = ParseTrainOptions(rest, mpi->world_size());
+  auto opts = ParseTrainOptions(rest, launch->size);
   absl::Status s = opts.status();
   if (s.ok() && vary != "layers" && vary != "width") s = absl::InvalidArgumentError("--vary layers|width");
   if (s.ok()) {

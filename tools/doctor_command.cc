@@ -95,10 +95,9 @@ void ProbeNvmeFor(const DoctorOptions& o, doctor::DoctorFacts* f) {
 // Under torchrun (Note [Launchers] in launch.cc), the variables and rank 0's id exchange, for real:
 // rank 0 sends its host name, within the collective timeout.
 void ProbeLaunch(const DoctorOptions& o, doctor::LaunchFacts* l) {
-  const env::TorchrunVars vars = env::Torchrun();
-  if (env::MpiLauncherWorldSize() || !vars.world_size) return;
+  auto t = comm::TorchrunLaunch();
+  if (absl::IsNotFound(t.status())) return;
   l->torchrun = true;
-  auto t = comm::ParseTorchrunEnv(vars);
   if (!t.ok()) {
     l->error = std::string(t.status().message());
     return;

@@ -22,9 +22,10 @@ namespace strata::tools {
 
 absl::StatusOr<Launch> DetectLaunch(const comm::MpiRuntime& mpi) {
   Launch l{mpi.world_rank(), mpi.world_size(), std::nullopt};
-  const env::TorchrunVars vars = env::Torchrun();
-  if (mpi.world_size() > 1 || env::MpiLauncherWorldSize() || !vars.world_size) return l;
-  STRATA_ASSIGN_OR_RETURN(comm::TorchrunEnv t, comm::ParseTorchrunEnv(vars));
+  if (mpi.world_size() > 1) return l;
+  absl::StatusOr<comm::TorchrunEnv> launch = comm::TorchrunLaunch();
+  if (absl::IsNotFound(launch.status())) return l;
+  STRATA_ASSIGN_OR_RETURN(comm::TorchrunEnv t, std::move(launch));
   l.rank = t.rank;
   l.size = t.world_size;
   l.torchrun = t;

@@ -40,7 +40,8 @@ std::optional<int> LauncherRank() {
   return FirstInt({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK"});
 }
 std::optional<int> LauncherWorldSize() {
-  return FirstInt({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE"});
+  if (auto n = MpiLauncherWorldSize()) return n;
+  return FirstInt({"SLURM_NTASKS", "WORLD_SIZE"});
 }
 
 std::optional<int> MpiLauncherWorldSize() { return FirstInt({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}); }

@@ -185,6 +185,14 @@ absl::StatusOr<TorchrunEnv> ParseTorchrunEnv(const env::TorchrunVars& v) {
   return e;
 }
 
+absl::StatusOr<TorchrunEnv> TorchrunLaunch() {
+  const env::TorchrunVars vars = env::Torchrun();
+  if (env::MpiLauncherWorldSize() || !vars.world_size) {
+    return absl::NotFoundError("not a torchrun launch (WORLD_SIZE unset, or started by an MPI launcher)");
+  }
+  return ParseTorchrunEnv(vars);
+}
+
 absl::StatusOr<std::string> ExchangeBlob(const TorchrunEnv& env, const std::string& blob, int64_t timeout_ms) {
   if (env.world_size == 1) return blob;
   STRATA_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(env));

@@ -33,6 +33,11 @@ struct TorchrunEnv {
 // variable and its value. NotFound when none of the torchrun variables is set (not a torchrun launch).
 absl::StatusOr<TorchrunEnv> ParseTorchrunEnv(const env::TorchrunVars& vars);
 
+// The torchrun launch this process belongs to, read from the environment: NotFound unless WORLD_SIZE is
+// set and no MPI launcher started the process (env::MpiLauncherWorldSize; Note [Launchers] in
+// tools/launch.cc), else ParseTorchrunEnv's result.
+absl::StatusOr<TorchrunEnv> TorchrunLaunch();
+
 // Rank 0 passes the blob; the others receive it. Blocks up to `timeout_ms`.
 absl::StatusOr<std::string> ExchangeBlob(const TorchrunEnv& env, const std::string& blob, int64_t timeout_ms);
 
