@@ -42,11 +42,16 @@ ncclConfig_t NonblockingConfig() {
   return config;
 }
 
-// Polls the state (`poll()`: what ncclCommGetAsyncError says; see the Note) after a call that returned
-// `issued`. OK once the state is ncclSuccess; the NCCL error, or DeadlineExceeded after `timeout_ms`,
-// otherwise. Does not abort: the caller decides.
-template <typename Poll>
-absl::Status Settle(Poll&& poll, ncclResult_t issued, const std::string& what, int64_t timeout_ms) {
+// The state of `comm`: what ncclCommGetAsyncError says (see the Note), or its own failure.
+ncclResult_t StateOf(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+  return r == ncclSuccess ? state : r;
+}
+
+// Polls `comm`'s state after a call on it that returned `issued`. OK once the state is ncclSuccess; the
+// NCCL error, or DeadlineExceeded after `timeout_ms`, otherwise. Does not abort: the caller decides.
+absl::Status Settle(ncclComm_t comm, ncclResult_t issued, const std::string& what, int64_t timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   ncclResult_t state = issued;
   while (state == ncclInProgress) {
@@ -54,18 +59,11 @@ absl::Status Settle(Poll&& poll, ncclResult_t issued, const std::string& what, i
       return absl::DeadlineExceededError(absl::StrCat(what, " did not complete within ", timeout_ms, " ms"));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
-    state = poll();
+    state = StateOf(comm);
   }
   if (state == ncclSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, " failed: ", ncclGetErrorString(state), " (", ncclGetLastError(nullptr),
                                           ")"));
-}
-
-// The state of a communicator nobody else can abort meanwhile.
-ncclResult_t StateOf(ncclComm_t comm) {
-  ncclResult_t state = ncclSuccess;
-  const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-  return r == ncclSuccess ? state : r;
 }
 
 // The communicator handle, shared by the communicator and its pending collectives. One lock covers every
@@ -77,9 +75,9 @@ class NcclHandle {
  public:
   NcclHandle(ncclComm_t comm, int64_t timeout_ms) : comm_(comm), timeout_ms_(timeout_ms) {}
   ~NcclHandle() {
+    FreeWhenDone free_barrier{barrier_};  // after the communicator, which pending barriers may still use
     if (aborted_) return;
-    const ncclComm_t comm = comm_;
-    if (Settle([comm] { return StateOf(comm); }, ncclCommFinalize(comm), "ncclCommFinalize", timeout_ms_).ok()) {
+    if (Settle(comm_, ncclCommFinalize(comm_), "ncclCommFinalize", timeout_ms_).ok()) {
       ncclCommDestroy(comm_);
     } else {
       ncclCommAbort(comm_);
@@ -91,8 +89,7 @@ class NcclHandle {
   absl::Status Issue(Call&& call, const std::string& what, int64_t timeout_ms) {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) return absl::AbortedError(absl::StrCat(what, ": the communicator was aborted after an earlier failure"));
-    const ncclComm_t comm = comm_;
-    absl::Status st = Settle([comm] { return StateOf(comm); }, call(comm), what, timeout_ms);
+    absl::Status st = Settle(comm_, call(comm_), what, timeout_ms);
     if (!st.ok()) AbortLocked();
     return st;
   }
@@ -110,8 +107,19 @@ class NcclHandle {
     std::lock_guard<std::mutex> lock(mu_);
     return aborted_;
   }
+  // The one device element Barrier reduces, allocated at first use; nullptr when cudaMalloc fails. It
+  // lives as long as the handle, which pending barriers hold.
+  float* barrier_element() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (barrier_ == nullptr && cudaMalloc(&barrier_, sizeof(float)) != cudaSuccess) barrier_ = nullptr;
+    return barrier_;
+  }
 
  private:
+  struct FreeWhenDone {
+    float* p;
+    ~FreeWhenDone() { cudaFree(p); }
+  };
   void AbortLocked() {
     if (aborted_) return;
     ncclCommAbort(comm_);
@@ -122,6 +130,7 @@ class NcclHandle {
   const int64_t timeout_ms_;
   std::mutex mu_;
   bool aborted_ = false;
+  float* barrier_ = nullptr;  // barrier_element()
 };
 
 // A communicator fresh from a nonblocking init (`issued` is what the call returned), settled within
@@ -131,7 +140,7 @@ absl::Status SettleNew(ncclComm_t comm, ncclResult_t issued, const std::string& 
     if (comm != nullptr) ncclCommAbort(comm);
     return absl::InternalError(absl::StrCat(what, " failed: ", ncclGetErrorString(issued)));
   }
-  absl::Status st = Settle([comm] { return StateOf(comm); }, issued, what, timeout_ms);
+  absl::Status st = Settle(comm, issued, what, timeout_ms);
   if (!st.ok()) ncclCommAbort(comm);
   return st;
 }
@@ -141,19 +150,24 @@ absl::Status SettleNew(ncclComm_t comm, ncclResult_t issued, const std::string& 
 // output slot when it finishes, possibly after ncclCommSplit returned ncclSuccess; until then the
 // parent's state is ncclInProgress. So the slot is heap memory that outlives the call, the parent is
 // settled first (`settle_parent` runs the split and settles it: NcclHandle::Issue for ours), then the
-// child. A child the split made is aborted on a failure once the slot is final: after any failure when
-// `settle_parent` aborts the parent then (ours), else after failures other than the deadline. The caller
-// frees the slot unless the parent's job may still write it (the deadline passed, the parent not ours).
+// child. On a failure, once the slot is final, a child the split made is aborted: after any failure
+// when `settle_parent` aborts the parent then (ours); else the deadline may have passed with the
+// parent's job still running, which may yet write the slot, so the slot is left to it (not freed).
 template <typename SettleParent>
-absl::StatusOr<ncclComm_t> Split(ncclComm_t* slot, int key, SettleParent&& settle_parent, bool aborts_parent,
-                                 const std::string& what, int64_t timeout_ms) {
-  const absl::Status st = settle_parent([slot, key](ncclComm_t parent) {
+absl::StatusOr<ncclComm_t> Split(int key, SettleParent&& settle_parent, bool aborts_parent, const std::string& what,
+                                 int64_t timeout_ms) {
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
+  const absl::Status st = settle_parent([out = slot.get(), key](ncclComm_t parent) {
     ncclConfig_t config = NonblockingConfig();
-    const ncclResult_t r = ncclCommSplit(parent, 0, key, slot, &config);
+    const ncclResult_t r = ncclCommSplit(parent, 0, key, out, &config);
     return r == ncclSuccess ? ncclInProgress : r;  // done only when the parent's state says so
   });
   if (!st.ok()) {
-    if ((aborts_parent || !absl::IsDeadlineExceeded(st)) && *slot != nullptr) ncclCommAbort(*slot);
+    if (!aborts_parent && absl::IsDeadlineExceeded(st)) {
+      slot.release();  // NOLINT: still the parent's job's to write
+    } else if (*slot != nullptr) {
+      ncclCommAbort(*slot);
+    }
     return st;
   }
   if (*slot == nullptr) return absl::InternalError(absl::StrCat(what, ": ncclCommSplit settled without a communicator"));
@@ -209,7 +223,6 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, Options o)
       : handle_(std::make_shared<NcclHandle>(comm, o.timeout_ms)), rank_(rank), size_(size), options_(std::move(o)) {}
-  ~NcclCommunicator() override { cudaFree(barrier_); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -234,9 +247,8 @@ class NcclCommunicator final : public Communicator {
   }
   Work Broadcast(void* buf, size_t count, DType dtype, int root, device::Stream& s) override {
     if (root < 0 || root >= size_) {
-      return FailOn(s, absl::InvalidArgumentError(absl::StrCat("broadcast #", seq_++, " on '", options_.name, "' (rank ",
-                                                               rank_, "): root ", root, " is outside the world of ",
-                                                               size_, " ranks")));
+      return FailOn(s, absl::InvalidArgumentError(absl::StrCat(Label("broadcast"), ": root ", root,
+                                                               " is outside the world of ", size_, " ranks")));
     }
     return Run("broadcast", s, [&](ncclComm_t c, cudaStream_t cs) {
       return ncclBroadcast(buf, buf, count, NcclType(dtype), root, c, cs);
@@ -244,13 +256,13 @@ class NcclCommunicator final : public Communicator {
   }
   // A one-element all-reduce (NCCL discards empty collectives, so a zero count would order nothing).
   Work Barrier(device::Stream& s) override {
-    if (barrier_ == nullptr && cudaMalloc(&barrier_, sizeof(float)) != cudaSuccess) {
-      barrier_ = nullptr;
+    float* element = handle_->barrier_element();
+    if (element == nullptr) {
       return Work(std::make_shared<NcclDone>(absl::ResourceExhaustedError(
           absl::StrCat("barrier on '", options_.name, "': cudaMalloc of its 4-byte buffer failed"))));
     }
     return Run("barrier", s, [&](ncclComm_t c, cudaStream_t cs) {
-      return ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, c, cs);
+      return ncclAllReduce(element, element, 1, ncclFloat32, ncclSum, c, cs);
     });
   }
 
@@ -261,9 +273,8 @@ class NcclCommunicator final : public Communicator {
     if (timeout_ms > 0) o.timeout_ms = timeout_ms;
     const std::string what = absl::StrCat("Dup('", name, "') of '", options_.name, "' (rank ", rank_, ", ncclCommSplit)");
     // Issue aborts the parent when the split does not settle, which ends its job: the slot is then final.
-    auto slot = std::make_unique<ncclComm_t>(nullptr);
     STRATA_ASSIGN_OR_RETURN(
-        ncclComm_t c, Split(slot.get(), rank_, [&](auto&& call) { return handle_->Issue(call, what, o.timeout_ms); },
+        ncclComm_t c, Split(rank_, [&](auto&& call) { return handle_->Issue(call, what, o.timeout_ms); },
                             /*aborts_parent=*/true, what, o.timeout_ms));
     return std::unique_ptr<Communicator>(new NcclCommunicator(c, rank_, size_, std::move(o)));
   }
@@ -278,9 +289,14 @@ class NcclCommunicator final : public Communicator {
     return Work(std::make_shared<NcclDone>(std::move(failure)));
   }
 
+  // "all_gather #12 on 'gather' (rank 3)": the collective's name in errors; numbers it.
+  std::string Label(const char* what) {
+    return absl::StrCat(what, " #", seq_++, " on '", options_.name, "' (rank ", rank_, ")");
+  }
+
   template <typename F>
   Work Run(const char* what, device::Stream& s, F&& call) {
-    const std::string label = absl::StrCat(what, " #", seq_++, " on '", options_.name, "' (rank ", rank_, ")");
+    const std::string label = Label(what);
     if (handle_->aborted()) {
       return Work(std::make_shared<NcclDone>(absl::AbortedError(absl::StrCat(label, ": the communicator was aborted"))));
     }
@@ -301,7 +317,6 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::shared_ptr<NcclHandle> handle_;
-  float* barrier_ = nullptr;  // Barrier's device element
   const int rank_, size_;
   const Options options_;
   uint64_t seq_ = 0;
@@ -412,20 +427,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> AdoptNcclCommunicator(void* nccl_c
   STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommUserRank(theirs, &rank)));
   // Ours is nonblocking (Note [Nonblocking NCCL]). Whether the split itself is bounded by the deadline is
   // the caller's communicator's choice: NCCL takes it from the parent, and a blocking parent blocks here.
-  // The caller's communicator is theirs: a split that does not settle leaves it as it is, and its job
-  // may still write the slot, which is therefore not freed then.
+  // The caller's communicator is theirs: a split that does not settle leaves it as it is (Split).
   const std::string what = absl::StrCat("adopting the caller's NCCL communicator (rank ", rank, " of ", size,
                                         ", ncclCommSplit)");
-  auto slot = std::make_unique<ncclComm_t>(nullptr);
-  auto ours = Split(
-      slot.get(), rank,
-      [&](auto&& call) { return Settle([theirs] { return StateOf(theirs); }, call(theirs), what, options.timeout_ms); },
-      /*aborts_parent=*/false, what, options.timeout_ms);
-  if (!ours.ok()) {
-    if (absl::IsDeadlineExceeded(ours.status())) slot.release();  // NOLINT: still NCCL's to write
-    return ours.status();
-  }
-  return std::unique_ptr<Communicator>(new NcclCommunicator(*ours, rank, size, options));
+  STRATA_ASSIGN_OR_RETURN(
+      ncclComm_t ours,
+      Split(rank, [&](auto&& call) { return Settle(theirs, call(theirs), what, options.timeout_ms); },
+            /*aborts_parent=*/false, what, options.timeout_ms));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(ours, rank, size, options));
 }
 
 absl::StatusOr<std::string> NewNcclId() {

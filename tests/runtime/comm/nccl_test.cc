@@ -14,15 +14,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/device/cuda_device.h"
+#include "tests/runtime/device/cuda_device_fixture.h"
 #include "tests/runtime/comm/comm_conformance.h"
 
 namespace strata::comm {
 namespace {
 
 using ::testing::HasSubstr;
-
-#define SKIP_WITHOUT_GPU() \
-  if (device::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible"
 
 void* ManagedAlloc(size_t bytes) {
   void* p = nullptr;
@@ -43,10 +41,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorldOfOne(const Options& options)
   return CreateNcclCommunicator(*id, 0, 1, options);
 }
 
-class NcclConformance : public ::testing::TestWithParam<size_t> {
+// Device 0 (skips without one); NCCL selects it for the communicators the tests create.
+using Nccl = device::testing::CudaDeviceFixture;
+
+class NcclConformance : public Nccl, public ::testing::WithParamInterface<size_t> {
  protected:
   void SetUp() override {
-    SKIP_WITHOUT_GPU();
+    Nccl::SetUp();
+    if (IsSkipped()) return;
     conformance::SetArrayMemory({ManagedAlloc, ManagedFree});
   }
   void TearDown() override { conformance::SetArrayMemory(heap_); }
@@ -56,13 +58,11 @@ class NcclConformance : public ::testing::TestWithParam<size_t> {
 };
 
 TEST_P(NcclConformance, Passes) {
-  auto dev = device::CudaDevice::Create(0);
-  ASSERT_TRUE(dev.ok()) << dev.status();
   auto comm = WorldOfOne(Named(20000));
   ASSERT_TRUE(comm.ok()) << comm.status();
-  auto stream = (*dev)->CreateStream("rank0");
+  auto stream = cuda_->CreateStream("rank0");
   ASSERT_TRUE(stream.ok()) << stream.status();
-  conformance::RankHarness h{**comm, **dev, **stream};
+  conformance::RankHarness h{**comm, *cuda_, **stream};
   conformance::Cases()[GetParam()].body(h);
   const absl::Status drained = (*stream)->Synchronize();  // the error cases fail streams of their own
   EXPECT_TRUE(drained.ok()) << drained;
@@ -76,10 +76,7 @@ INSTANTIATE_TEST_SUITE_P(AllCases, NcclConformance, ::testing::Range(size_t{0}, 
 
 // Rank 0 of two, and rank 1 never starts: NCCL's own bootstrap would wait forever; Strata's
 // initialisation is nonblocking and gives up at the deadline (Note [Nonblocking NCCL]).
-TEST(Nccl, InitialisationThatARankNeverJoinsFailsAtTheDeadline) {
-  SKIP_WITHOUT_GPU();
-  auto dev = device::CudaDevice::Create(0);
-  ASSERT_TRUE(dev.ok()) << dev.status();
+TEST_F(Nccl, InitialisationThatARankNeverJoinsFailsAtTheDeadline) {
   auto id = NewNcclId();
   ASSERT_TRUE(id.ok()) << id.status();
   const auto start = std::chrono::steady_clock::now();
@@ -93,20 +90,16 @@ TEST(Nccl, InitialisationThatARankNeverJoinsFailsAtTheDeadline) {
   EXPECT_LT(waited, std::chrono::seconds(20)) << "the deadline was not honoured";
 }
 
-TEST(Nccl, AnIdOfTheWrongSizeIsRefused) {
-  SKIP_WITHOUT_GPU();
+TEST_F(Nccl, AnIdOfTheWrongSizeIsRefused) {
   auto comm = CreateNcclCommunicator("short", 0, 1, Named(1000));
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kInvalidArgument) << comm.status();
 }
 
 // After Abort every collective fails at once, naming the communicator, and Dup is refused.
-TEST(Nccl, AnAbortedCommunicatorFailsEveryLaterCall) {
-  SKIP_WITHOUT_GPU();
-  auto dev = device::CudaDevice::Create(0);
-  ASSERT_TRUE(dev.ok()) << dev.status();
+TEST_F(Nccl, AnAbortedCommunicatorFailsEveryLaterCall) {
   auto comm = WorldOfOne(Named(5000));
   ASSERT_TRUE(comm.ok()) << comm.status();
-  auto stream = (*dev)->CreateStream("s");
+  auto stream = cuda_->CreateStream("s");
   ASSERT_TRUE(stream.ok());
   (*comm)->Abort(absl::InternalError("test"));
   const absl::Status st = (*comm)->Barrier(**stream).Wait();
@@ -116,8 +109,7 @@ TEST(Nccl, AnAbortedCommunicatorFailsEveryLaterCall) {
 }
 
 // A host-only stream cannot carry NCCL collectives: InvalidArgument naming it, not a crash.
-TEST(Nccl, AHostStreamIsRefused) {
-  SKIP_WITHOUT_GPU();
+TEST_F(Nccl, AHostStreamIsRefused) {
   auto comm = WorldOfOne(Named(5000));
   ASSERT_TRUE(comm.ok()) << comm.status();
   struct NotCuda final : device::Stream {
