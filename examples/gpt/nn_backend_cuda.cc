@@ -36,6 +36,7 @@
 #include "kernels/cuda/matmul_rate.cuh"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/base/units.h"
 #if STRATA_GPT_CUDNN
 #include "kernels/cuda/sdpa_cudnn.h"
 #endif
@@ -83,8 +84,8 @@ struct Scratch {
   }
 };
 
-constexpr size_t kAlign = 256;
-size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+// Buffers carved out of one allocation start 256-byte aligned.
+size_t AlignUp(size_t bytes) { return RoundUp(bytes, 256); }
 
 class CudaNn final : public NnBackend {
  public:
@@ -121,43 +122,43 @@ class CudaNn final : public NnBackend {
   // The factors of the products: fp32 as given, or rounded to bf16 into scratch slot `slot` (In), with
   // the fp32 fallback of Multiply.
   void MatmulForward(const float* a, const float* w, const float* bias, float* out, int M, int K, int N) override {
-    Multiply("matmul forward", [&](bool bf16) {
+    Multiply("matmul forward", M, K, N, [&](bool bf16) {
       return kc::MatmulForward(*mm_, In(bf16, 0, a, size_t(M) * K), In(bf16, 1, w, size_t(K) * N), bias, out, M, K, N,
                                false, TypesFor(bf16), stream_);
     });
   }
   void MatmulBackward(const float* dout, const float* a, const float* w, float* da, float* dw, float* dbias, int M,
                       int K, int N) override {
-    const void* d = Factor(2, dout, size_t(M) * N);  // rounded once for both products
+    LazyFactor d(this, 2, dout, size_t(M) * N);  // rounded at most once for both products
     if (da != nullptr) {
-      Multiply("matmul dA", [&](bool bf16) {
-        return kc::MatmulBackwardData(*mm_, bf16 ? d : dout, In(bf16, 1, w, size_t(K) * N), da, M, K, N,
+      Multiply("matmul dA", M, K, N, [&](bool bf16) {
+        return kc::MatmulBackwardData(*mm_, d.Get(bf16), In(bf16, 1, w, size_t(K) * N), da, M, K, N,
                                       TypesFor(bf16), stream_);
       });
     }
     if (dw != nullptr) {
-      Multiply("matmul dW", [&](bool bf16) {
-        return kc::MatmulBackwardWeight(*mm_, bf16 ? d : dout, In(bf16, 0, a, size_t(M) * K), dw, nullptr, M, K, N,
+      Multiply("matmul dW", M, K, N, [&](bool bf16) {
+        return kc::MatmulBackwardWeight(*mm_, d.Get(bf16), In(bf16, 0, a, size_t(M) * K), dw, nullptr, M, K, N,
                                         TypesFor(bf16), stream_);
       });
     }
     if (dbias != nullptr) Check(mm_->BiasGrad(dout, dbias, M, N, kc::kMatmulF32, stream_), "matmul dbias");
   }
   void MatmulTransBForward(const float* a, const float* b, float* out, int M, int K, int N) override {
-    Multiply("lm head forward", [&](bool bf16) {
+    Multiply("lm head forward", M, K, N, [&](bool bf16) {
       return kc::MatmulTransBForward(*mm_, In(bf16, 0, a, size_t(M) * K), In(bf16, 1, b, size_t(N) * K), out, M, K, N,
                                      TypesFor(bf16), stream_);
     });
   }
   void MatmulTransBBackward(const float* dout, const float* a, const float* b, float* da, float* db, int M, int K,
                             int N) override {
-    const void* d = Factor(2, dout, size_t(M) * N);
-    Multiply("lm head dA", [&](bool bf16) {
-      return kc::MatmulTransBBackwardData(*mm_, bf16 ? d : dout, In(bf16, 1, b, size_t(N) * K), da, M, K, N,
+    LazyFactor d(this, 2, dout, size_t(M) * N);
+    Multiply("lm head dA", M, K, N, [&](bool bf16) {
+      return kc::MatmulTransBBackwardData(*mm_, d.Get(bf16), In(bf16, 1, b, size_t(N) * K), da, M, K, N,
                                           TypesFor(bf16), stream_);
     });
-    Multiply("lm head dW", [&](bool bf16) {
-      return kc::MatmulTransBBackwardWeight(*mm_, bf16 ? d : dout, In(bf16, 0, a, size_t(M) * K), db, M, K, N,
+    Multiply("lm head dW", M, K, N, [&](bool bf16) {
+      return kc::MatmulTransBBackwardWeight(*mm_, d.Get(bf16), In(bf16, 0, a, size_t(M) * K), db, M, K, N,
                                             TypesFor(bf16), stream_);
     });
   }
@@ -240,13 +241,19 @@ class CudaNn final : public NnBackend {
   // Runs `product(bf16)`: with bf16 factors when the products are bf16, else in fp32. Where cuBLASLt has
   // no bf16 algorithm for a shape (a row length that is not a multiple of 8 leaves bf16 rows without
   // 16-byte alignment, as GPT-2's 50257-token vocabulary does in the head), that product runs in fp32
-  // instead, logged once per kind of product.
+  // instead, logged once per kind of product; later calls of that shape go to fp32 at once, without
+  // rounding factors that would not be used.
   template <typename Product>
-  void Multiply(const char* what, Product&& product) {
-    const bool bf16 = options_.products == Products::kBf16;
-    kc::MatmulStatus s = product(bf16);
-    if (bf16 && s.code == kc::MatmulCode::kUnsupported) {
-      if (fp32_fallbacks_.insert(what).second) {
+  void Multiply(const char* what, int M, int K, int N, Product&& product) {
+    const auto shape = std::make_tuple(std::string(what), M, K, N);
+    if (options_.products != Products::kBf16 || fp32_shapes_.count(shape) != 0) {
+      Check(product(false), what);
+      return;
+    }
+    kc::MatmulStatus s = product(true);
+    if (s.code == kc::MatmulCode::kUnsupported) {
+      fp32_shapes_.insert(shape);
+      if (fp32_logged_.insert(what).second) {
         STRATA_LOG(Info) << "GPT on CUDA, " << what << ": no bf16 algorithm for this shape (" << s.message
                          << "); this product runs in fp32";
       }
@@ -254,6 +261,24 @@ class CudaNn final : public NnBackend {
     }
     Check(s, what);
   }
+  // A factor rounded to bf16 (Factor) on first use, and reused: the output gradient both products of a
+  // backward read.
+  class LazyFactor {
+   public:
+    LazyFactor(CudaNn* nn, int slot, const float* x, size_t n) : nn_(nn), slot_(slot), x_(x), n_(n) {}
+    const void* Get(bool bf16) {
+      if (!bf16) return x_;
+      if (rounded_ == nullptr) rounded_ = nn_->Factor(slot_, x_, n_);
+      return rounded_;
+    }
+
+   private:
+    CudaNn* nn_;
+    int slot_;
+    const float* x_;
+    size_t n_;
+    const void* rounded_ = nullptr;
+  };
   // `x` for fp32 factors, else Factor.
   const void* In(bool bf16, int slot, const float* x, size_t n) { return bf16 ? Factor(slot, x, n) : x; }
   // `x` itself for fp32 products; with bf16 products, x rounded to bf16 in scratch slot `slot` (0: the
@@ -279,11 +304,6 @@ class CudaNn final : public NnBackend {
   void FusedForward(const float* qkv, float* out, float* att, int B, int T, int C, int NH);
   void FusedBackward(const float* dout, const float* qkv, const float* att, float* dqkv, int B, int T, int C, int NH);
   static size_t StatsBytes(int B, int T, int NH) { return AlignUp(size_t(B) * NH * T * 4); }
-  bool Check(const kc::SdpaStatus& s, const char* what) {
-    if (s.ok()) return true;
-    if (first_.ok()) first_ = absl::InternalError(absl::StrCat("GPT on CUDA, ", what, ": ", s.message));
-    return false;
-  }
   std::unique_ptr<kc::SdpaContext> sdpa_;
   Scratch sdpa_workspace_;
   std::map<ShapeKey, bool> fused_;  // PrepareAttention's choice per shape
@@ -296,7 +316,9 @@ class CudaNn final : public NnBackend {
     if (first_.ok()) first_ = absl::InternalError(absl::StrCat("GPT on CUDA, ", what, ": ", cudaGetErrorString(e)));
     return false;
   }
-  bool Check(const kc::MatmulStatus& s, const char* what) {
+  // A cuBLASLt or cuDNN status (kc::MatmulStatus, kc::SdpaStatus): the same fields.
+  template <typename LibraryStatus>
+  bool Check(const LibraryStatus& s, const char* what) {
     if (s.ok()) return true;
     if (first_.ok()) first_ = absl::InternalError(absl::StrCat("GPT on CUDA, ", what, ": ", s.message));
     return false;
@@ -309,7 +331,8 @@ class CudaNn final : public NnBackend {
   void* mean_loss_ = nullptr;
   NnOptions options_;
   Scratch scratch_[3];  // bf16 factors (Factor); the fused attention reuses them for qkv, dout and dqkv / out
-  std::set<std::string> fp32_fallbacks_;  // Multiply's logged fallbacks
+  std::set<std::tuple<std::string, int, int, int>> fp32_shapes_;  // Multiply: no bf16 algorithm
+  std::set<std::string> fp32_logged_;                              // Multiply: logged once per product
   absl::Status first_;
 };
 
