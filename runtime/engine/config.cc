@@ -703,9 +703,10 @@ size_t NvmeTileElems(const EngineConfig& cfg, size_t largest_update) {
   return std::min(configured, std::max<size_t>((largest_update + 1023) / 1024 * 1024, 1024));
 }
 
+int NvmeLanes(const EngineConfig& cfg) { return 1 + optim::StateBuffers(cfg.optimizer); }
+
 size_t NvmeStagingTiles(const EngineConfig& cfg) {
-  const size_t lanes = 1 + optim::StateBuffers(cfg.optimizer);  // master, then the optimizer's state
-  return std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * lanes);
+  return std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * static_cast<size_t>(NvmeLanes(cfg)));
 }
 
 size_t NvmeParamBuffers(const EngineConfig& cfg, int live) {

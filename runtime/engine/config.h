@@ -87,6 +87,8 @@ int LiveGatheredUnits(const EngineConfig& cfg, int units);
 // Elements per NVMe optimizer tile: strata.nvme_tile_elems (at least 1024), no more than the largest
 // update range rounded up to 1024.
 size_t NvmeTileElems(const EngineConfig& cfg, size_t largest_update);
+// State arrays per element that the optimizer streams through NVMe: the fp32 master, then its state.
+int NvmeLanes(const EngineConfig& cfg);
 // Pinned staging tiles of the NVMe optimizer update: enough for read, update and write of every lane.
 size_t NvmeStagingTiles(const EngineConfig& cfg);
 // Pinned buffers of the NVMe parameter cache: one more than the live gathered units, at least.

@@ -136,6 +136,10 @@ struct Engine::Impl {
                             bool keep);
   // Where this rank's update range starts in its parameter storage, in bytes.
   size_t UpdateParamOffset(const UnitState& u) const { return (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes(); }
+  // ParamStorage over this rank's update range, which fn overwrites whole (the step's update and casts).
+  absl::Status UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn) {
+    return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), fn, /*keep=*/false);
+  }
   std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
   // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
   // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the

@@ -13,7 +13,7 @@
 
 namespace strata::engine {
 
-int Engine::Impl::lanes() const { return 1 + optim::StateBuffers(cfg.optimizer); }
+int Engine::Impl::lanes() const { return NvmeLanes(cfg); }
 
 namespace {
 
@@ -178,7 +178,7 @@ absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) 
     for (const offload::NvmeExtent& e : u.nvme_lanes[l]) tiles[l].tiles.push_back(&e);
   }
   const float* grad = GradUpdatePtr(u);
-  return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), [&](char* params) -> absl::Status {
+  return UpdateParamStorage(u, [&](char* params) -> absl::Status {
     auto fn = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
       const size_t lo = t * nvme_tile_elems, hi = lo + TileElems(*this, u, t);
       std::vector<shard::Segment> segs;
@@ -202,7 +202,7 @@ absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) 
     nvme_read_bytes += stats.bytes_read;
     nvme_write_bytes += stats.bytes_written;
     return absl::OkStatus();
-  }, /*keep=*/false);  // the tiles cover the whole update range
+  });  // the tiles cover the whole update range
 }
 
 }  // namespace strata::engine

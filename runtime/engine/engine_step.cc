@@ -16,9 +16,9 @@ namespace strata::engine {
 // `master` is host memory; the param storage ParamStorage hands out is too.
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
   if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), [&](char* params) {
+  return UpdateParamStorage(u, [&](char* params) {
     return host_ops->Cast(cfg.param_dtype, master, params, update_elems(u));
-  }, /*keep=*/false);
+  });
 }
 
 absl::Status Engine::Impl::ReplicateParams() {
@@ -99,8 +99,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
       return absl::OkStatus();
     };
     if (OptimizerOps().host_visible()) {
-      STRATA_RETURN_IF_ERROR(ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), update,
-                                          /*keep=*/false));
+      STRATA_RETURN_IF_ERROR(UpdateParamStorage(u, update));
     } else {  // device state, device params (Note [Tier ops]): in place
       STRATA_RETURN_IF_ERROR(update(u.params.as<char>() + UpdateParamOffset(u)));
     }
