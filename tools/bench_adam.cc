@@ -193,12 +193,17 @@ void Report(const Args& a, optim::HostExecutor& e, bool pinned, Measurement& r) 
 
 }  // namespace
 
+std::string BenchAdamUsage() {
+  return "usage: strata bench adam [--threads T] [--elems N] [--isa NAME] [--copy bf16|fp16|none] [--reps R] [--json]\n"
+         "  host AdamW throughput over N elements on T threads, against a STREAM-style triad measured in the same\n"
+         "  run; --isa forces scalar|avx2|avx512|avx512bf16, --copy the rounded parameter copy the step also writes\n";
+}
+
 int RunBenchAdam(int argc, char** argv) {
   Args a;
   std::string err;
   if (!ParseArgs(argc, argv, &a, &err)) {
-    std::fprintf(stderr, "bench adam: %s\nusage: %s [--threads T] [--elems N] [--isa NAME] "
-                 "[--copy bf16|fp16|none] [--reps R] [--json]\n", err.c_str(), argc > 0 ? argv[0] : "adam");
+    std::fprintf(stderr, "bench adam: %s\n%s", err.c_str(), BenchAdamUsage().c_str());
     return 2;
   }
   auto exec = optim::HostExecutor::Create(a.threads, a.isa);

@@ -2,6 +2,8 @@
 // the same threads, so the ratio means something on a shared, noisy machine.
 #pragma once
 
+#include <string>
+
 namespace strata::tools {
 
 // argv[0] is the command's name; then --threads T (1), --elems N (16777216), --isa NAME (widest),
@@ -9,5 +11,6 @@ namespace strata::tools {
 // bytes_per_param, triad_bytes_per_s, ratio_to_triad, ...), else one human line. Returns 0, or 2 on a
 // usage error (message on stderr).
 int RunBenchAdam(int argc, char** argv);
+std::string BenchAdamUsage();  // printed by `strata bench adam --help`
 
 }  // namespace strata::tools

@@ -106,6 +106,14 @@ absl::Status Capacity(const TrainOptions& o, comm::Communicator& world, bool wid
 
 }  // namespace
 
+std::string BenchCapacityUsage() {
+  return "usage: strata bench capacity [--vary layers|width] [strata train's flags]\n"
+         "  finds the largest GPT (more layers, or a wider model) whose step trains within --device-budget and\n"
+         "  --host-budget, with the offload flags given. Flags:\n"
+         "  --vary layers|width         what grows (default layers)\n" +
+         TrainUsage().substr(TrainUsage().find('\n') + 1);
+}
+
 int BenchCapacityCommand(const std::vector<std::string>& args) {
   auto mpi = StartMpi("bench capacity");
   if (mpi == nullptr) return 1;

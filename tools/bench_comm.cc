@@ -96,14 +96,25 @@ absl::Status Bench(comm::Communicator& world, size_t bytes, int iters, bool json
   return absl::OkStatus();
 }
 
+const std::vector<FlagDef>& CommFlagDefs() {
+  static const auto* defs = new std::vector<FlagDef>{
+      {"bytes", false, "buffer size (default 128 MiB)"},
+      {"iters", false, "repetitions; the best is reported (default 5)"},
+      {"json", true, "one JSON object"}};
+  return *defs;
+}
+
 }  // namespace
+
+std::string BenchCommUsage() {
+  return Flags::Usage("bench comm", CommFlagDefs()) +
+         "  (under mpirun: the MPI back-end's collectives against raw MPI on the same buffers)\n";
+}
 
 int BenchCommCommand(const std::vector<std::string>& args) {
   auto mpi = StartMpi("bench comm");
   if (mpi == nullptr) return 1;
-  auto f = Flags::Parse(args, {{"bytes", false, "buffer size (default 128 MiB)"},
-                               {"iters", false, "repetitions; the best is reported (default 5)"},
-                               {"json", true, "one JSON object"}});
+  auto f = Flags::Parse(args, CommFlagDefs());
   absl::Status s = f.status();
   if (s.ok()) {
     auto bytes = f->Int("bytes", 128 << 20);

@@ -279,6 +279,8 @@ absl::StatusOr<NvmeBenchOptions> ParseNvmeBenchOptions(const std::vector<std::st
   return o;
 }
 
+std::string BenchNvmeUsage() { return Flags::Usage("bench nvme", NvmeBenchFlagDefs()); }
+
 int BenchNvmeCommand(const std::vector<std::string>& args) {
   bool as_json = false;
   auto o = ParseNvmeBenchOptions(args, &as_json);

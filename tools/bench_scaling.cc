@@ -139,14 +139,12 @@ absl::StatusOr<ScalingSummary> SummariseScaling(const json& one, const json& man
   return s;
 }
 
+std::string BenchScalingUsage() {
+  return Flags::Usage("bench scaling", ScalingFlagDefs()) +
+         "  (other flags go to strata bench step: --model, --layers, --micro-batch, --steps, --stage, ...)\n";
+}
+
 int BenchScalingCommand(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::fputs(Flags::Usage("bench scaling", ScalingFlagDefs()).c_str(), stdout);
-      std::fputs("  (other flags go to strata bench step: --model, --layers, --micro-batch, --steps, --stage, ...)\n", stdout);
-      return 0;
-    }
-  }
   auto opts = ParseScalingOptions(args);
   if (!opts.ok()) {
     std::fprintf(stderr, "strata bench scaling: %s\n%s", std::string(opts.status().message()).c_str(),

@@ -134,6 +134,14 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
 
 }  // namespace
 
+std::string BenchStepUsage() {
+  return "usage: strata bench step [--json] [strata train's flags]\n"
+         "  times --steps steps (default 3) of strata train's step and reports tokens/s, the step-time split\n"
+         "  and the matmul rate against an sgemm measured in the same run. Flags:\n"
+         "  --json                      one JSON object\n" +
+         TrainUsage().substr(TrainUsage().find('\n') + 1);
+}
+
 int BenchStepCommand(const std::vector<std::string>& args) {
   auto mpi = StartMpi("bench step");
   if (mpi == nullptr) return 1;

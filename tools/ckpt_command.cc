@@ -64,12 +64,25 @@ absl::Status Export(const std::string& dir, const std::string& out) {
   return absl::OkStatus();
 }
 
+const std::vector<FlagDef>& CkptFlagDefs() {
+  static const auto* defs = new std::vector<FlagDef>{{"verify", true, "inspect: check every checksum"},
+                                                     {"o", false, "export: the output .safetensors (also -o)"}};
+  return *defs;
+}
+
 }  // namespace
+
+std::string CkptUsage() {
+  return "usage: strata ckpt inspect DIR [--verify]     what a checkpoint holds (DIR: a checkpoint directory\n"
+         "                                                or one of its step_* directories)\n"
+         "       strata ckpt export DIR -o FILE.safetensors   consolidated fp32 weights (GPT: Hugging Face names)\n" +
+         Flags::Usage("ckpt", CkptFlagDefs()).substr(Flags::Usage("ckpt", {}).size());
+}
 
 int CkptCommand(const std::vector<std::string>& args) {
   std::vector<std::string> a = args;
   for (auto& x : a) x = x == "-o" ? "--o" : x;
-  auto f = Flags::Parse(a, {{"verify", true, "check every checksum"}, {"o", false, "output .safetensors"}});
+  auto f = Flags::Parse(a, CkptFlagDefs());
   absl::Status s = f.status();
   if (s.ok()) {
     const auto& pos = f->positional();
@@ -78,7 +91,7 @@ int CkptCommand(const std::vector<std::string>& args) {
     } else if (pos.size() == 2 && pos[0] == "export" && f->Has("o")) {
       s = Export(pos[1], f->Str("o"));
     } else {
-      s = absl::InvalidArgumentError("usage: strata ckpt inspect DIR [--verify] | strata ckpt export DIR -o FILE.safetensors");
+      s = absl::InvalidArgumentError(CkptUsage());
     }
   }
   if (!s.ok()) {

@@ -18,4 +18,18 @@ int DoctorCommand(const std::vector<std::string>& args);
 int BenchScalingCommand(const std::vector<std::string>& args);
 int BenchNvmeCommand(const std::vector<std::string>& args);
 
+// Each command's usage, printed by `strata CMD --help` (tools/strata.cc answers --help for every command
+// before running it, so asking for help never starts a job or a benchmark).
+std::string TrainUsage();
+std::string GenerateUsage();
+std::string BenchStepUsage();
+std::string PlotUsage();
+std::string CompareUsage();
+std::string CkptUsage();
+std::string BenchCapacityUsage();
+std::string BenchCommUsage();
+std::string DoctorUsage();
+std::string BenchScalingUsage();
+std::string BenchNvmeUsage();
+
 }  // namespace strata::tools

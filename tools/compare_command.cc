@@ -97,15 +97,25 @@ absl::StatusOr<bool> Compare(const std::string& a_path, const std::string& b_pat
   return ok && measure <= rtol;
 }
 
+const std::vector<FlagDef>& CompareFlagDefs() {
+  static const auto* defs = new std::vector<FlagDef>{
+      {"rtol", false, "relative tolerance (default 1e-5)"},
+      {"exclude", false, "element ranges to skip: NAME[BEGIN:END],..."},
+      {"per-tensor", true, "judge tensors by relative L2 error"}};
+  return *defs;
+}
+
 }  // namespace
 
+std::string CompareUsage() {
+  return Flags::Usage("compare", CompareFlagDefs(), "A.safetensors B.safetensors") +
+         "  exit status: 0 equal within the tolerance, 1 different, 2 bad usage or unreadable file\n";
+}
+
 int CompareCommand(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(args, {{"rtol", false, "relative tolerance (default 1e-5)"},
-                               {"exclude", false, "element ranges to skip: NAME[BEGIN:END],..."},
-                               {"per-tensor", true, "judge tensors by relative L2 error"}});
+  auto f = Flags::Parse(args, CompareFlagDefs());
   if (!f.ok() || f->positional().size() != 2) {
-    std::fprintf(stderr, "usage: strata compare A.safetensors B.safetensors [--rtol R]\n%s\n",
-                 f.ok() ? "" : std::string(f.status().message()).c_str());
+    std::fprintf(stderr, "%s%s\n", CompareUsage().c_str(), f.ok() ? "" : std::string(f.status().message()).c_str());
     return 2;
   }
   auto rtol = f->Double("rtol", 1e-5);

@@ -132,14 +132,12 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
 
 }  // namespace
 
+std::string DoctorUsage() {
+  return Flags::Usage("doctor", DoctorFlagDefs()) +
+         "  (also accepts strata train's model and config flags: --config, --stage, --model, ...)\n";
+}
+
 int DoctorCommand(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::fputs(Flags::Usage("doctor", DoctorFlagDefs()).c_str(), stdout);
-      std::fputs("  (also accepts strata train's model and config flags: --config, --stage, --model, ...)\n", stdout);
-      return 0;
-    }
-  }
   auto opts = ParseDoctorOptions(args);
   if (!opts.ok()) {
     std::fprintf(stderr, "strata doctor: %s\n", std::string(opts.status().message()).c_str());

@@ -71,10 +71,10 @@ absl::StatusOr<double> Flags::Double(const std::string& name, double fallback) c
   return v;
 }
 
-std::string Flags::Usage(const std::string& command, const std::vector<FlagDef>& defs) {
-  std::string out = absl::StrCat("usage: strata ", command, " [flags]\n");
+std::string Flags::Usage(const std::string& command, const std::vector<FlagDef>& defs, const std::string& operands) {
+  std::string out = absl::StrCat("usage: strata ", command, operands.empty() ? "" : " ", operands, " [flags]\n");
   for (const FlagDef& d : defs) {
-    const std::string left = absl::StrCat("--", d.name, d.boolean ? "" : " V");
+    const std::string left = absl::StrCat(d.name.size() == 1 ? "-" : "--", d.name, d.boolean ? "" : " V");
     absl::StrAppend(&out, "  ", left, std::string(left.size() < 28 ? 28 - left.size() : 1, ' '), d.help, "\n");
   }
   return out;

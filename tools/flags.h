@@ -28,7 +28,8 @@ class Flags {
   bool Bool(const std::string& name) const { return Has(name); }
   const std::vector<std::string>& positional() const { return positional_; }
 
-  static std::string Usage(const std::string& command, const std::vector<FlagDef>& defs);
+  static std::string Usage(const std::string& command, const std::vector<FlagDef>& defs,
+                           const std::string& operands = "");
 
  private:
   std::map<std::string, std::string> values_;

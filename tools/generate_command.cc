@@ -74,9 +74,7 @@ absl::Status Generate(const Flags& f) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-int GenerateCommand(const std::vector<std::string>& args) {
+std::vector<FlagDef> GenerateFlagDefs() {
   std::vector<FlagDef> defs = ModelFlagDefs();
   defs.insert(defs.end(), {{"init-from", false, "weights (.safetensors) to sample from"},
                            {"prompt", false, "text to continue (default: a newline)"},
@@ -84,7 +82,15 @@ int GenerateCommand(const std::vector<std::string>& args) {
                            {"temperature", false, "softmax temperature (default 0.8; 0 = greedy)"},
                            {"top-k", false, "sample among the k most likely (default 40; 0 = all)"},
                            {"seed", false, "sampling seed"}});
-  auto f = Flags::Parse(args, defs);
+  return defs;
+}
+
+}  // namespace
+
+std::string GenerateUsage() { return Flags::Usage("generate", GenerateFlagDefs()); }
+
+int GenerateCommand(const std::vector<std::string>& args) {
+  auto f = Flags::Parse(args, GenerateFlagDefs());
   absl::Status s = f.ok() ? Generate(*f) : f.status();
   if (!s.ok()) {
     std::fprintf(stderr, "strata generate: %s\n", std::string(s.message()).c_str());
