@@ -1,5 +1,7 @@
 // `strata train`: the GPT-2 trainer on the engine, one process per rank under mpirun, srun or torchrun
 // (Note [Launchers] in launch.cc).
+#include <sys/resource.h>
+
 #include <csignal>
 
 #include <atomic>
@@ -160,6 +162,13 @@ absl::Status PrepareOutputs(const TrainOptions& o) {
   return absl::OkStatus();
 }
 
+// This process's CPU time (every thread), in seconds.
+double ProcessCpuSeconds() {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 // `world` carries the engine's collectives; `host` (host buffers) the trainer's own, and is `world`
 // itself unless the world is NCCL (Note [Launchers]).
 absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Communicator& host, Compute& compute) {
@@ -203,13 +212,22 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   for (int u = 0; u < e->num_units(); ++u) unit_names.push_back(e->layout(u).name);
   TraceRecorder trace(rank, unit_names);
   e->timeline().SetEnabled(!o.trace.empty());
-  StepDiagnostics diagnostics(DiagnosticThresholds{std::max(1, o.diagnostics_window)});
+  // Where the ranks run (host, affinity), so a diagnostic can tell oversubscribed cores from a slow link.
+  const HostRecord here = ThisHost();
+  std::vector<HostRecord> hosts(n);
+  static_assert(sizeof(HostRecord) % sizeof(float) == 0, "gathered as plain 4-byte words");
+  STRATA_RETURN_IF_ERROR(host.AllGather(&here, hosts.data(), sizeof(HostRecord) / sizeof(float), DType::kF32,
+                                        *metrics_stream).Wait());
+  DiagnosticThresholds thresholds;
+  thresholds.window = std::max(1, o.diagnostics_window);
+  StepDiagnostics diagnostics(thresholds, CrowdedHost(hosts));
   const auto run_start = std::chrono::steady_clock::now();
   double tokens_total = 0, last_loss = 0;
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
   for (int64_t step = first_step; step < o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = ProcessCpuSeconds();
     const double wait0 = loader.wait_seconds();
     double loss = 0;
     for (int a = 0; a < accum; ++a) {
@@ -228,16 +246,20 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
     // One small all-gather per step: every rank's loss, stop request and data wait. A rank that waits
     // for its batch makes the others wait in the next collective, so the data-wait diagnostic needs the
     // slowest rank's wait, and that wait is not exposed communication on the others.
+    // And each rank's CPU share of the step (process CPU time over wall time): under 1, it was descheduled.
     const double wait_ms = (loader.wait_seconds() - wait0) * 1e3;
-    const float mine[3] = {static_cast<float>(loss), g_stop_signal.load() != 0 ? 1.0f : 0.0f,
-                           static_cast<float>(wait_ms)};
-    std::vector<float> all(3 * n);
-    STRATA_RETURN_IF_ERROR(host.AllGather(mine, all.data(), 3, DType::kF32, *metrics_stream).Wait());
-    float mean_loss = 0, stop = 0, max_wait_ms = 0;
+    const double busy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const float mine[4] = {static_cast<float>(loss), g_stop_signal.load() != 0 ? 1.0f : 0.0f,
+                           static_cast<float>(wait_ms),
+                           busy_s > 0 ? static_cast<float>((ProcessCpuSeconds() - cpu0) / busy_s) : -1.0f};
+    std::vector<float> all(4 * n);
+    STRATA_RETURN_IF_ERROR(host.AllGather(mine, all.data(), 4, DType::kF32, *metrics_stream).Wait());
+    float mean_loss = 0, stop = 0, max_wait_ms = 0, min_cpu_share = 1e9f;
     for (int q = 0; q < n; ++q) {  // in rank order: the same sum on every rank and every run
-      mean_loss += all[3 * q] / n;
-      stop += all[3 * q + 1];
-      max_wait_ms = std::max(max_wait_ms, all[3 * q + 2]);
+      mean_loss += all[4 * q] / n;
+      stop += all[4 * q + 1];
+      max_wait_ms = std::max(max_wait_ms, all[4 * q + 2]);
+      min_cpu_share = std::min(min_cpu_share, all[4 * q + 3]);
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o.trace.empty()) {
@@ -246,11 +268,10 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
     }
     if (o.diagnostics_window > 0 && rank == 0) {
       const double peers_data_ms = max_wait_ms - wait_ms;  // spent here waiting for another rank's batch
-      auto msg = diagnostics.Observe(StepTimes{secs * 1e3, max_wait_ms,
-                                               std::max(0.0, r.exposed_comm_ms - peers_data_ms), r.exposed_io_ms});
-      if (msg) {
-        STRATA_LOG(Warning) << *msg;
-      }
+      const StepTimes times{secs * 1e3,     max_wait_ms,    std::max(0.0, r.exposed_comm_ms - peers_data_ms),
+                            r.exposed_io_ms, r.compute_ms,   r.optimizer_ms,
+                            min_cpu_share};
+      for (const std::string& line : diagnostics.Observe(times)) STRATA_LOG(Warning) << line;
     }
     tokens_total += double(global_batch) * o.model.seq_len;
     last_loss = mean_loss;
@@ -276,6 +297,8 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
     if (rank == 0) std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
   }
   if (rank == 0) {
+    const std::string summary = diagnostics.Summary();
+    if (o.diagnostics_window > 0 && !summary.empty()) std::printf("%s\n", summary.c_str());
     std::printf("done: %lld steps in %.1f s, final loss %.4f, %.0f tok/s on average, peak %s\n",
                 static_cast<long long>(o.steps), total, last_loss, tokens_total / total,
                 PeakText(e->memory_stats()).c_str());
@@ -289,6 +312,8 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
 
 }  // namespace
 
+std::string TrainUsage() { return Flags::Usage("train", TrainFlagDefs()); }
+
 int TrainCommand(const std::vector<std::string>& args) {
   auto mpi = StartMpi("train");
   if (mpi == nullptr) return 1;
@@ -298,12 +323,6 @@ int TrainCommand(const std::vector<std::string>& args) {
     return 2;
   }
   const int rank = launch->rank;
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      if (rank == 0) std::fputs(Flags::Usage("train", TrainFlagDefs()).c_str(), stdout);
-      return 0;
-    }
-  }
   auto opts = ParseTrainOptions(args, launch->size);
   if (!opts.ok()) {
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(opts.status().message()).c_str());
