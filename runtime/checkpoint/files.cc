@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -87,9 +86,9 @@ absl::Status CheckPlainFileName(absl::string_view name) {
 
 namespace {
 
-absl::Status Escapes(const std::string& dir, const std::string& name, int err) {
-  return absl::PermissionDeniedError(absl::StrCat("'", name, "' in '", dir, "' is a symlink or resolves outside ",
-                                                  "that directory (", std::strerror(err), "); refused"));
+absl::Status Escapes(const std::string& dir, const std::string& name) {
+  return absl::PermissionDeniedError(
+      absl::StrCat("'", name, "' in '", dir, "' is a symlink or resolves outside that directory; refused"));
 }
 
 absl::StatusOr<Fd> OpenDir(const std::string& dir) {
@@ -107,7 +106,7 @@ absl::StatusOr<Fd> OpenInDirNoFollow(const std::string& dir, const std::string& 
   STRATA_ASSIGN_OR_RETURN(Fd d, OpenDir(dir));
   const int fd = ::openat(d.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
-    if (errno == ELOOP) return Escapes(dir, name, errno);
+    if (errno == ELOOP) return Escapes(dir, name);
     return Err("openat", absl::StrCat(dir, "/", name));
   }
   return Fd(fd);
@@ -127,7 +126,7 @@ absl::StatusOr<Fd> OpenInDir(const std::string& dir, const std::string& name) {
   } while (fd < 0 && (errno == EINTR || errno == EAGAIN));
   if (fd >= 0) return Fd(static_cast<int>(fd));
   if (errno == ENOSYS || errno == EPERM) return OpenInDirNoFollow(dir, name);
-  if (errno == EXDEV || errno == ELOOP) return Escapes(dir, name, errno);
+  if (errno == EXDEV || errno == ELOOP) return Escapes(dir, name);
   return Err("openat2", absl::StrCat(dir, "/", name));
 }
 
