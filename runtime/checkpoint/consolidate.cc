@@ -87,7 +87,8 @@ absl::StatusOr<ShardReader> OpenShard(const std::string& step_dir, const Manifes
 absl::StatusOr<std::vector<float>> ReadMasterParam(const std::string& step_dir, const Manifest& m, size_t unit,
                                                    size_t param) {
   if (unit >= m.units.size() || param >= m.units[unit].params.size()) {
-    return absl::OutOfRangeError(absl::StrCat("checkpoint '", step_dir, "' has no parameter #", param, " of unit #", unit));
+    return absl::OutOfRangeError(
+        absl::StrCat("checkpoint '", step_dir, "' has no parameter #", param, " of unit #", unit));
   }
   const ManifestUnit& u = m.units[unit];
   const ManifestParam& p = u.params[param];
@@ -142,8 +143,8 @@ absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& step_dir, const
   for (const ManifestUnit& u : m.units) {
     for (const ManifestParam& p : u.params) {
       for (const std::string& kind : StateKinds(m.optimizer)) {
-        STRATA_RETURN_IF_ERROR(CheckTiles(tiles[Key{u.name, p.name, kind}], p.offset, p.offset + p.numel,
-                                          absl::StrCat("checkpoint '", step_dir, "': ", u.name, ".", p.name, " ", kind)));
+        const std::string what = absl::StrCat("checkpoint '", step_dir, "': ", u.name, ".", p.name, " ", kind);
+        STRATA_RETURN_IF_ERROR(CheckTiles(tiles[Key{u.name, p.name, kind}], p.offset, p.offset + p.numel, what));
       }
     }
   }

@@ -143,9 +143,12 @@ absl::Status ParseShards(const JsonReader& in, const json& j, const std::string&
     ms.rank = static_cast<int>(rank);
     STRATA_ASSIGN_OR_RETURN(ms.file, in.Str(s, "file", f + ".file"));
     if (absl::Status st = CheckPlainFileName(ms.file); !st.ok()) {
-      return in.Bad(f + ".file", absl::StrCat("'", ms.file, "' is not a file inside the step directory: ", st.message()));
+      return in.Bad(f + ".file",
+                    absl::StrCat("'", ms.file, "' is not a file inside the step directory: ", st.message()));
     }
-    if (!files.insert(ms.file).second) return in.Bad(f + ".file", absl::StrCat("'", ms.file, "' names another shard's file"));
+    if (!files.insert(ms.file).second) {
+      return in.Bad(f + ".file", absl::StrCat("'", ms.file, "' names another shard's file"));
+    }
     STRATA_ASSIGN_OR_RETURN(ms.bytes, in.Uint(s, "bytes", f + ".bytes"));
     STRATA_ASSIGN_OR_RETURN(ms.checksum, in.Hex32(s, "crc32", f + ".crc32"));
     m->shards.push_back(std::move(ms));

@@ -126,6 +126,36 @@ absl::StatusOr<ShardRange> ParseRange(const JsonReader& in, const nlohmann::json
 
 }  // namespace
 
+absl::StatusOr<ShardHeader> ParseShardHeader(absl::string_view header, uint64_t file_size,
+                                             absl::string_view path_view) {
+  const std::string path(path_view);
+  const std::string what = absl::StrCat("checkpoint shard '", path, "' header");
+  auto parsed = ParseUntrustedJson(header, what);
+  if (!parsed.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint shard '", path, "': corrupt header: ", parsed.status().message()));
+  }
+  const nlohmann::json& j = *parsed;
+  const JsonReader in(what);
+  STRATA_RETURN_IF_ERROR(in.IsObject(j, "(top level)"));
+  ShardHeader h;
+  STRATA_ASSIGN_OR_RETURN(const int64_t world, in.Int(j, "world_size", "world_size", 1, kMaxWorldSize));
+  STRATA_ASSIGN_OR_RETURN(const int64_t rank, in.Int(j, "rank", "rank", 0, world - 1));
+  h.world_size = static_cast<int>(world);
+  h.rank = static_cast<int>(rank);
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json* ranges, in.Array(j, "ranges", "ranges"));
+  const uint64_t data_start = 16 + header.size();
+  std::set<std::string> seen;
+  for (size_t i = 0; i < ranges->size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(ShardRange s, ParseRange(in, (*ranges)[i], Index("ranges", i), data_start, file_size));
+    if (!seen.insert(absl::StrCat(s.unit, "\n", s.param, "\n", s.kind)).second) {
+      return in.Bad(Index("ranges", i), absl::StrCat("repeats range ", Label(s)));
+    }
+    h.ranges.push_back(std::move(s));
+  }
+  return h;
+}
+
 absl::StatusOr<ShardReader> ShardReader::Open(const std::string& dir, const std::string& file,
                                               const uint32_t* expected_checksum, const uint64_t* expected_size) {
   ShardReader r;
@@ -156,26 +186,10 @@ absl::StatusOr<ShardReader> ShardReader::Open(const std::string& dir, const std:
   if (expected_checksum != nullptr && Crc32(header.data(), header.size()) != *expected_checksum) {
     return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': header checksum differs from the manifest"));
   }
-  const std::string what = absl::StrCat("checkpoint shard '", path, "' header");
-  auto parsed = ParseUntrustedJson(header, what);
-  if (!parsed.ok()) return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': corrupt header: ",
-                                                            parsed.status().message()));
-  const nlohmann::json& j = *parsed;
-  const JsonReader in(what);
-  STRATA_RETURN_IF_ERROR(in.IsObject(j, "(top level)"));
-  STRATA_ASSIGN_OR_RETURN(const int64_t world, in.Int(j, "world_size", "world_size", 1, kMaxWorldSize));
-  STRATA_ASSIGN_OR_RETURN(const int64_t rank, in.Int(j, "rank", "rank", 0, world - 1));
-  r.world_ = static_cast<int>(world);
-  r.rank_ = static_cast<int>(rank);
-  STRATA_ASSIGN_OR_RETURN(const nlohmann::json* ranges, in.Array(j, "ranges", "ranges"));
-  std::set<std::string> seen;
-  for (size_t i = 0; i < ranges->size(); ++i) {
-    STRATA_ASSIGN_OR_RETURN(ShardRange s, ParseRange(in, (*ranges)[i], Index("ranges", i), 16 + len, size));
-    if (!seen.insert(absl::StrCat(s.unit, "\n", s.param, "\n", s.kind)).second) {
-      return in.Bad(Index("ranges", i), absl::StrCat("repeats range ", Label(s)));
-    }
-    r.ranges_.push_back(std::move(s));
-  }
+  STRATA_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(header, size, path));
+  r.rank_ = h.rank;
+  r.world_ = h.world_size;
+  r.ranges_ = std::move(h.ranges);
   return r;
 }
 

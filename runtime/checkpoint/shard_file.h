@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/checkpoint/files.h"
 
 namespace strata::checkpoint {
@@ -34,6 +35,15 @@ struct ShardRange {
 };
 
 inline constexpr uint64_t kMaxShardHeaderBytes = uint64_t{256} << 20;
+
+struct ShardHeader {
+  int rank = 0, world_size = 1;
+  std::vector<ShardRange> ranges;
+};
+// Parses and validates the JSON header of a shard file of `file_size` bytes (`path` names it in errors):
+// nesting, field types, known kinds, no repeated range, each range's data inside the file after the
+// header, with checked arithmetic. Pure and never aborts, whatever the input (the fuzzers call it).
+absl::StatusOr<ShardHeader> ParseShardHeader(absl::string_view header, uint64_t file_size, absl::string_view path);
 
 class ShardWriter {
  public:

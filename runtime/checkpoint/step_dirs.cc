@@ -26,13 +26,17 @@ std::optional<int64_t> ParseStepDirName(absl::string_view name) {
   return step;
 }
 
+// The std::filesystem calls take an error_code: the throwing overloads would abort on a path the
+// user gave that cannot be examined (too long, unreadable parent).
 std::vector<std::string> CompleteSteps(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("step_", 0) == 0 && fs::exists(e.path() / kManifestName)) {
-      out.push_back(e.path().string());
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code entry_ec;
+    if (name.rfind("step_", 0) == 0 && it->is_directory(entry_ec) &&
+        fs::exists(it->path() / kManifestName, entry_ec)) {
+      out.push_back(it->path().string());
     }
   }
   std::sort(out.begin(), out.end());
@@ -40,8 +44,12 @@ std::vector<std::string> CompleteSteps(const std::string& dir) {
 }
 
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
-  if (fs::exists(fs::path(path) / kManifestName)) return path;
-  if (!fs::is_directory(path)) return absl::NotFoundError(absl::StrCat("checkpoint '", path, "' does not exist"));
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / kManifestName, ec)) return path;
+  if (!fs::is_directory(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint '", path, "' does not exist",
+                                            ec ? absl::StrCat(" (", ec.message(), ")") : ""));
+  }
   const std::vector<std::string> steps = CompleteSteps(path);
   if (steps.empty()) {
     return absl::NotFoundError(absl::StrCat("no complete checkpoint under '", path,
@@ -68,7 +76,9 @@ absl::Status RemoveStep(const std::string& step_dir, const RemovePathFn& remove)
     if (absl::Status s = FsyncDir(step_dir); !s.ok()) return fail(s);
   }
   std::vector<std::string> rest;
-  for (const auto& e : fs::directory_iterator(step_dir, ec)) rest.push_back(e.path().string());
+  for (fs::directory_iterator it(step_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    rest.push_back(it->path().string());
+  }
   if (ec) return fail(absl::PermissionDeniedError(absl::StrCat("cannot list '", step_dir, "': ", ec.message())));
   std::sort(rest.begin(), rest.end());
   for (const std::string& p : rest) {

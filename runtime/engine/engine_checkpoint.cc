@@ -144,7 +144,8 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
     return absl::FailedPreconditionError("SaveCheckpoint() between micro-batches of a step; call it after Step()");
   }
   const std::string manifest_path = (std::filesystem::path(step_dir) / ckpt::kManifestName).string();
-  if (std::filesystem::exists(manifest_path)) {
+  std::error_code exists_error;  // the non-throwing overload: a path that cannot be examined fails below
+  if (std::filesystem::exists(manifest_path, exists_error)) {
     return absl::AlreadyExistsError(absl::StrCat("checkpoint '", step_dir, "' already exists (complete)"));
   }
   ShardReport mine{0, 0, 0};

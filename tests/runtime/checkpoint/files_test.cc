@@ -41,7 +41,8 @@ TEST_F(Files, OpenInDirRefusesPathsOutside) {
   Write("step/a.bin", "abc");
   Write("outside.bin", "secret");
   for (auto open : {&OpenInDir, &OpenInDirNoFollow}) {
-    for (const std::string& name : {std::string("../outside.bin"), Path("outside.bin"), std::string("sub/../../outside.bin")}) {
+    for (const std::string& name :
+         {std::string("../outside.bin"), Path("outside.bin"), std::string("sub/../../outside.bin")}) {
       auto fd = open(Path("step"), name);
       EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << name;
       EXPECT_THAT(std::string(fd.status().message()), HasSubstr(name));

@@ -128,10 +128,24 @@ TEST_F(ShardFile, HostileHeadersAreNamedErrors) {
   expect_bad(json::array(), "object");
 }
 
+TEST(ParseShardHeader, EveryPrefixOfAValidHeaderIsAnErrorNotACrash) {
+  json h = Header(GoodRange());
+  h["ranges"].push_back(GoodRange());
+  h["ranges"][1]["kind"] = "exp_avg";
+  const std::string text = h.dump();
+  auto ok = ParseShardHeader(text, 2048, "s.bin");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->ranges.size(), 2u);
+  EXPECT_EQ(ok->ranges[1].kind, "exp_avg");
+  EXPECT_FALSE(ParseShardHeader(text, 1024, "s.bin").ok()) << "ranges past a shorter file";
+  for (size_t n = 0; n < text.size(); ++n) EXPECT_FALSE(ParseShardHeader(text.substr(0, n), 2048, "s.bin").ok()) << n;
+}
+
 TEST_F(ShardFile, HeaderLengthIsBounded) {
   const std::string header = Header(GoodRange()).dump();
   WriteRaw(Path("s.bin"), header, uint64_t{1} << 60, 2048);
-  EXPECT_THAT(std::string(ShardReader::Open(dir_.string(), "s.bin").status().message()), HasSubstr("bad magic or header"));
+  EXPECT_THAT(std::string(ShardReader::Open(dir_.string(), "s.bin").status().message()),
+              HasSubstr("bad magic or header"));
   std::ofstream(Path("short.bin")) << "STRATA";
   EXPECT_EQ(ShardReader::Open(dir_.string(), "short.bin").status().code(), absl::StatusCode::kDataLoss);
 }

@@ -14,8 +14,8 @@ namespace strata::checkpoint::testing {
 class TestDir : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("ckpt_" + std::to_string(::getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = std::filesystem::path(::testing::TempDir()) / ("ckpt_" + std::to_string(::getpid()) + "_" + test);
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }
