@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <map>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
@@ -117,8 +117,7 @@ void RemoveStaleTemps(const Engine::Impl& m, const std::string& step_dir) {
     if (absl::StartsWith(name, std::string(ckpt::kManifestName) + ".tmp.")) return true;
     int other = 0;  // shard_NNNNN.bin.tmp.* of a rank this job does not have
     return name.size() > 11 && absl::StartsWith(name, "shard_") && absl::SimpleAtoi(name.substr(6, 5), &other) &&
-           other >= world &&
-           absl::StartsWith(name.substr(11), ".bin.tmp.");
+           other >= world && absl::StartsWith(name.substr(11), ".bin.tmp.");
   });
   if (!removed.ok()) {
     STRATA_LOG(Warning) << "cannot remove stale temporaries in " << step_dir << ": " << removed.status().message();
