@@ -1,5 +1,6 @@
 // `strata ckpt inspect DIR [--verify]` and `strata ckpt export DIR -o FILE.safetensors`.
-// DIR is a step directory or a checkpoint directory (its latest complete step is used).
+// DIR is a step directory or a checkpoint directory (its latest complete step is used). Both read through
+// checkpoint/consolidate.h, which validates the manifest and confines every file to the step directory.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -18,7 +19,9 @@ namespace {
 
 bool IsGpt(const checkpoint::Manifest& m) {
   auto j = nlohmann::json::parse(m.trainer_json, nullptr, false);
-  return !j.is_discarded() && j.is_object() && j.value("model_kind", "") == "gpt2";
+  if (j.is_discarded() || !j.is_object()) return false;
+  const auto kind = j.find("model_kind");  // the trainer state is the checkpoint's: any type may be there
+  return kind != j.end() && kind->is_string() && *kind == "gpt2";
 }
 
 absl::Status Inspect(const std::string& dir, bool verify) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "runtime/checkpoint/json_input.h"
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
@@ -56,25 +58,57 @@ std::string TrainerState(const TrainOptions& o, int64_t next_step, int64_t globa
   return j.dump();
 }
 
+// The trainer state of checkpoint `dir` (written by TrainerState), every field type-checked: the
+// checkpoint may come from anywhere. next_step must be the step the directory is named for.
+struct SavedTrainer {
+  int64_t next_step = 0;
+  std::optional<int64_t> global_batch;
+  std::optional<uint64_t> seed;
+};
+
+absl::StatusOr<SavedTrainer> ParseTrainerState(const std::string& state, const std::string& dir) {
+  const std::string where = absl::StrCat("checkpoint '", dir, "' trainer state");
+  auto j = checkpoint::ParseUntrustedJson(state, where);
+  if (!j.ok() || !j->is_object() || !j->contains("next_step")) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", dir, "' lacks the trainer state (next_step)"));
+  }
+  const checkpoint::JsonReader in(where);
+  SavedTrainer t;
+  STRATA_ASSIGN_OR_RETURN(t.next_step, in.Int(*j, "next_step", "trainer.next_step", 0, INT64_MAX));
+  if (j->contains("global_batch")) {
+    STRATA_ASSIGN_OR_RETURN(t.global_batch, in.Int(*j, "global_batch", "trainer.global_batch", 1, INT64_MAX));
+  }
+  if (j->contains("seed")) {
+    STRATA_ASSIGN_OR_RETURN(t.seed, in.Uint(*j, "seed", "trainer.seed"));
+  }
+  std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const std::optional<int64_t> named = checkpoint::ParseStepDirName(p.filename().string());
+  if (named.has_value() && *named != t.next_step) {
+    return absl::DataLossError(absl::StrCat(where, ": field 'trainer.next_step' is ", t.next_step,
+                                            " but the directory is named for step ", *named,
+                                            " (a renamed or mixed-up checkpoint)"));
+  }
+  return t;
+}
+
 // Loads --resume and returns the step to continue from. The data position is the step: the sampler's
 // order depends only on the seed and the global sample index.
 absl::StatusOr<int64_t> Resume(const TrainOptions& o, Engine& e, int64_t global_batch) {
   STRATA_ASSIGN_OR_RETURN(std::string dir, checkpoint::ResolveCheckpoint(o.resume));
   STRATA_ASSIGN_OR_RETURN(std::string state, e.LoadCheckpoint(dir));
-  auto j = nlohmann::json::parse(state, nullptr, false);
-  if (j.is_discarded() || !j.contains("next_step")) {
-    return absl::DataLossError(absl::StrCat("checkpoint '", dir, "' lacks the trainer state (next_step)"));
-  }
-  const int64_t next = j["next_step"].get<int64_t>();
-  if (j.value("global_batch", global_batch) != global_batch || j.value("seed", o.engine.seed) != o.engine.seed) {
+  STRATA_ASSIGN_OR_RETURN(SavedTrainer t, ParseTrainerState(state, dir));
+  if (t.global_batch.value_or(global_batch) != global_batch || t.seed.value_or(o.engine.seed) != o.engine.seed) {
     STRATA_LOG(Warning) << "resuming with global batch " << global_batch << " and seed " << o.engine.seed
-                        << " where the checkpoint used " << j.value("global_batch", 0) << " and "
-                        << j.value("seed", 0) << ": the data order will differ from the original run";
+                        << " where the checkpoint used " << t.global_batch.value_or(0) << " and "
+                        << t.seed.value_or(0) << ": the data order will differ from the original run";
   }
-  if (e.rank() == 0) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(next));
-  return next;
+  if (e.rank() == 0) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(t.next_step));
+  return t.next_step;
 }
 
+// Keeps the newest o.keep_last complete checkpoints; each older one loses its manifest first
+// (checkpoint::RemoveStep), so an interrupted prune never leaves one that looks complete.
 absl::Status SaveAndPrune(const TrainOptions& o, Engine& e, int64_t done, int64_t global_batch) {
   const std::string dir = (std::filesystem::path(o.checkpoint_dir) / checkpoint::StepDirName(done)).string();
   STRATA_RETURN_IF_ERROR(e.SaveCheckpoint(dir, TrainerState(o, done, global_batch)));
@@ -83,10 +117,8 @@ absl::Status SaveAndPrune(const TrainOptions& o, Engine& e, int64_t done, int64_
   if (o.keep_last > 0) {
     std::vector<std::string> steps = checkpoint::CompleteSteps(o.checkpoint_dir);
     for (size_t i = 0; i + o.keep_last < steps.size(); ++i) {
-      std::error_code ec;
-      std::filesystem::remove_all(steps[i], ec);
-      if (ec) {
-        STRATA_LOG(Warning) << "cannot remove old checkpoint " << steps[i] << ": " << ec.message();
+      if (absl::Status s = checkpoint::RemoveStep(steps[i]); !s.ok()) {
+        STRATA_LOG(Warning) << "cannot remove old checkpoint " << steps[i] << ": " << s.message();
       }
     }
   }

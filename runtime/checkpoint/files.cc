@@ -1,7 +1,10 @@
 #include "runtime/checkpoint/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -42,6 +45,21 @@ int Fd::release() {
   return fd;
 }
 
+TempFile::~TempFile() {
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+TempFile& TempFile::operator=(TempFile&& o) noexcept {
+  if (this != &o) {
+    if (!path_.empty()) ::unlink(path_.c_str());
+    path_ = std::move(o.path_);
+    o.path_.clear();
+  }
+  return *this;
+}
+
+std::string TempName(const std::string& path) { return absl::StrCat(path, ".tmp.", ::getpid()); }
+
 absl::StatusOr<Fd> OpenForWrite(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Err("open", path);
@@ -52,6 +70,97 @@ absl::StatusOr<Fd> OpenForRead(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Err("open", path);
   return Fd(fd);
+}
+
+absl::Status CheckPlainFileName(absl::string_view name) {
+  if (name.empty()) return absl::InvalidArgumentError("the file name is empty");
+  if (name.size() > 255) return absl::InvalidArgumentError("the file name is longer than 255 bytes");
+  if (name.find('\0') != absl::string_view::npos) return absl::InvalidArgumentError("the file name holds a NUL byte");
+  if (name.front() == '/') return absl::InvalidArgumentError("an absolute path is not allowed");
+  if (name.find('/') != absl::string_view::npos) {
+    return absl::InvalidArgumentError("a path with '/' is not allowed (one plain name inside the step directory)");
+  }
+  if (name == "." || name == "..") return absl::InvalidArgumentError("'.' and '..' are not file names");
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status Escapes(const std::string& dir, const std::string& name) {
+  return absl::PermissionDeniedError(
+      absl::StrCat("'", name, "' in '", dir, "' is a symlink or resolves outside that directory; refused"));
+}
+
+absl::StatusOr<Fd> OpenDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Err("open", dir);
+  return Fd(fd);
+}
+
+}  // namespace
+
+absl::StatusOr<Fd> OpenInDirNoFollow(const std::string& dir, const std::string& name) {
+  if (absl::Status s = CheckPlainFileName(name); !s.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat("'", name, "' in '", dir, "': ", s.message()));
+  }
+  STRATA_ASSIGN_OR_RETURN(Fd d, OpenDir(dir));
+  const int fd = ::openat(d.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ELOOP) return Escapes(dir, name);
+    return Err("openat", absl::StrCat(dir, "/", name));
+  }
+  return Fd(fd);
+}
+
+absl::StatusOr<Fd> OpenInDir(const std::string& dir, const std::string& name) {
+  if (absl::Status s = CheckPlainFileName(name); !s.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat("'", name, "' in '", dir, "': ", s.message()));
+  }
+  STRATA_ASSIGN_OR_RETURN(Fd d, OpenDir(dir));
+  struct open_how how {};
+  how.flags = O_RDONLY | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  long fd;
+  do {
+    fd = ::syscall(SYS_openat2, d.get(), name.c_str(), &how, sizeof how);
+  } while (fd < 0 && (errno == EINTR || errno == EAGAIN));
+  if (fd >= 0) return Fd(static_cast<int>(fd));
+  if (errno == ENOSYS || errno == EPERM) return OpenInDirNoFollow(dir, name);
+  if (errno == EXDEV || errno == ELOOP) return Escapes(dir, name);
+  return Err("openat2", absl::StrCat(dir, "/", name));
+}
+
+absl::StatusOr<std::string> ReadFileInDir(const std::string& dir, const std::string& name, uint64_t max_bytes) {
+  STRATA_ASSIGN_OR_RETURN(Fd fd, OpenInDir(dir, name));
+  const std::string path = (std::filesystem::path(dir) / name).string();
+  STRATA_ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
+  if (size > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("'", path, "' has ", size, " bytes, more than the ", max_bytes,
+                                                     " allowed for it"));
+  }
+  std::string out(size, '\0');
+  STRATA_RETURN_IF_ERROR(ReadAt(fd.get(), out.data(), size, 0, path));
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> RemoveTemps(const std::string& dir,
+                                                     const std::function<bool(absl::string_view)>& pick) {
+  std::vector<std::string> removed;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return Err("opendir", dir);
+  absl::Status status;
+  while (const dirent* e = ::readdir(d)) {
+    const absl::string_view name(e->d_name);
+    if (name.find(".tmp.") == absl::string_view::npos || !pick(name)) continue;
+    if (::unlinkat(::dirfd(d), e->d_name, 0) != 0) {
+      status = Err("unlinkat", absl::StrCat(dir, "/", std::string(name)));
+      break;
+    }
+    removed.emplace_back(name);
+  }
+  ::closedir(d);
+  if (!status.ok()) return status;
+  return removed;
 }
 
 absl::Status WriteAt(int fd, const void* data, size_t n, uint64_t offset, const std::string& path) {
@@ -106,13 +215,15 @@ absl::Status RenameDurably(const std::string& from, const std::string& to) {
 }
 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  TempFile tmp(TempName(path));
   {
-    STRATA_ASSIGN_OR_RETURN(Fd fd, OpenForWrite(tmp));
-    STRATA_RETURN_IF_ERROR(WriteAt(fd.get(), bytes.data(), bytes.size(), 0, tmp));
-    STRATA_RETURN_IF_ERROR(Fsync(fd.get(), tmp));
+    STRATA_ASSIGN_OR_RETURN(Fd fd, OpenForWrite(tmp.path()));
+    STRATA_RETURN_IF_ERROR(WriteAt(fd.get(), bytes.data(), bytes.size(), 0, tmp.path()));
+    STRATA_RETURN_IF_ERROR(Fsync(fd.get(), tmp.path()));
   }
-  return RenameDurably(tmp, path);
+  if (::rename(tmp.path().c_str(), path.c_str()) != 0) return Err("rename", absl::StrCat(tmp.path(), " -> ", path));
+  tmp.Commit();
+  return FsyncDir(Parent(path));
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -126,6 +237,13 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 absl::StatusOr<uint64_t> FileSize(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return Err("stat", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+absl::StatusOr<uint64_t> FileSize(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Err("fstat", path);
+  if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat("'", path, "' is not a regular file"));
   return static_cast<uint64_t>(st.st_size);
 }
 

@@ -1,9 +1,20 @@
 // Durable file operations for checkpoints: every write goes to a temporary name, is fsynced, renamed
-// into place, and the directory is fsynced, so a crash leaves either the old file or the new one.
+// into place, and the directory is fsynced, so a crash leaves either the old file or the new one. A
+// temporary is owned by a TempFile, which unlinks it on every path that does not commit it.
+//
+// Note [Confined names]: a checkpoint comes from other people and machines, so every file name read from
+// it (a manifest's shard file) is a single plain path component, checked when parsed
+// (CheckPlainFileName), and is opened only through OpenInDir: openat2(RESOLVE_BENEATH) on the step
+// directory, so neither "..", an absolute path nor a symlink can reach outside it. Where the kernel has
+// no openat2 (ENOSYS, or a seccomp filter answering EPERM), the fallback opens the single component
+// with O_NOFOLLOW, which refuses every symlink.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -24,8 +35,41 @@ class Fd {
   int fd_ = -1;
 };
 
+// A temporary file's path, unlinked on destruction unless Commit() was called (after its rename).
+class TempFile {
+ public:
+  TempFile() = default;
+  explicit TempFile(std::string path) : path_(std::move(path)) {}
+  ~TempFile();
+  TempFile(TempFile&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  TempFile& operator=(TempFile&& o) noexcept;
+  const std::string& path() const { return path_; }
+  void Commit() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+// The temporary name of `path` for this process: "<path>.tmp.<pid>".
+std::string TempName(const std::string& path);
+
 absl::StatusOr<Fd> OpenForWrite(const std::string& path);  // O_CREAT | O_TRUNC
 absl::StatusOr<Fd> OpenForRead(const std::string& path);
+
+// OK when `name` is one plain path component: not empty, no '/', not "." or "..", no NUL, at most 255
+// bytes. Otherwise InvalidArgument saying why (the caller names the field).
+absl::Status CheckPlainFileName(absl::string_view name);
+// Opens `name` (read-only) inside directory `dir`, never outside it (Note [Confined names]). A name
+// that is not plain, or that resolves outside `dir` (a symlink), is PermissionDenied naming both.
+absl::StatusOr<Fd> OpenInDir(const std::string& dir, const std::string& name);
+// The fallback of OpenInDir without openat2 (O_NOFOLLOW on the single component); public for tests.
+absl::StatusOr<Fd> OpenInDirNoFollow(const std::string& dir, const std::string& name);
+// Reads the whole of `name` in `dir` (OpenInDir); a file over `max_bytes` is ResourceExhausted.
+absl::StatusOr<std::string> ReadFileInDir(const std::string& dir, const std::string& name, uint64_t max_bytes);
+// Removes the files in `dir` whose names contain ".tmp." and satisfy `pick` (temporaries an earlier,
+// dead writer left); returns the names removed.
+absl::StatusOr<std::vector<std::string>> RemoveTemps(const std::string& dir,
+                                                     const std::function<bool(absl::string_view)>& pick);
 absl::Status WriteAt(int fd, const void* data, size_t n, uint64_t offset, const std::string& path);
 // Reads exactly n bytes; a short read (truncated file) is DataLoss naming the file and offset.
 absl::Status ReadAt(int fd, void* data, size_t n, uint64_t offset, const std::string& path);
@@ -35,6 +79,7 @@ absl::Status RenameDurably(const std::string& from, const std::string& to);  // 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 absl::StatusOr<uint64_t> FileSize(const std::string& path);
+absl::StatusOr<uint64_t> FileSize(int fd, const std::string& path);
 absl::Status MakeDirs(const std::string& dir);
 
 }  // namespace strata::checkpoint

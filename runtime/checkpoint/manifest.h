@@ -1,18 +1,26 @@
 // The checkpoint manifest: a versioned JSON file naming everything needed to continue a run exactly
 // (DESIGN "Checkpoints"). It is written last, after every shard is durable; a step directory without
 // it is incomplete and is never loaded.
+//
+// A manifest comes from other people and machines (DESIGN "External input is hostile until validated"):
+// ParseManifest checks every field's presence, type and range, and the fields against each other, in one
+// pass before anything is trusted, and never throws or aborts on any input (the fuzzers call it).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/checkpoint/step_dirs.h"
 
 namespace strata::checkpoint {
 
 inline constexpr int kManifestVersion = 1;
 inline constexpr char kManifestName[] = "manifest.json";
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
+inline constexpr int kMaxWorldSize = 1 << 20;
 
 struct ManifestParam {
   std::string name;
@@ -29,7 +37,7 @@ struct ManifestUnit {
 
 struct ManifestShard {
   int rank = 0;
-  std::string file;  // relative to the step directory
+  std::string file;  // one plain name inside the step directory (Note [Confined names] in files.h)
   uint64_t bytes = 0;
   uint32_t checksum = 0;
 };
@@ -48,16 +56,20 @@ struct Manifest {
   std::string trainer_json = "{}";  // the trainer's own state (data position, model shape, ...), opaque here
 };
 
-std::string ToJson(const Manifest& m);
-// Parses and checks the format; a newer version is FailedPrecondition naming both versions.
-absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& path);
+// The fp32 state kinds an optimizer saves per element: "master" first, then its moments.
+std::vector<std::string> StateKinds(absl::string_view optimizer);
 
-// "step_00000020"
-std::string StepDirName(int64_t step);
-// The step directory to load from `path`: the path itself when it holds a manifest, else the complete
-// step directory with the highest step under it. NotFound naming the path when there is none.
-absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
-// Complete step directories under `dir`, oldest first.
-std::vector<std::string> CompleteSteps(const std::string& dir);
+// OK when `trainer_json` is a JSON document a manifest can hold (nesting under kMaxJsonDepth levels);
+// otherwise InvalidArgument saying why. SaveCheckpoint checks it before writing anything.
+absl::Status CheckTrainerState(absl::string_view trainer_json);
+
+std::string ToJson(const Manifest& m);
+// Parses and validates `text` (`path` only names it in errors). Checked: JSON nesting (kMaxJsonDepth),
+// every field's type and range; dtype and optimizer names; each parameter's numel equals the product of
+// its shape, parameters of a unit do not overlap, sizes computed with overflow checks, and the state they
+// need fits in the bytes the shards declare; the shards name each rank 0..world_size-1 exactly once
+// (returned sorted by rank) with distinct, plain file names. Errors are DataLoss / InvalidArgument naming
+// the file and the field; a newer version is FailedPrecondition naming both versions. Never aborts.
+absl::StatusOr<Manifest> ParseManifest(absl::string_view text, absl::string_view path = kManifestName);
 
 }  // namespace strata::checkpoint

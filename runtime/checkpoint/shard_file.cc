@@ -3,12 +3,16 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/base/crc32.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/json_input.h"
+#include "runtime/checkpoint/manifest.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -38,7 +42,7 @@ absl::StatusOr<ShardWriter> ShardWriter::Create(const std::string& path, int ran
                                                 std::vector<ShardRange> ranges) {
   ShardWriter w;
   w.path_ = path;
-  w.tmp_ = absl::StrCat(path, ".tmp.", ::getpid());
+  w.tmp_ = TempFile(TempName(path));
   w.rank_ = rank;
   w.world_ = world_size;
   // The offsets' digits change the header's length: lay out with a generous guess, then with the data
@@ -61,15 +65,16 @@ absl::StatusOr<ShardWriter> ShardWriter::Create(const std::string& path, int ran
   }
   w.ranges_ = std::move(ranges);
   w.written_.assign(w.ranges_.size(), false);
-  STRATA_ASSIGN_OR_RETURN(w.fd_, OpenForWrite(w.tmp_));
+  STRATA_ASSIGN_OR_RETURN(w.fd_, OpenForWrite(w.tmp_.path()));
   return w;
 }
 
 absl::Status ShardWriter::Write(size_t index, const float* data) {
+  if (index >= ranges_.size()) return absl::OutOfRangeError(absl::StrCat("shard range #", index, " does not exist"));
   ShardRange& r = ranges_[index];
   r.crc = Crc32(data, r.count * 4);
   written_[index] = true;
-  return WriteAt(fd_.get(), data, r.count * 4, r.offset, tmp_);
+  return WriteAt(fd_.get(), data, r.count * 4, r.offset, tmp_.path());
 }
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> ShardWriter::Finish() {
@@ -82,58 +87,109 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> ShardWriter::Finish() {
   prefix.append(reinterpret_cast<const char*>(&len), 8);
   prefix += header;
   prefix.resize(header_bytes_, ' ');
-  STRATA_RETURN_IF_ERROR(WriteAt(fd_.get(), prefix.data(), prefix.size(), 0, tmp_));
-  STRATA_RETURN_IF_ERROR(Fsync(fd_.get(), tmp_));
+  STRATA_RETURN_IF_ERROR(WriteAt(fd_.get(), prefix.data(), prefix.size(), 0, tmp_.path()));
+  STRATA_RETURN_IF_ERROR(Fsync(fd_.get(), tmp_.path()));
   fd_ = Fd();
-  STRATA_RETURN_IF_ERROR(RenameDurably(tmp_, path_));
+  STRATA_RETURN_IF_ERROR(RenameDurably(tmp_.path(), path_));
+  tmp_.Commit();
   return std::make_pair(Crc32(header.data(), header.size()), end_);
 }
 
-absl::StatusOr<ShardReader> ShardReader::Open(const std::string& path, const uint32_t* expected_checksum,
-                                              const uint64_t* expected_size) {
+namespace {
+
+bool KnownKind(const std::string& kind) {
+  return kind == "master" || kind == "exp_avg" || kind == "exp_avg_sq" || kind == "momentum";
+}
+
+// One entry of the header's "ranges"; its data must lie in [data_start, size) of the file.
+absl::StatusOr<ShardRange> ParseRange(const JsonReader& in, const nlohmann::json& e, const std::string& f,
+                                      uint64_t data_start, uint64_t size) {
+  STRATA_RETURN_IF_ERROR(in.IsObject(e, f));
+  ShardRange s;
+  STRATA_ASSIGN_OR_RETURN(s.unit, in.Str(e, "unit", f + ".unit"));
+  STRATA_ASSIGN_OR_RETURN(s.param, in.Str(e, "param", f + ".param"));
+  STRATA_ASSIGN_OR_RETURN(s.kind, in.Str(e, "kind", f + ".kind"));
+  if (!KnownKind(s.kind)) return in.Bad(f + ".kind", absl::StrCat("is '", s.kind, "', not a known state kind"));
+  STRATA_ASSIGN_OR_RETURN(s.begin, in.Uint(e, "begin", f + ".begin"));
+  STRATA_ASSIGN_OR_RETURN(s.count, in.Uint(e, "count", f + ".count"));
+  STRATA_ASSIGN_OR_RETURN(s.offset, in.Uint(e, "offset", f + ".offset"));
+  STRATA_ASSIGN_OR_RETURN(s.crc, in.Hex32(e, "crc32", f + ".crc32"));
+  uint64_t end = 0, bytes = 0, data_end = 0;
+  if (__builtin_add_overflow(s.begin, s.count, &end)) return in.Bad(f + ".count", "+ begin overflows 64 bits");
+  if (__builtin_mul_overflow(s.count, uint64_t{4}, &bytes) || __builtin_add_overflow(s.offset, bytes, &data_end) ||
+      data_end > size) {
+    return in.Bad(f, absl::StrCat("range ", Label(s), " extends past the end of the file (truncated?)"));
+  }
+  if (s.offset < data_start) return in.Bad(f + ".offset", "points into the header");
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<ShardHeader> ParseShardHeader(absl::string_view header, uint64_t file_size,
+                                             absl::string_view path_view) {
+  const std::string path(path_view);
+  const std::string what = absl::StrCat("checkpoint shard '", path, "' header");
+  auto parsed = ParseUntrustedJson(header, what);
+  if (!parsed.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint shard '", path, "': corrupt header: ", parsed.status().message()));
+  }
+  const nlohmann::json& j = *parsed;
+  const JsonReader in(what);
+  STRATA_RETURN_IF_ERROR(in.IsObject(j, "(top level)"));
+  ShardHeader h;
+  STRATA_ASSIGN_OR_RETURN(const int64_t world, in.Int(j, "world_size", "world_size", 1, kMaxWorldSize));
+  STRATA_ASSIGN_OR_RETURN(const int64_t rank, in.Int(j, "rank", "rank", 0, world - 1));
+  h.world_size = static_cast<int>(world);
+  h.rank = static_cast<int>(rank);
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json* ranges, in.Array(j, "ranges", "ranges"));
+  const uint64_t data_start = 16 + header.size();
+  std::set<std::string> seen;
+  for (size_t i = 0; i < ranges->size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(ShardRange s, ParseRange(in, (*ranges)[i], Index("ranges", i), data_start, file_size));
+    if (!seen.insert(absl::StrCat(s.unit, "\n", s.param, "\n", s.kind)).second) {
+      return in.Bad(Index("ranges", i), absl::StrCat("repeats range ", Label(s)));
+    }
+    h.ranges.push_back(std::move(s));
+  }
+  return h;
+}
+
+absl::StatusOr<ShardReader> ShardReader::Open(const std::string& dir, const std::string& file,
+                                              const uint32_t* expected_checksum, const uint64_t* expected_size) {
   ShardReader r;
+  const std::string path = (std::filesystem::path(dir) / file).string();
   r.path_ = path;
-  auto fd = OpenForRead(path);
+  auto fd = OpenInDir(dir, file);
   if (!fd.ok()) {
+    if (fd.status().code() == absl::StatusCode::kPermissionDenied) return fd.status();
     return absl::NotFoundError(absl::StrCat("checkpoint shard '", path, "' is missing or unreadable: ",
                                             fd.status().message()));
   }
   r.fd_ = std::move(*fd);
-  STRATA_ASSIGN_OR_RETURN(uint64_t size, FileSize(path));
+  STRATA_ASSIGN_OR_RETURN(uint64_t size, FileSize(r.fd_.get(), path));
   if (expected_size != nullptr && size != *expected_size) {
     return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "' has ", size, " bytes; the manifest says ",
                                             *expected_size, " (truncated or replaced)"));
   }
   char head[16];
+  const absl::Status bad_magic =
+      absl::DataLossError(absl::StrCat("'", path, "' is not a strata checkpoint shard (bad magic or header)"));
+  if (size < 16) return bad_magic;
   STRATA_RETURN_IF_ERROR(ReadAt(r.fd_.get(), head, 16, 0, path));
   uint64_t len = 0;
   std::memcpy(&len, head + 8, 8);
-  if (std::memcmp(head, kMagic, 8) != 0 || len > size) {
-    return absl::DataLossError(absl::StrCat("'", path, "' is not a strata checkpoint shard (bad magic or header)"));
-  }
+  if (std::memcmp(head, kMagic, 8) != 0 || len > size - 16 || len > kMaxShardHeaderBytes) return bad_magic;
   std::string header(len, '\0');
   STRATA_RETURN_IF_ERROR(ReadAt(r.fd_.get(), header.data(), len, 16, path));
   if (expected_checksum != nullptr && Crc32(header.data(), header.size()) != *expected_checksum) {
     return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': header checksum differs from the manifest"));
   }
-  auto j = nlohmann::json::parse(header, nullptr, false);
-  if (j.is_discarded()) return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': corrupt header"));
-  try {
-    r.rank_ = j.at("rank").get<int>();
-    r.world_ = j.at("world_size").get<int>();
-    for (const auto& e : j.at("ranges")) {
-      ShardRange s{e.at("unit").get<std::string>(), e.at("param").get<std::string>(), e.at("kind").get<std::string>(),
-                   e.at("begin").get<uint64_t>(), e.at("count").get<uint64_t>(), e.at("offset").get<uint64_t>(), 0};
-      s.crc = static_cast<uint32_t>(std::stoul(e.at("crc32").get<std::string>(), nullptr, 16));
-      if (s.offset + s.count * 4 > size) {
-        return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': range ", Label(s),
-                                                " extends past the end of the file (truncated?)"));
-      }
-      r.ranges_.push_back(std::move(s));
-    }
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': malformed header: ", e.what()));
-  }
+  STRATA_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(header, size, path));
+  r.rank_ = h.rank;
+  r.world_ = h.world_size;
+  r.ranges_ = std::move(h.ranges);
   return r;
 }
 

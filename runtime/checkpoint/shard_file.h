@@ -7,6 +7,11 @@
 // written last (the CRCs are known only then), the file goes to a temporary name, is fsynced and
 // renamed. The file checksum recorded in the manifest is the CRC-32 of the header, which holds every
 // range's CRC, so it covers the whole file.
+//
+// A shard file comes from outside like the manifest: Open reads it only inside its step directory
+// (Note [Confined names] in files.h), bounds the header's length and nesting, and checks every range's
+// fields, that ranges do not repeat, and that each lies in the file's data area, with checked
+// arithmetic, before a byte of data is read. A writer that fails leaves no temporary behind.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/checkpoint/files.h"
 
 namespace strata::checkpoint {
@@ -28,6 +34,17 @@ struct ShardRange {
   uint32_t crc = 0;
 };
 
+inline constexpr uint64_t kMaxShardHeaderBytes = uint64_t{256} << 20;
+
+struct ShardHeader {
+  int rank = 0, world_size = 1;
+  std::vector<ShardRange> ranges;
+};
+// Parses and validates the JSON header of a shard file of `file_size` bytes (`path` names it in errors):
+// nesting, field types, known kinds, no repeated range, each range's data inside the file after the
+// header, with checked arithmetic. Pure and never aborts, whatever the input (the fuzzers call it).
+absl::StatusOr<ShardHeader> ParseShardHeader(absl::string_view header, uint64_t file_size, absl::string_view path);
+
 class ShardWriter {
  public:
   // `ranges` give unit, param, kind, begin and count; offsets are assigned here.
@@ -39,7 +56,8 @@ class ShardWriter {
   absl::StatusOr<std::pair<uint32_t, uint64_t>> Finish();
 
  private:
-  std::string path_, tmp_;
+  std::string path_;
+  TempFile tmp_;  // unlinked unless Finish() renamed it into place
   int rank_ = 0, world_ = 1;
   Fd fd_;
   std::vector<ShardRange> ranges_;
@@ -49,9 +67,10 @@ class ShardWriter {
 
 class ShardReader {
  public:
-  // Opens and parses the header. When `expected_checksum` / `expected_size` are given (from the manifest),
-  // a mismatch is DataLoss naming the file.
-  static absl::StatusOr<ShardReader> Open(const std::string& path, const uint32_t* expected_checksum = nullptr,
+  // Opens `file` inside `dir` (never outside it) and parses the header. When `expected_checksum` /
+  // `expected_size` are given (from the manifest), a mismatch is DataLoss naming the file.
+  static absl::StatusOr<ShardReader> Open(const std::string& dir, const std::string& file,
+                                          const uint32_t* expected_checksum = nullptr,
                                           const uint64_t* expected_size = nullptr);
   const std::vector<ShardRange>& ranges() const { return ranges_; }
   const ShardRange* Find(const std::string& unit, const std::string& param, const std::string& kind) const;

@@ -5,11 +5,15 @@
 // size, ok) so rank 0 knows every shard is durable; rank 0 writes the manifest (temporary name, fsync,
 // rename); an all-reduce of rank 0's result makes every rank return the same verdict. A rank that fails
 // still takes part in both collectives, so nobody waits on it; the manifest is written only when every
-// shard succeeded, so a failed or interrupted save never publishes a partial checkpoint.
+// shard succeeded, so a failed or interrupted save never publishes a partial checkpoint. A failed write
+// removes its temporary (TempFile); before writing, each rank removes the temporaries an earlier, dead
+// save left for its shard (rank 0 also those of the manifest and of ranks beyond this world size).
 #include <cstring>
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -102,6 +106,27 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   return man;
 }
 
+// Temporaries of this rank's files that an earlier save, now dead, left in `step_dir`: this process has
+// not created its own yet, and no other rank of this job writes these names.
+void RemoveStaleTemps(const Engine::Impl& m, const std::string& step_dir) {
+  const std::string mine = ShardName(m.rank()) + ".tmp.";
+  const int rank = m.rank(), world = m.world_size();
+  auto removed = ckpt::RemoveTemps(step_dir, [&](absl::string_view name) {
+    if (absl::StartsWith(name, mine)) return true;
+    if (rank != 0) return false;
+    if (absl::StartsWith(name, std::string(ckpt::kManifestName) + ".tmp.")) return true;
+    int other = 0;  // shard_NNNNN.bin.tmp.* of a rank this job does not have
+    return name.size() > 11 && absl::StartsWith(name, "shard_") && absl::SimpleAtoi(name.substr(6, 5), &other) &&
+           other >= world && absl::StartsWith(name.substr(11), ".bin.tmp.");
+  });
+  if (!removed.ok()) {
+    STRATA_LOG(Warning) << "cannot remove stale temporaries in " << step_dir << ": " << removed.status().message();
+  } else if (!removed->empty()) {
+    STRATA_LOG(Warning) << "removed " << removed->size() << " stale temporary file(s) of an earlier, interrupted "
+                        << "save from " << step_dir << ": " << absl::StrJoin(*removed, ", ");
+  }
+}
+
 // Every rank's (checksum, size, ok) as 16-bit words: the collective moves raw bytes.
 struct ShardReport {
   uint32_t checksum;
@@ -118,12 +143,15 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
     return absl::FailedPreconditionError("SaveCheckpoint() between micro-batches of a step; call it after Step()");
   }
   const std::string manifest_path = (std::filesystem::path(step_dir) / ckpt::kManifestName).string();
-  if (std::filesystem::exists(manifest_path)) {
+  std::error_code exists_error;  // the non-throwing overload: a path that cannot be examined fails below
+  if (std::filesystem::exists(manifest_path, exists_error)) {
     return absl::AlreadyExistsError(absl::StrCat("checkpoint '", step_dir, "' already exists (complete)"));
   }
   ShardReport mine{0, 0, 0};
-  absl::Status local = ckpt::MakeDirs(step_dir);
+  absl::Status local = ckpt::CheckTrainerState(trainer_json);
+  if (local.ok()) local = ckpt::MakeDirs(step_dir);
   if (local.ok()) {
+    RemoveStaleTemps(m, step_dir);
     local = WriteShard(m, (std::filesystem::path(step_dir) / ShardName(m.rank())).string(), &mine.checksum, &mine.bytes);
   }
   mine.ok = local.ok() ? 1 : 0;

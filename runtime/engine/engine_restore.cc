@@ -2,13 +2,15 @@
 // (its slice, or everything at stage 0); it finds the saved shards whose slices overlap, reads those
 // ranges (each verified against its checksum) and copies the overlap. The saved slice size follows from
 // the manifest's units laid out at the saved world size, so only the overlapping shards are opened.
+// The manifest and shards are read through checkpoint/consolidate.h (validated, confined to the step
+// directory); each saved shard must hold the whole of its part of the range, or loading is DataLoss.
 #include <filesystem>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
-#include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/checkpoint/shard_file.h"
 #include "runtime/engine/engine_impl.h"
@@ -66,9 +68,7 @@ class ShardCache {
   absl::StatusOr<const ckpt::ShardReader*> Get(int rank) {
     auto it = open_.find(rank);
     if (it != open_.end()) return &it->second;
-    const ckpt::ManifestShard& s = man_.shards[rank];
-    STRATA_ASSIGN_OR_RETURN(ckpt::ShardReader r, ckpt::ShardReader::Open((std::filesystem::path(dir_) / s.file).string(),
-                                                                         &s.checksum, &s.bytes));
+    STRATA_ASSIGN_OR_RETURN(ckpt::ShardReader r, ckpt::OpenShard(dir_, man_, rank));
     return &open_.emplace(rank, std::move(r)).first->second;
   }
 
@@ -82,15 +82,18 @@ class ShardCache {
 absl::Status FillRange(ShardCache& cache, const std::string& unit, const shard::ParamSlot& p,
                        const std::string& kind, size_t lo, size_t hi, size_t saved_shard, float* dst, size_t base) {
   std::vector<float> buf;
+  if (saved_shard == 0) return absl::DataLossError(absl::StrCat("checkpoint unit ", unit, " has no elements"));
   for (size_t s = lo / saved_shard; s * saved_shard < hi; ++s) {
     STRATA_ASSIGN_OR_RETURN(const ckpt::ShardReader* r, cache.Get(static_cast<int>(s)));
     const ckpt::ShardRange* range = r->Find(unit, p.spec.name, kind);
-    if (range == nullptr) {
-      return absl::DataLossError(absl::StrCat("checkpoint shard of rank ", s, " lacks ", unit, ".", p.spec.name,
-                                              " ", kind));
-    }
-    const size_t b = std::max<size_t>(lo, range->begin), e = std::min<size_t>(hi, range->begin + range->count);
+    // The part of [lo, hi) the saved layout puts in shard s; the range must hold all of it.
+    const size_t b = std::max(lo, s * saved_shard), e = std::min(hi, (s + 1) * saved_shard);
     if (b >= e) continue;
+    if (range == nullptr || range->begin > b || range->begin + range->count < e) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint shard of rank ", s, " lacks ", unit, ".", p.spec.name, " ", kind, " elements [", b, ", ", e,
+          range == nullptr ? ")" : absl::StrCat(") (it holds [", range->begin, ", ", range->begin + range->count, "))")));
+    }
     STRATA_RETURN_IF_ERROR(r->Read(*range, &buf));
     std::copy(buf.begin() + (b - range->begin), buf.begin() + (e - range->begin), dst + (b - base));
   }
@@ -122,13 +125,7 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
 }
 
 absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manifest* man) {
-  const std::string path = (std::filesystem::path(step_dir) / ckpt::kManifestName).string();
-  auto text = ckpt::ReadFile(path);
-  if (!text.ok()) {
-    return absl::NotFoundError(absl::StrCat("checkpoint '", step_dir, "' has no readable manifest (incomplete or "
-                                            "not a checkpoint): ", text.status().message()));
-  }
-  STRATA_ASSIGN_OR_RETURN(*man, ckpt::ParseManifest(*text, path));
+  STRATA_ASSIGN_OR_RETURN(*man, ckpt::ReadManifest(step_dir));
   STRATA_RETURN_IF_ERROR(CheckSameModel(m, *man, step_dir));
   ShardCache cache(*man, step_dir);
   for (size_t i = 0; i < m.units.size(); ++i) {

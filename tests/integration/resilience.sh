@@ -4,7 +4,8 @@
 #   reshard:   saved at 4 ranks, resumed at 2 and at 1; saved at 1, resumed at 4: the final weights match
 #              the uninterrupted run within fp32 tolerance (per-tensor relative L2 <= 1e-5);
 #   tools:     ckpt inspect --verify passes, then fails naming the range after a flipped byte; ckpt export
-#              writes HF-named weights that --init-from loads;
+#              writes HF-named weights that --init-from loads; a manifest naming a shard outside its step
+#              directory, or a mistyped next_step, is a named error (exit 1-127) for inspect, export, --resume;
 #   failures:  one rank killed (SIGKILL) or stopped (SIGSTOP) mid-run makes every rank exit non-zero
 #              within the bound; SIGTERM stops the job cleanly at a step boundary with no partial checkpoint.
 # usage: resilience.sh MPIRUN STRATA [section]
@@ -89,6 +90,31 @@ if [ "$only" = all ] || [ "$only" = tools ]; then
   out=$("$strata" ckpt export "$work/t" -o "$work/t.safetensors" 2>&1) &&
     out=$("$mpirun" -n 1 "$strata" train "${small[@]}" --steps 1 --micro-batch 2 --init-from "$work/t.safetensors" 2>&1)
   check "ckpt export writes HF-named weights that --init-from loads" $? "$out"
+  hostile() {  # hostile NAME FROM TO: a copy of step 6 under $work/NAME with FROM replaced by TO in its manifest
+    mkdir -p "$work/$1" && cp -r "$work/t/step_00000006" "$work/$1/" &&
+      python3 -c "import sys; p = sys.argv[1]; t = open(p).read(); assert sys.argv[2] in t; open(p, 'w').write(t.replace(sys.argv[2], sys.argv[3], 1))" \
+        "$work/$1/step_00000006/manifest.json" "$2" "$3"
+  }
+  named_error() {  # named_error RC OUTPUT TEXT: exit status 1-127 (no signal) and TEXT in the output
+    [ "$1" -ge 1 ] && [ "$1" -le 127 ] && grep -qF -- "$3" <<<"$2"
+  }
+  hostile out '"shard_00001.bin"' '"../outside.bin"' && mv "$work/out/step_00000006/shard_00001.bin" "$work/out/outside.bin"
+  out=$("$strata" ckpt inspect "$work/out" --verify 2>&1); rc=$?
+  named_error $rc "$out" "shards[1].file"; check "ckpt inspect refuses a shard named outside its step directory" $? "$out"
+  out=$("$strata" ckpt export "$work/out" -o "$work/out.safetensors" 2>&1); rc=$?
+  named_error $rc "$out" "shards[1].file"; check "ckpt export refuses a shard named outside its step directory" $? "$out"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --micro-batch 2 --resume "$work/out" 2>&1); rc=$?
+  named_error $rc "$out" "shards[1].file"; check "--resume refuses a shard named outside its step directory" $? "$out"
+  hostile link '"crc32"' '"crc32"' && mv "$work/link/step_00000006/shard_00001.bin" "$work/link/outside.bin" &&
+    ln -s ../outside.bin "$work/link/step_00000006/shard_00001.bin"
+  out=$("$strata" ckpt inspect "$work/link" --verify 2>&1); rc=$?
+  named_error $rc "$out" "symlink"; check "ckpt inspect --verify refuses a shard symlinked outside" $? "$out"
+  hostile next '"next_step": 6' '"next_step": "6"'
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --micro-batch 2 --resume "$work/next" 2>&1); rc=$?
+  named_error $rc "$out" "trainer.next_step"; check "--resume with a mistyped next_step is a named error (exit $rc)" $? "$out"
+  hostile renamed '"next_step": 6' '"next_step": 4'
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --micro-batch 2 --resume "$work/renamed" 2>&1); rc=$?
+  named_error $rc "$out" "named for step 6"; check "--resume refuses next_step disagreeing with the directory" $? "$out"
   python3 - "$work/t/step_00000006/shard_00001.bin" <<'PY'
 import os, sys
 p = sys.argv[1]; f = open(p, "r+b"); f.seek(os.path.getsize(p) - 9); b = f.read(1); f.seek(-1, 1)

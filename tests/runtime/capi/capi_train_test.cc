@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -203,6 +204,49 @@ TEST(CApiCheckpoint, SaveThenLoadResumesExactly) {
   });
   EXPECT_TRUE(std::filesystem::exists(root + "/step_00000002"));
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(resumed[r], continued[r]) << "rank " << r;
+  std::filesystem::remove_all(root);
+}
+
+// strata.h promises an error code and message, never an abort, whatever the checkpoint holds.
+TEST(CApiCheckpoint, HostileCheckpointIsAnErrorCodeNotAnAbort) {
+  const std::string root = ::testing::TempDir() + "/capi_hostile_" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  const std::string manifest = root + "/step_00000001/manifest.json";
+  std::string good;
+  RunCRanks(kWorld, [&](int rank, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, "{\"zero_optimization\": {\"stage\": 3}}", true, &e));
+    OneStep(e, 0.1f);
+    ASSERT_STRATA_OK(strata_engine_save_checkpoint(e, root.c_str(), "{\"next_step\": 1}"));
+    ASSERT_STRATA_OK(strata_engine_destroy(e));
+  });
+  {
+    std::ifstream in(manifest);
+    good.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t trainer = good.find("\"trainer\": ");
+  ASSERT_NE(trainer, std::string::npos);
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::pair<std::string, std::string> edits[] = {
+      {good.substr(trainer), "\"trainer\": " + deep + "}"},             // nested trainer state
+      {"\"step\": 1", "\"step\": \"one\""},                            // wrong type
+      {"\"step\": 1", "\"step\": -1"},                                 // negative
+      {"\"shard_00001.bin\"", "\"../step_00000001/shard_00001.bin\""},  // outside the step directory
+  };
+  const char* want[] = {"deeper than", "field 'step'", "field 'step'", "shards[1].file"};
+  for (size_t i = 0; i < std::size(edits); ++i) {
+    std::string text = good;
+    text.replace(text.find(edits[i].first), edits[i].first.size(), edits[i].second);
+    std::ofstream(manifest) << text;
+    RunCRanks(kWorld, [&](int rank, strata_comm* comm) {
+      strata_engine* e = nullptr;
+      ASSERT_STRATA_OK(MakeEngine(comm, "{\"zero_optimization\": {\"stage\": 3}}", true, &e));
+      const char* out = "unset";
+      EXPECT_STRATA_ERROR(strata_engine_load_checkpoint(e, root.c_str(), &out), STRATA_ERR_IO, want[i]);
+      EXPECT_EQ(out, nullptr);
+      ASSERT_STRATA_OK(strata_engine_destroy(e));
+    });
+  }
   std::filesystem::remove_all(root);
 }
 

@@ -1,6 +1,8 @@
 // Checkpoints: bitwise resume at the same world size (stages 1-3), resharding 4 -> 2 -> 1 and 1 -> 4,
 // an unpublished (killed) save not mistaken for a complete one, and every corruption case as a named
-// error: flipped byte, truncated shard, missing shard, newer format, another model, another dtype.
+// error: flipped byte, truncated shard, missing shard, newer format, another model, another dtype; a
+// hostile manifest (files outside the step directory, wrong types, deep trainer state, a renamed step) is
+// refused; a failed save leaves no temporaries and a later save removes those a dead one left.
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -196,6 +198,107 @@ TEST_F(Checkpoint, CorruptionsAreNamedErrors) {
     bf16.dtype = DType::kBF16;
     EXPECT_THAT(std::string(Train(bf16).status().message()), HasSubstr("param dtype fp32"));
   }
+}
+
+std::string ReadText(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// Replaces the first `from` in `d`'s manifest with `to`.
+void EditManifest(const fs::path& d, const std::string& from, const std::string& to) {
+  std::string text = ReadText(d / checkpoint::kManifestName);
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  text.replace(at, from.size(), to);
+  std::ofstream((d / checkpoint::kManifestName).string()) << text;
+}
+
+std::vector<std::string> Temps(const fs::path& d) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(d)) {
+    const std::string n = e.path().filename().string();
+    if (n.find(".tmp.") != std::string::npos) out.push_back(n);
+  }
+  return out;
+}
+
+TEST_F(Checkpoint, ResumeRefusesShardFilesOutsideTheStepDirectory) {
+  ASSERT_TRUE(Train({2, 3, 0, 1, "", Step(1)}).ok());
+  const fs::path outside = dir_ / "outside.bin";
+  fs::rename(fs::path(Step(1)) / "shard_00001.bin", outside);  // a valid shard, moved out and referenced
+  for (const std::string& name : {std::string("../outside.bin"), outside.string()}) {
+    EditManifest(Step(1), name == outside.string() ? "\"../outside.bin\"" : "\"shard_00001.bin\"",
+                 "\"" + name + "\"");
+    auto s = Train({2, 3, 1, 0, Step(1)}).status();
+    EXPECT_FALSE(s.ok()) << name;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("shards[1].file")) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(name)) << s;
+  }
+  EditManifest(Step(1), "\"" + outside.string() + "\"", "\"shard_00001.bin\"");
+  fs::create_symlink("../outside.bin", fs::path(Step(1)) / "shard_00001.bin");
+  auto s = Train({2, 3, 1, 0, Step(1)}).status();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shards[1].file")) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("symlink"));
+}
+
+TEST_F(Checkpoint, HostileManifestsAreErrorsNotCrashes) {
+  ASSERT_TRUE(Train({2, 3, 0, 1, "", Step(1)}).ok());
+  const std::string good = ReadText(fs::path(Step(1)) / checkpoint::kManifestName);
+  auto load_after = [&](const std::string& from, const std::string& to) {
+    std::ofstream((fs::path(Step(1)) / checkpoint::kManifestName).string()) << good;
+    EditManifest(Step(1), from, to);
+    return Train({2, 3, 1, 0, Step(1)}).status();
+  };
+  EXPECT_THAT(std::string(load_after("\"step\": 1", "\"step\": \"1\"").message()), HasSubstr("field 'step'"));
+  EXPECT_THAT(std::string(load_after("\"step\": 1", "\"step\": -1").message()), HasSubstr("field 'step'"));
+  EXPECT_THAT(std::string(load_after("\"step\": 1", "\"step\": 2").message()), HasSubstr("past the step"));
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const size_t trainer = good.find("\"trainer\": ");
+  ASSERT_NE(trainer, std::string::npos);
+  EXPECT_THAT(std::string(load_after(good.substr(trainer), "\"trainer\": " + deep + "}").message()),
+              HasSubstr("deeper than"));
+  EXPECT_THAT(std::string(load_after("\"world_size\": 2", "\"world_size\": 3").message()),
+              HasSubstr("lists 2 shards for world size 3"));
+  EXPECT_TRUE(load_after("\"step\": 1", "\"step\": 1").ok()) << "the unedited manifest still loads";
+}
+
+TEST_F(Checkpoint, SaveRefusesATrainerStateTooDeepForTheManifest) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto results = testing::RunRanks(1, comm::Options{}, [&](int, comm::Communicator& c) -> absl::Status {
+    device::HostDevice dev;
+    STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(EngineConfig{}, c, dev));
+    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, examples::MlpShape{16, 48, 4}));
+    (void)mlp;
+    STRATA_RETURN_IF_ERROR(e->Finalize());
+    return e->SaveCheckpoint(Step(0), deep);
+  });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument) << results[0];
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("trainer state nests"));
+  EXPECT_FALSE(fs::exists(fs::path(Step(0)) / checkpoint::kManifestName));
+}
+
+TEST_F(Checkpoint, FailedSaveLeavesNoTemporaries) {
+  // Rank 1's shard cannot be renamed into place: its name is taken by a non-empty directory.
+  fs::create_directories(fs::path(Step(2)) / "shard_00001.bin" / "x");
+  auto s = Train({2, 3, 0, 2, "", Step(2)}).status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank(s) 1 could not write their shard")) << s;
+  EXPECT_THAT(Temps(Step(2)), ::testing::IsEmpty());
+  EXPECT_FALSE(fs::exists(fs::path(Step(2)) / checkpoint::kManifestName));
+}
+
+TEST_F(Checkpoint, SaveRemovesTemporariesADeadSaveLeft) {
+  const fs::path d = Step(2);
+  fs::create_directories(d);
+  for (const char* n : {"shard_00000.bin.tmp.99999", "shard_00001.bin.tmp.1", "manifest.json.tmp.4242",
+                        "shard_00007.bin.tmp.5", "notes.txt"}) {
+    std::ofstream((d / n).string()) << "stale";
+  }
+  ASSERT_TRUE(Train({2, 3, 0, 2, "", Step(2)}).ok());
+  EXPECT_THAT(Temps(d), ::testing::IsEmpty());
+  EXPECT_TRUE(fs::exists(d / "notes.txt"));
+  EXPECT_TRUE(Train({2, 3, 2, 0, Step(2)}).ok());
 }
 
 }  // namespace

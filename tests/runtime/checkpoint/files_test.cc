@@ -1,0 +1,117 @@
+// Names from a checkpoint stay inside their directory (Note [Confined names]): plain names only, and no
+// symlink escapes, through openat2 and through its fallback; temporaries never outlive a failure.
+#include "runtime/checkpoint/files.h"
+
+#include <filesystem>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/runtime/checkpoint/test_dir.h"
+
+namespace strata::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using Files = testing::TestDir;
+
+TEST(CheckPlainFileName, AcceptsOnlyOnePlainComponent) {
+  EXPECT_TRUE(CheckPlainFileName("shard_00000.bin").ok());
+  EXPECT_TRUE(CheckPlainFileName("..x").ok());
+  for (const char* bad : {"", ".", "..", "../x", "/etc/passwd", "a/b", "x/", "a/../b"}) {
+    EXPECT_EQ(CheckPlainFileName(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_FALSE(CheckPlainFileName(std::string("a\0b", 3)).ok());
+  EXPECT_FALSE(CheckPlainFileName(std::string(256, 'a')).ok());
+}
+
+TEST_F(Files, OpenInDirReadsAFileInside) {
+  Write("step/a.bin", "abc");
+  for (auto open : {&OpenInDir, &OpenInDirNoFollow}) {
+    auto fd = open(Path("step"), "a.bin");
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    auto size = FileSize(fd->get(), "a.bin");
+    ASSERT_TRUE(size.ok());
+    EXPECT_EQ(*size, 3u);
+  }
+}
+
+TEST_F(Files, OpenInDirRefusesPathsOutside) {
+  Write("step/a.bin", "abc");
+  Write("outside.bin", "secret");
+  for (auto open : {&OpenInDir, &OpenInDirNoFollow}) {
+    for (const std::string& name :
+         {std::string("../outside.bin"), Path("outside.bin"), std::string("sub/../../outside.bin")}) {
+      auto fd = open(Path("step"), name);
+      EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << name;
+      EXPECT_THAT(std::string(fd.status().message()), HasSubstr(name));
+    }
+  }
+}
+
+TEST_F(Files, OpenInDirRefusesASymlinkPointingOutside) {
+  Write("step/a.bin", "abc");
+  Write("outside.bin", "secret");
+  fs::create_symlink(Path("outside.bin"), Path("step/abs_link.bin"));
+  fs::create_symlink("../outside.bin", Path("step/rel_link.bin"));
+  for (auto open : {&OpenInDir, &OpenInDirNoFollow}) {
+    for (const char* link : {"abs_link.bin", "rel_link.bin"}) {
+      auto fd = open(Path("step"), link);
+      EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << link;
+      EXPECT_THAT(std::string(fd.status().message()), HasSubstr("symlink or resolves outside")) << link;
+    }
+  }
+}
+
+TEST_F(Files, MissingFileIsNotAnEscape) {
+  fs::create_directories(Path("step"));
+  auto fd = OpenInDir(Path("step"), "nope.bin");
+  EXPECT_NE(fd.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(fd.ok());
+}
+
+TEST_F(Files, ReadFileInDirBoundsTheSize) {
+  Write("step/m.json", "0123456789");
+  auto all = ReadFileInDir(Path("step"), "m.json", 10);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, "0123456789");
+  EXPECT_EQ(ReadFileInDir(Path("step"), "m.json", 9).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(Files, TempFileIsRemovedUnlessCommitted) {
+  Write("a.tmp.1", "x");
+  Write("b.tmp.1", "x");
+  {
+    TempFile a(Path("a.tmp.1"));
+    TempFile b(Path("b.tmp.1"));
+    TempFile moved = std::move(b);
+    moved.Commit();
+  }
+  EXPECT_FALSE(fs::exists(Path("a.tmp.1")));
+  EXPECT_TRUE(fs::exists(Path("b.tmp.1")));
+}
+
+TEST_F(Files, FailedAtomicWriteLeavesNoTemporary) {
+  // The target is a non-empty directory: the rename fails after the temporary was written.
+  Write("target/inside", "x");
+  absl::Status s = WriteFileAtomic(Path("target"), "payload");
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(Temps(dir_), IsEmpty());
+  ASSERT_TRUE(WriteFileAtomic(Path("ok.json"), "payload").ok());
+  EXPECT_THAT(Temps(dir_), IsEmpty());
+}
+
+TEST_F(Files, RemoveTempsRemovesOnlyPickedTemporaries) {
+  for (const char* n : {"shard_00000.bin.tmp.1", "shard_00001.bin.tmp.2", "shard_00000.bin", "manifest.json"}) {
+    Write(n, "x");
+  }
+  auto removed = RemoveTemps(dir_.string(), [](absl::string_view n) { return n.substr(0, 11) == "shard_00000"; });
+  ASSERT_TRUE(removed.ok());
+  EXPECT_THAT(*removed, ::testing::ElementsAre("shard_00000.bin.tmp.1"));
+  EXPECT_THAT(Temps(dir_), ::testing::ElementsAre("shard_00001.bin.tmp.2"));
+  EXPECT_TRUE(fs::exists(Path("shard_00000.bin")));
+}
+
+}  // namespace
+}  // namespace strata::checkpoint

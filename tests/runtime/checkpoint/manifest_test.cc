@@ -1,0 +1,180 @@
+// ParseManifest on hostile text: every field's type, range and consistency is checked and named, and no
+// input aborts (every prefix of a valid manifest included).
+#include "runtime/checkpoint/manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/checkpoint/json_input.h"
+
+namespace strata::checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+Manifest Valid() {
+  Manifest m;
+  m.step = 7;
+  m.world_size = 2;
+  m.stage = 3;
+  m.param_dtype = "bf16";
+  m.optimizer = "adamw";
+  m.loss_scale = 1024;
+  m.clean_steps = 3;
+  m.units = {ManifestUnit{"u", {ManifestParam{"w", {2, 5}, 0, 10, true}, ManifestParam{"b", {3}, 12, 3, false}}}};
+  m.shards = {{1, "shard_00001.bin", 4096 + 100, 0xdeadbeef}, {0, "shard_00000.bin", 4096 + 100, 0x01234567}};
+  m.trainer_json = R"({"next_step":7,"data":"x"})";
+  return m;
+}
+
+json ValidJson() { return json::parse(ToJson(Valid())); }
+
+absl::Status Parse(const json& j) { return ParseManifest(j.dump(), "ckpt/manifest.json").status(); }
+
+void ExpectBad(const json& j, const std::string& field) {
+  absl::Status s = Parse(j);
+  EXPECT_FALSE(s.ok()) << field;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ckpt/manifest.json")) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(field)) << s;
+}
+
+TEST(ParseManifest, RoundTripsAndSortsShardsByRank) {
+  auto m = ParseManifest(ToJson(Valid()), "m.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->step, 7);
+  EXPECT_EQ(m->loss_scale, 1024);
+  ASSERT_EQ(m->shards.size(), 2u);
+  EXPECT_EQ(m->shards[0].rank, 0);
+  EXPECT_EQ(m->shards[0].file, "shard_00000.bin");
+  EXPECT_EQ(m->shards[1].checksum, 0xdeadbeefu);
+  EXPECT_EQ(m->units[0].params[1].shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(json::parse(m->trainer_json), json::parse(Valid().trainer_json));
+}
+
+TEST(ParseManifest, WrongTypesAndNegativeNumbersAreErrorsNamingTheField) {
+  for (const char* key : {"step", "world_size", "stage", "clean_steps", "version"}) {
+    json j = ValidJson();
+    j[key] = "5";
+    ExpectBad(j, std::string("'") + key + "'");
+    j[key] = -1;
+    ExpectBad(j, std::string("'") + key + "'");
+    j[key] = 1.5;
+    ExpectBad(j, std::string("'") + key + "'");
+  }
+  json j = ValidJson();
+  j["units"][0]["params"][0]["numel"] = "10";
+  ExpectBad(j, "units[0].params[0].numel");
+  j = ValidJson();
+  j["units"][0]["params"][0]["shape"][1] = -5;
+  ExpectBad(j, "units[0].params[0].shape[1]");
+  j = ValidJson();
+  j["units"][0]["params"][1]["weight_decay"] = 1;
+  ExpectBad(j, "units[0].params[1].weight_decay");
+  j = ValidJson();
+  j["shards"][0]["crc32"] = "zzzzzzzz";
+  ExpectBad(j, "shards[0].crc32");
+  j = ValidJson();
+  j["loss_scale"] = "big";
+  ExpectBad(j, "loss_scale");
+  j["loss_scale"] = 0;
+  ExpectBad(j, "loss_scale");
+  j = ValidJson();
+  j["units"] = json::object();
+  ExpectBad(j, "'units'");
+  j = ValidJson();
+  j["units"][0] = 3;
+  ExpectBad(j, "units[0]");
+  j = ValidJson();
+  j["param_dtype"] = "fp8";
+  ExpectBad(j, "param_dtype");
+  j = ValidJson();
+  j["optimizer"] = "lion";
+  ExpectBad(j, "optimizer");
+  j = ValidJson();
+  j["stage"] = 4;
+  ExpectBad(j, "'stage'");
+}
+
+TEST(ParseManifest, SizesAreCheckedBeforeAnythingIsAllocated) {
+  json j = ValidJson();  // 2^62 elements: numel * 4 bytes * 3 kinds overflows 64 bits
+  j["units"][0]["params"][1]["shape"] = {uint64_t{1} << 31, uint64_t{1} << 31};
+  j["units"][0]["params"][1]["numel"] = uint64_t{1} << 62;
+  ExpectBad(j, "units[0].params[1].numel");
+  j["units"][0]["params"][1]["shape"] = {uint64_t{1} << 20, uint64_t{1} << 20};  // fits 64 bits, not the shards
+  j["units"][0]["params"][1]["numel"] = uint64_t{1} << 40;
+  ExpectBad(j, "the shards hold only");
+  j = ValidJson();
+  j["units"][0]["params"][1]["shape"] = {uint64_t{1} << 32, uint64_t{1} << 32, 2};  // product overflows
+  ExpectBad(j, "units[0].params[1].shape[1]");
+  j = ValidJson();
+  j["units"][0]["params"][0]["numel"] = 11;  // not the product of [2, 5]
+  ExpectBad(j, "units[0].params[0].numel");
+  j = ValidJson();
+  j["units"][0]["params"][1]["offset"] = 5;  // inside w
+  ExpectBad(j, "units[0].params[1].offset");
+  j = ValidJson();
+  j["units"][0]["params"][1]["offset"] = UINT64_MAX;
+  ExpectBad(j, "units[0].params[1].offset");
+}
+
+TEST(ParseManifest, ShardsCoverEveryRankExactlyOnceWithPlainNames) {
+  json j = ValidJson();
+  j["shards"][1]["rank"] = 1;  // ranks 1, 1
+  ExpectBad(j, "shards[1].rank");
+  j["shards"][1]["rank"] = 2;  // out of range for world 2
+  ExpectBad(j, "shards[1].rank");
+  j = ValidJson();
+  j["shards"].erase(1);
+  ExpectBad(j, "lists 1 shards for world size 2");
+  for (const char* bad : {"../shard_00000.bin", "/etc/passwd", "sub/shard.bin", "..", ""}) {
+    j = ValidJson();
+    j["shards"][1]["file"] = bad;
+    ExpectBad(j, "shards[1].file");
+  }
+  j = ValidJson();
+  j["shards"][1]["file"] = j["shards"][0]["file"];
+  ExpectBad(j, "shards[1].file");
+  j = ValidJson();
+  j["units"][0]["params"][1]["name"] = "w";
+  ExpectBad(j, "units[0].params[1].name");
+}
+
+TEST(ParseManifest, DeepTrainerStateIsRefusedAndAllowedDepthKept) {
+  json j = ValidJson();
+  j.erase("trainer");
+  std::string text = j.dump();
+  text.pop_back();
+  const std::string deep = text + ",\"trainer\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_EQ(ParseManifest(deep, "m.json").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(ParseManifest(deep, "m.json").status().message()), HasSubstr("deeper than"));
+  const int allowed = kMaxJsonDepth - 1;
+  const std::string nested = std::string(allowed, '[') + std::string(allowed, ']');
+  auto m = ParseManifest(text + ",\"trainer\":" + nested + "}", "m.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->trainer_json, nested);
+  EXPECT_TRUE(CheckTrainerState(nested).ok());
+  EXPECT_FALSE(CheckTrainerState("[" + nested + "]").ok());
+  EXPECT_FALSE(CheckTrainerState("{\"a\":").ok());
+}
+
+TEST(ParseManifest, NewerVersionAndForeignDocuments) {
+  json j = ValidJson();
+  j["version"] = 9;
+  EXPECT_EQ(Parse(j).code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* text : {"", "[]", "null", "{\"format\": 3}", "{\"format\": \"strata-checkpoint\"}", "\xff\xfe"}) {
+    EXPECT_FALSE(ParseManifest(text, "m.json").ok()) << text;
+  }
+}
+
+TEST(ParseManifest, EveryPrefixOfAValidManifestIsAnErrorNotACrash) {
+  const std::string text = ToJson(Valid());
+  for (size_t n = 0; n < text.size(); ++n) {
+    EXPECT_FALSE(ParseManifest(text.substr(0, n), "m.json").ok()) << n;
+  }
+  EXPECT_TRUE(ParseManifest(text, "m.json").ok());
+}
+
+}  // namespace
+}  // namespace strata::checkpoint
