@@ -1,5 +1,5 @@
 // `strata plot METRICS.jsonl -o loss.svg [--log-y] [--title T]`: the loss curves of a `strata train
-// --metrics` file as an SVG (docs/decisions/0008-plots-as-svg.md): text stays text, crisp at any size, and
+// --metrics` file as an SVG (docs/decisions/0008-fresh-machine-plots-and-diagnostics.md): text stays text, crisp at any size, and
 // nothing is encoded by hand. The training loss is a line; the evaluation loss, where lines carry
 // `eval_loss`, is a second line with markers. Ticks are 1-2-5 multiples of a power of ten; on --log-y,
 // the 1, 2, 5 of each decade (the decades alone when they are many). Lines may hold either loss or both.
