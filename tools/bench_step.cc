@@ -55,7 +55,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(o.engine, world, *compute.device));
   STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model, std::move(compute.nn)));
   STRATA_RETURN_IF_ERROR(e->Finalize());
-  const int B = static_cast<int>(o.engine.train_micro_batch_size_per_gpu), T = o.model.seq_len;
+  const int B = o.engine.train_micro_batch_size_per_gpu, T = o.model.seq_len;
   std::vector<int32_t> in(size_t(B) * T), tgt(in.size());
   std::mt19937 rng(1 + world.rank());
   for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
