@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -178,7 +179,17 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   if (rank == 0) STRATA_RETURN_IF_ERROR(PrepareOutputs(o));
   const int micro = o.engine.train_micro_batch_size_per_gpu;
   const int accum = o.engine.gradient_accumulation_steps;
-  const int64_t global_batch = int64_t{micro} * accum * n;
+  int64_t tokens_per_step_check = 0;
+  int64_t global_batch = 0;  // sequences per step; micro and accum are ints, the product is checked
+  if (__builtin_mul_overflow(int64_t{micro} * accum, int64_t{n}, &global_batch) ||
+      __builtin_mul_overflow(global_batch, int64_t{o.model.seq_len}, &tokens_per_step_check)) {
+    return absl::InvalidArgumentError(absl::StrCat("--micro-batch ", micro, " x --grad-accum ", accum, " x ", n,
+                                                   " ranks x --seq-len ", o.model.seq_len, " overflows 64 bits"));
+  }
+  if (int64_t{micro} * o.model.seq_len > std::numeric_limits<int>::max()) {  // the kernels index tokens with an int
+    return absl::InvalidArgumentError(absl::StrCat("--micro-batch ", micro, " x --seq-len ", o.model.seq_len,
+                                                   " tokens exceeds 2147483647 per micro-batch"));
+  }
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, gpt::LoadTokens(o.data, o.model.vocab));
   STRATA_ASSIGN_OR_RETURN(gpt::Sampler sampler, gpt::Sampler::Create(static_cast<int64_t>(tokens.size()),
                                                                       o.model.seq_len, o.engine.seed, o.order));

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,15 @@ absl::Status DivergenceError(double loss) {
                    "training diverged"));
   s.SetPayload(kDivergencePayload, absl::Cord("1"));
   return s;
+}
+
+// The kernels index a micro-batch's B x T token rows with an int.
+absl::Status CheckBatch(int B, int T) {
+  if (B < 1 || int64_t{B} * T > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("a micro-batch of ", B, " sequences of ", T,
+                                                   " tokens: it must hold 1 to 2147483647 tokens"));
+  }
+  return absl::OkStatus();
 }
 
 // Every token in [0, vocab): an id outside would read past the embedding table or the logits.
@@ -300,6 +310,7 @@ struct Pass {
 
 absl::StatusOr<double> GptModel::TrainMicroBatch(Engine& e, const int32_t* inputs, const int32_t* targets, int B,
                                                  float loss_scale, bool checkpointing) {
+  STRATA_RETURN_IF_ERROR(CheckBatch(B, cfg_.seq_len));
   STRATA_RETURN_IF_ERROR(CheckTokens(inputs, size_t(B) * cfg_.seq_len, cfg_.vocab, "an input"));
   STRATA_RETURN_IF_ERROR(CheckTokens(targets, size_t(B) * cfg_.seq_len, cfg_.vocab, "a target"));
   STRATA_RETURN_IF_ERROR(Prepare(*ws_, *nn_, cfg_, B, cfg_.seq_len, checkpointing));
@@ -318,6 +329,7 @@ absl::StatusOr<double> GptModel::Forward(Engine& e, const int32_t* inputs, const
     return absl::InvalidArgumentError(absl::StrCat("sequence of ", T, " tokens; the model takes 1 to ", cfg_.seq_len));
   }
   if (position >= T) return absl::InvalidArgumentError(absl::StrCat("logits position ", position, " >= T=", T));
+  STRATA_RETURN_IF_ERROR(CheckBatch(B, T));
   STRATA_RETURN_IF_ERROR(CheckTokens(inputs, size_t(B) * T, cfg_.vocab, "an input"));
   if (targets != nullptr) STRATA_RETURN_IF_ERROR(CheckTokens(targets, size_t(B) * T, cfg_.vocab, "a target"));
   STRATA_RETURN_IF_ERROR(Prepare(*ws_, *nn_, cfg_, B, T, /*recompute=*/true));

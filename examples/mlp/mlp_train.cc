@@ -156,15 +156,17 @@ absl::Status Train(const Args& a, comm::Communicator& world, device::HostDevice&
   }
   STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseConfigWithOverrides(text, a.overrides));
   const int n = world.size(), accum = cfg.gradient_accumulation_steps;
-  if (a.global_batch % (n * accum) != 0) {
+  if (a.global_batch % (int64_t{n} * accum) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--global-batch ", a.global_batch, " is not a multiple of world size ",
                                                    n, " x gradient accumulation ", accum));
   }
-  if (a.global_batch < 1 || a.global_batch / (n * accum) > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat("--global-batch ", a.global_batch, " is out of range [1, ",
-                                                   int64_t{n} * accum * std::numeric_limits<int>::max(), "]"));
+  const int64_t ranks_x_accum = int64_t{n} * accum;  // both ints: no overflow in 64 bits
+  if (a.global_batch < 1 || a.global_batch / ranks_x_accum > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--global-batch ", a.global_batch,
+                                                   " is out of range [1, world size x gradient accumulation x ",
+                                                   std::numeric_limits<int>::max(), "]"));
   }
-  const int micro = static_cast<int>(a.global_batch / (n * accum));
+  const int micro = static_cast<int>(a.global_batch / ranks_x_accum);
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(cfg, world, dev));
   STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*engine, MlpShape{}, world.rank() == a.inject_mismatch_rank));
   STRATA_RETURN_IF_ERROR(engine->Finalize());
