@@ -16,18 +16,15 @@
 //  - Warm-up schedules default warmup_num_steps to 1000 and cos_min_ratio to 1e-4 (DeepSpeed's
 //    defaults); only warmup_type "linear" is implemented, and it is also the default (DeepSpeed: "log").
 //  - offload_param needs stage 3 and offload_optimizer needs stage >= 1, as in DeepSpeed.
-//  - Integer keys accept integral floats (DeepSpeed configs often say 1e5); duplicate keys are an error
-//    (DeepSpeed rejects them too). ParseConfigWithOverrides treats empty text as {}; ParseConfig does not.
+//  - Integer keys accept integral floats (DeepSpeed configs often say 1e5) and are range-checked against
+//    their field, never narrowed; duplicate keys are an error (DeepSpeed rejects them too), and so is
+//    nesting past 64 levels (runtime/base/json_text.h, docs/decisions/0008). ParseConfigWithOverrides treats empty text as {}; ParseConfig does not.
 #include "runtime/engine/config.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
