@@ -74,7 +74,7 @@ absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<Param
     offset = RoundUp(offset, kAlignElems);
     l.params.push_back(ParamSlot{std::move(s), offset, numel});
     offset += numel;  // both terms <= kMaxUnitElems: no wrap
-    if (offset > kMaxUnitElems) return TooLarge(l.name, absl::StrCat("its ", l.params.size(), " parameters"));
+    if (offset > kMaxUnitElems) return TooLarge(l.name, absl::StrCat("the sum of its ", l.params.size(), " parameters"));
   }
   l.used_elems = offset;
   l.total_elems = RoundUp(std::max<size_t>(offset, 1), static_cast<size_t>(world_size) * kAlignElems);

@@ -74,7 +74,7 @@ TEST(ValidateUnitSpecs, HostileSpecsAreErrors) {
   // Many parameters that fit alone but not together.
   const int64_t big[] = {int64_t{1} << 47};
   const strata_param_spec three[3] = {Spec("a", big, 1), Spec("b", big, 1), Spec("c", big, 1)};
-  ExpectInvalid("u", three, 3, 1, "its 3 parameters exceeds 2^48");
+  ExpectInvalid("u", three, 3, 1, "the sum of its 3 parameters exceeds 2^48");
 }
 
 }  // namespace

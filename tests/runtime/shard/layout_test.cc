@@ -95,7 +95,7 @@ TEST(UnitLayout, SizesThatOverflowAreErrors) {
   auto sum = UnitLayout::Build("u", {ParamSpec{"a", {half}, false, Init::Zeros()}, ParamSpec{"b", {half}, false, Init::Zeros()},
                                      ParamSpec{"c", {16}, false, Init::Zeros()}}, 1);
   ASSERT_FALSE(sum.ok());
-  EXPECT_NE(sum.status().message().find("its 3 parameters exceeds 2^48"), absl::string_view::npos) << sum.status();
+  EXPECT_NE(sum.status().message().find("the sum of its 3 parameters exceeds 2^48"), absl::string_view::npos) << sum.status();
   auto at_limit = UnitLayout::Build("u", {ParamSpec{"a", {int64_t{1} << 48}, false, Init::Zeros()}}, 4);
   ASSERT_TRUE(at_limit.ok()) << at_limit.status();
   EXPECT_EQ(at_limit->total_elems, size_t{1} << 48);
