@@ -43,7 +43,7 @@ absl::StatusOr<Attempt> Try(const TrainOptions& o, const gpt::GptConfig& model, 
     return a;
   }
   STRATA_RETURN_IF_ERROR(s);
-  const int B = static_cast<int>(o.engine.train_micro_batch_size_per_gpu);
+  const int B = o.engine.train_micro_batch_size_per_gpu;
   std::vector<int32_t> in(size_t(B) * model.seq_len);
   std::mt19937 rng(7);
   for (auto& t : in) t = static_cast<int32_t>(rng() % model.vocab);
@@ -75,6 +75,11 @@ absl::Status Capacity(const TrainOptions& o, comm::Communicator& world, bool wid
   int64_t good = 0, bad = 0, k = width ? std::max(1, base.d_model / base.heads) : std::max(1, base.layers);
   Attempt best;
   while (bad == 0 || bad - good > 1) {  // doubling, then bisection
+    if ((width ? k * base.heads : k) > (int64_t{1} << 30)) {  // Scaled narrows to int; gpt dimensions stop at 2^30
+      return absl::InvalidArgumentError(absl::StrCat("the search passed ", width ? "d_model" : "layers",
+                                                     " 2^30 without running out of memory: set --device-budget "
+                                                     "or --host-budget"));
+    }
     STRATA_ASSIGN_OR_RETURN(Attempt a, Try(o, Scaled(base, width, k), world, steps));
     if (a.fits) {
       good = k;

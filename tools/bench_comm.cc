@@ -120,8 +120,8 @@ int BenchCommCommand(const std::vector<std::string>& args) {
     auto bytes = f->Int("bytes", 128 << 20);
     auto iters = f->Int("iters", 5);
     s = !bytes.ok() ? bytes.status() : !iters.ok() ? iters.status() : absl::OkStatus();
-    if (s.ok() && (*bytes < 4 * mpi->world_size() || *bytes > (int64_t{1} << 33) || *iters < 1)) {
-      s = absl::InvalidArgumentError("--bytes must be in [4 x ranks, 8 GiB] and --iters >= 1");
+    if (s.ok() && (*bytes < 4 * mpi->world_size() || *bytes > (int64_t{1} << 33) || *iters < 1 || *iters > 1000000)) {
+      s = absl::InvalidArgumentError("--bytes must be in [4 x ranks, 8 GiB] and --iters in [1, 1000000]");
     }
     if (s.ok()) {
       auto world = mpi->World(comm::Options{});

@@ -269,8 +269,7 @@ absl::StatusOr<NvmeBenchOptions> ParseNvmeBenchOptions(const std::vector<std::st
   STRATA_ASSIGN_OR_RETURN(o.backend, offload::ParseIoBackend(f.Str("backend", "auto")));
   STRATA_ASSIGN_OR_RETURN(o.total_bytes, ParseBytes(f.Str("total-bytes", "256MiB")));
   o.total_bytes = std::max(o.total_bytes / o.block_bytes, uint64_t{1}) * o.block_bytes;
-  STRATA_ASSIGN_OR_RETURN(const int64_t repeat, f.Int("repeat", 5));
-  if (repeat < 1) return absl::InvalidArgumentError("--repeat must be at least 1");
+  STRATA_ASSIGN_OR_RETURN(const int64_t repeat, f.IntIn("repeat", 5, 1, 1000000));
   o.repeat = static_cast<int>(repeat);
   o.fio = !f.Bool("no-fio");
   o.sqpoll = f.Bool("sqpoll");

@@ -9,8 +9,10 @@
 #include <chrono>
 #include <cstdio>
 #include <algorithm>
+#include <limits>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "examples/gpt/gpt_model.h"
 #include "kernels/cpu/nn.h"
@@ -55,7 +57,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(o.engine, world, *compute.device));
   STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model, std::move(compute.nn)));
   STRATA_RETURN_IF_ERROR(e->Finalize());
-  const int B = static_cast<int>(o.engine.train_micro_batch_size_per_gpu), T = o.model.seq_len;
+  const int B = o.engine.train_micro_batch_size_per_gpu, T = o.model.seq_len;
   std::vector<int32_t> in(size_t(B) * T), tgt(in.size());
   std::mt19937 rng(1 + world.rank());
   for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
@@ -78,6 +80,9 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
   const double sgemm = gpu ? 0.0 : SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
+  if (o.steps > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, " is out of range [0, 2147483647]"));
+  }
   const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
   fwd_bwd_s = opt_s = 0;
   const auto t0 = Clock::now();

@@ -74,8 +74,7 @@ absl::StatusOr<DoctorOptions> ParseDoctorOptions(const std::vector<std::string>&
       return absl::InvalidArgumentError("--nvme-test-size must be in [16MiB, 1GiB]");
     }
   }
-  STRATA_ASSIGN_OR_RETURN(o.ranks, f.Int("ranks", 0));
-  if (f.Has("ranks") && o.ranks < 1) return absl::InvalidArgumentError("--ranks must be >= 1");
+  STRATA_ASSIGN_OR_RETURN(o.ranks, f.IntIn("ranks", 0, 1, 1 << 20));
   STRATA_ASSIGN_OR_RETURN(o.train, ParseTrainOptions(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
   return o;
 }

@@ -61,6 +61,14 @@ absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t fallback) co
   return v;
 }
 
+absl::StatusOr<int64_t> Flags::IntIn(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const {
+  absl::StatusOr<int64_t> v = Int(name, fallback);
+  if (v.ok() && Has(name) && (*v < lo || *v > hi)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " ", *v, " is out of range [", lo, ", ", hi, "]"));
+  }
+  return v;
+}
+
 absl::StatusOr<double> Flags::Double(const std::string& name, double fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;

@@ -24,6 +24,8 @@ class Flags {
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
   std::string Str(const std::string& name, const std::string& fallback = "") const;
   absl::StatusOr<int64_t> Int(const std::string& name, int64_t fallback) const;
+  // Int, and an error naming the flag and [lo, hi] when the value lies outside (the fallback is not checked).
+  absl::StatusOr<int64_t> IntIn(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
   absl::StatusOr<double> Double(const std::string& name, double fallback) const;
   bool Bool(const std::string& name) const { return Has(name); }
   const std::vector<std::string>& positional() const { return positional_; }

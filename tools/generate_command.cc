@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -41,7 +42,7 @@ absl::Status Generate(const Flags& f) {
   if (weights.empty()) return absl::InvalidArgumentError("strata generate needs --init-from WEIGHTS.safetensors");
   STRATA_ASSIGN_OR_RETURN(int64_t n, f.Int("tokens", 200));
   STRATA_ASSIGN_OR_RETURN(double temperature, f.Double("temperature", 0.8));
-  STRATA_ASSIGN_OR_RETURN(int64_t top_k, f.Int("top-k", 40));
+  STRATA_ASSIGN_OR_RETURN(int64_t top_k, f.IntIn("top-k", 40, 0, std::numeric_limits<int>::max()));
   STRATA_ASSIGN_OR_RETURN(int64_t seed, f.Int("seed", 1));
   auto comms = comm::CreateInProcessGroup(1, comm::Options{});
   device::HostDevice dev;

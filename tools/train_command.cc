@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -26,6 +27,7 @@
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
+#include "runtime/optim/optimizer.h"
 #include "tools/commands.h"
 #include "tools/compute.h"
 #include "tools/launch.h"
@@ -201,14 +203,34 @@ double ProcessCpuSeconds() {
   return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
+// Note [Divergence]: the model has checked every token against the vocabulary, so a non-finite loss is
+// divergence; say so with what the user can change (the learning rate of this step, the fp16 loss scale).
+absl::Status Diverged(const TrainOptions& o, const Engine& e, int64_t step, const absl::Status& cause) {
+  const double lr = optim::ScheduledLr(o.engine.scheduler, o.engine.optimizer.lr, e.step());
+  const std::string scale =
+      o.engine.param_dtype == DType::kF16 ? absl::StrCat(", fp16 loss scale ", e.loss_scale()) : std::string();
+  return absl::InternalError(absl::StrCat("step ", step + 1, ": ", cause.message(), " (learning rate ", lr, scale,
+                                          "); lower --lr, lengthen --warmup or set --grad-clip"));
+}
+
 // `world` carries the engine's collectives; `host` (host buffers) the trainer's own, and is `world`
 // itself unless the world is NCCL (Note [Launchers]).
 absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Communicator& host, Compute& compute) {
   const int rank = world.rank(), n = world.size();
   if (rank == 0) STRATA_RETURN_IF_ERROR(PrepareOutputs(o));
-  const int micro = static_cast<int>(o.engine.train_micro_batch_size_per_gpu);
+  const int micro = o.engine.train_micro_batch_size_per_gpu;
   const int accum = o.engine.gradient_accumulation_steps;
-  const int64_t global_batch = int64_t{micro} * accum * n;
+  int64_t tokens_per_step_check = 0;
+  int64_t global_batch = 0;  // sequences per step; micro and accum are ints, the product is checked
+  if (__builtin_mul_overflow(int64_t{micro} * accum, int64_t{n}, &global_batch) ||
+      __builtin_mul_overflow(global_batch, int64_t{o.model.seq_len}, &tokens_per_step_check)) {
+    return absl::InvalidArgumentError(absl::StrCat("--micro-batch ", micro, " x --grad-accum ", accum, " x ", n,
+                                                   " ranks x --seq-len ", o.model.seq_len, " overflows 64 bits"));
+  }
+  if (int64_t{micro} * o.model.seq_len > std::numeric_limits<int>::max()) {  // the kernels index tokens with an int
+    return absl::InvalidArgumentError(absl::StrCat("--micro-batch ", micro, " x --seq-len ", o.model.seq_len,
+                                                   " tokens exceeds 2147483647 per micro-batch"));
+  }
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, gpt::LoadTokens(o.data, o.model.vocab));
   STRATA_ASSIGN_OR_RETURN(gpt::Sampler sampler, gpt::Sampler::Create(static_cast<int64_t>(tokens.size()),
                                                                       o.model.seq_len, o.engine.seed, o.order));
@@ -269,10 +291,11 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
       const bool inject = step == o.inject_nonfinite_step && rank == o.inject_nonfinite_rank && a == 0;
       const float scale = inject ? NAN : e->loss_scale();
       STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
-      STRATA_ASSIGN_OR_RETURN(double l, model.TrainMicroBatch(*e, b.inputs.data(), b.targets.data(), micro, scale,
-                                                              o.checkpointing));
+      absl::StatusOr<double> l = model.TrainMicroBatch(*e, b.inputs.data(), b.targets.data(), micro, scale,
+                                                       o.checkpointing);
+      if (!l.ok()) return gpt::IsDivergence(l.status()) ? Diverged(o, *e, step, l.status()) : l.status();
       STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
-      loss += l / accum;
+      loss += *l / accum;
     }
     STRATA_ASSIGN_OR_RETURN(engine::StepResult r, e->Step());
     // One small all-gather per step: every rank's loss, stop request and data wait. A rank that waits

@@ -1,15 +1,19 @@
 #include "tools/train_options.h"
 
 #include <cmath>
-#include <fstream>
+#include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/input_file.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "tools/model_flags.h"
 
 namespace strata::tools {
 namespace {
+
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
 
 // Flags that map one to one onto a config key.
 const std::pair<const char*, const char*> kConfigFlags[] = {
@@ -36,7 +40,10 @@ absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::st
   }
   if (f.Has("collective-timeout")) {
     STRATA_ASSIGN_OR_RETURN(double secs, f.Double("collective-timeout", 60));
-    if (!(secs > 0)) return absl::InvalidArgumentError("--collective-timeout must be > 0 seconds");
+    if (!(secs > 0 && secs <= 1e9)) {  // the cast below would be undefined past int64 milliseconds
+      return absl::InvalidArgumentError(absl::StrCat("--collective-timeout ", f.Str("collective-timeout"),
+                                                     " is out of range (0, 1e9] seconds"));
+    }
     o.push_back(absl::StrCat("strata.collective_timeout_ms=", static_cast<int64_t>(std::ceil(secs * 1000))));
   }
   if (f.Has("nvme-path")) {
@@ -61,6 +68,16 @@ absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::st
     o.push_back(absl::StrCat("optimizer.params.betas=[", b1, ",", b2, "]"));
   }
   return o;
+}
+
+// A config error about a key that a flag set also names the flag ("--micro-batch: config key ...").
+absl::Status NameTheFlag(const Flags& f, const absl::Status& s) {
+  for (const auto& [flag, key] : kConfigFlags) {
+    if (f.Has(flag) && absl::StrContains(s.message(), absl::StrCat("'", key, "'"))) {
+      return Annotate(s, absl::StrCat("--", flag));
+    }
+  }
+  return s;
 }
 
 absl::Status ApplySchedule(const Flags& f, int64_t steps, engine::EngineConfig* c) {
@@ -103,9 +120,9 @@ absl::Status ApplyLrScaling(const Flags& f, int world, engine::EngineConfig* c) 
 
 absl::StatusOr<std::string> ReadConfigText(const Flags& f) {
   if (!f.Has("config")) return std::string("{}");
-  std::ifstream in(f.Str("config"));
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file '", f.Str("config"), "'"));
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  auto text = ReadInputFile(f.Str("config"), "config file");
+  if (!text.ok()) return Annotate(text.status(), "--config");
+  return text;
 }
 
 }  // namespace
@@ -179,7 +196,9 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   if (o.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadConfigText(f));
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> overrides, Overrides(f, text));
-  STRATA_ASSIGN_OR_RETURN(o.engine, engine::ParseConfigWithOverrides(text, overrides));
+  auto engine = engine::ParseConfigWithOverrides(text, overrides);
+  if (!engine.ok()) return NameTheFlag(f, engine.status());
+  o.engine = *std::move(engine);
   STRATA_RETURN_IF_ERROR(ApplySchedule(f, o.steps, &o.engine));
   STRATA_RETURN_IF_ERROR(ApplyLrScaling(f, world_size, &o.engine));
   o.data = f.Str("data");
@@ -220,9 +239,9 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   }
   STRATA_ASSIGN_OR_RETURN(o.print_every, f.Int("print-every", 1));
   if (o.print_every < 1) return absl::InvalidArgumentError("--print-every must be >= 1");
-  STRATA_ASSIGN_OR_RETURN(o.loader_delay_us, f.Int("loader-delay-us", 0));
+  STRATA_ASSIGN_OR_RETURN(o.loader_delay_us, f.IntIn("loader-delay-us", 0, 0, 60000000));
   STRATA_ASSIGN_OR_RETURN(o.inject_nonfinite_step, f.Int("inject-nonfinite-step", -1));
-  STRATA_ASSIGN_OR_RETURN(int64_t inject_rank, f.Int("inject-nonfinite-rank", 0));
+  STRATA_ASSIGN_OR_RETURN(int64_t inject_rank, f.IntIn("inject-nonfinite-rank", 0, 0, kMaxInt));
   o.inject_nonfinite_rank = static_cast<int>(inject_rank);
   return o;
 }

@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/input_file.h"
+#include "runtime/base/status.h"
 
 extern "C" {
 extern const char strata_corpus_begin[];
@@ -22,46 +23,58 @@ std::string_view EmbeddedCorpus() {
 namespace {
 
 constexpr int32_t kLlmcMagic = 20240520;
+constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
-absl::StatusOr<std::vector<int32_t>> FromLlmc(const std::string& path, const std::string& bytes) {
-  int32_t header[256];
-  std::memcpy(header, bytes.data(), sizeof(header));
-  if (header[1] != 1) {
-    return absl::DataLossError(absl::StrCat("token file '", path, "': llm.c header version ", header[1],
+int32_t HeaderWord(std::string_view bytes, int i) {
+  int32_t w;
+  std::memcpy(&w, bytes.data() + 4 * i, 4);
+  return w;
+}
+
+bool StartsWithMagic(std::string_view bytes) { return bytes.size() >= 4 && HeaderWord(bytes, 0) == kLlmcMagic; }
+
+absl::StatusOr<int64_t> CheckLlmcHeader(std::string_view bytes, const std::string& name) {
+  if (bytes.size() < kLlmcHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("token file '", name, "': llm.c header cut short: ", bytes.size(),
+                                            " bytes of ", kLlmcHeaderBytes));
+  }
+  const int32_t version = HeaderWord(bytes, 1);
+  if (version != 1) {
+    return absl::DataLossError(absl::StrCat("token file '", name, "': llm.c header version ", version,
                                             ", only version 1 (uint16 tokens) is supported"));
   }
-  const int64_t count = header[2];
-  const int64_t have = static_cast<int64_t>(bytes.size() - sizeof(header)) / 2;
-  if (count < 0 || have < count) {
-    return absl::DataLossError(absl::StrCat("token file '", path, "': header promises ", count,
-                                            " tokens but the file holds ", have, " (truncated?)"));
+  const int64_t count = HeaderWord(bytes, 2);
+  const uint64_t data_bytes = bytes.size() - kLlmcHeaderBytes;
+  const int64_t have = static_cast<int64_t>(data_bytes / 2);
+  uint64_t need_bytes = 0;
+  const bool overflow = count < 0 || __builtin_mul_overflow(static_cast<uint64_t>(count), uint64_t{2}, &need_bytes);
+  if (overflow || need_bytes != data_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "token file '", name, "': header promises ", count, " tokens but the file holds ", have,
+        data_bytes % 2 != 0 ? " and an odd byte" : "",
+        overflow || need_bytes > data_bytes ? " (truncated?)" : " (trailing data after the tokens?)"));
   }
-  std::vector<int32_t> out(count);
-  const unsigned char* p = reinterpret_cast<const unsigned char*>(bytes.data()) + sizeof(header);
-  for (int64_t i = 0; i < count; ++i) out[i] = p[2 * i] | (p[2 * i + 1] << 8);
-  return out;
+  return count;
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<int32_t>> LoadTokens(const std::string& path, int vocab) {
-  std::string bytes;
-  if (path.empty()) {
-    bytes = std::string(EmbeddedCorpus());
-  } else {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return absl::NotFoundError(absl::StrCat("cannot open data file '", path, "'"));
-    bytes.assign(std::istreambuf_iterator<char>(f), {});
+absl::StatusOr<int64_t> ValidateTokenFileHeader(std::string_view bytes) {
+  if (!StartsWithMagic(bytes)) {
+    return absl::InvalidArgumentError("not an llm.c token file (magic 20240520 missing)");
   }
-  const std::string name = path.empty() ? "<embedded corpus>" : path;
+  return CheckLlmcHeader(bytes, "<memory>");
+}
+
+absl::StatusOr<std::vector<int32_t>> DecodeTokens(std::string_view bytes, int vocab, const std::string& name) {
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("data file '", name, "' is empty"));
+  const bool llmc = StartsWithMagic(bytes);
   std::vector<int32_t> tokens;
-  int32_t magic = 0;
-  if (bytes.size() >= 1024) std::memcpy(&magic, bytes.data(), 4);
-  if (magic == kLlmcMagic) {
-    auto t = FromLlmc(name, bytes);
-    if (!t.ok()) return t.status();
-    tokens = std::move(*t);
+  if (llmc) {
+    STRATA_ASSIGN_OR_RETURN(const int64_t count, CheckLlmcHeader(bytes, name));
+    tokens.resize(static_cast<size_t>(count));
+    const auto* p = reinterpret_cast<const unsigned char*>(bytes.data()) + kLlmcHeaderBytes;
+    for (int64_t i = 0; i < count; ++i) tokens[i] = p[2 * i] | (p[2 * i + 1] << 8);
   } else {
     tokens.assign(bytes.begin(), bytes.end());
     for (int32_t& t : tokens) t &= 0xff;  // bytes, not signed chars
@@ -70,10 +83,16 @@ absl::StatusOr<std::vector<int32_t>> LoadTokens(const std::string& path, int voc
     if (tokens[i] >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat("data file '", name, "': token ", tokens[i], " at position ", i,
                                                      " is outside the model's vocabulary of ", vocab,
-                                                     magic == kLlmcMagic ? "" : " (plain text is read as bytes: use --vocab 256 or more)"));
+                                                     llmc ? "" : " (plain text is read as bytes: use --vocab 256 or more)"));
     }
   }
   return tokens;
+}
+
+absl::StatusOr<std::vector<int32_t>> LoadTokens(const std::string& path, int vocab) {
+  if (path.empty()) return DecodeTokens(EmbeddedCorpus(), vocab, "<embedded corpus>");
+  STRATA_ASSIGN_OR_RETURN(const std::string bytes, ReadInputFile(path, "data file"));
+  return DecodeTokens(bytes, vocab, path);
 }
 
 absl::StatusOr<Sampler> Sampler::Create(int64_t num_tokens, int seq_len, uint64_t seed, DataOrder order) {

@@ -17,6 +17,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -27,6 +28,15 @@ namespace strata::gpt {
 // Loads tokens from `path`; "" means the embedded corpus. Errors name the file and the problem (missing,
 // empty, corrupt llm.c header, truncated token data, a token outside [0, vocab)).
 absl::StatusOr<std::vector<int32_t>> LoadTokens(const std::string& path, int vocab);
+
+// The same checks on bytes in memory (`name` labels the errors): an llm.c file (it starts with the magic)
+// has its header validated in one pass (length, version, token count against the size, checked
+// arithmetic), then every token is checked against `vocab`; other bytes are text. Never aborts.
+absl::StatusOr<std::vector<int32_t>> DecodeTokens(std::string_view bytes, int vocab, const std::string& name);
+
+// An llm.c header alone, from the file's bytes: the token count, or DataLoss / InvalidArgument (no magic).
+// The fuzzers' entry point; never aborts.
+absl::StatusOr<int64_t> ValidateTokenFileHeader(std::string_view bytes);
 
 // The embedded default corpus (text).
 std::string_view EmbeddedCorpus();

@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/element_math.h"
 #include "runtime/base/status.h"
@@ -35,6 +37,37 @@ struct Workspace {
 };
 
 namespace {
+
+// Note [Divergence]: the status payload that marks a non-finite loss, so callers can tell it from bad data.
+constexpr char kDivergencePayload[] = "strata.gpt/divergence";
+
+absl::Status DivergenceError(double loss) {
+  absl::Status s = absl::InternalError(
+      absl::StrCat("the loss is ", loss, " (not finite) although every target token is inside the vocabulary: "
+                   "training diverged"));
+  s.SetPayload(kDivergencePayload, absl::Cord("1"));
+  return s;
+}
+
+// The kernels index a micro-batch's B x T token rows with an int.
+absl::Status CheckBatch(int B, int T) {
+  if (B < 1 || int64_t{B} * T > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("a micro-batch of ", B, " sequences of ", T,
+                                                   " tokens: it must hold 1 to 2147483647 tokens"));
+  }
+  return absl::OkStatus();
+}
+
+// Every token in [0, vocab): an id outside would read past the embedding table or the logits.
+absl::Status CheckTokens(const int32_t* tokens, size_t n, int vocab, const char* what) {
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " token is outside the vocabulary: token ", tokens[i],
+                                                     " at position ", i, ", vocabulary of ", vocab));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Prepare(Workspace& w, NnBackend& nn, const GptConfig& c, int B, int T, bool recompute) {
   if (w.B == B && w.T == T && w.recompute == recompute) return absl::OkStatus();
@@ -102,6 +135,8 @@ std::vector<ParamSpec> BlockSpecs(const GptConfig& c) {
 }
 
 }  // namespace
+
+bool IsDivergence(const absl::Status& status) { return status.GetPayload(kDivergencePayload).has_value(); }
 
 std::string HfName(const std::string& unit, const std::string& param) {
   // Registered names are the HF names without the unit prefix; the embed unit's already are whole.
@@ -239,9 +274,7 @@ struct Pass {
     if (!has_targets) return 0.0;
     STRATA_ASSIGN_OR_RETURN(const double loss,
                             nn.CrossEntropyForward(w.dlogits, w.targets, w.probs, w.losses, static_cast<int>(N()), V));
-    if (std::isnan(loss)) {
-      return absl::InvalidArgumentError(absl::StrCat("a target token is outside the vocabulary of ", V));
-    }
+    if (!std::isfinite(loss)) return DivergenceError(loss);
     return loss;
   }
 
@@ -277,6 +310,9 @@ struct Pass {
 
 absl::StatusOr<double> GptModel::TrainMicroBatch(Engine& e, const int32_t* inputs, const int32_t* targets, int B,
                                                  float loss_scale, bool checkpointing) {
+  STRATA_RETURN_IF_ERROR(CheckBatch(B, cfg_.seq_len));
+  STRATA_RETURN_IF_ERROR(CheckTokens(inputs, size_t(B) * cfg_.seq_len, cfg_.vocab, "an input"));
+  STRATA_RETURN_IF_ERROR(CheckTokens(targets, size_t(B) * cfg_.seq_len, cfg_.vocab, "a target"));
   STRATA_RETURN_IF_ERROR(Prepare(*ws_, *nn_, cfg_, B, cfg_.seq_len, checkpointing));
   const size_t n = size_t(B) * cfg_.seq_len;
   nn_->CopyIn(ws_->inputs, inputs, n);
@@ -293,6 +329,9 @@ absl::StatusOr<double> GptModel::Forward(Engine& e, const int32_t* inputs, const
     return absl::InvalidArgumentError(absl::StrCat("sequence of ", T, " tokens; the model takes 1 to ", cfg_.seq_len));
   }
   if (position >= T) return absl::InvalidArgumentError(absl::StrCat("logits position ", position, " >= T=", T));
+  STRATA_RETURN_IF_ERROR(CheckBatch(B, T));
+  STRATA_RETURN_IF_ERROR(CheckTokens(inputs, size_t(B) * T, cfg_.vocab, "an input"));
+  if (targets != nullptr) STRATA_RETURN_IF_ERROR(CheckTokens(targets, size_t(B) * T, cfg_.vocab, "a target"));
   STRATA_RETURN_IF_ERROR(Prepare(*ws_, *nn_, cfg_, B, T, /*recompute=*/true));
   nn_->CopyIn(ws_->inputs, inputs, size_t(B) * T);
   if (targets != nullptr) nn_->CopyIn(ws_->targets, targets, size_t(B) * T);

@@ -33,6 +33,12 @@ std::string HfName(const std::string& unit, const std::string& param);
 
 struct Workspace;  // activations and scratch of one micro-batch shape (gpt_model.cc)
 
+// The loss came out NaN or infinite although every token is inside the vocabulary (checked first, on the
+// host): training diverged (too high a learning rate, fp16 overflow in forward, ...). The status that
+// TrainMicroBatch / Forward return then answers true here; a token outside the vocabulary is a different,
+// InvalidArgument error naming the token and its position.
+bool IsDivergence(const absl::Status& status);
+
 class GptModel {
  public:
   // `nn`: where forward and backward run (nullptr: the host kernels). A CUDA back-end needs an engine on
@@ -45,7 +51,8 @@ class GptModel {
 
   // One micro-batch of B sequences of cfg.seq_len tokens: forward, loss, backward through the engine's
   // hooks. `loss_scale` multiplies the loss gradient (fp16 loss scaling; 1 otherwise). Returns the
-  // micro-batch's mean loss.
+  // micro-batch's mean loss. Every input and target must lie in [0, vocab) (else InvalidArgument); a
+  // non-finite loss is an IsDivergence error.
   absl::StatusOr<double> TrainMicroBatch(engine::Engine& e, const int32_t* inputs, const int32_t* targets, int B,
                                          float loss_scale, bool checkpointing);
 

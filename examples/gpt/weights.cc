@@ -78,7 +78,15 @@ absl::Status SaveWeights(engine::Engine& e, const GptModel& model, const std::st
 absl::Status LoadWeights(engine::Engine& e, const GptModel& model, const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(checkpoint::SafetensorsReader r, checkpoint::SafetensorsReader::Open(path));
   std::map<std::string, const checkpoint::TensorInfo*> by_name;
-  for (const auto& t : r.tensors()) by_name[Strip(t.name)] = &t;
+  for (const auto& t : r.tensors()) {
+    // "wte.weight" and "transformer.wte.weight" name one parameter: a file with both is ambiguous.
+    auto [it, inserted] = by_name.emplace(Strip(t.name), &t);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("weights file '", path, "' holds both '", it->second->name,
+                                                     "' and '", t.name, "', which name the same parameter '",
+                                                     it->first, "': keep one"));
+    }
+  }
   std::set<std::string> used;
   for (const HfParam& p : model.hf_params()) {
     auto it = by_name.find(p.name);

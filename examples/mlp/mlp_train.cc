@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "examples/mlp/mlp_model.h"
+#include "runtime/base/input_file.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/mpi_communicator.h"
@@ -74,7 +76,16 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
       return absl::SimpleAtoi(v, out) ? absl::OkStatus()
                                       : absl::InvalidArgumentError(absl::StrCat(flag, " needs an integer, got '", v, "'"));
     };
-    int64_t n = 0;
+    auto as_rank = [&](int* out) {  // a rank id: never narrowed silently
+      int64_t n = 0;
+      STRATA_RETURN_IF_ERROR(as_int(&n));
+      if (n < 0 || n > std::numeric_limits<int>::max()) {
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", n, " is out of range [0, ",
+                                                       std::numeric_limits<int>::max(), "]"));
+      }
+      *out = static_cast<int>(n);
+      return absl::OkStatus();
+    };
     if (flag == "--steps") { STRATA_RETURN_IF_ERROR(as_int(&a.steps)); }
     else if (flag == "--global-batch") { STRATA_RETURN_IF_ERROR(as_int(&a.global_batch)); }
     else if (flag == "--config") { a.config_path = v; }
@@ -82,8 +93,8 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
     else if (flag == "--dump") { a.dump = v; }
     else if (flag == "--compare") { a.compare = v; }
     else if (flag == "--rtol") { if (!absl::SimpleAtod(v, &a.rtol)) return absl::InvalidArgumentError("--rtol needs a number"); }
-    else if (flag == "--inject-mismatch-rank") { STRATA_RETURN_IF_ERROR(as_int(&n)); a.inject_mismatch_rank = static_cast<int>(n); }
-    else if (flag == "--inject-stall-rank") { STRATA_RETURN_IF_ERROR(as_int(&n)); a.inject_stall_rank = static_cast<int>(n); }
+    else if (flag == "--inject-mismatch-rank") { STRATA_RETURN_IF_ERROR(as_rank(&a.inject_mismatch_rank)); }
+    else if (flag == "--inject-stall-rank") { STRATA_RETURN_IF_ERROR(as_rank(&a.inject_stall_rank)); }
     else if (flag == "--compute-delay-us") { STRATA_RETURN_IF_ERROR(as_int(&a.compute_delay_us)); }
     else return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag, "\n", kUsage));
   }
@@ -91,9 +102,9 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open config file '", path, "'"));
-  return std::string(std::istreambuf_iterator<char>(f), {});
+  auto text = ReadInputFile(path, "config file");
+  if (!text.ok()) return Annotate(text.status(), "--config");
+  return text;
 }
 
 absl::Status Compare(const std::vector<float>& got, const std::string& path, double rtol) {
@@ -145,11 +156,17 @@ absl::Status Train(const Args& a, comm::Communicator& world, device::HostDevice&
   }
   STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseConfigWithOverrides(text, a.overrides));
   const int n = world.size(), accum = cfg.gradient_accumulation_steps;
-  if (a.global_batch % (n * accum) != 0) {
+  if (a.global_batch % (int64_t{n} * accum) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--global-batch ", a.global_batch, " is not a multiple of world size ",
                                                    n, " x gradient accumulation ", accum));
   }
-  const int micro = static_cast<int>(a.global_batch / (n * accum));
+  const int64_t ranks_x_accum = int64_t{n} * accum;  // both ints: no overflow in 64 bits
+  if (a.global_batch < 1 || a.global_batch / ranks_x_accum > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--global-batch ", a.global_batch,
+                                                   " is out of range [1, world size x gradient accumulation x ",
+                                                   std::numeric_limits<int>::max(), "]"));
+  }
+  const int micro = static_cast<int>(a.global_batch / ranks_x_accum);
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(cfg, world, dev));
   STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*engine, MlpShape{}, world.rank() == a.inject_mismatch_rank));
   STRATA_RETURN_IF_ERROR(engine->Finalize());

@@ -99,9 +99,10 @@ absl::Status CreateEngine(strata_comm* comm, const strata_engine_options* option
   return absl::OkStatus();
 }
 
-absl::Status RegisterUnit(strata_engine* e, const char* name, const strata_param_spec* params, int32_t num_params,
-                          int32_t* out_unit) {
-  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+}  // namespace
+
+absl::StatusOr<std::vector<shard::ParamSpec>> ValidateUnitSpecs(const char* name, const strata_param_spec* params,
+                                                                int32_t num_params, int world_size) {
   if (name == nullptr) return NullArgument("name");
   if (num_params < 1) return absl::InvalidArgumentError(absl::StrCat("unit '", name, "': num_params is ", num_params));
   if (params == nullptr) return NullArgument("params");
@@ -110,6 +111,19 @@ absl::Status RegisterUnit(strata_engine* e, const char* name, const strata_param
     STRATA_ASSIGN_OR_RETURN(shard::ParamSpec spec, ReadSpec(params, i));
     specs.push_back(std::move(spec));
   }
+  // The layout's own checks (unique names, positive extents, sizes that fit) on a copy: the engine lays
+  // the unit out again when it registers it.
+  STRATA_RETURN_IF_ERROR(shard::UnitLayout::Build(name, specs, world_size).status());
+  return specs;
+}
+
+namespace {
+
+absl::Status RegisterUnit(strata_engine* e, const char* name, const strata_param_spec* params, int32_t num_params,
+                          int32_t* out_unit) {
+  STRATA_RETURN_IF_ERROR(CheckEngine(e));
+  STRATA_ASSIGN_OR_RETURN(std::vector<shard::ParamSpec> specs,
+                          ValidateUnitSpecs(name, params, num_params, e->engine->world_size()));
   STRATA_ASSIGN_OR_RETURN(const int unit, e->engine->RegisterUnit(name, std::move(specs)));
   if (out_unit != nullptr) *out_unit = unit;
   return absl::OkStatus();
@@ -147,7 +161,7 @@ absl::Status ParamInfo(const strata_engine* e, int32_t unit, int32_t param, stra
 // Checks (unit, param, count) of a whole-parameter transfer against the layout.
 absl::Status CheckTransfer(const strata_engine* e, int32_t unit, int32_t param, const void* data, size_t count,
                            const char* what) {
-  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit, param));
+  STRATA_RETURN_IF_ERROR(CheckFinalizedParam(e, unit, param));
   if (data == nullptr) return NullArgument(what);
   const shard::ParamSlot& p = e->engine->layout(unit).params[param];
   if (count != p.numel) {
@@ -248,7 +262,7 @@ strata_status strata_engine_num_units(const strata_engine* engine, int32_t* out)
 
 strata_status strata_engine_num_params(const strata_engine* engine, int32_t unit, int32_t* out) {
   return Call(__func__, [&]() -> absl::Status {
-    STRATA_RETURN_IF_ERROR(CheckRegistered(engine, unit, kNoParam));
+    STRATA_RETURN_IF_ERROR(CheckRegisteredUnit(engine, unit));
     if (out == nullptr) return NullArgument("out");
     *out = static_cast<int32_t>(engine->engine->layout(unit).params.size());
     return absl::OkStatus();

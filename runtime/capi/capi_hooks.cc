@@ -46,7 +46,7 @@ absl::Status MicroBatch(strata_engine* e, bool begin) {
 }
 
 absl::Status BeginUse(strata_engine* e, int32_t unit, bool backward, strata_unit_buffers* out) {
-  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit, kNoParam));
+  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit));
   if (out != nullptr) STRATA_RETURN_IF_ERROR(CheckOutput(out, kUnitBuffersV1, "out"));
   MarkStepStart(*e);
   const absl::Status s = backward ? e->engine->BeginBackward(unit) : e->engine->BeginForward(unit);
@@ -70,7 +70,7 @@ absl::Status BeginUse(strata_engine* e, int32_t unit, bool backward, strata_unit
 }
 
 absl::Status EndUse(strata_engine* e, int32_t unit, bool backward) {
-  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit, kNoParam));
+  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit));
   strata_unit_state& u = e->units[unit];
   int& open = backward ? u.open_backward : u.open_forward;
   if (open == 0) {
@@ -89,7 +89,7 @@ absl::Status EndUse(strata_engine* e, int32_t unit, bool backward) {
 
 // Parameter (grad=false) or gradient pointer of an open use.
 absl::Status Pointer(const strata_engine* e, int32_t unit, int32_t param, bool grad, void** out) {
-  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit, param));
+  STRATA_RETURN_IF_ERROR(CheckFinalizedParam(e, unit, param));
   if (out == nullptr) return NullArgument("out");
   *out = nullptr;
   const strata_unit_state& u = e->units[unit];

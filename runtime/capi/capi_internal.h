@@ -128,12 +128,19 @@ namespace strata::capi {
 
 absl::Status CheckComm(const strata_comm* c);
 absl::Status CheckEngine(const strata_engine* e);
-// "No parameter to check" for the unit / parameter checks below.
-inline constexpr int32_t kNoParam = INT32_MIN;
-
-// After finalize, with a valid unit id (and param id unless kNoParam).
-absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit, int32_t param);
-// Unit (and param unless kNoParam) ids that exist, before or after finalize.
+// Unit ids, and (unit, param) pairs, that exist, before or after finalize. Every int32 is a possible id
+// from the caller: no value is reserved as "no parameter" (INT32_MIN once was, and skipped the check).
+absl::Status CheckRegisteredUnit(const strata_engine* e, int32_t unit);
 absl::Status CheckRegistered(const strata_engine* e, int32_t unit, int32_t param);
+// The same after finalize.
+absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit);
+absl::Status CheckFinalizedParam(const strata_engine* e, int32_t unit, int32_t param);
+
+// Reads and validates the caller's parameter specs of one unit as strata_engine_register_unit does (struct
+// sizes and versions, names, ndim, shapes, init kinds) and lays them out for `world_size` ranks with checked
+// arithmetic (shard::UnitLayout::Build): no engine needed, never aborts on any values. The fuzzers' entry
+// point; `params` must point at num_params readable elements of params[0].struct_size bytes.
+absl::StatusOr<std::vector<shard::ParamSpec>> ValidateUnitSpecs(const char* name, const strata_param_spec* params,
+                                                                int32_t num_params, int world_size);
 
 }  // namespace strata::capi

@@ -111,25 +111,35 @@ absl::Status CheckEngine(const strata_engine* e) {
   return absl::OkStatus();
 }
 
-absl::Status CheckRegistered(const strata_engine* e, int32_t unit, int32_t param) {
+absl::Status CheckRegisteredUnit(const strata_engine* e, int32_t unit) {
   STRATA_RETURN_IF_ERROR(CheckEngine(e));
   const int num_units = e->engine->num_units();
   if (unit < 0 || unit >= num_units) {
     return absl::OutOfRangeError(absl::StrCat("no unit ", unit, " (", num_units, " registered)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRegistered(const strata_engine* e, int32_t unit, int32_t param) {
+  STRATA_RETURN_IF_ERROR(CheckRegisteredUnit(e, unit));
   const shard::UnitLayout& l = e->engine->layout(unit);
-  if (param != kNoParam && (param < 0 || param >= static_cast<int>(l.params.size()))) {
+  if (param < 0 || param >= static_cast<int>(l.params.size())) {
     return absl::OutOfRangeError(
         absl::StrCat("unit '", l.name, "' has no parameter ", param, " (", l.params.size(), " registered)"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit, int32_t param) {
+absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit) {
   STRATA_RETURN_IF_ERROR(CheckEngine(e));
   if (!e->finalized) {
     return absl::FailedPreconditionError(absl::StrCat("unit ", unit, " used before strata_engine_finalize"));
   }
+  return CheckRegisteredUnit(e, unit);
+}
+
+absl::Status CheckFinalizedParam(const strata_engine* e, int32_t unit, int32_t param) {
+  STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(e, unit));
   return CheckRegistered(e, unit, param);
 }
 

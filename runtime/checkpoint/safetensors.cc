@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <cstdio>
 #include <cstring>
@@ -11,12 +12,16 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/common/element_math.h"
+#include "runtime/base/json_text.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/files.h"
 
 namespace strata::checkpoint {
 namespace {
+
+using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
 
@@ -32,87 +37,156 @@ absl::Status Corrupt(const std::string& path, const std::string& what) {
   return absl::DataLossError(absl::StrCat("safetensors file '", path, "': ", what));
 }
 
-absl::StatusOr<TensorInfo> ParseEntry(const std::string& path, const std::string& name, const nlohmann::json& v) {
+// Every size below comes from the file: each product and sum is checked.
+absl::StatusOr<uint64_t> ShapeBytes(const std::string& path, const std::string& name, const std::vector<int64_t>& shape,
+                                    uint64_t dtype_bytes) {
+  uint64_t bytes = dtype_bytes;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+      return Corrupt(path, absl::StrCat("tensor '", name, "' has shape [", absl::StrJoin(shape, ","),
+                                        "], whose byte size overflows 64 bits"));
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& path, const std::string& name, const json& v) {
+  if (!v.is_array()) return Corrupt(path, absl::StrCat("tensor '", name, "' shape is not an array"));
+  std::vector<int64_t> shape;
+  for (const json& d : v) {
+    // Unsigned only: floats (2.5) and negatives are refused, not truncated or wrapped.
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return Corrupt(path, absl::StrCat("tensor '", name, "' shape holds ", d.dump(),
+                                        ", not a non-negative integer dimension"));
+    }
+    shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+  }
+  return shape;
+}
+
+absl::StatusOr<TensorInfo> ParseEntry(const std::string& path, const std::string& name, const json& v,
+                                      uint64_t data_bytes) {
   if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
     return Corrupt(path, absl::StrCat("tensor '", name, "' lacks dtype, shape or data_offsets"));
   }
   TensorInfo t;
   t.name = name;
-  try {
-    t.dtype = v.at("dtype").get<std::string>();
-    t.shape = v.at("shape").get<std::vector<int64_t>>();
-    const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-    if (off.size() != 2) return Corrupt(path, absl::StrCat("tensor '", name, "' data_offsets must have 2 entries"));
-    t.begin = off[0];
-    t.end = off[1];
-  } catch (const nlohmann::json::exception& e) {
-    return Corrupt(path, absl::StrCat("tensor '", name, "' has a malformed entry: ", e.what()));
-  }
+  const json& dtype = v.at("dtype");
+  if (!dtype.is_string()) return Corrupt(path, absl::StrCat("tensor '", name, "' dtype is not a string"));
+  t.dtype = dtype.get<std::string>();
   const uint64_t size = DTypeSize(t.dtype);
   if (size == 0) return Corrupt(path, absl::StrCat("tensor '", name, "' has unknown dtype '", t.dtype, "'"));
-  for (int64_t d : t.shape) {
-    if (d < 0) return Corrupt(path, absl::StrCat("tensor '", name, "' has a negative dimension"));
+  STRATA_ASSIGN_OR_RETURN(t.shape, ParseShape(path, name, v.at("shape")));
+  const json& off = v.at("data_offsets");
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    return Corrupt(path, absl::StrCat("tensor '", name, "' data_offsets must be two non-negative integers"));
   }
-  if (t.end < t.begin || t.end - t.begin != t.numel() * size) {
-    return Corrupt(path, absl::StrCat("tensor '", name, "' spans ", t.end - t.begin, " bytes but its shape and ",
-                                      t.dtype, " need ", t.numel() * size));
+  t.begin = off[0].get<uint64_t>();
+  t.end = off[1].get<uint64_t>();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t need, ShapeBytes(path, name, t.shape, size));
+  if (t.end < t.begin || t.end - t.begin != need) {
+    return Corrupt(path, absl::StrCat("tensor '", name, "' has data_offsets [", t.begin, ", ", t.end,
+                                      "] but its shape and ", t.dtype, " need ", need, " bytes"));
+  }
+  if (t.end > data_bytes) {
+    return Corrupt(path, absl::StrCat("tensor '", name, "' needs data bytes [", t.begin, ", ", t.end,
+                                      ") but the file holds only ", data_bytes, " (truncated file?)"));
   }
   return t;
 }
 
-}  // namespace
-
-uint64_t TensorInfo::numel() const {
-  uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
-
-absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open safetensors file '", path, "'"));
-  const uint64_t file_size = static_cast<uint64_t>(f.tellg());
-  f.seekg(0);
-  uint8_t len_bytes[8];
-  if (file_size < 8 || !f.read(reinterpret_cast<char*>(len_bytes), 8)) {
-    return Corrupt(path, absl::StrCat("only ", file_size, " bytes: too short for a header"));
-  }
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
-  if (header_len > kMaxHeaderBytes || header_len > file_size - 8) {
-    return Corrupt(path, absl::StrCat("header length ", header_len, " does not fit a ", file_size, "-byte file"));
-  }
-  std::string header(header_len, '\0');
-  f.read(header.data(), static_cast<std::streamsize>(header_len));
-  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Corrupt(path, "the header is not a JSON object");
-  SafetensorsReader r;
-  r.path_ = path;
-  r.data_start_ = 8 + header_len;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it.value().is_object()) return Corrupt(path, "__metadata__ is not an object");
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        if (m.value().is_string()) r.metadata_[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    STRATA_ASSIGN_OR_RETURN(TensorInfo t, ParseEntry(path, it.key(), it.value()));
-    if (t.end > file_size - r.data_start_) {
-      return Corrupt(path, absl::StrCat("tensor '", t.name, "' needs data bytes [", t.begin, ", ", t.end,
-                                        ") but the file holds only ", file_size - r.data_start_,
-                                        " (truncated file?)"));
-    }
-    r.tensors_.push_back(std::move(t));
-  }
+absl::Status CheckNoOverlap(const std::string& path, const std::vector<TensorInfo>& tensors) {
   std::vector<const TensorInfo*> sorted;
-  for (const auto& t : r.tensors_) sorted.push_back(&t);
+  for (const auto& t : tensors) sorted.push_back(&t);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < sorted.size(); ++i) {
     if (sorted[i]->begin < sorted[i - 1]->end) {
       return Corrupt(path, absl::StrCat("tensors '", sorted[i - 1]->name, "' and '", sorted[i]->name, "' overlap"));
     }
   }
+  return absl::OkStatus();
+}
+
+uint64_t ReadLength(const unsigned char* p) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | p[i];
+  return n;
+}
+
+absl::Status CheckHeaderLength(const std::string& path, uint64_t header_len, uint64_t file_size) {
+  if (header_len > kMaxHeaderBytes || header_len > file_size - 8) {
+    return Corrupt(path, absl::StrCat("header length ", header_len, " does not fit a ", file_size,
+                                      "-byte file (at most ", kMaxHeaderBytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint64_t TensorInfo::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);  // validated by ParseSafetensorsHeader: no wrap
+  return n;
+}
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, uint64_t data_bytes,
+                                                         const std::string& path) {
+  absl::StatusOr<json> parsed = ParseGuardedJson(header_json, "header");
+  if (!parsed.ok()) return Corrupt(path, std::string(parsed.status().message()));
+  const json& j = *parsed;
+  if (!j.is_object()) return Corrupt(path, "the header is not a JSON object");
+  SafetensorsHeader h;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) return Corrupt(path, "__metadata__ is not an object");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        if (!m.value().is_string()) {
+          return Corrupt(path, absl::StrCat("__metadata__ '", m.key(), "' is not a string"));
+        }
+        h.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(TensorInfo t, ParseEntry(path, it.key(), it.value(), data_bytes));
+    h.tensors.push_back(std::move(t));
+  }
+  STRATA_RETURN_IF_ERROR(CheckNoOverlap(path, h.tensors));
+  return h;
+}
+
+absl::Status ValidateSafetensorsHeader(std::string_view file_bytes) {
+  const std::string path = "<memory>";
+  if (file_bytes.size() < 8) return Corrupt(path, absl::StrCat("only ", file_bytes.size(), " bytes: too short for a header"));
+  const uint64_t header_len = ReadLength(reinterpret_cast<const unsigned char*>(file_bytes.data()));
+  STRATA_RETURN_IF_ERROR(CheckHeaderLength(path, header_len, file_bytes.size()));
+  return ParseSafetensorsHeader(file_bytes.substr(8, header_len), file_bytes.size() - 8 - header_len, path).status();
+}
+
+absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors file '", path, "' is a directory, not a file"));
+  }
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open safetensors file '", path, "'"));
+  const uint64_t file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  unsigned char len_bytes[8];
+  if (file_size < 8 || !f.read(reinterpret_cast<char*>(len_bytes), 8)) {
+    return Corrupt(path, absl::StrCat("only ", file_size, " bytes: too short for a header"));
+  }
+  const uint64_t header_len = ReadLength(len_bytes);
+  STRATA_RETURN_IF_ERROR(CheckHeaderLength(path, header_len, file_size));
+  std::string header(header_len, '\0');
+  if (!f.read(header.data(), static_cast<std::streamsize>(header_len))) {
+    return Corrupt(path, "short read of the header");
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(header, file_size - 8 - header_len, path));
+  SafetensorsReader r;
+  r.path_ = path;
+  r.data_start_ = 8 + header_len;
+  r.tensors_ = std::move(h.tensors);
+  r.metadata_ = std::move(h.metadata);
   return r;
 }
 

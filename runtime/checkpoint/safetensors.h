@@ -2,8 +2,9 @@
 // header mapping tensor names to {dtype, shape, data_offsets} (offsets relative to the data section),
 // then the raw little-endian data.
 //
-// The reader validates everything before any data is used: header size and JSON, dtypes, that each
-// tensor's byte range matches its shape and lies inside the file, and that ranges do not overlap. Every
+// The reader validates everything before any data is used (ParseSafetensorsHeader): header size and JSON
+// (nesting, duplicate names), field types, dtypes, checked shape sizes, that each tensor's byte range
+// matches its shape and lies inside the file, and that ranges do not overlap. Every
 // error names the file and the tensor. The writer streams tensors one at a time (a whole model is never
 // staged in memory), writes to a temporary name, fsyncs and renames, so a crash never leaves a partial
 // file under the final name.
@@ -13,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,6 +29,22 @@ struct TensorInfo {
   uint64_t end = 0;
   uint64_t numel() const;
 };
+
+// A validated header: tensors sorted by name, metadata.
+struct SafetensorsHeader {
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Validates a header's JSON in one pass against a data section of `data_bytes`, before anything is
+// allocated from it: nesting (<= 64) and duplicate names (json_text.h), each field's type, dtypes, shapes
+// whose byte size overflows, data_offsets that disagree with shape x dtype, lie outside the data or
+// overlap. DataLoss naming `path` and the tensor; never throws or aborts.
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, uint64_t data_bytes,
+                                                         const std::string& path);
+
+// The same for a whole file held in memory (length field, header, data): the fuzzers' entry point.
+absl::Status ValidateSafetensorsHeader(std::string_view file_bytes);
 
 class SafetensorsReader {
  public:

@@ -15,6 +15,7 @@
 #include "runtime/base/mpi_call.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/host_communicator.h"
+#include "runtime/comm/stall_diagnosis.h"
 
 namespace strata::comm {
 
@@ -52,9 +53,10 @@ void Fp16SumOp(void* in, void* inout, int* len, MPI_Datatype*) {
 
 MPI_Datatype MpiType(DType t) { return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
 
-// Asks every peer once, on the control communicator, whether it is alive; lists those that do not
-// answer within `grace_ms`. Process-wide once: later timeouts reuse the first answer.
-std::string DiagnoseOnce(MpiContext& ctx, int64_t grace_ms) {
+// Asks every peer once, on the control communicator, whether it is alive, and waits `grace_ms` for the
+// answers, recording when each arrives (Note [Late answers] in stall_diagnosis.h). Process-wide once:
+// later timeouts reuse the first answer.
+std::string DiagnoseOnce(MpiContext& ctx, int64_t grace_ms, int64_t late_ms) {
   std::lock_guard<std::mutex> lock(ctx.diag_mu);
   if (ctx.diag_done) return ctx.diag_result;
   const int n = ctx.world_size, me = ctx.world_rank;
@@ -67,24 +69,28 @@ std::string DiagnoseOnce(MpiContext& ctx, int64_t grace_ms) {
     sends.push_back(r);
     MPI_Irecv(&theirs[p], 1, MPI_LONG_LONG, p, kDiagTag, ctx.control, &recvs[p]);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
-  std::vector<int> missing;
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    int flag = 0;
-    while (true) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::milliseconds(grace_ms);
+  auto ms_since_start = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  };
+  // Every peer is polled on each pass, so each arrival time is measured to about a millisecond.
+  std::vector<int64_t> answer_ms(n, -1);
+  int pending = n - 1;
+  while (pending > 0 && std::chrono::steady_clock::now() <= deadline) {
+    for (int p = 0; p < n; ++p) {
+      if (p == me || answer_ms[p] >= 0) continue;
+      int flag = 0;
       MPI_Test(&recvs[p], &flag, MPI_STATUS_IGNORE);
-      if (flag || std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (flag) {
+        answer_ms[p] = ms_since_start();
+        --pending;
+      }
     }
-    if (!flag) missing.push_back(p);
+    if (pending > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (MPI_Request& r : sends) MPI_Request_free(&r);
-  ctx.diag_result = missing.empty()
-                        ? std::string("every rank answered a liveness check, so the ranks disagree on the "
-                                      "order of collectives or one is far behind")
-                        : absl::StrCat("rank(s) ", absl::StrJoin(missing, ","),
-                                       " did not respond (dead, stopped or stuck outside collectives)");
+  ctx.diag_result = DescribeLiveness(answer_ms, me, ms_since_start(), late_ms);
   ctx.diag_done = true;
   return ctx.diag_result;
 }
@@ -188,9 +194,12 @@ class MpiCommunicator final : public HostCommunicator {
   // keeps testing, yielding the core between tests (as a blocking MPI wait busy-polls too), and only
   // backs off to short sleeps after a full second without completion: a wait that long is a stall, not
   // a transfer, and the back-off keeps a stalled rank from burning a core until its deadline.
+  // Note [Stall budget]: the collective is waited for until the liveness check must start, so that the
+  // error comes when the configured timeout has passed.
   absl::Status WaitWithDeadline(MPI_Request& req, const char* what, uint64_t seq) {
+    const StallBudget budget = SplitTimeout(options_.timeout_ms);
     const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + std::chrono::milliseconds(options_.timeout_ms);
+    const auto deadline = start + std::chrono::milliseconds(budget.collective_ms);
     const auto spin_until = start + std::chrono::seconds(1);
     while (true) {
       int flag = 0;
@@ -204,10 +213,24 @@ class MpiCommunicator final : public HostCommunicator {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
-    const std::string who = DiagnoseOnce(*ctx_, std::min<int64_t>(options_.timeout_ms, 5000));
-    return absl::DeadlineExceededError(absl::StrCat(what, " #", seq, " on '", options_.name, "' (rank ", rank_,
-                                                    " of ", size_, ") timed out after ", options_.timeout_ms,
-                                                    " ms: ", who));
+    const int64_t waited_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    const std::string who = DescribeOwnOvershoot(waited_ms, budget.collective_ms, budget.late_ms) +
+                            DiagnoseOnce(*ctx_, budget.liveness_ms, budget.late_ms);
+    // A diagnosis made earlier by another collective returns at once: the rest of the timeout is still this one's.
+    const auto end = start + std::chrono::milliseconds(options_.timeout_ms);
+    while (std::chrono::steady_clock::now() < end) {
+      int flag = 0;
+      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Test(&req, &flag, MPI_STATUS_IGNORE)));
+      if (flag) return absl::OkStatus();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const int64_t total_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " #", seq, " on '", options_.name, "' (rank ", rank_, " of ", size_, ") timed out: not complete after ",
+        total_ms, " ms (collective timeout ", options_.timeout_ms, " ms; the liveness check began at ", waited_ms,
+        " ms): ", who));
   }
 
   std::shared_ptr<MpiContext> ctx_;

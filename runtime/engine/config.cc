@@ -16,18 +16,15 @@
 //  - Warm-up schedules default warmup_num_steps to 1000 and cos_min_ratio to 1e-4 (DeepSpeed's
 //    defaults); only warmup_type "linear" is implemented, and it is also the default (DeepSpeed: "log").
 //  - offload_param needs stage 3 and offload_optimizer needs stage >= 1, as in DeepSpeed.
-//  - Integer keys accept integral floats (DeepSpeed configs often say 1e5); duplicate keys are an error
-//    (DeepSpeed rejects them too). ParseConfigWithOverrides treats empty text as {}; ParseConfig does not.
+//  - Integer keys accept integral floats (DeepSpeed configs often say 1e5) and are range-checked against
+//    their field, never narrowed; duplicate keys are an error (DeepSpeed rejects them too), and so is
+//    nesting past 64 levels (runtime/base/json_text.h, docs/decisions/0010). ParseConfigWithOverrides treats empty text as {}; ParseConfig does not.
 #include "runtime/engine/config.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -35,6 +32,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "runtime/base/input_file.h"
+#include "runtime/base/json_text.h"
 #include "runtime/base/nearest.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
@@ -45,6 +44,8 @@ namespace {
 
 using json = nlohmann::json;
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// About 31 years: a deadline of now + this many ms still fits std::chrono's nanosecond clocks.
+constexpr double kMaxTimeoutMs = 1e12;
 
 // ---------------------------------------------------------------------------------------------------
 // Schema.
@@ -509,6 +510,9 @@ absl::Status ParseStrata(const Section& root, EngineConfig* cfg, PrecisionReques
   STRATA_RETURN_IF_ERROR(s.Int("prefetch_depth", AtLeast(0), &cfg->prefetch_depth));
   STRATA_RETURN_IF_ERROR(s.Bool("reshard_after_forward", &cfg->reshard_after_forward));
   STRATA_RETURN_IF_ERROR(s.Int("collective_timeout_ms", AtLeast(1), &cfg->collective_timeout_ms));
+  if (cfg->collective_timeout_ms > kMaxTimeoutMs) {
+    return RangeError(s.Path("collective_timeout_ms"), *s.Find("collective_timeout_ms"), "<= 1e12 (about 31 years)");
+  }
   STRATA_RETURN_IF_ERROR(s.Uint64("seed", &cfg->seed));
   STRATA_RETURN_IF_ERROR(s.Bytes("device_budget", &cfg->device_budget_bytes));
   return s.Bytes("host_budget", &cfg->host_budget_bytes);
@@ -565,57 +569,8 @@ absl::StatusOr<EngineConfig> ValidateNoThrow(const json& doc) {
 // ---------------------------------------------------------------------------------------------------
 // JSON text and overrides.
 
-// Records the first key repeated within one object (nlohmann otherwise keeps the last silently).
-class DuplicateKeyFinder {
- public:
-  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        frames_.push_back({frames_.empty() ? "" : JoinPath(frames_.back().path, last_key_), {}});
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        frames_.pop_back();
-        break;
-      case json::parse_event_t::key:
-        last_key_ = parsed.get<std::string>();
-        if (!frames_.back().keys.insert(last_key_).second && duplicate_.empty()) {
-          duplicate_ = JoinPath(frames_.back().path, last_key_);
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  }
-  const std::string& duplicate() const { return duplicate_; }
-
- private:
-  struct Frame {
-    std::string path;
-    std::set<std::string> keys;
-  };
-  std::vector<Frame> frames_;
-  std::string last_key_;
-  std::string duplicate_;
-};
-
 absl::StatusOr<json> ParseJsonText(absl::string_view text) {
-  DuplicateKeyFinder finder;
-  json doc;
-  try {
-    doc = json::parse(text.begin(), text.end(), std::ref(finder));
-  } catch (const json::exception& e) {
-    absl::string_view what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, ..."
-    const size_t bracket = what.find("] ");
-    if (bracket != absl::string_view::npos) what.remove_prefix(bracket + 2);
-    return absl::InvalidArgumentError(absl::StrCat("malformed config JSON: ", what));
-  }
-  if (!finder.duplicate().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("duplicate config key '", finder.duplicate(), "'"));
-  }
-  return doc;
+  return ParseGuardedJson(std::string_view(text.data(), text.size()), "config");  // Note: json_text.h
 }
 
 // Sets one "a.b.c=value" override in `doc`, creating objects along the path.
@@ -628,6 +583,10 @@ absl::Status ApplyOverride(const std::string& override_text, json* doc) {
   if (eq == std::string::npos || bad_path) {
     return absl::InvalidArgumentError(
         absl::StrCat("config override '", override_text, "' is not of the form key.path=value"));
+  }
+  if (parts.size() > static_cast<size_t>(kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(absl::StrCat("config override '", override_text.substr(0, 80), "...': its key path has ",
+                                                   parts.size(), " parts; at most ", kMaxJsonDepth));
   }
   json* node = doc;
   std::string path;
@@ -642,8 +601,15 @@ absl::Status ApplyOverride(const std::string& override_text, json* doc) {
     node = &child;
   }
   const std::string value = override_text.substr(eq + 1);
-  json parsed = json::parse(value, nullptr, /*allow_exceptions=*/false);
-  (*node)[parts.back()] = parsed.is_discarded() ? json(value) : std::move(parsed);
+  // Text that is not JSON is a string value; JSON is parsed with the same guards as a config file.
+  STRATA_RETURN_IF_ERROR(CheckJsonNesting(value, kMaxJsonDepth, "config override"));
+  if (!json::accept(value)) {
+    (*node)[parts.back()] = json(value);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<json> parsed = ParseGuardedJson(value, "config override");
+  if (!parsed.ok()) return Annotate(parsed.status(), absl::StrCat("config override of '", JoinPath(path, parts.back()), "'"));
+  (*node)[parts.back()] = *std::move(parsed);
   return absl::OkStatus();
 }
 
@@ -655,17 +621,7 @@ absl::StatusOr<EngineConfig> ParseConfig(std::string_view json_text) {
 }
 
 absl::StatusOr<EngineConfig> LoadConfigFile(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) return ErrnoError(absl::StrCat("fopen(\"", path, "\")"), errno, __FILE__, __LINE__);
-  std::string text;
-  char buf[65536];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof(buf), file)) > 0) text.append(buf, n);
-  const int read_errno = std::ferror(file) ? errno : 0;
-  std::fclose(file);
-  if (read_errno != 0) {
-    return ErrnoError(absl::StrCat("fread(\"", path, "\")"), read_errno, __FILE__, __LINE__);
-  }
+  STRATA_ASSIGN_OR_RETURN(const std::string text, ReadInputFile(path, "config file"));
   auto cfg = ParseConfig(text);
   if (!cfg.ok()) return Annotate(cfg.status(), path);
   return cfg;

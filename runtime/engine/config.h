@@ -40,7 +40,7 @@ struct Fp16Config {
 struct EngineConfig {
   // DeepSpeed keys.
   int stage = 3;                                // zero_optimization.stage, 0..3
-  int64_t train_micro_batch_size_per_gpu = 1;
+  int train_micro_batch_size_per_gpu = 1;      // >= 1; an int: every consumer indexes with it
   int gradient_accumulation_steps = 1;
   double gradient_clipping = 0.0;               // 0 = off
   bool bf16 = false;                            // bf16.enabled: param_dtype bf16

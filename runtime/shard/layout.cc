@@ -35,11 +35,22 @@ std::vector<Segment> Intersect(const std::vector<ParamSlot>& params, size_t lo, 
   return out;
 }
 
+// Shapes come from callers (the C ABI, checkpoints): a unit's element count is bounded so that every byte
+// size derived from it (16 bytes per element of mixed-precision Adam state, padded, times ranks) fits 64 bits.
+constexpr size_t kMaxUnitElems = size_t{1} << 48;
+constexpr int kMaxWorldSize = 1 << 20;
+
+absl::Status TooLarge(const std::string& unit, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("unit '", unit, "': ", what, " exceeds 2^48 elements, the most a unit can hold"));
+}
+
 }  // namespace
 
 absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<ParamSpec> specs, int world_size) {
   if (name.empty()) return absl::InvalidArgumentError("a unit needs a non-empty name");
-  if (world_size < 1) return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " < 1"));
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " is outside [1, ", kMaxWorldSize, "]"));
+  }
   UnitLayout l;
   l.name = std::move(name);
   l.world_size = world_size;
@@ -56,11 +67,14 @@ absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<Param
         return absl::InvalidArgumentError(absl::StrCat("parameter '", l.name, ".", s.name, "' has dimension ", d,
                                                        " (shape [", absl::StrJoin(s.shape, ","), "])"));
       }
-      numel *= static_cast<size_t>(d);
+      if (__builtin_mul_overflow(numel, static_cast<size_t>(d), &numel) || numel > kMaxUnitElems) {
+        return TooLarge(l.name, absl::StrCat("parameter '", s.name, "' (shape [", absl::StrJoin(s.shape, ","), "])"));
+      }
     }
     offset = RoundUp(offset, kAlignElems);
     l.params.push_back(ParamSlot{std::move(s), offset, numel});
-    offset += numel;
+    offset += numel;  // both terms <= kMaxUnitElems: no wrap
+    if (offset > kMaxUnitElems) return TooLarge(l.name, absl::StrCat("the sum of its ", l.params.size(), " parameters"));
   }
   l.used_elems = offset;
   l.total_elems = RoundUp(std::max<size_t>(offset, 1), static_cast<size_t>(world_size) * kAlignElems);

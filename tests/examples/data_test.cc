@@ -52,6 +52,40 @@ TEST(LoadTokens, BadInputsAreNamedErrors) {
   EXPECT_FALSE(LoadTokens(TempFile("empty.txt", ""), 256).ok());
 }
 
+// The llm.c header is validated in one pass: count against the size with checked arithmetic (a negative or
+// huge count never allocates), no trailing bytes, a header cut short is not read as text.
+TEST(LoadTokens, TheLlmcHeaderIsValidatedAgainstTheSize) {
+  auto negative = LoadTokens(TempFile("neg.bin", Llmc(1, -5, {1, 2})), 256);
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(negative.status().message().find("promises -5 tokens"), absl::string_view::npos) << negative.status();
+  auto huge = LoadTokens(TempFile("huge.bin", Llmc(1, 2147483647, {1, 2})), 256);
+  EXPECT_NE(huge.status().message().find("promises 2147483647 tokens but the file holds 2"), absl::string_view::npos)
+      << huge.status();
+  auto trailing = LoadTokens(TempFile("trail.bin", Llmc(1, 1, {1, 2, 3})), 256);
+  EXPECT_NE(trailing.status().message().find("promises 1 tokens but the file holds 3 (trailing data"),
+            absl::string_view::npos) << trailing.status();
+  auto odd = LoadTokens(TempFile("odd.bin", Llmc(1, 1, {1}) + "x"), 256);
+  EXPECT_NE(odd.status().message().find("odd byte"), absl::string_view::npos) << odd.status();
+  auto cut = LoadTokens(TempFile("cut.bin", Llmc(1, 1, {1}).substr(0, 100)), 256);
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << "a header cut short is not text";
+  EXPECT_NE(cut.status().message().find("header cut short: 100 bytes of 1024"), absl::string_view::npos) << cut.status();
+  auto dir = LoadTokens(::testing::TempDir(), 256);
+  EXPECT_NE(dir.status().message().find("is a directory"), absl::string_view::npos) << dir.status();
+}
+
+TEST(ValidateTokenFileHeader, PureOnBytesAndNeverAborts) {
+  auto ok = ValidateTokenFileHeader(Llmc(1, 3, {5, 300, 50256}));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, 3);
+  EXPECT_EQ(ValidateTokenFileHeader("plain text").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ValidateTokenFileHeader("").ok());
+  EXPECT_FALSE(ValidateTokenFileHeader(Llmc(1, 3, {1})).ok());
+  const std::string full = Llmc(1, 2, {1, 2});
+  for (size_t n = 0; n < full.size(); ++n) EXPECT_FALSE(ValidateTokenFileHeader(full.substr(0, n)).ok()) << n;
+  auto decoded = DecodeTokens(full, 2, "mem");
+  EXPECT_NE(decoded.status().message().find("token 2 at position 1"), absl::string_view::npos) << decoded.status();
+}
+
 TEST(Sampler, EachEpochIsAPermutationReshuffledPerEpoch) {
   auto s = Sampler::Create(1001, 10, 7, DataOrder::kShuffled);
   ASSERT_TRUE(s.ok());

@@ -39,6 +39,43 @@ std::vector<int32_t> Tokens(int n, int vocab, int seed) {
   return t;
 }
 
+// A non-finite loss with every token in range is divergence, told apart from bad data (it once always read
+// "a target token is outside the vocabulary"); a token that really is outside is named with its position.
+TEST(GptModel, ANonFiniteLossIsDivergenceNotBadData) {
+  const GptConfig c = Tiny();
+  Harness h(c);
+  std::vector<int32_t> in = Tokens(c.seq_len, c.vocab, 3), tgt = Tokens(c.seq_len, c.vocab, 4);
+  auto fine = h.model->Forward(*h.e, in.data(), tgt.data(), 1, c.seq_len, nullptr);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_TRUE(std::isfinite(*fine));
+
+  std::vector<int32_t> bad = tgt;
+  bad[5] = c.vocab;
+  auto oov = h.model->Forward(*h.e, in.data(), bad.data(), 1, c.seq_len, nullptr);
+  ASSERT_FALSE(oov.ok());
+  EXPECT_EQ(oov.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(IsDivergence(oov.status()));
+  EXPECT_NE(oov.status().message().find("a target token is outside the vocabulary: token 11 at position 5"),
+            absl::string_view::npos) << oov.status();
+  bad = in;
+  bad[0] = -1;
+  auto neg = h.model->Forward(*h.e, bad.data(), tgt.data(), 1, c.seq_len, nullptr);
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.status().message().find("an input token"), absl::string_view::npos) << neg.status();
+
+  const HfParam& wte = h.model->hf_params()[0];
+  size_t n = 1;
+  for (int64_t d : wte.shape) n *= size_t(d);
+  ASSERT_TRUE(h.e->SetParam(wte.unit, wte.param, std::vector<float>(n, INFINITY)).ok());
+  auto diverged = h.model->Forward(*h.e, in.data(), tgt.data(), 1, c.seq_len, nullptr);
+  ASSERT_FALSE(diverged.ok());
+  EXPECT_TRUE(IsDivergence(diverged.status())) << diverged.status();
+  EXPECT_NE(diverged.status().message().find("training diverged"), absl::string_view::npos) << diverged.status();
+  EXPECT_EQ(diverged.status().message().find("outside the vocabulary"), absl::string_view::npos);
+  ASSERT_TRUE(h.e->BeginMicroBatch().ok());
+  EXPECT_TRUE(IsDivergence(h.model->TrainMicroBatch(*h.e, in.data(), tgt.data(), 1, 1.0f, false).status()));
+}
+
 TEST(GptModel, LogitsAtPositionTDoNotDependOnLaterTokens) {
   const GptConfig c = Tiny();
   Harness h(c);

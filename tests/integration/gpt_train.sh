@@ -136,6 +136,42 @@ open(f"{w}/cut.safetensors", "wb").write(raw[:len(raw) // 2])
 PY
   expect_error "weights missing a tensor" "has no tensor 'h.0.ln_1.weight'" --init-from "$work/renamed.safetensors"
   expect_error "truncated weights" "truncated file" --init-from "$work/cut.safetensors"
+  # Untrusted input: directories, flags that would narrow, weights that name a tensor twice, and a diverging run.
+  expect_error "a directory as --config" "config file '$work' is a directory, not a file" --config "$work"
+  expect_error "a directory as --data" "data file '$work' is a directory, not a file" --data "$work"
+  expect_error "--micro-batch past int" "--micro-batch: config key 'train_micro_batch_size_per_gpu' is 4294967297" \
+    --micro-batch 4294967297
+  expect_error "a micro-batch past int tokens" "--micro-batch 2147483647 x --seq-len 32 tokens exceeds 2147483647" \
+    --micro-batch 2147483647
+  python3 - "$work" <<'PY'
+import json, struct, sys
+w = sys.argv[1]
+raw = open(f"{w}/w.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+text = raw[8:8 + n].decode().rstrip()
+head = json.loads(text)
+wte = head["wte.weight"]
+entry = json.dumps(wte)
+# A copy of wte's data appended under the other spelling (its own bytes: the files must not overlap).
+b, e = wte["data_offsets"]
+end = max(v["data_offsets"][1] for k, v in head.items() if k != "__metadata__")
+copy = dict(wte, data_offsets=[end, end + e - b])
+h2 = (text[:-1] + ',"transformer.wte.weight":' + json.dumps(copy) + "}").encode(); h2 += b" " * ((8 - len(h2) % 8) % 8)
+data = raw[8 + n:]
+open(f"{w}/both.safetensors", "wb").write(struct.pack("<Q", len(h2)) + h2 + data[:end] + data[b:e])
+h3 = (text[:-1] + ',"wte.weight":' + entry + "}").encode(); h3 += b" " * ((8 - len(h3) % 8) % 8)
+open(f"{w}/twice.safetensors", "wb").write(struct.pack("<Q", len(h3)) + h3 + raw[8 + n:])
+PY
+  expect_error "weights with both wte.weight and transformer.wte.weight" \
+    "holds both 'transformer.wte.weight' and 'wte.weight'" --init-from "$work/both.safetensors"
+  expect_error "weights naming a tensor twice" "duplicate header key 'wte.weight'" --init-from "$work/twice.safetensors"
+  out=$("$mpirun" -n 1 "$strata" train "${small[@]}" --steps 5 --lr 1e30 2>&1); rc=$?
+  [ $rc -ge 1 ] && [ $rc -le 127 ] && grep -q "step [0-9]*: the loss is nan (not finite) although every target token is inside the vocabulary: training diverged (learning rate 1e+30)" <<<"$out" &&
+    ! grep -q "outside the vocabulary" <<<"$out"
+  check "--lr 1e30 is reported as divergence with the step and the learning rate (exit $rc)" $? "rc=$rc: $out"
+  out=$("$mpirun" -n 1 "$strata" train "${small[@]}" --steps 5 --lr 1e30 --param-dtype fp16 2>&1); rc=$?
+  [ $rc -ge 1 ] && [ $rc -le 127 ] && grep -q "training diverged (learning rate 1e+30, fp16 loss scale [0-9]" <<<"$out"
+  check "fp16 divergence also names the loss scale (exit $rc)" $? "rc=$rc: $out"
   expect_error "unknown flag" "did you mean --micro-batch" --micro-bach 2
   expect_error "bad --matmul" "use fp32, tf32 or bf16" --matmul fp8
   expect_error "bad --attention" "use auto, fused or reference" --attention flash

@@ -23,6 +23,11 @@ elapsed=$(( $(date +%s) - start ))
 grep -q "rank(s) 1 did not respond" <<<"$out"; named=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $named -eq 0 ] && [ $elapsed -lt 30 ]
 check "stalled rank 1 named, job exits non-zero in ${elapsed}s (timeout 2 s)" $? "rc=$rc named=$named; $(tail -3 <<<"$out")"
+# The diagnosis fits inside the configured timeout (it once named the rank after up to twice it) and the
+# error reports the time measured.
+measured=$(grep -o "not complete after [0-9]* ms (collective timeout 2000 ms" <<<"$out" | head -1 | grep -o "after [0-9]*" | grep -o "[0-9]*")
+[ -n "$measured" ] && [ "$measured" -ge 2000 ] && [ "$measured" -le 2200 ]
+check "the stall is diagnosed within the 2000 ms timeout (measured ${measured:-none} ms)" $? "$(grep -m1 "timed out" <<<"$out")"
 
 out=$(timeout 60 "$mpirun" -n 1 "$mlp" --stage 4 --steps 1 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "zero_optimization.stage" <<<"$out"; check "stage 4 rejected naming the key" $? "$out"
@@ -32,6 +37,14 @@ out=$(timeout 60 "$mpirun" -n 1 "$mlp" --set zero_optimization.stag=2 --steps 1 
 
 out=$(timeout 60 "$mpirun" -n 1 "$mlp" --lr -1 --steps 1 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "optimizer.params.lr" <<<"$out"; check "negative lr rejected naming the key" $? "$out"
+
+out=$(timeout 60 "$mpirun" -n 1 "$mlp" --config / --steps 1 2>&1); rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "config file '/' is a directory, not a file" <<<"$out"
+check "a directory as --config is named" $? "$out"
+
+out=$(timeout 60 "$mpirun" -n 1 "$mlp" --global-batch 9223372036854775807 --steps 1 2>&1); rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--global-batch 9223372036854775807 is out of range" <<<"$out"
+check "a --global-batch past int is out of range, not narrowed" $? "$out"
 
 echo "$((runs - fails)) passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -199,6 +199,14 @@ TEST(CApiErrors, BadParameterSpecsAreInvalidArgument) {
     s = Spec("w", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0);
     EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 0, nullptr), kInvalid, "num_params is 0");
     EXPECT_STRATA_ERROR(strata_engine_register_unit(e, nullptr, &s, 1, nullptr), kInvalid, "name is NULL");
+    // Extents whose product overflows 64 bits (it once wrapped to a small unit), or a unit past 2^48 elements.
+    const int64_t wraps[] = {int64_t{1} << 32, int64_t{1} << 32, 2};
+    s = Spec("w", wraps, 3, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "exceeds 2^48 elements");
+    const int64_t huge[] = {int64_t{1} << 40, 512};
+    s = Spec("w", huge, 2, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "parameter 'w' (shape [");
+    s = Spec("w", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0);
     const strata_param_spec twice[2] = {s, s};
     EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", twice, 2, nullptr), kInvalid, "w");
     int32_t id = -1;
@@ -246,6 +254,14 @@ TEST(CApiErrors, BadUnitAndParameterIdsAreOutOfRange) {
     EXPECT_STRATA_ERROR(strata_engine_param_info(e, 0, -1, &info), kRange, "has no parameter -1");
     EXPECT_STRATA_ERROR(strata_engine_param(e, 1, 3, &p), kRange, "unit 'b' has no parameter 3");
     EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 9, buf, 32), kRange, "has no parameter 9");
+    // INT32_MIN once meant "no parameter" inside the checks and skipped them (then read out of bounds).
+    EXPECT_STRATA_ERROR(strata_engine_param_info(e, 0, INT32_MIN, &info), kRange, "has no parameter -2147483648");
+    EXPECT_STRATA_ERROR(strata_engine_param(e, 0, INT32_MIN, &p), kRange, "has no parameter -2147483648");
+    EXPECT_STRATA_ERROR(strata_engine_grad(e, 0, INT32_MIN, reinterpret_cast<float**>(&p)), kRange,
+                        "has no parameter -2147483648");
+    EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, INT32_MIN, buf, 32), kRange, "has no parameter -2147483648");
+    EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, INT32_MIN, buf, 32), kRange, "has no parameter -2147483648");
+    EXPECT_STRATA_ERROR(strata_engine_num_params(e, INT32_MIN, &n), kRange, "no unit -2147483648");
     EXPECT_STRATA_OK(strata_engine_destroy(e));
   });
 }

@@ -338,6 +338,47 @@ TEST(Config, DuplicateKeysAreRejected) {
                 {"duplicate config key 'optimizer.params.lr'"});
 }
 
+// A config nested 100k deep once grew the duplicate-key finder's memory quadratically and crashed.
+TEST(Config, DeepNestingIsRefusedBeforeParsing) {
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "{\"strata\":";
+  deep += "1" + std::string(100000, '}');
+  ExpectInvalid(deep, {"config JSON nests deeper than 64 levels"});
+  ExpectInvalid("{\"strata\": " + std::string(100000, '[') + std::string(100000, ']') + "}", {"nests deeper than 64"});
+  auto over = ParseConfigWithOverrides("{}", {"strata.seed=" + std::string(100000, '[') + std::string(100000, ']')});
+  ASSERT_FALSE(over.ok());
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("config override JSON nests deeper than 64"));
+  std::string long_path = "a";
+  for (int i = 0; i < 100000; ++i) long_path += ".a";
+  auto path = ParseConfigWithOverrides("{}", {long_path + "=1"});
+  ASSERT_FALSE(path.ok());
+  EXPECT_THAT(std::string(path.status().message()), HasSubstr("parts; at most 64"));
+}
+
+TEST(Config, DuplicateKeysInsideAnOverrideValueAreRejected) {
+  auto cfg = ParseConfigWithOverrides("{}", {R"(optimizer.params={"lr": 1e-3, "lr": 2e-3})"});
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("duplicate config override key 'lr'"));
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("optimizer.params"));
+}
+
+// Integer keys are never narrowed: 2^32 + 1 once ran as a micro-batch of 1.
+TEST(Config, IntegersThatDoNotFitTheirFieldAreRangeErrors) {
+  ExpectInvalid(R"({"train_micro_batch_size_per_gpu": 4294967297})",
+                {"train_micro_batch_size_per_gpu", "4294967297", "<= 2147483647"});
+  ExpectInvalid(R"({"gradient_accumulation_steps": 4294967297})", {"gradient_accumulation_steps", "<= 2147483647"});
+  ExpectInvalid(R"({"strata": {"max_live_units": 2147483648}})", {"strata.max_live_units", "<= 2147483647"});
+  ExpectInvalid(R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 1e12}}})",
+                {"buffer_count", "<= 2147483647"});
+  ExpectInvalid(R"({"fp16": {"enabled": true, "loss_scale_window": 9223372036854775807}})",
+                {"fp16.loss_scale_window", "<= 2147483647"});
+  // A deadline of now + 2^63 ms overflows the clocks; the timeout is bounded.
+  ExpectInvalid(R"({"strata": {"collective_timeout_ms": 9223372036854775807}})",
+                {"strata.collective_timeout_ms", "<= 1e12"});
+  EXPECT_EQ(ParseOk(R"({"train_micro_batch_size_per_gpu": 2147483647})").train_micro_batch_size_per_gpu,
+            2147483647);
+}
+
 TEST(Config, OverridesReplaceAndCreateKeys) {
   auto cfg = ParseConfigWithOverrides(
       R"({"zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW"}})",
@@ -402,6 +443,14 @@ TEST(Config, LoadConfigFileReadsAndNamesTheFile) {
   EXPECT_THAT(std::string(bad.status().message()),
               AllOf(HasSubstr(path), HasSubstr("zero_optimization.stage")));
   std::remove(path.c_str());
+}
+
+TEST(Config, LoadConfigFileOfADirectoryNamesIt) {
+  const std::string dir = ::testing::TempDir();
+  auto cfg = LoadConfigFile(dir);
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(cfg.status().message()), AllOf(HasSubstr(dir), HasSubstr("is a directory")));
 }
 
 TEST(Config, LoadConfigFileMissingIsNotFound) {

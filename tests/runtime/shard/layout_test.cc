@@ -84,6 +84,24 @@ TEST(InitValue, DeterministicAndIndependentOfEverythingButItsKey) {
   EXPECT_EQ(InitValue(Init::Constant(2.5f), 1, k, 3), 2.5f);
 }
 
+// Shapes come from callers: an element product that overflows (it once wrapped to a tiny unit) or a unit past
+// 2^48 elements is refused naming the unit and the parameter.
+TEST(UnitLayout, SizesThatOverflowAreErrors) {
+  auto wraps = UnitLayout::Build("u", {ParamSpec{"w", {int64_t{1} << 32, int64_t{1} << 32, 2}, false, Init::Zeros()}}, 1);
+  ASSERT_FALSE(wraps.ok());
+  EXPECT_NE(wraps.status().message().find("unit 'u': parameter 'w' (shape [4294967296,4294967296,2]) exceeds 2^48"),
+            absl::string_view::npos) << wraps.status();
+  const int64_t half = int64_t{1} << 47;
+  auto sum = UnitLayout::Build("u", {ParamSpec{"a", {half}, false, Init::Zeros()}, ParamSpec{"b", {half}, false, Init::Zeros()},
+                                     ParamSpec{"c", {16}, false, Init::Zeros()}}, 1);
+  ASSERT_FALSE(sum.ok());
+  EXPECT_NE(sum.status().message().find("the sum of its 3 parameters exceeds 2^48"), absl::string_view::npos) << sum.status();
+  auto at_limit = UnitLayout::Build("u", {ParamSpec{"a", {int64_t{1} << 48}, false, Init::Zeros()}}, 4);
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_EQ(at_limit->total_elems, size_t{1} << 48);
+  EXPECT_FALSE(UnitLayout::Build("u", {ParamSpec{"a", {1}, false, Init::Zeros()}}, (1 << 20) + 1).ok());
+}
+
 TEST(InitValue, NormalAndUniformHaveTheirMoments) {
   const uint64_t k = ParamKey("u", "w");
   const int n = 200000;

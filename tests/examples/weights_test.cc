@@ -1,0 +1,45 @@
+// Tests for examples/gpt/weights: a file that names one parameter twice ("wte.weight" and
+// "transformer.wte.weight", which the loader strips to the same name) is refused naming both tensors,
+// where one of them used to be picked silently; a file the saver wrote loads back.
+#include "examples/gpt/weights.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/comm/in_process.h"
+#include "runtime/device/host_device.h"
+
+namespace strata::gpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(LoadWeights, BothSpellingsOfOneTensorAreAmbiguous) {
+  auto comms = comm::CreateInProcessGroup(1, comm::Options{});
+  device::HostDevice dev;
+  engine::EngineConfig ec;
+  ec.stage = 0;
+  auto e = std::move(engine::Engine::Create(ec, *comms[0], dev)).value();
+  const GptConfig c{1, 8, 2, 4, 11};
+  GptModel model = std::move(GptModel::Register(*e, c)).value();
+  ASSERT_TRUE(e->Finalize().ok());
+  const std::string saved = ::testing::TempDir() + "/weights_ok.safetensors";
+  ASSERT_TRUE(SaveWeights(*e, model, saved, true).ok());
+  ASSERT_TRUE(LoadWeights(*e, model, saved).ok());
+
+  const std::string path = ::testing::TempDir() + "/weights_twice.safetensors";
+  auto zeros = [](size_t n) { return [n] { return absl::StatusOr<std::vector<float>>(std::vector<float>(n, 0.0f)); }; };
+  ASSERT_TRUE(checkpoint::WriteSafetensors(path, {{"transformer.wte.weight", {11, 8}, zeros(88)},
+                                                  {"wte.weight", {11, 8}, zeros(88)}})
+                  .ok());
+  const absl::Status s = LoadWeights(*e, model, path);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("holds both 'transformer.wte.weight' and 'wte.weight'"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(path));
+}
+
+}  // namespace
+}  // namespace strata::gpt

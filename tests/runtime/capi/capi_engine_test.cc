@@ -1,0 +1,81 @@
+// Tests for ValidateUnitSpecs (runtime/capi/capi_engine.cc), the C ABI's spec validation as a pure function
+// with no engine: the fuzzers' entry point. Valid specs pass and come back as the engine would register
+// them; every hostile field (NULLs, ndim, init kinds, struct sizes, extents whose product overflows, a
+// name twice, a bad world size) is an error, never a crash.
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/capi/capi_internal.h"
+
+namespace strata::capi {
+namespace {
+
+using ::testing::HasSubstr;
+
+strata_param_spec Spec(const char* name, const int64_t* shape, int32_t ndim, int32_t init = STRATA_INIT_ZEROS) {
+  strata_param_spec s = STRATA_PARAM_SPEC_INIT;
+  s.name = name;
+  s.shape = shape;
+  s.ndim = ndim;
+  s.init = init;
+  return s;
+}
+
+void ExpectInvalid(const char* name, const strata_param_spec* specs, int32_t n, int world, const std::string& what) {
+  auto r = ValidateUnitSpecs(name, specs, n, world);
+  ASSERT_FALSE(r.ok()) << what;
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(what));
+}
+
+TEST(ValidateUnitSpecs, ValidSpecsPass) {
+  const int64_t w[] = {4, 3}, b[] = {4};
+  const strata_param_spec specs[2] = {Spec("w", w, 2, STRATA_INIT_NORMAL), Spec("b", b, 1)};
+  auto r = ValidateUnitSpecs("layer", specs, 2, 3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].name, "w");
+  EXPECT_EQ((*r)[0].shape, std::vector<int64_t>({4, 3}));
+}
+
+TEST(ValidateUnitSpecs, HostileSpecsAreErrors) {
+  const int64_t ok[] = {8}, zero[] = {0}, negative[] = {-1};
+  const int64_t wraps[] = {int64_t{1} << 32, int64_t{1} << 32, 4};  // 2^66: wrapped to 0 before the checked product
+  const int64_t max[] = {INT64_MAX, INT64_MAX};
+  strata_param_spec s = Spec("w", ok, 1);
+  ExpectInvalid(nullptr, &s, 1, 1, "name is NULL");
+  ExpectInvalid("u", nullptr, 1, 1, "params is NULL");
+  ExpectInvalid("u", &s, 0, 1, "num_params is 0");
+  ExpectInvalid("u", &s, INT32_MIN, 1, "num_params is -2147483648");
+  ExpectInvalid("", &s, 1, 1, "non-empty name");
+  ExpectInvalid("u", &s, 1, 0, "world size 0");
+  ExpectInvalid("u", &s, 1, INT_MAX, "world size 2147483647");
+  s = Spec("w", wraps, 3);
+  ExpectInvalid("u", &s, 1, 1, "exceeds 2^48 elements");
+  s = Spec("w", max, 2);
+  ExpectInvalid("u", &s, 1, 1, "exceeds 2^48 elements");
+  s = Spec("w", zero, 1);
+  ExpectInvalid("u", &s, 1, 1, "has dimension 0");
+  s = Spec("w", negative, 1);
+  ExpectInvalid("u", &s, 1, 1, "has dimension -1");
+  s = Spec("w", ok, INT32_MIN);
+  ExpectInvalid("u", &s, 1, 1, "ndim is -2147483648");
+  s = Spec("w", ok, 1, INT32_MIN);
+  ExpectInvalid("u", &s, 1, 1, "init is -2147483648");
+  s = Spec("w", ok, 1);
+  s.struct_size = 3;
+  ExpectInvalid("u", &s, 1, 1, "struct_size");
+  s = Spec("", ok, 1);
+  ExpectInvalid("u", &s, 1, 1, "no name");
+  const strata_param_spec twice[2] = {Spec("w", ok, 1), Spec("w", ok, 1)};
+  ExpectInvalid("u", twice, 2, 1, "registers parameter 'w' twice");
+  // Many parameters that fit alone but not together.
+  const int64_t big[] = {int64_t{1} << 47};
+  const strata_param_spec three[3] = {Spec("a", big, 1), Spec("b", big, 1), Spec("c", big, 1)};
+  ExpectInvalid("u", three, 3, 1, "the sum of its 3 parameters exceeds 2^48");
+}
+
+}  // namespace
+}  // namespace strata::capi

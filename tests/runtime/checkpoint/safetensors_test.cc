@@ -1,0 +1,133 @@
+// Tests for runtime/checkpoint/safetensors: the header is validated in one pass before anything is
+// allocated from it. Each hostile header below (an overflowing shape, offsets that disagree with the
+// shape, lie outside the file or overlap, a tensor named twice, wrong field types, deep nesting, a
+// length field larger than the file) is a DataLoss error naming the file and the tensor, from the file
+// reader and from the in-memory validator alike; a file the writer made reads back bit for bit.
+#include "runtime/checkpoint/safetensors.h"
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata::checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FileBytes(const std::string& header, size_t data_bytes) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
+  return out + header + std::string(data_bytes, '\0');
+}
+
+std::string Write(const std::string& name, const std::string& bytes) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// Expects the reader and the in-memory validator both to refuse `bytes` with DataLoss containing `what`.
+void ExpectCorrupt(const std::string& name, const std::string& bytes, const std::string& what) {
+  const std::string path = Write(name, bytes);
+  auto r = SafetensorsReader::Open(path);
+  ASSERT_FALSE(r.ok()) << name;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(path)) << name;
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(what)) << name;
+  const absl::Status v = ValidateSafetensorsHeader(bytes);
+  EXPECT_FALSE(v.ok()) << name;
+  EXPECT_THAT(std::string(v.message()), HasSubstr(what)) << name;
+}
+
+TEST(Safetensors, WrittenFilesReadBackAndValidate) {
+  const std::string path = ::testing::TempDir() + "/ok.safetensors";
+  std::vector<TensorToWrite> tensors = {
+      {"a", {2, 3}, [] { return absl::StatusOr<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6}); }},
+      {"b", {1}, [] { return absl::StatusOr<std::vector<float>>(std::vector<float>{-0.5f}); }}};
+  ASSERT_TRUE(WriteSafetensors(path, tensors, {{"format", "pt"}}).ok());
+  auto r = SafetensorsReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->tensors().size(), 2u);
+  EXPECT_EQ(r->metadata().at("format"), "pt");
+  auto a = r->ReadF32(*r->Find("a"));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, std::vector<float>({1, 2, 3, 4, 5, 6}));
+  std::ifstream f(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_TRUE(ValidateSafetensorsHeader(bytes).ok());
+}
+
+TEST(Safetensors, AShapeWhoseByteSizeOverflowsIsRefused) {
+  // 2^62 x 4 bytes wraps to 0, which would match empty data_offsets without the checked product.
+  ExpectCorrupt("overflow.safetensors",
+                FileBytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0),
+                "tensor 'w' has shape [4611686018427387904], whose byte size overflows 64 bits");
+  ExpectCorrupt("overflow2.safetensors",
+                FileBytes(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})", 0),
+                "overflows 64 bits");
+}
+
+TEST(Safetensors, OffsetsMustMatchTheShapeLieInsideAndNotOverlap) {
+  ExpectCorrupt("span.safetensors", FileBytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 8),
+                "tensor 'w' has data_offsets [0, 4] but its shape and F32 need 8 bytes");
+  ExpectCorrupt("reversed.safetensors", FileBytes(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8),
+                "tensor 'w' has data_offsets [8, 0]");
+  ExpectCorrupt("outside.safetensors", FileBytes(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8),
+                "tensor 'w' needs data bytes [0, 16) but the file holds only 8");
+  ExpectCorrupt("overlap.safetensors",
+                FileBytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                          R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+                "tensors 'a' and 'b' overlap");
+}
+
+TEST(Safetensors, ATensorNamedTwiceIsRefusedNamingIt) {
+  ExpectCorrupt("dup.safetensors",
+                FileBytes(R"({"wte.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                          R"("wte.weight":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+                "duplicate header key 'wte.weight'");
+}
+
+TEST(Safetensors, EveryFieldHasItsType) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"w":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", "tensor 'w' dtype is not a string"},
+      {R"({"w":{"dtype":"F32","shape":"1","data_offsets":[0,4]}})", "tensor 'w' shape is not an array"},
+      {R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", "shape holds 1.5"},
+      {R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "shape holds -1"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,"4"]}})", "data_offsets must be two non-negative"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})", "data_offsets must be two non-negative"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", "data_offsets must be two non-negative"},
+      {R"({"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}})", "unknown dtype 'Q4'"},
+      {R"({"w":{"dtype":"F32","shape":[1]}})", "lacks dtype, shape or data_offsets"},
+      {R"({"w":[1]})", "lacks dtype, shape or data_offsets"},
+      {R"({"__metadata__":{"format":1}})", "__metadata__ 'format' is not a string"},
+      {R"({"__metadata__":[]})", "__metadata__ is not an object"},
+      {R"([1,2])", "not a JSON object"},
+      {R"({"w":)", "malformed header JSON"},
+  };
+  int i = 0;
+  for (const auto& [header, what] : cases) ExpectCorrupt("type" + std::to_string(i++) + ".safetensors", FileBytes(header, 8), what);
+}
+
+TEST(Safetensors, NestingAndTheLengthFieldAreBounded) {
+  ExpectCorrupt("deep.safetensors", FileBytes(R"({"__metadata__":)" + std::string(100000, '[') + "}", 0),
+                "header JSON nests deeper than 64 levels");
+  std::string huge = FileBytes("{}", 0);
+  huge[7] = '\x7f';  // a length of about 2^63
+  ExpectCorrupt("length.safetensors", huge, "does not fit a 10-byte file");
+  ExpectCorrupt("short.safetensors", std::string(5, '\0'), "too short for a header");
+  EXPECT_FALSE(ValidateSafetensorsHeader("").ok());
+}
+
+TEST(Safetensors, ADirectoryIsNamed) {
+  auto r = SafetensorsReader::Open(::testing::TempDir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("is a directory"));
+}
+
+}  // namespace
+}  // namespace strata::checkpoint
