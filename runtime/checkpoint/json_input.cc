@@ -9,37 +9,9 @@ namespace strata::checkpoint {
 
 using nlohmann::json;
 
-absl::Status CheckJsonDepth(absl::string_view text, int max_depth, absl::string_view what) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return absl::InvalidArgumentError(absl::StrCat(what, " nests arrays/objects deeper than ", max_depth,
-                                                       " levels (at byte ", i, "); refused"));
-      }
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<json> ParseUntrustedJson(absl::string_view text, absl::string_view what, int max_depth) {
-  STRATA_RETURN_IF_ERROR(CheckJsonDepth(text, max_depth, what));
+  STRATA_RETURN_IF_ERROR(CheckJsonNesting(std::string_view(text.data(), text.size()), max_depth,
+                                          std::string_view(what.data(), what.size())));
   json j = json::parse(text.begin(), text.end(), nullptr, false);
   if (j.is_discarded()) return absl::DataLossError(absl::StrCat(what, " is not valid JSON"));
   return j;

@@ -13,15 +13,14 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "runtime/base/json_text.h"
 
 namespace strata::checkpoint {
 
-// Depth of nested arrays and objects allowed in a manifest or shard header (the format itself uses 6).
-inline constexpr int kMaxJsonDepth = 64;
+// The nesting depth allowed in a manifest or shard header is strata::kMaxJsonDepth (64; the format itself
+// uses 6), checked by strata::CheckJsonNesting (runtime/base/json_text.h) before the parser runs.
 
-// InvalidArgument when `text` nests arrays / objects deeper than `max_depth`; `what` names the document.
-absl::Status CheckJsonDepth(absl::string_view text, int max_depth, absl::string_view what);
-// CheckJsonDepth, then parse; not JSON is DataLoss naming `what`.
+// CheckJsonNesting, then parse; not JSON is DataLoss naming `what`.
 absl::StatusOr<nlohmann::json> ParseUntrustedJson(absl::string_view text, absl::string_view what,
                                                   int max_depth = kMaxJsonDepth);
 

@@ -23,7 +23,8 @@ std::vector<std::string> StateKinds(absl::string_view optimizer) {
 }
 
 absl::Status CheckTrainerState(absl::string_view trainer_json) {
-  STRATA_RETURN_IF_ERROR(CheckJsonDepth(trainer_json, kMaxJsonDepth - 1, "the trainer state"));
+  STRATA_RETURN_IF_ERROR(CheckJsonNesting(std::string_view(trainer_json.data(), trainer_json.size()), kMaxJsonDepth - 1,
+                                          "the trainer state"));
   if (!json::accept(trainer_json.begin(), trainer_json.end())) {
     return absl::InvalidArgumentError("the trainer state is not a JSON document");
   }

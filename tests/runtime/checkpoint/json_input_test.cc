@@ -15,18 +15,18 @@ using nlohmann::json;
 
 std::string Nested(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
 
-TEST(CheckJsonDepth, AllowsTheLimitAndRefusesOneMore) {
-  EXPECT_TRUE(CheckJsonDepth(Nested(64), 64, "doc").ok());
-  absl::Status s = CheckJsonDepth(Nested(65), 64, "doc");
+TEST(CheckJsonNesting, AllowsTheLimitAndRefusesOneMore) {
+  EXPECT_TRUE(CheckJsonNesting(Nested(64), 64, "doc").ok());
+  absl::Status s = CheckJsonNesting(Nested(65), 64, "doc");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("deeper than 64"));
-  EXPECT_TRUE(CheckJsonDepth("{\"a\":{\"b\":[1,{}]},\"c\":[]}", 4, "doc").ok());
-  EXPECT_FALSE(CheckJsonDepth("{\"a\":{\"b\":[1,{}]},\"c\":[]}", 3, "doc").ok());
+  EXPECT_TRUE(CheckJsonNesting("{\"a\":{\"b\":[1,{}]},\"c\":[]}", 4, "doc").ok());
+  EXPECT_FALSE(CheckJsonNesting("{\"a\":{\"b\":[1,{}]},\"c\":[]}", 3, "doc").ok());
 }
 
-TEST(CheckJsonDepth, IgnoresBracketsInsideStrings) {
-  EXPECT_TRUE(CheckJsonDepth("[\"[[[[[[\", \"\\\"[[[[\"]", 1, "doc").ok());
-  EXPECT_FALSE(CheckJsonDepth("[\"\\\\\", [[]]]", 2, "doc").ok()) << "an escaped backslash ends the escape";
+TEST(CheckJsonNesting, IgnoresBracketsInsideStrings) {
+  EXPECT_TRUE(CheckJsonNesting("[\"[[[[[[\", \"\\\"[[[[\"]", 1, "doc").ok());
+  EXPECT_FALSE(CheckJsonNesting("[\"\\\\\", [[]]]", 2, "doc").ok()) << "an escaped backslash ends the escape";
 }
 
 TEST(ParseUntrustedJson, RefusesAHundredThousandNestedArraysWithoutCrashing) {

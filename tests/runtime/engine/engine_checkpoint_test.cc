@@ -274,7 +274,7 @@ TEST_F(Checkpoint, SaveRefusesATrainerStateTooDeepForTheManifest) {
     return e->SaveCheckpoint(Step(0), deep);
   });
   EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument) << results[0];
-  EXPECT_THAT(std::string(results[0].message()), HasSubstr("trainer state nests"));
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("trainer state JSON nests"));
   EXPECT_FALSE(fs::exists(fs::path(Step(0)) / checkpoint::kManifestName));
 }
 
