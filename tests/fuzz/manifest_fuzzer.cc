@@ -4,15 +4,19 @@
 //  - an accepted manifest names each shard file inside its step directory (a plain relative name: no
 //    "..", no absolute path), since the loaders join it to the directory (DESIGN "file names confined to
 //    their directory");
+//  - every accepted number is the document's number exactly (no silent narrowing: json_exact.h), and each
+//    CRC-32 is the value of its hex text;
 //  - an accepted manifest survives ToJson -> ParseManifest unchanged (a checkpoint re-saved after loading
 //    it must load again).
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "absl/status/status.h"
 #include "runtime/checkpoint/manifest.h"
 #include "tests/fuzz/fuzz_file.h"
+#include "tests/fuzz/json_exact.h"
 
 namespace {
 
@@ -57,6 +61,43 @@ bool SameManifest(const Manifest& a, const Manifest& b) {
   return true;
 }
 
+// The parser walks "units", "params" and "shards" with range-for, so the raw document is walked the same way.
+void ExpectExactNumbers(const std::string& text, const Manifest& m) {
+  using strata::fuzz::ExpectExact;
+  const auto j = nlohmann::json::parse(text);
+  ExpectExact(j, "version", m.version, "manifest");
+  ExpectExact(j, "step", m.step, "manifest");
+  ExpectExact(j, "world_size", m.world_size, "manifest");
+  ExpectExact(j, "stage", m.stage, "manifest");
+  ExpectExact(j, "clean_steps", m.clean_steps, "manifest");
+  size_t u = 0;
+  for (const auto& ju : j.at("units")) {
+    size_t p = 0;
+    for (const auto& jp : ju.at("params")) {
+      const auto& param = m.units.at(u).params.at(p++);
+      const std::string what = "units[" + std::to_string(u) + "].params[" + std::to_string(p - 1) + "]";
+      ExpectExact(jp, "offset", param.offset, what);
+      ExpectExact(jp, "numel", param.numel, what);
+      size_t d = 0;
+      for (const auto& jd : jp.at("shape")) {
+        STRATA_FUZZ_EXPECT(strata::fuzz::SameNumber(jd, param.shape.at(d)), "accepted %s.shape[%zu] = %lld from %s",
+                           what.c_str(), d, static_cast<long long>(param.shape.at(d)),
+                           jd.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        ++d;
+      }
+    }
+    ++u;
+  }
+  size_t s = 0;
+  for (const auto& js : j.at("shards")) {
+    const auto& shard = m.shards.at(s);
+    const std::string what = "shards[" + std::to_string(s++) + "]";
+    ExpectExact(js, "rank", shard.rank, what);
+    ExpectExact(js, "bytes", shard.bytes, what);
+    strata::fuzz::ExpectExactHex32(js, "crc32", shard.checksum, what);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -70,6 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                        "error does not name the file: %s", m.status().ToString().c_str());
     return 0;
   }
+  ExpectExactNumbers(text, *m);
   for (const auto& s : m->shards) {
     STRATA_FUZZ_EXPECT(ConfinedName(s.file), "accepted shard file name '%s' escapes the step directory",
                        s.file.c_str());

@@ -4,15 +4,18 @@
 //  - a rejection of the file is DataLoss naming the file;
 //  - every accepted tensor's byte span is exactly (product of its shape, computed without wrapping) x its
 //    dtype's size, and lies inside the data section; accepted tensors do not overlap;
+//  - every accepted shape extent and data offset is the header's number exactly (json_exact.h);
 //  - ReadF32 of an accepted F32/BF16/F16 tensor returns numel values; other dtypes are InvalidArgument.
 #include <algorithm>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "tests/fuzz/fuzz_file.h"
+#include "tests/fuzz/json_exact.h"
 
 namespace {
 
@@ -33,6 +36,27 @@ bool ExactBytes(const strata::checkpoint::TensorInfo& t, uint64_t* bytes) {
   return true;
 }
 
+void ExpectExactNumbers(const uint8_t* data, uint64_t header_bytes, const strata::checkpoint::SafetensorsReader& r) {
+  const auto j = nlohmann::json::parse(data + 8, data + 8 + header_bytes);
+  for (const auto& t : r.tensors()) {
+    const auto& e = j.at(t.name);
+    const auto dump = [](const nlohmann::json& v) {
+      return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    };
+    size_t d = 0;
+    for (const auto& jd : e.at("shape")) {
+      STRATA_FUZZ_EXPECT(d < t.shape.size() && strata::fuzz::SameNumber(jd, t.shape[d]),
+                         "tensor '%s': accepted shape[%zu] from %s", t.name.c_str(), d, dump(jd).c_str());
+      ++d;
+    }
+    const auto& off = e.at("data_offsets");
+    STRATA_FUZZ_EXPECT(strata::fuzz::SameNumber(off.at(0), t.begin) && strata::fuzz::SameNumber(off.at(1), t.end),
+                       "tensor '%s': accepted data_offsets [%llu, %llu] from %s", t.name.c_str(),
+                       static_cast<unsigned long long>(t.begin), static_cast<unsigned long long>(t.end),
+                       dump(off).c_str());
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -49,6 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t header_bytes = 0;  // Open checked that the file holds 8 + this many bytes
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | data[i];
   const uint64_t data_bytes = size - 8 - header_bytes;
+  ExpectExactNumbers(data, header_bytes, *reader);
   std::vector<std::pair<uint64_t, uint64_t>> spans;
   for (const auto& t : reader->tensors()) {
     uint64_t bytes = 0;

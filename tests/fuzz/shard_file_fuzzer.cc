@@ -4,13 +4,17 @@
 //  - a rejection is DataLoss naming the file;
 //  - every accepted range lies inside the file (offset + 4 * count <= size, without wrapping), so that
 //    reading it never allocates more than the file holds;
+//  - every accepted number is the header's number exactly (json_exact.h), each CRC-32 its hex text's value;
 //  - reading each accepted range either succeeds or is DataLoss (checksum) naming the file.
 #include <cstdint>
+#include <cstring>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "runtime/checkpoint/shard_file.h"
 #include "tests/fuzz/fuzz_file.h"
+#include "tests/fuzz/json_exact.h"
 
 namespace {
 
@@ -18,6 +22,24 @@ void ExpectDataLoss(const absl::Status& s, const std::string& path) {
   STRATA_FUZZ_EXPECT(s.code() == absl::StatusCode::kDataLoss, "unexpected error kind: %s", s.ToString().c_str());
   STRATA_FUZZ_EXPECT(s.message().find(path) != absl::string_view::npos, "error does not name the file: %s",
                      s.ToString().c_str());
+}
+
+// Open accepted the file, so it holds 16 + header length bytes and the header parses.
+void ExpectExactNumbers(const uint8_t* data, const strata::checkpoint::ShardReader& r) {
+  uint64_t len = 0;
+  std::memcpy(&len, data + 8, 8);
+  const auto j = nlohmann::json::parse(data + 16, data + 16 + len);
+  strata::fuzz::ExpectExact(j, "rank", r.rank(), "header");
+  strata::fuzz::ExpectExact(j, "world_size", r.world_size(), "header");
+  size_t i = 0;
+  for (const auto& e : j.at("ranges")) {
+    const auto& range = r.ranges().at(i);
+    const std::string what = "ranges[" + std::to_string(i++) + "]";
+    strata::fuzz::ExpectExact(e, "begin", range.begin, what);
+    strata::fuzz::ExpectExact(e, "count", range.count, what);
+    strata::fuzz::ExpectExact(e, "offset", range.offset, what);
+    strata::fuzz::ExpectExactHex32(e, "crc32", range.crc, what);
+  }
 }
 
 }  // namespace
@@ -30,6 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ExpectDataLoss(reader.status(), file->path());
     return 0;
   }
+  ExpectExactNumbers(data, *reader);
   for (const strata::checkpoint::ShardRange& r : reader->ranges()) {
     const bool inside = r.offset <= size && r.count <= (size - r.offset) / 4;
     STRATA_FUZZ_EXPECT(inside, "accepted range %s.%s %s: offset %llu + 4 x %llu elements is past the %zu-byte file",
