@@ -3,9 +3,7 @@
 // parser that trusts them accepts a different value than the file says.
 #pragma once
 
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -43,13 +41,21 @@ void ExpectExact(const nlohmann::json& obj, const char* key, T parsed, const std
                      it == obj.end() ? "nothing" : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
-// A CRC-32 written as hex text: the parsed value must be the text's value, not a truncation of a longer
-// number or the wrap of a negative one (std::stoul accepts both).
+// A CRC-32 written as hex text (the writers print "%08x"): the parsed value must be that of a text of one
+// to eight hex digits and nothing else. std::stoul also takes "-1" (wrapped), nine or more digits
+// (truncated by the cast), and stops at the first non-digit ("2%3f" reads as 2).
 inline void ExpectExactHex32(const nlohmann::json& obj, const char* key, uint32_t parsed, const std::string& what) {
   const std::string text = obj.at(key).get<std::string>();
-  errno = 0;
-  const unsigned long long value = std::strtoull(text.c_str(), nullptr, 16);
-  const bool ok = errno == 0 && text.find('-') == std::string::npos && value <= 0xffffffffu && value == parsed;
+  bool ok = !text.empty() && text.size() <= 8;
+  uint32_t value = 0;
+  for (char c : text) {
+    const int d = c >= '0' && c <= '9' ? c - '0'
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    ok = ok && d >= 0;
+    value = value * 16 + static_cast<uint32_t>(d < 0 ? 0 : d);
+  }
+  ok = ok && value == parsed;
   STRATA_FUZZ_EXPECT(ok, "accepted %s.%s = %08x from the text '%s'", what.c_str(), key, parsed, text.c_str());
 }
 
