@@ -17,6 +17,24 @@ elseif(NOT STRATA_SANITIZER STREQUAL "")
   message(FATAL_ERROR "STRATA_SANITIZER must be address, undefined or thread (got '${STRATA_SANITIZER}')")
 endif()
 
+# The fuzz build (STRATA_BUILD_FUZZERS, preset `fuzz`): every library is compiled with libFuzzer's coverage
+# instrumentation plus ASan+UBSan, so that a bug deep in a parser is seen; only the harnesses link the
+# libFuzzer driver (-fsanitize=fuzzer, in tests/fuzz/CMakeLists.txt). UBSan findings abort, so that
+# libFuzzer records them as crashes.
+if(STRATA_BUILD_FUZZERS)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "STRATA_BUILD_FUZZERS needs clang (libFuzzer); use `cmake --preset fuzz` "
+                        "(got ${CMAKE_CXX_COMPILER_ID})")
+  endif()
+  if(NOT STRATA_SANITIZER STREQUAL "")
+    message(FATAL_ERROR "STRATA_BUILD_FUZZERS brings its own sanitizers; leave STRATA_SANITIZER empty")
+  endif()
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link,address,undefined>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=undefined>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-omit-frame-pointer>)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
 # strata_library(NAME SOURCES ... DEPS ...): one library per folder, PUBLIC deps in layer order.
 function(strata_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})

@@ -1,9 +1,21 @@
 // CPU feature detection for the kernel variants (see isa.h).
 #include "kernels/cpu/isa.h"
 
+#include <cpuid.h>
+
 #include <cstring>
 
 namespace strata::kernels::cpu {
+namespace {
+
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for __builtin_cpu_supports, and the
+// fuzz build (tests/fuzz) compiles this file with clang 14.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
+}  // namespace
 
 const char* IsaName(Isa isa) {
   switch (isa) {
@@ -33,8 +45,7 @@ bool ParseIsa(const char* name, Isa* out) {
 bool IsaSupported(Isa isa) {
   __builtin_cpu_init();
   // The flags each variant's file is compiled with (kernels/CMakeLists.txt) must all be checked here.
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl");
   switch (isa) {
