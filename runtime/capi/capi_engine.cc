@@ -40,12 +40,14 @@ absl::StatusOr<shard::ParamSpec> ReadSpec(const strata_param_spec* params, int32
   STRATA_RETURN_IF_ERROR(CheckHeader(params, kMin, sizeof(strata_param_spec), "params[0]", /*input=*/true));
   const size_t stride = params[0].struct_size;
   const auto* raw = reinterpret_cast<const strata_param_spec*>(reinterpret_cast<const char*>(params) + i * stride);
-  strata_param_spec p = STRATA_PARAM_SPEC_INIT;
-  STRATA_RETURN_IF_ERROR(ReadVersioned(raw, kMin, where.c_str(), &p));
+  // The element's own struct_size is checked against the stride before anything past its header is read:
+  // a larger one would send ReadVersioned's scan of unknown bytes past the element (and the array).
   if (raw->struct_size != stride) {
     return VersionError(absl::StrCat(where, ".struct_size is ", raw->struct_size, " but params[0].struct_size is ",
                                      stride, ": every element of the array must have the same layout"));
   }
+  strata_param_spec p = STRATA_PARAM_SPEC_INIT;
+  STRATA_RETURN_IF_ERROR(ReadVersioned(raw, kMin, where.c_str(), &p));
   if (p.name == nullptr) return NullArgument(absl::StrCat(where, ".name").c_str());
   if (p.ndim < 1) return absl::InvalidArgumentError(absl::StrCat(where, ".ndim is ", p.ndim, "; it must be >= 1"));
   if (p.shape == nullptr) return NullArgument(absl::StrCat(where, ".shape").c_str());

@@ -122,7 +122,8 @@ absl::Status UnknownKeyError(const std::string& prefix, const std::string& key, 
 }
 
 std::string Shown(const json& v) {
-  std::string text = v.dump();
+  // A value from --set may hold any bytes; invalid UTF-8 is shown replaced (dump() would throw on it).
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 60) text = absl::StrCat(text.substr(0, 57), "...");
   return text;
 }

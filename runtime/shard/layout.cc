@@ -44,10 +44,37 @@ absl::Status TooLarge(const std::string& unit, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("unit '", unit, "': ", what, " exceeds 2^48 elements, the most a unit can hold"));
 }
 
+// Unit and parameter names are written into checkpoint manifests and shard headers (JSON) and error
+// messages, so they must be text: well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates), no
+// control characters, at most 1024 bytes. A name from the C ABI may hold any bytes.
+absl::Status CheckName(const std::string& name, absl::string_view what) {
+  if (name.size() > 1024) return absl::InvalidArgumentError(absl::StrCat(what, " is ", name.size(), " bytes long; at most 1024"));
+  for (size_t i = 0; i < name.size();) {
+    const unsigned char c = name[i];
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len > 0 && i + len <= name.size() && c >= 0x20 && c != 0x7f;
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned char d = name[i + k];
+      ok = (d >> 6) == 0x2;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMin[len] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff) && (cp < 0x80 || cp >= 0xa0);
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " is not printable UTF-8 text (byte ", i, " is 0x", absl::Hex(c, absl::kZeroPad2), ")"));
+    }
+    i += len;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<ParamSpec> specs, int world_size) {
   if (name.empty()) return absl::InvalidArgumentError("a unit needs a non-empty name");
+  if (absl::Status s = CheckName(name, "a unit's name"); !s.ok()) return s;
   if (world_size < 1 || world_size > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " is outside [1, ", kMaxWorldSize, "]"));
   }
@@ -58,6 +85,7 @@ absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<Param
   size_t offset = 0;
   for (ParamSpec& s : specs) {
     if (s.name.empty()) return absl::InvalidArgumentError(absl::StrCat("unit '", l.name, "' has a parameter with no name"));
+    if (absl::Status st = CheckName(s.name, absl::StrCat("unit '", l.name, "': a parameter's name")); !st.ok()) return st;
     if (!seen.insert(s.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("unit '", l.name, "' registers parameter '", s.name, "' twice"));
     }

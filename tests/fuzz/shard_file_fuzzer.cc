@@ -45,11 +45,11 @@ void ExpectExactNumbers(const uint8_t* data, const strata::checkpoint::ShardRead
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static strata::fuzz::MemFile* const file = new strata::fuzz::MemFile();
+  static strata::fuzz::DirFile* const file = new strata::fuzz::DirFile("shard_00000.bin");
   file->Set(data, size);
-  auto reader = strata::checkpoint::ShardReader::Open(file->path());
+  auto reader = strata::checkpoint::ShardReader::Open(file->dir(), file->name());
   if (!reader.ok()) {
-    ExpectDataLoss(reader.status(), file->path());
+    ExpectDataLoss(reader.status(), file->name());
     return 0;
   }
   ExpectExactNumbers(data, *reader);
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<float> values;
     const absl::Status s = reader->Read(r, &values);
     if (!s.ok()) {
-      ExpectDataLoss(s, file->path());
+      ExpectDataLoss(s, file->name());
       continue;
     }
     STRATA_FUZZ_EXPECT(values.size() == r.count, "Read returned %zu values for a %llu-element range", values.size(),

@@ -2,6 +2,7 @@
 // outputs, bad JSON configs, bad parameter specs, versioned-struct mismatches, a unit used before
 // finalize, bad unit / parameter ids, calls out of order, unimplemented back-ends; and the last-error
 // message is per thread and cleared by a successful call.
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -177,6 +178,15 @@ TEST(CApiErrors, VersionedStructsAreChecked) {
                                   Spec("v", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0)};
     specs[1].struct_size = 8;
     EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "c", specs, 2, nullptr), STRATA_ERR_VERSION, "params[1]");
+    // A later element claiming more bytes than the stride is refused before its unknown bytes are scanned
+    // (they would lie past the array: ASan saw the heap over-read; tests/fuzz/regressions/capi_specs).
+    auto* tight = static_cast<strata_param_spec*>(std::malloc(2 * sizeof(strata_param_spec)));
+    tight[0] = specs[0];
+    tight[1] = Spec("v", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0);
+    tight[1].struct_size = sizeof(strata_param_spec) + 64;
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "c", tight, 2, nullptr), STRATA_ERR_VERSION,
+                        "every element of the array must have the same layout");
+    std::free(tight);
     EXPECT_STRATA_OK(strata_engine_destroy(e));
   });
 }

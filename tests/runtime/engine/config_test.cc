@@ -355,6 +355,15 @@ TEST(Config, DeepNestingIsRefusedBeforeParsing) {
   EXPECT_THAT(std::string(path.status().message()), HasSubstr("parts; at most 64"));
 }
 
+// An override's text that is not JSON becomes a string; bytes that are not UTF-8 once made the error
+// message's dump() throw into the bug guard (Internal). tests/fuzz/regressions/config.
+TEST(Config, AnOverrideValueThatIsNotUtf8IsAnInvalidArgument) {
+  auto cfg = ParseConfigWithOverrides("{}", {"bf16=\x8b"});
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument) << cfg.status();
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("bf16"));
+}
+
 TEST(Config, DuplicateKeysInsideAnOverrideValueAreRejected) {
   auto cfg = ParseConfigWithOverrides("{}", {R"(optimizer.params={"lr": 1e-3, "lr": 2e-3})"});
   ASSERT_FALSE(cfg.ok());

@@ -102,6 +102,25 @@ TEST(UnitLayout, SizesThatOverflowAreErrors) {
   EXPECT_FALSE(UnitLayout::Build("u", {ParamSpec{"a", {1}, false, Init::Zeros()}}, (1 << 20) + 1).ok());
 }
 
+// Names go into checkpoint JSON (whose writer throws on invalid UTF-8) and messages: printable UTF-8 only.
+TEST(UnitLayout, NamesMustBePrintableUtf8) {
+  auto with = [](std::string unit, std::string param) {
+    return UnitLayout::Build(unit, {ParamSpec{param, {2}, false, Init::Zeros()}}, 1);
+  };
+  EXPECT_TRUE(with("h.0", "attn.w").ok());
+  EXPECT_TRUE(with("caf\xc3\xa9", "\xe2\x86\x92\xf0\x9f\x98\x80").ok()) << "two-, three- and four-byte forms";
+  for (const std::string& bad : {std::string("\x8b"), std::string("a\xc3"), std::string("\xc0\xaf"),  // stray, cut, overlong
+                                std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"),    // surrogate, > U+10FFFF
+                                std::string("a\nb"), std::string("\x7f"), std::string("\xc2\x85"),    // controls
+                                std::string(1025, 'x')}) {
+    auto param = with("u", bad);
+    ASSERT_FALSE(param.ok()) << bad;
+    EXPECT_EQ(param.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(param.status().message().find("unit 'u': a parameter's name"), absl::string_view::npos) << param.status();
+    EXPECT_FALSE(with(bad, "w").ok()) << bad;
+  }
+}
+
 TEST(InitValue, NormalAndUniformHaveTheirMoments) {
   const uint64_t k = ParamKey("u", "w");
   const int n = 200000;
