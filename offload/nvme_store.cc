@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "offload/fast_crc32.h"
+#include "runtime/base/crc32.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 
@@ -162,7 +162,7 @@ IoWork NvmeStore::Write(const NvmeExtent& extent, memory::BufferView src) {
   if (!bad.ok()) return IoWork::Completed(std::move(bad));
   std::shared_ptr<ExtentRecord> rec = extent.record_;
   char* data = static_cast<char*>(src.data);
-  const uint32_t crc = FastCrc32(data, rec->bytes);
+  const uint32_t crc = Crc32(data, rec->bytes);
   rec->valid.store(false);  // until this write lands, the old contents are gone
   const uint64_t direct = src.bytes >= rec->io_bytes ? rec->io_bytes : rec->bytes / kAlignment * kAlignment;
   std::shared_ptr<char> bounce;
@@ -202,7 +202,7 @@ IoWork NvmeStore::Read(const NvmeExtent& extent, memory::BufferView dst) {
                              [this, rec, data, direct, bounce, promise](absl::Status s) mutable {
                                if (s.ok() && bounce) std::memcpy(data + direct, bounce.get(), rec->bytes - direct);
                                if (s.ok()) {
-                                 const uint32_t got = FastCrc32(data, rec->bytes), want = rec->crc.load();
+                                 const uint32_t got = Crc32(data, rec->bytes), want = rec->crc.load();
                                  if (got != want) {
                                    s = absl::DataLossError(absl::StrCat("checksum mismatch: stored crc32 0x",
                                                                         absl::Hex(want), ", read 0x", absl::Hex(got)));

@@ -18,9 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "offload/fast_crc32.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_pool.h"
+#include "runtime/base/crc32.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
@@ -111,7 +111,7 @@ absl::Status StoreBench::SetUp(const NvmeBenchOptions& o, json* setup) {
   (*setup)["queue"] = queue_->description();
   (*setup)["pinned"] = pool_->locked();
   (*setup)["registered_buffers"] = reg.ok() && queue_->backend() == offload::IoBackend::kUring;
-  (*setup)["checksum"] = absl::StrCat("crc32 (", offload::FastCrc32Implementation(), ") per block");
+  (*setup)["checksum"] = absl::StrCat("crc32 (", Crc32Implementation(), ") per block");
   return absl::OkStatus();
 }
 

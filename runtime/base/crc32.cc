@@ -1,8 +1,13 @@
+// Crc32 (crc32.h): run-time dispatch between the PCLMULQDQ folding kernel (crc32_pclmul.cc, the bulk of
+// any input of 64 bytes or more) and the slicing-by-4 table (short inputs, the tail, CPUs without it).
 #include "runtime/base/crc32.h"
 
 #include <array>
 
+#include "runtime/base/crc32_internal.h"
+
 namespace strata {
+namespace internal {
 namespace {
 
 // Slicing-by-4 tables: four bytes per step, about 4x the byte-wise loop.
@@ -21,7 +26,7 @@ std::array<std::array<uint32_t, 256>, 4> MakeTables() {
 
 }  // namespace
 
-uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
+uint32_t Crc32Table(const void* data, size_t n, uint32_t crc) {
   static const auto t = MakeTables();
   const uint8_t* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
@@ -35,5 +40,29 @@ uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
   while (n--) crc = t[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
   return ~crc;
 }
+
+bool Crc32HavePclmul() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool have = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+  return have;
+#else
+  return false;
+#endif
+}
+
+}  // namespace internal
+
+uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  if (n >= 64 && internal::Crc32HavePclmul()) {
+    const size_t chunk = n & ~size_t{15};
+    crc = ~internal::Crc32FoldPclmul(p, chunk, ~crc);
+    p += chunk;
+    n -= chunk;
+  }
+  return n == 0 ? crc : internal::Crc32Table(p, n, crc);
+}
+
+const char* Crc32Implementation() { return internal::Crc32HavePclmul() ? "pclmul" : "table"; }
 
 }  // namespace strata

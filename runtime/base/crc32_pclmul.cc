@@ -1,14 +1,16 @@
-// The PCLMULQDQ folding kernel of FastCrc32 (fast_crc32.h). This file alone is compiled with
-// -msse4.1 -mpclmul; it runs only after the run-time CPU check in fast_crc32.cc.
+// The PCLMULQDQ folding kernel of Crc32 (crc32.h). This file alone is compiled with -msse4.1 -mpclmul
+// (on x86; elsewhere it compiles to a stub that is never called); it runs only after the run-time CPU
+// check in crc32.cc (internal::Crc32HavePclmul).
 //
 // Method: Intel, "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ Instruction" (2009),
 // bit-reflected CRC-32 constants as in zlib-chromium's crc32_simd.c: fold four 128-bit lanes over
 // 64-byte blocks, fold the lanes into one, fold 16-byte blocks, reduce 128 -> 64 -> 32 bits (Barrett).
+#include "runtime/base/crc32_internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
-#include "offload/fast_crc32.h"
-
-namespace strata::offload::internal {
+namespace strata::internal {
 
 uint32_t Crc32FoldPclmul(const unsigned char* buf, size_t len, uint32_t crc) {
   alignas(16) static const uint64_t k1k2[] = {0x0154442bd4, 0x01c6e41596};
@@ -59,4 +61,12 @@ uint32_t Crc32FoldPclmul(const unsigned char* buf, size_t len, uint32_t crc) {
   return static_cast<uint32_t>(_mm_extract_epi32(x1, 1));
 }
 
-}  // namespace strata::offload::internal
+}  // namespace strata::internal
+
+#else  // not x86: Crc32HavePclmul() is false, so this is never called.
+
+namespace strata::internal {
+uint32_t Crc32FoldPclmul(const unsigned char*, size_t, uint32_t crc) { return crc; }
+}  // namespace strata::internal
+
+#endif
