@@ -4,15 +4,17 @@
 // (3 x forward FLOPs per token, 4 x with activation checkpointing) and its fraction of the sgemm rate.
 // With --device cuda the reference is the GPU's dense bf16 matrix-product rate measured in the same run
 // (the MFU denominator) instead.
-// The optimizer update's time (StepResult::optimizer_ms, the update without waits) is reported at the
-// configured strata.optimizer_threads and, when that is more than one, at one thread: the timed steps
-// run twice, the second time with a one-thread pool (the result bits do not depend on it).
+// The optimizer update's time (StepResult::optimizer_ms: norm, clip, update, casts, without waits) is
+// reported at one thread and at the configured strata.optimizer_threads: when that is more than one,
+// --steps more pairs of steps alternate the two counts (so both see the same machine conditions) and
+// the medians are reported, the slowest rank's (the step waits for it). The bits do not depend on it.
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
 #include <algorithm>
 #include <limits>
+#include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +49,27 @@ double SgemmGflops(int M, int K, int N) {
   return 2.0 * M * K * N * reps / secs / 1e9;
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Median update time at 1 thread and at `threads`, over `pairs` steps of each, alternating; `step` runs
+// one step and returns its StepResult::optimizer_ms. Leaves the engine at `threads`.
+absl::StatusOr<std::pair<double, double>> UpdateMsAtOneAndN(engine::Engine& e, int threads, int pairs,
+                                                            const std::function<absl::StatusOr<double>()>& step) {
+  std::vector<double> one, many;
+  for (int p = 0; p < pairs; ++p) {
+    STRATA_RETURN_IF_ERROR(e.SetOptimizerThreads(1));
+    STRATA_ASSIGN_OR_RETURN(const double a, step());
+    STRATA_RETURN_IF_ERROR(e.SetOptimizerThreads(threads));
+    STRATA_ASSIGN_OR_RETURN(const double b, step());
+    one.push_back(a);
+    many.push_back(b);
+  }
+  return std::make_pair(Median(one), Median(many));
+}
+
 // `world` carries the engine's collectives, `host` (host buffers) the bench's own (launch.h).
 absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Communicator& host, Compute& compute,
                    bool json) {
@@ -66,8 +89,8 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
   STRATA_ASSIGN_OR_RETURN(auto sync, dev.CreateStream("bench"));
   double fwd_bwd_s = 0, opt_s = 0;  // time in forward + backward, and in Step() (wait for reductions + update)
-  double update_ms = 0;             // the update itself, summed over steps (StepResult::optimizer_ms)
-  auto run_step = [&]() -> absl::Status {
+  std::vector<double> update_ms;    // the update itself, per timed step (StepResult::optimizer_ms)
+  auto run_step = [&]() -> absl::StatusOr<double> {
     const auto t0 = Clock::now();
     for (int a = 0; a < o.engine.gradient_accumulation_steps; ++a) {
       STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
@@ -76,12 +99,11 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
     }
     const auto t1 = Clock::now();
     STRATA_ASSIGN_OR_RETURN(const engine::StepResult r, e->Step());
-    update_ms += r.optimizer_ms;
     fwd_bwd_s += std::chrono::duration<double>(t1 - t0).count();
     opt_s += std::chrono::duration<double>(Clock::now() - t1).count();
-    return absl::OkStatus();
+    return r.optimizer_ms;
   };
-  STRATA_RETURN_IF_ERROR(run_step());  // warm-up: records the schedule, touches all memory
+  STRATA_RETURN_IF_ERROR(run_step().status());  // warm-up: records the schedule, touches all memory
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
   const double sgemm = gpu ? 0.0 : SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
@@ -89,24 +111,22 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
     return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, " is out of range [0, 2147483647]"));
   }
   const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
-  fwd_bwd_s = opt_s = update_ms = 0;
+  fwd_bwd_s = opt_s = 0;
   const auto t0 = Clock::now();
-  for (int s = 0; s < steps; ++s) STRATA_RETURN_IF_ERROR(run_step());
+  for (int s = 0; s < steps; ++s) {
+    STRATA_ASSIGN_OR_RETURN(const double ms, run_step());
+    update_ms.push_back(ms);
+  }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const int threads = e->optimizer_threads();
-  const double update_n_ms = update_ms / steps;
-  double update_1_ms = update_n_ms;
-  if (threads > 1) {  // the same steps again on one thread
-    const double fb = fwd_bwd_s, op = opt_s;
-    update_ms = 0;
-    STRATA_RETURN_IF_ERROR(e->SetOptimizerThreads(1));
-    for (int s = 0; s < steps; ++s) STRATA_RETURN_IF_ERROR(run_step());
-    STRATA_RETURN_IF_ERROR(e->SetOptimizerThreads(threads));
-    update_1_ms = update_ms / steps;
+  std::pair<double, double> one_and_n{Median(update_ms), Median(update_ms)};
+  if (threads > 1) {
+    const double fb = fwd_bwd_s, op = opt_s;  // the figures above are the timed steps' alone
+    STRATA_ASSIGN_OR_RETURN(one_and_n, UpdateMsAtOneAndN(*e, threads, steps, run_step));
     fwd_bwd_s = fb, opt_s = op;
   }
   // Ranks time their own shards; report the slowest rank (the step waits for it).
-  float upd[2] = {static_cast<float>(update_1_ms), static_cast<float>(update_n_ms)};
+  float upd[2] = {static_cast<float>(one_and_n.first), static_cast<float>(one_and_n.second)};
   std::vector<float> all_upd(2 * size_t(world.size()));
   STRATA_RETURN_IF_ERROR(host.AllGather(upd, all_upd.data(), 2, DType::kF32, *sync).Wait());
   for (size_t r = 0; r < all_upd.size(); r += 2) {
@@ -175,7 +195,7 @@ std::string BenchStepUsage() {
   return "usage: strata bench step [--json] [strata train's flags]\n"
          "  times --steps steps (default 3) of strata train's step and reports tokens/s, the step-time split\n"
          "  and the matmul rate against an sgemm measured in the same run, and the optimizer update's time on\n"
-         "  one thread and on --optimizer-threads (the timed steps run once more on one thread). Flags:\n"
+         "  one thread and on --optimizer-threads (medians of --steps more steps of each, alternating). Flags:\n"
          "  --json                      one JSON object\n" +
          TrainUsage().substr(TrainUsage().find('\n') + 1);
 }
