@@ -6,8 +6,9 @@
 // the tier is host memory or device memory. Host builds and the pinned-host tier use HostTierOps: the
 // host kernels (kernels/cpu through runtime/optim), exactly the calls the engine always made, so host
 // results are unchanged bit for bit. Its optimizer update runs on the engine's HostExecutor
-// (strata.optimizer_threads), whose results are the same bits for every thread count. A CUDA device tier uses CudaTierOps (tier_ops_cuda.cc): the
-// kernels/cuda twins, which share the element math, on a private stream of the engine's device.
+// (strata.optimizer_threads), whose results are the same bits for every thread count. A CUDA device
+// tier uses CudaTierOps (tier_ops_cuda.cc): the kernels/cuda twins, which share the element math, on a
+// private stream of the engine's device.
 //
 // Conventions. Pointers belong to the tier the ops were made for. "Blocking" calls return when the
 // work is complete (and report its error); "On(stream)" calls enqueue in stream order and return at once.
