@@ -4,12 +4,17 @@
 // (3 x forward FLOPs per token, 4 x with activation checkpointing) and its fraction of the sgemm rate.
 // With --device cuda the reference is the GPU's dense bf16 matrix-product rate measured in the same run
 // (the MFU denominator) instead.
+// The optimizer update's time (StepResult::optimizer_ms: norm, clip, update, casts, without waits) is
+// reported at one thread and at the configured strata.optimizer_threads: when that is more than one,
+// --steps more pairs of steps alternate the two counts (so both see the same machine conditions) and
+// the medians are reported, the slowest rank's (the step waits for it). The bits do not depend on it.
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
 #include <algorithm>
 #include <limits>
+#include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +49,27 @@ double SgemmGflops(int M, int K, int N) {
   return 2.0 * M * K * N * reps / secs / 1e9;
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Median update time at 1 thread and at `threads`, over `pairs` steps of each, alternating; `step` runs
+// one step and returns its StepResult::optimizer_ms. Leaves the engine at `threads`.
+absl::StatusOr<std::pair<double, double>> UpdateMsAtOneAndN(engine::Engine& e, int threads, int pairs,
+                                                            const std::function<absl::StatusOr<double>()>& step) {
+  std::vector<double> one, many;
+  for (int p = 0; p < pairs; ++p) {
+    STRATA_RETURN_IF_ERROR(e.SetOptimizerThreads(1));
+    STRATA_ASSIGN_OR_RETURN(const double a, step());
+    STRATA_RETURN_IF_ERROR(e.SetOptimizerThreads(threads));
+    STRATA_ASSIGN_OR_RETURN(const double b, step());
+    one.push_back(a);
+    many.push_back(b);
+  }
+  return std::make_pair(Median(one), Median(many));
+}
+
 // `world` carries the engine's collectives, `host` (host buffers) the bench's own (launch.h).
 absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Communicator& host, Compute& compute,
                    bool json) {
@@ -63,7 +89,8 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
   STRATA_ASSIGN_OR_RETURN(auto sync, dev.CreateStream("bench"));
   double fwd_bwd_s = 0, opt_s = 0;  // time in forward + backward, and in Step() (wait for reductions + update)
-  auto run_step = [&]() -> absl::Status {
+  std::vector<double> update_ms;    // the update itself, per timed step (StepResult::optimizer_ms)
+  auto run_step = [&]() -> absl::StatusOr<double> {
     const auto t0 = Clock::now();
     for (int a = 0; a < o.engine.gradient_accumulation_steps; ++a) {
       STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
@@ -71,12 +98,12 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
       STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
     }
     const auto t1 = Clock::now();
-    STRATA_RETURN_IF_ERROR(e->Step().status());
+    STRATA_ASSIGN_OR_RETURN(const engine::StepResult r, e->Step());
     fwd_bwd_s += std::chrono::duration<double>(t1 - t0).count();
     opt_s += std::chrono::duration<double>(Clock::now() - t1).count();
-    return absl::OkStatus();
+    return r.optimizer_ms;
   };
-  STRATA_RETURN_IF_ERROR(run_step());  // warm-up: records the schedule, touches all memory
+  STRATA_RETURN_IF_ERROR(run_step().status());  // warm-up: records the schedule, touches all memory
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
   const double sgemm = gpu ? 0.0 : SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
@@ -86,8 +113,26 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
   fwd_bwd_s = opt_s = 0;
   const auto t0 = Clock::now();
-  for (int s = 0; s < steps; ++s) STRATA_RETURN_IF_ERROR(run_step());
+  for (int s = 0; s < steps; ++s) {
+    STRATA_ASSIGN_OR_RETURN(const double ms, run_step());
+    update_ms.push_back(ms);
+  }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int threads = e->optimizer_threads();
+  std::pair<double, double> one_and_n{Median(update_ms), Median(update_ms)};
+  if (threads > 1) {
+    const double fb = fwd_bwd_s, op = opt_s;  // the figures above are the timed steps' alone
+    STRATA_ASSIGN_OR_RETURN(one_and_n, UpdateMsAtOneAndN(*e, threads, steps, run_step));
+    fwd_bwd_s = fb, opt_s = op;
+  }
+  // Ranks time their own shards; report the slowest rank (the step waits for it).
+  float upd[2] = {static_cast<float>(one_and_n.first), static_cast<float>(one_and_n.second)};
+  std::vector<float> all_upd(2 * size_t(world.size()));
+  STRATA_RETURN_IF_ERROR(host.AllGather(upd, all_upd.data(), 2, DType::kF32, *sync).Wait());
+  for (size_t r = 0; r < all_upd.size(); r += 2) {
+    upd[0] = std::max(upd[0], all_upd[r]);
+    upd[1] = std::max(upd[1], all_upd[r + 1]);
+  }
   const double tokens = double(steps) * B * T * o.engine.gradient_accumulation_steps * world.size();
   const double flops_per_token = (o.checkpointing ? 4.0 : 3.0) * gpt::ForwardFlopsPerToken(o.model);
   const double gflops_per_rank = flops_per_token * tokens / secs / 1e9 / world.size();
@@ -107,16 +152,19 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
       std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
                   "\"device\":\"%s\",\"matmul\":\"%s\",\"attention\":\"%s\",\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,"
                   "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
+                  "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
                   "\"peak_device_bytes\":%llu}\n",
                   shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(),
                   o.engine.stage, B, T, compute.name.c_str(), gpt::ProductsName(compute.products), attention.c_str(), secs / steps * 1e3,
                   tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3,
+                  threads, upd[0], upd[1],
                   static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes));
     } else {
       std::printf("%s, %d ranks on %s, stage %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s per rank, MFU %.1f%% "
-                  "of the bf16 matmul rate (%.1f TFLOP/s in the same run)\n",
+                  "of the bf16 matmul rate (%.1f TFLOP/s in the same run); update %.2f ms on 1 thread, %.2f ms on %d\n",
                   shape.c_str(), world.size(), compute.name.c_str(), o.engine.stage,
-                  secs / steps * 1e3, tokens / secs, gflops_per_rank, 100 * mfu, bf16_flops / 1e12);
+                  secs / steps * 1e3, tokens / secs, gflops_per_rank, 100 * mfu, bf16_flops / 1e12, upd[0], upd[1],
+                  threads);
     }
     return absl::OkStatus();
   }
@@ -124,15 +172,19 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
     std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
                 "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,\"sgemm_gflops_per_rank\":%.2f,"
                 "\"fraction_of_sgemm\":%.3f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
+                "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
                 "\"peak_device_bytes\":%llu,\"max_rss_mib_per_rank\":%.1f}\n",
                 shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(), o.engine.stage, B, T,
                 secs / steps * 1e3, tokens / secs, gflops_per_rank, sgemm, gflops_per_rank / sgemm,
-                fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib);
+                fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, threads, upd[0], upd[1],
+                static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib);
   } else {
     std::printf("%s, %d ranks, stage %d: %.1f ms/step (forward+backward %.1f, Step() %.1f), %.0f tokens/s, "
-                "%.2f GFLOP/s per rank = %.1f%% of sgemm (%.2f GFLOP/s per rank in the same run)\n",
+                "%.2f GFLOP/s per rank = %.1f%% of sgemm (%.2f GFLOP/s per rank in the same run); "
+                "update %.2f ms on 1 thread, %.2f ms on %d\n",
                 shape.c_str(), world.size(), o.engine.stage, secs / steps * 1e3, fwd_bwd_s / steps * 1e3,
-                opt_s / steps * 1e3, tokens / secs, gflops_per_rank, 100 * gflops_per_rank / sgemm, sgemm);
+                opt_s / steps * 1e3, tokens / secs, gflops_per_rank, 100 * gflops_per_rank / sgemm, sgemm, upd[0], upd[1],
+                threads);
   }
   return absl::OkStatus();
 }
@@ -142,7 +194,8 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
 std::string BenchStepUsage() {
   return "usage: strata bench step [--json] [strata train's flags]\n"
          "  times --steps steps (default 3) of strata train's step and reports tokens/s, the step-time split\n"
-         "  and the matmul rate against an sgemm measured in the same run. Flags:\n"
+         "  and the matmul rate against an sgemm measured in the same run, and the optimizer update's time on\n"
+         "  one thread and on --optimizer-threads (medians of --steps more steps of each, alternating). Flags:\n"
          "  --json                      one JSON object\n" +
          TrainUsage().substr(TrainUsage().find('\n') + 1);
 }

@@ -31,6 +31,7 @@ const std::pair<const char*, const char*> kConfigFlags[] = {
     {"offload-optimizer", "zero_optimization.offload_optimizer.device"},
     {"device-budget", "strata.device_budget"},
     {"host-budget", "strata.host_budget"},
+    {"optimizer-threads", "strata.optimizer_threads"},
 };
 
 absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::string& text) {
@@ -174,6 +175,7 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"device-budget", false, "bytes of the device tier (e.g. 512MiB); host memory on host builds"},
       {"host-budget", false, "bytes of pinned host memory"},
       {"prefetch", false, "units gathered ahead"},
+      {"optimizer-threads", false, "threads of the host optimizer update (default 0: the CPUs this rank may use, at most 64)"},
       {"collective-timeout", false, "seconds before a stuck collective fails the job (default 60)"},
       {"loader-delay-us", false, "testing: slow the data loader by this much per batch"},
       {"inject-nonfinite-step", false, "testing: NaN gradients at this step (0-based) on --inject-nonfinite-rank"},

@@ -32,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cpu/thread_pool.h"
 #include "runtime/base/input_file.h"
 #include "runtime/base/json_text.h"
 #include "runtime/base/nearest.h"
@@ -82,7 +83,7 @@ const KeyNode& Schema() {
           {"round_robin_gradients"}}},
       {"strata", {{"param_dtype"}, {"reduce_dtype"}, {"max_live_units"}, {"prefetch_depth"},
                   {"reshard_after_forward"}, {"collective_timeout_ms"}, {"seed"}, {"device_budget"},
-                  {"host_budget"}}},
+                  {"host_budget"}, {"optimizer_threads"}}},
   }};
   // clang-format on
   return *kRoot;
@@ -516,6 +517,8 @@ absl::Status ParseStrata(const Section& root, EngineConfig* cfg, PrecisionReques
   }
   STRATA_RETURN_IF_ERROR(s.Uint64("seed", &cfg->seed));
   STRATA_RETURN_IF_ERROR(s.Bytes("device_budget", &cfg->device_budget_bytes));
+  STRATA_RETURN_IF_ERROR(s.Int("optimizer_threads", Closed(0, kernels::cpu::ThreadPool::kMaxThreads),
+                               &cfg->optimizer_threads));
   return s.Bytes("host_budget", &cfg->host_budget_bytes);
 }
 
@@ -664,6 +667,12 @@ int NvmeLanes(const EngineConfig& cfg) { return 1 + optim::StateBuffers(cfg.opti
 
 size_t NvmeStagingTiles(const EngineConfig& cfg) {
   return std::max<size_t>(cfg.offload_optimizer.buffer_count, 3 * static_cast<size_t>(NvmeLanes(cfg)));
+}
+
+int OptimizerThreads(const EngineConfig& cfg) {
+  if (cfg.optimizer_threads > 0) return cfg.optimizer_threads;
+  const int allowed = static_cast<int>(kernels::cpu::AllowedCpus().size());  // 0 if the mask is unreadable
+  return std::clamp(allowed, 1, kMaxDefaultOptimizerThreads);
 }
 
 size_t NvmeParamBuffers(const EngineConfig& cfg, int live) {

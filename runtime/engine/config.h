@@ -60,6 +60,7 @@ struct EngineConfig {
   uint64_t seed = 1;                            // strata.seed
   uint64_t device_budget_bytes = ~uint64_t{0};  // strata.device_budget ("512MiB" or a number)
   uint64_t host_budget_bytes = ~uint64_t{0};    // strata.host_budget
+  int optimizer_threads = 0;                    // strata.optimizer_threads in [0, 256]; 0 = the default
   // Elements per tile of NVMe-resident optimizer state (not a JSON key: the pinned staging buffers are
   // 3 x lanes tiles, so this is a memory knob the engine sizes; tests shrink it to exercise tiling).
   uint64_t nvme_tile_elems = uint64_t{1} << 20;
@@ -91,6 +92,11 @@ size_t NvmeTileElems(const EngineConfig& cfg, size_t largest_update);
 int NvmeLanes(const EngineConfig& cfg);
 // Pinned staging tiles of the NVMe optimizer update: enough for read, update and write of every lane.
 size_t NvmeStagingTiles(const EngineConfig& cfg);
+// Threads of the host optimizer update: strata.optimizer_threads, or when 0 the CPUs this process may
+// run on (its affinity mask), at most kMaxDefaultOptimizerThreads (past that the update is bound by
+// memory bandwidth, and a pool that wide mostly costs wake-ups).
+constexpr int kMaxDefaultOptimizerThreads = 64;
+int OptimizerThreads(const EngineConfig& cfg);
 // Pinned buffers of the NVMe parameter cache: one more than the live gathered units, at least.
 size_t NvmeParamBuffers(const EngineConfig& cfg, int live);
 

@@ -103,14 +103,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                                &impl->tracker);
   impl->host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
                                                              &impl->tracker);
-  impl->host_ops = MakeHostTierOps();
+  // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
+  const bool host_update =
+      device.kind() != device::DeviceKind::kCuda || config.offload_optimizer.device != OffloadDevice::kNone;
+  STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
+  impl->host_ops = MakeHostTierOps(&impl->host_executor);
   if (device.kind() == device::DeviceKind::kCuda) {  // Note [Engine on CUDA]
     STRATA_RETURN_IF_ERROR(impl->SetUpCuda(world));
   } else {
     STRATA_ASSIGN_OR_RETURN(impl->gather_comm, world.Dup("gather", config.collective_timeout_ms));
     STRATA_ASSIGN_OR_RETURN(impl->reduce_comm, world.Dup("reduce", config.collective_timeout_ms));
     STRATA_ASSIGN_OR_RETURN(impl->step_comm, world.Dup("step", config.collective_timeout_ms));
-    impl->device_ops = MakeHostTierOps();
+    impl->device_ops = MakeHostTierOps(&impl->host_executor);
     impl->control = impl->step_comm.get();
     impl->control_stream = impl->step_stream.get();
   }

@@ -125,6 +125,11 @@ class Engine {
   // skips the update on every rank and halves it; loss_scale_window clean steps double it.
   float loss_scale() const;
   MemoryStats memory_stats() const;
+  // Threads of the host optimizer update (strata.optimizer_threads, resolved). SetOptimizerThreads
+  // replaces the pool between steps (0 = the default); the results are the same bits for every count,
+  // so only the time changes (`strata bench step` compares 1 thread with the configured count).
+  int optimizer_threads() const;
+  absl::Status SetOptimizerThreads(int threads);
   void ResetPeakMemory();
   device::Timeline& timeline();
 

@@ -57,6 +57,10 @@ struct Engine::Impl {
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Allocator> device_alloc;
   std::unique_ptr<memory::Allocator> host_alloc;  // the pinned-host tier (offloaded state), host budget
+  // Where host-memory optimizer updates run (HostTierOps and the NVMe tiles read this slot): a pool of
+  // strata.optimizer_threads threads, or empty for one thread. Declared before the ops that point at it.
+  std::unique_ptr<optim::HostExecutor> host_executor;
+  absl::Status SetOptimizerThreads(int threads);  // engine_step.cc; 0 = OptimizerThreads(cfg)'s default
   // Note [Tier ops]: the operations on buffer contents, per tier. device_ops is HostTierOps on host
   // devices (the device tier is host memory there) and CudaTierOps on CUDA devices.
   std::unique_ptr<TierOps> device_ops, host_ops;

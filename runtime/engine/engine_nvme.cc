@@ -188,6 +188,7 @@ absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) 
       }
       optim::ShardState st{v[0].as<float>(), grad + lo, v[1].as<float>(), lanes() > 2 ? v[2].as<float>() : nullptr};
       optim::UpdateOptions opts;
+      opts.executor = host_executor.get();  // same bits for every thread count
       char* dst = params + lo * param_bytes();
       if (cfg.param_dtype != DType::kF32) {
         opts.param_copy = reinterpret_cast<uint16_t*>(dst);

@@ -1,7 +1,10 @@
 // The optimizer step: wait for the gradient reductions, average, global norm (one all-reduce of the
 // shard norms), clip, update each rank's range, cast to the param dtype, re-replicate (stages 1-2),
 // zero the gradients. A non-finite norm skips the update on every rank (the norm is global, so every
-// rank reaches the same decision) and is reported in the result.
+// rank reaches the same decision) and is reported in the result. Host-memory updates run on
+// host_executor (strata.optimizer_threads): the fused kernels give the same bits for every thread
+// count, so the thread count is a speed knob only. The norm stays the sequential optim::SumSquares,
+// whose order the executor's vectorised sum does not reproduce.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +15,29 @@
 #include "runtime/optim/optimizer.h"
 
 namespace strata::engine {
+
+absl::Status Engine::Impl::SetOptimizerThreads(int threads) {
+  if (threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer threads must be >= 0 (0 = the default), got ", threads));
+  }
+  EngineConfig resolved = cfg;
+  resolved.optimizer_threads = threads;
+  const int n = OptimizerThreads(resolved);
+  host_executor.reset();  // before the new pool, so the two never both hold workers
+  if (n == 1) return absl::OkStatus();  // the calling thread: exactly the single-threaded path
+  // The variant ApplyUpdate uses without an executor (STRATA_CPU_ISA, else the widest), so that only
+  // the thread count differs.
+  STRATA_ASSIGN_OR_RETURN(host_executor,
+                          optim::HostExecutor::Create(n, kernels::cpu::IsaName(optim::DefaultHostKernels().isa)));
+  return absl::OkStatus();
+}
+
+absl::Status Engine::SetOptimizerThreads(int threads) {
+  if (impl_->in_micro_batch) return absl::FailedPreconditionError("SetOptimizerThreads() inside an open micro-batch");
+  return impl_->SetOptimizerThreads(threads);
+}
+
+int Engine::optimizer_threads() const { return impl_->host_executor ? impl_->host_executor->threads() : 1; }
 
 // `master` is host memory; the param storage ParamStorage hands out is too.
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {

@@ -11,6 +11,7 @@ namespace {
 
 class HostTierOps final : public TierOps {
  public:
+  explicit HostTierOps(const std::unique_ptr<optim::HostExecutor>* executor) : executor_(executor) {}
   bool host_visible() const override { return true; }
   absl::Status ToHost(void* host, const void* src, size_t bytes) override {
     if (bytes != 0 && host != src) std::memcpy(host, src, bytes);
@@ -45,6 +46,7 @@ class HostTierOps final : public TierOps {
                       const std::vector<shard::Segment>& segs, double lr, int64_t step, float grad_scale,
                       uint16_t* param_copy, DType copy_dtype) override {
     optim::UpdateOptions opts;
+    opts.executor = executor_->get();
     if (param_copy != nullptr && copy_dtype != DType::kF32) {
       opts.param_copy = param_copy;
       opts.param_copy_dtype = copy_dtype;
@@ -62,11 +64,16 @@ class HostTierOps final : public TierOps {
     }
     return absl::OkStatus();
   }
+
+ private:
+  const std::unique_ptr<optim::HostExecutor>* executor_;
 };
 
 }  // namespace
 
-std::unique_ptr<TierOps> MakeHostTierOps() { return std::make_unique<HostTierOps>(); }
+std::unique_ptr<TierOps> MakeHostTierOps(const std::unique_ptr<optim::HostExecutor>* executor) {
+  return std::make_unique<HostTierOps>(executor);
+}
 
 #if !STRATA_WITH_CUDA
 absl::StatusOr<std::unique_ptr<TierOps>> MakeCudaTierOps(device::Device&) {

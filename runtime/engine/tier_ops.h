@@ -5,8 +5,10 @@
 // (zero, accumulate, scale, norm, optimizer update, cast, copies to and from the host) depends on whether
 // the tier is host memory or device memory. Host builds and the pinned-host tier use HostTierOps: the
 // host kernels (kernels/cpu through runtime/optim), exactly the calls the engine always made, so host
-// results are unchanged bit for bit. A CUDA device tier uses CudaTierOps (tier_ops_cuda.cc): the
-// kernels/cuda twins, which share the element math, on a private stream of the engine's device.
+// results are unchanged bit for bit. Its optimizer update runs on the engine's HostExecutor
+// (strata.optimizer_threads), whose results are the same bits for every thread count. A CUDA device
+// tier uses CudaTierOps (tier_ops_cuda.cc): the kernels/cuda twins, which share the element math, on a
+// private stream of the engine's device.
 //
 // Conventions. Pointers belong to the tier the ops were made for. "Blocking" calls return when the
 // work is complete (and report its error); "On(stream)" calls enqueue in stream order and return at once.
@@ -57,7 +59,9 @@ class TierOps {
   virtual absl::Status Cast(DType to, const float* src, void* dst, size_t n) = 0;
 };
 
-std::unique_ptr<TierOps> MakeHostTierOps();
+// `executor` is the slot holding the executor Update() runs on (read at each call, so the engine may
+// replace it between steps; an empty slot: the calling thread). The slot must outlive the ops.
+std::unique_ptr<TierOps> MakeHostTierOps(const std::unique_ptr<optim::HostExecutor>* executor);
 
 // CUDA builds only (tier_ops_cuda.cc): the device tier of `device` (a CUDA device). Unimplemented on
 // host builds.

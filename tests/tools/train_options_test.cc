@@ -37,6 +37,16 @@ TEST(ParseTrainOptions, IntegerFlagsAreNeverNarrowed) {
   EXPECT_EQ(ok->engine.collective_timeout_ms, 2500);
 }
 
+TEST(ParseTrainOptions, OptimizerThreadsMapsToItsConfigKey) {
+  auto ok = ParseTrainOptions({"--optimizer-threads", "3"}, 1);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->engine.optimizer_threads, 3);
+  EXPECT_EQ(ParseTrainOptions({}, 1)->engine.optimizer_threads, 0);
+  EXPECT_THAT(Error({"--optimizer-threads", "-1"}),
+              AllOf(HasSubstr("--optimizer-threads"), HasSubstr("strata.optimizer_threads"), HasSubstr("[0, 256]")));
+  EXPECT_THAT(Error({"--optimizer-threads", "1000"}), HasSubstr("--optimizer-threads"));
+}
+
 TEST(ParseTrainOptions, ADirectoryAsConfigIsNamed) {
   const std::string dir = ::testing::TempDir();
   EXPECT_THAT(Error({"--config", dir}), AllOf(HasSubstr("--config"), HasSubstr(dir), HasSubstr("is a directory")));

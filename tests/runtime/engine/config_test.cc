@@ -55,6 +55,7 @@ TEST(Config, EmptyObjectKeepsDefaults) {
   EXPECT_EQ(cfg.seed, 1u);
   EXPECT_EQ(cfg.device_budget_bytes, ~uint64_t{0});
   EXPECT_EQ(cfg.host_budget_bytes, ~uint64_t{0});
+  EXPECT_EQ(cfg.optimizer_threads, 0);
 }
 
 constexpr char kFullConfig[] = R"({
@@ -83,7 +84,7 @@ constexpr char kFullConfig[] = R"({
   },
   "strata": {"param_dtype": "bf16", "reduce_dtype": "bf16", "max_live_units": 3, "prefetch_depth": 2,
              "reshard_after_forward": false, "collective_timeout_ms": 30000, "seed": 18446744073709551615,
-             "device_budget": "512MiB", "host_budget": 1073741824}
+             "device_budget": "512MiB", "host_budget": 1073741824, "optimizer_threads": 6}
 })";
 
 TEST(Config, FullDeepSpeedExampleFillsTheStruct) {
@@ -120,6 +121,7 @@ TEST(Config, FullDeepSpeedExampleFillsTheStruct) {
   EXPECT_EQ(cfg.seed, ~uint64_t{0});
   EXPECT_EQ(cfg.device_budget_bytes, 512ull << 20);
   EXPECT_EQ(cfg.host_budget_bytes, 1ull << 30);
+  EXPECT_EQ(cfg.optimizer_threads, 6);
 }
 
 TEST(Config, Fp16BlockSetsLossScaling) {
@@ -267,6 +269,10 @@ TEST(Config, RangeChecksNameTheKeyValueAndRange) {
   ExpectInvalid(R"({"strata": {"max_live_units": 0}})", {"strata.max_live_units", "is 0", ">= 1"});
   ExpectInvalid(R"({"strata": {"prefetch_depth": -1}})", {"strata.prefetch_depth", ">= 0"});
   ExpectInvalid(R"({"strata": {"collective_timeout_ms": 0}})", {"strata.collective_timeout_ms", ">= 1"});
+  ExpectInvalid(R"({"strata": {"optimizer_threads": -1}})", {"strata.optimizer_threads", "in [0, 256]"});
+  ExpectInvalid(R"({"strata": {"optimizer_threads": 257}})", {"strata.optimizer_threads", "in [0, 256]"});
+  ExpectInvalid(R"({"strata": {"optimizer_threads": 2.5}})", {"strata.optimizer_threads"});
+  ExpectInvalid(R"({"strata": {"optimizer_threads": "4"}})", {"strata.optimizer_threads"});
   ExpectInvalid(R"({"train_micro_batch_size_per_gpu": 0})", {"train_micro_batch_size_per_gpu", ">= 1"});
   ExpectInvalid(R"({"gradient_accumulation_steps": 0})", {"gradient_accumulation_steps", ">= 1"});
   ExpectInvalid(R"({"gradient_accumulation_steps": 3000000000})",
