@@ -49,6 +49,8 @@ absl::Status Inspect(const std::string& dir, bool verify) {
 absl::Status Export(const std::string& dir, const std::string& out) {
   STRATA_ASSIGN_OR_RETURN(std::string step_dir, checkpoint::ResolveCheckpoint(dir));
   STRATA_ASSIGN_OR_RETURN(checkpoint::Manifest m, checkpoint::ReadManifest(step_dir));
+  // A manifest that lists fewer parameters than its shards hold would export a partial model.
+  STRATA_RETURN_IF_ERROR(checkpoint::CheckCoverage(step_dir, m));
   const bool gpt = IsGpt(m);
   std::vector<checkpoint::TensorToWrite> tensors;
   for (size_t u = 0; u < m.units.size(); ++u) {

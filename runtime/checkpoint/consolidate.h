@@ -35,5 +35,8 @@ struct VerifyReport {
 // Checks every shard's size and header checksum against the manifest, every range's checksum, and that
 // the ranges of all shards cover every parameter's elements of every state kind exactly once.
 absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& step_dir, const Manifest& m);
+// The same checks but the range checksums, from the shards' headers alone (no data is read): what an
+// export checks before it trusts the manifest's list of parameters.
+absl::Status CheckCoverage(const std::string& step_dir, const Manifest& m);
 
 }  // namespace strata::checkpoint

@@ -214,7 +214,22 @@ absl::Status RenameDurably(const std::string& from, const std::string& to) {
   return FsyncDir(Parent(to));
 }
 
+absl::Status CheckReplaceable(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? absl::OkStatus() : Err("lstat", path);
+  // A directory is left to rename(), which refuses to put a file in its place (EISDIR): nothing is lost.
+  if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode)) return absl::OkStatus();
+  const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  return absl::FailedPreconditionError(
+      absl::StrCat("'", path, "' exists and is ", kind, ": refusing to replace it with a file; choose another path"));
+}
+
 absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes) {
+  STRATA_RETURN_IF_ERROR(CheckReplaceable(path));
   TempFile tmp(TempName(path));
   {
     STRATA_ASSIGN_OR_RETURN(Fd fd, OpenForWrite(tmp.path()));

@@ -50,6 +50,12 @@ class TempFile {
   std::string path_;
 };
 
+// OK when `path` may be replaced by renaming a finished temporary over it: it does not exist, or it is a
+// regular file or a symlink (the link is replaced, its target is left alone), or a directory (rename()
+// itself refuses that). A FIFO, device or socket there is FailedPrecondition naming it: rename() would
+// silently put a regular file in the place of /dev/full or a pipe.
+absl::Status CheckReplaceable(const std::string& path);
+
 // The temporary name of `path` for this process: "<path>.tmp.<pid>".
 std::string TempName(const std::string& path);
 

@@ -279,6 +279,7 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
                               const std::map<std::string, std::string>& metadata) {
   const std::string parent = std::filesystem::path(path).parent_path().string();
   if (!parent.empty()) STRATA_RETURN_IF_ERROR(MakeDirs(parent));
+  STRATA_RETURN_IF_ERROR(CheckReplaceable(path));
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), absl::StrCat("writing '", path, "'"));

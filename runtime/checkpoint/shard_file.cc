@@ -40,6 +40,7 @@ std::string Label(const ShardRange& r) { return absl::StrCat(r.unit, ".", r.para
 
 absl::StatusOr<ShardWriter> ShardWriter::Create(const std::string& path, int rank, int world_size,
                                                 std::vector<ShardRange> ranges) {
+  STRATA_RETURN_IF_ERROR(CheckReplaceable(path));
   ShardWriter w;
   w.path_ = path;
   w.tmp_ = TempFile(TempName(path));

@@ -28,18 +28,22 @@ std::optional<int64_t> ParseStepDirName(absl::string_view name) {
 
 // The std::filesystem calls take an error_code: the throwing overloads would abort on a path the
 // user gave that cannot be examined (too long, unreadable parent).
+// Only names StepDirName could have written count ("step_x", "step_00000004_old" are someone else's), in
+// the order of their steps, not of their text (step_100000000 comes after step_99999999), and a step is
+// complete only when its manifest is a regular file.
 std::vector<std::string> CompleteSteps(const std::string& dir) {
-  std::vector<std::string> out;
+  std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
+    const std::optional<int64_t> step = ParseStepDirName(it->path().filename().string());
     std::error_code entry_ec;
-    if (name.rfind("step_", 0) == 0 && it->is_directory(entry_ec) &&
-        fs::exists(it->path() / kManifestName, entry_ec)) {
-      out.push_back(it->path().string());
+    if (step && it->is_directory(entry_ec) && fs::is_regular_file(it->path() / kManifestName, entry_ec)) {
+      found.emplace_back(*step, it->path().string());
     }
   }
-  std::sort(out.begin(), out.end());
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
   return out;
 }
 

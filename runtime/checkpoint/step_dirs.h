@@ -20,7 +20,8 @@ std::optional<int64_t> ParseStepDirName(absl::string_view name);
 // The step directory to load from `path`: the path itself when it holds a manifest, else the complete
 // step directory with the highest step under it. NotFound naming the path when there is none.
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
-// Complete step directories under `dir`, oldest first.
+// Complete step directories under `dir` (named by StepDirName, with a manifest that is a regular file),
+// in increasing step order.
 std::vector<std::string> CompleteSteps(const std::string& dir);
 
 // Removes one path (a file, or a directory with what it holds).

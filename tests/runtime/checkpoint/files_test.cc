@@ -2,6 +2,8 @@
 // symlink escapes, through openat2 and through its fallback; temporaries never outlive a failure.
 #include "runtime/checkpoint/files.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 
 #include "gmock/gmock.h"
@@ -100,6 +102,22 @@ TEST_F(Files, FailedAtomicWriteLeavesNoTemporary) {
   EXPECT_THAT(Temps(dir_), IsEmpty());
   ASSERT_TRUE(WriteFileAtomic(Path("ok.json"), "payload").ok());
   EXPECT_THAT(Temps(dir_), IsEmpty());
+}
+
+// Writing over a FIFO or a device node once replaced it with a regular file (as root, /dev/full).
+TEST_F(Files, AtomicWritesRefuseToReplaceAFifoOrADevice) {
+  ASSERT_EQ(::mkfifo(Path("pipe").c_str(), 0600), 0);
+  absl::Status s = WriteFileAtomic(Path("pipe"), "payload");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("exists and is a FIFO: refusing to replace it"));
+  struct stat st;
+  ASSERT_EQ(::lstat(Path("pipe").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO is still there";
+  EXPECT_THAT(Temps(dir_), IsEmpty());
+  EXPECT_FALSE(CheckReplaceable("/dev/null").ok()) << "a character device";
+  EXPECT_TRUE(CheckReplaceable(Path("absent")).ok());
+  Write("file", "x");
+  EXPECT_TRUE(CheckReplaceable(Path("file")).ok());
 }
 
 TEST_F(Files, RemoveTempsRemovesOnlyPickedTemporaries) {

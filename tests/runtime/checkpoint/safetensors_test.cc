@@ -5,6 +5,9 @@
 // reader and from the in-memory validator alike; a file the writer made reads back bit for bit.
 #include "runtime/checkpoint/safetensors.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -60,6 +63,22 @@ TEST(Safetensors, WrittenFilesReadBackAndValidate) {
   std::ifstream f(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(f)), {});
   EXPECT_TRUE(ValidateSafetensorsHeader(bytes).ok());
+}
+
+// --save-weights and `ckpt export -o` onto a FIFO once replaced it with a regular file.
+TEST(Safetensors, WritingRefusesToReplaceAFifo) {
+  const std::string path = ::testing::TempDir() + "/pipe.safetensors";
+  ::unlink(path.c_str());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  std::vector<TensorToWrite> tensors = {
+      {"a", {1}, [] { return absl::StatusOr<std::vector<float>>(std::vector<float>{1}); }}};
+  const absl::Status s = WriteSafetensors(path, tensors, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is a FIFO"));
+  struct stat st;
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ::unlink(path.c_str());
 }
 
 TEST(Safetensors, AShapeWhoseByteSizeOverflowsIsRefused) {

@@ -24,6 +24,21 @@ TEST(ParseStepDirName, ReadsOnlyWhatStepDirNameWrites) {
   }
 }
 
+// Keep-last pruning and "the latest" read this list: names sorted as text once put step_100000000 before
+// step_99999999 (pruning the newest), and a stray "step_x" or "step_00000004_old" counted as a step.
+TEST_F(StepDirs, CompleteStepsAreOursInStepOrder) {
+  for (const char* d : {"step_99999999", "step_100000000", "step_00000002", "step_x", "step_00000004_old"}) {
+    Write(std::string(d) + "/manifest.json", "{}");
+  }
+  Write("step_00000006/shard_00000.bin", "x");       // no manifest: incomplete
+  fs::create_directories(Path("step_00000008/manifest.json"));  // a directory, not a manifest
+  EXPECT_THAT(CompleteSteps(dir_.string()),
+              ::testing::ElementsAre(Path("step_00000002"), Path("step_99999999"), Path("step_100000000")));
+  auto latest = ResolveCheckpoint(dir_.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, Path("step_100000000"));
+}
+
 TEST_F(StepDirs, RemoveStepRemovesEverything) {
   Write("step_00000002/manifest.json", "{}");
   Write("step_00000002/shard_00000.bin", "x");
