@@ -80,7 +80,10 @@ HostShare CrowdedHost(const std::vector<HostRecord>& ranks) {
 
 StepDiagnostics::Cause StepDiagnostics::CommCause(double cpu_share) const {
   if (share_.cores > 0 && share_.ranks > share_.cores) return Cause::kOversubscribed;
-  if (cpu_share >= 0 && cpu_share < t_.descheduled) return Cause::kDescheduled;
+  // Hysteresis, as for the verdict: once said, "descheduled" holds until the share is clearly back
+  // (ranks sharing their cores hover near the threshold, and the cause would flip every window).
+  const double limit = said_[kComm] == Cause::kDescheduled ? t_.descheduled + 0.1 : t_.descheduled;
+  if (cpu_share >= 0 && cpu_share < limit) return Cause::kDescheduled;
   return Cause::kTransfers;
 }
 

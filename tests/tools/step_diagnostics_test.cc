@@ -76,6 +76,18 @@ TEST(StepDiagnostics, DescheduledRanksAreNamedAndACauseChangeIsSaid) {
   EXPECT_THAT(second[0], HasSubstr("check the interconnect"));
 }
 
+// Two ranks on two shared cores hover near the descheduled threshold: the cause must not flip every window
+// (an adversarial run saw 83 lines in 9000 steps).
+TEST(StepDiagnostics, ACpuShareHoveringAtTheThresholdDoesNotFlipTheCause) {
+  StepDiagnostics d(DiagnosticThresholds{.window = 10}, HostShare{.ranks = 2, .cores = 2});
+  std::vector<std::string> said;
+  for (int i = 0; i < 9000; ++i) {
+    for (std::string& line : d.Observe(Step(60, (i / 20) % 2 == 0 ? 0.70 : 0.80))) said.push_back(std::move(line));
+  }
+  ASSERT_EQ(said.size(), 1u) << said.back();
+  EXPECT_THAT(said[0], HasSubstr("descheduled"));
+}
+
 TEST(StepDiagnostics, EachConditionIsJudgedOnItsOwn) {
   StepDiagnostics d(DiagnosticThresholds{.window = 5});
   StepTimes s = Step(60);
