@@ -136,6 +136,24 @@ open(f"{w}/cut.safetensors", "wb").write(raw[:len(raw) // 2])
 PY
   expect_error "weights missing a tensor" "has no tensor 'h.0.ln_1.weight'" --init-from "$work/renamed.safetensors"
   expect_error "truncated weights" "truncated file" --init-from "$work/cut.safetensors"
+  python3 - "$work" <<'PY'
+import json, struct, sys
+w = sys.argv[1]
+raw = bytearray(open(f"{w}/w.safetensors", "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+b = json.loads(raw[8:8 + n])["h.1.mlp.c_fc.weight"]["data_offsets"][0]
+for name, value in (("nan", float("nan")), ("inf", float("inf"))):
+    poisoned = bytearray(raw); poisoned[8 + n + b + 4 * 5:8 + n + b + 4 * 6] = struct.pack("<f", value)
+    open(f"{w}/{name}.safetensors", "wb").write(poisoned)
+PY
+  for v in nan inf; do
+    expect_error "a $v weight in --init-from" "tensor 'h.1.mlp.c_fc.weight' holds $v at index 5; weights must be finite" \
+      --init-from "$work/$v.safetensors"
+    out=$("$strata" generate --layers 2 --d-model 64 --heads 4 --seq-len 32 --tokens 4 --init-from "$work/$v.safetensors" 2>&1)
+    rc=$?
+    [ $rc -ge 1 ] && [ $rc -le 127 ] && grep -q "tensor 'h.1.mlp.c_fc.weight' holds $v at index 5" <<<"$out"
+    check "strata generate refuses a $v weight (exit $rc)" $? "rc=$rc: $out"
+  done
   # Untrusted input: directories, flags that would narrow, weights that name a tensor twice, and a diverging run.
   expect_error "a directory as --config" "config file '$work' is a directory, not a file" --config "$work"
   expect_error "a directory as --data" "data file '$work' is a directory, not a file" --data "$work"
