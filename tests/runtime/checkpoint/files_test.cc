@@ -23,6 +23,12 @@ TEST(CheckPlainFileName, AcceptsOnlyOnePlainComponent) {
     EXPECT_EQ(CheckPlainFileName(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_FALSE(CheckPlainFileName(std::string("a\0b", 3)).ok());
+  for (const char* bad : {"a\x01", "\tx", "x\x1b[0m", "del\x7f", "x\n"}) {
+    const absl::Status s = CheckPlainFileName(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("holds a control byte")) << bad;
+  }
+  EXPECT_TRUE(CheckPlainFileName("caf\xc3\xa9.bin").ok());  // UTF-8 is not a control byte
   EXPECT_FALSE(CheckPlainFileName(std::string(256, 'a')).ok());
 }
 
