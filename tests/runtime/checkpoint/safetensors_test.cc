@@ -5,6 +5,9 @@
 // reader and from the in-memory validator alike; a file the writer made reads back bit for bit.
 #include "runtime/checkpoint/safetensors.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -127,6 +130,19 @@ TEST(Safetensors, ADirectoryIsNamed) {
   auto r = SafetensorsReader::Open(::testing::TempDir());
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("is a directory"));
+}
+
+// A FIFO with no writer hung the open; /dev/zero read as a file of unknown size.
+TEST(Safetensors, ADeviceOrFifoIsNotARegularFile) {
+  const std::string fifo = ::testing::TempDir() + "/weights_fifo.safetensors";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero")}) {
+    auto r = SafetensorsReader::Open(path);
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("safetensors file '" + path + "' is not a regular file"));
+  }
+  ::unlink(fifo.c_str());
 }
 
 }  // namespace
