@@ -112,7 +112,7 @@ absl::StatusOr<Fd> OpenInDirNoFollow(const std::string& dir, const std::string& 
     return absl::PermissionDeniedError(absl::StrCat("'", absl::CHexEscape(name), "' in '", dir, "': ", s.message()));
   }
   STRATA_ASSIGN_OR_RETURN(Fd d, OpenDir(dir));
-  const int fd = ::openat(d.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  const int fd = ::openat(d.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ELOOP) return Escapes(dir, name);
     return Err("openat", absl::StrCat(dir, "/", name));
@@ -126,7 +126,9 @@ absl::StatusOr<Fd> OpenInDir(const std::string& dir, const std::string& name) {
   }
   STRATA_ASSIGN_OR_RETURN(Fd d, OpenDir(dir));
   struct open_how how {};
-  how.flags = O_RDONLY | O_CLOEXEC;
+  // O_NONBLOCK: a FIFO planted in a checkpoint opens at once (then FileSize refuses it) instead of
+  // blocking for a writer; a regular file's reads ignore the flag.
+  how.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
   long fd;
   do {

@@ -2,6 +2,8 @@
 // symlink escapes, through openat2 and through its fallback; temporaries never outlive a failure.
 #include "runtime/checkpoint/files.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 
 #include "gmock/gmock.h"
@@ -41,6 +43,20 @@ TEST_F(Files, OpenInDirReadsAFileInside) {
     ASSERT_TRUE(size.ok());
     EXPECT_EQ(*size, 3u);
   }
+}
+
+// A FIFO in a step directory hung the reader in open() waiting for a writer.
+TEST_F(Files, AFifoInTheStepDirectoryIsRefusedWithoutBlocking) {
+  Write("step/a.bin", "abc");
+  ASSERT_EQ(::mkfifo(Path("step/fifo.bin").c_str(), 0600), 0);
+  for (auto open : {&OpenInDir, &OpenInDirNoFollow}) {
+    auto fd = open(Path("step"), "fifo.bin");
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    EXPECT_THAT(std::string(FileSize(fd->get(), "fifo.bin").status().message()), HasSubstr("is not a regular file"));
+  }
+  auto text = ReadFileInDir(Path("step"), "fifo.bin", 1 << 20);
+  ASSERT_FALSE(text.ok());
+  EXPECT_THAT(std::string(text.status().message()), HasSubstr("is not a regular file"));
 }
 
 TEST_F(Files, OpenInDirRefusesPathsOutside) {
