@@ -121,7 +121,7 @@ absl::Status ApplyLrScaling(const Flags& f, int world, engine::EngineConfig* c) 
 
 absl::StatusOr<std::string> ReadConfigText(const Flags& f) {
   if (!f.Has("config")) return std::string("{}");
-  auto text = ReadInputFile(f.Str("config"), "config file");
+  auto text = ReadConfigFile(f.Str("config"));
   if (!text.ok()) return Annotate(text.status(), "--config");
   return text;
 }

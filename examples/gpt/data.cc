@@ -91,7 +91,8 @@ absl::StatusOr<std::vector<int32_t>> DecodeTokens(std::string_view bytes, int vo
 
 absl::StatusOr<std::vector<int32_t>> LoadTokens(const std::string& path, int vocab) {
   if (path.empty()) return DecodeTokens(EmbeddedCorpus(), vocab, "<embedded corpus>");
-  STRATA_ASSIGN_OR_RETURN(const std::string bytes, ReadInputFile(path, "data file"));
+  STRATA_ASSIGN_OR_RETURN(const std::string bytes,
+                          ReadInputFile(path, "data file", MaxTokenFileBytes(), InputKind::kRegularFileOrFifo));
   return DecodeTokens(bytes, vocab, path);
 }
 

@@ -1,5 +1,6 @@
 #include "examples/gpt/weights.h"
 
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -101,6 +102,13 @@ absl::Status LoadWeights(engine::Engine& e, const GptModel& model, const std::st
                                                      absl::StrJoin(p.shape, ","), "] (", Describe(model.config()), ")"));
     }
     STRATA_ASSIGN_OR_RETURN(std::vector<float> v, r.ReadF32(t));
+    // A NaN or Inf would surface steps later as "training diverged", or as garbage from generate.
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("weights file '", path, "': tensor '", t.name, "' holds ", v[i],
+                                                       " at index ", i, "; weights must be finite"));
+      }
+    }
     STRATA_RETURN_IF_ERROR(e.SetParam(p.unit, p.param, v));
     used.insert(p.name);
   }

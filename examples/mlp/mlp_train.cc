@@ -102,7 +102,7 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  auto text = ReadInputFile(path, "config file");
+  auto text = ReadConfigFile(path);
   if (!text.ok()) return Annotate(text.status(), "--config");
   return text;
 }

@@ -12,6 +12,7 @@
 #include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
 #include "runtime/comm/in_process.h"
+#include "runtime/shard/layout.h"
 #if STRATA_WITH_NCCL
 #include "runtime/comm/nccl_communicator.h"
 #endif
@@ -119,6 +120,10 @@ strata_status strata_comm_create_in_process(int32_t world_size, strata_comm** ou
   return Call(__func__, [&]() -> absl::Status {
     if (out_comms == nullptr) return NullArgument("out_comms");
     if (world_size < 1) return absl::InvalidArgumentError(absl::StrCat("world_size ", world_size, " < 1"));
+    if (world_size > strata::shard::kMaxWorldSize) {
+      return absl::InvalidArgumentError(absl::StrCat("world_size ", world_size, " is above the maximum of ",
+                                                     strata::shard::kMaxWorldSize));
+    }
     std::vector<std::unique_ptr<strata::comm::Communicator>> group =
         strata::comm::CreateInProcessGroup(world_size, strata::capi::WorldOptions());
     for (int32_t r = 0; r < world_size; ++r) {

@@ -1,5 +1,6 @@
 // strata_engine_*: creation from a JSON config, unit registration, finalize, introspection, whole-parameter
 // gather / set, stats, checkpoints and destruction. The per-step hooks are in capi_hooks.cc.
+#include <cmath>
 #include <cstddef>
 #include <filesystem>
 
@@ -22,15 +23,20 @@ namespace {
 // changes when fields are appended.
 #define STRATA_V1_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)nullptr)->last_field))
 
+// Far above any real tensor's rank; a larger ndim is a caller's bug (it once copied a million extents).
+constexpr int32_t kMaxNdim = 64;
+
 absl::StatusOr<shard::Init> ToInit(int32_t kind, float value, const std::string& where) {
-  switch (kind) {
-    case STRATA_INIT_ZEROS: return shard::Init::Zeros();
-    case STRATA_INIT_ONES: return shard::Init::Ones();
-    case STRATA_INIT_CONSTANT: return shard::Init::Constant(value);
-    case STRATA_INIT_NORMAL: return shard::Init::Normal(value);
-    case STRATA_INIT_UNIFORM: return shard::Init::Uniform(value);
-    default: return absl::InvalidArgumentError(absl::StrCat(where, ".init is ", kind, ", not a strata_init_kind"));
+  if (kind == STRATA_INIT_ZEROS) return shard::Init::Zeros();
+  if (kind == STRATA_INIT_ONES) return shard::Init::Ones();
+  if (kind != STRATA_INIT_CONSTANT && kind != STRATA_INIT_NORMAL && kind != STRATA_INIT_UNIFORM) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".init is ", kind, ", not a strata_init_kind"));
   }
+  if (!std::isfinite(value)) {  // it would fill the parameter with NaN / Inf and still return STRATA_OK
+    return absl::InvalidArgumentError(absl::StrCat(where, ".init_value is ", value, "; it must be finite"));
+  }
+  if (kind == STRATA_INIT_CONSTANT) return shard::Init::Constant(value);
+  return kind == STRATA_INIT_NORMAL ? shard::Init::Normal(value) : shard::Init::Uniform(value);
 }
 
 // params[i] of a caller's array whose stride is params[0].struct_size (strata.h).
@@ -50,6 +56,9 @@ absl::StatusOr<shard::ParamSpec> ReadSpec(const strata_param_spec* params, int32
   STRATA_RETURN_IF_ERROR(ReadVersioned(raw, kMin, where.c_str(), &p));
   if (p.name == nullptr) return NullArgument(absl::StrCat(where, ".name").c_str());
   if (p.ndim < 1) return absl::InvalidArgumentError(absl::StrCat(where, ".ndim is ", p.ndim, "; it must be >= 1"));
+  if (p.ndim > kMaxNdim) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".ndim is ", p.ndim, "; it must be <= ", kMaxNdim));
+  }
   if (p.shape == nullptr) return NullArgument(absl::StrCat(where, ".shape").c_str());
   STRATA_ASSIGN_OR_RETURN(shard::Init init, ToInit(p.init, p.init_value, where));
   return shard::ParamSpec{p.name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.weight_decay != 0, init};
@@ -293,6 +302,13 @@ strata_status strata_engine_set_param(strata_engine* engine, int32_t unit, int32
     if (engine->in_micro_batch || engine->open_uses > 0) {
       return absl::FailedPreconditionError("inside a micro-batch or while a unit is begun; set parameters between "
                                            "steps");
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (!std::isfinite(values[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter '", engine->engine->layout(unit).name, ".",
+                                                       engine->engine->layout(unit).params[param].spec.name,
+                                                       "': values[", i, "] is ", values[i], "; it must be finite"));
+      }
     }
     return engine->engine->SetParam(unit, param, std::vector<float>(values, values + count));
   });

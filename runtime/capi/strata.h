@@ -114,7 +114,7 @@ strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out);
 
 /* `world_size` ranks as threads of this process (for tests and single-process use): fills
  * out_comms[0 .. world_size-1], one per rank. Each must be used from its own thread, since the collective
- * calls of the ranks rendezvous with each other. */
+ * calls of the ranks rendezvous with each other. 1 <= world_size <= 2^20. */
 strata_status strata_comm_create_in_process(int32_t world_size, strata_comm** out_comms);
 
 strata_status strata_comm_rank(const strata_comm* comm, int32_t* out_rank);
@@ -162,10 +162,10 @@ typedef struct strata_param_spec {
   uint32_t version;
   const char* name;     /* unique within the unit, non-empty */
   const int64_t* shape; /* ndim positive extents */
-  int32_t ndim;         /* >= 1 */
+  int32_t ndim;         /* 1 .. 64 */
   int32_t weight_decay; /* nonzero: AdamW weight decay applies */
   int32_t init;         /* strata_init_kind */
-  float init_value;     /* see strata_init_kind */
+  float init_value;     /* see strata_init_kind; finite where it is used */
 } strata_param_spec;
 #define STRATA_PARAM_SPEC_INIT \
   { (uint32_t)sizeof(strata_param_spec), STRATA_ABI_VERSION, NULL, NULL, 0, 0, STRATA_INIT_ZEROS, 0.0f }
@@ -276,7 +276,7 @@ strata_status strata_engine_loss_scale(const strata_engine* engine, float* out);
 strata_status strata_engine_gather_param(strata_engine* engine, int32_t unit, int32_t param, float* out,
                                          size_t count);
 /* After finalize, outside micro-batches: overwrites one parameter with a full fp32 value (every rank passes
- * the same `count` = numel floats). Not collective. */
+ * the same `count` = numel floats, all finite). Not collective. */
 strata_status strata_engine_set_param(strata_engine* engine, int32_t unit, int32_t param, const float* values,
                                       size_t count);
 

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 
@@ -75,7 +76,14 @@ absl::StatusOr<Fd> OpenForRead(const std::string& path) {
 absl::Status CheckPlainFileName(absl::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError("the file name is empty");
   if (name.size() > 255) return absl::InvalidArgumentError("the file name is longer than 255 bytes");
-  if (name.find('\0') != absl::string_view::npos) return absl::InvalidArgumentError("the file name holds a NUL byte");
+  // A NUL cut the name (and the error naming it) short; other control bytes reached the terminal raw.
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the file name holds a control byte (0x", absl::Hex(c, absl::kZeroPad2), " at byte ", i, ")"));
+    }
+  }
   if (name.front() == '/') return absl::InvalidArgumentError("an absolute path is not allowed");
   if (name.find('/') != absl::string_view::npos) {
     return absl::InvalidArgumentError("a path with '/' is not allowed (one plain name inside the step directory)");
@@ -101,10 +109,10 @@ absl::StatusOr<Fd> OpenDir(const std::string& dir) {
 
 absl::StatusOr<Fd> OpenInDirNoFollow(const std::string& dir, const std::string& name) {
   if (absl::Status s = CheckPlainFileName(name); !s.ok()) {
-    return absl::PermissionDeniedError(absl::StrCat("'", name, "' in '", dir, "': ", s.message()));
+    return absl::PermissionDeniedError(absl::StrCat("'", absl::CHexEscape(name), "' in '", dir, "': ", s.message()));
   }
   STRATA_ASSIGN_OR_RETURN(Fd d, OpenDir(dir));
-  const int fd = ::openat(d.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  const int fd = ::openat(d.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ELOOP) return Escapes(dir, name);
     return Err("openat", absl::StrCat(dir, "/", name));
@@ -114,11 +122,13 @@ absl::StatusOr<Fd> OpenInDirNoFollow(const std::string& dir, const std::string& 
 
 absl::StatusOr<Fd> OpenInDir(const std::string& dir, const std::string& name) {
   if (absl::Status s = CheckPlainFileName(name); !s.ok()) {
-    return absl::PermissionDeniedError(absl::StrCat("'", name, "' in '", dir, "': ", s.message()));
+    return absl::PermissionDeniedError(absl::StrCat("'", absl::CHexEscape(name), "' in '", dir, "': ", s.message()));
   }
   STRATA_ASSIGN_OR_RETURN(Fd d, OpenDir(dir));
   struct open_how how {};
-  how.flags = O_RDONLY | O_CLOEXEC;
+  // O_NONBLOCK: a FIFO planted in a checkpoint opens at once (then FileSize refuses it) instead of
+  // blocking for a writer; a regular file's reads ignore the flag.
+  how.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
   long fd;
   do {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/base/status.h"
@@ -145,10 +146,11 @@ absl::Status ParseShards(const JsonReader& in, const json& j, const std::string&
     STRATA_ASSIGN_OR_RETURN(ms.file, in.Str(s, "file", f + ".file"));
     if (absl::Status st = CheckPlainFileName(ms.file); !st.ok()) {
       return in.Bad(f + ".file",
-                    absl::StrCat("'", ms.file, "' is not a file inside the step directory: ", st.message()));
+                    absl::StrCat("'", absl::CHexEscape(ms.file), "' is not a file inside the step directory: ",
+                                 st.message()));
     }
     if (!files.insert(ms.file).second) {
-      return in.Bad(f + ".file", absl::StrCat("'", ms.file, "' names another shard's file"));
+      return in.Bad(f + ".file", absl::StrCat("'", absl::CHexEscape(ms.file), "' names another shard's file"));
     }
     STRATA_ASSIGN_OR_RETURN(ms.bytes, in.Uint(s, "bytes", f + ".bytes"));
     STRATA_ASSIGN_OR_RETURN(ms.checksum, in.Hex32(s, "crc32", f + ".crc32"));

@@ -167,6 +167,10 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(absl::StrCat("safetensors file '", path, "' is a directory, not a file"));
   }
+  // A FIFO would block the open below until a writer came; a device has no size to check offsets against.
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors file '", path, "' is not a regular file"));
+  }
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open safetensors file '", path, "'"));
   const uint64_t file_size = static_cast<uint64_t>(f.tellg());

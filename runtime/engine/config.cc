@@ -625,7 +625,7 @@ absl::StatusOr<EngineConfig> ParseConfig(std::string_view json_text) {
 }
 
 absl::StatusOr<EngineConfig> LoadConfigFile(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(const std::string text, ReadInputFile(path, "config file"));
+  STRATA_ASSIGN_OR_RETURN(const std::string text, ReadConfigFile(path));
   auto cfg = ParseConfig(text);
   if (!cfg.ok()) return Annotate(cfg.status(), path);
   return cfg;

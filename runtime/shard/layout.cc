@@ -38,7 +38,6 @@ std::vector<Segment> Intersect(const std::vector<ParamSlot>& params, size_t lo, 
 // Shapes come from callers (the C ABI, checkpoints): a unit's element count is bounded so that every byte
 // size derived from it (16 bytes per element of mixed-precision Adam state, padded, times ranks) fits 64 bits.
 constexpr size_t kMaxUnitElems = size_t{1} << 48;
-constexpr int kMaxWorldSize = 1 << 20;
 
 absl::Status TooLarge(const std::string& unit, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("unit '", unit, "': ", what, " exceeds 2^48 elements, the most a unit can hold"));

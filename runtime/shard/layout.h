@@ -16,6 +16,8 @@
 namespace strata::shard {
 
 inline constexpr size_t kAlignElems = 16;  // 64 bytes of fp32, 32 bytes of bf16
+// The most ranks a layout is built for (the C ABI refuses a larger in-process group before allocating it).
+inline constexpr int kMaxWorldSize = 1 << 20;
 
 struct Init {
   enum class Kind { kZeros, kOnes, kConstant, kNormal, kUniform };

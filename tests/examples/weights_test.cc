@@ -1,8 +1,11 @@
 // Tests for examples/gpt/weights: a file that names one parameter twice ("wte.weight" and
 // "transformer.wte.weight", which the loader strips to the same name) is refused naming both tensors,
-// where one of them used to be picked silently; a file the saver wrote loads back.
+// where one of them used to be picked silently; a file the saver wrote loads back; a NaN or Inf weight is
+// refused naming the tensor and its index (it used to load and surface as "training diverged").
 #include "examples/gpt/weights.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -39,6 +42,37 @@ TEST(LoadWeights, BothSpellingsOfOneTensorAreAmbiguous) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("holds both 'transformer.wte.weight' and 'wte.weight'"));
   EXPECT_THAT(std::string(s.message()), HasSubstr(path));
+}
+
+TEST(LoadWeights, ANonFiniteWeightIsRefusedNamingTheTensorAndIndex) {
+  auto comms = comm::CreateInProcessGroup(1, comm::Options{});
+  device::HostDevice dev;
+  engine::EngineConfig ec;
+  ec.stage = 0;
+  auto e = std::move(engine::Engine::Create(ec, *comms[0], dev)).value();
+  const GptConfig c{1, 8, 2, 4, 11};
+  GptModel model = std::move(GptModel::Register(*e, c)).value();
+  ASSERT_TRUE(e->Finalize().ok());
+  for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    std::vector<checkpoint::TensorToWrite> tensors;
+    for (const HfParam& p : model.hf_params()) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      const bool poisoned = p.name == "h.0.ln_1.weight";
+      tensors.push_back({p.name, p.shape, [n, poisoned, bad] {
+                           std::vector<float> v(static_cast<size_t>(n), 0.5f);
+                           if (poisoned) v[3] = bad;
+                           return absl::StatusOr<std::vector<float>>(std::move(v));
+                         }});
+    }
+    const std::string path = ::testing::TempDir() + "/weights_nonfinite.safetensors";
+    ASSERT_TRUE(checkpoint::WriteSafetensors(path, tensors).ok());
+    const absl::Status s = LoadWeights(*e, model, path);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("weights file '" + path + "': tensor 'h.0.ln_1.weight' holds "));
+    EXPECT_THAT(std::string(s.message()), HasSubstr(" at index 3; weights must be finite"));
+  }
 }
 
 }  // namespace

@@ -136,9 +136,59 @@ open(f"{w}/cut.safetensors", "wb").write(raw[:len(raw) // 2])
 PY
   expect_error "weights missing a tensor" "has no tensor 'h.0.ln_1.weight'" --init-from "$work/renamed.safetensors"
   expect_error "truncated weights" "truncated file" --init-from "$work/cut.safetensors"
+  python3 - "$work" <<'PY'
+import json, struct, sys
+w = sys.argv[1]
+raw = bytearray(open(f"{w}/w.safetensors", "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+b = json.loads(raw[8:8 + n])["h.1.mlp.c_fc.weight"]["data_offsets"][0]
+for name, value in (("nan", float("nan")), ("inf", float("inf"))):
+    poisoned = bytearray(raw); poisoned[8 + n + b + 4 * 5:8 + n + b + 4 * 6] = struct.pack("<f", value)
+    open(f"{w}/{name}.safetensors", "wb").write(poisoned)
+PY
+  for v in nan inf; do
+    expect_error "a $v weight in --init-from" "tensor 'h.1.mlp.c_fc.weight' holds $v at index 5; weights must be finite" \
+      --init-from "$work/$v.safetensors"
+    out=$("$strata" generate --layers 2 --d-model 64 --heads 4 --seq-len 32 --tokens 4 --init-from "$work/$v.safetensors" 2>&1)
+    rc=$?
+    [ $rc -ge 1 ] && [ $rc -le 127 ] && grep -q "tensor 'h.1.mlp.c_fc.weight' holds $v at index 5" <<<"$out"
+    check "strata generate refuses a $v weight (exit $rc)" $? "rc=$rc: $out"
+  done
   # Untrusted input: directories, flags that would narrow, weights that name a tensor twice, and a diverging run.
   expect_error "a directory as --config" "config file '$work' is a directory, not a file" --config "$work"
   expect_error "a directory as --data" "data file '$work' is a directory, not a file" --data "$work"
+  # Devices, FIFOs, huge sparse files and an empty config end in a clear error (exit 1-127), never
+  # bad_alloc (exit 134) or a hang.
+  expect_clean_error() {  # expect_clean_error NAME PATTERN ARGS...
+    local name=$1 pattern=$2; shift 2
+    out=$(timeout 60 "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 1 "$@" 2>&1); rc=$?
+    [ $rc -ge 1 ] && [ $rc -le 127 ] && [ $rc -ne 124 ] && grep -q -- "$pattern" <<<"$out"
+    check "$name (exit $rc)" $? "rc=$rc: $out"
+  }
+  ln -sf /dev/zero "$work/zero-link"
+  rm -f "$work/fifo"; mkfifo "$work/fifo"
+  truncate -s 8T "$work/sparse.bin" 2>/dev/null || truncate -s 70M "$work/sparse.bin"
+  : > "$work/empty.json"
+  expect_clean_error "/dev/zero as --config" "config file '/dev/zero' is not a regular file" --config /dev/zero
+  expect_clean_error "/dev/null as --config" "config file '/dev/null' is not a regular file" --config /dev/null
+  expect_clean_error "/dev/zero as --data" "data file '/dev/zero' is not a regular file" --data /dev/zero
+  expect_clean_error "a link to /dev/zero as --data" "data file '$work/zero-link' is not a regular file" \
+    --data "$work/zero-link"
+  expect_clean_error "a FIFO with no writer as --config" "config file '$work/fifo' is not a regular file" \
+    --config "$work/fifo"
+  expect_clean_error "a huge sparse --config" "config file '$work/sparse.bin' is [0-9]* bytes, above the limit of 67108864 bytes" \
+    --config "$work/sparse.bin"
+  if [ "$(stat -c %s "$work/sparse.bin")" -gt $((64 << 30)) ]; then
+    expect_clean_error "a huge sparse --data" "data file '$work/sparse.bin' is [0-9]* bytes, above the limit of" \
+      --data "$work/sparse.bin"
+  fi
+  expect_clean_error "an empty --config" "config file '$work/empty.json' is empty" --config "$work/empty.json"
+  printf 'some text to train on, read through a pipe, long enough for one window of thirty-three' > "$work/piped.txt"
+  cat "$work/piped.txt" > "$work/fifo" &
+  out=$(timeout 120 "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 1 --data "$work/fifo" 2>&1); rc=$?
+  wait
+  check "--data from a FIFO with a writer still trains (exit $rc)" $rc "$out"
+  rm -f "$work/sparse.bin" "$work/fifo"
   expect_error "--micro-batch past int" "--micro-batch: config key 'train_micro_batch_size_per_gpu' is 4294967297" \
     --micro-batch 4294967297
   expect_error "a micro-batch past int tokens" "--micro-batch 2147483647 x --seq-len 32 tokens exceeds 2147483647" \

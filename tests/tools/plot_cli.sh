@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # strata plot, read back: the SVG parses as XML and holds a title, both axis labels, 1-2-5 ticks that
 # span the data, one polyline point per finite training loss, the evaluation curve when the metrics have
-# eval_loss, decade ticks with --log-y; bad input is an error naming the file and line.
+# eval_loss, decade ticks with --log-y; bad input (a bad line, /dev/zero, a missing file) is an error
+# naming the file (and line).
 #   plot_cli.sh STRATA
 set -uo pipefail
 strata=$1
@@ -62,6 +63,13 @@ check "the SVG read back: $out" $? "$out"
 out=$("$strata" plot "$work/bad.jsonl" -o "$work/bad.svg" 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "bad.jsonl:2: not a metrics line" <<<"$out"
 check "a line without a loss is named" $? "$rc $out"
+# /dev/zero grew one endless "line" until bad_alloc (exit 134); a missing file is named.
+out=$(timeout 60 "$strata" plot /dev/zero -o "$work/zero.svg" 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "metrics file '/dev/zero' is not a regular file" <<<"$out"
+check "/dev/zero as the metrics file is refused" $? "$rc $out"
+out=$("$strata" plot "$work/none.jsonl" -o "$work/none.svg" 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "cannot open metrics file '$work/none.jsonl'" <<<"$out"
+check "a missing metrics file is named" $? "$rc $out"
 out=$("$strata" plot "$work/m.jsonl" -o "$work/loss.png" 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "must end in .svg" <<<"$out"
 check "a .png output is refused with the reason" $? "$rc $out"

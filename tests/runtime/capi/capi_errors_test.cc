@@ -1,9 +1,11 @@
 // Every error path of the C ABI returns a code and a message naming the function: NULL handles and
 // outputs, bad JSON configs, bad parameter specs, versioned-struct mismatches, a unit used before
-// finalize, bad unit / parameter ids, calls out of order, unimplemented back-ends; and the last-error
-// message is per thread and cleared by a successful call.
+// finalize, bad unit / parameter ids, non-finite values, calls out of order, unimplemented back-ends;
+// and the last-error message is per thread and cleared by a successful call.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "tests/runtime/capi/capi_test_util.h"
@@ -63,6 +65,9 @@ TEST(CApiErrors, NullHandlesAreInvalidArgument) {
   EXPECT_STRATA_ERROR(strata_comm_create_mpi(0, nullptr), kInvalid, "out is NULL");
   EXPECT_STRATA_ERROR(strata_comm_create_in_process(2, nullptr), kInvalid, "out_comms is NULL");
   EXPECT_STRATA_ERROR(strata_comm_create_in_process(0, &c), kInvalid, "world_size 0");
+  // INT32_MAX ranks were allocated (and the process OOM-killed) before anything was checked.
+  EXPECT_STRATA_ERROR(strata_comm_create_in_process(INT32_MAX, &c), kInvalid,
+                      "world_size 2147483647 is above the maximum of 1048576");
   // Destroying NULL is a no-op, like free().
   EXPECT_STRATA_OK(strata_engine_destroy(nullptr));
   EXPECT_STRATA_OK(strata_comm_destroy(nullptr));
@@ -206,6 +211,18 @@ TEST(CApiErrors, BadParameterSpecsAreInvalidArgument) {
     EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "params[0].init is 42");
     s = Spec("w", negative, 2, 0, STRATA_INIT_ZEROS, 0);
     EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid, "-2");
+    // A million extents were accepted (and copied); a non-finite init_value filled the parameter with NaN.
+    s = Spec("w", kShapeAB, 1000000, 0, STRATA_INIT_ZEROS, 0);
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid,
+                        "params[0].ndim is 1000000; it must be <= 64");
+    for (const int32_t init : {STRATA_INIT_CONSTANT, STRATA_INIT_NORMAL, STRATA_INIT_UNIFORM}) {
+      s = Spec("w", kShapeAB, 1, 0, init, std::nanf(""));
+      EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid,
+                          "params[0].init_value is nan; it must be finite");
+      s = Spec("w", kShapeAB, 1, 0, init, -std::numeric_limits<float>::infinity());
+      EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 1, nullptr), kInvalid,
+                          "params[0].init_value is -inf; it must be finite");
+    }
     s = Spec("w", kShapeAB, 1, 0, STRATA_INIT_ZEROS, 0);
     EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "u", &s, 0, nullptr), kInvalid, "num_params is 0");
     EXPECT_STRATA_ERROR(strata_engine_register_unit(e, nullptr, &s, 1, nullptr), kInvalid, "name is NULL");
@@ -272,6 +289,30 @@ TEST(CApiErrors, BadUnitAndParameterIdsAreOutOfRange) {
     EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, INT32_MIN, buf, 32), kRange, "has no parameter -2147483648");
     EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, INT32_MIN, buf, 32), kRange, "has no parameter -2147483648");
     EXPECT_STRATA_ERROR(strata_engine_num_params(e, INT32_MIN, &n), kRange, "no unit -2147483648");
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+// set_param used to copy NaN / Inf values in and return STRATA_OK; a refused call leaves the parameter as
+// it was.
+TEST(CApiErrors, NonFiniteSetParamValuesAreInvalidArgumentNamingTheParameter) {
+  RunCRanks(1, [](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, nullptr, true, &e));
+    float before[32], values[32], after[32];
+    ASSERT_STRATA_OK(strata_engine_gather_param(e, 0, 0, before, 32));
+    for (int i = 0; i < 32; ++i) values[i] = 0.25f;
+    values[7] = std::nanf("");
+    EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, 0, values, 32), kInvalid,
+                        "parameter 'a.w': values[7] is nan; it must be finite");
+    values[7] = 0.25f;
+    values[31] = std::numeric_limits<float>::infinity();
+    EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, 0, values, 32), kInvalid,
+                        "parameter 'a.w': values[31] is inf; it must be finite");
+    ASSERT_STRATA_OK(strata_engine_gather_param(e, 0, 0, after, 32));
+    EXPECT_EQ(std::memcmp(before, after, sizeof before), 0);
+    values[31] = 0.25f;
+    EXPECT_STRATA_OK(strata_engine_set_param(e, 0, 0, values, 32));
     EXPECT_STRATA_OK(strata_engine_destroy(e));
   });
 }

@@ -25,6 +25,12 @@ TEST(CheckPlainFileName, AcceptsOnlyOnePlainComponent) {
     EXPECT_EQ(CheckPlainFileName(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_FALSE(CheckPlainFileName(std::string("a\0b", 3)).ok());
+  for (const char* bad : {"a\x01", "\tx", "x\x1b[0m", "del\x7f", "x\n"}) {
+    const absl::Status s = CheckPlainFileName(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("holds a control byte")) << bad;
+  }
+  EXPECT_TRUE(CheckPlainFileName("caf\xc3\xa9.bin").ok());  // UTF-8 is not a control byte
   EXPECT_FALSE(CheckPlainFileName(std::string(256, 'a')).ok());
 }
 
@@ -37,6 +43,20 @@ TEST_F(Files, OpenInDirReadsAFileInside) {
     ASSERT_TRUE(size.ok());
     EXPECT_EQ(*size, 3u);
   }
+}
+
+// A FIFO in a step directory hung the reader in open() waiting for a writer.
+TEST_F(Files, AFifoInTheStepDirectoryIsRefusedWithoutBlocking) {
+  Write("step/a.bin", "abc");
+  ASSERT_EQ(::mkfifo(Path("step/fifo.bin").c_str(), 0600), 0);
+  for (auto open : {&OpenInDir, &OpenInDirNoFollow}) {
+    auto fd = open(Path("step"), "fifo.bin");
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    EXPECT_THAT(std::string(FileSize(fd->get(), "fifo.bin").status().message()), HasSubstr("is not a regular file"));
+  }
+  auto text = ReadFileInDir(Path("step"), "fifo.bin", 1 << 20);
+  ASSERT_FALSE(text.ok());
+  EXPECT_THAT(std::string(text.status().message()), HasSubstr("is not a regular file"));
 }
 
 TEST_F(Files, OpenInDirRefusesPathsOutside) {

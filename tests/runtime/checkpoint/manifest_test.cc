@@ -141,6 +141,28 @@ TEST(ParseManifest, ShardsCoverEveryRankExactlyOnceWithPlainNames) {
   ExpectBad(j, "units[0].params[1].name");
 }
 
+// A NUL in a shard's name cut the error message short (it is printed as a C string) and other control
+// bytes reached the terminal raw: they are refused, the name shown escaped and the message whole.
+TEST(ParseManifest, AShardNameWithAControlByteIsRefusedAndShownEscaped) {
+  const struct {
+    std::string name, escaped, detail;
+  } cases[] = {{std::string("shard\0.bin", 10), "shard\\x00.bin", "0x00 at byte 5"},
+               {"shard\x1b[2J.bin", "shard\\x1b[2J.bin", "0x1b at byte 5"},
+               {"a\x7f", "a\\x7f", "0x7f at byte 1"},
+               {"two\nlines", "two\\nlines", "0x0a at byte 3"}};
+  for (const auto& c : cases) {
+    json j = ValidJson();
+    j["shards"][1]["file"] = c.name;
+    const absl::Status s = Parse(j);
+    ASSERT_FALSE(s.ok()) << c.escaped;
+    const std::string msg(s.message());
+    EXPECT_THAT(msg, HasSubstr("shards[1].file"));
+    EXPECT_THAT(msg, HasSubstr("'" + c.escaped + "' is not a file inside the step directory: the file name holds a "
+                               "control byte (" + c.detail + ")"));
+    for (const char ch : msg) EXPECT_FALSE(static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) << c.escaped;
+  }
+}
+
 TEST(ParseManifest, DeepTrainerStateIsRefusedAndAllowedDepthKept) {
   json j = ValidJson();
   j.erase("trainer");

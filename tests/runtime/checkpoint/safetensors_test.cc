@@ -148,5 +148,18 @@ TEST(Safetensors, ADirectoryIsNamed) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("is a directory"));
 }
 
+// A FIFO with no writer hung the open; /dev/zero read as a file of unknown size.
+TEST(Safetensors, ADeviceOrFifoIsNotARegularFile) {
+  const std::string fifo = ::testing::TempDir() + "/weights_fifo.safetensors";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero")}) {
+    auto r = SafetensorsReader::Open(path);
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("safetensors file '" + path + "' is not a regular file"));
+  }
+  ::unlink(fifo.c_str());
+}
+
 }  // namespace
 }  // namespace strata::checkpoint

@@ -468,6 +468,23 @@ TEST(Config, LoadConfigFileOfADirectoryNamesIt) {
   EXPECT_THAT(std::string(cfg.status().message()), AllOf(HasSubstr(dir), HasSubstr("is a directory")));
 }
 
+// An empty config file is a mistake (it trained with the defaults); empty text through the API is still
+// the no-config case, and /dev/zero is refused without reading it.
+TEST(Config, AnEmptyConfigFileOrADeviceIsRefusedButEmptyTextIsTheDefaults) {
+  const std::string path = ::testing::TempDir() + "/strata_empty_config.json";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  auto cfg = LoadConfigFile(path);
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("config file '" + path + "' is empty"));
+  std::remove(path.c_str());
+  auto zero = LoadConfigFile("/dev/zero");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_THAT(std::string(zero.status().message()), HasSubstr("config file '/dev/zero' is not a regular file"));
+  EXPECT_TRUE(ParseConfigWithOverrides("", {}).ok());
+}
+
 TEST(Config, LoadConfigFileMissingIsNotFound) {
   const std::string path = ::testing::TempDir() + "/strata_no_such_config.json";
   auto cfg = LoadConfigFile(path);
