@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <mutex>
@@ -37,7 +38,8 @@ struct MpiContext {
   int world_size = 1;
   std::mutex diag_mu;
   bool diag_done = false;
-  std::string diag_result;  // "rank(s) 3 did not respond ..." from the first timeout of the process
+  std::vector<int64_t> diag_answer_ms;  // the first timeout's liveness answers (DescribeLiveness)
+  int64_t diag_waited_ms = 0;
 };
 
 namespace {
@@ -55,11 +57,12 @@ MPI_Datatype MpiType(DType t) { return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16
 
 // Asks every peer once, on the control communicator, whether it is alive, and waits `grace_ms` for the
 // answers, recording when each arrives (Note [Late answers] in stall_diagnosis.h). Process-wide once:
-// later timeouts reuse the first answer.
-std::string DiagnoseOnce(MpiContext& ctx, int64_t grace_ms, int64_t late_ms) {
+// later timeouts reuse the first answers (each words them with its own stop, Note [Own stop]).
+std::string DiagnoseOnce(MpiContext& ctx, int64_t grace_ms, int64_t late_ms, bool self_stopped) {
   std::lock_guard<std::mutex> lock(ctx.diag_mu);
-  if (ctx.diag_done) return ctx.diag_result;
-  const int n = ctx.world_size, me = ctx.world_rank;
+  const int me = ctx.world_rank;
+  if (ctx.diag_done) return DescribeLiveness(ctx.diag_answer_ms, me, ctx.diag_waited_ms, late_ms, self_stopped);
+  const int n = ctx.world_size;
   std::vector<long long> mine(1, me), theirs(n, -1);
   std::vector<MPI_Request> sends, recvs(n, MPI_REQUEST_NULL);
   for (int p = 0; p < n; ++p) {
@@ -90,9 +93,10 @@ std::string DiagnoseOnce(MpiContext& ctx, int64_t grace_ms, int64_t late_ms) {
     if (pending > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (MPI_Request& r : sends) MPI_Request_free(&r);
-  ctx.diag_result = DescribeLiveness(answer_ms, me, ms_since_start(), late_ms);
+  ctx.diag_answer_ms = answer_ms;
+  ctx.diag_waited_ms = ms_since_start();
   ctx.diag_done = true;
-  return ctx.diag_result;
+  return DescribeLiveness(answer_ms, me, ctx.diag_waited_ms, late_ms, self_stopped);
 }
 
 class MpiCommunicator final : public HostCommunicator {
@@ -195,18 +199,31 @@ class MpiCommunicator final : public HostCommunicator {
   // backs off to short sleeps after a full second without completion: a wait that long is a stall, not
   // a transfer, and the back-off keeps a stalled rank from burning a core until its deadline.
   // Note [Stall budget]: the collective is waited for until the liveness check must start, so that the
-  // error comes when the configured timeout has passed.
+  // error comes when the configured timeout has passed. Note [Own stop]: the largest gap between polls
+  // tells whether this rank itself was stopped meanwhile.
   absl::Status WaitWithDeadline(MPI_Request& req, const char* what, uint64_t seq) {
     const StallBudget budget = SplitTimeout(options_.timeout_ms);
     const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + std::chrono::milliseconds(budget.collective_ms);
     const auto spin_until = start + std::chrono::seconds(1);
+    auto deadline = start + std::chrono::milliseconds(budget.collective_ms);
+    auto last_poll = start;
+    std::chrono::steady_clock::duration max_gap{0};
+    bool regraced = false;
     while (true) {
       int flag = 0;
       STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Test(&req, &flag, MPI_STATUS_IGNORE)));
       if (flag) return absl::OkStatus();
       const auto now = std::chrono::steady_clock::now();
-      if (now > deadline) break;
+      const auto gap = now - last_poll;
+      max_gap = std::max(max_gap, gap);
+      last_poll = now;
+      if (now > deadline) {
+        // Resumed past the deadline (Note [Own stop]): the peers may have done their part meanwhile, and
+        // one test need not finish a collective of several rounds, so poll `late_ms` more, once.
+        if (regraced || gap <= std::chrono::milliseconds(budget.late_ms)) break;
+        regraced = true;
+        deadline = now + std::chrono::milliseconds(budget.late_ms);
+      }
       if (now < spin_until) {
         std::this_thread::yield();
       } else {
@@ -215,8 +232,10 @@ class MpiCommunicator final : public HostCommunicator {
     }
     const int64_t waited_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
-    const std::string who = DescribeOwnOvershoot(waited_ms, budget.collective_ms, budget.late_ms) +
-                            DiagnoseOnce(*ctx_, budget.liveness_ms, budget.late_ms);
+    const int64_t max_gap_ms = std::chrono::duration_cast<std::chrono::milliseconds>(max_gap).count();
+    const std::string who =
+        DescribeOwnStop(max_gap_ms, budget.late_ms) +
+        DiagnoseOnce(*ctx_, budget.liveness_ms, budget.late_ms, WasStopped(max_gap_ms, budget.late_ms));
     // A diagnosis made earlier by another collective returns at once: the rest of the timeout is still this one's.
     const auto end = start + std::chrono::milliseconds(options_.timeout_ms);
     while (std::chrono::steady_clock::now() < end) {

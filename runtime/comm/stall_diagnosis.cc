@@ -16,7 +16,8 @@ StallBudget SplitTimeout(int64_t timeout_ms) {
   return b;
 }
 
-std::string DescribeLiveness(const std::vector<int64_t>& answer_ms, int me, int64_t waited_ms, int64_t late_ms) {
+std::string DescribeLiveness(const std::vector<int64_t>& answer_ms, int me, int64_t waited_ms, int64_t late_ms,
+                             bool self_stopped) {
   std::vector<int> missing, late;
   std::vector<std::string> late_text;
   for (int p = 0; p < static_cast<int>(answer_ms.size()); ++p) {
@@ -37,6 +38,15 @@ std::string DescribeLiveness(const std::vector<int64_t>& answer_ms, int me, int6
     parts.push_back(absl::StrCat(absl::StrJoin(late_text, "; "),
                                  " (stopped or descheduled, then resumed, or that far behind)"));
   }
+  if (self_stopped) {
+    parts.push_back(parts.empty()
+                        ? absl::StrCat("every peer answered a liveness check within ", late_ms,
+                                       " ms, having timed out while this rank was not running: the cause is this "
+                                       "rank's own stop, not the order of collectives, and the peers may have "
+                                       "aborted meanwhile")
+                        : "the peers may have timed out and aborted while this rank was not running");
+    return absl::StrJoin(parts, "; ");
+  }
   if (parts.empty()) {
     return absl::StrCat("every rank answered a liveness check within ", late_ms,
                         " ms, so the ranks disagree on the order of collectives or one is far behind");
@@ -44,11 +54,12 @@ std::string DescribeLiveness(const std::vector<int64_t>& answer_ms, int me, int6
   return absl::StrJoin(parts, "; ");
 }
 
-std::string DescribeOwnOvershoot(int64_t waited_ms, int64_t budget_ms, int64_t late_ms) {
-  const int64_t over = waited_ms - budget_ms;
-  if (over <= late_ms) return "";
-  return absl::StrCat("this rank itself did not run for about ", over,
-                      " ms (stopped, e.g. SIGSTOP, or descheduled, then resumed); ");
+bool WasStopped(int64_t max_gap_ms, int64_t late_ms) { return max_gap_ms > late_ms; }
+
+std::string DescribeOwnStop(int64_t max_gap_ms, int64_t late_ms) {
+  if (!WasStopped(max_gap_ms, late_ms)) return "";
+  return absl::StrCat("this rank itself did not run for at least ", max_gap_ms,
+                      " ms of this wait (stopped, e.g. SIGSTOP, or descheduled, then resumed); ");
 }
 
 }  // namespace strata::comm

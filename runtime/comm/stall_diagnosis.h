@@ -12,6 +12,16 @@
 // peer that answers only after `late_ms` was not running for that long (stopped, e.g. SIGSTOP, then
 // resumed, or descheduled) and is named with the delay measured; a peer that never answers is named as
 // not responding.
+//
+// Note [Own stop]: a waiting rank polls every fraction of a millisecond, so the largest gap between two
+// consecutive polls of one wait (the first measured from the wait's start) is how long the rank itself
+// did not run during it: stopped (e.g. SIGSTOP) or descheduled. It is the whole stop when the stop fell
+// inside the wait, and a lower bound when the stop began before (hence "at least"). The overshoot past
+// the deadline is not that measure: a stop that began early in the wait overshoots by the stop less
+// what was left of the budget. Such a rank finds its peers' answers already waiting (they timed out
+// while it was not running), so "every rank answered at once" says nothing about the order of
+// collectives; the peers may have aborted meanwhile (Open MPI resumes a stopped rank with SIGCONT
+// when it kills the job, so this rank may speak only then).
 #pragma once
 
 #include <cstdint>
@@ -29,12 +39,15 @@ struct StallBudget {
 StallBudget SplitTimeout(int64_t timeout_ms);
 
 // answer_ms[p]: when peer p's answer arrived, in ms after the check began, or -1 if it never did within
-// `waited_ms`; the entry of `me` is ignored.
-std::string DescribeLiveness(const std::vector<int64_t>& answer_ms, int me, int64_t waited_ms, int64_t late_ms);
+// `waited_ms`; the entry of `me` is ignored. `self_stopped`: this rank itself was found not to have run
+// (Note [Own stop]); then prompt answers are not read as a disagreement on the order of collectives.
+std::string DescribeLiveness(const std::vector<int64_t>& answer_ms, int me, int64_t waited_ms, int64_t late_ms,
+                             bool self_stopped = false);
 
-// "" unless this rank's own wait overshot its budget by more than `late_ms` (a waiting rank polls every
-// fraction of a millisecond, so it was itself not running: stopped, then resumed). Then a sentence that
-// says so, to put before the liveness result (whose "answered at once" would otherwise mislead).
-std::string DescribeOwnOvershoot(int64_t waited_ms, int64_t budget_ms, int64_t late_ms);
+// True when a wait's largest gap between polls (`max_gap_ms`, Note [Own stop]) exceeds `late_ms`.
+bool WasStopped(int64_t max_gap_ms, int64_t late_ms);
+
+// "" unless WasStopped; then a sentence naming the gap, to put before the liveness result.
+std::string DescribeOwnStop(int64_t max_gap_ms, int64_t late_ms);
 
 }  // namespace strata::comm
