@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,15 +22,26 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(LoadWeights, BothSpellingsOfOneTensorAreAmbiguous) {
-  auto comms = comm::CreateInProcessGroup(1, comm::Options{});
-  device::HostDevice dev;
-  engine::EngineConfig ec;
-  ec.stage = 0;
-  auto e = std::move(engine::Engine::Create(ec, *comms[0], dev)).value();
-  const GptConfig c{1, 8, 2, 4, 11};
-  GptModel model = std::move(GptModel::Register(*e, c)).value();
-  ASSERT_TRUE(e->Finalize().ok());
+// A one-layer GPT (d_model 8, vocab 11) registered on a one-rank stage-0 engine.
+class LoadWeightsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    comms_ = comm::CreateInProcessGroup(1, comm::Options{});
+    engine::EngineConfig ec;
+    ec.stage = 0;
+    engine_ = std::move(engine::Engine::Create(ec, *comms_[0], dev_)).value();
+    model_.emplace(std::move(GptModel::Register(*engine_, GptConfig{1, 8, 2, 4, 11})).value());
+    ASSERT_TRUE(engine_->Finalize().ok());
+  }
+  std::vector<std::unique_ptr<comm::Communicator>> comms_;
+  device::HostDevice dev_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::optional<GptModel> model_;
+};
+
+TEST_F(LoadWeightsTest, BothSpellingsOfOneTensorAreAmbiguous) {
+  auto& e = engine_;
+  GptModel& model = *model_;
   const std::string saved = ::testing::TempDir() + "/weights_ok.safetensors";
   ASSERT_TRUE(SaveWeights(*e, model, saved, true).ok());
   ASSERT_TRUE(LoadWeights(*e, model, saved).ok());
@@ -44,15 +58,9 @@ TEST(LoadWeights, BothSpellingsOfOneTensorAreAmbiguous) {
   EXPECT_THAT(std::string(s.message()), HasSubstr(path));
 }
 
-TEST(LoadWeights, ANonFiniteWeightIsRefusedNamingTheTensorAndIndex) {
-  auto comms = comm::CreateInProcessGroup(1, comm::Options{});
-  device::HostDevice dev;
-  engine::EngineConfig ec;
-  ec.stage = 0;
-  auto e = std::move(engine::Engine::Create(ec, *comms[0], dev)).value();
-  const GptConfig c{1, 8, 2, 4, 11};
-  GptModel model = std::move(GptModel::Register(*e, c)).value();
-  ASSERT_TRUE(e->Finalize().ok());
+TEST_F(LoadWeightsTest, ANonFiniteWeightIsRefusedNamingTheTensorAndIndex) {
+  auto& e = engine_;
+  GptModel& model = *model_;
   for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
     std::vector<checkpoint::TensorToWrite> tensors;
     for (const HfParam& p : model.hf_params()) {
