@@ -34,7 +34,7 @@
 #include "tools/mpi_command.h"
 #include "tools/model_flags.h"
 #include "tools/step_diagnostics.h"
-#include "tools/trace.h"
+#include "runtime/engine/trace.h"
 #include "tools/train_options.h"
 
 namespace strata::tools {
@@ -264,7 +264,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   STRATA_ASSIGN_OR_RETURN(auto metrics_stream, dev.CreateStream("metrics"));
   std::vector<std::string> unit_names;
   for (int u = 0; u < e->num_units(); ++u) unit_names.push_back(e->layout(u).name);
-  TraceRecorder trace(rank, unit_names);
+  engine::TraceRecorder trace(rank, unit_names);
   e->timeline().SetEnabled(!o.trace.empty());
   // Where the ranks run (host, affinity), so a diagnostic can tell oversubscribed cores from a slow link.
   const HostRecord here = ThisHost();
@@ -348,7 +348,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   if (!o.trace.empty()) {
-    STRATA_RETURN_IF_ERROR(WriteTrace(host, *metrics_stream, trace, o.trace));
+    STRATA_RETURN_IF_ERROR(engine::WriteTrace(host, *metrics_stream, trace, o.trace));
     if (rank == 0) std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
   }
   if (rank == 0) {

@@ -206,15 +206,6 @@ absl::Status GetStats(const strata_engine* e, strata_stats* out) {
   return absl::OkStatus();
 }
 
-// Checkpoints: between steps, with the hook-level state the engine does not see checked here too.
-absl::Status CheckBetweenSteps(const strata_engine* e) {
-  if (!e->finalized) return absl::FailedPreconditionError("called before strata_engine_finalize");
-  if (e->in_micro_batch || e->micro_batches_done > 0 || e->open_uses > 0) {
-    return absl::FailedPreconditionError("inside a step (a micro-batch or a unit is open, or micro-batches are "
-                                         "waiting for strata_engine_step); call it between steps");
-  }
-  return absl::OkStatus();
-}
 
 absl::Status SaveCheckpoint(strata_engine* e, const char* root_dir, const char* trainer_json) {
   STRATA_RETURN_IF_ERROR(CheckEngine(e));
@@ -243,6 +234,16 @@ absl::Status LoadCheckpoint(strata_engine* e, const char* dir, const char** out_
 #undef STRATA_V1_SIZE
 
 }  // namespace
+
+// Checkpoints: between steps, with the hook-level state the engine does not see checked here too.
+absl::Status CheckBetweenSteps(const strata_engine* e) {
+  if (!e->finalized) return absl::FailedPreconditionError("called before strata_engine_finalize");
+  if (e->in_micro_batch || e->micro_batches_done > 0 || e->open_uses > 0) {
+    return absl::FailedPreconditionError("inside a step (a micro-batch or a unit is open, or micro-batches are "
+                                         "waiting for strata_engine_step); call it between steps");
+  }
+  return absl::OkStatus();
+}
 }  // namespace strata::capi
 
 using namespace strata::capi;  // NOLINT: the entry points below are thin wrappers

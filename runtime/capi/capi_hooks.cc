@@ -118,6 +118,7 @@ absl::Status Step(strata_engine* e, strata_step_result* out) {
   e->micro_batches_done = 0;
   STRATA_RETURN_IF_ERROR(r.status());
   FinishStep(*e, *r);
+  RecordStepTrace(*e);
   if (out != nullptr) {
     strata_step_result c = STRATA_STEP_RESULT_INIT;
     c.step = r->step;

@@ -19,6 +19,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/trace.h"
 
 namespace strata::comm {
 class MpiRuntime;
@@ -122,6 +123,9 @@ struct strata_engine {
   std::vector<strata_unit_state> units;
   strata_step_clock clock;
   std::string loaded_trainer_json;  // from the last load_checkpoint (strata.h states its lifetime)
+  // strata_engine_trace_enable: the recording (null when off) and the host stream its collectives run on.
+  std::unique_ptr<strata::engine::TraceRecorder> trace;
+  std::unique_ptr<strata::device::Stream> trace_stream;
 };
 
 namespace strata::capi {
@@ -135,6 +139,11 @@ absl::Status CheckRegistered(const strata_engine* e, int32_t unit, int32_t param
 // The same after finalize.
 absl::Status CheckFinalizedUnit(const strata_engine* e, int32_t unit);
 absl::Status CheckFinalizedParam(const strata_engine* e, int32_t unit, int32_t param);
+// Checkpoints and traces: after finalize and between steps, with the hook-level state the engine does not
+// see checked here too.
+absl::Status CheckBetweenSteps(const strata_engine* e);
+// Called by strata_engine_step when it returns: the step's spans and memory into the trace, if recording.
+void RecordStepTrace(strata_engine& e);
 
 // Reads and validates the caller's parameter specs of one unit as strata_engine_register_unit does (struct
 // sizes and versions, names, ndim, shapes, init kinds) and lays them out for `world_size` ranks with checked

@@ -337,6 +337,21 @@ strata_status strata_engine_get_stats(const strata_engine* engine, strata_stats*
 /* Peaks := current bytes. */
 strata_status strata_engine_reset_peak_memory(strata_engine* engine);
 
+/* ---- Trace ----
+ * A Chrome trace (chrome://tracing, ui.perfetto.dev) of the engine's work: the file `strata train --trace`
+ * writes, from the same runtime code. Per rank (a process) and stream (a thread): each gather, each unit's
+ * forward and backward use, each gradient reduction and optimizer step, plus every tier's bytes after each
+ * step. At most 500,000 events per rank are kept (the first ones). */
+
+/* on != 0 starts recording (dropping what an earlier recording kept); 0 stops. After finalize, between
+ * steps. Not collective. */
+strata_status strata_engine_trace_enable(strata_engine* engine, int32_t on);
+/* Collective: every rank calls it, after finalize and between steps; rank 0 writes one file holding every
+ * rank's events on one time axis to `path` (other ranks ignore it; it may be NULL there). Needs a host
+ * communicator (MPI or in-process): STRATA_ERR_FAILED_PRECONDITION on a communicator of device buffers
+ * (NCCL). Recording, if on, goes on. */
+strata_status strata_engine_write_trace(strata_engine* engine, const char* path);
+
 /* Drains the engine's streams and frees everything it holds. Every pointer it returned becomes invalid.
  * Not collective. NULL is a no-op returning STRATA_OK. */
 strata_status strata_engine_destroy(strata_engine* engine);

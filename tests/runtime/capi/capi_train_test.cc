@@ -1,15 +1,17 @@
 // Training through the C ABI: bit-for-bit the same parameters and step results as the same model driven
 // through the C++ engine API (stages 0-3, gradient accumulation, a tied unit), the pointers and their
-// lifetimes, a checkpoint save / load round trip, and the stats (memory per tier, step time split).
+// lifetimes, a checkpoint save / load round trip, the stats (memory per tier, step time split) and the trace.
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/config.h"
@@ -143,8 +145,8 @@ INSTANTIATE_TEST_SUITE_P(Stages, CApiTrain, ::testing::Values(0, 1, 2, 3));
 
 // One step of a single micro-batch using both units once, adding `g` to every gradient; sleeps
 // `compute_ms` inside unit a's forward (trainer compute, for the time split).
-void OneStep(strata_engine* e, float g, int compute_ms = 0) {
-  ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+// The forward and backward use of both units in an open micro-batch, adding g to every gradient.
+void UseUnits(strata_engine* e, float g, int compute_ms = 0) {
   for (int u = 0; u < 2; ++u) {
     ASSERT_STRATA_OK(strata_engine_begin_forward(e, u, nullptr));
     if (u == 0 && compute_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(compute_ms));
@@ -158,6 +160,11 @@ void OneStep(strata_engine* e, float g, int compute_ms = 0) {
     }
     ASSERT_STRATA_OK(strata_engine_end_backward(e, u));
   }
+}
+
+void OneStep(strata_engine* e, float g, int compute_ms = 0) {
+  ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+  UseUnits(e, g, compute_ms);
   ASSERT_STRATA_OK(strata_engine_end_micro_batch(e));
   ASSERT_STRATA_OK(strata_engine_step(e, nullptr));
 }
@@ -282,6 +289,51 @@ TEST(CApiStats, MemoryPerTierAndTheStepTimeSplit) {
     EXPECT_EQ(scale, 1.0f);
     EXPECT_STRATA_OK(strata_engine_destroy(e));
   });
+}
+
+// The trace through the C ABI: the runtime's writer over the engine's timeline, every rank in rank 0's file.
+TEST(CApiTrace, RecordsEachRanksGathersUsesAndStepsIntoOneFile) {
+  const std::string path = ::testing::TempDir() + "/capi_trace.json";
+  std::filesystem::remove(path);
+  RunCRanks(kWorld, [&](int rank, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, "{\"zero_optimization\": {\"stage\": 3}}", true, &e));
+    EXPECT_STRATA_ERROR(strata_engine_write_trace(e, path.c_str()), STRATA_ERR_FAILED_PRECONDITION,
+                        "no trace is being recorded");
+    OneStep(e, 0.1f);  // before recording: not in the file
+    ASSERT_STRATA_OK(strata_engine_trace_enable(e, 1));
+    ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+    EXPECT_STRATA_ERROR(strata_engine_trace_enable(e, 1), STRATA_ERR_FAILED_PRECONDITION, "inside a step");
+    UseUnits(e, 0.1f);
+    ASSERT_STRATA_OK(strata_engine_end_micro_batch(e));
+    ASSERT_STRATA_OK(strata_engine_step(e, nullptr));
+    OneStep(e, 0.2f);
+    OneStep(e, 0.3f);
+    ASSERT_STRATA_OK(strata_engine_write_trace(e, rank == 0 ? path.c_str() : nullptr));
+    ASSERT_STRATA_OK(strata_engine_trace_enable(e, 0));
+    EXPECT_STRATA_ERROR(strata_engine_write_trace(e, path.c_str()), STRATA_ERR_FAILED_PRECONDITION,
+                        "no trace is being recorded");
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::map<std::pair<int, std::string>, int> count;  // (rank, name) -> spans
+  std::map<int, int> memory_counters;
+  for (const auto& ev : doc["traceEvents"]) {
+    if (ev["ph"] == "X") ++count[{ev["pid"].get<int>(), ev["name"].get<std::string>()}];
+    if (ev["ph"] == "C") ++memory_counters[ev["pid"].get<int>()];
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    // Three recorded steps (the one before recording is not in the file): a forward and a backward use of
+    // each unit per step, and at stage 3 at least one gather of each unit per step.
+    for (const char* unit : {"a", "b"}) {
+      EXPECT_EQ((count[{r, std::string("forward ") + unit}]), 3) << "rank " << r << " unit " << unit;
+      EXPECT_EQ((count[{r, std::string("backward ") + unit}]), 3) << "rank " << r << " unit " << unit;
+      EXPECT_GE((count[{r, std::string("gather ") + unit}]), 3) << "rank " << r << " unit " << unit;
+    }
+    EXPECT_EQ(memory_counters[r], 3 * 3) << "rank " << r << ": one counter per tier after each recorded step";
+  }
 }
 
 }  // namespace

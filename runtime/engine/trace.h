@@ -3,6 +3,11 @@
 // timeline and the trainer, plus per-tier memory as counter tracks. Each rank records its own events;
 // WriteTrace gathers them to rank 0, which writes one file with all ranks on one time axis (the
 // monotonic clock is shared by processes of one machine; across machines each rank keeps its own).
+// It lives in the runtime so that every front end writes the same trace: `strata train --trace`, the C
+// ABI (strata_engine_trace_enable / strata_engine_write_trace) and the examples.
+//
+// Names (unit names come from the caller) are written as JSON strings, escaped: the file always parses.
+// Past max_events the recorder keeps the first ones and counts the rest in dropped().
 #pragma once
 
 #include <cstdint>
@@ -15,7 +20,7 @@
 #include "runtime/device/timeline.h"
 #include "runtime/engine/engine.h"
 
-namespace strata::tools {
+namespace strata::engine {
 
 class TraceRecorder {
  public:
@@ -23,7 +28,7 @@ class TraceRecorder {
   void Add(const device::Span& span);
   void AddAll(const std::vector<device::Span>& spans);
   // Current bytes per tier as counter events at time `ns`.
-  void Memory(int64_t ns, const engine::MemoryStats& m);
+  void Memory(int64_t ns, const MemoryStats& m);
   size_t dropped() const { return dropped_; }
   // This rank's events as comma-separated JSON objects, timestamps relative to `origin_ns`.
   std::string EventsJson(int64_t origin_ns) const;
@@ -49,4 +54,4 @@ class TraceRecorder {
 absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const TraceRecorder& rec,
                         const std::string& path);
 
-}  // namespace strata::tools
+}  // namespace strata::engine

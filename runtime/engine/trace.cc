@@ -1,4 +1,4 @@
-#include "tools/trace.h"
+#include "runtime/engine/trace.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,9 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
 
-namespace strata::tools {
+namespace strata::engine {
 namespace {
 
 // Stable thread ids per stream, so every rank's tracks line up in the same order.
@@ -19,6 +20,12 @@ int StreamTid(const std::string& stream) {
                                                    {"data", 5},    {"io", 6},     {"memory", 7}, {"h2d", 8}};
   auto it = kTids.find(stream);
   return it == kTids.end() ? 9 : it->second;
+}
+
+// `text` as a JSON string literal: quotes, backslashes and control bytes escaped, invalid UTF-8 replaced
+// (U+FFFD) rather than thrown on.
+std::string Quote(const std::string& text) {
+  return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace
@@ -40,14 +47,14 @@ void TraceRecorder::Add(const device::Span& s) {
       s.unit >= 0 && s.unit < static_cast<int>(unit_names_.size()) ? unit_names_[s.unit] : std::string();
   const std::string name = unit.empty() ? s.kind : absl::StrCat(s.kind, " ", unit);
   Push(Event{name, s.kind, s.stream, s.start_ns, s.end_ns, false,
-             unit.empty() ? "{}" : absl::StrCat("{\"unit\":\"", unit, "\"}")});
+             unit.empty() ? "{}" : absl::StrCat("{\"unit\":", Quote(unit), "}")});
 }
 
 void TraceRecorder::AddAll(const std::vector<device::Span>& spans) {
   for (const auto& s : spans) Add(s);
 }
 
-void TraceRecorder::Memory(int64_t ns, const engine::MemoryStats& m) {
+void TraceRecorder::Memory(int64_t ns, const MemoryStats& m) {
   for (int t = 0; t < memory::kNumTiers; ++t) {
     Push(Event{absl::StrCat("memory ", memory::TierName(static_cast<memory::Tier>(t))), "memory", "memory", ns, ns,
                true, absl::StrCat("{\"bytes\":", m.tier[t].current_bytes, "}")});
@@ -64,13 +71,14 @@ std::string TraceRecorder::EventsJson(int64_t origin_ns) const {
   for (const Event& e : events_) {
     const double ts = 1e-3 * double(e.start_ns - origin_ns);
     if (e.counter) {
-      absl::StrAppendFormat(&out, ",{\"ph\":\"C\",\"name\":\"%s\",\"pid\":%d,\"ts\":%.3f,\"args\":%s}", e.name, rank_,
-                            ts, e.args);
+      absl::StrAppendFormat(&out, ",{\"ph\":\"C\",\"name\":%s,\"pid\":%d,\"ts\":%.3f,\"args\":%s}", Quote(e.name),
+                            rank_, ts, e.args);
     } else {
       absl::StrAppendFormat(&out,
-                            ",{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                            ",{\"ph\":\"X\",\"name\":%s,\"cat\":%s,\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
                             "\"dur\":%.3f,\"args\":%s}",
-                            e.name, e.cat, rank_, StreamTid(e.stream), ts, 1e-3 * double(e.end_ns - e.start_ns), e.args);
+                            Quote(e.name), Quote(e.cat), rank_, StreamTid(e.stream), ts,
+                            1e-3 * double(e.end_ns - e.start_ns), e.args);
     }
   }
   return out;
@@ -103,4 +111,4 @@ absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const
   return absl::OkStatus();
 }
 
-}  // namespace strata::tools
+}  // namespace strata::engine
