@@ -194,6 +194,12 @@ void Scale(const float* x, float* y, size_t n, float s) {
   });
 }
 
+void Accumulate(const float* x, float* y, size_t n) {
+  ForBlocks<ParamCopy::kNone>(0, n, nullptr, [&]<Mem kMem>(size_t i, __mmask16 k) {
+    Store<kMem>(y + i, k, Load<kMem>(y + i, k) + Load<kMem>(x + i, k));
+  });
+}
+
 // Lanes 8j..8j+7 of Note [Sum of squares order] live in acc[j]; masked-off inputs add +0.0 (no change).
 inline void AddSquares8(const float* x, __mmask8 k, __m512d& acc) {
   const __m512d d = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, x));
@@ -245,7 +251,7 @@ size_t CountNonFinite(const float* x, size_t n) {
 }
 
 constexpr CpuKernels MakeAvx512Table(Isa isa) {
-  return CpuKernels{isa, AdamW, Sgd, CastBf16, CastF16, Scale, SumSquares, CountNonFinite};
+  return CpuKernels{isa, AdamW, Sgd, CastBf16, CastF16, Scale, Accumulate, SumSquares, CountNonFinite};
 }
 
 }  // namespace

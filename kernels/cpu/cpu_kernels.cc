@@ -18,4 +18,9 @@ const CpuKernels* GetCpuKernels(Isa isa) {
   return nullptr;
 }
 
+const CpuKernels& BestCpuKernels() {
+  static const CpuKernels* const best = GetCpuKernels(BestIsa());  // BestIsa is always supported
+  return *best;
+}
+
 }  // namespace strata::kernels::cpu

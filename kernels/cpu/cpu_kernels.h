@@ -50,6 +50,9 @@ struct CpuKernels {
   void (*cast_f16)(const float* x, uint16_t* y, size_t n);
   // y[i] = x[i] * s for i < n; y == x is allowed (in place), other overlaps are not.
   void (*scale)(const float* x, float* y, size_t n, float s);
+  // y[i] += x[i] for i < n (one correctly rounded fp32 add per element: every variant gives the same bits).
+  // x and y must not overlap.
+  void (*accumulate)(const float* x, float* y, size_t n);
   // Note [Sum of squares order] over x[0..n).
   double (*sum_squares)(const float* x, size_t n);
   // Number of elements of x[0..n) that are Inf or NaN.
@@ -58,6 +61,8 @@ struct CpuKernels {
 
 // The table of `isa`, or nullptr when this CPU cannot run it (IsaSupported).
 const CpuKernels* GetCpuKernels(Isa isa);
+// The table of BestIsa(): what host element math uses when no executor chose one.
+const CpuKernels& BestCpuKernels();
 
 // Note [ISA translation units]
 // Each variant lives in a file compiled with its own -m flags. An inline function or template

@@ -181,6 +181,12 @@ void Scale(const float* x, float* y, size_t n, float s) {
   });
 }
 
+void Accumulate(const float* x, float* y, size_t n) {
+  ForBlocks<ParamCopy::kNone>(0, n, nullptr, [&]<Mem kMem>(size_t i, const Block& b) {
+    Store<kMem>(y + i, b, Load<kMem>(y + i, b) + Load<kMem>(x + i, b));
+  });
+}
+
 // Lanes 4j..4j+3 of Note [Sum of squares order] live in acc[j]; masked-off inputs add +0.0 (no change).
 double SumSquares(const float* x, size_t n) {
   __m256d acc[8];
@@ -223,7 +229,7 @@ size_t CountNonFinite(const float* x, size_t n) {
   return count;
 }
 
-constexpr CpuKernels kTable = {Isa::kAvx2, AdamW, Sgd, CastBf16, CastF16, Scale, SumSquares, CountNonFinite};
+constexpr CpuKernels kTable = {Isa::kAvx2, AdamW, Sgd, CastBf16, CastF16, Scale, Accumulate, SumSquares, CountNonFinite};
 
 }  // namespace
 

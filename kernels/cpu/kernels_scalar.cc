@@ -58,6 +58,10 @@ void Scale(const float* x, float* y, size_t n, float s) {
   for (size_t i = 0; i < n; ++i) y[i] = x[i] * s;
 }
 
+void Accumulate(const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
 // Note [Sum of squares order], literally.
 double SumSquares(const float* x, size_t n) {
   double lane[kSumLanes] = {};
@@ -77,7 +81,8 @@ size_t CountNonFinite(const float* x, size_t n) {
   return count;
 }
 
-constexpr CpuKernels kTable = {Isa::kScalar, AdamW, Sgd, CastBf16, CastF16, Scale, SumSquares, CountNonFinite};
+constexpr CpuKernels kTable = {Isa::kScalar, AdamW,      Sgd,        CastBf16,      CastF16,
+                               Scale,        Accumulate, SumSquares, CountNonFinite};
 
 }  // namespace
 

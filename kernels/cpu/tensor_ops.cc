@@ -50,6 +50,33 @@ void Scale(const CpuKernels& k, ThreadPool* pool, const float* x, float* y, size
   ForTiles(pool, n, body);
 }
 
+void Accumulate(const CpuKernels& k, ThreadPool* pool, const float* x, float* y, size_t n) {
+  auto body = [&](size_t b, size_t e) { k.accumulate(x + b, y + b, e - b); };
+  ForTiles(pool, n, body);
+}
+
+void AccumulateBf16(const uint16_t* x, uint16_t* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = FloatToBf16(Bf16ToFloat(y[i]) + Bf16ToFloat(x[i]));
+}
+
+void AccumulateHalf(const uint16_t* x, uint16_t* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = FloatToHalf(HalfToFloat(y[i]) + HalfToFloat(x[i]));
+}
+
+void ScaleBf16(uint16_t* y, size_t n, float s) {
+  for (size_t i = 0; i < n; ++i) y[i] = FloatToBf16(Bf16ToFloat(y[i]) * s);
+}
+
+void ScaleHalf(uint16_t* y, size_t n, float s) {
+  for (size_t i = 0; i < n; ++i) y[i] = FloatToHalf(HalfToFloat(y[i]) * s);
+}
+
+double SumSquaresInOrder(const float* x, size_t n) {
+  double acc = 0.0;
+  for (size_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+  return acc;
+}
+
 double SumSquares(const CpuKernels& k, ThreadPool* pool, const float* x, size_t n) {
   const size_t chunks = Tiles(n, kChunkElems);
   double total = 0.0;

@@ -2,55 +2,40 @@
 
 #include <cstring>
 
-#include "kernels/common/element_math.h"
+#include "kernels/cpu/tensor_ops.h"
 #include "runtime/device/host_device.h"
 
 namespace strata::comm {
 
+namespace kc = kernels::cpu;
+
+// The host element math of the collectives is the kernels' (kernels/cpu/tensor_ops.h): the vector table
+// of this CPU for fp32, on the calling thread (a collective's reduction runs on its stream's thread).
 void AccumulateInto(void* dst, const void* src, size_t count, DType dtype) {
   switch (dtype) {
-    case DType::kF32: {
-      float* d = static_cast<float*>(dst);
-      const float* s = static_cast<const float*>(src);
-      for (size_t i = 0; i < count; ++i) d[i] += s[i];
+    case DType::kF32:
+      kc::Accumulate(kc::BestCpuKernels(), nullptr, static_cast<const float*>(src), static_cast<float*>(dst), count);
       return;
-    }
-    case DType::kBF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < count; ++i) {
-        d[i] = kernels::FloatToBf16(kernels::Bf16ToFloat(d[i]) + kernels::Bf16ToFloat(s[i]));
-      }
+    case DType::kBF16:
+      kc::AccumulateBf16(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), count);
       return;
-    }
-    case DType::kF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < count; ++i) {
-        d[i] = kernels::FloatToHalf(kernels::HalfToFloat(d[i]) + kernels::HalfToFloat(s[i]));
-      }
+    case DType::kF16:
+      kc::AccumulateHalf(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), count);
       return;
-    }
   }
 }
 
 void ScaleInPlace(void* dst, size_t count, DType dtype, float factor) {
   switch (dtype) {
-    case DType::kF32: {
-      float* d = static_cast<float*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] *= factor;
+    case DType::kF32:
+      kc::Scale(kc::BestCpuKernels(), nullptr, static_cast<float*>(dst), static_cast<float*>(dst), count, factor);
       return;
-    }
-    case DType::kBF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] = kernels::FloatToBf16(kernels::Bf16ToFloat(d[i]) * factor);
+    case DType::kBF16:
+      kc::ScaleBf16(static_cast<uint16_t*>(dst), count, factor);
       return;
-    }
-    case DType::kF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] = kernels::FloatToHalf(kernels::HalfToFloat(d[i]) * factor);
+    case DType::kF16:
+      kc::ScaleHalf(static_cast<uint16_t*>(dst), count, factor);
       return;
-    }
   }
 }
 

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "kernels/common/element_math.h"
+#include "kernels/cpu/tensor_ops.h"
 #include "runtime/comm/host_communicator.h"
 
 namespace strata::engine {
@@ -54,13 +54,18 @@ class HostTierOps final : public TierOps {
     optim::ApplyUpdate(cfg, s, segs, lr, step, grad_scale, opts);
     return absl::OkStatus();
   }
+  // The kernels' casts (bit-identical to the element math for every ISA and thread count), on the
+  // optimizer threads when there are several.
   absl::Status Cast(DType to, const float* src, void* dst, size_t n) override {
     if (to == DType::kF32) return ToHost(dst, src, n * 4);
     uint16_t* out = static_cast<uint16_t*>(dst);
+    optim::HostExecutor* ex = executor_->get();
+    const kernels::cpu::CpuKernels& k = ex != nullptr ? ex->kernels() : kernels::cpu::BestCpuKernels();
+    kernels::cpu::ThreadPool* pool = ex != nullptr ? ex->pool() : nullptr;
     if (to == DType::kBF16) {
-      for (size_t i = 0; i < n; ++i) out[i] = kernels::FloatToBf16(src[i]);
+      kernels::cpu::CastToBf16(k, pool, src, out, n);
     } else {
-      for (size_t i = 0; i < n; ++i) out[i] = kernels::FloatToHalf(src[i]);
+      kernels::cpu::CastToHalf(k, pool, src, out, n);
     }
     return absl::OkStatus();
   }

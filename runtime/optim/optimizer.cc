@@ -6,6 +6,7 @@
 
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/optimizer_ops.h"
+#include "kernels/cpu/tensor_ops.h"
 #include "runtime/base/env.h"
 #include "runtime/base/logging.h"
 
@@ -82,10 +83,6 @@ double ScheduledLr(const SchedulerConfig& sched, double base_lr, int64_t step) {
   return sched.min_lr + (base_lr - sched.min_lr) * shape;
 }
 
-double SumSquares(const float* x, size_t n) {
-  double acc = 0;
-  for (size_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
-  return acc;
-}
+double SumSquares(const float* x, size_t n) { return kernels::cpu::SumSquaresInOrder(x, n); }
 
 }  // namespace strata::optim

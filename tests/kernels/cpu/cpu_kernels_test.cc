@@ -139,6 +139,25 @@ TEST_P(CpuKernelsTest, ScaleMatchesScalarInPlaceAndOutOfPlace) {
   }
 }
 
+TEST_P(CpuKernelsTest, AccumulateAddsEachElementOnceWithTheScalarBits) {
+  STRATA_KERNELS_OR_SKIP(k, GetParam());
+  for (size_t n : TestSizes()) {
+    std::vector<float> x = RandomBits(n, 5);
+    const std::vector<float> y0 = RandomBits(n, 6);
+    // NaN + NaN has no defined payload (x86 keeps either operand's, and the compiler may commute an add):
+    // only one side may be NaN. NaN and Inf inputs are otherwise included (RandomBits).
+    for (size_t i = 0; i < n; ++i) {
+      if (std::isnan(x[i]) && std::isnan(y0[i])) x[i] = 1.0f;
+    }
+    std::vector<float> want(n), got = y0, scalar = y0;
+    for (size_t i = 0; i < n; ++i) want[i] = y0[i] + x[i];
+    ScalarKernels().accumulate(x.data(), scalar.data(), n);
+    k->accumulate(x.data(), got.data(), n);
+    ExpectBitEqual(want, scalar, "scalar n=" + std::to_string(n));
+    ExpectBitEqual(want, got, "n=" + std::to_string(n));
+  }
+}
+
 TEST_P(CpuKernelsTest, SumSquaresMatchesScalarBitForBit) {
   STRATA_KERNELS_OR_SKIP(k, GetParam());
   std::vector<size_t> sizes = TestSizes();

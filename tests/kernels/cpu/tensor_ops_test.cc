@@ -1,5 +1,5 @@
-// The pooled tensor kernels: casts and scale equal the scalar element math for every variant and thread
-// count; SumSquares gives the same bits for every variant and thread count and stays within its stated
+// The pooled tensor kernels: casts, scale and accumulate (and the 16-bit forms) equal the scalar element
+// math for every variant and thread count; SumSquares gives the same bits for every variant and thread count and stays within its stated
 // bound of an exact (long double) sum; CountNonFinite counts exactly.
 #include "kernels/cpu/tensor_ops.h"
 
@@ -43,6 +43,60 @@ TEST_P(TensorOpsTest, CastsAndScaleEqualTheElementMath) {
     ExpectBitEqual(want_hf, hf, "fp16 n=" + std::to_string(n));
     ExpectBitEqual(want_scaled, scaled, "scale n=" + std::to_string(n));
   }
+}
+
+TEST_P(TensorOpsTest, AccumulateEqualsTheElementMathForEveryThreadCount) {
+  STRATA_KERNELS_OR_SKIP(k, GetParam());
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(ThreadPool::Options{threads, {}});
+    for (size_t n : {size_t{0}, size_t{1}, size_t{17}, kElementwiseTileElems + 3, 3 * kElementwiseTileElems}) {
+      std::vector<float> x = RandomBits(n, 41);
+      const std::vector<float> y0 = RandomBits(n, 42);
+      for (size_t i = 0; i < n; ++i) {  // NaN + NaN has no defined payload: one side NaN at most
+        if (std::isnan(x[i]) && std::isnan(y0[i])) x[i] = 1.0f;
+      }
+      std::vector<float> want(n), got = y0;
+      for (size_t i = 0; i < n; ++i) want[i] = y0[i] + x[i];
+      Accumulate(*k, &pool, x.data(), got.data(), n);
+      ExpectBitEqual(want, got, "threads=" + std::to_string(threads) + " n=" + std::to_string(n));
+    }
+  }
+}
+
+// The 16-bit forms round through fp32 once per element, as the element math does.
+TEST(TensorOps, SixteenBitAccumulateAndScaleRoundThroughFp32) {
+  for (size_t n : TestSizes()) {
+    const std::vector<float> a = Uniform(n, -4.0f, 4.0f, 51), b = Uniform(n, -4.0f, 4.0f, 52);
+    std::vector<uint16_t> xb(n), yb(n), xh(n), yh(n), want_ab(n), want_ah(n), want_sb(n), want_sh(n);
+    for (size_t i = 0; i < n; ++i) {
+      xb[i] = FloatToBf16(a[i]);
+      yb[i] = FloatToBf16(b[i]);
+      xh[i] = FloatToHalf(a[i]);
+      yh[i] = FloatToHalf(b[i]);
+      want_ab[i] = FloatToBf16(Bf16ToFloat(yb[i]) + Bf16ToFloat(xb[i]));
+      want_ah[i] = FloatToHalf(HalfToFloat(yh[i]) + HalfToFloat(xh[i]));
+      want_sb[i] = FloatToBf16(Bf16ToFloat(want_ab[i]) * 0.75f);
+      want_sh[i] = FloatToHalf(HalfToFloat(want_ah[i]) * 0.75f);
+    }
+    AccumulateBf16(xb.data(), yb.data(), n);
+    AccumulateHalf(xh.data(), yh.data(), n);
+    ExpectBitEqual(want_ab, yb, "bf16 add n=" + std::to_string(n));
+    ExpectBitEqual(want_ah, yh, "fp16 add n=" + std::to_string(n));
+    ScaleBf16(yb.data(), n, 0.75f);
+    ScaleHalf(yh.data(), n, 0.75f);
+    ExpectBitEqual(want_sb, yb, "bf16 scale n=" + std::to_string(n));
+    ExpectBitEqual(want_sh, yh, "fp16 scale n=" + std::to_string(n));
+  }
+}
+
+TEST(TensorOps, SumSquaresInOrderIsTheSequentialDoubleSum) {
+  // Values whose squares differ by 2^60: a sum in another order (lanes, tiles) rounds differently.
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 7 == 0) ? 1.0e9f : 1.0e-9f * static_cast<float>(i + 1);
+  double want = 0;
+  for (float f : x) want += static_cast<double>(f) * f;
+  EXPECT_EQ(SumSquaresInOrder(x.data(), x.size()), want);
+  EXPECT_EQ(SumSquaresInOrder(x.data(), 0), 0.0);
 }
 
 // Bound: every partial sum is a double rounding of non-negative terms, so the relative error of the
