@@ -78,4 +78,10 @@ class Communicator {
   virtual void Abort(const absl::Status& cause) = 0;
 };
 
+// Raw bytes through a collective (records, fingerprints, ids, text): the one place they are given an
+// element type. They travel as 16-bit elements, which every back-end moves without arithmetic; `bytes`
+// must be even (a caller's layout bug otherwise, checked).
+Work AllGatherBytes(Communicator& comm, const void* send, void* recv, size_t bytes, device::Stream& stream);
+Work BroadcastBytes(Communicator& comm, void* buf, size_t bytes, int root, device::Stream& stream);
+
 }  // namespace strata::comm

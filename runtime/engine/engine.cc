@@ -149,8 +149,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   mine[0] = m.units.size();
   for (size_t i = 0; i < m.units.size(); ++i) mine[1 + i] = m.units[i].layout.Fingerprint();
   std::vector<uint64_t> counts(n);
-  // 64-bit words travel as 4 x 16-bit elements (no arithmetic touches them).
-  STRATA_RETURN_IF_ERROR(m.control->AllGather(&mine[0], counts.data(), 4, DType::kF16, *m.control_stream).Wait());
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(*m.control, &mine[0], counts.data(), 8, *m.control_stream).Wait());
   for (int r = 0; r < n; ++r) {
     if (counts[r] != mine[0]) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -160,7 +159,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   }
   std::vector<uint64_t> all(n * mine.size());
   STRATA_RETURN_IF_ERROR(
-      m.control->AllGather(mine.data(), all.data(), 4 * mine.size(), DType::kF16, *m.control_stream).Wait());
+      comm::AllGatherBytes(*m.control, mine.data(), all.data(), 8 * mine.size(), *m.control_stream).Wait());
   for (size_t i = 0; i < m.units.size(); ++i) {
     for (int r = 0; r < n; ++r) {
       if (all[r * mine.size() + 1 + i] != mine[1 + i]) {

@@ -159,8 +159,8 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
     STRATA_LOG(Error) << "writing checkpoint shard: " << local.message();
   }
   std::vector<ShardReport> all(m.world_size());
-  STRATA_RETURN_IF_ERROR(m.control->AllGather(&mine, all.data(), sizeof(ShardReport) / 2, DType::kF16,
-                                              *m.control_stream).Wait());
+  STRATA_RETURN_IF_ERROR(
+      comm::AllGatherBytes(*m.control, &mine, all.data(), sizeof(ShardReport), *m.control_stream).Wait());
   std::vector<int> failed;
   for (int r = 0; r < m.world_size(); ++r) {
     if (!all[r].ok) failed.push_back(r);

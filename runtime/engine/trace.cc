@@ -87,20 +87,19 @@ std::string TraceRecorder::EventsJson(int64_t origin_ns) const {
 absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const TraceRecorder& rec,
                         const std::string& path) {
   const int n = world.size();
-  // 64-bit values travel as 4 x 16-bit words (the collective copies bytes).
   std::vector<int64_t> firsts(n);
   int64_t mine = rec.first_ns() ? rec.first_ns() : std::numeric_limits<int64_t>::max();
-  STRATA_RETURN_IF_ERROR(world.AllGather(&mine, firsts.data(), 4, DType::kF16, stream).Wait());
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, &mine, firsts.data(), 8, stream).Wait());
   const int64_t origin = *std::min_element(firsts.begin(), firsts.end());
   std::string json = rec.EventsJson(origin);
   std::vector<uint64_t> lengths(n);
   uint64_t len = json.size();
-  STRATA_RETURN_IF_ERROR(world.AllGather(&len, lengths.data(), 4, DType::kF16, stream).Wait());
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, &len, lengths.data(), 8, stream).Wait());
   uint64_t max_len = *std::max_element(lengths.begin(), lengths.end());
   max_len += max_len % 2;
   json.resize(max_len, ' ');
   std::string all(max_len * n, ' ');
-  STRATA_RETURN_IF_ERROR(world.AllGather(json.data(), all.data(), max_len / 2, DType::kF16, stream).Wait());
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, json.data(), all.data(), max_len, stream).Wait());
   if (world.rank() != 0) return absl::OkStatus();
   std::ofstream f(path);
   if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot write trace '", path, "'"));

@@ -233,6 +233,40 @@ void BroadcastBody(RankHarness& h) {
   }
 }
 
+// AllGatherBytes / BroadcastBytes deliver bytes exactly: every 16-bit pattern (fp16 NaNs, signalling
+// ones and subnormals included), since no back-end may do arithmetic on them.
+void BytesBody(RankHarness& h) {
+  constexpr size_t kPatterns = 65536;
+  const int n = h.comm.size(), rank = h.comm.rank();
+  auto pattern = [](int r, size_t i) { return static_cast<uint16_t>(i + 7919 * static_cast<size_t>(r)); };
+  HostArray send(DType::kF16, kPatterns), recv(DType::kF16, kPatterns * n), buf(DType::kF16, kPatterns);
+  for (size_t i = 0; i < kPatterns; ++i) {
+    const uint16_t v = pattern(rank, i);
+    std::memcpy(send.at(i), &v, 2);
+    std::memcpy(buf.at(i), &v, 2);
+  }
+  const absl::Status gathered = AllGatherBytes(h.comm, send.data(), recv.data(), 2 * kPatterns, h.stream).Wait();
+  const absl::Status broadcast = BroadcastBytes(h.comm, buf.data(), 2 * kPatterns, n - 1, h.stream).Wait();
+  EXPECT_TRUE(gathered.ok()) << "rank " << rank << ": " << gathered;
+  EXPECT_TRUE(broadcast.ok()) << "rank " << rank << ": " << broadcast;
+  size_t wrong_gather = 0, wrong_broadcast = 0;
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < kPatterns; ++i) {
+      uint16_t got;
+      std::memcpy(&got, recv.at(r * kPatterns + i), 2);
+      wrong_gather += got != pattern(r, i);
+    }
+  }
+  for (size_t i = 0; i < kPatterns; ++i) {
+    uint16_t got;
+    std::memcpy(&got, buf.at(i), 2);
+    wrong_broadcast += got != pattern(n - 1, i);
+  }
+  EXPECT_EQ(wrong_gather, 0u) << "rank " << rank << ": all_gather bytes changed";
+  EXPECT_EQ(wrong_broadcast, 0u) << "rank " << rank << ": broadcast bytes changed";
+  EXPECT_TRUE(recv.GuardIntact() && buf.GuardIntact()) << "rank " << rank << ": wrote past the end";
+}
+
 void BarrierBody(RankHarness& h) {
   for (int i = 0; i < 5; ++i) RunOne(h, Op{.kind = Kind::kBarrier});
 }
@@ -380,6 +414,7 @@ const std::vector<Case>& Cases() {
       {"AllReduceInPlace", [](RankHarness& h) { ReduceBody(h, Kind::kAllReduce, true); }},
       {"BroadcastFromEachRoot", BroadcastBody},
       {"Barrier", BarrierBody},
+      {"BytesArriveExactly", BytesBody},
       {"ManyOutstandingCollectivesOnOneStream", ManyOutstandingBody},
       {"DupHasSameRanksAndItsOwnName", DupBody},
       {"TwoDupsOnTwoStreamsInDifferentOrders", TwoDupsBody},
