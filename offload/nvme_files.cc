@@ -1,7 +1,9 @@
 #include "offload/nvme_files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
@@ -9,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
@@ -44,6 +47,31 @@ absl::Status CheckDirectory(const std::string& dir) {
 }
 
 }  // namespace
+
+uint64_t ReclaimStaleSwapFiles(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;  // Open reports a missing or unreadable directory itself
+  uint64_t freed = 0;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= 12 || name.rfind("strata-", 0) != 0 || name.compare(name.size() - 5, 5, ".swap") != 0) continue;
+    const std::string path = absl::StrCat(dir, "/", name);
+    const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st;
+    // A live run holds its file locked from its creation to its unlink (or its end, with keep_files).
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        unlink(path.c_str()) == 0) {
+      const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+      freed += bytes;
+      STRATA_LOG(Warning) << "reclaimed '" << path << "' (" << FormatBytes(bytes)
+                          << " on disk): a swap file left behind by a run that did not end normally (killed?)";
+    }
+    close(fd);
+  }
+  closedir(d);
+  return freed;
+}
 
 std::string FileSystemType(const std::string& path) {
   struct statfs s;
@@ -89,11 +117,12 @@ absl::StatusOr<std::unique_ptr<NvmeFileSet>> NvmeFileSet::Open(const NvmeFileSet
 
 absl::Status NvmeFileSet::OpenOne(const std::string& dir, int index, uint64_t file_bytes, const NvmeFileSetOptions& o) {
   STRATA_RETURN_IF_ERROR(CheckDirectory(dir));
+  ReclaimStaleSwapFiles(dir);
   File f;
-  f.path = absl::StrCat(dir, "/strata-", o.name, "-r", o.rank, ".", index, ".swap");
+  f.path = absl::StrCat(dir, "/strata-", o.name, "-r", o.rank, ".", index, ".", getpid(), ".swap");
   f.fs_type = FileSystemType(dir);
   const std::string what = absl::StrCat("NVMe path '", dir, "'");
-  const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
+  const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
   f.direct = o.direct_io != DirectIo::kOff;
   int fd = -1;
   if (f.direct) {
@@ -115,6 +144,26 @@ absl::Status NvmeFileSet::OpenOne(const std::string& dir, int index, uint64_t fi
   }
   f.fd = fd;
   files_.push_back(f);  // from here the destructor closes and unlinks it, whatever fails next
+  // Live until unlinked: ReclaimStaleSwapFiles of another run skips a locked file. Not fatal when it
+  // fails: another run may have reclaimed the name in the instant before the lock (the descriptor still
+  // works, and the unlink below then finds no name, which is what it wanted), or the file system has no
+  // locks (the name is then unprotected for as long as it exists: until the unlink, or with keep_files).
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno != EWOULDBLOCK) {
+    STRATA_LOG(Warning) << what << " (" << f.fs_type << ") refuses flock on '" << f.path << "' (" << strerror(errno)
+                        << "); another run could take it for a dead run's file while it still has a name";
+  }
+  STRATA_RETURN_IF_ERROR(Size(files_.back(), file_bytes, o));
+  if (!o.keep_files) {
+    if (unlink(f.path.c_str()) != 0 && errno != ENOENT) return PathError("unlink", what, f.path);
+    files_.back().named = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NvmeFileSet::Size(const File& f, uint64_t file_bytes, const NvmeFileSetOptions& o) {
+  const int fd = f.fd;
+  const std::string dir = f.path.substr(0, f.path.rfind('/'));
+  const std::string what = absl::StrCat("NVMe path '", dir, "'");
   if (o.preallocate) {
     if (fallocate(fd, 0, 0, static_cast<off_t>(file_bytes)) == 0) return absl::OkStatus();
     if (errno == ENOSPC || errno == EDQUOT) {
@@ -132,8 +181,8 @@ absl::Status NvmeFileSet::OpenOne(const std::string& dir, int index, uint64_t fi
 
 NvmeFileSet::~NvmeFileSet() {
   for (const File& f : files_) {
+    if (f.named && !keep_files_) unlink(f.path.c_str());  // a failed open's, before the lock goes
     close(f.fd);
-    if (!keep_files_) unlink(f.path.c_str());
   }
 }
 

@@ -10,9 +10,16 @@
 // Files are opened with O_DIRECT; a file system that refuses it (EINVAL) gets buffered I/O and one
 // warning naming the path and its file-system type (DirectIo::kRequire makes that an error instead).
 // A file system without fallocate (EOPNOTSUPP) gets a sparse file and a warning: writes to it may then
-// fail with ENOSPC, which the store reports as ResourceExhausted. Files are named
-// "<dir>/strata-<name>-r<rank>.<index>.swap", truncated on open (swap space, not persistent state) and
-// unlinked on destruction unless keep_files.
+// fail with ENOSPC, which the store reports as ResourceExhausted.
+//
+// Note [Swap files leave nothing behind]. A file is created as "<dir>/strata-<name>-r<rank>.<index>.<pid>.swap"
+// (O_EXCL: two runs never share one), locked (flock) and, once sized, unlinked at once: the open
+// descriptor keeps the space, and the kernel returns it when the process ends however it ends (normal
+// end, error, SIGINT / SIGTERM, SIGKILL, an MPI abort, the OOM killer). Only two cases leave a name behind:
+// keep_files (debugging: the name stays, locked, until the process ends) and a process killed between
+// the create and the unlink. So Open first reclaims, in each of its directories, every "strata-*.swap"
+// file of this user that no live process holds locked: a dead run's (or an older release's, whose files
+// had names until they were closed), and logs each one it removes with its size.
 //
 // Striping. The logical space is cut into stripe_bytes units dealt round-robin over the files: unit u
 // lives in file u % n at offset (u / n) * stripe_bytes. A range is split at unit boundaries; with one
@@ -38,7 +45,7 @@ struct NvmeFileSetOptions {
   uint64_t stripe_bytes = 1 << 20;  // a multiple of 4096
   DirectIo direct_io = DirectIo::kAuto;
   bool preallocate = true;              // false: sparse files (tests of ENOSPC during a write)
-  bool keep_files = false;              // leave the files behind on destruction (debugging)
+  bool keep_files = false;              // keep the files' names until the process ends (debugging)
   bool refuse_direct_for_test = false;  // behave as if the file system answered O_DIRECT with EINVAL
 };
 
@@ -55,7 +62,7 @@ class NvmeFileSet {
   static constexpr uint64_t kAlignment = 4096;
 
   static absl::StatusOr<std::unique_ptr<NvmeFileSet>> Open(const NvmeFileSetOptions& options);
-  ~NvmeFileSet();  // closes, and unlinks unless keep_files
+  ~NvmeFileSet();  // closes (unlinking a name left only by keep_files or a failed open)
   NvmeFileSet(const NvmeFileSet&) = delete;
   NvmeFileSet& operator=(const NvmeFileSet&) = delete;
 
@@ -73,19 +80,26 @@ class NvmeFileSet {
 
  private:
   struct File {
-    std::string path;
+    std::string path;  // its name while it had one (error messages, keep_files)
+    bool named = true;  // false once unlinked
     int fd = -1;
     bool direct = false;
     std::string fs_type;
   };
   NvmeFileSet() = default;
   absl::Status OpenOne(const std::string& dir, int index, uint64_t file_bytes, const NvmeFileSetOptions& o);
+  // Preallocates (or, where the file system cannot, sizes sparsely) an open file to file_bytes.
+  absl::Status Size(const File& f, uint64_t file_bytes, const NvmeFileSetOptions& o);
 
   std::vector<File> files_;
   uint64_t capacity_ = 0;
   uint64_t stripe_ = 0;
   bool keep_files_ = false;
 };
+
+// Removes every "strata-*.swap" regular file of this user in `dir` that no live process holds locked
+// (Note [Swap files leave nothing behind]); returns how many bytes it freed. Logs each file it removes.
+uint64_t ReclaimStaleSwapFiles(const std::string& dir);
 
 // The file-system type of `path` ("ext4", "tmpfs", "xfs", ... or the magic number in hex).
 std::string FileSystemType(const std::string& path);
