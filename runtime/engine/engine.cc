@@ -53,7 +53,7 @@ absl::Status Engine::Impl::CreateDeviceArena(uint64_t) { return absl::OkStatus()
 #endif
 
 float* Engine::Impl::MasterPtr(UnitState& u) const {
-  if (nvme_optimizer()) return nullptr;  // on NVMe: ReadState(u, 0) stages it
+  if (nvme_optimizer()) return nullptr;  // on NVMe: ReadState(u, kMaster) stages it
   if (separate_master()) return u.master.as<float>();
   if (cfg.stage == 3) return u.params.as<float>();
   return u.params.as<float>() + update_begin(u);
@@ -211,11 +211,13 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
   // (allocators hand out zeroed memory).
   std::vector<float> values(upd, 0.0f);
   if (m.nvme_optimizer()) {
-    for (int l = 1; l < m.lanes(); ++l) STRATA_RETURN_IF_ERROR(m.WriteState(u, l, values));
+    for (optim::StateKind k : m.state_kinds()) {
+      if (k != optim::StateKind::kMaster) STRATA_RETURN_IF_ERROR(m.WriteState(u, k, values));
+    }
   }
   if (!m.separate_master()) return absl::OkStatus();
   InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, values.data(), nullptr, DType::kF32);
-  return m.WriteState(u, 0, values);
+  return m.WriteState(u, optim::StateKind::kMaster, values);
 }
 
 }  // namespace
@@ -356,7 +358,7 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));
   UnitState& u = m.units[unit];
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, 0));
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, optim::StateKind::kMaster));
   if (m.cfg.stage == 0) return master;
   std::vector<float> full(u.layout.total_elems);
   STRATA_RETURN_IF_ERROR(
@@ -375,7 +377,7 @@ absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& val
   }
   // Master over the update range, then the param storage over what this rank holds.
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  STRATA_RETURN_IF_ERROR(m.EditState(u, 0, [&](float* master) {
+  STRATA_RETURN_IF_ERROR(m.EditState(u, optim::StateKind::kMaster, [&](float* master) {
     for (size_t j = std::max(lo, p.offset_elems); j < std::min(hi, p.offset_elems + p.numel); ++j) {
       master[j - lo] = value[j - p.offset_elems];
     }

@@ -18,6 +18,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/engine/tier_ops.h"
 #include "runtime/memory/memory.h"
+#include "runtime/optim/state_kind.h"
 #include "offload/io_queue.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_pool.h"
@@ -34,7 +35,8 @@ struct UnitState {
   memory::Buffer grads;   // fp32
   memory::Buffer m, v;    // optimizer state, fp32
   std::vector<shard::Segment> update_segments;  // relative to the update range start
-  // offload_optimizer = nvme: master, m, v as tiles on NVMe (lane 0 master, 1 m, 2 v), Note [NVMe state].
+  // offload_optimizer = nvme: master, m, v as tiles on NVMe, one lane per state kind in optim::StateIndex
+  // order (master, m, v), Note [NVMe state].
   std::vector<std::vector<offload::NvmeExtent>> nvme_lanes;
 
   // Live state within a step.
@@ -108,15 +110,17 @@ struct Engine::Impl {
   absl::Status SetUpNvme();                                   // engine_nvme.cc
   absl::Status CreateIoQueue();
   absl::Status NvmeUpdate(UnitState& u, double lr, float clip_coef);
-  // The optimizer state of a unit over its update range, as host vectors, wherever it lives (device,
-  // pinned host or NVMe tiles): lane 0 the fp32 master, 1 Adam m (SGD momentum), 2 Adam v. What export,
-  // SetParam, checkpoints and initialisation use; never on the step's hot path.
-  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, int lane);
-  absl::Status WriteState(UnitState& u, int lane, const std::vector<float>& values);
-  // Runs fn on the lane over the update range: in place where the CPU can reach it, else on a staged copy
+  // One kind (optim::StateKind) of a unit's optimizer state over its update range, as a host vector,
+  // wherever it lives (device, pinned host or NVMe tiles). What export, SetParam, checkpoints and
+  // initialisation use; never on the step's hot path.
+  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, optim::StateKind kind);
+  absl::Status WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values);
+  // Runs fn on the kind over the update range: in place where the CPU can reach it, else on a staged copy
   // (written back when write_back).
-  absl::Status EditState(UnitState& u, int lane, const std::function<void(float*)>& fn, bool write_back);
-  int lanes() const;
+  absl::Status EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
+                         bool write_back);
+  // The kinds this run's optimizer keeps, master first (optim::StateKinds).
+  std::vector<optim::StateKind> state_kinds() const { return optim::StateKinds(cfg.optimizer.type); }
   // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
   // NVMe extent behind an offload::ShardCache of pinned buffers (no u.params). A gather pins the shard
   // (reading it when not cached), the gather stream waits for the read, all-gathers from the pinned
@@ -163,10 +167,14 @@ struct Engine::Impl {
   TierOps& ParamOps() const { return OpsOf(ParamTier()); }
   TierOps& OptimizerOps() const { return OpsOf(OptimizerTier()); }
   TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
-  TierOps& LaneOps(int lane) const { return lane == 0 ? MasterOps() : OptimizerOps(); }
-  // Where lane `lane` (see ReadState) of the unit lives in memory (nullptr with NVMe optimizer state).
-  float* LanePtr(UnitState& u, int lane) const {
-    return lane == 0 ? MasterPtr(u) : (lane == 1 ? u.m.as<float>() : u.v.as<float>());
+  TierOps& StateOps(optim::StateKind kind) const {
+    return kind == optim::StateKind::kMaster ? MasterOps() : OptimizerOps();
+  }
+  // Where state `kind` of the unit lives in memory (nullptr with NVMe optimizer state): u.m holds the
+  // first moment (AdamW exp_avg, SGD momentum), u.v AdamW's exp_avg_sq.
+  float* StatePtr(UnitState& u, optim::StateKind kind) const {
+    if (kind == optim::StateKind::kMaster) return MasterPtr(u);
+    return kind == optim::StateKind::kExpAvgSq ? u.v.as<float>() : u.m.as<float>();
   }
   device::Timeline timeline;
 

@@ -106,20 +106,19 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
   for (const auto& p : saved.params) specs.push_back({p.name, p.shape, p.weight_decay});
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout old, shard::UnitLayout::Build(saved.name, specs, saved_world));
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  const bool adam = m.cfg.optimizer.type == OptimizerType::kAdamW;
-  std::vector<std::string> names = adam ? std::vector<std::string>{"master", "exp_avg", "exp_avg_sq"}
-                                        : std::vector<std::string>{"master", "momentum"};
+  const std::vector<optim::StateKind> kinds = m.state_kinds();
   // Each kind is filled into a host copy of this unit's update range, then written to wherever it lives
   // (WriteState: device, pinned host or NVMe tiles).
-  std::vector<std::vector<float>> staged(names.size(), std::vector<float>(m.update_elems(u), 0.0f));
-  for (size_t k = 0; k < names.size(); ++k) {
+  std::vector<std::vector<float>> staged(kinds.size(), std::vector<float>(m.update_elems(u), 0.0f));
+  for (size_t k = 0; k < kinds.size(); ++k) {
     for (const shard::ParamSlot& p : u.layout.params) {
       const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
       if (b < e) {
-        STRATA_RETURN_IF_ERROR(FillRange(cache, u.layout.name, p, names[k], b, e, old.shard_elems, staged[k].data(), lo));
+        STRATA_RETURN_IF_ERROR(FillRange(cache, u.layout.name, p, std::string(optim::StateKindName(kinds[k])), b, e,
+                                         old.shard_elems, staged[k].data(), lo));
       }
     }
-    STRATA_RETURN_IF_ERROR(m.WriteState(u, static_cast<int>(k), staged[k]));
+    STRATA_RETURN_IF_ERROR(m.WriteState(u, kinds[k], staged[k]));
   }
   return m.CastMasterToParams(u, staged[0].data());
 }
