@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/reshard.h"
 #include "runtime/optim/state_kind.h"
 
 namespace strata::checkpoint {
@@ -110,7 +111,7 @@ absl::StatusOr<std::vector<float>> ReadMasterParam(const std::string& step_dir, 
   for (const auto& [reader, index] : parts) {
     const ShardRange& range = reader.ranges()[index];
     STRATA_RETURN_IF_ERROR(reader.Read(range, &buf));
-    std::copy(buf.begin(), buf.end(), out.begin() + (range.begin - p.offset));
+    CopyOverlap(range, buf, p.offset, p.offset + p.numel, out.data());
   }
   return out;
 }
