@@ -64,7 +64,7 @@ float* Engine::Impl::GradUpdatePtr(UnitState& u) const {
 }
 
 char* Engine::Impl::ParamBase(const UnitState& u) const {
-  if (cfg.stage == 3) return u.param_slot < 0 ? nullptr : static_cast<char*>(param_pool.view(u.param_slot).data);
+  if (cfg.stage == 3) return gatherer->data(static_cast<int>(&u - units.data()));
   return u.params.as<char>();
 }
 
@@ -73,8 +73,8 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   if (!impl_) return;
   // Drain the streams before buffers go away.
-  for (auto* s : {impl_->copy_stream.get(), impl_->gather_stream.get(), impl_->reduce_stream.get(),
-                  impl_->step_stream.get()}) {
+  if (impl_->gatherer != nullptr) impl_->gatherer->Drain();
+  for (auto* s : {impl_->gather_stream.get(), impl_->reduce_stream.get(), impl_->step_stream.get()}) {
     if (s != nullptr) s->Synchronize().IgnoreError();
   }
 }
@@ -117,9 +117,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     impl->device_ops = MakeHostTierOps(&impl->host_executor);
     impl->control = impl->step_comm.get();
     impl->control_stream = impl->step_stream.get();
-  }
-  if (config.offload_param.device != OffloadDevice::kNone && impl->gather_comm->device_buffers()) {
-    STRATA_ASSIGN_OR_RETURN(impl->copy_stream, device.CreateStream("h2d"));  // Note [Staged gathers]
   }
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -295,16 +292,7 @@ absl::Status Engine::Finalize() {
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
-  if (m.cfg.stage == 3) {
-    STRATA_ASSIGN_OR_RETURN(m.param_pool,
-                            shard::SlotPool::Create(*m.device_alloc, live, largest * m.param_bytes(), Kind::kGathered));
-    if (m.staged_gathers()) {
-      for (int i = 0; i < m.param_pool.size(); ++i) {
-        m.copied.push_back(m.device->CreateEvent());
-        if (m.copied.back() == nullptr) return absl::InternalError("creating the staged gathers' events failed");
-      }
-    }
-  }
+  if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(live, largest));
   if (m.cfg.stage >= 2) {
     STRATA_ASSIGN_OR_RETURN(m.grad_pool,
                             shard::SlotPool::Create(*m.device_alloc, m.cfg.max_live_units, largest * 4, Kind::kGradWorking));

@@ -23,6 +23,7 @@
 #include "offload/nvme_store.h"
 #include "offload/pinned_pool.h"
 #include "offload/shard_cache.h"
+#include "runtime/shard/gatherer.h"
 #include "runtime/shard/schedule.h"
 #include "runtime/shard/slot_pool.h"
 
@@ -39,11 +40,8 @@ struct UnitState {
   // order (master, m, v), Note [NVMe state].
   std::vector<std::vector<offload::NvmeExtent>> nvme_lanes;
 
-  // Live state within a step.
-  int param_slot = -1;  // stage 3: gathered buffer
+  // Live state within a step (the stage-3 gathered buffer is the Gatherer's).
   int grad_slot = -1;   // stages 2-3: working gradient buffer
-  comm::Work gather;    // pending gather into param_slot
-  offload::IoWork param_read;  // offload_param = nvme: the read of the shard that gather sends
   int active = 0;       // Begin* without End*
   int forward_uses = 0;   // in the current micro-batch
   int backward_uses = 0;  // in the current micro-batch
@@ -158,9 +156,7 @@ struct Engine::Impl {
   // copy is enqueued, never inside a stream (a blocking CUDA host function holds back the host functions
   // of every stream): a demand gather waits (exposed I/O), a read-ahead gather whose read is still running
   // is not issued yet. A failed copy fails copy_stream, which EnsureGathered checks after the gather.
-  bool staged_gathers() const { return copy_stream != nullptr; }
-  std::unique_ptr<device::Stream> copy_stream;  // only with staged gathers
-  std::vector<std::unique_ptr<device::Event>> copied;  // per gathered slot: its copy is done
+  // (shard/staged_source.cc; the copy stream is the staged source's.)
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
@@ -181,7 +177,11 @@ struct Engine::Impl {
   std::vector<UnitState> units;
   bool finalized = false;
   std::unique_ptr<shard::Schedule> schedule;
-  shard::SlotPool param_pool, grad_pool;
+  // Stage 3: the gathered buffers, the gather communicator and stream and where the shards come from
+  // (shard/param_source.h), the source picked once in SetUpGatherer.
+  std::unique_ptr<shard::Gatherer> gatherer;
+  absl::Status SetUpGatherer(int live, size_t largest);  // engine_hooks.cc
+  shard::SlotPool grad_pool;
   memory::Buffer reduce_scratch;  // one shard of the largest unit, used in reduce-stream order
   // Pinned host copy of reduce_scratch when the gradient shards are in host memory but the reduction ran
   // in device memory (CUDA with offload_optimizer); empty otherwise. Reduce-stream order.
@@ -234,21 +234,14 @@ struct Engine::Impl {
 
   // engine_hooks.cc
   absl::Status CheckUnit(int unit, const char* hook) const;
-  absl::Status IssueGather(int unit, bool demand);
-  // Note [NVMe params]: pins the unit's cached shard for its gather. With staged gathers its read is
-  // waited for here (Note [Staged gathers]), and a read-ahead gather whose read is still running gets an
-  // empty lease: not issued yet.
-  absl::StatusOr<offload::ShardCache::Lease> PinParamShard(int unit, bool demand);
-  absl::Status ParamReadError(int unit, const absl::Status& cause) const;
   absl::Status IssueGatherIfNeeded(int unit) {
-    return cfg.stage == 3 && units[unit].param_slot < 0 ? IssueGather(unit, /*demand=*/true) : absl::OkStatus();
+    return cfg.stage == 3 ? gatherer->IssueIfNeeded(unit) : absl::OkStatus();
   }
   absl::Status EnsureGathered(int unit);
   void Prefetch(int unit);
   void ReleaseParams(int unit);
   absl::Status AcquireGradSlot(int unit);
   absl::Status ReduceGrads(int unit);
-  void Span(device::Stream& s, const char* kind, int unit, std::shared_ptr<int64_t> start);
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
