@@ -293,15 +293,7 @@ absl::Status Engine::Finalize() {
     STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
   if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(live, largest));
-  if (m.cfg.stage >= 2) {
-    STRATA_ASSIGN_OR_RETURN(m.grad_pool,
-                            shard::SlotPool::Create(*m.device_alloc, m.cfg.max_live_units, largest * 4, Kind::kGradWorking));
-    STRATA_ASSIGN_OR_RETURN(m.reduce_scratch, m.device_alloc->Allocate(largest_shard * 4, Kind::kScratch));
-    m.grad_slot_reduce.resize(m.grad_pool.size());
-    if (m.GradStagingNeeded()) {
-      STRATA_ASSIGN_OR_RETURN(m.grad_staging, m.host_alloc->Allocate(largest_shard * 4, Kind::kScratch));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(m.SetUpReducer(largest, largest_shard));
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
   m.finalized = true;
   return absl::OkStatus();
@@ -320,9 +312,8 @@ float* Engine::Grad(int unit, int param) const {
   const Impl& m = *impl_;
   const UnitState& u = m.units[unit];
   const size_t off = u.layout.params[param].offset_elems;
-  if (m.cfg.stage <= 1) return u.grads.as<float>() + off;
-  if (u.grad_slot < 0) return nullptr;
-  return static_cast<float*>(m.grad_pool.view(u.grad_slot).data) + off;
+  float* working = m.reducer == nullptr ? nullptr : m.reducer->working(unit);  // null before Finalize
+  return working == nullptr ? nullptr : working + off;
 }
 
 absl::StatusOr<std::vector<float>> Engine::GatherParam(int unit, int param) {

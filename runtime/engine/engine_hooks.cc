@@ -71,50 +71,31 @@ void Engine::Impl::ReleaseParams(int unit) {
   gatherer->Release(unit);
 }
 
-absl::Status Engine::Impl::AcquireGradSlot(int unit) {
-  UnitState& u = units[unit];
-  if (cfg.stage < 2 || u.grad_slot >= 0) return absl::OkStatus();
-  const int slot = grad_pool.TryAcquire(unit);
-  if (slot < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "unit '", u.layout.name, "' needs a gradient buffer but all strata.max_live_units=", grad_pool.size(),
-        " are held by units still in backward (tied units hold theirs until their last use); raise max_live_units"));
+absl::Status Engine::Impl::SetUpReducer(size_t largest, size_t largest_shard) {
+  std::vector<shard::ReduceUnit> reduced;
+  for (UnitState& u : units) {
+    reduced.push_back({u.layout.name, u.layout.total_elems, u.layout.shard_elems, u.grads.as<float>()});
   }
-  u.grad_slot = slot;
-  STRATA_RETURN_IF_ERROR(TimedWait([&] { return grad_slot_reduce[slot].Wait(); }));
-  STRATA_RETURN_IF_ERROR(grad_pool.WaitFence(slot));  // the previous owner's reduce-scatter read it
-  return device_ops->Zero(grad_pool.view(slot).data, u.layout.total_elems * 4);
-}
-
-absl::Status Engine::Impl::ReduceGrads(int unit) {
-  UnitState& u = units[unit];
-  device::Stream& rs = *reduce_stream;
-  auto start = shard::Stamp(timeline, rs);
-  if (cfg.stage <= 1) {
-    // Full gradients accumulate locally; one all-reduce on the last micro-batch.
-    last_reduce = reduce_comm->AllReduce(u.grads.data(), u.grads.data(), u.layout.total_elems, DType::kF32,
-                                         comm::ReduceOp::kSum, rs);
-    shard::AddSpan(timeline, rs, "all_reduce", unit, start);
+  const shard::ReducerEnv env{reduce_comm.get(), reduce_stream.get(), device, &timeline, &exposed_comm_ns};
+  if (cfg.stage <= 1) {  // full gradients accumulate locally; one all-reduce on the last micro-batch
+    reducer = shard::MakeAllReduceReducer(std::move(reduced), env);
     return absl::OkStatus();
   }
-  float* working = static_cast<float*>(grad_pool.view(u.grad_slot).data);
-  float* scratch = reduce_scratch.as<float>();
-  last_reduce = reduce_comm->ReduceScatter(working, scratch, u.layout.shard_elems, DType::kF32, comm::ReduceOp::kSum, rs);
-  grad_slot_reduce[u.grad_slot] = last_reduce;
-  float* shard = u.grads.as<float>();
-  const size_t n = u.layout.shard_elems;
-  if (grad_staging.empty()) {
-    OptimizerOps().AccumulateOn(rs, shard, scratch, n);
-  } else {  // device scratch, host shard (offloaded optimizer on a GPU): through pinned staging
-    device_ops->ToHostOn(rs, grad_staging.data(), scratch, n * 4);
-    host_ops->AccumulateOn(rs, shard, grad_staging.as<float>(), n);
+  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(*device_alloc, cfg.max_live_units, largest * 4,
+                                                                        memory::Kind::kGradWorking));
+  STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch, device_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
+  memory::Buffer staging;
+  if (GradStagingNeeded()) {
+    STRATA_ASSIGN_OR_RETURN(staging, host_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
   }
-  shard::AddSpan(timeline, rs, "reduce_scatter", unit, start);
-  auto fence = std::shared_ptr<device::Event>(device->CreateEvent());
-  if (fence == nullptr) return absl::InternalError(absl::StrCat("creating the gradient fence of unit '", u.layout.name, "' failed"));
-  rs.Record(*fence);
-  grad_pool.Release(u.grad_slot, std::move(fence));
-  u.grad_slot = -1;
+  shard::ReduceOps ops{
+      [this](void* p, size_t bytes) { return device_ops->Zero(p, bytes); },
+      [shards = &OptimizerOps()](device::Stream& s, float* grads, const float* src, size_t n) {  // the shards' tier
+        shards->AccumulateOn(s, grads, src, n);
+      },
+      [this](device::Stream& s, void* host, const void* dev, size_t bytes) { device_ops->ToHostOn(s, host, dev, bytes); }};
+  reducer = shard::MakeReduceScatterReducer(std::move(reduced), env, std::move(ops), std::move(pool), std::move(scratch),
+                                            std::move(staging));
   return absl::OkStatus();
 }
 
@@ -217,7 +198,7 @@ absl::Status Engine::BeginBackward(int unit) {
   ++u.backward_uses;
   STRATA_RETURN_IF_ERROR(Guard(m, m.IssueGatherIfNeeded(unit)));
   m.Prefetch(unit);
-  STRATA_RETURN_IF_ERROR(Guard(m, m.AcquireGradSlot(unit)));
+  STRATA_RETURN_IF_ERROR(Guard(m, m.reducer->Acquire(unit)));
   STRATA_RETURN_IF_ERROR(Guard(m, m.EnsureGathered(unit)));
   ++u.active;
   u.compute_start_ns = device::NowNs();
@@ -236,7 +217,7 @@ absl::Status Engine::EndBackward(int unit) {
   m.compute_ns += now - u.compute_start_ns;
   m.timeline.Add(device::Span{"compute", "backward", unit, u.compute_start_ns, now});
   const bool last_use = u.backward_uses == u.forward_uses;
-  if (last_use && (m.cfg.stage >= 2 || m.last_micro_batch())) STRATA_RETURN_IF_ERROR(Guard(m, m.ReduceGrads(unit)));
+  if (last_use && m.reducer->reduces(m.last_micro_batch())) STRATA_RETURN_IF_ERROR(Guard(m, m.reducer->Reduce(unit)));
   m.ReleaseParams(unit);
   return absl::OkStatus();
 }

@@ -24,6 +24,7 @@
 #include "offload/pinned_pool.h"
 #include "offload/shard_cache.h"
 #include "runtime/shard/gatherer.h"
+#include "runtime/shard/grad_reducer.h"
 #include "runtime/shard/schedule.h"
 #include "runtime/shard/slot_pool.h"
 
@@ -40,8 +41,8 @@ struct UnitState {
   // order (master, m, v), Note [NVMe state].
   std::vector<std::vector<offload::NvmeExtent>> nvme_lanes;
 
-  // Live state within a step (the stage-3 gathered buffer is the Gatherer's).
-  int grad_slot = -1;   // stages 2-3: working gradient buffer
+  // Live state within a step (the gathered and working gradient buffers are the Gatherer's and the
+  // GradReducer's).
   int active = 0;       // Begin* without End*
   int forward_uses = 0;   // in the current micro-batch
   int backward_uses = 0;  // in the current micro-batch
@@ -181,16 +182,12 @@ struct Engine::Impl {
   // (shard/param_source.h), the source picked once in SetUpGatherer.
   std::unique_ptr<shard::Gatherer> gatherer;
   absl::Status SetUpGatherer(int live, size_t largest);  // engine_hooks.cc
-  shard::SlotPool grad_pool;
-  memory::Buffer reduce_scratch;  // one shard of the largest unit, used in reduce-stream order
-  // Pinned host copy of reduce_scratch when the gradient shards are in host memory but the reduction ran
-  // in device memory (CUDA with offload_optimizer); empty otherwise. Reduce-stream order.
-  memory::Buffer grad_staging;
-  // The last reduction of the step, and per gradient slot the reduce-scatter that last read it: waited
-  // for (with the communicator's deadline) before the reduce stream or a slot's fence, so that a dead
-  // peer is an error naming the collective, never a wait without end on a device event.
-  comm::Work last_reduce;
-  std::vector<comm::Work> grad_slot_reduce;
+  // Gradient reduction on reduce_comm / reduce_stream (shard/grad_reducer.h): all-reduce at stages 0-1,
+  // reduce-scatter of pooled working buffers at stages 2-3, picked once in SetUpReducer. Gradient staging
+  // (a pinned host copy of the reduce scratch) when the gradient shards are in host memory but the
+  // reduction ran in device memory (CUDA with offload_optimizer).
+  std::unique_ptr<shard::GradReducer> reducer;
+  absl::Status SetUpReducer(size_t largest, size_t largest_shard);  // engine_hooks.cc
   bool GradStagingNeeded() const {
     return cfg.stage >= 2 && !device_ops->host_visible() && OptimizerTier().tier() != memory::Tier::kDevice;
   }
@@ -240,8 +237,6 @@ struct Engine::Impl {
   absl::Status EnsureGathered(int unit);
   void Prefetch(int unit);
   void ReleaseParams(int unit);
-  absl::Status AcquireGradSlot(int unit);
-  absl::Status ReduceGrads(int unit);
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
