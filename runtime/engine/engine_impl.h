@@ -74,8 +74,8 @@ struct Engine::Impl {
   // device tier ops are the kernels/cuda twins, gather / reduce / step run on NCCL communicators
   // bootstrapped over the host world, and control collectives stay on a host communicator. The
   // pinned-host tier is registered with CUDA. Optimizer offload needs stage >= 2 (reduced gradient
-  // shards are copied to the host through grad_staging); parameter offload also needs optimizer offload
-  // and gathers through Note [Staged gathers].
+  // shards are copied to the host through the reducer's staging, shard/grad_reducer.h); parameter
+  // offload also needs optimizer offload and gathers through Note [Staged gathers].
   absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
   absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
   // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
@@ -150,13 +150,13 @@ struct Engine::Impl {
   std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
   // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
   // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
-  // shard into the rank's own block of the gathered buffer on copy_stream (after the slot's fence; the
-  // cache lease is released after the copy), and the gather stream waits for that copy and all-gathers
+  // shard into the rank's own block of the gathered buffer on the h2d copy stream (after the slot's
+  // fence; the cache lease is released after the copy), and the gather stream waits for that copy and all-gathers
   // in place. Prefetched gathers copy ahead the same way, so the copy of the next unit overlaps the
   // current unit's compute and the gather before it. An NVMe read is waited for on the host before its
   // copy is enqueued, never inside a stream (a blocking CUDA host function holds back the host functions
   // of every stream): a demand gather waits (exposed I/O), a read-ahead gather whose read is still running
-  // is not issued yet. A failed copy fails copy_stream, which EnsureGathered checks after the gather.
+  // is not issued yet. A failed copy fails the copy stream, which Gatherer::Ensure checks after the gather.
   // (shard/staged_source.cc; the copy stream is the staged source's.)
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
