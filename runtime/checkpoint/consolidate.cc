@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/reshard.h"
+#include "runtime/optim/state_kind.h"
 
 namespace strata::checkpoint {
 
@@ -97,7 +99,7 @@ absl::StatusOr<std::vector<float>> ReadMasterParam(const std::string& step_dir, 
   std::vector<std::pair<uint64_t, uint64_t>> tiles;
   for (const ManifestShard& s : m.shards) {
     STRATA_ASSIGN_OR_RETURN(ShardReader r, OpenShard(step_dir, m, s.rank));
-    const ShardRange* range = r.Find(u.name, p.name, "master");
+    const ShardRange* range = r.Find(u.name, p.name, std::string(optim::StateKindName(optim::StateKind::kMaster)));
     if (range == nullptr) continue;
     tiles.emplace_back(range->begin, range->begin + range->count);  // no overflow: checked when parsed
     const size_t index = static_cast<size_t>(range - r.ranges().data());
@@ -109,7 +111,7 @@ absl::StatusOr<std::vector<float>> ReadMasterParam(const std::string& step_dir, 
   for (const auto& [reader, index] : parts) {
     const ShardRange& range = reader.ranges()[index];
     STRATA_RETURN_IF_ERROR(reader.Read(range, &buf));
-    std::copy(buf.begin(), buf.end(), out.begin() + (range.begin - p.offset));
+    CopyOverlap(range, buf, p.offset, p.offset + p.numel, out.data());
   }
   return out;
 }

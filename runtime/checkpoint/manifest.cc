@@ -12,6 +12,7 @@
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/json_input.h"
+#include "runtime/optim/state_kind.h"
 
 namespace strata::checkpoint {
 
@@ -19,8 +20,12 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 std::vector<std::string> StateKinds(absl::string_view optimizer) {
-  if (optimizer == "adamw") return {"master", "exp_avg", "exp_avg_sq"};
-  return {"master", "momentum"};
+  std::vector<std::string> names;
+  for (optim::StateKind k : optim::StateKinds(optimizer == "adamw" ? optim::OptimizerType::kAdamW
+                                                                   : optim::OptimizerType::kSgd)) {
+    names.emplace_back(optim::StateKindName(k));
+  }
+  return names;
 }
 
 absl::Status CheckTrainerState(absl::string_view trainer_json) {

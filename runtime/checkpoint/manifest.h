@@ -56,7 +56,8 @@ struct Manifest {
   std::string trainer_json = "{}";  // the trainer's own state (data position, model shape, ...), opaque here
 };
 
-// The fp32 state kinds an optimizer saves per element: "master" first, then its moments.
+// The names (optim::StateKindName) of the fp32 state kinds optimizer `optimizer` ("adamw" / "sgd") saves
+// per element, in optim::StateKinds order: "master" first, then its moments.
 std::vector<std::string> StateKinds(absl::string_view optimizer);
 
 // OK when `trainer_json` is a JSON document a manifest can hold (nesting under kMaxJsonDepth levels);

@@ -13,6 +13,7 @@
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/json_input.h"
 #include "runtime/checkpoint/manifest.h"
+#include "runtime/optim/state_kind.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -98,9 +99,7 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> ShardWriter::Finish() {
 
 namespace {
 
-bool KnownKind(const std::string& kind) {
-  return kind == "master" || kind == "exp_avg" || kind == "exp_avg_sq" || kind == "momentum";
-}
+bool KnownKind(const std::string& kind) { return optim::ParseStateKind(kind).has_value(); }
 
 // One entry of the header's "ranges"; its data must lie in [data_start, size) of the file.
 absl::StatusOr<ShardRange> ParseRange(const JsonReader& in, const nlohmann::json& e, const std::string& f,

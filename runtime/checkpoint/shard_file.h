@@ -27,7 +27,7 @@ namespace strata::checkpoint {
 struct ShardRange {
   std::string unit;
   std::string param;
-  std::string kind;     // "master", "exp_avg", "exp_avg_sq" (Adam) or "momentum" (SGD)
+  std::string kind;     // optim::StateKindName: "master", "exp_avg", "exp_avg_sq" (Adam) or "momentum" (SGD)
   uint64_t begin = 0;   // global element offset inside the unit's flat buffer
   uint64_t count = 0;   // fp32 elements
   uint64_t offset = 0;  // byte offset of the data in the file

@@ -53,7 +53,7 @@ absl::Status Engine::Impl::CreateDeviceArena(uint64_t) { return absl::OkStatus()
 #endif
 
 float* Engine::Impl::MasterPtr(UnitState& u) const {
-  if (nvme_optimizer()) return nullptr;  // on NVMe: ReadState(u, 0) stages it
+  if (nvme_optimizer()) return nullptr;  // on NVMe: ReadState(u, kMaster) stages it
   if (separate_master()) return u.master.as<float>();
   if (cfg.stage == 3) return u.params.as<float>();
   return u.params.as<float>() + update_begin(u);
@@ -64,7 +64,7 @@ float* Engine::Impl::GradUpdatePtr(UnitState& u) const {
 }
 
 char* Engine::Impl::ParamBase(const UnitState& u) const {
-  if (cfg.stage == 3) return u.param_slot < 0 ? nullptr : static_cast<char*>(param_pool.view(u.param_slot).data);
+  if (cfg.stage == 3) return gatherer->data(static_cast<int>(&u - units.data()));
   return u.params.as<char>();
 }
 
@@ -73,8 +73,8 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   if (!impl_) return;
   // Drain the streams before buffers go away.
-  for (auto* s : {impl_->copy_stream.get(), impl_->gather_stream.get(), impl_->reduce_stream.get(),
-                  impl_->step_stream.get()}) {
+  if (impl_->gatherer != nullptr) impl_->gatherer->Drain();
+  for (auto* s : {impl_->gather_stream.get(), impl_->reduce_stream.get(), impl_->step_stream.get()}) {
     if (s != nullptr) s->Synchronize().IgnoreError();
   }
 }
@@ -117,9 +117,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     impl->device_ops = MakeHostTierOps(&impl->host_executor);
     impl->control = impl->step_comm.get();
     impl->control_stream = impl->step_stream.get();
-  }
-  if (config.offload_param.device != OffloadDevice::kNone && impl->gather_comm->device_buffers()) {
-    STRATA_ASSIGN_OR_RETURN(impl->copy_stream, device.CreateStream("h2d"));  // Note [Staged gathers]
   }
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -210,11 +207,13 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
   // (allocators hand out zeroed memory).
   std::vector<float> values(upd, 0.0f);
   if (m.nvme_optimizer()) {
-    for (int l = 1; l < m.lanes(); ++l) STRATA_RETURN_IF_ERROR(m.WriteState(u, l, values));
+    for (optim::StateKind k : m.state_kinds()) {
+      if (k != optim::StateKind::kMaster) STRATA_RETURN_IF_ERROR(m.WriteState(u, k, values));
+    }
   }
   if (!m.separate_master()) return absl::OkStatus();
   InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, values.data(), nullptr, DType::kF32);
-  return m.WriteState(u, 0, values);
+  return m.WriteState(u, optim::StateKind::kMaster, values);
 }
 
 }  // namespace
@@ -292,25 +291,8 @@ absl::Status Engine::Finalize() {
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
-  if (m.cfg.stage == 3) {
-    STRATA_ASSIGN_OR_RETURN(m.param_pool,
-                            shard::SlotPool::Create(*m.device_alloc, live, largest * m.param_bytes(), Kind::kGathered));
-    if (m.staged_gathers()) {
-      for (int i = 0; i < m.param_pool.size(); ++i) {
-        m.copied.push_back(m.device->CreateEvent());
-        if (m.copied.back() == nullptr) return absl::InternalError("creating the staged gathers' events failed");
-      }
-    }
-  }
-  if (m.cfg.stage >= 2) {
-    STRATA_ASSIGN_OR_RETURN(m.grad_pool,
-                            shard::SlotPool::Create(*m.device_alloc, m.cfg.max_live_units, largest * 4, Kind::kGradWorking));
-    STRATA_ASSIGN_OR_RETURN(m.reduce_scratch, m.device_alloc->Allocate(largest_shard * 4, Kind::kScratch));
-    m.grad_slot_reduce.resize(m.grad_pool.size());
-    if (m.GradStagingNeeded()) {
-      STRATA_ASSIGN_OR_RETURN(m.grad_staging, m.host_alloc->Allocate(largest_shard * 4, Kind::kScratch));
-    }
-  }
+  if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(live, largest));
+  STRATA_RETURN_IF_ERROR(m.SetUpReducer(largest, largest_shard));
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
   m.finalized = true;
   return absl::OkStatus();
@@ -329,9 +311,8 @@ float* Engine::Grad(int unit, int param) const {
   const Impl& m = *impl_;
   const UnitState& u = m.units[unit];
   const size_t off = u.layout.params[param].offset_elems;
-  if (m.cfg.stage <= 1) return u.grads.as<float>() + off;
-  if (u.grad_slot < 0) return nullptr;
-  return static_cast<float*>(m.grad_pool.view(u.grad_slot).data) + off;
+  float* working = m.reducer == nullptr ? nullptr : m.reducer->working(unit);  // null before Finalize
+  return working == nullptr ? nullptr : working + off;
 }
 
 absl::StatusOr<std::vector<float>> Engine::GatherParam(int unit, int param) {
@@ -355,7 +336,7 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));
   UnitState& u = m.units[unit];
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, 0));
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, optim::StateKind::kMaster));
   if (m.cfg.stage == 0) return master;
   std::vector<float> full(u.layout.total_elems);
   STRATA_RETURN_IF_ERROR(
@@ -374,7 +355,7 @@ absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& val
   }
   // Master over the update range, then the param storage over what this rank holds.
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  STRATA_RETURN_IF_ERROR(m.EditState(u, 0, [&](float* master) {
+  STRATA_RETURN_IF_ERROR(m.EditState(u, optim::StateKind::kMaster, [&](float* master) {
     for (size_t j = std::max(lo, p.offset_elems); j < std::min(hi, p.offset_elems + p.numel); ++j) {
       master[j - lo] = value[j - p.offset_elems];
     }

@@ -32,20 +32,15 @@ namespace {
 
 std::string ShardName(int rank) { return absl::StrFormat("shard_%05d.bin", rank); }
 
-std::vector<std::string> KindNames(const Engine::Impl& m) {
-  if (m.cfg.optimizer.type == OptimizerType::kAdamW) return {"master", "exp_avg", "exp_avg_sq"};
-  return {"master", "momentum"};
-}
-
 // Each kind over the update range, staged in host memory one unit at a time, wherever it lives
 // (ReadState; Note [NVMe state]).
 absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
                                                 std::vector<std::vector<float>>* staged) {
   staged->clear();
   std::vector<float*> out;
-  for (int l = 0; l < m.lanes(); ++l) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> lane, m.ReadState(u, l));
-    staged->push_back(std::move(lane));
+  for (optim::StateKind k : m.state_kinds()) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> values, m.ReadState(u, k));
+    staged->push_back(std::move(values));
   }
   for (auto& v : *staged) out.push_back(v.data());
   return out;
@@ -53,7 +48,7 @@ absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
 
 absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
   const size_t r = static_cast<size_t>(m.rank());
-  const std::vector<std::string> kinds = KindNames(m);
+  const std::vector<optim::StateKind> kinds = m.state_kinds();
   std::vector<ckpt::ShardRange> ranges;
   std::vector<std::pair<size_t, size_t>> where;  // (unit, kind) of each range
   for (size_t ui = 0; ui < m.units.size(); ++ui) {
@@ -63,7 +58,7 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
       for (const shard::ParamSlot& p : u.layout.params) {
         const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
         if (b >= e) continue;
-        ranges.push_back({u.layout.name, p.spec.name, kinds[k], b, e - b});
+        ranges.push_back({u.layout.name, p.spec.name, std::string(optim::StateKindName(kinds[k])), b, e - b});
         where.emplace_back(ui, k);
       }
     }

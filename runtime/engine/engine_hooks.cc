@@ -9,6 +9,7 @@
 #include "runtime/comm/host_communicator.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine_impl.h"
+#include "runtime/shard/stream_trace.h"
 
 namespace strata::engine {
 
@@ -25,189 +26,76 @@ absl::Status Engine::Impl::CheckUnit(int unit, const char* hook) const {
   return absl::OkStatus();
 }
 
-// Appends a span for the work enqueued on `s` since `start` was stamped (stamped by an earlier task).
-// Stamps and spans are stream tasks (host functions on CUDA), so nothing is enqueued while the timeline
-// is off: Stamp then gives nullptr.
-void Engine::Impl::Span(device::Stream& s, const char* kind, int unit, std::shared_ptr<int64_t> start) {
-  if (start == nullptr) return;
-  s.Enqueue([this, kind, unit, start, name = std::string(s.name())]() {
-    timeline.Add(device::Span{name, kind, unit, *start, device::NowNs()});
-    return absl::OkStatus();
-  });
-}
-
-namespace {
-std::shared_ptr<int64_t> Stamp(device::Timeline& timeline, device::Stream& s) {
-  if (!timeline.enabled()) return nullptr;
-  auto start = std::make_shared<int64_t>(0);
-  s.Enqueue([start]() {
-    *start = device::NowNs();
-    return absl::OkStatus();
-  });
-  return start;
-}
-}  // namespace
-
-absl::Status Engine::Impl::IssueGather(int unit, bool demand) {
-  UnitState& u = units[unit];
-  const int slot = param_pool.TryAcquire(unit);
-  if (slot < 0) {
-    if (!demand) return absl::OkStatus();  // prefetch only when a slot is free
-    std::vector<std::string> live;
-    for (int i = 0; i < param_pool.size(); ++i) live.push_back(units[param_pool.owner(i)].layout.name);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "unit '", u.layout.name, "' needs a gathered buffer but all strata.max_live_units=", param_pool.size(),
-        " are held by units [", absl::StrJoin(live, ", "), "]; end a unit before beginning the next, or raise "
-        "max_live_units"));
+absl::Status Engine::Impl::SetUpGatherer(int live, size_t largest) {
+  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(*device_alloc, live, largest * param_bytes(),
+                                                                        memory::Kind::kGathered));
+  std::vector<shard::GatherUnit> gathered;
+  shard::SourceEnv env{{}, &exposed_io_ns};
+  for (const UnitState& u : units) {
+    gathered.push_back({u.layout.name, u.layout.shard_elems});
+    env.unit_names.push_back(u.layout.name);
   }
-  const void* src = u.params.data();
-  offload::ShardCache::Lease lease;
-  if (nvme_params()) {  // Note [NVMe params]: the gather sends from the pinned, cached shard
-    absl::StatusOr<offload::ShardCache::Lease> l = PinParamShard(unit, demand);
-    if (!l.ok() || l->empty()) {  // failed, or a read-ahead gather not issued yet
-      param_pool.Release(slot, nullptr);
-      return l.status();
-    }
-    lease = std::move(l).value();
-    src = lease.data();
+  // Where the shards come from is decided here, once (shard/param_source.h).
+  std::unique_ptr<shard::ParamSource> source =
+      nvme_params() ? shard::MakeCachedSource(param_cache.get(), static_cast<int>(param_buffers->buffer_count()),
+                                              std::move(env))
+                    : shard::MakeMemorySource([this](int unit) -> const void* { return units[unit].params.data(); });
+  if (cfg.offload_param.device != OffloadDevice::kNone && gather_comm->device_buffers()) {  // Note [Staged gathers]
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> copy_stream, device->CreateStream("h2d"));
+    auto copy = [this](device::Stream& s, void* dst, const void* host, size_t bytes) {
+      device_ops->FromHostOn(s, dst, host, bytes);
+    };
+    STRATA_ASSIGN_OR_RETURN(source, shard::MakeStagedSource(std::move(source), std::move(copy_stream), *device,
+                                                            pool.size(), copy, &timeline));
   }
-  u.param_slot = slot;
-  char* recv = static_cast<char*>(param_pool.view(slot).data);
-  // Note [Staged gathers]: a host shard reaches a device-buffer communicator through its own block of
-  // the gathered buffer, copied on the copy stream; the all-gather then runs in place.
-  device::Stream& first = staged_gathers() ? *copy_stream : *gather_stream;
-  if (device::Event* fence = param_pool.fence(slot)) first.WaitFor(*fence);
-  if (!lease.empty() && !staged_gathers()) lease.ready().StreamWait(first);
-  // The pinned buffer is free for eviction once the copy or the gather has read it.
-  auto release = [&](device::Stream& s) {
-    if (lease.empty()) return;
-    s.Enqueue([lease = std::move(lease)]() mutable {
-      lease.Reset();
-      return absl::OkStatus();
-    });
-  };
-  if (staged_gathers()) {
-    char* own = recv + static_cast<size_t>(rank()) * u.layout.shard_elems * param_bytes();
-    auto copy_start = Stamp(timeline, *copy_stream);
-    device_ops->FromHostOn(*copy_stream, own, src, u.layout.shard_elems * param_bytes());
-    Span(*copy_stream, "h2d", unit, copy_start);
-    release(*copy_stream);
-    // The slot's own event: re-recorded only after this gather completed (the slot was released), and
-    // owned by the engine, because a CUDA event must not be destroyed inside a stream's host function.
-    copy_stream->Record(*copied[slot]);
-    gather_stream->WaitFor(*copied[slot]);
-    src = own;
-  }
-  auto start = Stamp(timeline, *gather_stream);
-  u.gather = gather_comm->AllGather(src, recv, u.layout.shard_elems, cfg.param_dtype, *gather_stream);
-  Span(*gather_stream, "gather", unit, start);
-  release(*gather_stream);
+  gatherer = std::make_unique<shard::Gatherer>(
+      std::move(pool), std::move(gathered), std::move(source),
+      shard::GathererOptions{gather_comm.get(), gather_stream.get(), cfg.param_dtype, rank(), &timeline, &exposed_comm_ns});
   return absl::OkStatus();
-}
-
-absl::Status Engine::Impl::ParamReadError(int unit, const absl::Status& cause) const {
-  return Annotate(cause, absl::StrCat("reading the parameter shard of unit '", units[unit].layout.name, "'"));
-}
-
-absl::StatusOr<offload::ShardCache::Lease> Engine::Impl::PinParamShard(int unit, bool demand) {
-  absl::StatusOr<offload::ShardCache::Lease> lease = param_cache->Pin(unit);
-  if (!lease.ok()) return ParamReadError(unit, lease.status());
-  if (!staged_gathers()) {
-    units[unit].param_read = lease->ready();  // the gather stream waits for it; EnsureGathered reports its error
-    return lease;
-  }
-  // The copy is enqueued once the shard is read, so no stream blocks on I/O (on CUDA a blocking host
-  // function would hold back every stream's host functions). A read-ahead gather whose read is still
-  // running waits: the read goes on, and a later prefetch or the demand gather finds the shard cached.
-  if (!demand && !lease->ready().Done()) return offload::ShardCache::Lease();
-  absl::Status read = TimedWait(exposed_io_ns, [&] { return lease->ready().Wait(); });
-  if (!read.ok()) return ParamReadError(unit, read);
-  return lease;
 }
 
 absl::Status Engine::Impl::EnsureGathered(int unit) {
-  if (cfg.stage != 3) return absl::OkStatus();
-  UnitState& u = units[unit];
-  if (u.param_slot < 0) STRATA_RETURN_IF_ERROR(IssueGather(unit, /*demand=*/true));
-  if (nvme_params()) {  // a read not hidden by read-ahead is exposed I/O, and its error comes first
-    absl::Status read = TimedWait(exposed_io_ns, [&] { return u.param_read.Wait(); });
-    u.param_read = offload::IoWork();
-    if (!read.ok()) return ParamReadError(unit, read);
-  }
-  STRATA_RETURN_IF_ERROR(TimedWait([&] { return u.gather.Wait(); }));
-  if (staged_gathers()) {  // a failed copy fails its own stream; the gather after it does not know
-    absl::Status copy = copy_stream->status();
-    if (!copy.ok()) return Annotate(copy, "copying parameter shards to the device");
-  }
-  return absl::OkStatus();
+  return cfg.stage == 3 ? gatherer->Ensure(unit) : absl::OkStatus();
 }
 
 void Engine::Impl::Prefetch(int current) {
   if (cfg.stage != 3 || cfg.prefetch_depth <= 0 || !in_micro_batch) return;
-  for (int next : schedule->Upcoming(cfg.prefetch_depth, current)) {
-    // A failed read-ahead is dropped; the demand gather of that unit reports it.
-    if (units[next].param_slot < 0) IssueGather(next, /*demand=*/false).IgnoreError();
-  }
-  if (nvme_params()) {  // read further ahead than the gathers, as far as free buffers allow
-    for (int next : schedule->Upcoming(static_cast<int>(param_buffers->buffer_count()), current)) {
-      param_cache->Prefetch(next);
-    }
-  }
+  // Gathers along the recorded schedule; with NVMe shards, reads further ahead, as far as free buffers allow.
+  gatherer->Prefetch(schedule->Upcoming(cfg.prefetch_depth, current),
+                     schedule->Upcoming(gatherer->read_ahead_depth(), current));
 }
 
 void Engine::Impl::ReleaseParams(int unit) {
-  UnitState& u = units[unit];
-  if (cfg.stage != 3 || u.param_slot < 0 || u.active > 0) return;
+  if (cfg.stage != 3 || units[unit].active > 0) return;
   // Host compute is synchronous: the slot's last reader has finished, so no fence is needed.
-  param_pool.Release(u.param_slot, nullptr);
-  u.param_slot = -1;
-  u.gather = comm::Work();
+  gatherer->Release(unit);
 }
 
-absl::Status Engine::Impl::AcquireGradSlot(int unit) {
-  UnitState& u = units[unit];
-  if (cfg.stage < 2 || u.grad_slot >= 0) return absl::OkStatus();
-  const int slot = grad_pool.TryAcquire(unit);
-  if (slot < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "unit '", u.layout.name, "' needs a gradient buffer but all strata.max_live_units=", grad_pool.size(),
-        " are held by units still in backward (tied units hold theirs until their last use); raise max_live_units"));
+absl::Status Engine::Impl::SetUpReducer(size_t largest, size_t largest_shard) {
+  std::vector<shard::ReduceUnit> reduced;
+  for (UnitState& u : units) {
+    reduced.push_back({u.layout.name, u.layout.total_elems, u.layout.shard_elems, u.grads.as<float>()});
   }
-  u.grad_slot = slot;
-  STRATA_RETURN_IF_ERROR(TimedWait([&] { return grad_slot_reduce[slot].Wait(); }));
-  STRATA_RETURN_IF_ERROR(grad_pool.WaitFence(slot));  // the previous owner's reduce-scatter read it
-  return device_ops->Zero(grad_pool.view(slot).data, u.layout.total_elems * 4);
-}
-
-absl::Status Engine::Impl::ReduceGrads(int unit) {
-  UnitState& u = units[unit];
-  device::Stream& rs = *reduce_stream;
-  auto start = Stamp(timeline, rs);
-  if (cfg.stage <= 1) {
-    // Full gradients accumulate locally; one all-reduce on the last micro-batch.
-    last_reduce = reduce_comm->AllReduce(u.grads.data(), u.grads.data(), u.layout.total_elems, DType::kF32,
-                                         comm::ReduceOp::kSum, rs);
-    Span(rs, "all_reduce", unit, start);
+  const shard::ReducerEnv env{reduce_comm.get(), reduce_stream.get(), device, &timeline, &exposed_comm_ns};
+  if (cfg.stage <= 1) {  // full gradients accumulate locally; one all-reduce on the last micro-batch
+    reducer = shard::MakeAllReduceReducer(std::move(reduced), env);
     return absl::OkStatus();
   }
-  float* working = static_cast<float*>(grad_pool.view(u.grad_slot).data);
-  float* scratch = reduce_scratch.as<float>();
-  last_reduce = reduce_comm->ReduceScatter(working, scratch, u.layout.shard_elems, DType::kF32, comm::ReduceOp::kSum, rs);
-  grad_slot_reduce[u.grad_slot] = last_reduce;
-  float* shard = u.grads.as<float>();
-  const size_t n = u.layout.shard_elems;
-  if (grad_staging.empty()) {
-    OptimizerOps().AccumulateOn(rs, shard, scratch, n);
-  } else {  // device scratch, host shard (offloaded optimizer on a GPU): through pinned staging
-    device_ops->ToHostOn(rs, grad_staging.data(), scratch, n * 4);
-    host_ops->AccumulateOn(rs, shard, grad_staging.as<float>(), n);
+  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(*device_alloc, cfg.max_live_units, largest * 4,
+                                                                        memory::Kind::kGradWorking));
+  STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch, device_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
+  memory::Buffer staging;
+  if (GradStagingNeeded()) {
+    STRATA_ASSIGN_OR_RETURN(staging, host_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
   }
-  Span(rs, "reduce_scatter", unit, start);
-  auto fence = std::shared_ptr<device::Event>(device->CreateEvent());
-  if (fence == nullptr) return absl::InternalError(absl::StrCat("creating the gradient fence of unit '", u.layout.name, "' failed"));
-  rs.Record(*fence);
-  grad_pool.Release(u.grad_slot, std::move(fence));
-  u.grad_slot = -1;
+  shard::ReduceOps ops{
+      [this](void* p, size_t bytes) { return device_ops->Zero(p, bytes); },
+      [shards = &OptimizerOps()](device::Stream& s, float* grads, const float* src, size_t n) {  // the shards' tier
+        shards->AccumulateOn(s, grads, src, n);
+      },
+      [this](device::Stream& s, void* host, const void* dev, size_t bytes) { device_ops->ToHostOn(s, host, dev, bytes); }};
+  reducer = shard::MakeReduceScatterReducer(std::move(reduced), env, std::move(ops), std::move(pool), std::move(scratch),
+                                            std::move(staging));
   return absl::OkStatus();
 }
 
@@ -310,7 +198,7 @@ absl::Status Engine::BeginBackward(int unit) {
   ++u.backward_uses;
   STRATA_RETURN_IF_ERROR(Guard(m, m.IssueGatherIfNeeded(unit)));
   m.Prefetch(unit);
-  STRATA_RETURN_IF_ERROR(Guard(m, m.AcquireGradSlot(unit)));
+  STRATA_RETURN_IF_ERROR(Guard(m, m.reducer->Acquire(unit)));
   STRATA_RETURN_IF_ERROR(Guard(m, m.EnsureGathered(unit)));
   ++u.active;
   u.compute_start_ns = device::NowNs();
@@ -329,7 +217,7 @@ absl::Status Engine::EndBackward(int unit) {
   m.compute_ns += now - u.compute_start_ns;
   m.timeline.Add(device::Span{"compute", "backward", unit, u.compute_start_ns, now});
   const bool last_use = u.backward_uses == u.forward_uses;
-  if (last_use && (m.cfg.stage >= 2 || m.last_micro_batch())) STRATA_RETURN_IF_ERROR(Guard(m, m.ReduceGrads(unit)));
+  if (last_use && m.reducer->reduces(m.last_micro_batch())) STRATA_RETURN_IF_ERROR(Guard(m, m.reducer->Reduce(unit)));
   m.ReleaseParams(unit);
   return absl::OkStatus();
 }

@@ -18,10 +18,13 @@
 #include "runtime/engine/engine.h"
 #include "runtime/engine/tier_ops.h"
 #include "runtime/memory/memory.h"
+#include "runtime/optim/state_kind.h"
 #include "offload/io_queue.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_pool.h"
 #include "offload/shard_cache.h"
+#include "runtime/shard/gatherer.h"
+#include "runtime/shard/grad_reducer.h"
 #include "runtime/shard/schedule.h"
 #include "runtime/shard/slot_pool.h"
 
@@ -34,14 +37,12 @@ struct UnitState {
   memory::Buffer grads;   // fp32
   memory::Buffer m, v;    // optimizer state, fp32
   std::vector<shard::Segment> update_segments;  // relative to the update range start
-  // offload_optimizer = nvme: master, m, v as tiles on NVMe (lane 0 master, 1 m, 2 v), Note [NVMe state].
+  // offload_optimizer = nvme: master, m, v as tiles on NVMe, one lane per state kind in optim::StateIndex
+  // order (master, m, v), Note [NVMe state].
   std::vector<std::vector<offload::NvmeExtent>> nvme_lanes;
 
-  // Live state within a step.
-  int param_slot = -1;  // stage 3: gathered buffer
-  int grad_slot = -1;   // stages 2-3: working gradient buffer
-  comm::Work gather;    // pending gather into param_slot
-  offload::IoWork param_read;  // offload_param = nvme: the read of the shard that gather sends
+  // Live state within a step (the gathered and working gradient buffers are the Gatherer's and the
+  // GradReducer's).
   int active = 0;       // Begin* without End*
   int forward_uses = 0;   // in the current micro-batch
   int backward_uses = 0;  // in the current micro-batch
@@ -73,8 +74,8 @@ struct Engine::Impl {
   // device tier ops are the kernels/cuda twins, gather / reduce / step run on NCCL communicators
   // bootstrapped over the host world, and control collectives stay on a host communicator. The
   // pinned-host tier is registered with CUDA. Optimizer offload needs stage >= 2 (reduced gradient
-  // shards are copied to the host through grad_staging); parameter offload also needs optimizer offload
-  // and gathers through Note [Staged gathers].
+  // shards are copied to the host through the reducer's staging, shard/grad_reducer.h); parameter
+  // offload also needs optimizer offload and gathers through Note [Staged gathers].
   absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
   absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
   // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
@@ -108,15 +109,17 @@ struct Engine::Impl {
   absl::Status SetUpNvme();                                   // engine_nvme.cc
   absl::Status CreateIoQueue();
   absl::Status NvmeUpdate(UnitState& u, double lr, float clip_coef);
-  // The optimizer state of a unit over its update range, as host vectors, wherever it lives (device,
-  // pinned host or NVMe tiles): lane 0 the fp32 master, 1 Adam m (SGD momentum), 2 Adam v. What export,
-  // SetParam, checkpoints and initialisation use; never on the step's hot path.
-  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, int lane);
-  absl::Status WriteState(UnitState& u, int lane, const std::vector<float>& values);
-  // Runs fn on the lane over the update range: in place where the CPU can reach it, else on a staged copy
+  // One kind (optim::StateKind) of a unit's optimizer state over its update range, as a host vector,
+  // wherever it lives (device, pinned host or NVMe tiles). What export, SetParam, checkpoints and
+  // initialisation use; never on the step's hot path.
+  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, optim::StateKind kind);
+  absl::Status WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values);
+  // Runs fn on the kind over the update range: in place where the CPU can reach it, else on a staged copy
   // (written back when write_back).
-  absl::Status EditState(UnitState& u, int lane, const std::function<void(float*)>& fn, bool write_back);
-  int lanes() const;
+  absl::Status EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
+                         bool write_back);
+  // The kinds this run's optimizer keeps, master first (optim::StateKinds).
+  std::vector<optim::StateKind> state_kinds() const { return optim::StateKinds(cfg.optimizer.type); }
   // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
   // NVMe extent behind an offload::ShardCache of pinned buffers (no u.params). A gather pins the shard
   // (reading it when not cached), the gather stream waits for the read, all-gathers from the pinned
@@ -147,42 +150,44 @@ struct Engine::Impl {
   std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
   // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
   // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
-  // shard into the rank's own block of the gathered buffer on copy_stream (after the slot's fence; the
-  // cache lease is released after the copy), and the gather stream waits for that copy and all-gathers
+  // shard into the rank's own block of the gathered buffer on the h2d copy stream (after the slot's
+  // fence; the cache lease is released after the copy), and the gather stream waits for that copy and all-gathers
   // in place. Prefetched gathers copy ahead the same way, so the copy of the next unit overlaps the
   // current unit's compute and the gather before it. An NVMe read is waited for on the host before its
   // copy is enqueued, never inside a stream (a blocking CUDA host function holds back the host functions
   // of every stream): a demand gather waits (exposed I/O), a read-ahead gather whose read is still running
-  // is not issued yet. A failed copy fails copy_stream, which EnsureGathered checks after the gather.
-  bool staged_gathers() const { return copy_stream != nullptr; }
-  std::unique_ptr<device::Stream> copy_stream;  // only with staged gathers
-  std::vector<std::unique_ptr<device::Event>> copied;  // per gathered slot: its copy is done
+  // is not issued yet. A failed copy fails the copy stream, which Gatherer::Ensure checks after the gather.
+  // (shard/staged_source.cc; the copy stream is the staged source's.)
   memory::Allocator& OptimizerTier() const {
     return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
   TierOps& ParamOps() const { return OpsOf(ParamTier()); }
   TierOps& OptimizerOps() const { return OpsOf(OptimizerTier()); }
   TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
-  TierOps& LaneOps(int lane) const { return lane == 0 ? MasterOps() : OptimizerOps(); }
-  // Where lane `lane` (see ReadState) of the unit lives in memory (nullptr with NVMe optimizer state).
-  float* LanePtr(UnitState& u, int lane) const {
-    return lane == 0 ? MasterPtr(u) : (lane == 1 ? u.m.as<float>() : u.v.as<float>());
+  TierOps& StateOps(optim::StateKind kind) const {
+    return kind == optim::StateKind::kMaster ? MasterOps() : OptimizerOps();
+  }
+  // Where state `kind` of the unit lives in memory (nullptr with NVMe optimizer state): u.m holds the
+  // first moment (AdamW exp_avg, SGD momentum), u.v AdamW's exp_avg_sq.
+  float* StatePtr(UnitState& u, optim::StateKind kind) const {
+    if (kind == optim::StateKind::kMaster) return MasterPtr(u);
+    return kind == optim::StateKind::kExpAvgSq ? u.v.as<float>() : u.m.as<float>();
   }
   device::Timeline timeline;
 
   std::vector<UnitState> units;
   bool finalized = false;
   std::unique_ptr<shard::Schedule> schedule;
-  shard::SlotPool param_pool, grad_pool;
-  memory::Buffer reduce_scratch;  // one shard of the largest unit, used in reduce-stream order
-  // Pinned host copy of reduce_scratch when the gradient shards are in host memory but the reduction ran
-  // in device memory (CUDA with offload_optimizer); empty otherwise. Reduce-stream order.
-  memory::Buffer grad_staging;
-  // The last reduction of the step, and per gradient slot the reduce-scatter that last read it: waited
-  // for (with the communicator's deadline) before the reduce stream or a slot's fence, so that a dead
-  // peer is an error naming the collective, never a wait without end on a device event.
-  comm::Work last_reduce;
-  std::vector<comm::Work> grad_slot_reduce;
+  // Stage 3: the gathered buffers, the gather communicator and stream and where the shards come from
+  // (shard/param_source.h), the source picked once in SetUpGatherer.
+  std::unique_ptr<shard::Gatherer> gatherer;
+  absl::Status SetUpGatherer(int live, size_t largest);  // engine_hooks.cc
+  // Gradient reduction on reduce_comm / reduce_stream (shard/grad_reducer.h): all-reduce at stages 0-1,
+  // reduce-scatter of pooled working buffers at stages 2-3, picked once in SetUpReducer. Gradient staging
+  // (a pinned host copy of the reduce scratch) when the gradient shards are in host memory but the
+  // reduction ran in device memory (CUDA with offload_optimizer).
+  std::unique_ptr<shard::GradReducer> reducer;
+  absl::Status SetUpReducer(size_t largest, size_t largest_shard);  // engine_hooks.cc
   bool GradStagingNeeded() const {
     return cfg.stage >= 2 && !device_ops->host_visible() && OptimizerTier().tier() != memory::Tier::kDevice;
   }
@@ -226,21 +231,12 @@ struct Engine::Impl {
 
   // engine_hooks.cc
   absl::Status CheckUnit(int unit, const char* hook) const;
-  absl::Status IssueGather(int unit, bool demand);
-  // Note [NVMe params]: pins the unit's cached shard for its gather. With staged gathers its read is
-  // waited for here (Note [Staged gathers]), and a read-ahead gather whose read is still running gets an
-  // empty lease: not issued yet.
-  absl::StatusOr<offload::ShardCache::Lease> PinParamShard(int unit, bool demand);
-  absl::Status ParamReadError(int unit, const absl::Status& cause) const;
   absl::Status IssueGatherIfNeeded(int unit) {
-    return cfg.stage == 3 && units[unit].param_slot < 0 ? IssueGather(unit, /*demand=*/true) : absl::OkStatus();
+    return cfg.stage == 3 ? gatherer->IssueIfNeeded(unit) : absl::OkStatus();
   }
   absl::Status EnsureGathered(int unit);
   void Prefetch(int unit);
   void ReleaseParams(int unit);
-  absl::Status AcquireGradSlot(int unit);
-  absl::Status ReduceGrads(int unit);
-  void Span(device::Stream& s, const char* kind, int unit, std::shared_ptr<int64_t> start);
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();

@@ -13,7 +13,6 @@
 
 namespace strata::engine {
 
-int Engine::Impl::lanes() const { return NvmeLanes(cfg); }
 
 namespace {
 
@@ -112,7 +111,7 @@ absl::Status Engine::Impl::SetUpNvme() {
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
   uint64_t need = 0;
   for (const UnitState& u : units) {
-    for (size_t t = 0; t < Tiles(*this, u); ++t) need += lanes() * offload::NvmeStore::IoBytes(TileElems(*this, u, t) * 4);
+    for (size_t t = 0; t < Tiles(*this, u); ++t) need += state_kinds().size() * offload::NvmeStore::IoBytes(TileElems(*this, u, t) * 4);
   }
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(nvme,
@@ -123,58 +122,60 @@ absl::Status Engine::Impl::SetUpNvme() {
                                                                host_alloc.get()));
   io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
   for (UnitState& u : units) {
-    u.nvme_lanes.assign(lanes(), {});
-    for (int l = 0; l < lanes(); ++l) {
-      const memory::Kind kind = l == 0 ? memory::Kind::kMaster : memory::Kind::kOptimizerState;
+    u.nvme_lanes.assign(state_kinds().size(), {});
+    for (optim::StateKind k : state_kinds()) {
+      const memory::Kind kind = k == optim::StateKind::kMaster ? memory::Kind::kMaster : memory::Kind::kOptimizerState;
       for (size_t t = 0; t < Tiles(*this, u); ++t) {
         STRATA_ASSIGN_OR_RETURN(offload::NvmeExtent e, nvme->Allocate(TileElems(*this, u, t) * 4, kind));
-        u.nvme_lanes[l].push_back(std::move(e));
+        u.nvme_lanes[optim::StateIndex(k)].push_back(std::move(e));
       }
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> Engine::Impl::ReadState(UnitState& u, int lane) {
+absl::StatusOr<std::vector<float>> Engine::Impl::ReadState(UnitState& u, optim::StateKind kind) {
   std::vector<float> out(update_elems(u));
   if (!nvme_optimizer()) {
-    STRATA_RETURN_IF_ERROR(LaneOps(lane).ToHost(out.data(), LanePtr(u, lane), out.size() * 4));
+    STRATA_RETURN_IF_ERROR(StateOps(kind).ToHost(out.data(), StatePtr(u, kind), out.size() * 4));
     return out;
   }
   offload::PinnedBuffer buf = staging->Acquire();
-  for (size_t t = 0; t < u.nvme_lanes[lane].size(); ++t) {
+  const auto& lane = u.nvme_lanes[optim::StateIndex(kind)];
+  for (size_t t = 0; t < lane.size(); ++t) {
     const size_t n = TileElems(*this, u, t);
-    STRATA_RETURN_IF_ERROR(nvme->Read(u.nvme_lanes[lane][t], buf.view()).Wait());
+    STRATA_RETURN_IF_ERROR(nvme->Read(lane[t], buf.view()).Wait());
     std::memcpy(out.data() + t * nvme_tile_elems, buf.data(), n * 4);
   }
   return out;
 }
 
-absl::Status Engine::Impl::WriteState(UnitState& u, int lane, const std::vector<float>& values) {
-  if (!nvme_optimizer()) return LaneOps(lane).FromHost(LanePtr(u, lane), values.data(), values.size() * 4);
+absl::Status Engine::Impl::WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
+  if (!nvme_optimizer()) return StateOps(kind).FromHost(StatePtr(u, kind), values.data(), values.size() * 4);
   offload::PinnedBuffer buf = staging->Acquire();
-  for (size_t t = 0; t < u.nvme_lanes[lane].size(); ++t) {
+  const auto& lane = u.nvme_lanes[optim::StateIndex(kind)];
+  for (size_t t = 0; t < lane.size(); ++t) {
     const size_t n = TileElems(*this, u, t);
     std::memcpy(buf.data(), values.data() + t * nvme_tile_elems, n * 4);
-    STRATA_RETURN_IF_ERROR(nvme->Write(u.nvme_lanes[lane][t], buf.view()).Wait());
+    STRATA_RETURN_IF_ERROR(nvme->Write(lane[t], buf.view()).Wait());
   }
   return absl::OkStatus();
 }
 
-absl::Status Engine::Impl::EditState(UnitState& u, int lane, const std::function<void(float*)>& fn,
+absl::Status Engine::Impl::EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
                                      bool write_back) {
-  if (!nvme_optimizer() && LaneOps(lane).host_visible()) {
-    fn(LanePtr(u, lane));
+  if (!nvme_optimizer() && StateOps(kind).host_visible()) {
+    fn(StatePtr(u, kind));
     return absl::OkStatus();
   }
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, ReadState(u, lane));
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, ReadState(u, kind));
   fn(staged.data());
-  return write_back ? WriteState(u, lane, staged) : absl::OkStatus();
+  return write_back ? WriteState(u, kind, staged) : absl::OkStatus();
 }
 
 absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) {
-  std::vector<offload::TileLane> tiles(lanes());
-  for (int l = 0; l < lanes(); ++l) {
+  std::vector<offload::TileLane> tiles(u.nvme_lanes.size());  // in optim::StateIndex order
+  for (size_t l = 0; l < tiles.size(); ++l) {
     for (const offload::NvmeExtent& e : u.nvme_lanes[l]) tiles[l].tiles.push_back(&e);
   }
   const float* grad = GradUpdatePtr(u);
@@ -186,7 +187,7 @@ absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) 
         const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
         if (b < e) segs.push_back({b - lo, e - lo, s.param, s.weight_decay});
       }
-      optim::ShardState st{v[0].as<float>(), grad + lo, v[1].as<float>(), lanes() > 2 ? v[2].as<float>() : nullptr};
+      optim::ShardState st{v[0].as<float>(), grad + lo, v[1].as<float>(), v.size() > 2 ? v[2].as<float>() : nullptr};
       optim::UpdateOptions opts;
       opts.executor = host_executor.get();  // same bits for every thread count
       char* dst = params + lo * param_bytes();

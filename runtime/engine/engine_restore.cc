@@ -3,15 +3,16 @@
 // ranges (each verified against its checksum) and copies the overlap. The saved slice size follows from
 // the manifest's units laid out at the saved world size, so only the overlapping shards are opened.
 // The manifest and shards are read through checkpoint/consolidate.h (validated, confined to the step
-// directory); each saved shard must hold the whole of its part of the range, or loading is DataLoss.
+// directory) and the range arithmetic is checkpoint/reshard.h's ReadResharded; each saved shard must hold
+// the whole of its part of the range, or loading is DataLoss.
 #include <filesystem>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/reshard.h"
 #include "runtime/checkpoint/shard_file.h"
 #include "runtime/engine/engine_impl.h"
 
@@ -61,65 +62,26 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
   return absl::OkStatus();
 }
 
-// Opens shard files on first use, verifying each against the manifest.
-class ShardCache {
- public:
-  ShardCache(const ckpt::Manifest& man, std::string dir) : man_(man), dir_(std::move(dir)) {}
-  absl::StatusOr<const ckpt::ShardReader*> Get(int rank) {
-    auto it = open_.find(rank);
-    if (it != open_.end()) return &it->second;
-    STRATA_ASSIGN_OR_RETURN(ckpt::ShardReader r, ckpt::OpenShard(dir_, man_, rank));
-    return &open_.emplace(rank, std::move(r)).first->second;
-  }
-
- private:
-  const ckpt::Manifest& man_;
-  std::string dir_;
-  std::map<int, ckpt::ShardReader> open_;
-};
-
-// Fills dst[lo, hi) (global offsets of `unit`, `dst` indexed from `base`) with saved `kind` values.
-absl::Status FillRange(ShardCache& cache, const std::string& unit, const shard::ParamSlot& p,
-                       const std::string& kind, size_t lo, size_t hi, size_t saved_shard, float* dst, size_t base) {
-  std::vector<float> buf;
-  if (saved_shard == 0) return absl::DataLossError(absl::StrCat("checkpoint unit ", unit, " has no elements"));
-  for (size_t s = lo / saved_shard; s * saved_shard < hi; ++s) {
-    STRATA_ASSIGN_OR_RETURN(const ckpt::ShardReader* r, cache.Get(static_cast<int>(s)));
-    const ckpt::ShardRange* range = r->Find(unit, p.spec.name, kind);
-    // The part of [lo, hi) the saved layout puts in shard s; the range must hold all of it.
-    const size_t b = std::max(lo, s * saved_shard), e = std::min(hi, (s + 1) * saved_shard);
-    if (b >= e) continue;
-    if (range == nullptr || range->begin > b || range->begin + range->count < e) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint shard of rank ", s, " lacks ", unit, ".", p.spec.name, " ", kind, " elements [", b, ", ", e,
-          range == nullptr ? ")" : absl::StrCat(") (it holds [", range->begin, ", ", range->begin + range->count, "))")));
-    }
-    STRATA_RETURN_IF_ERROR(r->Read(*range, &buf));
-    std::copy(buf.begin() + (b - range->begin), buf.begin() + (e - range->begin), dst + (b - base));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit& saved, int saved_world,
-                         ShardCache& cache) {
+                         ckpt::ShardReaders& shards) {
   std::vector<shard::ParamSpec> specs;
   for (const auto& p : saved.params) specs.push_back({p.name, p.shape, p.weight_decay});
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout old, shard::UnitLayout::Build(saved.name, specs, saved_world));
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  const bool adam = m.cfg.optimizer.type == OptimizerType::kAdamW;
-  std::vector<std::string> names = adam ? std::vector<std::string>{"master", "exp_avg", "exp_avg_sq"}
-                                        : std::vector<std::string>{"master", "momentum"};
+  const std::vector<optim::StateKind> kinds = m.state_kinds();
   // Each kind is filled into a host copy of this unit's update range, then written to wherever it lives
   // (WriteState: device, pinned host or NVMe tiles).
-  std::vector<std::vector<float>> staged(names.size(), std::vector<float>(m.update_elems(u), 0.0f));
-  for (size_t k = 0; k < names.size(); ++k) {
+  std::vector<std::vector<float>> staged(kinds.size(), std::vector<float>(m.update_elems(u), 0.0f));
+  for (size_t k = 0; k < kinds.size(); ++k) {
     for (const shard::ParamSlot& p : u.layout.params) {
       const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
       if (b < e) {
-        STRATA_RETURN_IF_ERROR(FillRange(cache, u.layout.name, p, names[k], b, e, old.shard_elems, staged[k].data(), lo));
+        STRATA_RETURN_IF_ERROR(ckpt::ReadResharded(shards, u.layout.name, p.spec.name,
+                                                   std::string(optim::StateKindName(kinds[k])), b, e,
+                                                   old.shard_elems, staged[k].data() + (b - lo)));
       }
     }
-    STRATA_RETURN_IF_ERROR(m.WriteState(u, static_cast<int>(k), staged[k]));
+    STRATA_RETURN_IF_ERROR(m.WriteState(u, kinds[k], staged[k]));
   }
   return m.CastMasterToParams(u, staged[0].data());
 }
@@ -127,9 +89,9 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
 absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manifest* man) {
   STRATA_ASSIGN_OR_RETURN(*man, ckpt::ReadManifest(step_dir));
   STRATA_RETURN_IF_ERROR(CheckSameModel(m, *man, step_dir));
-  ShardCache cache(*man, step_dir);
+  ckpt::ShardReaders shards(*man, step_dir);
   for (size_t i = 0; i < m.units.size(); ++i) {
-    STRATA_RETURN_IF_ERROR(RestoreUnit(m, m.units[i], man->units[i], man->world_size, cache));
+    STRATA_RETURN_IF_ERROR(RestoreUnit(m, m.units[i], man->units[i], man->world_size, shards));
   }
   return absl::OkStatus();
 }

@@ -65,12 +65,7 @@ absl::Status Engine::Impl::ZeroGrads() {
 }
 
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
-  STRATA_RETURN_IF_ERROR(TimedWait([&] {
-    absl::Status s = last_reduce.Wait();  // the communicator's deadline; then the rest of the stream
-    if (s.ok()) s = reduce_stream->Synchronize();
-    return Annotate(s, "gradient reduction");
-  }));
-  last_reduce = comm::Work();
+  STRATA_RETURN_IF_ERROR(reducer->Finish());
   const int64_t update_start = device::NowNs();
   int64_t waited_in_update = exposed_comm_ns;
   const float inv = 1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * loss_scale);

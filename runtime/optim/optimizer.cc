@@ -9,6 +9,7 @@
 #include "kernels/cpu/tensor_ops.h"
 #include "runtime/base/env.h"
 #include "runtime/base/logging.h"
+#include "runtime/optim/state_kind.h"
 
 namespace strata::optim {
 
@@ -60,9 +61,7 @@ void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vec
   kc::SgdSegments(k, pool, a, runs.data(), runs.size(), grad_scale);
 }
 
-int StateBuffers(const OptimizerConfig& cfg) {
-  return cfg.type == OptimizerType::kAdamW ? 2 : 1;
-}
+int StateBuffers(const OptimizerConfig& cfg) { return static_cast<int>(StateKinds(cfg.type).size()) - 1; }
 
 float ClipCoefficient(double total_norm, double max_norm) {
   if (max_norm <= 0 || !(total_norm > max_norm)) return 1.0f;

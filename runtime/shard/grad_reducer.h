@@ -1,0 +1,85 @@
+// Gradient reduction into shards, on the reduce stream. One implementation per ZeRO family, picked once
+// when the engine is finalized:
+//   stages 0-1  MakeAllReduceReducer: full gradients accumulate in place over the micro-batches; the last
+//               micro-batch all-reduces each unit's gradient once.
+//   stages 2-3  MakeReduceScatterReducer: backward accumulates into a pooled working buffer (SlotPool,
+//               Note [Gather buffer reuse]); the reduce-scatter writes this rank's part into a scratch
+//               shard, which is added to the gradient shard (through pinned staging when the reduction
+//               runs in device memory and the shard is in host memory), then the slot is fenced and freed.
+//
+// Protocol: Acquire(u) before backward writes working(u); Reduce(u) after the unit's last backward use of
+// a micro-batch in which reduces(last_micro_batch) holds; Finish() before the step reads the shards.
+// Every wait on a reduction goes through the communicator's deadline first (the reduce-scatter that last
+// read a slot, the last reduction of the step), so a dead peer is an error naming the collective, never a
+// wait without end on a device event.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/device/device.h"
+#include "runtime/device/timeline.h"
+#include "runtime/memory/memory.h"
+#include "runtime/shard/slot_pool.h"
+
+namespace strata::shard {
+
+struct ReduceUnit {
+  std::string name;
+  size_t total_elems = 0, shard_elems = 0;
+  float* grads = nullptr;  // fp32: the full gradient (stages 0-1) or this rank's shard (stages 2-3)
+};
+
+// The tier operations a reduction runs (the engine's TierOps).
+struct ReduceOps {
+  // Zeroes a working buffer, on the calling thread.
+  std::function<absl::Status(void* p, size_t bytes)> zero;
+  // Enqueues grads[i] += src[i] for i < n, in the memory of the gradient shards.
+  std::function<void(device::Stream& s, float* grads, const float* src, size_t n)> accumulate;
+  // Enqueues a copy of device bytes to host memory (used only with staging).
+  std::function<void(device::Stream& s, void* host, const void* dev, size_t bytes)> to_host;
+};
+
+struct ReducerEnv {
+  comm::Communicator* comm = nullptr;
+  device::Stream* stream = nullptr;
+  device::Device* device = nullptr;  // creates the slots' fences
+  device::Timeline* timeline = nullptr;
+  int64_t* exposed_comm_ns = nullptr;  // what waiting for a reduction is charged to
+};
+
+class GradReducer {
+ public:
+  virtual ~GradReducer() = default;
+  // Does the micro-batch reduce (the last one of the step: last_micro_batch)?
+  virtual bool reduces(bool last_micro_batch) const = 0;
+  // A zeroed working buffer for the unit's backward (nothing when the gradient itself accumulates).
+  virtual absl::Status Acquire(int unit) = 0;
+  // Where backward accumulates the unit's full gradient; nullptr between its Reduce and next Acquire.
+  virtual float* working(int unit) const = 0;
+  virtual absl::Status Reduce(int unit) = 0;
+  // Waits for every reduction enqueued (the last one's deadline first, then the stream).
+  absl::Status Finish();
+
+ protected:
+  explicit GradReducer(std::vector<ReduceUnit> units, ReducerEnv env) : units_(std::move(units)), env_(env) {}
+  // Runs `wait` and charges its duration to the exposed communication time.
+  absl::Status TimedWait(const comm::Work& w);
+  std::vector<ReduceUnit> units_;
+  ReducerEnv env_;
+  comm::Work last_;  // the last reduction enqueued
+};
+
+std::unique_ptr<GradReducer> MakeAllReduceReducer(std::vector<ReduceUnit> units, ReducerEnv env);
+
+// `pool` holds `max live` working buffers of the largest unit; `scratch` one shard of it in the memory the
+// reduce-scatter writes; `staging`, when not empty, a host copy of scratch the shards are added from.
+std::unique_ptr<GradReducer> MakeReduceScatterReducer(std::vector<ReduceUnit> units, ReducerEnv env, ReduceOps ops,
+                                                      SlotPool pool, memory::Buffer scratch, memory::Buffer staging);
+
+}  // namespace strata::shard

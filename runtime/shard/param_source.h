@@ -1,0 +1,84 @@
+// Where the parameter shard a stage-3 gather sends comes from (shard::Gatherer). Each placement is one
+// implementation, picked once when the engine is finalized, so the gather itself never asks where the
+// shard lives:
+//   MemorySource  the shard is in memory the communicator can send from (device, or host on host devices);
+//   CachedSource  the shard lives on NVMe behind an offload::ShardCache (Note [NVMe params] in
+//                 runtime/engine/engine_impl.h): pinned for the gather, read when not cached;
+//   StagedSource  wraps a host source for a communicator that takes device buffers only (NCCL): the
+//                 shard is first copied into this rank's block of the gathered buffer (Note [Staged
+//                 gathers] in runtime/engine/engine_impl.h), and the all-gather runs in place.
+//
+// Protocol, per gather: Prepare (orders ctx.gather after whatever the send needs, the slot's fence
+// included, and returns where the all-gather sends from), the all-gather is enqueued on ctx.gather, then
+// Sent (releases what Prepare held once the gather has read it). Before compute reads the unit: Check
+// (the error of a read the gather waited for comes first), the gather's own wait, then CheckCopies.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "offload/shard_cache.h"
+#include "runtime/device/device.h"
+#include "runtime/device/timeline.h"
+
+namespace strata::shard {
+
+// One gather, as a source sees it.
+struct GatherCtx {
+  int unit = 0;
+  int slot = 0;             // the gathered buffer's slot
+  bool demand = true;       // false: a read-ahead gather, which a source may postpone
+  bool host_ready = false;  // the shard must be in host memory on return (a staged copy reads it next)
+  device::Stream* stream = nullptr;  // where the send (or the staged copy) is enqueued next
+  device::Event* fence = nullptr;    // the slot's fence (may be null): the first write waits for it
+  char* own = nullptr;      // this rank's block of the gathered buffer
+  size_t bytes = 0;         // the shard's bytes
+};
+
+class ParamSource {
+ public:
+  virtual ~ParamSource() = default;
+  // Where the all-gather of ctx.unit sends from, or nullptr: a read-ahead gather not to issue yet.
+  virtual absl::StatusOr<const void*> Prepare(const GatherCtx& ctx) = 0;
+  // After the send of ctx.unit was enqueued on ctx.stream: releases what Prepare held, in stream order.
+  virtual void Sent(const GatherCtx& ctx) {}
+  // Before compute reads the gathered unit: waits for (and reports) a read the gather stream waited for.
+  virtual absl::Status Check(int unit) { return absl::OkStatus(); }
+  // After the unit's gather completed: the error of a copy that ran before it.
+  virtual absl::Status CheckCopies() { return absl::OkStatus(); }
+  // Reads ahead the shards of `upcoming` (in order), as far as the source can without blocking.
+  virtual void ReadAhead(absl::Span<const int> upcoming) {}
+  // How many units ahead ReadAhead is worth calling for (0: never).
+  virtual int read_ahead_depth() const { return 0; }
+  // Waits for the work the source enqueued on streams of its own (before buffers go away).
+  virtual void Drain() {}
+};
+
+// Shards in memory: shard_of(unit) is where unit's shard starts.
+std::unique_ptr<ParamSource> MakeMemorySource(std::function<const void*(int unit)> shard_of);
+
+// What a source charges the time it waits for I/O to, and how it names units in errors.
+struct SourceEnv {
+  std::vector<std::string> unit_names;
+  int64_t* exposed_io_ns = nullptr;
+};
+
+// Shards behind `cache` (one shard per unit); `read_ahead` buffers' worth of units are read ahead.
+std::unique_ptr<ParamSource> MakeCachedSource(offload::ShardCache* cache, int read_ahead, SourceEnv env);
+
+// Copies enqueued on a stream: FromHostOn(stream, dst, host, bytes) of the device's tier operations.
+using CopyOn = std::function<void(device::Stream& stream, void* dst, const void* host, size_t bytes)>;
+
+// `host` (whose shards are host memory) staged through `copy_stream` into the gathered buffer: one event
+// per gathered slot (`slots`), created on `device`.
+absl::StatusOr<std::unique_ptr<ParamSource>> MakeStagedSource(std::unique_ptr<ParamSource> host,
+                                                              std::unique_ptr<device::Stream> copy_stream,
+                                                              device::Device& device, int slots, CopyOn copy,
+                                                              device::Timeline* timeline);
+
+}  // namespace strata::shard
