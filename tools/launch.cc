@@ -4,9 +4,7 @@
 #include "runtime/base/env.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
-#if STRATA_WITH_NCCL
-#include "runtime/comm/nccl_communicator.h"
-#endif
+#include "runtime/comm/nccl_backend.h"
 
 namespace strata::tools {
 
@@ -59,9 +57,11 @@ absl::StatusOr<Job> StartJob(comm::MpiRuntime& mpi, const Launch& launch, const 
   }
   if (nccl_world) {
 #if STRATA_WITH_NCCL
-    STRATA_ASSIGN_OR_RETURN(worlds.world, comm::CreateNcclFromTorchrun(*launch.torchrun, options));
+    absl::StatusOr<const comm::NcclApi*> nccl = comm::NcclBackend();
+    if (!nccl.ok()) return Annotate(nccl.status(), "a torchrun launch on GPUs");
+    STRATA_ASSIGN_OR_RETURN(worlds.world, (*nccl)->create_from_torchrun(*launch.torchrun, options));
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> own, worlds.world->Dup("host-buffers", options.timeout_ms));
-    STRATA_ASSIGN_OR_RETURN(worlds.host, comm::HostBuffersOverNccl(std::move(own)));
+    STRATA_ASSIGN_OR_RETURN(worlds.host, (*nccl)->host_buffers_over_nccl(std::move(own)));
 #else
     return absl::UnimplementedError("a torchrun launch on GPUs needs NCCL, and this build has none; use mpirun");
 #endif

@@ -13,9 +13,7 @@
 #include "runtime/capi/capi_internal.h"
 #include "runtime/comm/in_process.h"
 #include "runtime/shard/layout.h"
-#if STRATA_WITH_NCCL
-#include "runtime/comm/nccl_communicator.h"
-#endif
+#include "runtime/comm/nccl_backend.h"
 #if STRATA_WITH_MPI
 #include "runtime/capi/mpi_adopt.h"
 #include "runtime/comm/mpi_communicator.h"
@@ -104,7 +102,8 @@ strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out) {
 #if STRATA_WITH_NCCL
     if (nccl_comm == nullptr) return NullArgument("nccl_comm");
     auto c = std::make_unique<strata_comm>();
-    STRATA_ASSIGN_OR_RETURN(c->comm, strata::comm::AdoptNcclCommunicator(nccl_comm, strata::capi::WorldOptions()));
+    STRATA_ASSIGN_OR_RETURN(const strata::comm::NcclApi* nccl, strata::comm::NcclBackend());
+    STRATA_ASSIGN_OR_RETURN(c->comm, nccl->adopt(nccl_comm, strata::capi::WorldOptions()));
     *out = c.release();
     return absl::OkStatus();
 #else
