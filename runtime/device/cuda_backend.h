@@ -1,6 +1,6 @@
 // The device part of the CUDA back-end module (runtime/base/module.h): what the core asks of the CUDA
 // runtime, through libstrata_cuda.so, so that nothing in the core links libcudart. The module fills the
-// table from cuda_device.h (runtime/cuda/module.cc).
+// table from cuda_device.h (runtime/capi/cuda_module.cc).
 #pragma once
 
 #include <cstddef>
