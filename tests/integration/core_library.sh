@@ -6,7 +6,8 @@
 #      trains on the host through the C ABI under mpirun -n 2 and passes;
 #   3. there, STRATA_DEVICE_CUDA fails cleanly (FAILED_PRECONDITION naming the file looked for and
 #      dlerror()'s text), and with the module present (CUDA build, no GPU visible) it is loaded from the
-#      install and answers that no CUDA device is visible; STRATA_CUDA_MODULE names another file.
+#      install and answers that no CUDA device is visible; STRATA_CUDA_MODULE names another file; the CLI
+#      (`strata train --device cuda`) goes through the same loader.
 # usage: core_library.sh MPIRUN CMAKE CC BUILD_DIR SOURCE_DIR WITH_CUDA(0|1)
 set -euo pipefail
 mpirun=$1 cmake=$2 cc=$3 build=$4 src=$5 with_cuda=$6
@@ -26,6 +27,16 @@ if [ "$with_cuda" = 1 ]; then
   readelf -d "$build/lib/libstrata_cuda.so" | grep -q 'NEEDED.*libcudart' || fail "libstrata_cuda.so needs no libcudart"
   exported=$(nm -D --defined-only "$build/lib/libstrata_cuda.so" | awk '{print $3}')
   [ "$exported" = strata_cuda_module_part ] || fail "libstrata_cuda.so exports more than its entry point: $exported"
+fi
+
+# The CLI (static libraries, module found from the executable: bin/../lib) asks the same loader.
+if [ "$with_cuda" = 1 ] && [ -x "$build/bin/strata" ]; then
+  out=$(CUDA_VISIBLE_DEVICES="" "$build/bin/strata" train --device cuda --steps 1 2>&1) && fail "strata train --device cuda ran without a GPU"
+  grep -q -- "--device cuda: no CUDA device is visible" <<<"$out" || fail "the CLI did not reach the module: $out"
+  out=$(STRATA_CUDA_MODULE=$work/none.so "$build/bin/strata" train --device cuda --steps 1 2>&1) && fail "ran without the module"
+  grep -q -- "--device cuda: the CUDA back-end module libstrata_cuda.so could not be loaded (tried $work/none.so (" <<<"$out" ||
+    fail "the CLI's error does not name the module it tried: $out"
+  echo "ok: strata train --device cuda reaches the module, and names it when it is absent"
 fi
 
 # 2. Install, take the CUDA module away, train on the host through the C ABI.
@@ -67,6 +78,10 @@ if [ "$with_cuda" = 1 ]; then  # the module is found beside the installed libstr
     fail "with libstrata_cuda.so installed, a CUDA engine did not reach the module: $out"
   out=$(STRATA_CUDA_MODULE=$work/elsewhere.so "$work/ask_cuda")
   grep -q "could not be loaded (tried $work/elsewhere.so (" <<<"$out" || fail "STRATA_CUDA_MODULE was not used: $out"
+  if [ -x "$prefix/bin/strata" ]; then  # the installed CLI finds it in ../lib
+    out=$(CUDA_VISIBLE_DEVICES="" "$prefix/bin/strata" train --device cuda --steps 1 2>&1) && fail "ran without a GPU"
+    grep -q -- "--device cuda: no CUDA device is visible" <<<"$out" || fail "the installed CLI missed the module: $out"
+  fi
 fi
 
 rm -f "$libdir"/libstrata_cuda.so*
