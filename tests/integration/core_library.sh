@@ -22,6 +22,8 @@ needed=$(readelf -d "$core" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 [ -n "$needed" ] || fail "readelf -d $core listed no NEEDED entry"
 if grep -E "$forbidden" <<<"$needed"; then fail "libstrata.so needs the libraries above"; fi
 echo "ok: libstrata.so needs only: $(tr '\n' ' ' <<<"$needed")"
+# Nor does anything it needs, transitively (what the dynamic loader would have to find on a machine).
+if ldd "$core" | grep -E "$forbidden"; then fail "libstrata.so's dependencies load the libraries above"; fi
 if [ "$with_cuda" = 1 ]; then
   [ -f "$build/lib/libstrata_cuda.so" ] || fail "a CUDA build has no $build/lib/libstrata_cuda.so"
   readelf -d "$build/lib/libstrata_cuda.so" | grep -q 'NEEDED.*libcudart' || fail "libstrata_cuda.so needs no libcudart"
