@@ -9,15 +9,12 @@
 #include <fstream>
 #include <string>
 
-#if STRATA_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "runtime/device/cuda_backend.h"
 
 namespace strata::offload {
 namespace {
@@ -70,12 +67,13 @@ absl::Status Pin(PinMethod method, void* p, size_t n) {
     case PinMethod::kCudaHostRegister: {
 #if STRATA_WITH_CUDA
       // Page-locked and mapped for DMA by the driver: H2D / D2H copies from the pool run at full PCIe
-      // rate and asynchronously. The locked-memory limit does not apply to it.
-      const cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
-      if (e == cudaSuccess) return absl::OkStatus();
-      cudaGetLastError();  // clear the sticky-free error so later calls do not report it
-      return absl::FailedPreconditionError(absl::StrCat("cudaHostRegister(", FormatBytes(n),
-                                                        ") of the pinned pool failed: ", cudaGetErrorString(e)));
+      // rate and asynchronously. The locked-memory limit does not apply to it. Through the CUDA back-end
+      // module (runtime/base/module.h), which clears the sticky error of a refusal.
+      STRATA_ASSIGN_OR_RETURN(const device::CudaDeviceApi* cuda, device::CudaDeviceBackend());
+      const absl::Status s = cuda->host_register(p, n);
+      if (s.ok()) return s;
+      return absl::FailedPreconditionError(
+          absl::StrCat("cudaHostRegister(", FormatBytes(n), ") of the pinned pool failed: ", s.message()));
 #else
       return absl::UnimplementedError(
           "PinMethod::kCudaHostRegister needs a CUDA build (STRATA_WITH_CUDA=ON); use kMlock on host builds");
@@ -101,7 +99,11 @@ absl::Status Pin(PinMethod method, void* p, size_t n) {
 void Unpin(PinMethod method, void* p, size_t n) {
   if (method == PinMethod::kMlock) munlock(p, n);
 #if STRATA_WITH_CUDA
-  if (method == PinMethod::kCudaHostRegister) cudaHostUnregister(p);
+  if (method != PinMethod::kCudaHostRegister) return;
+  // Registered, so the module is loaded.
+  if (absl::StatusOr<const device::CudaDeviceApi*> cuda = device::CudaDeviceBackend(); cuda.ok()) {
+    (*cuda)->host_unregister(p);
+  }
 #endif
 }
 

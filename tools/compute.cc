@@ -4,15 +4,13 @@
 #include "runtime/base/env.h"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
-#if STRATA_WITH_CUDA
-#include "runtime/device/cuda_device.h"
-#endif
+#include "runtime/device/cuda_backend.h"
 
 namespace strata::tools {
 
 device::DeviceKind DeviceKindFor(const std::string& which) {
 #if STRATA_WITH_CUDA
-  if (which == "auto" && device::CudaDeviceCount() > 0) return device::DeviceKind::kCuda;
+  if (which == "auto" && device::CudaDeviceCountIfAvailable() > 0) return device::DeviceKind::kCuda;
 #endif
   return which == "cuda" ? device::DeviceKind::kCuda : device::DeviceKind::kHost;
 }
@@ -27,15 +25,18 @@ absl::StatusOr<Compute> MakeCompute(const std::string& which, std::optional<gpt:
   nn.attention = attention;
   Compute c;
 #if STRATA_WITH_CUDA
-  const int gpus = device::CudaDeviceCount();
+  // The CUDA device comes from the CUDA back-end module (runtime/base/module.h); without it, "cuda" says
+  // which files were tried and "auto" means the host.
+  absl::StatusOr<const device::CudaDeviceApi*> cuda = device::CudaDeviceBackend();
+  if (which == "cuda" && !cuda.ok()) return Annotate(cuda.status(), "--device cuda");
+  const int gpus = cuda.ok() ? (*cuda)->device_count() : 0;
   if (which == "cuda" && gpus == 0) {
     return absl::FailedPreconditionError("--device cuda: no CUDA device is visible (check nvidia-smi and "
                                          "CUDA_VISIBLE_DEVICES), or use --device host");
   }
   if (DeviceKindFor(which) == device::DeviceKind::kCuda) {
     const int ordinal = local_rank.value_or(env::LauncherLocalRank().value_or(0)) % gpus;
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::CudaDevice> d, device::CudaDevice::Create(ordinal));
-    c.device = std::move(d);
+    STRATA_ASSIGN_OR_RETURN(c.device, (*cuda)->create(ordinal));
     STRATA_ASSIGN_OR_RETURN(c.nn, gpt::MakeCudaNn(nn));
     c.name = absl::StrCat("cuda:", ordinal);
     c.products = nn.products;

@@ -26,7 +26,8 @@ device::DeviceKind DeviceKindFor(const std::string& which);
 // when nullopt: env::LauncherLocalRank) modulo the visible GPUs. `matmul` (empty: bf16 when
 // `param_dtype` is bf16, else fp32) and `attention` say how the CUDA back-end computes (gpt::NnOptions);
 // the host computes in fp32 with the reference attention, so asking it for anything else is an error. A
-// bad value, or cuda without a GPU or without CUDA in the build, is an error naming the reason.
+// bad value, or cuda without a GPU, without the CUDA back-end module or without CUDA in the build, is an
+// error naming the reason.
 absl::StatusOr<Compute> MakeCompute(const std::string& which, std::optional<gpt::Products> matmul,
                                     gpt::AttentionKind attention, DType param_dtype,
                                     std::optional<int> local_rank = std::nullopt);

@@ -1,4 +1,5 @@
-// mlp_train: trains the example MLP through the engine under mpirun (or alone).
+// mlp_train: trains the example MLP through the engine under mpirun (or alone), on the host back-end; the
+// runtime's launcher (runtime/comm/launcher.h) picks the world, and refuses a multi-rank torchrun launch.
 //
 //   mpirun -n 4 build/bin/mlp_train --stage 3 --steps 30 --seed 1
 //
@@ -22,6 +23,7 @@
 #include "runtime/base/input_file.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/launcher.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/config.h"
@@ -221,16 +223,25 @@ int main(int argc, char** argv) {
     if ((*mpi)->world_rank() == 0) std::fprintf(stderr, "%s\n", std::string(args.status().message()).c_str());
     return 2;
   }
+  auto launch = comm::DetectLaunch(**mpi);
+  if (!launch.ok()) {
+    std::fprintf(stderr, "mlp_train: %s\n", std::string(launch.status().message()).c_str());
+    return 2;
+  }
+  if (auto refused = comm::RefuseHostTorchrun(*launch, device::DeviceKind::kHost, "mlp_train")) {
+    if (launch->rank == 0) std::fprintf(stderr, "mlp_train: %s\n", refused->c_str());
+    return 2;
+  }
   comm::Options opts;
   opts.timeout_ms = 60000;
-  auto world = (*mpi)->World(opts);
   device::HostDevice dev;
-  absl::Status s = world.ok() ? examples::Train(*args, **world, dev) : world.status();
+  auto worlds = comm::StartWorlds(**mpi, *launch, device::DeviceKind::kHost, opts, [] { return absl::OkStatus(); });
+  absl::Status s = worlds.ok() ? examples::Train(*args, *worlds->world, dev) : worlds.status();
   if (!s.ok()) {
     STRATA_LOG(Error) << "rank " << (*mpi)->world_rank() << " failed: " << s.message();
     // Let peers that detect the same collective error print theirs before the job is torn down.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    if (world.ok()) (*world)->Abort(s);
+    if (worlds.ok()) worlds->world->Abort(s);
     return 1;
   }
   return 0;

@@ -63,6 +63,12 @@ std::string ExecutableSearchPath() { return Get("PATH").value_or(""); }
 
 std::optional<std::string> CudaVisibleDevices() { return Get("CUDA_VISIBLE_DEVICES"); }
 
+std::optional<std::string> CudaModulePath() {
+  std::optional<std::string> v = Get("STRATA_CUDA_MODULE");
+  if (v && v->empty()) return std::nullopt;
+  return v;
+}
+
 std::string ForcedIoBackend() { return Get("STRATA_IO_BACKEND").value_or(""); }
 
 }  // namespace strata::env

@@ -46,6 +46,10 @@ std::string ExecutableSearchPath();
 // CUDA_VISIBLE_DEVICES as set (may be empty: no GPU visible to CUDA); nullopt when unset.
 std::optional<std::string> CudaVisibleDevices();
 
+// STRATA_CUDA_MODULE: the path of the CUDA back-end module to load instead of the libstrata_cuda.so found
+// beside the library or executable (runtime/base/module.h); nullopt when unset or empty.
+std::optional<std::string> CudaModulePath();
+
 // STRATA_IO_BACKEND: force the offload I/O back-end when the caller asked for "auto" (uring|threads);
 // empty when unset. offload/io_queue.h validates the value.
 std::string ForcedIoBackend();

@@ -29,6 +29,7 @@ std::atomic<int>& MinSeverity() {
 }  // namespace
 
 void SetLogRank(int rank) { g_rank.store(rank); }
+int LogRank() { return g_rank.load(); }
 void SetMinLogSeverity(LogSeverity s) { MinSeverity().store(static_cast<int>(s)); }
 bool LogEnabled(LogSeverity s) { return static_cast<int>(s) >= MinSeverity().load(); }
 

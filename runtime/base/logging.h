@@ -11,6 +11,7 @@ enum class LogSeverity { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
 // The rank shown in the prefix (-1: none). Set once by the communicator bootstrap.
 void SetLogRank(int rank);
+int LogRank();
 // Messages below this severity are dropped. Default from STRATA_LOG_LEVEL.
 void SetMinLogSeverity(LogSeverity s);
 bool LogEnabled(LogSeverity s);

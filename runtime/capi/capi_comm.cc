@@ -12,10 +12,9 @@
 #include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
 #include "runtime/comm/in_process.h"
+#include "runtime/comm/launcher.h"
 #include "runtime/shard/layout.h"
-#if STRATA_WITH_NCCL
-#include "runtime/comm/nccl_communicator.h"
-#endif
+#include "runtime/comm/nccl_backend.h"
 #if STRATA_WITH_MPI
 #include "runtime/capi/mpi_adopt.h"
 #include "runtime/comm/mpi_communicator.h"
@@ -33,6 +32,18 @@ comm::Options WorldOptions() {
 #if !STRATA_WITH_MPI
 absl::Status MpiUnavailable() {
   return absl::UnimplementedError("this libstrata was built without MPI (STRATA_WITH_MPI=OFF)");
+}
+#endif
+
+// Note [Launchers] (runtime/comm/launcher.cc): under torchrun each process is its own one-rank MPI world,
+// so an "MPI world" there would train N separate models; refused, naming the ways that work.
+#if STRATA_WITH_MPI
+absl::Status RefuseTorchrunWorld(int mpi_rank, int mpi_size) {
+  STRATA_ASSIGN_OR_RETURN(const comm::Launch launch, comm::DetectLaunch(mpi_rank, mpi_size));
+  if (!launch.torchrun || launch.size == 1) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "started by torchrun (WORLD_SIZE=", launch.size, "), where MPI's world is this process alone: launch with "
+      "`mpirun -n ", launch.size, "` (or srun), or pass torchrun's NCCL communicator to strata_comm_create_nccl"));
 }
 #endif
 
@@ -57,6 +68,7 @@ absl::Status CreateMpiWorld(strata_comm** out) {
   } else {  // the host initialised MPI: adopt its MPI_COMM_WORLD
     STRATA_ASSIGN_OR_RETURN(c->comm, AdoptMpiComm(MpiWorldFortranHandle(), WorldOptions()));
   }
+  STRATA_RETURN_IF_ERROR(RefuseTorchrunWorld(c->comm->rank(), c->comm->size()));
   *out = c.release();
   return absl::OkStatus();
 #else
@@ -104,7 +116,8 @@ strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out) {
 #if STRATA_WITH_NCCL
     if (nccl_comm == nullptr) return NullArgument("nccl_comm");
     auto c = std::make_unique<strata_comm>();
-    STRATA_ASSIGN_OR_RETURN(c->comm, strata::comm::AdoptNcclCommunicator(nccl_comm, strata::capi::WorldOptions()));
+    STRATA_ASSIGN_OR_RETURN(const strata::comm::NcclApi* nccl, strata::comm::NcclBackend());
+    STRATA_ASSIGN_OR_RETURN(c->comm, nccl->adopt(nccl_comm, strata::capi::WorldOptions()));
     *out = c.release();
     return absl::OkStatus();
 #else

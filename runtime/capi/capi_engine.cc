@@ -12,9 +12,7 @@
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/engine/config.h"
 
-#if STRATA_WITH_CUDA
-#include "runtime/device/cuda_device.h"
-#endif
+#include "runtime/device/cuda_backend.h"
 
 namespace strata::capi {
 namespace {
@@ -64,16 +62,17 @@ absl::StatusOr<shard::ParamSpec> ReadSpec(const strata_param_spec* params, int32
   return shard::ParamSpec{p.name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.weight_decay != 0, init};
 }
 
-// The calling thread's current CUDA device (cudaSetDevice before strata_engine_create picks another).
+// The calling thread's current CUDA device (cudaSetDevice before strata_engine_create picks another),
+// through the CUDA back-end module (runtime/base/module.h).
 absl::StatusOr<std::unique_ptr<device::Device>> CreateCudaDevice() {
 #if STRATA_WITH_CUDA
-  if (device::CudaDeviceCount() == 0) {
+  absl::StatusOr<const device::CudaDeviceApi*> cuda = device::CudaDeviceBackend();
+  if (!cuda.ok()) return Annotate(cuda.status(), "STRATA_DEVICE_CUDA");
+  if ((*cuda)->device_count() == 0) {
     return absl::FailedPreconditionError("STRATA_DEVICE_CUDA: no CUDA device is visible to this process");
   }
-  int ordinal = 0;
-  STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(cudaGetDevice(&ordinal)));
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::CudaDevice> d, device::CudaDevice::Create(ordinal));
-  return std::unique_ptr<device::Device>(std::move(d));
+  STRATA_ASSIGN_OR_RETURN(const int ordinal, (*cuda)->current_ordinal());
+  return (*cuda)->create(ordinal);
 #else
   return absl::UnimplementedError("STRATA_DEVICE_CUDA: this libstrata was built without CUDA (STRATA_WITH_CUDA=OFF); "
                                   "use STRATA_DEVICE_HOST");

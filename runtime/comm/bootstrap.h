@@ -35,7 +35,7 @@ absl::StatusOr<TorchrunEnv> ParseTorchrunEnv(const env::TorchrunVars& vars);
 
 // The torchrun launch this process belongs to, read from the environment: NotFound unless WORLD_SIZE is
 // set and no MPI launcher started the process (env::MpiLauncherWorldSize; Note [Launchers] in
-// tools/launch.cc), else ParseTorchrunEnv's result.
+// runtime/comm/launcher.cc), else ParseTorchrunEnv's result.
 absl::StatusOr<TorchrunEnv> TorchrunLaunch();
 
 // Rank 0 passes the blob; the others receive it. Blocks up to `timeout_ms`.

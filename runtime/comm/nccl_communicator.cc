@@ -468,7 +468,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromHost(Communicator& h
   if (host.rank() == 0) {
     STRATA_ASSIGN_OR_RETURN(id, NewNcclId());
   }
-  STRATA_RETURN_IF_ERROR(host.Broadcast(id.data(), id.size() / 2, DType::kF16, 0, host_stream).Wait());
+  STRATA_RETURN_IF_ERROR(BroadcastBytes(host, id.data(), id.size(), 0, host_stream).Wait());
   return CreateNcclCommunicator(id, host.rank(), host.size(), options);
 }
 

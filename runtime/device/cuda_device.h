@@ -1,5 +1,6 @@
 // The CUDA implementation of Device / Stream / Event (device.h), and the call-site wrapper for the CUDA
-// runtime. Built only with STRATA_WITH_CUDA; the host implementation serves everything else.
+// runtime. Built only with STRATA_WITH_CUDA, into the CUDA back-end module (the core reaches it through
+// cuda_backend.h); the host implementation serves everything else.
 //
 // Streams are non-blocking cudaStream_t; events are cudaEvent_t (timing disabled: completed_ns() is 0,
 // timelines on GPU come from host-side stamps). Enqueue runs a HostTask through cudaLaunchHostFunc; a

@@ -1,18 +1,14 @@
 // The engine on a CUDA device (Note [Engine on CUDA] in engine_impl.h): the device tier as one cudaMalloc
 // arena, the kernels/cuda tier ops, NCCL communicators per stream bootstrapped over the host world, and a
-// host communicator for the small control collectives. Built only with STRATA_WITH_CUDA.
-#include <cuda_runtime.h>
-
+// host communicator for the small control collectives. Built only with STRATA_WITH_CUDA; every CUDA and
+// NCCL object comes from the CUDA back-end module (runtime/base/module.h), so this file links neither.
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
-#include "runtime/device/cuda_device.h"
+#include "runtime/comm/nccl_backend.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine_impl.h"
-#include "runtime/memory/cuda_arena_allocator.h"
-#if STRATA_WITH_NCCL
-#include "runtime/comm/nccl_communicator.h"
-#endif
+#include "runtime/memory/cuda_backend.h"
 
 namespace strata::engine {
 
@@ -28,22 +24,24 @@ absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
         "): gradients are reduced on the GPU into a shard and copied to the host"));
   }
 #if STRATA_WITH_NCCL
+  STRATA_ASSIGN_OR_RETURN(const comm::NcclApi* nccl, comm::NcclBackend());
+  STRATA_ASSIGN_OR_RETURN(const memory::CudaMemoryApi* cuda_memory, memory::CudaMemoryBackend());
   STRATA_ASSIGN_OR_RETURN(device_ops, MakeCudaTierOps(*device));
   // Offloaded state is registered host memory, so the copies to and from the GPU are asynchronous DMA.
-  host_alloc = std::make_unique<memory::CudaHostAllocator>(cfg.host_budget_bytes, &tracker);
+  host_alloc = cuda_memory->create_host_allocator(cfg.host_budget_bytes, &tracker);
   control_host_stream = std::make_unique<device::HostStream>("control");
   control_stream = control_host_stream.get();
   const int64_t t = cfg.collective_timeout_ms;
   if (host_world.device_buffers()) {  // an embedder's NCCL communicator (C ABI): control through a bounce
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c, host_world.Dup("control", t));
-    STRATA_ASSIGN_OR_RETURN(control_comm, comm::HostBuffersOverNccl(std::move(c)));
+    STRATA_ASSIGN_OR_RETURN(control_comm, nccl->host_buffers_over_nccl(std::move(c)));
     STRATA_ASSIGN_OR_RETURN(gather_comm, host_world.Dup("gather", t));
   } else {  // a host world (MPI, in-process): NCCL bootstrapped over it
     STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", t));
     comm::Options o;
     o.timeout_ms = t;
     o.name = "gather";
-    STRATA_ASSIGN_OR_RETURN(gather_comm, comm::CreateNcclFromHost(*control_comm, *control_stream, o));
+    STRATA_ASSIGN_OR_RETURN(gather_comm, nccl->create_from_host(*control_comm, *control_stream, o));
   }
   control = control_comm.get();
   STRATA_ASSIGN_OR_RETURN(reduce_comm, gather_comm->Dup("reduce", t));
@@ -61,9 +59,8 @@ absl::Status Engine::Impl::CreateDeviceArena(uint64_t need) {
   // of the GPU stays free for the trainer's activations and workspaces.
   const uint64_t bytes = cfg.device_budget_bytes != memory::kUnlimited ? cfg.device_budget_bytes
                                                                        : need + need / 100 + (uint64_t{4} << 20);
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::CudaArenaAllocator> arena,
-                          memory::CudaArenaAllocator::Create(bytes, &tracker));
-  device_alloc = std::move(arena);
+  STRATA_ASSIGN_OR_RETURN(const memory::CudaMemoryApi* cuda_memory, memory::CudaMemoryBackend());
+  STRATA_ASSIGN_OR_RETURN(device_alloc, cuda_memory->create_arena(bytes, &tracker));
   return absl::OkStatus();
 }
 

@@ -3,7 +3,10 @@
 #include <cstring>
 
 #include "kernels/cpu/tensor_ops.h"
+#include "runtime/base/module.h"
+#include "runtime/base/status.h"
 #include "runtime/comm/host_communicator.h"
+#include "runtime/engine/tier_ops_cuda.h"
 
 namespace strata::engine {
 
@@ -80,10 +83,14 @@ std::unique_ptr<TierOps> MakeHostTierOps(const std::unique_ptr<optim::HostExecut
   return std::make_unique<HostTierOps>(executor);
 }
 
-#if !STRATA_WITH_CUDA
-absl::StatusOr<std::unique_ptr<TierOps>> MakeCudaTierOps(device::Device&) {
+absl::StatusOr<std::unique_ptr<TierOps>> MakeCudaTierOps(device::Device& device) {
+#if STRATA_WITH_CUDA
+  STRATA_ASSIGN_OR_RETURN(const CudaTierOpsApi* api, module::CudaModuleApi<CudaTierOpsApi>());
+  return api->create(device);
+#else
+  (void)device;
   return absl::UnimplementedError("this build has no CUDA (STRATA_WITH_CUDA=OFF): the engine runs on the host");
-}
 #endif
+}
 
 }  // namespace strata::engine

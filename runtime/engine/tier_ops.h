@@ -63,8 +63,8 @@ class TierOps {
 // replace it between steps; an empty slot: the calling thread). The slot must outlive the ops.
 std::unique_ptr<TierOps> MakeHostTierOps(const std::unique_ptr<optim::HostExecutor>* executor);
 
-// CUDA builds only (tier_ops_cuda.cc): the device tier of `device` (a CUDA device). Unimplemented on
-// host builds.
+// CUDA builds: the device tier of `device` (a CUDA device), made by the CUDA back-end module
+// (tier_ops_cuda.h); FailedPrecondition when the module is absent. Unimplemented on host builds.
 absl::StatusOr<std::unique_ptr<TierOps>> MakeCudaTierOps(device::Device& device);
 
 }  // namespace strata::engine

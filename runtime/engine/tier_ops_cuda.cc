@@ -1,6 +1,6 @@
 // CudaTierOps (Note [Tier ops]): the device tier of a CUDA engine, through the kernels/cuda twins of the
 // host kernels (same element math, so an update gives the host's bits; the norm's summation order
-// differs, see kernels/cuda/sum_squares.cuh). Built only with STRATA_WITH_CUDA.
+// differs, see kernels/cuda/sum_squares.cuh). Part of the CUDA back-end module (tier_ops_cuda.h).
 //
 // Ordering. Blocking calls run on a private non-blocking stream of the engine's device and synchronise
 // it before returning, so they are ordered after everything they themselves issued; work that other
@@ -20,7 +20,7 @@
 #include "kernels/cuda/sum_squares.cuh"
 #include "runtime/base/status.h"
 #include "runtime/device/cuda_device.h"
-#include "runtime/engine/tier_ops.h"
+#include "runtime/engine/tier_ops_cuda.h"
 
 namespace strata::engine {
 
@@ -133,7 +133,7 @@ class CudaTierOps final : public TierOps {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TierOps>> MakeCudaTierOps(device::Device& device) {
+absl::StatusOr<std::unique_ptr<TierOps>> CreateCudaTierOps(device::Device& device) {
   if (device.kind() != device::DeviceKind::kCuda) {
     return absl::InvalidArgumentError("MakeCudaTierOps needs a CUDA device");
   }

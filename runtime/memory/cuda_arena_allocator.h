@@ -1,6 +1,7 @@
 // The device tier on CUDA builds: one cudaMalloc of the whole budget, sub-allocated by an Arena (never
 // managed memory or a caching allocator: DESIGN "Memory is a contract"). Fresh blocks are zeroed with
-// cudaMemset. Built only with STRATA_WITH_CUDA.
+// cudaMemset. Built only with STRATA_WITH_CUDA, into the CUDA back-end module (the core reaches it
+// through cuda_backend.h).
 #pragma once
 
 #include <memory>
