@@ -7,12 +7,12 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "models/gpt/train/compute.h"
+#include "models/gpt/train/train_options.h"
 #include "runtime/comm/bootstrap.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/device.h"
-#include "tools/compute.h"
-#include "tools/train_options.h"
 
 namespace strata::tools {
 
