@@ -9,14 +9,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/gpt/model/gpt_model.h"
+#include "models/gpt/train/command_start.h"
 #include "models/gpt/train/train_options.h"
+#include "models/gpt/train/trainer.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/mpi_command.h"
 #include "tools/launch.h"
 
 namespace strata::tools {
@@ -35,28 +36,27 @@ absl::StatusOr<Attempt> Try(const TrainOptions& o, const gpt::GptConfig& model, 
   Attempt a;
   a.params = gpt::NumParams(model);
   device::HostDevice dev;
-  STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(o.engine, world, dev));
-  STRATA_ASSIGN_OR_RETURN(gpt::GptModel m, gpt::GptModel::Register(*e, model));
-  absl::Status s = e->Finalize();
-  if (absl::IsResourceExhausted(s)) {
-    a.why = std::string(s.message());
+  absl::StatusOr<GptRun> run = BringUp(o.engine, model, world, dev);
+  if (absl::IsResourceExhausted(run.status())) {  // Finalize found that it does not fit the budgets
+    a.why = std::string(run.status().message());
     return a;
   }
-  STRATA_RETURN_IF_ERROR(s);
+  STRATA_RETURN_IF_ERROR(run.status());
+  engine::Engine& e = *run->engine;
   const int B = o.engine.train_micro_batch_size_per_gpu;
   std::vector<int32_t> in(size_t(B) * model.seq_len);
   std::mt19937 rng(7);
   for (auto& t : in) t = static_cast<int32_t>(rng() % model.vocab);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) {
-    STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
-    STRATA_RETURN_IF_ERROR(m.TrainMicroBatch(*e, in.data(), in.data(), B, e->loss_scale(), o.checkpointing).status());
-    STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
-    STRATA_ASSIGN_OR_RETURN(a.last, e->Step());
+  for (int i = 0; i < steps; ++i) {  // one micro-batch a step, whatever the accumulation
+    STRATA_RETURN_IF_ERROR(RunMicroBatches(*run, 1, B, o.checkpointing, [&](int) -> absl::StatusOr<MicroBatchInput> {
+                             return MicroBatchInput{in.data(), in.data(), e.loss_scale()};
+                           }).status());
+    STRATA_ASSIGN_OR_RETURN(a.last, e.Step());
   }
   a.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
   a.fits = true;
-  a.mem = e->memory_stats();
+  a.mem = e.memory_stats();
   return a;
 }
 
@@ -120,8 +120,10 @@ std::string BenchCapacityUsage() {
 }
 
 int BenchCapacityCommand(const std::vector<std::string>& args) {
-  auto mpi = StartMpi("bench capacity");
-  if (mpi == nullptr) return 1;
+  int code = 0;
+  std::optional<CommandLaunch> start = StartLaunch("bench capacity", &code);  // MPI, then the launch
+  if (!start.has_value()) return code;
+  const Launch* launch = &start->launch;
   std::vector<std::string> rest;
   std::string vary = "layers";
   for (size_t i = 0; i < args.size(); ++i) {
@@ -132,11 +134,6 @@ int BenchCapacityCommand(const std::vector<std::string>& args) {
     }
   }
   // The search runs the host back-end (Note [Launchers]): MPI's world, or one torchrun rank.
-  auto launch = DetectLaunch(*mpi);
-  if (!launch.ok()) {
-    std::fprintf(stderr, "strata bench capacity: %s\n", std::string(launch.status().message()).c_str());
-    return 2;
-  }
   if (auto refused = RefuseHostUnderTorchrun(*launch, device::DeviceKind::kHost, "bench capacity")) {
     if (launch->rank == 0) std::fprintf(stderr, "strata bench capacity: %s\n", refused->c_str());
     return 2;
@@ -146,7 +143,7 @@ int BenchCapacityCommand(const std::vector<std::string>& args) {
   if (s.ok() && vary != "layers" && vary != "width") s = absl::InvalidArgumentError("--vary layers|width");
   if (s.ok()) {
     SetMinLogSeverity(LogSeverity::kError);  // failed candidates are expected; their errors are not news
-    auto world = mpi->World(comm::Options{});
+    auto world = start->mpi->World(comm::Options{});
     s = world.ok() ? Capacity(*opts, **world, vary == "width") : world.status();
   }
   if (!s.ok()) {

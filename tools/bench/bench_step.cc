@@ -21,13 +21,14 @@
 #include "absl/strings/str_format.h"
 #include "models/gpt/model/gpt_model.h"
 #include "models/gpt/nn/cpu/nn.h"
+#include "models/gpt/train/command_start.h"
 #include "models/gpt/train/compute.h"
 #include "models/gpt/train/train_options.h"
+#include "models/gpt/train/trainer.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/mpi_command.h"
 #include "tools/launch.h"
 
 namespace strata::tools {
@@ -80,9 +81,8 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
     STRATA_ASSIGN_OR_RETURN(bf16_flops, compute.nn->Bf16MatmulFlops());
   }
   device::HostDevice dev;  // a host stream for the bench's own collectives
-  STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(o.engine, world, *compute.device));
-  STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model, std::move(compute.nn)));
-  STRATA_RETURN_IF_ERROR(e->Finalize());
+  STRATA_ASSIGN_OR_RETURN(GptRun run, BringUp(o.engine, o.model, world, *compute.device, std::move(compute.nn)));
+  std::unique_ptr<engine::Engine>& e = run.engine;
   const int B = o.engine.train_micro_batch_size_per_gpu, T = o.model.seq_len;
   std::vector<int32_t> in(size_t(B) * T), tgt(in.size());
   std::mt19937 rng(1 + world.rank());
@@ -92,11 +92,11 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   std::vector<double> update_ms;    // the update itself, per timed step (StepResult::optimizer_ms)
   auto run_step = [&]() -> absl::StatusOr<double> {
     const auto t0 = Clock::now();
-    for (int a = 0; a < o.engine.gradient_accumulation_steps; ++a) {
-      STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
-      STRATA_RETURN_IF_ERROR(model.TrainMicroBatch(*e, in.data(), tgt.data(), B, e->loss_scale(), o.checkpointing).status());
-      STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
-    }
+    STRATA_RETURN_IF_ERROR(RunMicroBatches(run, o.engine.gradient_accumulation_steps, B, o.checkpointing,
+                                           [&](int) -> absl::StatusOr<MicroBatchInput> {
+                                             return MicroBatchInput{in.data(), tgt.data(), e->loss_scale()};
+                                           })
+                               .status());
     const auto t1 = Clock::now();
     STRATA_ASSIGN_OR_RETURN(const engine::StepResult r, e->Step());
     fwd_bwd_s += std::chrono::duration<double>(t1 - t0).count();
@@ -145,7 +145,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   const double max_rss_mib = *std::max_element(all_rss.begin(), all_rss.end());
   if (world.rank() != 0) return absl::OkStatus();
   const std::string shape = gpt::Describe(o.model);
-  const std::string attention = model.nn().attention_in_use();
+  const std::string attention = run.model.nn().attention_in_use();
   if (gpu) {  // MFU against the bf16 rate measured in this run (fp32 / TF32 products run below it)
     const double mfu = gflops_per_rank * 1e9 / bf16_flops;
     if (json) {
@@ -201,29 +201,18 @@ std::string BenchStepUsage() {
 }
 
 int BenchStepCommand(const std::vector<std::string>& args) {
-  auto mpi = StartMpi("bench step");
-  if (mpi == nullptr) return 1;
+  int code = 0;
+  std::optional<CommandLaunch> start = StartLaunch("bench step", &code);
+  if (!start.has_value()) return code;
   std::vector<std::string> rest;
   bool json = false;
   for (const auto& a : args) (a == "--json" ? json = true : (rest.push_back(a), false));
   bool has_steps = false;
   for (const auto& a : rest) has_steps |= a.rfind("--steps", 0) == 0;
   if (!has_steps) rest.insert(rest.end(), {"--steps", "3"});
-  auto launch = DetectLaunch(*mpi);
-  if (!launch.ok()) {
-    std::fprintf(stderr, "strata bench step: %s\n", std::string(launch.status().message()).c_str());
-    return 2;
-  }
-  auto opts = ParseTrainOptions(rest, launch->size);
-  if (!opts.ok()) {
-    if (launch->rank == 0) std::fprintf(stderr, "strata bench step: %s\n", std::string(opts.status().message()).c_str());
-    return 2;
-  }
-  if (auto refused = RefuseHostUnderTorchrun(*launch, DeviceKindFor(opts->device), "bench step")) {
-    if (launch->rank == 0) std::fprintf(stderr, "strata bench step: %s\n", refused->c_str());
-    return 2;
-  }
-  auto job = StartJob(*mpi, *launch, *opts, comm::Options{});
+  const std::optional<TrainOptions> opts = OptionsForLaunch("bench step", start->launch, rest);
+  if (!opts.has_value()) return 2;
+  auto job = StartJob(*start->mpi, start->launch, *opts, comm::Options{});
   const absl::Status s =
       job.ok() ? Bench(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute, json) : job.status();
   if (!s.ok()) {

@@ -19,10 +19,12 @@
 #include "absl/strings/str_format.h"
 #include "models/gpt/data/data.h"
 #include "models/gpt/model/gpt_model.h"
+#include "models/gpt/train/command_start.h"
 #include "models/gpt/train/compute.h"
 #include "models/gpt/train/model_flags.h"
 #include "models/gpt/train/step_diagnostics.h"
 #include "models/gpt/train/train_options.h"
+#include "models/gpt/train/trainer.h"
 #include "models/gpt/weights/weights.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
@@ -33,7 +35,6 @@
 #include "runtime/device/host_device.h"
 #include "runtime/optim/optimizer.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/mpi_command.h"
 #include "tools/launch.h"
 #include "tools/trace.h"
 
@@ -235,9 +236,9 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   STRATA_ASSIGN_OR_RETURN(gpt::Sampler sampler, gpt::Sampler::Create(static_cast<int64_t>(tokens.size()),
                                                                       o.model.seq_len, o.engine.seed, o.order));
   device::HostDevice dev;  // host streams for the trainer's own collectives (metrics)
-  STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(o.engine, world, *compute.device));
-  STRATA_ASSIGN_OR_RETURN(gpt::GptModel model, gpt::GptModel::Register(*e, o.model, std::move(compute.nn)));
-  STRATA_RETURN_IF_ERROR(e->Finalize());
+  STRATA_ASSIGN_OR_RETURN(GptRun run, BringUp(o.engine, o.model, world, *compute.device, std::move(compute.nn)));
+  std::unique_ptr<Engine>& e = run.engine;
+  gpt::GptModel& model = run.model;
   if (!o.init_from.empty() && !o.resume.empty()) {
     return absl::InvalidArgumentError("--init-from and --resume exclude each other");
   }
@@ -283,20 +284,17 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = ProcessCpuSeconds();
     const double wait0 = loader.wait_seconds();
-    double loss = 0;
-    for (int a = 0; a < accum; ++a) {
-      const int64_t wait_start = device::NowNs();
-      gpt::Batch b = loader.Next();
-      if (!o.trace.empty()) trace.Add(device::Span{"data", "data_wait", -1, wait_start, device::NowNs()});
-      const bool inject = step == o.inject_nonfinite_step && rank == o.inject_nonfinite_rank && a == 0;
-      const float scale = inject ? NAN : e->loss_scale();
-      STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
-      absl::StatusOr<double> l = model.TrainMicroBatch(*e, b.inputs.data(), b.targets.data(), micro, scale,
-                                                       o.checkpointing);
-      if (!l.ok()) return gpt::IsDivergence(l.status()) ? Diverged(o, *e, step, l.status()) : l.status();
-      STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
-      loss += *l / accum;
-    }
+    gpt::Batch b;  // the micro-batch in flight
+    const absl::StatusOr<double> l =
+        RunMicroBatches(run, accum, micro, o.checkpointing, [&](int a) -> absl::StatusOr<MicroBatchInput> {
+          const int64_t wait_start = device::NowNs();
+          b = loader.Next();
+          if (!o.trace.empty()) trace.Add(device::Span{"data", "data_wait", -1, wait_start, device::NowNs()});
+          const bool inject = step == o.inject_nonfinite_step && rank == o.inject_nonfinite_rank && a == 0;
+          return MicroBatchInput{b.inputs.data(), b.targets.data(), inject ? NAN : e->loss_scale()};
+        });
+    if (!l.ok()) return gpt::IsDivergence(l.status()) ? Diverged(o, *e, step, l.status()) : l.status();
+    const double loss = *l;
     STRATA_ASSIGN_OR_RETURN(engine::StepResult r, e->Step());
     // One small all-gather per step: every rank's loss, stop request and data wait. A rank that waits
     // for its batch makes the others wait in the next collective, so the data-wait diagnostic needs the
@@ -370,26 +368,16 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
 std::string TrainUsage() { return Flags::Usage("train", TrainFlagDefs()); }
 
 int TrainCommand(const std::vector<std::string>& args) {
-  auto mpi = StartMpi("train");
-  if (mpi == nullptr) return 1;
-  auto launch = DetectLaunch(*mpi);
-  if (!launch.ok()) {
-    std::fprintf(stderr, "strata train: %s\n", std::string(launch.status().message()).c_str());
-    return 2;
-  }
+  int code = 0;
+  std::optional<CommandLaunch> start = StartLaunch("train", &code);
+  if (!start.has_value()) return code;
+  const Launch* launch = &start->launch;
   const int rank = launch->rank;
-  auto opts = ParseTrainOptions(args, launch->size);
-  if (!opts.ok()) {
-    if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(opts.status().message()).c_str());
-    return 2;
-  }
-  if (auto refused = RefuseHostUnderTorchrun(*launch, DeviceKindFor(opts->device), "train")) {
-    if (rank == 0) std::fprintf(stderr, "strata train: %s\n", refused->c_str());
-    return 2;
-  }
+  const std::optional<TrainOptions> opts = OptionsForLaunch("train", *launch, args);
+  if (!opts.has_value()) return 2;
   comm::Options copts;
   copts.timeout_ms = opts->engine.collective_timeout_ms;
-  auto job = StartJob(*mpi, *launch, *opts, copts);
+  auto job = StartJob(*start->mpi, *launch, *opts, copts);
   absl::Status s = job.ok() ? Train(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute) : job.status();
   if (absl::IsCancelled(s)) {  // a clean stop on SIGINT / SIGTERM: every rank agreed at a step boundary
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(s.message()).c_str());
