@@ -360,7 +360,7 @@ absl::StatusOr<AttentionBuffers> CudaNn::PrepareAttention(int B, int T, int C, i
   return AttentionBuffers{(StatsBytes(B, T, NH) + AlignUp(size_t(B) * T * C * 2)) / 4, 0, true};
 #else
   if (options_.attention == AttentionKind::kFused) {
-    return absl::UnimplementedError("--attention fused: this build has no cuDNN 9 (strata_kernels_cudnn)");
+    return absl::UnimplementedError("--attention fused: this build has no cuDNN 9 (strata_gpt_cudnn)");
   }
   return NnBackend::PrepareAttention(B, T, C, NH);
 #endif

@@ -9,7 +9,7 @@
 // backend's own explanation, often the only useful one), so one GPU run can diagnose a rejected graph.
 // A NOT_SUPPORTED-category status from finalizing the graph, from the heuristics or from every proposed
 // plan becomes SdpaCode::kUnsupported (the caller falls back); anything else is kCudnnError.
-// Internal to strata_kernels_cudnn: includes cudnn.h.
+// Internal to strata_gpt_cudnn: includes cudnn.h.
 #pragma once
 
 #include <cuda_runtime.h>

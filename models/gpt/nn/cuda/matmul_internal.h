@@ -1,4 +1,4 @@
-// Internal to strata_kernels_cublas (matmul.cc, matmul_rate.cu): how its functions build failing
+// Internal to strata_gpt_cublas (matmul.cc, matmul_rate.cu): how its functions build failing
 // MatmulStatus values and wrap CUDA runtime calls at the call site (the status names the call, file:line
 // and CUDA's error name and text).
 #pragma once

@@ -1,6 +1,6 @@
 // The cuDNN operation graphs of causal scaled-dot-product attention, forward and backward, in the shape
 // cuDNN 9's fused flash-attention engines recognise (Note [SDPA graphs] in sdpa_cudnn_graph.cc), built
-// into finalized plans. Internal to strata_kernels_cudnn (sdpa_cudnn.cc caches and runs them).
+// into finalized plans. Internal to strata_gpt_cudnn (sdpa_cudnn.cc caches and runs them).
 #pragma once
 
 #include <cudnn.h>

@@ -1,4 +1,4 @@
-// Tests for examples/gpt/weights: a file that names one parameter twice ("wte.weight" and
+// Tests for models/gpt/weights: a file that names one parameter twice ("wte.weight" and
 // "transformer.wte.weight", which the loader strips to the same name) is refused naming both tensors,
 // where one of them used to be picked silently; a file the saver wrote loads back; a NaN or Inf weight is
 // refused naming the tensor and its index (it used to load and surface as "training diverged").
