@@ -7,11 +7,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "models/gpt/train/compute.h"
+#include "models/gpt/train/train_options.h"
 #include "runtime/comm/launcher.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/device.h"
-#include "tools/compute.h"
-#include "tools/train_options.h"
 
 namespace strata::tools {
 

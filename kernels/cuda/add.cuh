@@ -1,4 +1,4 @@
-// Residual adds on the device (kernels/cpu/nn.h AddInto / Add): one IEEE add an element, the host's
+// Residual adds on the device (models/gpt/nn/cpu/nn.h AddInto / Add): one IEEE add an element, the host's
 // bits. 16-byte accesses where aligned, grid-stride, caller's stream, no allocation, no synchronisation.
 #pragma once
 

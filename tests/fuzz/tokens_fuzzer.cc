@@ -1,4 +1,4 @@
-// Fuzzes the GPT trainer's token-file reader (examples/gpt/data.cc, LoadTokens): an llm.c token file
+// Fuzzes the GPT trainer's token-file reader (models/gpt/data/data.cc, LoadTokens): an llm.c token file
 // (a 256 x int32 header: magic 20240520, version, token count; then uint16 tokens) or, for any other
 // bytes, plain text read one token per byte. The input is the whole file. Properties beyond "no crash,
 // leak or UB":
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "examples/gpt/data.h"
+#include "models/gpt/data/data.h"
 #include "tests/fuzz/fuzz_file.h"
 
 // data.cc also serves the embedded default corpus, which the build assembles into the GPT library from

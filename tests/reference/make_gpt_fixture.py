@@ -7,7 +7,7 @@ Face GPT-2's parameter names and Conv1D layouts ([in, out]), evaluated in float6
   - inputs / targets (token ids stored as F32),
   - loss (mean cross-entropy) and every parameter's gradient ("grad.<name>"),
   - the parameters after one torch.optim.AdamW step ("adamw.<name>"), weight decay on 2-D weights only.
-The C++ test (tests/examples/gpt_reference_test.cc) reads it with no PyTorch. Run from the repo root:
+The C++ test (tests/models/gpt/model/gpt_reference_test.cc) reads it with no PyTorch. Run from the repo root:
     python3 tests/reference/make_gpt_fixture.py
 """
 import math

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/check_layers, checked: it passes on this tree, and on a copy of a few of its files it fails naming
 # file:line, the include and the rule for each kind of violation injected there (an upward include, Abseil
-# or runtime/ in a leaf kernel, a library including a top folder, an upward CMake link, a README whose layer
+# or runtime/ in a leaf kernel, a library including a top folder or a top folder's leaf kernels, an upward CMake link, a README whose layer
 # line disagrees with docs/layers.txt, runtime/CMakeLists.txt out of order); a malformed table exits 2.
 #   check_layers.sh SOURCE_DIR
 set -uo pipefail
@@ -49,6 +49,11 @@ fresh; inject offload/io_work.cc '#include "tools/flags.h"'; inject runtime/base
 [ $rc -eq 1 ] && grep -q '^LAYER VIOLATION offload/io_work.cc:2: #include "tools/flags.h": offload (layer 4 of 10) may not include tools/, which sits on top$' <<<"$out" &&
   grep -q '^LAYER VIOLATION runtime/base/crc32.cc:2: #include "tests/offload/offload_test_util.h": .* may not include tests/' <<<"$out"
 check "a library including tools/ or tests/ fails" $? "$rc $out"
+
+fresh; inject runtime/base/crc32.cc '#include "models/gpt/nn/cpu/nn.h"'; inject kernels/cpu/isa.cc '#include "models/gpt/nn/common/nn_math.h"'; run
+[ $rc -eq 1 ] && grep -q '^LAYER VIOLATION runtime/base/crc32.cc:2: #include "models/gpt/nn/cpu/nn.h": runtime/base (layer 0 of 10) may not include models/gpt/nn/cpu/, a leaf of models/, which sits on top$' <<<"$out" &&
+  grep -q '^LAYER VIOLATION kernels/cpu/isa.cc:2: #include "models/gpt/nn/common/nn_math.h": kernels/cpu is a leaf library: it may include itself and kernels/common, not models/gpt/nn/common (leaf)$' <<<"$out"
+check "the runtime and its kernels include no leaf of the model (models/gpt/nn)" $? "$rc $out"
 
 fresh; sed -i 's/DEPS strata_base)/DEPS strata_base strata_engine)/' "$work/t/runtime/device/CMakeLists.txt"; run
 [ $rc -eq 1 ] && grep -q '^LAYER VIOLATION runtime/device/CMakeLists.txt:[0-9]*: names strata_engine: upward link' <<<"$out"

@@ -1,0 +1,139 @@
+// `strata bench comm [--bytes N] [--iters K] [--json]` (under mpirun): bus bandwidth of the MPI back-end's
+// all_gather, reduce_scatter and all_reduce (fp32 sum), each next to the raw blocking MPI collective on
+// the same buffers in the same run. The ratio shows what the stream / Work / deadline machinery costs;
+// the absolute numbers show whether the host reduce-scatter dominates a step (DESIGN "Communication").
+// Bus bandwidth: all_gather and reduce_scatter move (n-1)/n of the full buffer per rank, all_reduce 2x.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/device/host_device.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/flags.h"
+#include "tools/cli/mpi_command.h"
+
+namespace strata::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Row {
+  const char* op;
+  double strata_gbps, mpi_gbps;
+};
+
+template <typename F>
+absl::StatusOr<double> BestSeconds(int iters, comm::Communicator& world, device::Stream& s, F&& once) {
+  double best = 1e30;
+  for (int i = 0; i < iters; ++i) {
+    STRATA_RETURN_IF_ERROR(world.Barrier(s).Wait());
+    const auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(once());
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+absl::Status Bench(comm::Communicator& world, size_t bytes, int iters, bool json) {
+  const int n = world.size();
+  const size_t full = bytes / 4 / n * n, block = full / n;  // elements
+  std::vector<float> send(full, 1.0f), recv(full), out(block);
+  device::HostDevice dev;
+  STRATA_ASSIGN_OR_RETURN(auto s, dev.CreateStream("bench"));
+  std::vector<Row> rows;
+  const double moved = double(full) * 4 * (n - 1) / n;
+  auto rate = [&](double secs, double factor) { return factor * moved / secs / 1e9; };
+  {
+    STRATA_ASSIGN_OR_RETURN(double ours, BestSeconds(iters, world, *s, [&] {
+      return world.AllGather(send.data(), recv.data(), block, DType::kF32, *s).Wait();
+    }));
+    STRATA_ASSIGN_OR_RETURN(double raw, BestSeconds(iters, world, *s, [&] {
+      return MPI_Allgather(send.data(), int(block), MPI_FLOAT, recv.data(), int(block), MPI_FLOAT, MPI_COMM_WORLD) == MPI_SUCCESS
+                 ? absl::OkStatus() : absl::InternalError("MPI_Allgather failed");
+    }));
+    rows.push_back({"all_gather", rate(ours, 1), rate(raw, 1)});
+  }
+  {
+    STRATA_ASSIGN_OR_RETURN(double ours, BestSeconds(iters, world, *s, [&] {
+      return world.ReduceScatter(send.data(), out.data(), block, DType::kF32, comm::ReduceOp::kSum, *s).Wait();
+    }));
+    STRATA_ASSIGN_OR_RETURN(double raw, BestSeconds(iters, world, *s, [&] {
+      return MPI_Reduce_scatter_block(send.data(), out.data(), int(block), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS
+                 ? absl::OkStatus() : absl::InternalError("MPI_Reduce_scatter_block failed");
+    }));
+    rows.push_back({"reduce_scatter", rate(ours, 1), rate(raw, 1)});
+  }
+  {
+    STRATA_ASSIGN_OR_RETURN(double ours, BestSeconds(iters, world, *s, [&] {
+      return world.AllReduce(send.data(), recv.data(), full, DType::kF32, comm::ReduceOp::kSum, *s).Wait();
+    }));
+    STRATA_ASSIGN_OR_RETURN(double raw, BestSeconds(iters, world, *s, [&] {
+      return MPI_Allreduce(send.data(), recv.data(), int(full), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS
+                 ? absl::OkStatus() : absl::InternalError("MPI_Allreduce failed");
+    }));
+    rows.push_back({"all_reduce", rate(ours, 2), rate(raw, 2)});
+  }
+  if (world.rank() != 0) return absl::OkStatus();
+  if (json) {
+    std::string j = absl::StrCat("{\"ranks\":", n, ",\"bytes\":", full * 4);
+    for (const Row& r : rows) {
+      absl::StrAppend(&j, ",\"", r.op, "\":{\"strata_busbw_gbps\":", r.strata_gbps, ",\"mpi_busbw_gbps\":", r.mpi_gbps,
+                      ",\"ratio\":", r.strata_gbps / r.mpi_gbps, "}");
+    }
+    std::printf("%s}\n", j.c_str());
+  } else {
+    std::printf("%d ranks, %zu bytes, best of %d\n%-16s %14s %14s %7s\n", n, full * 4, iters, "collective",
+                "strata GB/s", "raw MPI GB/s", "ratio");
+    for (const Row& r : rows) {
+      std::printf("%-16s %14.3f %14.3f %7.2f\n", r.op, r.strata_gbps, r.mpi_gbps, r.strata_gbps / r.mpi_gbps);
+    }
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<FlagDef>& CommFlagDefs() {
+  static const auto* defs = new std::vector<FlagDef>{
+      {"bytes", false, "buffer size (default 128 MiB)"},
+      {"iters", false, "repetitions; the best is reported (default 5)"},
+      {"json", true, "one JSON object"}};
+  return *defs;
+}
+
+}  // namespace
+
+std::string BenchCommUsage() {
+  return Flags::Usage("bench comm", CommFlagDefs()) +
+         "  (under mpirun: the MPI back-end's collectives against raw MPI on the same buffers)\n";
+}
+
+int BenchCommCommand(const std::vector<std::string>& args) {
+  auto mpi = StartMpi("bench comm");
+  if (mpi == nullptr) return 1;
+  auto f = Flags::Parse(args, CommFlagDefs());
+  absl::Status s = f.status();
+  if (s.ok()) {
+    auto bytes = f->Int("bytes", 128 << 20);
+    auto iters = f->Int("iters", 5);
+    s = !bytes.ok() ? bytes.status() : !iters.ok() ? iters.status() : absl::OkStatus();
+    if (s.ok() && (*bytes < 4 * mpi->world_size() || *bytes > (int64_t{1} << 33) || *iters < 1 || *iters > 1000000)) {
+      s = absl::InvalidArgumentError("--bytes must be in [4 x ranks, 8 GiB] and --iters in [1, 1000000]");
+    }
+    if (s.ok()) {
+      auto world = mpi->World(comm::Options{});
+      s = world.ok() ? Bench(**world, static_cast<size_t>(*bytes), static_cast<int>(*iters), f->Bool("json"))
+                     : world.status();
+    }
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "strata bench comm: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,225 @@
+// `strata bench step`: GPT training-step throughput, next to an sgemm rate measured in the same run
+// (each rank times a [B*T, C] x [C, 4C] product, the shape of the MLP's first matmul, at the same
+// moment, so contention between ranks is in both numbers). Reports tokens/s, achieved GFLOP/s per rank
+// (3 x forward FLOPs per token, 4 x with activation checkpointing) and its fraction of the sgemm rate.
+// With --device cuda the reference is the GPU's dense bf16 matrix-product rate measured in the same run
+// (the MFU denominator) instead.
+// The optimizer update's time (StepResult::optimizer_ms: norm, clip, update, casts, without waits) is
+// reported at one thread and at the configured strata.optimizer_threads: when that is more than one,
+// --steps more pairs of steps alternate the two counts (so both see the same machine conditions) and
+// the medians are reported, the slowest rank's (the step waits for it). The bits do not depend on it.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <algorithm>
+#include <limits>
+#include <functional>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "models/gpt/model/gpt_model.h"
+#include "models/gpt/nn/cpu/nn.h"
+#include "models/gpt/train/command_start.h"
+#include "models/gpt/train/compute.h"
+#include "models/gpt/train/train_options.h"
+#include "models/gpt/train/trainer.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/mpi_communicator.h"
+#include "runtime/device/host_device.h"
+#include "tools/cli/commands.h"
+#include "tools/launch.h"
+
+namespace strata::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SgemmGflops(int M, int K, int N) {
+  std::vector<float> a(size_t(M) * K, 0.5f), w(size_t(K) * N, 0.25f), out(size_t(M) * N);
+  kernels::cpu::MatmulForward(a.data(), w.data(), nullptr, out.data(), M, K, N);  // warm
+  int reps = 0;
+  const auto t0 = Clock::now();
+  double secs = 0;
+  while (secs < 0.5) {
+    kernels::cpu::MatmulForward(a.data(), w.data(), nullptr, out.data(), M, K, N);
+    ++reps;
+    secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return 2.0 * M * K * N * reps / secs / 1e9;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Median update time at 1 thread and at `threads`, over `pairs` steps of each, alternating; `step` runs
+// one step and returns its StepResult::optimizer_ms. Leaves the engine at `threads`.
+absl::StatusOr<std::pair<double, double>> UpdateMsAtOneAndN(engine::Engine& e, int threads, int pairs,
+                                                            const std::function<absl::StatusOr<double>()>& step) {
+  std::vector<double> one, many;
+  for (int p = 0; p < pairs; ++p) {
+    STRATA_RETURN_IF_ERROR(e.SetOptimizerThreads(1));
+    STRATA_ASSIGN_OR_RETURN(const double a, step());
+    STRATA_RETURN_IF_ERROR(e.SetOptimizerThreads(threads));
+    STRATA_ASSIGN_OR_RETURN(const double b, step());
+    one.push_back(a);
+    many.push_back(b);
+  }
+  return std::make_pair(Median(one), Median(many));
+}
+
+// `world` carries the engine's collectives, `host` (host buffers) the bench's own (launch.h).
+absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Communicator& host, Compute& compute,
+                   bool json) {
+  // On a GPU the reference is the dense bf16 matrix-product rate (MFU); on the host, sgemm (below).
+  const bool gpu = compute.nn != nullptr;
+  double bf16_flops = 0;
+  if (gpu) {
+    STRATA_ASSIGN_OR_RETURN(bf16_flops, compute.nn->Bf16MatmulFlops());
+  }
+  device::HostDevice dev;  // a host stream for the bench's own collectives
+  STRATA_ASSIGN_OR_RETURN(GptRun run, BringUp(o.engine, o.model, world, *compute.device, std::move(compute.nn)));
+  std::unique_ptr<engine::Engine>& e = run.engine;
+  const int B = o.engine.train_micro_batch_size_per_gpu, T = o.model.seq_len;
+  std::vector<int32_t> in(size_t(B) * T), tgt(in.size());
+  std::mt19937 rng(1 + world.rank());
+  for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
+  STRATA_ASSIGN_OR_RETURN(auto sync, dev.CreateStream("bench"));
+  double fwd_bwd_s = 0, opt_s = 0;  // time in forward + backward, and in Step() (wait for reductions + update)
+  std::vector<double> update_ms;    // the update itself, per timed step (StepResult::optimizer_ms)
+  auto run_step = [&]() -> absl::StatusOr<double> {
+    const auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(RunMicroBatches(run, o.engine.gradient_accumulation_steps, B, o.checkpointing,
+                                           [&](int) -> absl::StatusOr<MicroBatchInput> {
+                                             return MicroBatchInput{in.data(), tgt.data(), e->loss_scale()};
+                                           })
+                               .status());
+    const auto t1 = Clock::now();
+    STRATA_ASSIGN_OR_RETURN(const engine::StepResult r, e->Step());
+    fwd_bwd_s += std::chrono::duration<double>(t1 - t0).count();
+    opt_s += std::chrono::duration<double>(Clock::now() - t1).count();
+    return r.optimizer_ms;
+  };
+  STRATA_RETURN_IF_ERROR(run_step().status());  // warm-up: records the schedule, touches all memory
+  STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
+  const double sgemm = gpu ? 0.0 : SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
+  STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
+  if (o.steps > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, " is out of range [0, 2147483647]"));
+  }
+  const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
+  fwd_bwd_s = opt_s = 0;
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) {
+    STRATA_ASSIGN_OR_RETURN(const double ms, run_step());
+    update_ms.push_back(ms);
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int threads = e->optimizer_threads();
+  std::pair<double, double> one_and_n{Median(update_ms), Median(update_ms)};
+  if (threads > 1) {
+    const double fb = fwd_bwd_s, op = opt_s;  // the figures above are the timed steps' alone
+    STRATA_ASSIGN_OR_RETURN(one_and_n, UpdateMsAtOneAndN(*e, threads, steps, run_step));
+    fwd_bwd_s = fb, opt_s = op;
+  }
+  // Ranks time their own shards; report the slowest rank (the step waits for it).
+  float upd[2] = {static_cast<float>(one_and_n.first), static_cast<float>(one_and_n.second)};
+  std::vector<float> all_upd(2 * size_t(world.size()));
+  STRATA_RETURN_IF_ERROR(host.AllGather(upd, all_upd.data(), 2, DType::kF32, *sync).Wait());
+  for (size_t r = 0; r < all_upd.size(); r += 2) {
+    upd[0] = std::max(upd[0], all_upd[r]);
+    upd[1] = std::max(upd[1], all_upd[r + 1]);
+  }
+  const double tokens = double(steps) * B * T * o.engine.gradient_accumulation_steps * world.size();
+  const double flops_per_token = (o.checkpointing ? 4.0 : 3.0) * gpt::ForwardFlopsPerToken(o.model);
+  const double gflops_per_rank = flops_per_token * tokens / secs / 1e9 / world.size();
+  // Peak resident memory of the whole process (model state, activations, buffers), the largest over ranks.
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;  // ru_maxrss is in KiB on Linux
+  std::vector<float> all_rss(world.size());
+  STRATA_RETURN_IF_ERROR(host.AllGather(&rss_mib, all_rss.data(), 1, DType::kF32, *sync).Wait());
+  const double max_rss_mib = *std::max_element(all_rss.begin(), all_rss.end());
+  if (world.rank() != 0) return absl::OkStatus();
+  const std::string shape = gpt::Describe(o.model);
+  const std::string attention = run.model.nn().attention_in_use();
+  if (gpu) {  // MFU against the bf16 rate measured in this run (fp32 / TF32 products run below it)
+    const double mfu = gflops_per_rank * 1e9 / bf16_flops;
+    if (json) {
+      std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
+                  "\"device\":\"%s\",\"matmul\":\"%s\",\"attention\":\"%s\",\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,"
+                  "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
+                  "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
+                  "\"peak_device_bytes\":%llu}\n",
+                  shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(),
+                  o.engine.stage, B, T, compute.name.c_str(), gpt::ProductsName(compute.products), attention.c_str(), secs / steps * 1e3,
+                  tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3,
+                  threads, upd[0], upd[1],
+                  static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes));
+    } else {
+      std::printf("%s, %d ranks on %s, stage %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s per rank, MFU %.1f%% "
+                  "of the bf16 matmul rate (%.1f TFLOP/s in the same run); update %.2f ms on 1 thread, %.2f ms on %d\n",
+                  shape.c_str(), world.size(), compute.name.c_str(), o.engine.stage,
+                  secs / steps * 1e3, tokens / secs, gflops_per_rank, 100 * mfu, bf16_flops / 1e12, upd[0], upd[1],
+                  threads);
+    }
+    return absl::OkStatus();
+  }
+  if (json) {
+    std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
+                "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,\"sgemm_gflops_per_rank\":%.2f,"
+                "\"fraction_of_sgemm\":%.3f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
+                "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
+                "\"peak_device_bytes\":%llu,\"max_rss_mib_per_rank\":%.1f}\n",
+                shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(), o.engine.stage, B, T,
+                secs / steps * 1e3, tokens / secs, gflops_per_rank, sgemm, gflops_per_rank / sgemm,
+                fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, threads, upd[0], upd[1],
+                static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib);
+  } else {
+    std::printf("%s, %d ranks, stage %d: %.1f ms/step (forward+backward %.1f, Step() %.1f), %.0f tokens/s, "
+                "%.2f GFLOP/s per rank = %.1f%% of sgemm (%.2f GFLOP/s per rank in the same run); "
+                "update %.2f ms on 1 thread, %.2f ms on %d\n",
+                shape.c_str(), world.size(), o.engine.stage, secs / steps * 1e3, fwd_bwd_s / steps * 1e3,
+                opt_s / steps * 1e3, tokens / secs, gflops_per_rank, 100 * gflops_per_rank / sgemm, sgemm, upd[0], upd[1],
+                threads);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string BenchStepUsage() {
+  return "usage: strata bench step [--json] [strata train's flags]\n"
+         "  times --steps steps (default 3) of strata train's step and reports tokens/s, the step-time split\n"
+         "  and the matmul rate against an sgemm measured in the same run, and the optimizer update's time on\n"
+         "  one thread and on --optimizer-threads (medians of --steps more steps of each, alternating). Flags:\n"
+         "  --json                      one JSON object\n" +
+         TrainUsage().substr(TrainUsage().find('\n') + 1);
+}
+
+int BenchStepCommand(const std::vector<std::string>& args) {
+  int code = 0;
+  std::optional<CommandLaunch> start = StartLaunch("bench step", &code);
+  if (!start.has_value()) return code;
+  std::vector<std::string> rest;
+  bool json = false;
+  for (const auto& a : args) (a == "--json" ? json = true : (rest.push_back(a), false));
+  bool has_steps = false;
+  for (const auto& a : rest) has_steps |= a.rfind("--steps", 0) == 0;
+  if (!has_steps) rest.insert(rest.end(), {"--steps", "3"});
+  const std::optional<TrainOptions> opts = OptionsForLaunch("bench step", start->launch, rest);
+  if (!opts.has_value()) return 2;
+  auto job = StartJob(*start->mpi, start->launch, *opts, comm::Options{});
+  const absl::Status s =
+      job.ok() ? Bench(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute, json) : job.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "strata bench step: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace strata::tools

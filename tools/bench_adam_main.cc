@@ -1,4 +1,0 @@
-// Standalone `strata bench adam` (tools/bench_adam.h) until the strata CLI dispatches to it.
-#include "tools/bench_adam.h"
-
-int main(int argc, char** argv) { return strata::tools::RunBenchAdam(argc, argv); }

@@ -1,0 +1,109 @@
+// `strata ckpt inspect DIR [--verify]` and `strata ckpt export DIR -o FILE.safetensors`.
+// DIR is a step directory or a checkpoint directory (its latest complete step is used). Both read through
+// checkpoint/consolidate.h, which validates the manifest and confines every file to the step directory.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "models/gpt/model/gpt_model.h"
+#include "runtime/base/status.h"
+#include "runtime/base/units.h"
+#include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/flags.h"
+
+namespace strata::tools {
+namespace {
+
+bool IsGpt(const checkpoint::Manifest& m) {
+  auto j = nlohmann::json::parse(m.trainer_json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  const auto kind = j.find("model_kind");  // the trainer state is the checkpoint's: any type may be there
+  return kind != j.end() && kind->is_string() && *kind == "gpt2";
+}
+
+absl::Status Inspect(const std::string& dir, bool verify) {
+  STRATA_ASSIGN_OR_RETURN(std::string step_dir, checkpoint::ResolveCheckpoint(dir));
+  STRATA_ASSIGN_OR_RETURN(checkpoint::Manifest m, checkpoint::ReadManifest(step_dir));
+  uint64_t params = 0, bytes = 0;
+  for (const auto& u : m.units) {
+    for (const auto& p : u.params) params += p.numel;
+  }
+  for (const auto& s : m.shards) bytes += s.bytes;
+  std::printf("checkpoint %s\n  format version %d, step %lld, world size %d, ZeRO stage %d, param dtype %s, "
+              "optimizer %s, loss scale %g\n  %zu units, %llu parameters, %zu shard files, %s\n  trainer state: %s\n",
+              step_dir.c_str(), m.version, static_cast<long long>(m.step), m.world_size, m.stage, m.param_dtype.c_str(),
+              m.optimizer.c_str(), m.loss_scale, m.units.size(), static_cast<unsigned long long>(params), m.shards.size(),
+              FormatBytes(bytes).c_str(), m.trainer_json.c_str());
+  if (verify) {
+    STRATA_ASSIGN_OR_RETURN(checkpoint::VerifyReport r, checkpoint::VerifyCheckpoint(step_dir, m));
+    std::printf("  verify: ok (%llu files, %llu ranges, %s, every checksum matches)\n",
+                static_cast<unsigned long long>(r.files), static_cast<unsigned long long>(r.ranges),
+                FormatBytes(r.bytes).c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Export(const std::string& dir, const std::string& out) {
+  STRATA_ASSIGN_OR_RETURN(std::string step_dir, checkpoint::ResolveCheckpoint(dir));
+  STRATA_ASSIGN_OR_RETURN(checkpoint::Manifest m, checkpoint::ReadManifest(step_dir));
+  // A manifest that lists fewer parameters than its shards hold would export a partial model.
+  STRATA_RETURN_IF_ERROR(checkpoint::CheckCoverage(step_dir, m));
+  const bool gpt = IsGpt(m);
+  std::vector<checkpoint::TensorToWrite> tensors;
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    for (size_t p = 0; p < m.units[u].params.size(); ++p) {
+      const auto& unit = m.units[u];
+      const std::string name =
+          gpt ? gpt::HfName(unit.name, unit.params[p].name) : absl::StrCat(unit.name, ".", unit.params[p].name);
+      tensors.push_back({name, unit.params[p].shape,
+                         [&m, step_dir, u, p]() { return checkpoint::ReadMasterParam(step_dir, m, u, p); }});
+    }
+  }
+  STRATA_RETURN_IF_ERROR(checkpoint::WriteSafetensors(out, tensors, {{"format", "pt"}, {"producer", "strata ckpt export"},
+                                                                     {"step", absl::StrCat(m.step)}}));
+  std::printf("exported %zu tensors of step %lld to %s%s\n", tensors.size(), static_cast<long long>(m.step),
+              out.c_str(), gpt ? " (Hugging Face GPT-2 names)" : "");
+  return absl::OkStatus();
+}
+
+const std::vector<FlagDef>& CkptFlagDefs() {
+  static const auto* defs = new std::vector<FlagDef>{{"verify", true, "inspect: check every checksum"},
+                                                     {"o", false, "export: the output .safetensors (also -o)"}};
+  return *defs;
+}
+
+}  // namespace
+
+std::string CkptUsage() {
+  return "usage: strata ckpt inspect DIR [--verify]     what a checkpoint holds (DIR: a checkpoint directory\n"
+         "                                                or one of its step_* directories)\n"
+         "       strata ckpt export DIR -o FILE.safetensors   consolidated fp32 weights (GPT: Hugging Face names)\n" +
+         Flags::Usage("ckpt", CkptFlagDefs()).substr(Flags::Usage("ckpt", {}).size());
+}
+
+int CkptCommand(const std::vector<std::string>& args) {
+  std::vector<std::string> a = args;
+  for (auto& x : a) x = x == "-o" ? "--o" : x;
+  auto f = Flags::Parse(a, CkptFlagDefs());
+  absl::Status s = f.status();
+  if (s.ok()) {
+    const auto& pos = f->positional();
+    if (pos.size() == 2 && pos[0] == "inspect") {
+      s = Inspect(pos[1], f->Bool("verify"));
+    } else if (pos.size() == 2 && pos[0] == "export" && f->Has("o")) {
+      s = Export(pos[1], f->Str("o"));
+    } else {
+      s = absl::InvalidArgumentError(CkptUsage());
+    }
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "strata ckpt: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace strata::tools

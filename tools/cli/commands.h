@@ -1,0 +1,35 @@
+// The strata CLI's subcommands. Each takes the arguments after its name and returns the exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace strata::tools {
+
+int TrainCommand(const std::vector<std::string>& args);
+int GenerateCommand(const std::vector<std::string>& args);
+int BenchStepCommand(const std::vector<std::string>& args);
+int PlotCommand(const std::vector<std::string>& args);
+int CompareCommand(const std::vector<std::string>& args);
+int CkptCommand(const std::vector<std::string>& args);
+int BenchCapacityCommand(const std::vector<std::string>& args);
+int BenchCommCommand(const std::vector<std::string>& args);
+int DoctorCommand(const std::vector<std::string>& args);
+int BenchScalingCommand(const std::vector<std::string>& args);
+int BenchNvmeCommand(const std::vector<std::string>& args);
+
+// Each command's usage, printed by `strata CMD --help` (tools/cli/strata.cc answers --help for every command
+// before running it, so asking for help never starts a job or a benchmark).
+std::string TrainUsage();
+std::string GenerateUsage();
+std::string BenchStepUsage();
+std::string PlotUsage();
+std::string CompareUsage();
+std::string CkptUsage();
+std::string BenchCapacityUsage();
+std::string BenchCommUsage();
+std::string DoctorUsage();
+std::string BenchScalingUsage();
+std::string BenchNvmeUsage();
+
+}  // namespace strata::tools

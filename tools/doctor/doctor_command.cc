@@ -1,0 +1,152 @@
+// `strata doctor [--json] [--nvme-path DIR] [--nvme-test-size BYTES] [--ranks N] [train flags]`:
+// checks this machine before training. Probes fill the facts (doctor_probe.h), pure functions give the
+// verdicts (doctor_checks.h), doctor_report.h prints them. `strata train`'s model and config flags
+// (--config, --stage, --model, ...) are accepted so the locked-memory check sees the same offload
+// settings the job will use. Exit code: 0 unless a check fails (1); 2 for a usage error. MPI is never
+// initialised: the doctor is one process, run on each node (or under the launcher) as wanted. Under
+// torchrun every rank runs it and the launch check tries the id exchange with rank 0 for real.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "models/gpt/train/train_options.h"
+#include "runtime/base/env.h"
+#include "runtime/base/status.h"
+#include "runtime/base/units.h"
+#include "runtime/comm/bootstrap.h"
+#include "tools/cli/commands.h"
+#include "tools/doctor/doctor_checks.h"
+#include "tools/doctor/doctor_probe.h"
+#include "tools/doctor/doctor_report.h"
+
+namespace strata::tools {
+namespace {
+
+constexpr uint64_t kDefaultNvmeTestBytes = uint64_t{256} << 20;
+constexpr uint64_t kMaxNvmeTestBytes = uint64_t{1} << 30;
+constexpr double kNvmeSecondsPerDirection = 5;
+
+std::vector<FlagDef> DoctorFlagDefs() {
+  return {{"json", true, "print one JSON object (checks and the raw facts) instead of the table"},
+          {"nvme-path", false, "directory to bandwidth-test (default: the config's offload nvme_path)"},
+          {"nvme-test-size", false, "bytes written then read back (default 256MiB, at most 1GiB)"},
+          {"ranks", false, "ranks the pinned-memory estimate shards over (default: launcher size, GPUs, or 1)"},
+          {"help", true, "this text"}};
+}
+
+struct DoctorOptions {
+  bool json = false;
+  std::string nvme_path;
+  uint64_t nvme_test_bytes = kDefaultNvmeTestBytes;
+  int64_t ranks = 0;  // 0 = pick a default after probing
+  TrainOptions train;
+};
+
+// The arguments that are not the doctor's own, for ParseTrainOptions.
+std::vector<std::string> TrainArgs(const std::vector<std::string>& args, const std::vector<FlagDef>& mine) {
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const FlagDef* own = nullptr;
+    for (const FlagDef& d : mine) {
+      const std::string flag = "--" + d.name;
+      if (args[i] == flag || args[i].rfind(flag + "=", 0) == 0) own = &d;
+    }
+    if (own == nullptr) rest.push_back(args[i]);
+    else if (!own->boolean && args[i].find('=') == std::string::npos) ++i;  // skip its value
+  }
+  return rest;
+}
+
+absl::StatusOr<DoctorOptions> ParseDoctorOptions(const std::vector<std::string>& args) {
+  std::vector<FlagDef> all = DoctorFlagDefs();
+  const std::vector<FlagDef> train = TrainFlagDefs();
+  all.insert(all.end(), train.begin(), train.end());
+  STRATA_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, all));  // unknown flags: nearest of either set
+  DoctorOptions o;
+  o.json = f.Bool("json");
+  o.nvme_path = f.Str("nvme-path");
+  if (f.Has("nvme-test-size")) {
+    STRATA_ASSIGN_OR_RETURN(o.nvme_test_bytes, ParseBytes(f.Str("nvme-test-size")));
+    if (o.nvme_test_bytes < (uint64_t{16} << 20) || o.nvme_test_bytes > kMaxNvmeTestBytes) {
+      return absl::InvalidArgumentError("--nvme-test-size must be in [16MiB, 1GiB]");
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(o.ranks, f.IntIn("ranks", 0, 1, 1 << 20));
+  STRATA_ASSIGN_OR_RETURN(o.train, ParseTrainOptions(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
+  return o;
+}
+
+// The NVMe path to test: the flag, else the config's offload path, else none (and why).
+void ProbeNvmeFor(const DoctorOptions& o, doctor::DoctorFacts* f) {
+  std::string path = o.nvme_path;
+  if (path.empty()) path = o.train.engine.offload_optimizer.nvme_path;
+  if (path.empty()) path = o.train.engine.offload_param.nvme_path;
+  if (path.empty()) {
+    f->nvme.skipped_reason = "no --nvme-path given and the config offloads nothing to NVMe";
+    return;
+  }
+  f->nvme = doctor::ProbeNvme(path, o.nvme_test_bytes, kNvmeSecondsPerDirection);
+}
+
+// Under torchrun (Note [Launchers] in launch.cc), the variables and rank 0's id exchange, for real:
+// rank 0 sends its host name, within the collective timeout.
+void ProbeLaunch(const DoctorOptions& o, doctor::LaunchFacts* l) {
+  auto t = comm::TorchrunLaunch();
+  if (absl::IsNotFound(t.status())) return;
+  l->torchrun = true;
+  if (!t.ok()) {
+    l->error = std::string(t.status().message());
+    return;
+  }
+  l->rank = t->rank;
+  l->size = t->world_size;
+  l->exchange = absl::StrCat(t->master_addr, ":", t->exchange_port);
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const auto start = std::chrono::steady_clock::now();
+  auto got = comm::ExchangeBlob(*t, t->rank == 0 ? std::string(host) : "", o.train.engine.collective_timeout_ms);
+  l->exchange_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (got.ok()) {
+    l->rank0_host = *got;
+  } else {
+    l->error = std::string(got.status().message());
+  }
+}
+
+doctor::DoctorFacts Probe(const DoctorOptions& o) {
+  doctor::DoctorFacts f;
+  doctor::ProbeGpus(&f);
+  doctor::ProbeLibraries(&f.versions);
+  doctor::ProbeHost(&f);
+  ProbeNvmeFor(o, &f);
+  ProbeLaunch(o, &f.launch);
+  int ranks = static_cast<int>(o.ranks);
+  if (ranks == 0) ranks = f.mpi.launcher_world_size > 0 ? f.mpi.launcher_world_size : std::max<int>(1, f.gpus.size());
+  f.pinned = doctor::EstimatePinned(o.train.engine, o.train.model, ranks);
+  return f;
+}
+
+}  // namespace
+
+std::string DoctorUsage() {
+  return Flags::Usage("doctor", DoctorFlagDefs()) +
+         "  (also accepts strata train's model and config flags: --config, --stage, --model, ...)\n";
+}
+
+int DoctorCommand(const std::vector<std::string>& args) {
+  auto opts = ParseDoctorOptions(args);
+  if (!opts.ok()) {
+    std::fprintf(stderr, "strata doctor: %s\n", std::string(opts.status().message()).c_str());
+    return 2;
+  }
+  const doctor::DoctorFacts facts = Probe(*opts);
+  const std::vector<doctor::CheckResult> checks = doctor::RunChecks(facts);
+  const std::string out = opts->json ? doctor::RenderJson(facts, checks) : doctor::RenderTable(checks);
+  std::fputs(out.c_str(), stdout);
+  return doctor::Worst(checks) == doctor::Verdict::kFail ? 1 : 0;
+}
+
+}  // namespace strata::tools
