@@ -1,0 +1,234 @@
+"""The autograd glue: turns one forward and one backward of a torch model into the engine's protocol.
+
+Per micro-batch (a forward with grad enabled, then its backward):
+  root forward pre-hook   begin_micro_batch, begin_forward(root); saved-tensor hooks on
+  block pre-hook / hook   begin_forward(block) / end_forward(block)
+  root forward hook       end_forward(root); a hook on each output that requires grad
+  first backward event    begin_backward(root), which stays open until the end of the backward
+  a block's output grad   begin_backward(block) (also begun on demand: a saved parameter unpacked, or a
+                          checkpointed block recomputed)
+  a block's input grads   end_backward(block) (a Function over the block's inputs, run once all are done)
+  end of the backward     end_backward of every use still open, end_micro_batch
+Parameters are views of the gathered buffer while their unit is begun, empty placeholders otherwise.
+Autograd saves some parameters for the backward (a Linear's weight); the forward buffer is gone by then,
+so the pack hook replaces a tensor over a forward buffer by (unit, offset, size, stride) and the unpack
+hook rebuilds it over the buffer of the unit's backward use. Gradients: while a unit's backward is open
+each parameter's .grad is a view of the engine's fp32 gradient buffer, so autograd's AccumulateGrad adds
+into it in place (the engine's "+=" contract; tied uses add up).
+Activation checkpointing: a block re-run inside the backward (torch.utils.checkpoint, reentrant or not)
+finds its unit in backward and computes with the backward buffers; no begin_forward is issued there.
+"""
+import torch
+
+from strata import _capi
+from strata.torch._buffers import placeholder
+
+IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, EVAL = "idle", "forward", "await-backward", "backward", "eval"
+
+
+class _PostBackward(torch.autograd.Function):
+    """Identity on a block's inputs whose backward runs when all their gradients are computed."""
+
+    @staticmethod
+    def forward(ctx, callback, *tensors):
+        ctx.callback = callback
+        return tensors if len(tensors) > 1 else tensors[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.callback()
+        return (None,) + grads
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+class UnitState:
+    def __init__(self, uid, spec, layout):
+        self.id, self.spec, self.layout = uid, spec, layout
+        self.forward_open = 0      # begun forward uses not yet ended
+        self.forward_uses = 0      # in this micro-batch
+        self.backward_uses = 0     # ended, in this micro-batch
+        self.backward_open = False
+        self.backward_flat = None  # the flat tensor of the open backward use
+        self.forward_flat = None
+        self.post_backward_armed = 0
+
+    def set_data(self, views):
+        for p, v in zip(self.spec.params, views):
+            p.data = v
+
+    def clear(self):
+        for p in self.spec.params:
+            p.data = placeholder(p.dtype)
+            p.grad = None
+
+
+class Tracker:
+    def __init__(self, engine, units):
+        self.engine, self.units = engine, units
+        self.phase = IDLE
+        self.live_forward = {}     # storage data_ptr -> unit, for the pack hook
+        self.saved_hooks = None
+        self.backward_order = []   # units whose backward was begun, in order
+        self.late_grads = []
+
+    # ---- engine calls ----
+    def _call(self, fn, *args):
+        _capi.check(fn(self.engine.handle, *args))
+
+    def begin_forward(self, u):
+        bufs = _capi.UnitBuffers.new()
+        self._call(_capi.lib.strata_engine_begin_forward, u.id, bufs)
+        u.forward_flat, views = u.layout.param_views(bufs)
+        u.set_data(views)
+        u.forward_open += 1
+        if self.phase == FORWARD:
+            u.forward_uses += 1
+        self.live_forward[u.forward_flat.untyped_storage().data_ptr()] = u
+
+    def end_forward(self, u):
+        self.live_forward.pop(u.forward_flat.untyped_storage().data_ptr(), None)
+        u.forward_open -= 1
+        u.clear()
+        u.forward_flat = None
+        self._call(_capi.lib.strata_engine_end_forward, u.id)
+
+    def begin_backward(self, u):
+        if u.backward_open:
+            return
+        if u.backward_uses >= u.forward_uses:
+            raise RuntimeError(f"strata: unit '{u.spec.name}' is used in this backward more often than in its "
+                               f"forward ({u.forward_uses} uses)")
+        bufs = _capi.UnitBuffers.new()
+        self._call(_capi.lib.strata_engine_begin_backward, u.id, bufs)
+        u.backward_flat, views = u.layout.param_views(bufs)
+        u.set_data(views)
+        for p, g in zip(u.spec.params, u.layout.grad_views(bufs)):
+            p.grad = g
+        u.backward_open = True
+        u.post_backward_armed = 0
+        self.backward_order.append(u)
+
+    def end_backward(self, u):
+        if not u.backward_open:
+            return
+        u.backward_open = False
+        u.backward_uses += 1
+        u.clear()
+        u.backward_flat = None
+        self._call(_capi.lib.strata_engine_end_backward, u.id)
+
+    # ---- saved tensors ----
+    def pack(self, t):
+        if t.device.type != "cpu" or t.layout != torch.strided:
+            return t
+        u = self.live_forward.get(t.untyped_storage().data_ptr())
+        if u is None:
+            return t
+        return (u, t.storage_offset(), tuple(t.shape), t.stride())
+
+    def unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        u, offset, shape, stride = packed
+        self.begin_backward(u)
+        return u.backward_flat.as_strided(shape, stride, offset)
+
+    # ---- the root (the whole model) ----
+    def root_pre(self, module, args, kwargs):
+        if self.phase in (FORWARD, AWAIT_BACKWARD, BACKWARD):
+            raise RuntimeError(f"strata: the model's forward was called again in phase '{self.phase}': each "
+                               f"training forward must be followed by its backward before the next")
+        if torch.is_grad_enabled():
+            self._call(_capi.lib.strata_engine_begin_micro_batch)
+            for u in self.units:
+                u.forward_uses = u.backward_uses = u.post_backward_armed = 0
+            self.backward_order = []
+            self.phase = FORWARD
+            self.saved_hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+            self.saved_hooks.__enter__()
+        else:
+            self.phase = EVAL
+        if self.engine.root is not None:
+            self.begin_forward(self.engine.root)
+
+    def root_post(self, module, args, kwargs, output):
+        if self.engine.root is not None:
+            self.end_forward(self.engine.root)
+        if self.phase == EVAL:
+            self.phase = IDLE
+            return output
+        self.saved_hooks.__exit__(None, None, None)
+        self.saved_hooks = None
+        self.phase = AWAIT_BACKWARD
+        for t in _tensors(output):
+            if t.requires_grad:
+                t.register_hook(self._backward_event)
+        return output
+
+    def _backward_event(self, grad):
+        if self.phase == AWAIT_BACKWARD:
+            self.phase = BACKWARD
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            if self.engine.root is not None:
+                self.begin_backward(self.engine.root)
+        return grad
+
+    # ---- blocks ----
+    def block_pre(self, u, args, kwargs):
+        if self.phase == BACKWARD:  # recomputation (activation checkpointing) inside the backward
+            self.begin_backward(u)
+        else:
+            self.begin_forward(u)
+        if self.phase in (FORWARD, BACKWARD) and torch.is_grad_enabled() and not u.post_backward_armed:
+            return self._arm_post_backward(u, args, kwargs)
+        return None
+
+    def _arm_post_backward(self, u, args, kwargs):
+        flat = list(args) + list(kwargs.values())
+        idx = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and a.requires_grad]
+        if not idx:
+            return None
+        u.post_backward_armed = 1
+        out = _PostBackward.apply(lambda: self.end_backward(u), *[flat[i] for i in idx])
+        out = out if isinstance(out, tuple) else (out,)
+        for i, t in zip(idx, out):
+            flat[i] = t
+        return tuple(flat[:len(args)]), dict(zip(kwargs.keys(), flat[len(args):]))
+
+    def block_post(self, u, output):
+        if self.phase == BACKWARD:
+            return output
+        self.end_forward(u)
+        if self.phase == FORWARD:
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(lambda g, u=u: (self.begin_backward(u), g)[1])
+        return output
+
+    def _end_of_backward(self):
+        try:
+            for u in reversed(self.backward_order):
+                self.end_backward(u)
+            for u in reversed(self.units):  # uses whose backward autograd never reached (no gradient path)
+                while u.backward_uses < u.forward_uses:
+                    self.begin_backward(u)
+                    self.end_backward(u)
+            late = [f"{u.spec.name}.{n}" for u in self.units for n, p in zip(u.spec.names, u.spec.params)
+                    if p.grad is not None]
+            if late:
+                raise RuntimeError(f"strata: the gradient of {', '.join(late)} arrived after its unit's backward "
+                                   f"had ended (a parameter used outside its unit's forward?)")
+            self._call(_capi.lib.strata_engine_end_micro_batch)
+            self.engine.micro_batches += 1
+        finally:
+            self.phase = IDLE
