@@ -50,3 +50,8 @@ def strata_step(model, engine, batches_of, step, accumulation):
 
 def rel_errors(state, ref_state):
     return {k: ((state[k] - v).norm() / v.norm()).item() for k, v in ref_state.items()}
+
+
+def shared_dir(tmp_path):
+    """One directory every rank sees: rank 0's pytest tmp_path."""
+    return st.world().bcast(str(tmp_path) if st.rank() == 0 else None, root=0)

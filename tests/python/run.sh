@@ -14,9 +14,10 @@ if ! "$venv/bin/python" -c "import torch, transformers, pytest, mpi4py, numpy, s
   echo "== python venv $venv: installing python/requirements-test.txt (once)"
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   log=/tmp/strata-venv-install.log
-  # `strata` itself is this repository's python/, installed below.
+  # `strata` itself is this repository's python/, installed below (--no-deps): its own dependencies
+  # (python/pyproject.toml: mpi4py, numpy) come with the tests' here.
   { "$venv/bin/pip" install --upgrade pip setuptools wheel &&
-    "$venv/bin/pip" install -r <(grep -Ev '^strata( |$)' python/requirements-test.txt); } > "$log" 2>&1 || {
+    "$venv/bin/pip" install -r <(grep -Ev '^strata( |$)' python/requirements-test.txt) "mpi4py>=3.1" numpy; } > "$log" 2>&1 || {
     tail -n 30 "$log"; echo "tests/python/run.sh: pip failed; the whole log is $log"; exit 1; }
 fi
 # Build isolation off: the venv's setuptools builds it, with no download; the library is BUILD_DIR's.

@@ -1,5 +1,6 @@
 """strata.torch.Engine: a torch model whose parameters, gradients and optimizer state Strata owns."""
 import ctypes
+import functools
 import json
 import os
 
@@ -33,7 +34,7 @@ def _default_weight_decay(name, param):
 
 class Engine:
     """Made by strata.torch.shard. The model's parameters are the engine's from then on: views of its
-    gathered buffers while a unit computes, meta placeholders otherwise."""
+    gathered buffers while a unit computes, empty placeholders otherwise."""
 
     def __init__(self, model, config=None, unit_classes=None, weight_decay=_default_weight_decay):
         self.model = model
@@ -95,8 +96,19 @@ class Engine:
 
     def _install_hooks(self):
         t = self.tracker
-        self.model.register_forward_pre_hook(t.root_pre, with_kwargs=True)
-        self.model.register_forward_hook(t.root_post, with_kwargs=True)
+        inner = self.model.forward
+
+        @functools.wraps(inner)
+        def forward(*args, **kwargs):  # an instance attribute: nn.Module.__call__ finds it first
+            t.root_enter()
+            try:
+                output = inner(*args, **kwargs)
+            except BaseException as e:
+                t.root_abandon(e)
+                raise
+            return t.root_exit(output)
+
+        self.model.forward = forward
         for u in self.units:
             if u is self.root:
                 continue

@@ -19,6 +19,7 @@ Activation checkpointing: a block re-run inside the backward (torch.utils.checkp
 finds its unit in backward and computes with the backward buffers; no begin_forward is issued there.
 """
 import torch
+from torch.overrides import TorchFunctionMode
 
 from strata import _capi
 from strata.torch._buffers import placeholder
@@ -51,6 +52,30 @@ def _tensors(obj):
             yield from _tensors(v)
 
 
+class ParamGuard(TorchFunctionMode):
+    """Active during the model's forward: an op given a parameter whose unit is not begun (a block's
+    parameter used outside the block) is an error naming it, the same on every rank, instead of an op
+    on the empty placeholder (which a reduction would silently accept)."""
+
+    def __init__(self, tracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        unit_of = self.tracker.unit_of
+        for a in list(args) + list(kwargs.values()):
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                hit = unit_of.get(id(t)) if isinstance(t, torch.nn.Parameter) else None
+                if hit is not None and hit[0].forward_open == 0 and not hit[0].backward_open:
+                    u, name = hit
+                    raise RuntimeError(f"strata: parameter '{name}' of unit '{u.spec.name}' is used outside "
+                                       f"its unit's forward ({getattr(func, '__name__', func)}): a unit's "
+                                       f"parameters exist only while its module runs; make the module that "
+                                       f"uses it part of that unit, or the parameter part of the root unit")
+        return func(*args, **kwargs)
+
+
 class UnitState:
     def __init__(self, uid, spec, layout):
         self.id, self.spec, self.layout = uid, spec, layout
@@ -63,13 +88,15 @@ class UnitState:
         self.post_backward_armed = 0
 
     def set_data(self, views):
-        for p, v in zip(self.spec.params, views):
-            p.data = v
+        with torch._C.DisableTorchFunction():  # not an use of the parameters: ParamGuard must not see it
+            for p, v in zip(self.spec.params, views):
+                p.data = v
 
     def clear(self):
-        for p in self.spec.params:
-            p.data = placeholder(p.dtype)
-            p.grad = None
+        with torch._C.DisableTorchFunction():
+            for p in self.spec.params:
+                p.data = placeholder(p.dtype)
+                p.grad = None
 
 
 class Tracker:
@@ -79,7 +106,9 @@ class Tracker:
         self.live_forward = {}     # storage data_ptr -> unit, for the pack hook
         self.saved_hooks = None
         self.backward_order = []   # units whose backward was begun, in order
-        self.late_grads = []
+        self.guard = None
+        self.failed = None
+        self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
 
     # ---- engine calls ----
     def _call(self, fn, *args):
@@ -112,8 +141,9 @@ class Tracker:
         self._call(_capi.lib.strata_engine_begin_backward, u.id, bufs)
         u.backward_flat, views = u.layout.param_views(bufs)
         u.set_data(views)
-        for p, g in zip(u.spec.params, u.layout.grad_views(bufs)):
-            p.grad = g
+        with torch._C.DisableTorchFunction():
+            for p, g in zip(u.spec.params, u.layout.grad_views(bufs)):
+                p.grad = g
         u.backward_open = True
         u.post_backward_armed = 0
         self.backward_order.append(u)
@@ -143,8 +173,11 @@ class Tracker:
         self.begin_backward(u)
         return u.backward_flat.as_strided(shape, stride, offset)
 
-    # ---- the root (the whole model) ----
-    def root_pre(self, module, args, kwargs):
+    # ---- the root (the whole model): Engine wraps model.forward in these ----
+    def root_enter(self):
+        if self.failed:
+            raise RuntimeError(f"strata: an earlier forward or backward failed ({self.failed}); this engine "
+                               f"cannot go on: build a new one (or load a checkpoint into one)")
         if self.phase in (FORWARD, AWAIT_BACKWARD, BACKWARD):
             raise RuntimeError(f"strata: the model's forward was called again in phase '{self.phase}': each "
                                f"training forward must be followed by its backward before the next")
@@ -158,17 +191,32 @@ class Tracker:
             self.saved_hooks.__enter__()
         else:
             self.phase = EVAL
+        self.guard = ParamGuard(self)
+        self.guard.__enter__()
         if self.engine.root is not None:
             self.begin_forward(self.engine.root)
 
-    def root_post(self, module, args, kwargs, output):
+    def root_abandon(self, error):
+        """The forward raised: undo what root_enter pushed so the process can go on (without this engine)."""
+        self._pop_contexts()
+        self.failed = f"{type(error).__name__}: {error}"
+        self.phase = IDLE
+
+    def _pop_contexts(self):
+        if self.guard is not None:
+            self.guard.__exit__(None, None, None)
+            self.guard = None
+        if self.saved_hooks is not None:
+            self.saved_hooks.__exit__(None, None, None)
+            self.saved_hooks = None
+
+    def root_exit(self, output):
         if self.engine.root is not None:
             self.end_forward(self.engine.root)
+        self._pop_contexts()
         if self.phase == EVAL:
             self.phase = IDLE
             return output
-        self.saved_hooks.__exit__(None, None, None)
-        self.saved_hooks = None
         self.phase = AWAIT_BACKWARD
         for t in _tensors(output):
             if t.requires_grad:
