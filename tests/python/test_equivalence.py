@@ -30,6 +30,7 @@ def test_matches_torch(stage, variant):
         result, _ = strata_step(model, engine, batches, step, accumulation)
         reference_step(ref, opt, batches, step, st.world_size(), accumulation, clip)
         clipped += result["clip_coef"] < 1.0
+    assert (engine.tracker.recomputed > 0) == (ckpt is not None)
     if clip > 0:
         assert clipped > 0, "the clipping threshold never applied: the test would not test clipping"
     state = engine.full_state_dict()

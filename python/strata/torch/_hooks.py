@@ -63,6 +63,8 @@ class ParamGuard(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if getattr(func, "__name__", "") == "__get__":  # metadata (p.dtype, p.device) reads no data
+            return func(*args, **kwargs)
         unit_of = self.tracker.unit_of
         for a in list(args) + list(kwargs.values()):
             for t in (a if isinstance(a, (list, tuple)) else (a,)):
@@ -108,6 +110,7 @@ class Tracker:
         self.backward_order = []   # units whose backward was begun, in order
         self.guard = None
         self.failed = None
+        self.recomputed = 0        # blocks run again inside a backward (activation checkpointing)
         self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
 
     # ---- engine calls ----
@@ -234,6 +237,7 @@ class Tracker:
     # ---- blocks ----
     def block_pre(self, u, args, kwargs):
         if self.phase == BACKWARD:  # recomputation (activation checkpointing) inside the backward
+            self.recomputed += 1
             self.begin_backward(u)
         else:
             self.begin_forward(u)
