@@ -19,7 +19,8 @@ def shard(model, config=None, unit_classes=None, **kwargs):
     """Collective. Hands `model`'s parameters to a Strata engine configured by `config` (dict or JSON
     path, as `strata train --config`) and hooks its forward. Units: the modules of `unit_classes`, or by
     default the members of the model's largest nn.ModuleList; the remaining parameters form the root unit.
-    Rank 0's parameter values are every rank's initial values."""
+    Rank 0's parameter values are every rank's initial values. `weight_decay=callable(name, param)`
+    says which parameters AdamW decays (default: those with 2 or more dimensions)."""
     return Engine(model, config=config, unit_classes=unit_classes, **kwargs)
 
 

@@ -62,13 +62,14 @@ class Engine:
         keep = []  # the specs' strings and shapes live until the call returns
         arr = (_capi.ParamSpec * len(spec.params))()
         for i, (n, p) in enumerate(zip(spec.names, spec.params)):
+            qual = n if spec.module is self.model else f"{spec.name}.{n}"  # the model.named_parameters() name
             if p.dtype != torch.float32:
-                raise TypeError(f"strata: parameter '{spec.name}.{n}' is {p.dtype}; give the model fp32 "
+                raise TypeError(f"strata: parameter '{qual}' is {p.dtype}; give the model fp32 "
                                 f"parameters (the engine keeps the fp32 master and casts per strata.param_dtype)")
             shape = (ctypes.c_int64 * max(p.ndim, 1))(*(p.shape if p.ndim else (1,)))
             keep.append(shape)
             arr[i] = _capi.ParamSpec.new(name=n.encode(), shape=shape, ndim=max(p.ndim, 1),
-                                         weight_decay=int(bool(weight_decay(f"{spec.name}.{n}", p))))
+                                         weight_decay=int(bool(weight_decay(qual, p))))
         out = ctypes.c_int32()
         _capi.check(_lib.strata_engine_register_unit(self.handle, spec.name.encode(), arr, len(spec.params),
                                                      ctypes.byref(out)))

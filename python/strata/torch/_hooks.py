@@ -282,5 +282,8 @@ class Tracker:
                                    f"had ended (a parameter used outside its unit's forward?)")
             self._call(_capi.lib.strata_engine_end_micro_batch)
             self.engine.micro_batches += 1
+        except BaseException as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            raise
         finally:
             self.phase = IDLE
