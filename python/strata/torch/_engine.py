@@ -40,6 +40,9 @@ class Engine:
         self.model = model
         self.config = _config(config)
         self.accumulation = int(self.config.get("gradient_accumulation_steps", 1))
+        if self.config.get("fp16", {}).get("enabled"):
+            raise NotImplementedError("strata.torch: fp16 needs the loss scaled by the engine's loss scale "
+                                      "before backward; not supported yet (use bf16 or fp32)")
         self.micro_batches = 0
         self.handle = None
         specs = split_units(model, unit_classes)

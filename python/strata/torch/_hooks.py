@@ -88,6 +88,7 @@ class UnitState:
         self.backward_flat = None  # the flat tensor of the open backward use
         self.forward_flat = None
         self.post_backward_armed = 0
+        self.grad_targets = None   # bf16 units: the fp32 gradient views of the open backward use
 
     def set_data(self, views):
         with torch._C.DisableTorchFunction():  # not an use of the parameters: ParamGuard must not see it
@@ -111,6 +112,11 @@ class Tracker:
         self.guard = None
         self.failed = None
         self.recomputed = 0        # blocks run again inside a backward (activation checkpointing)
+        self.late = []             # bf16 gradients that arrived after their unit's backward ended
+        for u in units:
+            if u.layout.dtype != _capi.DTYPE_F32:
+                for i, p in enumerate(u.spec.params):
+                    p.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self.add_low_precision_grad(u, i, p))
         self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
 
     # ---- engine calls ----
@@ -144,16 +150,29 @@ class Tracker:
         self._call(_capi.lib.strata_engine_begin_backward, u.id, bufs)
         u.backward_flat, views = u.layout.param_views(bufs)
         u.set_data(views)
-        with torch._C.DisableTorchFunction():
-            for p, g in zip(u.spec.params, u.layout.grad_views(bufs)):
-                p.grad = g
+        grads = u.layout.grad_views(bufs)
+        if u.layout.dtype == _capi.DTYPE_F32:
+            with torch._C.DisableTorchFunction():
+                for p, g in zip(u.spec.params, grads):
+                    p.grad = g
+        else:  # bf16 parameters get bf16 .grad: add_low_precision_grad moves each into the fp32 buffer
+            u.grad_targets = grads
         u.backward_open = True
         u.post_backward_armed = 0
         self.backward_order.append(u)
 
+    def add_low_precision_grad(self, u, i, p):
+        """post-accumulate-grad hook of a bf16 parameter: its gradient, in fp32, into the engine's buffer."""
+        if not u.backward_open:
+            self.late.append(f"{u.spec.name}.{u.spec.names[i]}")
+            return
+        u.grad_targets[i].add_(p.grad.to(torch.float32))
+        p.grad = None
+
     def end_backward(self, u):
         if not u.backward_open:
             return
+        u.grad_targets = None
         u.backward_open = False
         u.backward_uses += 1
         u.clear()
@@ -275,8 +294,9 @@ class Tracker:
                 while u.backward_uses < u.forward_uses:
                     self.begin_backward(u)
                     self.end_backward(u)
-            late = [f"{u.spec.name}.{n}" for u in self.units for n, p in zip(u.spec.names, u.spec.params)
-                    if p.grad is not None]
+            late = self.late + [f"{u.spec.name}.{n}" for u in self.units
+                                for n, p in zip(u.spec.names, u.spec.params) if p.grad is not None]
+            self.late = []
             if late:
                 raise RuntimeError(f"strata: the gradient of {', '.join(late)} arrived after its unit's backward "
                                    f"had ended (a parameter used outside its unit's forward?)")
