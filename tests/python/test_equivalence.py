@@ -9,19 +9,21 @@ from common import config, reference_optimizer, reference_step, rel_errors, stra
 from models import batches, tiny_lm
 
 STEPS = 10
-VARIANTS = {  # name: (accumulation, clip, checkpointing)
-    "plain": (1, 0.0, None),
-    "accumulate-clip": (2, 0.5, None),
-    "checkpoint-reentrant": (1, 0.0, "reentrant"),
-    "checkpoint-nonreentrant": (2, 0.0, "non-reentrant"),
+VARIANTS = {  # name: (accumulation, clip, checkpointing, block order)
+    "plain": (1, 0.0, None, None),
+    "accumulate-clip": (2, 0.5, None, None),
+    "checkpoint-reentrant": (1, 0.0, "reentrant", None),
+    "checkpoint-nonreentrant": (2, 0.0, "non-reentrant", None),
+    "block-used-twice": (1, 0.0, None, [0, 1, 2, 1]),  # a unit with two uses (a tied unit)
+    "block-used-twice-reentrant": (1, 0.0, "reentrant", [0, 1, 2, 1]),
 }
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_matches_torch(stage, variant):
-    accumulation, clip, ckpt = VARIANTS[variant]
-    model, ref = tiny_lm(ckpt=ckpt), tiny_lm()
+    accumulation, clip, ckpt, order = VARIANTS[variant]
+    model, ref = tiny_lm(ckpt=ckpt, order=order), tiny_lm(order=order)
     assert model.head.weight is model.emb.weight
     engine = st.shard(model, config(stage, accumulation, clip))
     opt = reference_optimizer(ref)

@@ -87,7 +87,7 @@ class UnitState:
         self.backward_open = False
         self.backward_flat = None  # the flat tensor of the open backward use
         self.forward_flat = None
-        self.post_backward_armed = 0
+        self.unarmed = 0           # forward uses without an input Function (no grad then: reentrant checkpoint)
         self.grad_targets = None   # bf16 units: the fp32 gradient views of the open backward use
 
     def set_data(self, views):
@@ -158,7 +158,6 @@ class Tracker:
         else:  # bf16 parameters get bf16 .grad: add_low_precision_grad moves each into the fp32 buffer
             u.grad_targets = grads
         u.backward_open = True
-        u.post_backward_armed = 0
         self.backward_order.append(u)
 
     def add_low_precision_grad(self, u, i, p):
@@ -206,7 +205,7 @@ class Tracker:
         if torch.is_grad_enabled():
             self._call(_capi.lib.strata_engine_begin_micro_batch)
             for u in self.units:
-                u.forward_uses = u.backward_uses = u.post_backward_armed = 0
+                u.forward_uses = u.backward_uses = u.unarmed = 0
             self.backward_order = []
             self.phase = FORWARD
             self.saved_hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -258,18 +257,23 @@ class Tracker:
         if self.phase == BACKWARD:  # recomputation (activation checkpointing) inside the backward
             self.recomputed += 1
             self.begin_backward(u)
-        else:
-            self.begin_forward(u)
-        if self.phase in (FORWARD, BACKWARD) and torch.is_grad_enabled() and not u.post_backward_armed:
-            return self._arm_post_backward(u, args, kwargs)
-        return None
+            if u.unarmed > 0 and torch.is_grad_enabled():  # its forward ran without grad: arm it now
+                armed = self._arm_post_backward(u, args, kwargs)
+                u.unarmed -= armed is not None
+                return armed
+            return None
+        self.begin_forward(u)
+        if self.phase != FORWARD:
+            return None
+        armed = self._arm_post_backward(u, args, kwargs) if torch.is_grad_enabled() else None
+        u.unarmed += armed is None
+        return armed
 
     def _arm_post_backward(self, u, args, kwargs):
         flat = list(args) + list(kwargs.values())
         idx = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and a.requires_grad]
         if not idx:
             return None
-        u.post_backward_armed = 1
         out = _PostBackward.apply(lambda: self.end_backward(u), *[flat[i] for i in idx])
         out = out if isinstance(out, tuple) else (out,)
         for i, t in zip(idx, out):
