@@ -75,3 +75,10 @@ def test_evaluation_forward_is_not_a_micro_batch():
     with pytest.raises(RuntimeError, match="step"):
         engine.step()  # an evaluation pass is no micro-batch
     engine.close()
+
+
+def test_parameter_shared_by_two_units_is_refused():
+    model = tiny_lm()
+    model.blocks[1].fc1.weight = model.blocks[0].fc1.weight
+    with pytest.raises(ValueError, match="'blocks.1.fc1.weight' is shared by units 'blocks.0' and 'blocks.1'"):
+        st.shard(model, config(3))
