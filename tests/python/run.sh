@@ -6,8 +6,11 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-python=$(scripts/python_env "${1:-build/release}" | tail -n 1)
+build=$(cd "${1:-build/release}" && pwd)
+python=$(scripts/python_env "$build" | tail -n 1)
 unset STRATA_LIBRARY  # the tests load the installed package's copy
+# test_strata_cli reads a strata.torch checkpoint with `strata ckpt` (scripts/test builds it).
+if [ -x "$build/bin/strata" ]; then export STRATA_CLI=$build/bin/strata; fi
 # 2 ranks first: test_checkpoint's reshard test writes a checkpoint there that the 1- and 4-rank runs load.
 STRATA_TEST_SHARED=$(mktemp -d)
 trap 'rm -rf "$STRATA_TEST_SHARED"' EXIT
