@@ -7,6 +7,7 @@ engines still alive (Python's atexit runs before mpi4py finalises MPI).
 """
 import atexit
 import ctypes
+import sys
 import weakref
 
 from mpi4py import MPI
@@ -28,7 +29,22 @@ def strata_comm():
         out = ctypes.c_void_p()
         _capi.check(_capi.lib.strata_comm_create_mpi(MPI.COMM_WORLD.py2f(), ctypes.byref(out)))
         _comm = out
+        if MPI.COMM_WORLD.Get_size() > 1:
+            _abort_on_uncaught_exception()
     return _comm
+
+
+def _abort_on_uncaught_exception():
+    """An exception that ends one rank's script ends the job at once (MPI_Abort, after the traceback),
+    instead of leaving the other ranks in a collective until strata.collective_timeout_ms."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stderr.flush()
+        abort(f"rank {rank()}: uncaught {kind.__name__}: {value}")
+
+    sys.excepthook = hook
 
 
 def track(engine):

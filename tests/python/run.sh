@@ -19,6 +19,16 @@ for n in 2 1 4; do
   echo "== strata.torch tests at $n ranks"
   OMP_NUM_THREADS=1 scripts/mpirun_local -n "$n" "$python" -m pytest -q -p no:cacheprovider tests/python
 done
+# An uncaught exception on one rank ends the job at once (strata's excepthook), not at the collective timeout.
+echo "== an uncaught exception on rank 0 aborts the 2-rank job"
+start=$SECONDS
+if out=$(timeout 120 scripts/mpirun_local -n 2 "$python" tests/python/abort_on_exception.py 2>&1); then
+  echo "$out"; echo "FAIL: the job exited 0"; exit 1
+fi
+grep -q "aborting the job: rank 0: uncaught ValueError: rank 0 fails on purpose" <<<"$out" ||
+  { echo "$out"; echo "FAIL: no abort message"; exit 1; }
+[ $((SECONDS - start)) -lt 100 ] || { echo "FAIL: took $((SECONDS - start)) s (waited for a timeout?)"; exit 1; }
+echo "ok: aborted after $((SECONDS - start)) s"
 # The example runs and learns (its full run is examples/torch/run).
 echo "== examples/torch/train_gpt2.py, 40 steps at 2 ranks"
 out=$(OMP_NUM_THREADS=1 scripts/mpirun_local -n 2 "$python" examples/torch/train_gpt2.py --steps 40 --print-every 39)
