@@ -1,0 +1,76 @@
+"""The job's ranks: MPI_COMM_WORLD through mpi4py (launch with `mpirun -n N python train.py`).
+
+mpi4py initialises MPI with MPI_THREAD_MULTIPLE, which Strata needs when it adopts a host-initialised MPI;
+Strata duplicates the world communicator (strata_comm_create_mpi), so its traffic never meets the
+host's. One strata communicator serves every engine of the process; it is destroyed at exit after the
+engines still alive (Python's atexit runs before mpi4py finalises MPI).
+"""
+import atexit
+import ctypes
+import sys
+import weakref
+
+from mpi4py import MPI
+
+from strata import _capi
+
+_comm = None
+_engines = weakref.WeakSet()
+
+
+def world():
+    return MPI.COMM_WORLD
+
+
+def strata_comm():
+    """The process's strata_comm* (created on first use; collective then)."""
+    global _comm
+    if _comm is None:
+        out = ctypes.c_void_p()
+        _capi.check(_capi.lib.strata_comm_create_mpi(MPI.COMM_WORLD.py2f(), ctypes.byref(out)))
+        _comm = out
+        if MPI.COMM_WORLD.Get_size() > 1:
+            _abort_on_uncaught_exception()
+    return _comm
+
+
+def _abort_on_uncaught_exception():
+    """An exception that ends one rank's script ends the job at once (MPI_Abort, after the traceback),
+    instead of leaving the other ranks in a collective until strata.collective_timeout_ms."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stderr.flush()
+        abort(f"rank {rank()}: uncaught {kind.__name__}: {value}")
+
+    sys.excepthook = hook
+
+
+def track(engine):
+    _engines.add(engine)
+
+
+@atexit.register
+def _shutdown():
+    global _comm
+    for e in list(_engines):
+        e.close()
+    if _comm is not None:
+        _capi.lib.strata_comm_destroy(_comm)
+        _comm = None
+
+
+def rank():
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def world_size():
+    return MPI.COMM_WORLD.Get_size()
+
+
+def abort(reason):
+    """Ends the whole job from this rank (MPI_Abort), so the others do not wait for a deadline."""
+    if _comm is not None:
+        _capi.lib.strata_comm_abort(_comm, reason.encode())
+    MPI.COMM_WORLD.Abort(1)

@@ -1,0 +1,34 @@
+"""strata.torch: train an unmodified torch model sharded (ZeRO 0-3) with Strata as its memory backend.
+
+    import strata.torch as st
+    engine = st.shard(model, config="ds_config.json")   # a dict or a path: DeepSpeed-style keys
+    loss = model(x, labels=y).loss; loss.backward(); engine.step()
+
+Launch with `mpirun -n N python train.py`; every rank runs the same code on its own micro-batches.
+"""
+import torch  # noqa: F401  (before libstrata: see strata/__init__.py)
+
+from strata import StrataError
+from strata._comm import rank, world_size, world
+from strata.torch._engine import Engine
+
+__all__ = ["shard", "Engine", "rank", "world_size", "all_reduce_mean", "StrataError"]
+
+
+def shard(model, config=None, unit_classes=None, **kwargs):
+    """Collective. Hands `model`'s parameters to a Strata engine configured by `config` (dict or JSON
+    path, as `strata train --config`) and hooks its forward. Units: the modules of `unit_classes`, or by
+    default the members of the model's largest nn.ModuleList; the remaining parameters form the root unit.
+    Rank 0's parameter values are every rank's initial values. `weight_decay=callable(name, param)`
+    says which parameters AdamW decays (default: those with 2 or more dimensions)."""
+    return Engine(model, config=config, unit_classes=unit_classes, **kwargs)
+
+
+def all_reduce_mean(x):
+    """The mean over ranks of a number or a tensor (collective)."""
+    from mpi4py import MPI
+    if isinstance(x, torch.Tensor):
+        t = x.detach().to(torch.float64).contiguous().clone()
+        world().Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM)
+        return (t / world_size()).to(x.dtype)
+    return world().allreduce(float(x), op=MPI.SUM) / world_size()

@@ -1,0 +1,181 @@
+"""strata.torch.Engine: a torch model whose parameters, gradients and optimizer state Strata owns."""
+import ctypes
+import functools
+import json
+import os
+
+import torch
+
+from strata import _capi, _comm
+from strata.torch import _hooks
+from strata.torch._buffers import Layout
+from strata.torch._units import split_units
+
+_lib = _capi.lib
+
+
+def _config(config):
+    if config is None:
+        cfg = {}
+    elif isinstance(config, (str, os.PathLike)):
+        with open(config, encoding="utf-8") as f:
+            cfg = json.load(f)
+    else:
+        cfg = json.loads(json.dumps(config))  # a deep copy, and proof it is plain JSON
+    # The root unit stays gathered through the whole forward and backward, so one more buffer than
+    # `strata train` needs lets the next block be prefetched beside it.
+    cfg.setdefault("strata", {}).setdefault("max_live_units", 3)
+    return cfg
+
+
+def _default_weight_decay(name, param):
+    return param.ndim >= 2  # as the GPT of `strata train`: 2-D weights decay, biases and norms do not
+
+
+class Engine:
+    """Made by strata.torch.shard. The model's parameters are the engine's from then on: views of its
+    gathered buffers while a unit computes, empty placeholders otherwise."""
+
+    def __init__(self, model, config=None, unit_classes=None, weight_decay=_default_weight_decay):
+        self.model = model
+        self.config = _config(config)
+        self.accumulation = int(self.config.get("gradient_accumulation_steps", 1))
+        if self.config.get("fp16", {}).get("enabled"):
+            raise NotImplementedError("strata.torch: fp16 needs the loss scaled by the engine's loss scale "
+                                      "before backward; not supported yet (use bf16 or fp32)")
+        self.micro_batches = 0
+        self.handle = None
+        specs = split_units(model, unit_classes)
+        if not specs:
+            raise ValueError("strata: the model has no parameters")
+        opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode())
+        handle = ctypes.c_void_p()
+        _capi.check(_lib.strata_engine_create(_comm.strata_comm(), opts, ctypes.byref(handle)))
+        self.handle = handle
+        _comm.track(self)
+        self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
+        _capi.check(_lib.strata_engine_finalize(self.handle))
+        self._load_initial_values()
+        self.root = self.units[0] if specs[0].module is model else None
+        self.tracker = _hooks.Tracker(self, self.units)
+        self._install_hooks()
+
+    # ---- set-up ----
+    def _register(self, uid, spec, weight_decay):
+        keep = []  # the specs' strings and shapes live until the call returns
+        arr = (_capi.ParamSpec * len(spec.params))()
+        for i, (n, p) in enumerate(zip(spec.names, spec.params)):
+            qual = n if spec.module is self.model else f"{spec.name}.{n}"  # the model.named_parameters() name
+            if p.dtype != torch.float32:
+                raise TypeError(f"strata: parameter '{qual}' is {p.dtype}; give the model fp32 "
+                                f"parameters (the engine keeps the fp32 master and casts per strata.param_dtype)")
+            shape = (ctypes.c_int64 * max(p.ndim, 1))(*(p.shape if p.ndim else (1,)))
+            keep.append(shape)
+            arr[i] = _capi.ParamSpec.new(name=n.encode(), shape=shape, ndim=max(p.ndim, 1),
+                                         weight_decay=int(bool(weight_decay(qual, p))))
+        out = ctypes.c_int32()
+        _capi.check(_lib.strata_engine_register_unit(self.handle, spec.name.encode(), arr, len(spec.params),
+                                                     ctypes.byref(out)))
+        assert out.value == uid
+        shapes, offsets, numels, dtype = [], [], [], None
+        for i, p in enumerate(spec.params):
+            info = _capi.ParamInfo.new()
+            _capi.check(_lib.strata_engine_param_info(self.handle, uid, i, info))
+            shapes.append(tuple(p.shape))
+            offsets.append(info.offset_elems)
+            numels.append(info.numel)
+            dtype = info.dtype
+        return _hooks.UnitState(uid, spec, Layout(shapes, offsets, numels, dtype))
+
+    def _load_initial_values(self):
+        """Rank 0's values of the torch model become every rank's (so ranks need not seed alike)."""
+        world = _comm.world()
+        for u in self.units:
+            for i, p in enumerate(u.spec.params):
+                v = p.detach().to(torch.float32).contiguous().clone()
+                world.Bcast(v.numpy(), root=0)
+                _capi.check(_lib.strata_engine_set_param(self.handle, u.id, i, ctypes.c_void_p(v.data_ptr()),
+                                                         v.numel()))
+            u.clear()
+
+    def _install_hooks(self):
+        t = self.tracker
+        inner = self.model.forward
+
+        @functools.wraps(inner)
+        def forward(*args, **kwargs):  # an instance attribute: nn.Module.__call__ finds it first
+            t.root_enter()
+            try:
+                output = inner(*args, **kwargs)
+            except BaseException as e:
+                t.root_abandon(e)
+                raise
+            return t.root_exit(output)
+
+        self.model.forward = forward
+        for u in self.units:
+            if u is self.root:
+                continue
+            u.spec.module.register_forward_pre_hook(lambda m, a, k, u=u: t.block_pre(u, a, k), with_kwargs=True)
+            u.spec.module.register_forward_hook(lambda m, a, o, u=u: t.block_post(u, o))
+
+    # ---- training ----
+    def step(self):
+        """The optimizer step (collective), after gradient_accumulation_steps forward+backward passes.
+        Returns the engine's step result: step, skipped, clip_coef, grad_norm, lr, loss_scale."""
+        if self.tracker.phase != _hooks.IDLE or self.micro_batches != self.accumulation:
+            raise RuntimeError(f"strata: step() after {self.micro_batches} completed backward passes (phase "
+                               f"'{self.tracker.phase}'); gradient_accumulation_steps={self.accumulation} "
+                               f"forward+backward passes must come first")
+        r = _capi.StepResult.new()
+        _capi.check(_lib.strata_engine_step(self.handle, r))
+        self.micro_batches = 0
+        return {k: getattr(r, k) for k in ("step", "skipped", "clip_coef", "grad_norm", "lr", "loss_scale")}
+
+    def zero_grad(self):
+        """A no-op where allowed: the engine zeroes gradients at each step; refuses once a pass began."""
+        _capi.check(_lib.strata_engine_zero_grad(self.handle))
+
+    # ---- state ----
+    def save_checkpoint(self, root_dir, client_state=None):
+        """Collective: <root_dir>/step_<8 digits>, the layout `strata train` writes and `strata ckpt` reads."""
+        _capi.check(_lib.strata_engine_save_checkpoint(self.handle, os.fspath(root_dir).encode(),
+                                                       json.dumps(client_state or {}).encode()))
+
+    def load_checkpoint(self, path):
+        """Collective: a step directory or a root (its latest step), of any world size and stage. Returns the
+        client_state saved with it."""
+        out = ctypes.c_char_p()
+        _capi.check(_lib.strata_engine_load_checkpoint(self.handle, os.fspath(path).encode(), ctypes.byref(out)))
+        return json.loads(out.value.decode()) if out.value else {}
+
+    def gather(self, unit, index):
+        u = self.units[unit]
+        v = torch.empty(u.layout.shapes[index], dtype=torch.float32)
+        _capi.check(_lib.strata_engine_gather_param(self.handle, unit, index, ctypes.c_void_p(v.data_ptr()),
+                                                    v.numel()))
+        return v
+
+    def full_state_dict(self):
+        """Collective: model.state_dict()'s names, with each parameter's full fp32 master value (tied names
+        share one tensor) and the model's buffers as they are."""
+        where = {id(p): (u.id, i) for u in self.units for i, p in enumerate(u.spec.params)}
+        values, out = {}, {}
+        for name, t in self.model.state_dict(keep_vars=True).items():
+            if id(t) in where:
+                if id(t) not in values:
+                    values[id(t)] = self.gather(*where[id(t)])
+                out[name] = values[id(t)]
+            else:
+                out[name] = t.detach().clone()
+        return out
+
+    def stats(self):
+        s = _capi.Stats.new()
+        _capi.check(_lib.strata_engine_get_stats(self.handle, s))
+        return {n: getattr(s, n) for n, _ in _capi.Stats._fields_[2:]}
+
+    def close(self):
+        if self.handle is not None:
+            _lib.strata_engine_destroy(self.handle)
+            self.handle = None

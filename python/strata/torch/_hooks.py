@@ -1,0 +1,313 @@
+"""The autograd glue: turns one forward and one backward of a torch model into the engine's protocol.
+
+Per micro-batch (a forward with grad enabled, then its backward):
+  root forward pre-hook   begin_micro_batch, begin_forward(root); saved-tensor hooks on
+  block pre-hook / hook   begin_forward(block) / end_forward(block)
+  root forward hook       end_forward(root); a hook on each output that requires grad
+  first backward event    begin_backward(root), which stays open until the end of the backward
+  a block's output grad   begin_backward(block) (also begun on demand: a saved parameter unpacked, or a
+                          checkpointed block recomputed)
+  a block's input grads   end_backward(block) (a Function over the block's inputs, run once all are done)
+  end of the backward     end_backward of every use still open, end_micro_batch
+Parameters are views of the gathered buffer while their unit is begun, empty placeholders otherwise.
+Autograd saves some parameters for the backward (a Linear's weight); the forward buffer is gone by then,
+so the pack hook replaces a tensor over a forward buffer by (unit, offset, size, stride) and the unpack
+hook rebuilds it over the buffer of the unit's backward use. Gradients: while a unit's backward is open
+each parameter's .grad is a view of the engine's fp32 gradient buffer, so autograd's AccumulateGrad adds
+into it in place (the engine's "+=" contract; tied uses add up).
+Activation checkpointing: a block re-run inside the backward (torch.utils.checkpoint, reentrant or not)
+finds its unit in backward and computes with the backward buffers; no begin_forward is issued there.
+"""
+import torch
+from torch.overrides import TorchFunctionMode
+
+from strata import _capi
+from strata.torch._buffers import placeholder
+
+IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, EVAL = "idle", "forward", "await-backward", "backward", "eval"
+
+
+class _PostBackward(torch.autograd.Function):
+    """Identity on a block's inputs whose backward runs when all their gradients are computed."""
+
+    @staticmethod
+    def forward(ctx, callback, *tensors):
+        ctx.callback = callback
+        return tensors if len(tensors) > 1 else tensors[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.callback()
+        return (None,) + grads
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+class ParamGuard(TorchFunctionMode):
+    """Active during the model's forward: an op given a parameter whose unit is not begun (a block's
+    parameter used outside the block) is an error naming it, the same on every rank, instead of an op
+    on the empty placeholder (which a reduction would silently accept)."""
+
+    def __init__(self, tracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") == "__get__":  # metadata (p.dtype, p.device) reads no data
+            return func(*args, **kwargs)
+        unit_of = self.tracker.unit_of
+        for a in list(args) + list(kwargs.values()):
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                hit = unit_of.get(id(t)) if isinstance(t, torch.nn.Parameter) else None
+                if hit is not None and hit[0].forward_open == 0 and not hit[0].backward_open:
+                    u, name = hit
+                    raise RuntimeError(f"strata: parameter '{name}' of unit '{u.spec.name}' is used outside "
+                                       f"its unit's forward ({getattr(func, '__name__', func)}): a unit's "
+                                       f"parameters exist only while its module runs; make the module that "
+                                       f"uses it part of that unit, or the parameter part of the root unit")
+        return func(*args, **kwargs)
+
+
+class UnitState:
+    def __init__(self, uid, spec, layout):
+        self.id, self.spec, self.layout = uid, spec, layout
+        self.forward_open = 0      # begun forward uses not yet ended
+        self.forward_uses = 0      # in this micro-batch
+        self.backward_uses = 0     # ended, in this micro-batch
+        self.backward_open = False
+        self.backward_flat = None  # the flat tensor of the open backward use
+        self.forward_flat = None
+        self.unarmed = 0           # forward uses without an input Function (no grad then: reentrant checkpoint)
+        self.grad_targets = None   # bf16 units: the fp32 gradient views of the open backward use
+
+    def set_data(self, views):
+        with torch._C.DisableTorchFunction():  # not an use of the parameters: ParamGuard must not see it
+            for p, v in zip(self.spec.params, views):
+                p.data = v
+
+    def clear(self):
+        with torch._C.DisableTorchFunction():
+            for p in self.spec.params:
+                p.data = placeholder(p.dtype)
+                p.grad = None
+
+
+class Tracker:
+    def __init__(self, engine, units):
+        self.engine, self.units = engine, units
+        self.phase = IDLE
+        self.live_forward = {}     # storage data_ptr -> unit, for the pack hook
+        self.saved_hooks = None
+        self.backward_order = []   # units whose backward was begun, in order
+        self.guard = None
+        self.failed = None
+        self.recomputed = 0        # blocks run again inside a backward (activation checkpointing)
+        self.late = []             # bf16 gradients that arrived after their unit's backward ended
+        for u in units:
+            if u.layout.dtype != _capi.DTYPE_F32:
+                for i, p in enumerate(u.spec.params):
+                    p.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self.add_low_precision_grad(u, i, p))
+        self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
+
+    # ---- engine calls ----
+    def _call(self, fn, *args):
+        _capi.check(fn(self.engine.handle, *args))
+
+    def begin_forward(self, u):
+        bufs = _capi.UnitBuffers.new()
+        self._call(_capi.lib.strata_engine_begin_forward, u.id, bufs)
+        u.forward_flat, views = u.layout.param_views(bufs)
+        u.set_data(views)
+        u.forward_open += 1
+        if self.phase == FORWARD:
+            u.forward_uses += 1
+        self.live_forward[u.forward_flat.untyped_storage().data_ptr()] = u
+
+    def end_forward(self, u):
+        self.live_forward.pop(u.forward_flat.untyped_storage().data_ptr(), None)
+        u.forward_open -= 1
+        u.clear()
+        u.forward_flat = None
+        self._call(_capi.lib.strata_engine_end_forward, u.id)
+
+    def begin_backward(self, u):
+        if u.backward_open:
+            return
+        if u.backward_uses >= u.forward_uses:
+            raise RuntimeError(f"strata: unit '{u.spec.name}' is used in this backward more often than in its "
+                               f"forward ({u.forward_uses} uses)")
+        bufs = _capi.UnitBuffers.new()
+        self._call(_capi.lib.strata_engine_begin_backward, u.id, bufs)
+        u.backward_flat, views = u.layout.param_views(bufs)
+        u.set_data(views)
+        grads = u.layout.grad_views(bufs)
+        if u.layout.dtype == _capi.DTYPE_F32:
+            with torch._C.DisableTorchFunction():
+                for p, g in zip(u.spec.params, grads):
+                    p.grad = g
+        else:  # bf16 parameters get bf16 .grad: add_low_precision_grad moves each into the fp32 buffer
+            u.grad_targets = grads
+        u.backward_open = True
+        self.backward_order.append(u)
+
+    def add_low_precision_grad(self, u, i, p):
+        """post-accumulate-grad hook of a bf16 parameter: its gradient, in fp32, into the engine's buffer."""
+        if not u.backward_open:
+            self.late.append(f"{u.spec.name}.{u.spec.names[i]}")
+            return
+        u.grad_targets[i].add_(p.grad.to(torch.float32))
+        p.grad = None
+
+    def end_backward(self, u):
+        if not u.backward_open:
+            return
+        u.grad_targets = None
+        u.backward_open = False
+        u.backward_uses += 1
+        u.clear()
+        u.backward_flat = None
+        self._call(_capi.lib.strata_engine_end_backward, u.id)
+
+    # ---- saved tensors ----
+    def pack(self, t):
+        if t.device.type != "cpu" or t.layout != torch.strided:
+            return t
+        u = self.live_forward.get(t.untyped_storage().data_ptr())
+        if u is None:
+            return t
+        return (u, t.storage_offset(), tuple(t.shape), t.stride())
+
+    def unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        u, offset, shape, stride = packed
+        self.begin_backward(u)
+        return u.backward_flat.as_strided(shape, stride, offset)
+
+    # ---- the root (the whole model): Engine wraps model.forward in these ----
+    def root_enter(self):
+        if self.failed:
+            raise RuntimeError(f"strata: an earlier forward or backward failed ({self.failed}); this engine "
+                               f"cannot go on: build a new one (or load a checkpoint into one)")
+        if self.phase in (FORWARD, AWAIT_BACKWARD, BACKWARD):
+            raise RuntimeError(f"strata: the model's forward was called again in phase '{self.phase}': each "
+                               f"training forward must be followed by its backward before the next")
+        if torch.is_grad_enabled():
+            self._call(_capi.lib.strata_engine_begin_micro_batch)
+            for u in self.units:
+                u.forward_uses = u.backward_uses = u.unarmed = 0
+            self.backward_order = []
+            self.phase = FORWARD
+            self.saved_hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+            self.saved_hooks.__enter__()
+        else:
+            self.phase = EVAL
+        self.guard = ParamGuard(self)
+        self.guard.__enter__()
+        if self.engine.root is not None:
+            self.begin_forward(self.engine.root)
+
+    def root_abandon(self, error):
+        """The forward raised: undo what root_enter pushed so the process can go on (without this engine)."""
+        self._pop_contexts()
+        self.failed = f"{type(error).__name__}: {error}"
+        self.phase = IDLE
+
+    def _pop_contexts(self):
+        if self.guard is not None:
+            self.guard.__exit__(None, None, None)
+            self.guard = None
+        if self.saved_hooks is not None:
+            self.saved_hooks.__exit__(None, None, None)
+            self.saved_hooks = None
+
+    def root_exit(self, output):
+        if self.engine.root is not None:
+            self.end_forward(self.engine.root)
+        self._pop_contexts()
+        if self.phase == EVAL:
+            self.phase = IDLE
+            return output
+        self.phase = AWAIT_BACKWARD
+        for t in _tensors(output):
+            if t.requires_grad:
+                t.register_hook(self._backward_event)
+        return output
+
+    def _backward_event(self, grad):
+        if self.phase == AWAIT_BACKWARD:
+            self.phase = BACKWARD
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            if self.engine.root is not None:
+                self.begin_backward(self.engine.root)
+        return grad
+
+    # ---- blocks ----
+    def block_pre(self, u, args, kwargs):
+        if self.phase == BACKWARD:  # recomputation (activation checkpointing) inside the backward
+            self.recomputed += 1
+            self.begin_backward(u)
+            if u.unarmed > 0 and torch.is_grad_enabled():  # its forward ran without grad: arm it now
+                armed = self._arm_post_backward(u, args, kwargs)
+                u.unarmed -= armed is not None
+                return armed
+            return None
+        self.begin_forward(u)
+        if self.phase != FORWARD:
+            return None
+        armed = self._arm_post_backward(u, args, kwargs) if torch.is_grad_enabled() else None
+        u.unarmed += armed is None
+        return armed
+
+    def _arm_post_backward(self, u, args, kwargs):
+        flat = list(args) + list(kwargs.values())
+        idx = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and a.requires_grad]
+        if not idx:
+            return None
+        out = _PostBackward.apply(lambda: self.end_backward(u), *[flat[i] for i in idx])
+        out = out if isinstance(out, tuple) else (out,)
+        for i, t in zip(idx, out):
+            flat[i] = t
+        return tuple(flat[:len(args)]), dict(zip(kwargs.keys(), flat[len(args):]))
+
+    def block_post(self, u, output):
+        if self.phase == BACKWARD:
+            return output
+        self.end_forward(u)
+        if self.phase == FORWARD:
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(lambda g, u=u: (self.begin_backward(u), g)[1])
+        return output
+
+    def _end_of_backward(self):
+        try:
+            for u in reversed(self.backward_order):
+                self.end_backward(u)
+            for u in reversed(self.units):  # uses whose backward autograd never reached (no gradient path)
+                while u.backward_uses < u.forward_uses:
+                    self.begin_backward(u)
+                    self.end_backward(u)
+            late = self.late + [f"{u.spec.name}.{n}" for u in self.units
+                                for n, p in zip(u.spec.names, u.spec.params) if p.grad is not None]
+            self.late = []
+            if late:
+                raise RuntimeError(f"strata: the gradient of {', '.join(late)} arrived after its unit's backward "
+                                   f"had ended (a parameter used outside its unit's forward?)")
+            self._call(_capi.lib.strata_engine_end_micro_batch)
+            self.engine.micro_batches += 1
+        except BaseException as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            self.phase = IDLE

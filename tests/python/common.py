@@ -1,0 +1,57 @@
+"""Shared by the strata.torch tests: configurations, the single-process torch reference, comparisons."""
+import torch
+
+import strata.torch as st
+
+LR, WD = 1e-3, 0.1
+
+
+def config(stage, accumulation=1, clip=0.0, **extra):
+    cfg = {"zero_optimization": {"stage": stage}, "gradient_accumulation_steps": accumulation,
+           "gradient_clipping": clip,
+           "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD, "betas": [0.9, 0.999],
+                                                     "eps": 1e-8}},
+           "strata": {"optimizer_threads": 1, "collective_timeout_ms": 20000}}
+    cfg.update(extra)
+    return cfg
+
+
+def reference_optimizer(model):
+    """torch.optim.AdamW with Strata's semantics: decay on 2-D weights only (shard's default), the same
+    betas, eps and lr; the tied weight is one parameter, as in the engine."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": rest, "weight_decay": 0.0}],
+                             lr=LR, betas=(0.9, 0.999), eps=1e-8)
+
+
+def reference_step(model, opt, batches_of, step, world, accumulation, clip):
+    """One step of plain torch over the global batch: every rank's micro-batches, each mean loss scaled
+    by 1 / (ranks x micro-batches), which is how the engine averages."""
+    for m in range(accumulation):
+        for r in range(world):
+            x, y = batches_of(step, m, r)
+            (model(x, y) / (world * accumulation)).backward()
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    opt.zero_grad()
+
+
+def strata_step(model, engine, batches_of, step, accumulation):
+    losses = []
+    for m in range(accumulation):
+        x, y = batches_of(step, m, st.rank())
+        loss = model(x, y)
+        loss.backward()
+        losses.append(loss.item())
+    return engine.step(), losses
+
+
+def rel_errors(state, ref_state):
+    return {k: ((state[k] - v).norm() / v.norm()).item() for k, v in ref_state.items()}
+
+
+def shared_dir(tmp_path):
+    """One directory every rank sees: rank 0's pytest tmp_path."""
+    return st.world().bcast(str(tmp_path) if st.rank() == 0 else None, root=0)

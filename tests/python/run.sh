@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The strata.torch tests: scripts/python_env installs the package from python/ (its libstrata.so built in
+# BUILD_DIR) into the project venv, creating it with the tests' requirements when missing; then pytest runs
+# under mpirun at 2, 1 and 4 ranks (every rank runs every test; each test is collective).
+#   tests/python/run.sh [BUILD_DIR]      (default build/release; STRATA_VENV overrides build/venv)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+build=$(cd "${1:-build/release}" && pwd)
+python=$(scripts/python_env "$build" | tail -n 1)
+unset STRATA_LIBRARY  # the tests load the installed package's copy
+# test_strata_cli reads a strata.torch checkpoint with `strata ckpt` (scripts/test builds it).
+if [ -x "$build/bin/strata" ]; then export STRATA_CLI=$build/bin/strata; fi
+# 2 ranks first: test_checkpoint's reshard test writes a checkpoint there that the 1- and 4-rank runs load.
+STRATA_TEST_SHARED=$(mktemp -d)
+trap 'rm -rf "$STRATA_TEST_SHARED"' EXIT
+export STRATA_TEST_SHARED
+for n in 2 1 4; do
+  echo "== strata.torch tests at $n ranks"
+  OMP_NUM_THREADS=1 scripts/mpirun_local -n "$n" "$python" -m pytest -q -p no:cacheprovider tests/python
+done
+# An uncaught exception on one rank ends the job at once (strata's excepthook), not at the collective timeout.
+echo "== an uncaught exception on rank 0 aborts the 2-rank job"
+start=$SECONDS
+if out=$(timeout 120 scripts/mpirun_local -n 2 "$python" tests/python/abort_on_exception.py 2>&1); then
+  echo "$out"; echo "FAIL: the job exited 0"; exit 1
+fi
+grep -q "aborting the job: rank 0: uncaught ValueError: rank 0 fails on purpose" <<<"$out" ||
+  { echo "$out"; echo "FAIL: no abort message"; exit 1; }
+[ $((SECONDS - start)) -lt 100 ] || { echo "FAIL: took $((SECONDS - start)) s (waited for a timeout?)"; exit 1; }
+echo "ok: aborted after $((SECONDS - start)) s"
+# The example runs and learns (its full run is examples/torch/run).
+echo "== examples/torch/train_gpt2.py, 40 steps at 2 ranks"
+out=$(OMP_NUM_THREADS=1 scripts/mpirun_local -n 2 "$python" examples/torch/train_gpt2.py --steps 40 --print-every 39)
+echo "$out"
+first=$(sed -n 's/^step *0  loss \([0-9.]*\).*/\1/p' <<<"$out")
+last=$(sed -n 's/^step *39  loss \([0-9.]*\).*/\1/p' <<<"$out")
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && b < a - 1.0) }' ||
+  { echo "FAIL: the example's loss went from '$first' to '$last' (expected a drop of more than 1)"; exit 1; }

@@ -1,0 +1,84 @@
+"""Bad use is a clear error on every rank (every rank runs the same code, so every rank raises), never a
+hang or a silently wrong result."""
+import pytest
+import torch
+
+import strata.torch as st
+from common import config
+from models import TinyLM, batches, tiny_lm
+
+
+class LeakyLM(TinyLM):
+    """Uses a block's parameter in the root's code, outside the block."""
+
+    def forward(self, x, labels):
+        return super().forward(x, labels) + 0.0 * self.blocks[1].fc1.weight.sum()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_param_used_outside_its_unit(stage):
+    torch.manual_seed(0)
+    model = LeakyLM()
+    engine = st.shard(model, config(stage))
+    x, y = batches(0, 0, st.rank())
+    with pytest.raises(RuntimeError, match=r"parameter 'fc1.weight' of unit 'blocks.1' is used outside its unit"):
+        model(x, y)
+    with pytest.raises(RuntimeError, match="an earlier forward or backward failed"):
+        model(x, y)
+    engine.close()
+
+
+def test_step_without_backward():
+    model = tiny_lm()
+    engine = st.shard(model, config(3, accumulation=2))
+    with pytest.raises(RuntimeError, match=r"step\(\) after 0 completed backward passes"):
+        engine.step()
+    x, y = batches(0, 0, st.rank())
+    model(x, y).backward()
+    with pytest.raises(RuntimeError, match=r"step\(\) after 1 completed backward passes .*gradient_accumulation_steps=2"):
+        engine.step()
+    loss = model(x, y)
+    with pytest.raises(RuntimeError, match=r"phase 'await-backward'"):
+        engine.step()
+    loss.backward()
+    assert engine.step()["step"] == 1  # the refusals changed nothing: the engine goes on
+    engine.close()
+
+
+def test_forward_twice_before_backward():
+    model = tiny_lm()
+    engine = st.shard(model, config(2))
+    x, y = batches(0, 0, st.rank())
+    model(x, y)
+    with pytest.raises(RuntimeError, match="forward was called again in phase 'await-backward'"):
+        model(x, y)
+    engine.close()
+
+
+def test_mismatched_models_across_ranks():
+    if st.world_size() == 1:
+        pytest.skip("needs two ranks")
+    torch.manual_seed(0)
+    model = TinyLM(d=16 if st.rank() == 0 else 24)  # rank 0 differs from the others
+    with pytest.raises(st.StrataError, match="STRATA_ERR_INVALID_ARGUMENT|STRATA_ERR_FAILED_PRECONDITION") as e:
+        st.shard(model, config(3))
+    assert "root" in str(e.value) or "blocks" in str(e.value), str(e.value)
+
+
+def test_evaluation_forward_is_not_a_micro_batch():
+    model, ref = tiny_lm(), tiny_lm()
+    engine = st.shard(model, config(3))
+    x, y = batches(0, 0, st.rank())
+    with torch.no_grad():
+        loss = model(x, y)
+    assert torch.equal(loss, ref(x, y))  # the same parameters, the same arithmetic
+    with pytest.raises(RuntimeError, match="step"):
+        engine.step()  # an evaluation pass is no micro-batch
+    engine.close()
+
+
+def test_parameter_shared_by_two_units_is_refused():
+    model = tiny_lm()
+    model.blocks[1].fc1.weight = model.blocks[0].fc1.weight
+    with pytest.raises(ValueError, match="'blocks.1.fc1.weight' is shared by units 'blocks.0' and 'blocks.1'"):
+        st.shard(model, config(3))
