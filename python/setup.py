@@ -1,4 +1,5 @@
-"""Builds libstrata.so (CMake target strata_capi of the enclosing repository) into strata/_lib/.
+"""Builds libstrata.so (CMake target strata_capi of the enclosing repository) into strata/_lib/, with the CUDA
+back-end module libstrata_cuda.so beside it when the build has CUDA.
 
     pip install ./python                       configures <repo>/build/python and builds strata_capi there
     STRATA_BUILD_DIR=build/release pip install ./python    reuses a configured build tree instead
@@ -28,8 +29,18 @@ def build_library():
                     "-DSTRATA_BUILD_TESTS=OFF", "-DSTRATA_BUILD_BENCHMARKS=OFF"]
             subprocess.run(args + os.environ.get("STRATA_CMAKE_ARGS", "").split(), check=True)
     jobs = os.environ.get("STRATA_BUILD_JOBS", str(os.cpu_count() or 1))
-    subprocess.run(["cmake", "--build", build, "--target", "strata_capi", "-j", jobs], check=True)
-    return os.path.join(build, "lib", f"libstrata.so.{ABI}")
+    targets = ["strata_capi"]
+    # A CUDA build also has the CUDA back-end module, which libstrata loads from beside itself at run time
+    # (docs/decisions/0012); without it the package runs host-only.
+    with open(os.path.join(build, "CMakeCache.txt")) as cache:
+        if "STRATA_WITH_CUDA:BOOL=ON" in cache.read():
+            targets.append("strata_cuda_module")
+    subprocess.run(["cmake", "--build", build, "--target", *targets, "-j", jobs], check=True)
+    libs = [os.path.join(build, "lib", f"libstrata.so.{ABI}")]
+    module = os.path.join(build, "lib", "libstrata_cuda.so")
+    if "strata_cuda_module" in targets and os.path.exists(module):
+        libs.append(module)
+    return libs
 
 
 class BuildWithLibrary(build_py):
@@ -37,7 +48,8 @@ class BuildWithLibrary(build_py):
         super().run()
         dest = os.path.join(self.build_lib, "strata", "_lib")
         os.makedirs(dest, exist_ok=True)
-        shutil.copy2(build_library(), os.path.join(dest, f"libstrata.so.{ABI}"))
+        for lib in build_library():
+            shutil.copy2(lib, os.path.join(dest, os.path.basename(lib)))
 
 
 class BinaryDistribution(Distribution):
