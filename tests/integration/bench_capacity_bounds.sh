@@ -70,4 +70,5 @@ per_layer = (b["params"] - a["params"]) / (b["layers"] - a["layers"])
 assert largest <= 1e6 < largest + per_layer, f"{largest} + one layer ({per_layer}) is still under the bound"
 PY
 check "--max-params: the largest model is the last under 1e6 parameters" $? "$out"
+[ "$fails" -eq 0 ] && echo "bench_capacity_bounds: all checks passed"
 exit "$fails"
