@@ -31,6 +31,10 @@ def near(a, b, rel):
 
 SIZE = r"[\d.]+ (?:B|KiB|MiB|GiB|TiB)"
 check("nothing is offloaded to NVMe" in cpu and "I/O floor: none" in cpu, "cpu offload: no disk term, no I/O floor")
+# With the state on the host, the host budget is the whole room: the model that fitted lies within it.
+m = re.search(r"bound\s+([\d.e+]+) parameters; the largest model found, (\d+), is ([\d.e+-]+) of it", cpu)
+check(m and 0 < float(m.group(3)) <= 1 and int(m.group(2)) <= float(m.group(1)),
+      f"cpu offload: the largest model is within the host-budget bound ({m and m.group(3)} of it)")
 
 # The bound: (free disk + host budget) / bytes per parameter, each term named with its source.
 largest = int(re.search(r"largest model within the budgets: .*, (\d+) parameters", out).group(1))

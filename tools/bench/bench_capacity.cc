@@ -272,7 +272,7 @@ absl::Status Capacity(const TrainOptions& o, const SearchOptions& so, comm::Comm
   const Attempt& best = s.all[static_cast<size_t>(s.best)];
   PrintLargest(best);
   PrintCapacityBound(o.engine, free_disk, MeasureBytesPerParam(o.engine, best.mem, best.params, world.size()),
-                     best.params);
+                     best.params, world.size());
   if (nvme.empty() || best.last.nvme_read_bytes + best.last.nvme_write_bytes == 0) {
     std::printf("I/O floor: none (the step moves no NVMe bytes)\n");
     return absl::OkStatus();

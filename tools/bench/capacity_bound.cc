@@ -61,27 +61,47 @@ BytesPerParam MeasureBytesPerParam(const engine::EngineConfig& cfg, const engine
 }
 
 double PrintCapacityBound(const engine::EngineConfig& cfg, uint64_t free_disk, const BytesPerParam& bpp,
-                          int64_t largest) {
+                          int64_t largest, int ranks) {
   const std::vector<std::string> paths = NvmePaths(cfg);
-  const bool host_limited = cfg.host_budget_bytes != ~uint64_t{0};
-  std::printf("physical bound: (free disk + host budget) / bytes kept per parameter\n");
+  std::printf("physical bound: (free disk + host budget, and the device budget where state stays there) / bytes kept "
+              "per parameter\n");
+  // A tier counts when the engine keeps state on it; a budget counts once per rank, the disk once.
+  double room = 0;
+  bool unlimited = false;
   if (paths.empty()) {
     std::printf("  free disk     0 B: nothing is offloaded to NVMe\n");
   } else {
     std::printf("  free disk     %s: statvfs of %s before the first candidate\n", FormatBytes(free_disk).c_str(),
                 absl::StrJoin(paths, ", ").c_str());
+    room += static_cast<double>(free_disk);
   }
-  std::printf("  host budget   %s: --host-budget (strata.host_budget)\n",
-              host_limited ? FormatBytes(cfg.host_budget_bytes).c_str() : "unlimited");
+  const struct {
+    const char* name;
+    const char* flag;
+    uint64_t budget;
+    double held;
+    bool named_when_empty;  // the device budget is working memory only when no state stays there
+  } budgets[] = {{"host budget", "--host-budget", cfg.host_budget_bytes, bpp.tier[1], true},
+                 {"device budget", "--device-budget", cfg.device_budget_bytes, bpp.tier[0], false}};
+  for (const auto& b : budgets) {
+    const bool limited = b.budget != ~uint64_t{0};
+    const std::string size = limited ? FormatBytes(b.budget) : std::string("unlimited");
+    if (b.held <= 0 && !b.named_when_empty) continue;
+    std::printf("  %-13s %s: %s x %d rank%s%s\n", b.name, size.c_str(), b.flag, ranks, ranks == 1 ? "" : "s",
+                b.held > 0 ? "" : " (holds no state here: not counted)");
+    if (b.held <= 0) continue;
+    unlimited |= !limited;
+    room += limited ? static_cast<double>(b.budget) * ranks : 0;
+  }
   std::printf("  bytes/param   %.2f: the engine's accounting of the largest model's parameter, gradient, master and\n"
               "                optimizer state (device %.2f, pinned_host %.2f, nvme %.2f); the least this config needs\n"
               "                (param dtype, fp32 master unless the params are fp32, optimizer state, fp32 gradient): %.2f\n",
               bpp.total, bpp.tier[0], bpp.tier[1], bpp.tier[2], bpp.formula);
-  if (!host_limited || bpp.total <= 0) {
-    std::printf("  no bound: the host budget is unlimited\n");
+  if (unlimited || bpp.total <= 0) {
+    std::printf("  no bound: a budget of a tier that holds state is unlimited\n");
     return 0;
   }
-  const double bound = (static_cast<double>(free_disk) + static_cast<double>(cfg.host_budget_bytes)) / bpp.total;
+  const double bound = room / bpp.total;
   std::printf("  bound         %.4g parameters; the largest model found, %lld, is %.3g of it\n", bound,
               static_cast<long long>(largest), static_cast<double>(largest) / bound);
   return bound;

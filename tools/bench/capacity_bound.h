@@ -1,6 +1,7 @@
 // The physical bound of `strata bench capacity`, and the I/O floor of its largest model's step.
 //
-// Bound: (free disk on the NVMe path(s) + host budget) / (bytes per parameter the run keeps somewhere).
+// Bound: (free disk on the NVMe path(s) + host budget) / (bytes per parameter the run keeps somewhere);
+// a tier counts only when the engine keeps state on it, so without offload the device budget is the room.
 // The bytes per parameter come from the engine's own accounting of a finished candidate (its memory
 // tracker's persistent kinds: parameter shard, gradient shard, fp32 master, optimizer state, on every
 // tier), so whatever the config places where is counted as it is; the formula from the config is printed
@@ -36,10 +37,11 @@ struct BytesPerParam {
 BytesPerParam MeasureBytesPerParam(const engine::EngineConfig& cfg, const engine::MemoryStats& mem, int64_t params,
                                    int ranks);
 
-// Prints the bound's terms, how each was obtained, and `largest` as a fraction of it. Returns the bound
-// in parameters (0 when the host budget is unlimited: no bound).
+// Prints the bound's terms, how each was obtained, and `largest` as a fraction of it. The budgets are
+// per rank (`ranks` of them on the box), the disk is shared. Returns the bound in parameters (0 when a
+// tier that holds state has no budget: no bound).
 double PrintCapacityBound(const engine::EngineConfig& cfg, uint64_t free_disk, const BytesPerParam& bpp,
-                          int64_t largest);
+                          int64_t largest, int ranks);
 
 struct StepTiming {
   double step_ms = 0;
