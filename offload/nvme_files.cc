@@ -186,6 +186,11 @@ NvmeFileSet::~NvmeFileSet() {
   }
 }
 
+std::string NvmeFileSet::reopen_path(int file) const {
+  const File& f = files_[file];
+  return f.named ? f.path : absl::StrCat("/proc/", getpid(), "/fd/", f.fd);
+}
+
 bool NvmeFileSet::all_direct() const {
   return std::all_of(files_.begin(), files_.end(), [](const File& f) { return f.direct; });
 }

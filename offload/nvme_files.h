@@ -67,7 +67,10 @@ class NvmeFileSet {
   NvmeFileSet& operator=(const NvmeFileSet&) = delete;
 
   size_t file_count() const { return files_.size(); }
-  const std::string& path(int file) const { return files_[file].path; }
+  const std::string& path(int file) const { return files_[file].path; }  // the name it had (for messages)
+  // A path by which this process, or another of this user (fio, a test injecting a fault), opens the file
+  // while the set lives: its name when it still has one, else /proc/<pid>/fd/<fd>.
+  std::string reopen_path(int file) const;
   int fd(int file) const { return files_[file].fd; }
   bool direct(int file) const { return files_[file].direct; }
   bool all_direct() const;

@@ -124,7 +124,7 @@ std::vector<ExtentPlacement> NvmeStore::Placement(const NvmeExtent& extent) cons
   std::vector<ExtentPlacement> out;
   if (extent.empty()) return out;
   for (const FilePiece& p : files_->Map(extent.record_->offset, extent.record_->io_bytes)) {
-    out.push_back(ExtentPlacement{files_->path(p.file), p.file_offset, p.bytes});
+    out.push_back(ExtentPlacement{files_->path(p.file), files_->reopen_path(p.file), p.file_offset, p.bytes});
   }
   return out;
 }

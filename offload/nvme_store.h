@@ -71,7 +71,8 @@ class NvmeExtent {
 
 // Where an extent's bytes lie on disk (for tools and fault tests).
 struct ExtentPlacement {
-  std::string path;
+  std::string path;         // the file's name, as errors name it
+  std::string reopen_path;  // where it can be opened (NvmeFileSet::reopen_path)
   uint64_t file_offset = 0;
   uint64_t bytes = 0;
 };

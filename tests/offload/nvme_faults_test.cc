@@ -137,7 +137,7 @@ TEST_F(NvmeFaultsTest, ReadingPastTheEndOfATruncatedFileIsDataLoss) {
   ASSERT_TRUE((*store)->Write(a, buf.view()).Wait().ok());
   ASSERT_TRUE((*store)->Write(b, buf.view()).Wait().ok());
   const ExtentPlacement where = (*store)->Placement(b)[0];
-  ASSERT_EQ(truncate(where.path.c_str(), static_cast<off_t>(where.file_offset + 4096)), 0);  // someone cut it
+  ASSERT_EQ(truncate(where.reopen_path.c_str(), static_cast<off_t>(where.file_offset + 4096)), 0);  // someone cut it
   const absl::Status s = (*store)->Read(b, buf.view()).Wait();
   ASSERT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("unexpected end of file"));

@@ -137,7 +137,7 @@ TEST_P(NvmeStoreTest, StripesAcrossTwoPaths) {
   uint64_t range_offset = 0;
   for (size_t piece = 0; piece < 3; ++piece) {
     AlignedBuffer got(4096);
-    const int fd = open(where[piece].path.c_str(), O_RDONLY);
+    const int fd = open(where[piece].reopen_path.c_str(), O_RDONLY);
     ASSERT_EQ(pread(fd, got.data(), 4096, where[piece].file_offset), 4096);
     close(fd);
     EXPECT_EQ(std::memcmp(got.data(), want.data() + range_offset, 4096), 0) << "stripe " << piece;
@@ -185,7 +185,7 @@ TEST_P(NvmeStoreTest, FlippedByteOnDiskIsDataLossNamingTheExtentAndOthersStillRe
   for (int i = 0; i < 3; ++i) extents.push_back(Alloc(50000));
   RoundTrip(extents, false, 11);
   const ExtentPlacement where = store_->Placement(extents[1])[0];
-  const int fd = open(where.path.c_str(), O_RDWR);
+  const int fd = open(where.reopen_path.c_str(), O_RDWR);
   char byte;
   ASSERT_EQ(pread(fd, &byte, 1, where.file_offset + 1234), 1);
   byte ^= 0x40;

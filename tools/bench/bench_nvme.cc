@@ -56,7 +56,7 @@ class StoreBench {
   std::string FileList() const {          // fio's --filename syntax
     std::vector<std::string> paths;
     for (size_t f = 0; f < store_->files().file_count(); ++f)
-      paths.push_back(store_->files().path(static_cast<int>(f)));
+      paths.push_back(store_->files().reopen_path(static_cast<int>(f)));  // the files have no names
     return absl::StrJoin(paths, ":");
   }
 

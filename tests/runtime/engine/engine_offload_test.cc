@@ -341,10 +341,15 @@ TEST_F(NvmeOffload, ACorruptParameterShardIsDataLossNamingTheUnit) {
     STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{}));
     STRATA_RETURN_IF_ERROR(e->Finalize());
     // Written through at Finalize; with 2 buffers the first unit is no longer cached. Flip every byte on disk.
-    for (const auto& f : std::filesystem::directory_iterator(dir_)) {
-      if (f.path().filename().string().find("params") == std::string::npos) continue;
-      std::FILE* fp = std::fopen(f.path().c_str(), "r+b");
-      std::vector<char> bytes(std::filesystem::file_size(f.path()));
+    // The swap files have no names (Note [Swap files leave nothing behind]): find the parameter store's
+    // among this process's descriptors, whose links still show the name they had.
+    const std::string dir = std::filesystem::canonical(dir_).string() + "/";
+    for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+      if (ec || target.rfind(dir, 0) != 0 || target.find("params") == std::string::npos) continue;
+      std::FILE* fp = std::fopen(fd.path().c_str(), "r+b");
+      std::vector<char> bytes(std::filesystem::file_size(fd.path()));
       EXPECT_EQ(std::fread(bytes.data(), 1, bytes.size(), fp), bytes.size());
       for (char& b : bytes) b = static_cast<char>(~b);
       std::rewind(fp);
