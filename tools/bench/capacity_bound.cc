@@ -60,14 +60,15 @@ BytesPerParam MeasureBytesPerParam(const engine::EngineConfig& cfg, const engine
   return b;
 }
 
-double PrintCapacityBound(const engine::EngineConfig& cfg, uint64_t free_disk, const BytesPerParam& bpp,
-                          int64_t largest, int ranks) {
+namespace {
+
+// Prints the terms of the bound's numerator and returns their sum; *unlimited when a tier that holds
+// state has no budget.
+double PrintRoom(const engine::EngineConfig& cfg, uint64_t free_disk, const BytesPerParam& bpp, int ranks,
+                 bool* unlimited) {
   const std::vector<std::string> paths = NvmePaths(cfg);
-  std::printf("physical bound: (free disk + host budget, and the device budget where state stays there) / bytes kept "
-              "per parameter\n");
   // A tier counts when the engine keeps state on it; a budget counts once per rank, the disk once.
   double room = 0;
-  bool unlimited = false;
   if (paths.empty()) {
     std::printf("  free disk     0 B: nothing is offloaded to NVMe\n");
   } else {
@@ -90,9 +91,20 @@ double PrintCapacityBound(const engine::EngineConfig& cfg, uint64_t free_disk, c
     std::printf("  %-13s %s: %s x %d rank%s%s\n", b.name, size.c_str(), b.flag, ranks, ranks == 1 ? "" : "s",
                 b.held > 0 ? "" : " (holds no state here: not counted)");
     if (b.held <= 0) continue;
-    unlimited |= !limited;
+    *unlimited |= !limited;
     room += limited ? static_cast<double>(b.budget) * ranks : 0;
   }
+  return room;
+}
+
+}  // namespace
+
+double PrintCapacityBound(const engine::EngineConfig& cfg, uint64_t free_disk, const BytesPerParam& bpp,
+                          int64_t largest, int ranks) {
+  std::printf("physical bound: (free disk + host budget, and the device budget where state stays there) / bytes kept "
+              "per parameter\n");
+  bool unlimited = false;
+  const double room = PrintRoom(cfg, free_disk, bpp, ranks, &unlimited);
   std::printf("  bytes/param   %.2f: the engine's accounting of the largest model's parameter, gradient, master and\n"
               "                optimizer state (device %.2f, pinned_host %.2f, nvme %.2f); the least this config needs\n"
               "                (param dtype, fp32 master unless the params are fp32, optimizer state, fp32 gradient): %.2f\n",
