@@ -4,6 +4,7 @@ the physical bound against its own terms and the disk's free space, the I/O floo
 counters and the bandwidth it measured, and the --results file against the table.
 usage: bench_capacity_report.py CPU_OUTPUT NVME_OUTPUT NVME_RESULTS NVME_DIR fio|builtin"""
 import json
+import os
 import re
 import shutil
 import sys
@@ -67,6 +68,8 @@ expect = 1e3 * (rd / (float(rbw) * 1e6) + wr / (float(wbw) * 1e6))
 check(near(floor, expect, 0.05) or abs(floor - expect) < 0.1, f"floor {floor} ms = read / read bw + write / write bw ({expect:.2f})")
 check(fstep == step and floor > 0 and near(ratio, step / floor, 0.05), f"step / floor {ratio} = {step} / {floor}")
 check(re.search(r"split: compute [\d.]+ ms, exposed I/O [\d.]+ ms, optimizer [\d.]+ ms", out), "the step's split")
+
+check(os.listdir(nvme_dir) == [], f"nothing left in the NVMe directory by the search or the probe: {os.listdir(nvme_dir)}")
 
 # Progress as it went, and the results file: one valid line per candidate of the table, in order.
 starts = re.findall(r"^candidate (\d+): .*?, (\d+) parameters, (no estimate yet|estimated \d+ s)$", out, re.M)
