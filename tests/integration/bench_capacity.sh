@@ -2,12 +2,18 @@
 # `strata bench capacity` finds the largest GPT (layers at fixed width) within tiny budgets, and reports
 # peaks that respect the budgets: with CPU offload, and with parameters and optimizer state on NVMe,
 # which under the same host budget must fit a deeper model and report the NVMe traffic of a step.
+# Then what a person watching it relies on: the physical bound it prints agrees with its own terms and
+# with the disk's free space; the I/O floor with its counters and the bandwidth it measured (fio when
+# installed); every finished candidate is one valid line of --results, also after SIGINT / SIGTERM in
+# the middle of the search, which ends promptly naming them; --time-limit ends the search with the table
+# of what finished; --max-params bounds it, and the search converges on that bound.
 # usage: bench_capacity.sh MPIRUN STRATA
 set -uo pipefail
 mpirun=$1 strata=$2
 export OMP_NUM_THREADS=1
 nvme=$(mktemp -d)
-trap 'rm -rf "$nvme"' EXIT
+work=$(mktemp -d)
+trap 'rm -rf "$nvme" "$work"' EXIT
 capacity() {
   "$mpirun" -n 1 "$strata" bench capacity --d-model 64 --heads 4 --seq-len 32 --micro-batch 2 --device-budget 2MiB "$@" 2>&1
 }
@@ -15,7 +21,8 @@ cpu16=$(capacity --host-budget 16MiB --offload-optimizer cpu --offload-params cp
 rc1=$?
 cpu4=$(capacity --host-budget 4MiB --offload-optimizer cpu --offload-params cpu)
 rc2=$?
-nvme4=$(capacity --host-budget 4MiB --offload-optimizer nvme --offload-params nvme --nvme-path "$nvme")
+nvme4=$(capacity --host-budget 4MiB --offload-optimizer nvme --offload-params nvme --nvme-path "$nvme" \
+        --results "$work/nvme4.jsonl" --probe-bytes 8MiB)
 rc3=$?
 printf '%s\n\n%s\n\n%s\n' "$cpu16" "$cpu4" "$nvme4"
 python3 - "$cpu16" "$cpu4" "$nvme4" <<'PY'
@@ -45,4 +52,10 @@ print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
 checked=$?
-[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ $checked -eq 0 ]
+fio=builtin
+command -v fio > /dev/null && fio=fio
+python3 "$(dirname "$0")/bench_capacity_report.py" "$cpu16" "$nvme4" "$work/nvme4.jsonl" "$nvme" "$fio"
+reported=$?
+"$(dirname "$0")/bench_capacity_bounds.sh" "$mpirun" "$strata" "$work"
+bounded=$?
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ $checked -eq 0 ] && [ $reported -eq 0 ] && [ $bounded -eq 0 ]

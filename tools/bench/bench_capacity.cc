@@ -2,11 +2,18 @@
 // largest GPT that completes 3 steps within the budgets. Layers at fixed width (or width at fixed depth)
 // grow by doubling until a run fails, then a binary search between the last success and the first
 // failure. A candidate that does not fit fails at Finalize, before any step, so the search is cheap.
-// Prints, for the largest model: parameters, peak bytes per tier, step time and its split.
+//
+// Each candidate prints a line as it starts (its size and an estimate of its time, from the last one that
+// fitted, scaled by parameters) and as it ends (fits or why not, step time, peak bytes per tier), and is
+// appended to --results as one JSON line (Note [Interrupted search], capacity_results.h). --max-params and
+// --time-limit bound the search. At the end: a table of every candidate; for the largest model its
+// parameters, peak bytes per tier, step time and its split; the physical bound of the box and the I/O floor
+// of the step (capacity_bound.h).
 #include <chrono>
 #include <cstdio>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "models/gpt/model/gpt_model.h"
 #include "models/gpt/train/command_start.h"
@@ -17,47 +24,61 @@
 #include "runtime/base/units.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
+#include "tools/bench/capacity_bound.h"
+#include "tools/bench/capacity_results.h"
 #include "tools/cli/commands.h"
 #include "tools/launch.h"
 
 namespace strata::tools {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+struct SearchOptions {
+  bool width = false;
+  int64_t max_params = 0;   // 0 = no bound
+  double time_limit_s = 0;  // 0 = no limit
+  std::string results;      // JSON-lines file, "" = none
+  uint64_t probe_bytes = 64ull << 20;
+};
+
 struct Attempt {
+  int64_t k = 0;  // layers, or d_model / heads
+  gpt::GptConfig model;
   bool fits = false;
   std::string why;
   int64_t params = 0;
-  double step_ms = 0;
+  double step_ms = 0;  // the last of the steps: the first ones warm the caches
+  double seconds = 0;  // bring-up, steps and teardown
   engine::StepResult last;
   engine::MemoryStats mem;
 };
 
-absl::StatusOr<Attempt> Try(const TrainOptions& o, const gpt::GptConfig& model, comm::Communicator& world, int steps) {
-  Attempt a;
-  a.params = gpt::NumParams(model);
+absl::Status Try(const TrainOptions& o, comm::Communicator& world, int steps, Attempt& a) {
+  a.params = gpt::NumParams(a.model);
   device::HostDevice dev;
-  absl::StatusOr<GptRun> run = BringUp(o.engine, model, world, dev);
+  absl::StatusOr<GptRun> run = BringUp(o.engine, a.model, world, dev);
   if (absl::IsResourceExhausted(run.status())) {  // Finalize found that it does not fit the budgets
     a.why = std::string(run.status().message());
-    return a;
+    return absl::OkStatus();
   }
   STRATA_RETURN_IF_ERROR(run.status());
   engine::Engine& e = *run->engine;
   const int B = o.engine.train_micro_batch_size_per_gpu;
-  std::vector<int32_t> in(size_t(B) * model.seq_len);
+  std::vector<int32_t> in(size_t(B) * a.model.seq_len);
   std::mt19937 rng(7);
-  for (auto& t : in) t = static_cast<int32_t>(rng() % model.vocab);
-  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& t : in) t = static_cast<int32_t>(rng() % a.model.vocab);
   for (int i = 0; i < steps; ++i) {  // one micro-batch a step, whatever the accumulation
+    const auto t0 = Clock::now();
     STRATA_RETURN_IF_ERROR(RunMicroBatches(*run, 1, B, o.checkpointing, [&](int) -> absl::StatusOr<MicroBatchInput> {
                              return MicroBatchInput{in.data(), in.data(), e.loss_scale()};
                            }).status());
     STRATA_ASSIGN_OR_RETURN(a.last, e.Step());
+    a.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   }
-  a.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
   a.fits = true;
   a.mem = e.memory_stats();
-  return a;
+  return absl::OkStatus();
 }
 
 gpt::GptConfig Scaled(gpt::GptConfig m, bool width, int64_t k) {
@@ -69,31 +90,50 @@ gpt::GptConfig Scaled(gpt::GptConfig m, bool width, int64_t k) {
   return m;
 }
 
-absl::Status Capacity(const TrainOptions& o, comm::Communicator& world, bool width) {
-  const gpt::GptConfig base = o.model;
-  const int steps = 3;
-  int64_t good = 0, bad = 0, k = width ? std::max(1, base.d_model / base.heads) : std::max(1, base.layers);
-  Attempt best;
-  while (bad == 0 || bad - good > 1) {  // doubling, then bisection
-    if ((width ? k * base.heads : k) > (int64_t{1} << 30)) {  // Scaled narrows to int; gpt dimensions stop at 2^30
-      return absl::InvalidArgumentError(absl::StrCat("the search passed ", width ? "d_model" : "layers",
-                                                     " 2^30 without running out of memory: set --device-budget "
-                                                     "or --host-budget"));
-    }
-    STRATA_ASSIGN_OR_RETURN(Attempt a, Try(o, Scaled(base, width, k), world, steps));
-    if (a.fits) {
-      good = k;
-      best = a;
-    } else {
-      bad = k;
-      if (good == 0 && k == 1) return absl::ResourceExhaustedError(absl::StrCat("not even the smallest model fits: ", a.why));
-    }
-    k = bad == 0 ? 2 * k : (good + bad) / 2;
-    if (bad != 0 && k == good) break;
+// "12 layers x d_model 64": not gpt::Describe's "layers 12, d_model 64", which names only the result.
+std::string Shape(const gpt::GptConfig& m) { return absl::StrCat(m.layers, " layers x d_model ", m.d_model); }
+
+std::string Peaks(const engine::MemoryStats& mem) {
+  std::string s;
+  for (int t = 0; t < memory::kNumTiers; ++t) {
+    absl::StrAppend(&s, t ? ", " : "", memory::TierName(static_cast<memory::Tier>(t)), " ",
+                    FormatBytes(mem.tier[t].peak_bytes));
   }
-  if (world.rank() != 0) return absl::OkStatus();
-  const gpt::GptConfig m = Scaled(base, width, good);
-  std::printf("largest model within the budgets: %s, %lld parameters\n", gpt::Describe(m).c_str(),
+  return s;
+}
+
+nlohmann::json ToJson(const Attempt& a) {
+  nlohmann::json j = {{"layers", a.model.layers}, {"d_model", a.model.d_model}, {"heads", a.model.heads},
+                      {"seq_len", a.model.seq_len}, {"vocab", a.model.vocab},  {"params", a.params},
+                      {"fits", a.fits},             {"seconds", a.seconds}};
+  if (!a.fits) {
+    j["why"] = a.why;
+    return j;
+  }
+  j["step_ms"] = a.step_ms;
+  j["split_ms"] = {{"compute", a.last.compute_ms}, {"exposed_comm", a.last.exposed_comm_ms},
+                   {"exposed_io", a.last.exposed_io_ms}, {"optimizer", a.last.optimizer_ms}};
+  j["nvme_read_bytes"] = a.last.nvme_read_bytes;
+  j["nvme_write_bytes"] = a.last.nvme_write_bytes;
+  for (int t = 0; t < memory::kNumTiers; ++t) {
+    j["peak_bytes"][std::string(memory::TierName(static_cast<memory::Tier>(t)))] = a.mem.tier[t].peak_bytes;
+  }
+  return j;
+}
+
+void PrintTable(const std::vector<Attempt>& all) {
+  std::printf("candidates (in the order tried):\n  %6s %8s %14s  %-5s %10s  %s\n", "layers", "d_model", "params", "fits",
+              "step ms", "peaks, or why not");
+  for (const Attempt& a : all) {
+    char step[32] = "-";
+    if (a.fits) std::snprintf(step, sizeof step, "%.1f", a.step_ms);
+    std::printf("  %6d %8d %14lld  %-5s %10s  %s\n", a.model.layers, a.model.d_model, static_cast<long long>(a.params),
+                a.fits ? "yes" : "no", step, a.fits ? Peaks(a.mem).c_str() : a.why.substr(0, 100).c_str());
+  }
+}
+
+void PrintLargest(const Attempt& best) {
+  std::printf("largest model within the budgets: %s, %lld parameters\n", gpt::Describe(best.model).c_str(),
               static_cast<long long>(best.params));
   for (int t = 0; t < memory::kNumTiers; ++t) {
     std::printf("  peak %-12s %s\n", std::string(memory::TierName(static_cast<memory::Tier>(t))).c_str(),
@@ -106,16 +146,186 @@ absl::Status Capacity(const TrainOptions& o, comm::Communicator& world, bool wid
   // optimizer update (Notes [NVMe params] and [NVMe state]).
   std::printf("  NVMe bytes per step: %s read, %s written\n", FormatBytes(best.last.nvme_read_bytes).c_str(),
               FormatBytes(best.last.nvme_write_bytes).c_str());
+}
+
+struct Search {
+  std::vector<Attempt> all;
+  int best = -1;        // index into `all` of the largest that fitted
+  std::string stopped;  // why the search ended early, "" when it converged
+};
+
+// Seconds the next candidate should take: the last fitted one's, scaled by parameters (0: no estimate).
+double Estimate(const Search& s, int64_t params) {
+  if (s.best < 0) return 0;
+  const Attempt& b = s.all[static_cast<size_t>(s.best)];
+  return b.seconds * static_cast<double>(params) / static_cast<double>(std::max<int64_t>(b.params, 1));
+}
+
+// Rank 0's decision, the same on every rank (the ranks must run the same candidates: Finalize is collective).
+absl::StatusOr<bool> Agreed(comm::Communicator& world, device::Stream& stream, bool decision) {
+  if (world.size() == 1) return decision;
+  float v = decision ? 1.0f : 0.0f;
+  STRATA_RETURN_IF_ERROR(comm::BroadcastBytes(world, &v, sizeof v, 0, stream).Wait());
+  return v != 0;
+}
+
+void PrintOutcome(const Attempt& a) {
+  if (!a.fits) {
+    std::printf("  does not fit (%.1f s): %s\n", a.seconds, a.why.c_str());
+  } else {
+    std::printf("  fits (%.1f s): step %.1f ms (compute %.1f, exposed I/O %.1f, optimizer %.1f); peaks: %s; "
+                "NVMe per step %s read, %s written\n",
+                a.seconds, a.step_ms, a.last.compute_ms, a.last.exposed_io_ms, a.last.optimizer_ms, Peaks(a.mem).c_str(),
+                FormatBytes(a.last.nvme_read_bytes).c_str(), FormatBytes(a.last.nvme_write_bytes).c_str());
+  }
+  std::fflush(stdout);
+}
+
+// Runs one candidate of size k unless a bound stops it: *ran tells which. Rank 0 reports and records it.
+absl::Status Candidate(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world, device::Stream& stream,
+                       double elapsed, CapacityResults& results, Attempt a, Search& s, bool* ran) {
+  *ran = false;
+  const bool rank0 = world.rank() == 0;
+  const std::string name = absl::StrCat("candidate ", s.all.size() + 1, ": ", Shape(a.model), ", ", a.params, " parameters");
+  if (so.max_params > 0 && a.params > so.max_params) {
+    if (rank0) std::printf("%s: over --max-params %lld, not tried\n", name.c_str(), static_cast<long long>(so.max_params));
+    return absl::OkStatus();
+  }
+  const double est = Estimate(s, a.params);
+  STRATA_ASSIGN_OR_RETURN(const bool go,
+                          Agreed(world, stream, so.time_limit_s <= 0 || elapsed + est < so.time_limit_s));
+  if (!go) {
+    s.stopped = absl::StrCat("--time-limit ", so.time_limit_s, " s reached after ", static_cast<int64_t>(elapsed),
+                             " s: ", name, " was estimated at ", static_cast<int64_t>(est), " s");
+    return absl::OkStatus();
+  }
+  if (rank0) {
+    std::printf("%s, %s\n", name.c_str(), est > 0 ? absl::StrCat("estimated ", static_cast<int64_t>(est + 0.5), " s").c_str()
+                                                  : "no estimate yet");
+    std::fflush(stdout);
+  }
+  const auto t0 = Clock::now();
+  STRATA_RETURN_IF_ERROR(Try(o, world, 3, a));
+  a.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (rank0) {
+    PrintOutcome(a);
+    STRATA_RETURN_IF_ERROR(results.Append(ToJson(a)));
+  }
+  s.all.push_back(std::move(a));
+  if (s.all.back().fits) s.best = static_cast<int>(s.all.size()) - 1;
+  *ran = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Search> RunSearch(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world,
+                                 CapacityResults& results) {
+  const gpt::GptConfig base = o.model;
+  device::HostDevice dev;
+  STRATA_ASSIGN_OR_RETURN(auto stream, dev.CreateStream("capacity"));
+  const auto start = Clock::now();
+  Search s;
+  int64_t good = 0, bad = 0, k = so.width ? std::max(1, base.d_model / base.heads) : std::max(1, base.layers);
+  while (bad == 0 || bad - good > 1) {  // doubling, then bisection
+    if ((so.width ? k * base.heads : k) > (int64_t{1} << 30)) {  // Scaled narrows to int; gpt dimensions stop at 2^30
+      return absl::InvalidArgumentError(absl::StrCat("the search passed ", so.width ? "d_model" : "layers",
+                                                     " 2^30 without running out of memory: set --device-budget, "
+                                                     "--host-budget or --max-params"));
+    }
+    Attempt a;
+    a.k = k;
+    a.model = Scaled(base, so.width, k);
+    a.params = gpt::NumParams(a.model);
+    bool ran = false;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    STRATA_RETURN_IF_ERROR(Candidate(o, so, world, *stream, elapsed, results, a, s, &ran));
+    if (!s.stopped.empty()) break;
+    if (ran && s.all.back().fits) {
+      good = k;
+    } else {
+      bad = k;  // does not fit, or over --max-params
+      if (good == 0 && k == 1) {
+        return absl::ResourceExhaustedError(
+            ran ? absl::StrCat("not even the smallest model fits: ", s.all.back().why)
+                : "not even the smallest model is within --max-params");
+      }
+    }
+    k = bad == 0 ? 2 * k : (good + bad) / 2;
+    if (bad != 0 && k == good) break;
+  }
+  if (s.best < 0) return absl::DeadlineExceededError(absl::StrCat("no candidate fitted before the search ended: ", s.stopped));
+  return s;
+}
+
+absl::Status Capacity(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world) {
+  const std::vector<std::string> nvme = NvmePaths(o.engine);
+  uint64_t free_disk = 0;
+  STRATA_ASSIGN_OR_RETURN(free_disk, FreeDiskBytes(nvme));  // 0 without NVMe; before any swap file exists
+  CapacityResults results;
+  if (world.rank() == 0) {
+    STRATA_RETURN_IF_ERROR(results.Open(so.results));
+    if (!so.results.empty()) std::printf("appending each finished candidate to %s\n", so.results.c_str());
+  }
+  STRATA_ASSIGN_OR_RETURN(const Search s, RunSearch(o, so, world, results));
+  if (world.rank() != 0) return absl::OkStatus();
+  PrintTable(s.all);
+  if (!s.stopped.empty()) std::printf("search stopped early: %s\n", s.stopped.c_str());
+  const Attempt& best = s.all[static_cast<size_t>(s.best)];
+  PrintLargest(best);
+  PrintCapacityBound(o.engine, free_disk, MeasureBytesPerParam(o.engine, best.mem, best.params, world.size()),
+                     best.params, world.size());
+  if (nvme.empty() || best.last.nvme_read_bytes + best.last.nvme_write_bytes == 0) {
+    std::printf("I/O floor: none (the step moves no NVMe bytes)\n");
+    return absl::OkStatus();
+  }
+  return PrintIoFloor(nvme, so.probe_bytes, StepTiming{best.step_ms, best.last, world.size()});
+}
+
+// The search's own flags, taken out of `args`; the rest are strata train's.
+absl::Status ParseSearchFlags(const std::vector<std::string>& args, SearchOptions* so, std::vector<std::string>* rest) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool ours = a == "--vary" || a == "--max-params" || a == "--time-limit" || a == "--results" || a == "--probe-bytes";
+    if (!ours) {
+      rest->push_back(a);
+      continue;
+    }
+    if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
+    const std::string& v = args[++i];
+    double d = 0;
+    if (a == "--vary") {
+      if (v != "layers" && v != "width") return absl::InvalidArgumentError("--vary layers|width");
+      so->width = v == "width";
+    } else if (a == "--results") {
+      so->results = v;
+    } else if (a == "--probe-bytes") {
+      STRATA_ASSIGN_OR_RETURN(so->probe_bytes, ParseBytes(v));
+    } else if (!absl::SimpleAtod(v, &d) || !(d > 0) || d > 1e18) {
+      return absl::InvalidArgumentError(absl::StrCat(a, " '", v, "' is not a positive number"));
+    } else if (a == "--max-params") {
+      so->max_params = static_cast<int64_t>(d);  // 3e9 is accepted
+    } else {
+      so->time_limit_s = d;
+    }
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
 std::string BenchCapacityUsage() {
-  return "usage: strata bench capacity [--vary layers|width] [strata train's flags]\n"
+  return "usage: strata bench capacity [--vary layers|width] [--max-params N] [--time-limit S] [--results FILE]\n"
+         "                             [--probe-bytes B] [strata train's flags]\n"
          "  finds the largest GPT (more layers, or a wider model) whose step trains within --device-budget and\n"
-         "  --host-budget, with the offload flags given. Flags:\n"
-         "  --vary layers|width         what grows (default layers)\n" +
+         "  --host-budget, with the offload flags given. Prints each candidate as it starts (size, estimated time)\n"
+         "  and ends (fits or why not, step time, peak bytes per tier), then a table of all, the largest model,\n"
+         "  the physical bound (free disk + host budget) / bytes per parameter, and with NVMe offload the step's\n"
+         "  I/O floor (NVMe bytes per step over the path's bandwidth, measured by fio when installed). SIGINT or\n"
+         "  SIGTERM stops it at once, keeping the finished candidates in --results. Flags:\n"
+         "  --vary layers|width         what grows (default layers)\n"
+         "  --max-params N              try no model larger than N parameters (3e9 is accepted)\n"
+         "  --time-limit S              start no candidate estimated to end past S seconds; print what finished\n"
+         "  --results FILE              append each finished candidate to FILE as one JSON line\n"
+         "  --probe-bytes B             bytes the bandwidth probe writes then reads (default 64MiB)\n" +
          TrainUsage().substr(TrainUsage().find('\n') + 1);
 }
 
@@ -124,27 +334,20 @@ int BenchCapacityCommand(const std::vector<std::string>& args) {
   std::optional<CommandLaunch> start = StartLaunch("bench capacity", &code);  // MPI, then the launch
   if (!start.has_value()) return code;
   const Launch* launch = &start->launch;
-  std::vector<std::string> rest;
-  std::string vary = "layers";
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--vary" && i + 1 < args.size()) {
-      vary = args[++i];
-    } else {
-      rest.push_back(args[i]);
-    }
-  }
   // The search runs the host back-end (Note [Launchers]): MPI's world, or one torchrun rank.
   if (auto refused = RefuseHostUnderTorchrun(*launch, device::DeviceKind::kHost, "bench capacity")) {
     if (launch->rank == 0) std::fprintf(stderr, "strata bench capacity: %s\n", refused->c_str());
     return 2;
   }
-  auto opts = ParseTrainOptions(rest, launch->size);
-  absl::Status s = opts.status();
-  if (s.ok() && vary != "layers" && vary != "width") s = absl::InvalidArgumentError("--vary layers|width");
+  SearchOptions so;
+  std::vector<std::string> rest;
+  absl::Status s = ParseSearchFlags(args, &so, &rest);
+  absl::StatusOr<TrainOptions> opts = s.ok() ? ParseTrainOptions(rest, launch->size) : s;
+  s = opts.status();
   if (s.ok()) {
     SetMinLogSeverity(LogSeverity::kError);  // failed candidates are expected; their errors are not news
     auto world = start->mpi->World(comm::Options{});
-    s = world.ok() ? Capacity(*opts, **world, vary == "width") : world.status();
+    s = world.ok() ? Capacity(*opts, so, **world) : world.status();
   }
   if (!s.ok()) {
     std::fprintf(stderr, "strata bench capacity: %s\n", std::string(s.message()).c_str());
