@@ -15,6 +15,19 @@ uint64_t CopyOverlap(const ShardRange& range, absl::Span<const float> values, ui
   return e - b;
 }
 
+std::vector<SaveRange> RangesToSave(const ManifestUnit& unit, uint64_t lo, uint64_t hi,
+                                    absl::Span<const std::string> kinds) {
+  std::vector<SaveRange> out;
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    for (const ManifestParam& p : unit.params) {
+      const uint64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (b >= e) continue;
+      out.push_back({ShardRange{unit.name, p.name, kinds[k], b, e - b}, k});
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<const ShardReader*> ShardReaders::Get(int rank) {
   auto it = open_.find(rank);
   if (it != open_.end()) return &it->second;

@@ -1,8 +1,9 @@
 // Resharding: reading saved state into a layout of another world size or stage. Checkpoint state is
 // addressed by global element offset inside a unit's flat buffer (shard_file.h), so moving it between
-// layouts is interval arithmetic over saved ranges: which saved shards overlap the wanted elements, and
-// which part of each range lands where. That arithmetic lives here once; the engine's restore
-// (engine_restore.cc: each rank's update range) and export (consolidate.cc: whole parameters) use it.
+// layouts is interval arithmetic over saved ranges: which ranges a rank writes, which saved shards
+// overlap the wanted elements, and which part of each range lands where. That arithmetic lives here
+// once; the engine's save (engine_checkpoint.cc: each rank's slice), restore (engine_restore.cc: each
+// rank's update range) and export (consolidate.cc: whole parameters) use it.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,18 @@
 #include "runtime/checkpoint/shard_file.h"
 
 namespace strata::checkpoint {
+
+// One range a rank saves and which of the kinds passed to RangesToSave it holds.
+struct SaveRange {
+  ShardRange range;  // unit, param, kind, begin, count; the file offset and crc are the writer's
+  size_t kind = 0;   // index into the kinds
+};
+
+// The ranges a rank holding elements [lo, hi) of `unit` writes: for each kind in the order given, each
+// parameter's overlap with [lo, hi), in parameter order; parameters outside [lo, hi) write nothing.
+// This order is the shard file's (shard_file.h), so a checkpoint's bytes depend on it.
+std::vector<SaveRange> RangesToSave(const ManifestUnit& unit, uint64_t lo, uint64_t hi,
+                                    absl::Span<const std::string> kinds);
 
 // Copies the elements of the global range [lo, hi) that `range` holds from `values` (its range.count
 // values, element range.begin first) to dst, where dst[0] is element lo. Elements of `range` outside

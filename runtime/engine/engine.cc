@@ -53,14 +53,14 @@ absl::Status Engine::Impl::CreateDeviceArena(uint64_t) { return absl::OkStatus()
 #endif
 
 float* Engine::Impl::MasterPtr(UnitState& u) const {
-  if (nvme_optimizer()) return nullptr;  // on NVMe: ReadState(u, kMaster) stages it
+  // Apart from the params: u.master, which is empty (nullptr) with the master on NVMe, where
+  // ReadState(u, kMaster) stages it.
   if (separate_master()) return u.master.as<float>();
-  if (cfg.stage == 3) return u.params.as<float>();
-  return u.params.as<float>() + update_begin(u);
+  return u.params.as<float>() + (u.ext.update_begin - u.ext.param_begin);
 }
 
 float* Engine::Impl::GradUpdatePtr(UnitState& u) const {
-  return cfg.stage <= 1 ? u.grads.as<float>() + update_begin(u) : u.grads.as<float>();
+  return u.grads.as<float>() + (u.ext.update_begin - u.ext.grad_begin);
 }
 
 char* Engine::Impl::ParamBase(const UnitState& u) const {
@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                                &impl->tracker);
   impl->host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
                                                              &impl->tracker);
+  impl->place = DecidePlacement(config, impl->device_alloc.get(), impl->host_alloc.get());
   // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
   const bool host_update =
       device.kind() != device::DeviceKind::kCuda || config.offload_optimizer.device != OffloadDevice::kNone;
@@ -133,6 +134,7 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
                           shard::UnitLayout::Build(std::move(name), std::move(params), m.world_size()));
   m.units.emplace_back();
   m.units.back().layout = std::move(layout);
+  m.units.back().ext = DecideExtents(m.cfg.stage, m.rank(), m.units.back().layout);
   return static_cast<int>(m.units.size()) - 1;
 }
 
@@ -170,49 +172,33 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   return absl::OkStatus();
 }
 
-size_t ParamElems(const Engine::Impl& m, const UnitState& u) {
-  return m.cfg.stage == 3 ? u.layout.shard_elems : u.layout.total_elems;
-}
-size_t GradElems(const Engine::Impl& m, const UnitState& u) {
-  return m.cfg.stage <= 1 ? u.layout.total_elems : u.layout.shard_elems;
-}
-
 absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
-  memory::Allocator& opt = m.OptimizerTier();
-  const size_t upd = m.update_elems(u), param_elems = ParamElems(m, u);
-  if (!m.nvme_params()) {  // NVMe params live in the shard cache (Note [NVMe params])
-    STRATA_ASSIGN_OR_RETURN(u.params, m.ParamTier().Allocate(param_elems * m.param_bytes(), Kind::kParamShard));
+  const Placement& at = m.place;
+  const size_t upd = u.ext.update_elems, param_bytes = u.ext.param_elems * m.param_bytes();
+  // A kind without a tier has no buffer in memory (Note [Placement]).
+  auto allocate = [](memory::Allocator* tier, size_t bytes, Kind kind, memory::Buffer* b) -> absl::Status {
+    if (tier == nullptr) return absl::OkStatus();
+    STRATA_ASSIGN_OR_RETURN(*b, tier->Allocate(bytes, kind));
+    return absl::OkStatus();
+  };
+  STRATA_RETURN_IF_ERROR(allocate(at.params, param_bytes, Kind::kParamShard, &u.params));
+  STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &u.master));
+  STRATA_RETURN_IF_ERROR(allocate(at.grads, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads));
+  STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &u.m));
+  if (optim::StateBuffers(m.cfg.optimizer) > 1) {
+    STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &u.v));
   }
-  if (m.nvme_optimizer()) {  // master and state on NVMe (SetUpNvme); gradients on the host tier
-    STRATA_ASSIGN_OR_RETURN(u.grads, opt.Allocate(GradElems(m, u) * 4, Kind::kGradShard));
-  } else if (m.separate_master()) {
-    STRATA_ASSIGN_OR_RETURN(u.master, opt.Allocate(upd * 4, Kind::kMaster));
-  }
-  if (!m.nvme_optimizer()) {
-    STRATA_ASSIGN_OR_RETURN(u.grads, opt.Allocate(GradElems(m, u) * 4, Kind::kGradShard));
-    STRATA_ASSIGN_OR_RETURN(u.m, opt.Allocate(upd * 4, Kind::kOptimizerState));
-    if (optim::StateBuffers(m.cfg.optimizer) > 1) {
-      STRATA_ASSIGN_OR_RETURN(u.v, opt.Allocate(upd * 4, Kind::kOptimizerState));
-    }
-  }
-  u.update_segments = m.cfg.stage == 0 ? u.layout.FullSegments() : u.layout.ShardSegments(m.rank());
-  // Initial values: the rank's own range for stage 3, everything for the replicated stages.
-  const size_t lo = m.cfg.stage == 3 ? m.update_begin(u) : 0;
-  const size_t hi = lo + param_elems;
-  STRATA_RETURN_IF_ERROR(m.ParamStorage(u, 0, param_elems * m.param_bytes(), [&](char* params) {
+  // Initial values of what the rank holds: its own range for stage 3, everything for the replicated stages.
+  const size_t lo = u.ext.param_begin, hi = lo + u.ext.param_elems;
+  STRATA_RETURN_IF_ERROR(m.ParamStorage(u, 0, param_bytes, [&](char* params) {
     InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
     return absl::OkStatus();
   }, /*keep=*/false));
-  // The initial master (when it is not the param storage itself) and, on NVMe, zero optimizer state
-  // (allocators hand out zeroed memory).
-  std::vector<float> values(upd, 0.0f);
-  if (m.nvme_optimizer()) {
-    for (optim::StateKind k : m.state_kinds()) {
-      if (k != optim::StateKind::kMaster) STRATA_RETURN_IF_ERROR(m.WriteState(u, k, values));
-    }
-  }
+  // The initial master, when it is not the param storage itself (allocators hand out zeroed memory;
+  // SetUpNvme zeroes the state on NVMe).
   if (!m.separate_master()) return absl::OkStatus();
-  InitRange(u, m.cfg.seed, m.update_begin(u), m.update_begin(u) + upd, values.data(), nullptr, DType::kF32);
+  std::vector<float> values(upd, 0.0f);
+  InitRange(u, m.cfg.seed, u.ext.update_begin, u.ext.update_begin + upd, values.data(), nullptr, DType::kF32);
   return m.WriteState(u, optim::StateKind::kMaster, values);
 }
 
@@ -223,35 +209,37 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
 absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard, uint64_t* device_need) {
   uint64_t need[memory::kNumTiers] = {0, 0, 0};
   std::string parts[memory::kNumTiers];
-  auto add = [&](memory::Allocator& a, uint64_t bytes, const char* what) {
-    const int t = static_cast<int>(a.tier());
+  auto add = [&](memory::Allocator* a, uint64_t bytes, const char* what) {
+    if (a == nullptr) return;
+    const int t = static_cast<int>(a->tier());
     need[t] += bytes;
     if (bytes) absl::StrAppend(&parts[t], parts[t].empty() ? "" : ", ", what, " ", FormatBytes(bytes));
   };
+  // What the units hold, per kind; a kind without a tier is not in memory (Note [Placement]).
   uint64_t params = 0, master = 0, grads = 0, state = 0;
   for (const UnitState& u : m.units) {
-    params += ParamElems(m, u) * m.param_bytes();
-    master += m.separate_master() && !m.nvme_optimizer() ? m.update_elems(u) * 4 : 0;
-    grads += GradElems(m, u) * 4;
-    state += m.nvme_optimizer() ? 0 : m.update_elems(u) * 4 * optim::StateBuffers(m.cfg.optimizer);
+    params += u.ext.param_elems * m.param_bytes();
+    master += u.ext.update_elems * 4;
+    grads += u.ext.grad_elems * 4;
+    state += u.ext.update_elems * 4 * optim::StateBuffers(m.cfg.optimizer);
   }
-  if (m.nvme_optimizer()) {  // the pinned staging buffers of the tiled update (NVMe space is checked by the store)
-    add(*m.host_alloc, uint64_t(NvmeStagingTiles(m.cfg)) * m.nvme_tile_elems * 4, "NVMe staging buffers");
+  SharedSizes sizes;
+  sizes.nvme_staging = uint64_t(NvmeStagingTiles(m.cfg)) * m.nvme_tile_elems * 4;
+  sizes.nvme_param_buffers = NvmeParamBuffers(m.cfg, live) * offload::NvmeStore::IoBytes(largest_shard * m.param_bytes());
+  sizes.gathered = uint64_t(live) * largest * m.param_bytes();
+  sizes.grad_buffers = uint64_t(m.cfg.max_live_units) * largest * 4 + largest_shard * 4;
+  sizes.grad_staging = m.GradStagingNeeded() ? uint64_t(largest_shard) * 4 : 0;
+  const std::vector<SharedBuffer> shared = SharedBuffers(m.cfg, sizes, m.device_alloc.get(), m.host_alloc.get());
+  for (const SharedBuffer& b : shared) {
+    if (b.before_units) add(b.tier, b.bytes, b.what);
   }
-  if (m.nvme_params()) {  // the shard cache's buffers (NVMe space is checked by the store)
-    add(*m.host_alloc, NvmeParamBuffers(m.cfg, live) * offload::NvmeStore::IoBytes(largest_shard * m.param_bytes()),
-        "NVMe parameter buffers");
-  } else {
-    add(m.ParamTier(), params, "parameters");
+  add(m.place.params, params, "parameters");
+  add(m.place.master, master, "fp32 master");
+  add(m.place.grads, grads, "gradients");
+  add(m.place.state, state, "optimizer state");
+  for (const SharedBuffer& b : shared) {
+    if (!b.before_units) add(b.tier, b.bytes, b.what);
   }
-  add(m.OptimizerTier(), master, "fp32 master");
-  add(m.OptimizerTier(), grads, "gradients");
-  add(m.OptimizerTier(), state, "optimizer state");
-  if (m.cfg.stage == 3) add(*m.device_alloc, uint64_t(live) * largest * m.param_bytes(), "gathered units");
-  if (m.cfg.stage >= 2) {
-    add(*m.device_alloc, uint64_t(m.cfg.max_live_units) * largest * 4 + largest_shard * 4, "gradient buffers");
-  }
-  if (m.GradStagingNeeded()) add(*m.host_alloc, uint64_t(largest_shard) * 4, "gradient staging");
   *device_need = need[static_cast<int>(memory::Tier::kDevice)];
   for (memory::Allocator* a : {m.device_alloc.get(), m.host_alloc.get()}) {
     const int t = static_cast<int>(a->tier());
@@ -286,8 +274,8 @@ absl::Status Engine::Finalize() {
   uint64_t device_need = 0;
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, &device_need));
   STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
-  if (m.nvme_optimizer()) STRATA_RETURN_IF_ERROR(m.SetUpNvme());
-  if (m.nvme_params()) STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest_shard));
+  STRATA_RETURN_IF_ERROR(m.SetUpNvme());
+  STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest_shard));
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
@@ -361,8 +349,7 @@ absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& val
     }
   }, /*write_back=*/true));
   // The parameter's elements within what this rank holds, [b, e), from the storage's first element plo.
-  const size_t plo = m.cfg.stage == 3 ? lo : 0;
-  const size_t phi = m.cfg.stage == 3 ? hi : u.layout.total_elems;
+  const size_t plo = u.ext.param_begin, phi = plo + u.ext.param_elems;
   const size_t b = std::max(plo, p.offset_elems), e = std::max(b, std::min(phi, p.offset_elems + p.numel));
   return m.ParamStorage(u, (b - plo) * m.param_bytes(), (e - b) * m.param_bytes(), [&](char* params) {
     for (size_t j = b; j < e; ++j) StoreAs(m.cfg.param_dtype, value[j - p.offset_elems], params, j - b);

@@ -21,6 +21,7 @@
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/reshard.h"
 #include "runtime/checkpoint/shard_file.h"
 #include "runtime/engine/engine_impl.h"
 
@@ -46,21 +47,26 @@ absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
   return out;
 }
 
+ckpt::ManifestUnit ManifestUnitOf(const UnitState& u) {
+  ckpt::ManifestUnit mu{u.layout.name, {}};
+  for (const shard::ParamSlot& p : u.layout.params) {
+    mu.params.push_back({p.spec.name, p.spec.shape, p.offset_elems, p.numel, p.spec.weight_decay});
+  }
+  return mu;
+}
+
 absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
   const size_t r = static_cast<size_t>(m.rank());
-  const std::vector<optim::StateKind> kinds = m.state_kinds();
+  std::vector<std::string> kinds;
+  for (optim::StateKind k : m.state_kinds()) kinds.emplace_back(optim::StateKindName(k));
   std::vector<ckpt::ShardRange> ranges;
   std::vector<std::pair<size_t, size_t>> where;  // (unit, kind) of each range
   for (size_t ui = 0; ui < m.units.size(); ++ui) {
     const UnitState& u = m.units[ui];
-    const size_t lo = r * u.layout.shard_elems, hi = lo + u.layout.shard_elems;
-    for (size_t k = 0; k < kinds.size(); ++k) {
-      for (const shard::ParamSlot& p : u.layout.params) {
-        const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
-        if (b >= e) continue;
-        ranges.push_back({u.layout.name, p.spec.name, std::string(optim::StateKindName(kinds[k])), b, e - b});
-        where.emplace_back(ui, k);
-      }
+    const size_t lo = r * u.layout.shard_elems;
+    for (ckpt::SaveRange& s : ckpt::RangesToSave(ManifestUnitOf(u), lo, lo + u.layout.shard_elems, kinds)) {
+      ranges.push_back(std::move(s.range));
+      where.emplace_back(ui, s.kind);
     }
   }
   STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.rank(), m.world_size(), ranges));
@@ -91,13 +97,7 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   man.loss_scale = m.loss_scale;
   man.clean_steps = m.clean_steps;
   man.trainer_json = trainer_json;
-  for (const UnitState& u : m.units) {
-    ckpt::ManifestUnit mu{u.layout.name, {}};
-    for (const shard::ParamSlot& p : u.layout.params) {
-      mu.params.push_back({p.spec.name, p.spec.shape, p.offset_elems, p.numel, p.spec.weight_decay});
-    }
-    man.units.push_back(std::move(mu));
-  }
+  for (const UnitState& u : m.units) man.units.push_back(ManifestUnitOf(u));
   return man;
 }
 

@@ -26,6 +26,14 @@ absl::Status Engine::Impl::CheckUnit(int unit, const char* hook) const {
   return absl::OkStatus();
 }
 
+// Where the shards come from is decided here, once (shard/param_source.h).
+std::unique_ptr<shard::ParamSource> Engine::Impl::HostParamSource(shard::SourceEnv env) {
+  if (nvme_params()) {
+    return shard::MakeCachedSource(param_cache.get(), static_cast<int>(param_buffers->buffer_count()), std::move(env));
+  }
+  return shard::MakeMemorySource([this](int unit) -> const void* { return units[unit].params.data(); });
+}
+
 absl::Status Engine::Impl::SetUpGatherer(int live, size_t largest) {
   STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(*device_alloc, live, largest * param_bytes(),
                                                                         memory::Kind::kGathered));
@@ -35,11 +43,7 @@ absl::Status Engine::Impl::SetUpGatherer(int live, size_t largest) {
     gathered.push_back({u.layout.name, u.layout.shard_elems});
     env.unit_names.push_back(u.layout.name);
   }
-  // Where the shards come from is decided here, once (shard/param_source.h).
-  std::unique_ptr<shard::ParamSource> source =
-      nvme_params() ? shard::MakeCachedSource(param_cache.get(), static_cast<int>(param_buffers->buffer_count()),
-                                              std::move(env))
-                    : shard::MakeMemorySource([this](int unit) -> const void* { return units[unit].params.data(); });
+  std::unique_ptr<shard::ParamSource> source = HostParamSource(std::move(env));
   if (cfg.offload_param.device != OffloadDevice::kNone && gather_comm->device_buffers()) {  // Note [Staged gathers]
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> copy_stream, device->CreateStream("h2d"));
     auto copy = [this](device::Stream& s, void* dst, const void* host, size_t bytes) {

@@ -16,8 +16,10 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/device/timeline.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/placement.h"
 #include "runtime/engine/tier_ops.h"
 #include "runtime/memory/memory.h"
+#include "runtime/optim/nvme_state.h"
 #include "runtime/optim/state_kind.h"
 #include "offload/io_queue.h"
 #include "offload/nvme_store.h"
@@ -36,10 +38,7 @@ struct UnitState {
   memory::Buffer master;  // fp32, only when param dtype != fp32
   memory::Buffer grads;   // fp32
   memory::Buffer m, v;    // optimizer state, fp32
-  std::vector<shard::Segment> update_segments;  // relative to the update range start
-  // offload_optimizer = nvme: master, m, v as tiles on NVMe, one lane per state kind in optim::StateIndex
-  // order (master, m, v), Note [NVMe state].
-  std::vector<std::vector<offload::NvmeExtent>> nvme_lanes;
+  UnitExtents ext;  // what the rank holds of each buffer (Note [Placement]), decided at RegisterUnit
 
   // Live state within a step (the gathered and working gradient buffers are the Gatherer's and the
   // GradReducer's).
@@ -90,9 +89,8 @@ struct Engine::Impl {
   // gradient shard and Adam's m, v live on the host tier and the update runs there. The master is a
   // separate buffer whenever it cannot be the parameter storage itself (low-precision params, or the
   // optimizer offloaded away from the parameters). Gathered and working buffers stay on the device.
-  bool separate_master() const {
-    return cfg.param_dtype != DType::kF32 || cfg.offload_optimizer.device != OffloadDevice::kNone || nvme_params();
-  }
+  Placement place;  // decided once, in Create (Note [Placement])
+  bool separate_master() const { return place.master_apart; }
   memory::Allocator& ParamTier() const {
     return cfg.offload_param.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
@@ -100,13 +98,13 @@ struct Engine::Impl {
   // live on NVMe in tiles of nvme_tile_elems (every lane's tile i covers the same elements); the step
   // streams them through pinned buffers with offload::RunTiledPipeline (read tile i+1 and write tile
   // i-1 while tile i updates). Gradients stay on the pinned-host tier. Anything that needs the master in
-  // memory (export, SetParam, checkpoints) stages one unit at a time.
+  // memory (export, SetParam, checkpoints) stages one unit at a time. The tiles are optim::NvmeState's
+  // (runtime/optim/nvme_state.h).
   bool nvme_optimizer() const { return cfg.offload_optimizer.device == OffloadDevice::kNvme; }
   size_t nvme_tile_elems = size_t{1} << 20;  // NvmeTileElems, set at Finalize
   std::unique_ptr<offload::IoQueue> io_queue;
-  std::unique_ptr<offload::NvmeStore> nvme;
-  std::unique_ptr<offload::PinnedPool> staging;
-  absl::Status SetUpNvme();                                   // engine_nvme.cc
+  std::unique_ptr<optim::NvmeState> nvme_state;  // the store, the staging tiles and every unit's lanes
+  absl::Status SetUpNvme();  // engine_nvme.cc; nothing without NVMe state
   absl::Status CreateIoQueue();
   absl::Status NvmeUpdate(UnitState& u, double lr, float clip_coef);
   // One kind (optim::StateKind) of a unit's optimizer state over its update range, as a host vector,
@@ -134,7 +132,7 @@ struct Engine::Impl {
   std::unique_ptr<offload::ShardCache> param_cache;
   offload::ShardCacheStats param_io_mark;  // cache counters when the last step ended
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // by the tiled update in the current step
-  absl::Status SetUpNvmeParams(int live, size_t largest_shard);  // engine_nvme.cc
+  absl::Status SetUpNvmeParams(int live, size_t largest_shard);  // engine_nvme.cc; nothing without NVMe params
   // Runs fn(p) with p = bytes [offset, offset + bytes) of the rank's parameter storage (what u.params
   // holds: the shard at stage 3, the whole unit otherwise), in host memory: in place where the CPU reaches
   // it, else a host copy written back (device memory: only that range; NVMe: through the cache). keep =
@@ -142,7 +140,9 @@ struct Engine::Impl {
   absl::Status ParamStorage(UnitState& u, size_t offset, size_t bytes, const std::function<absl::Status(char* p)>& fn,
                             bool keep);
   // Where this rank's update range starts in its parameter storage, in bytes.
-  size_t UpdateParamOffset(const UnitState& u) const { return (cfg.stage == 3 ? 0 : update_begin(u)) * param_bytes(); }
+  size_t UpdateParamOffset(const UnitState& u) const {
+    return (u.ext.update_begin - u.ext.param_begin) * param_bytes();
+  }
   // ParamStorage over this rank's update range, which fn overwrites whole (the step's update and casts).
   absl::Status UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn) {
     return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), fn, /*keep=*/false);
@@ -182,6 +182,7 @@ struct Engine::Impl {
   // (shard/param_source.h), the source picked once in SetUpGatherer.
   std::unique_ptr<shard::Gatherer> gatherer;
   absl::Status SetUpGatherer(int live, size_t largest);  // engine_hooks.cc
+  std::unique_ptr<shard::ParamSource> HostParamSource(shard::SourceEnv env);  // memory or the NVMe cache
   // Gradient reduction on reduce_comm / reduce_stream (shard/grad_reducer.h): all-reduce at stages 0-1,
   // reduce-scatter of pooled working buffers at stages 2-3, picked once in SetUpReducer. Gradient staging
   // (a pinned host copy of the reduce scratch) when the gradient shards are in host memory but the
@@ -219,12 +220,8 @@ struct Engine::Impl {
   size_t param_bytes() const { return DTypeBytes(cfg.param_dtype); }
   bool last_micro_batch() const { return micro_batch == cfg.gradient_accumulation_steps - 1; }
   // The element range this rank updates: [update_begin, update_begin + update_elems).
-  size_t update_begin(const UnitState& u) const {
-    return cfg.stage == 0 ? 0 : static_cast<size_t>(rank()) * u.layout.shard_elems;
-  }
-  size_t update_elems(const UnitState& u) const {
-    return cfg.stage == 0 ? u.layout.total_elems : u.layout.shard_elems;
-  }
+  size_t update_begin(const UnitState& u) const { return u.ext.update_begin; }
+  size_t update_elems(const UnitState& u) const { return u.ext.update_elems; }
   float* MasterPtr(UnitState& u) const;      // update range of the fp32 master
   float* GradUpdatePtr(UnitState& u) const;  // update range of the fp32 grads
   char* ParamBase(const UnitState& u) const;  // where compute reads the full unit
@@ -240,6 +237,10 @@ struct Engine::Impl {
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
+  absl::Status MemoryUpdate(UnitState& u, double lr, float clip_coef);  // state in memory (NvmeUpdate: on NVMe)
+  absl::Status UpdateUnit(UnitState& u, double lr, float clip_coef) {
+    return nvme_optimizer() ? NvmeUpdate(u, lr, clip_coef) : MemoryUpdate(u, lr, clip_coef);
+  }
   // The param storage over the update range from `master` (host memory, the update range of the fp32
   // master); nothing when the master is the param storage itself.
   absl::Status CastMasterToParams(UnitState& u, const float* master);

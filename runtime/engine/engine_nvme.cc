@@ -6,25 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/element_math.h"
-#include "offload/tiled_pipeline.h"
 #include "runtime/base/status.h"
 #include "runtime/engine/engine_impl.h"
-#include "runtime/optim/optimizer.h"
+#include "runtime/optim/nvme_state.h"
 
 namespace strata::engine {
-
-
-namespace {
-
-size_t Tiles(const Engine::Impl& m, const UnitState& u) {
-  return (m.update_elems(u) + m.nvme_tile_elems - 1) / m.nvme_tile_elems;
-}
-
-size_t TileElems(const Engine::Impl& m, const UnitState& u, size_t t) {
-  return std::min(m.nvme_tile_elems, m.update_elems(u) - t * m.nvme_tile_elems);
-}
-
-}  // namespace
 
 absl::Status Engine::Impl::CreateIoQueue() {
   if (io_queue != nullptr) return absl::OkStatus();
@@ -66,6 +52,7 @@ offload::PinnedPoolOptions PoolOptions(const Engine::Impl& m, size_t count, size
 }  // namespace
 
 absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
+  if (!nvme_params()) return absl::OkStatus();
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_param", cfg.offload_param.nvme_path));
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
   std::vector<uint64_t> bytes;
@@ -91,75 +78,52 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
 absl::Status Engine::Impl::ParamStorage(UnitState& u, size_t offset, size_t bytes,
                                          const std::function<absl::Status(char* p)>& fn, bool keep) {
   if (bytes == 0) return absl::OkStatus();
-  if (!nvme_params() && ParamOps().host_visible()) return fn(u.params.as<char>() + offset);
-  if (!nvme_params()) {  // device memory: through a host copy of the range
-    param_scratch.resize(std::max(param_scratch.size(), bytes));
-    char* host = param_scratch.data();
-    char* dev = u.params.as<char>() + offset;
-    if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host, dev, bytes));
-    STRATA_RETURN_IF_ERROR(fn(host));
-    return ParamOps().FromHost(dev, host, bytes);
+  if (nvme_params()) {  // the cache writes whole shards: a part of one keeps the rest
+    const int unit = static_cast<int>(&u - units.data());
+    const bool whole = offset == 0 && bytes == u.layout.shard_elems * param_bytes();
+    return param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst) + offset); }, keep || !whole);
   }
-  // The cache writes whole shards: a part of one keeps the rest.
-  const int unit = static_cast<int>(&u - units.data());
-  const bool whole = offset == 0 && bytes == u.layout.shard_elems * param_bytes();
-  return param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst) + offset); }, keep || !whole);
+  if (ParamOps().host_visible()) return fn(u.params.as<char>() + offset);
+  // Device memory: through a host copy of the range.
+  param_scratch.resize(std::max(param_scratch.size(), bytes));
+  char* host = param_scratch.data();
+  char* dev = u.params.as<char>() + offset;
+  if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host, dev, bytes));
+  STRATA_RETURN_IF_ERROR(fn(host));
+  return ParamOps().FromHost(dev, host, bytes);
 }
 
 absl::Status Engine::Impl::SetUpNvme() {
+  if (!nvme_optimizer()) return absl::OkStatus();
   const std::string& path = cfg.offload_optimizer.nvme_path;
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
-  uint64_t need = 0;
-  for (const UnitState& u : units) {
-    for (size_t t = 0; t < Tiles(*this, u); ++t) need += state_kinds().size() * offload::NvmeStore::IoBytes(TileElems(*this, u, t) * 4);
-  }
+  std::vector<size_t> elems;
+  for (const UnitState& u : units) elems.push_back(update_elems(u));
+  const uint64_t need = optim::NvmeState::StoreBytes(nvme_tile_elems, state_kinds().size(), elems);
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
-  STRATA_ASSIGN_OR_RETURN(nvme,
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
                           offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), io_queue.get()));
-  STRATA_ASSIGN_OR_RETURN(staging, offload::PinnedPool::Create(PoolOptions(*this, NvmeStagingTiles(cfg), nvme_tile_elems * 4,
-                                                                           memory::Kind::kScratch,
-                                                                           cfg.offload_optimizer.pin_memory),
-                                                               host_alloc.get()));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::PinnedPool> staging,
+                          offload::PinnedPool::Create(PoolOptions(*this, NvmeStagingTiles(cfg), nvme_tile_elems * 4,
+                                                                  memory::Kind::kScratch,
+                                                                  cfg.offload_optimizer.pin_memory),
+                                                      host_alloc.get()));
   io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
-  for (UnitState& u : units) {
-    u.nvme_lanes.assign(state_kinds().size(), {});
-    for (optim::StateKind k : state_kinds()) {
-      const memory::Kind kind = k == optim::StateKind::kMaster ? memory::Kind::kMaster : memory::Kind::kOptimizerState;
-      for (size_t t = 0; t < Tiles(*this, u); ++t) {
-        STRATA_ASSIGN_OR_RETURN(offload::NvmeExtent e, nvme->Allocate(TileElems(*this, u, t) * 4, kind));
-        u.nvme_lanes[optim::StateIndex(k)].push_back(std::move(e));
-      }
-    }
-  }
+  STRATA_ASSIGN_OR_RETURN(nvme_state, optim::NvmeState::Create(std::move(store), std::move(staging), nvme_tile_elems,
+                                                               state_kinds(), std::move(elems)));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> Engine::Impl::ReadState(UnitState& u, optim::StateKind kind) {
+  if (nvme_optimizer()) return nvme_state->Read(static_cast<int>(&u - units.data()), kind);
   std::vector<float> out(update_elems(u));
-  if (!nvme_optimizer()) {
-    STRATA_RETURN_IF_ERROR(StateOps(kind).ToHost(out.data(), StatePtr(u, kind), out.size() * 4));
-    return out;
-  }
-  offload::PinnedBuffer buf = staging->Acquire();
-  const auto& lane = u.nvme_lanes[optim::StateIndex(kind)];
-  for (size_t t = 0; t < lane.size(); ++t) {
-    const size_t n = TileElems(*this, u, t);
-    STRATA_RETURN_IF_ERROR(nvme->Read(lane[t], buf.view()).Wait());
-    std::memcpy(out.data() + t * nvme_tile_elems, buf.data(), n * 4);
-  }
+  STRATA_RETURN_IF_ERROR(StateOps(kind).ToHost(out.data(), StatePtr(u, kind), out.size() * 4));
   return out;
 }
 
 absl::Status Engine::Impl::WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
-  if (!nvme_optimizer()) return StateOps(kind).FromHost(StatePtr(u, kind), values.data(), values.size() * 4);
-  offload::PinnedBuffer buf = staging->Acquire();
-  const auto& lane = u.nvme_lanes[optim::StateIndex(kind)];
-  for (size_t t = 0; t < lane.size(); ++t) {
-    const size_t n = TileElems(*this, u, t);
-    std::memcpy(buf.data(), values.data() + t * nvme_tile_elems, n * 4);
-    STRATA_RETURN_IF_ERROR(nvme->Write(lane[t], buf.view()).Wait());
-  }
-  return absl::OkStatus();
+  if (nvme_optimizer()) return nvme_state->Write(static_cast<int>(&u - units.data()), kind, values);
+  return StateOps(kind).FromHost(StatePtr(u, kind), values.data(), values.size() * 4);
 }
 
 absl::Status Engine::Impl::EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
@@ -174,32 +138,11 @@ absl::Status Engine::Impl::EditState(UnitState& u, optim::StateKind kind, const 
 }
 
 absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) {
-  std::vector<offload::TileLane> tiles(u.nvme_lanes.size());  // in optim::StateIndex order
-  for (size_t l = 0; l < tiles.size(); ++l) {
-    for (const offload::NvmeExtent& e : u.nvme_lanes[l]) tiles[l].tiles.push_back(&e);
-  }
-  const float* grad = GradUpdatePtr(u);
   return UpdateParamStorage(u, [&](char* params) -> absl::Status {
-    auto fn = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
-      const size_t lo = t * nvme_tile_elems, hi = lo + TileElems(*this, u, t);
-      std::vector<shard::Segment> segs;
-      for (const shard::Segment& s : u.update_segments) {
-        const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
-        if (b < e) segs.push_back({b - lo, e - lo, s.param, s.weight_decay});
-      }
-      optim::ShardState st{v[0].as<float>(), grad + lo, v[1].as<float>(), v.size() > 2 ? v[2].as<float>() : nullptr};
-      optim::UpdateOptions opts;
-      opts.executor = host_executor.get();  // same bits for every thread count
-      char* dst = params + lo * param_bytes();
-      if (cfg.param_dtype != DType::kF32) {
-        opts.param_copy = reinterpret_cast<uint16_t*>(dst);
-        opts.param_copy_dtype = cfg.param_dtype;
-      }
-      optim::ApplyUpdate(cfg.optimizer, st, segs, lr, step + 1, clip_coef, opts);
-      if (cfg.param_dtype == DType::kF32) std::memcpy(dst, v[0].data, (hi - lo) * 4);
-      return absl::OkStatus();
-    };
-    STRATA_ASSIGN_OR_RETURN(offload::TilePipelineStats stats, offload::RunTiledPipeline(*nvme, *staging, tiles, fn));
+    optim::TiledUpdate up{GradUpdatePtr(u), &u.ext.update_segments, params, cfg.param_dtype, lr, step + 1, clip_coef,
+                          host_executor.get()};
+    STRATA_ASSIGN_OR_RETURN(offload::TilePipelineStats stats,
+                            nvme_state->Update(static_cast<int>(&u - units.data()), cfg.optimizer, up));
     exposed_io_ns += stats.read_wait_ns + stats.write_wait_ns;
     nvme_read_bytes += stats.bytes_read;
     nvme_write_bytes += stats.bytes_written;

@@ -64,6 +64,22 @@ absl::Status Engine::Impl::ZeroGrads() {
   return absl::OkStatus();
 }
 
+absl::Status Engine::Impl::MemoryUpdate(UnitState& u, double lr, float clip_coef) {
+  optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
+  // The fused pass also writes the low-precision param copy (`params`: the update range of the param
+  // storage); an fp32 master kept apart is copied.
+  auto update = [&](char* params) -> absl::Status {
+    const bool copy = cfg.param_dtype != DType::kF32;
+    STRATA_RETURN_IF_ERROR(OptimizerOps().Update(cfg.optimizer, s, u.ext.update_segments, lr, step + 1, clip_coef,
+                                                 copy ? reinterpret_cast<uint16_t*>(params) : nullptr,
+                                                 cfg.param_dtype));
+    if (!copy && separate_master()) return OptimizerOps().Cast(DType::kF32, s.master, params, update_elems(u));
+    return absl::OkStatus();
+  };
+  if (OptimizerOps().host_visible()) return UpdateParamStorage(u, update);
+  return update(u.params.as<char>() + UpdateParamOffset(u));  // device state, device params (Note [Tier ops])
+}
+
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   STRATA_RETURN_IF_ERROR(reducer->Finish());
   const int64_t update_start = device::NowNs();
@@ -103,27 +119,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   // Units are independent here, so the order is free: last to first, so that with parameter shards on
   // NVMe the cache keeps the first units (the most recently written), which the next forward needs first.
   for (auto it = units.rbegin(); it != units.rend(); ++it) {
-    UnitState& u = *it;
-    if (nvme_optimizer()) {
-      STRATA_RETURN_IF_ERROR(NvmeUpdate(u, r.lr, r.clip_coef));
-      continue;
-    }
-    optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
-    // The fused pass also writes the low-precision param copy (`params`: the update range of the param
-    // storage); an fp32 master kept apart is copied.
-    auto update = [&](char* params) -> absl::Status {
-      const bool copy = cfg.param_dtype != DType::kF32;
-      STRATA_RETURN_IF_ERROR(OptimizerOps().Update(cfg.optimizer, s, u.update_segments, r.lr, step + 1, r.clip_coef,
-                                                   copy ? reinterpret_cast<uint16_t*>(params) : nullptr,
-                                                   cfg.param_dtype));
-      if (!copy && separate_master()) return OptimizerOps().Cast(DType::kF32, s.master, params, update_elems(u));
-      return absl::OkStatus();
-    };
-    if (OptimizerOps().host_visible()) {
-      STRATA_RETURN_IF_ERROR(UpdateParamStorage(u, update));
-    } else {  // device state, device params (Note [Tier ops]): in place
-      STRATA_RETURN_IF_ERROR(update(u.params.as<char>() + UpdateParamOffset(u)));
-    }
+    STRATA_RETURN_IF_ERROR(UpdateUnit(*it, r.lr, r.clip_coef));
   }
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());

@@ -50,6 +50,46 @@ TEST(CopyOverlap, CopiesOnlyThePartInsideTheWantedRange) {
   EXPECT_EQ(apart, std::vector<float>(3, -1));
 }
 
+// A unit of three parameters: w [0, 10), b [10, 16), c [16, 20).
+ManifestUnit ThreeParams() {
+  return ManifestUnit{"u", {{"w", {10}, 0, 10, true}, {"b", {6}, 10, 6, false}, {"c", {4}, 16, 4, false}}};
+}
+
+std::string Describe(const std::vector<SaveRange>& rs) {
+  std::string out;
+  for (const SaveRange& r : rs) {
+    out += r.range.unit + "." + r.range.param + " " + r.range.kind + " [" + std::to_string(r.range.begin) + "+" +
+           std::to_string(r.range.count) + ") k" + std::to_string(r.kind) + "; ";
+  }
+  return out;
+}
+
+TEST(RangesToSave, EachKindThenEachParameterOverlappingTheSlice) {
+  const std::vector<std::string> kinds = {"master", "exp_avg"};
+  // Rank 1 of two holds [10, 20): all of b and c, nothing of w.
+  EXPECT_EQ(Describe(RangesToSave(ThreeParams(), 10, 20, kinds)),
+            "u.b master [10+6) k0; u.c master [16+4) k0; u.b exp_avg [10+6) k1; u.c exp_avg [16+4) k1; ");
+  // A slice of 7 elements [7, 14) cuts w and b; c lies outside it.
+  EXPECT_EQ(Describe(RangesToSave(ThreeParams(), 7, 14, {"momentum"})),
+            "u.w momentum [7+3) k0; u.b momentum [10+4) k0; ");
+  // A slice past the unit's end (padding of the last rank) saves nothing.
+  EXPECT_TRUE(RangesToSave(ThreeParams(), 20, 27, kinds).empty());
+}
+
+TEST(RangesToSave, TheSlicesOfAllRanksCoverEveryElementOnce) {
+  for (uint64_t slice : {1, 3, 7, 10, 20}) {
+    std::vector<int> seen(20, 0);
+    for (uint64_t lo = 0; lo < 20; lo += slice) {
+      for (const SaveRange& r : RangesToSave(ThreeParams(), lo, lo + slice, {"master"})) {
+        EXPECT_GE(r.range.begin, lo);
+        EXPECT_LE(r.range.begin + r.range.count, lo + slice);
+        for (uint64_t i = r.range.begin; i < r.range.begin + r.range.count; ++i) ++seen[i];
+      }
+    }
+    EXPECT_EQ(seen, std::vector<int>(20, 1)) << "slice " << slice;
+  }
+}
+
 TEST_F(Reshard, ReadsARangeAcrossSavedShardsIntoANewSlice) {
   ShardReaders shards(manifest_, dir());
   // Elements [5, 10) of w: 5-7 were saved by rank 0, 8-9 by rank 1 (kind k holds i + 100 k).

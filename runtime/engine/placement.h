@@ -1,0 +1,66 @@
+// Note [Placement]. Where each of a unit's buffers lives and which elements of the unit a rank holds in
+// each follow from the ZeRO stage and the offload settings alone. They are decided here, once per run
+// (DecidePlacement, at Create) and once per unit (DecideExtents, at RegisterUnit), so the engine's
+// functions read the decision instead of testing the stage and the offload devices again (issue 16:
+// no engine function branches on stage or placement more than once). The storage table per stage is
+// in engine_impl.h; Note [Tier placement] there says why each buffer lives where it does.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "runtime/engine/config.h"
+#include "runtime/memory/memory.h"
+#include "runtime/shard/layout.h"
+
+namespace strata::engine {
+
+// The tier of each kind of a unit's buffers. nullptr where the kind has no buffer in memory: params with
+// offload_param = nvme (the shard cache holds them, Note [NVMe params]); master when it is the param
+// storage itself or lives on NVMe; state (m, v) on NVMe (Note [NVMe state]).
+struct Placement {
+  memory::Allocator* params = nullptr;
+  memory::Allocator* master = nullptr;
+  memory::Allocator* grads = nullptr;  // always in memory: the optimizer's tier
+  memory::Allocator* state = nullptr;
+  // The master is not the param storage itself (low-precision params, or the optimizer offloaded away
+  // from the parameters): in `master` or on NVMe.
+  bool master_apart = false;
+};
+
+// `device` and `host` are the device and pinned-host tiers.
+Placement DecidePlacement(const EngineConfig& cfg, memory::Allocator* device, memory::Allocator* host);
+
+// The elements [begin, begin + elems) of a unit that each of its buffers holds on one rank.
+struct UnitExtents {
+  size_t param_begin = 0, param_elems = 0;    // the param storage: the rank's shard at stage 3, else the unit
+  size_t grad_begin = 0, grad_elems = 0;      // the gradients: the shard at stages 2-3
+  size_t update_begin = 0, update_elems = 0;  // what the rank's optimizer updates: the shard at stages 1-3
+  std::vector<shard::Segment> update_segments;  // the parameter runs of the update range, relative to its start
+};
+
+UnitExtents DecideExtents(int stage, int rank, const shard::UnitLayout& layout);
+
+// The sizes of the engine-wide buffers beside the units' own, whether the run has them or not.
+struct SharedSizes {
+  uint64_t nvme_staging = 0;        // the tiled update's pinned tiles (Note [NVMe state])
+  uint64_t nvme_param_buffers = 0;  // the parameter shard cache's pinned buffers (Note [NVMe params])
+  uint64_t gathered = 0;            // the gatherer's slot pool (stage 3)
+  uint64_t grad_buffers = 0;        // the reduce-scatter's working pool and scratch (stages 2-3)
+  uint64_t grad_staging = 0;        // the reducer's pinned staging; 0 where it is not needed
+};
+
+// One engine-wide buffer the run has: its tier, its size, its name in the budget check's message and
+// whether the check names it before the units' buffers.
+struct SharedBuffer {
+  memory::Allocator* tier;
+  uint64_t bytes;
+  const char* what;
+  bool before_units;
+};
+
+// The engine-wide buffers this run has, in the order the budget check names them.
+std::vector<SharedBuffer> SharedBuffers(const EngineConfig& cfg, const SharedSizes& bytes, memory::Allocator* device,
+                                        memory::Allocator* host);
+
+}  // namespace strata::engine
