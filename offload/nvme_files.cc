@@ -56,10 +56,11 @@ uint64_t ReclaimStaleSwapFiles(const std::string& dir) {
     const std::string name = e->d_name;
     if (name.size() <= 12 || name.rfind("strata-", 0) != 0 || name.compare(name.size() - 5, 5, ".swap") != 0) continue;
     const std::string path = absl::StrCat(dir, "/", name);
-    const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    // Writable: where flock is emulated with fcntl locks (NFS), an exclusive lock needs a writable file.
+    const int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) continue;
     struct stat st;
-    // A live run holds its file locked from its creation to its unlink (or its end, with keep_files).
+    // A live run holds its file locked from its creation to its unlink (with keep_files, while its set lives).
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
         unlink(path.c_str()) == 0) {
       const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;

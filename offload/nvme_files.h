@@ -16,7 +16,8 @@
 // (O_EXCL: two runs never share one), locked (flock) and, once sized, unlinked at once: the open
 // descriptor keeps the space, and the kernel returns it when the process ends however it ends (normal
 // end, error, SIGINT / SIGTERM, SIGKILL, an MPI abort, the OOM killer). Only two cases leave a name behind:
-// keep_files (debugging: the name stays, locked, until the process ends) and a process killed between
+// keep_files (debugging: the name stays, locked while the set lives, then unlocked, so the next Open in that
+// directory reclaims it) and a process killed between
 // the create and the unlink. So Open first reclaims, in each of its directories, every "strata-*.swap"
 // file of this user that no live process holds locked: a dead run's (or an older release's, whose files
 // had names until they were closed), and logs each one it removes with its size.
@@ -45,7 +46,7 @@ struct NvmeFileSetOptions {
   uint64_t stripe_bytes = 1 << 20;  // a multiple of 4096
   DirectIo direct_io = DirectIo::kAuto;
   bool preallocate = true;              // false: sparse files (tests of ENOSPC during a write)
-  bool keep_files = false;              // keep the files' names until the process ends (debugging)
+  bool keep_files = false;              // keep the files' names after the set (debugging; see the Note)
   bool refuse_direct_for_test = false;  // behave as if the file system answered O_DIRECT with EINVAL
 };
 
@@ -62,7 +63,7 @@ class NvmeFileSet {
   static constexpr uint64_t kAlignment = 4096;
 
   static absl::StatusOr<std::unique_ptr<NvmeFileSet>> Open(const NvmeFileSetOptions& options);
-  ~NvmeFileSet();  // closes (unlinking a name left only by keep_files or a failed open)
+  ~NvmeFileSet();  // closes; unlinks a name a failed open left (never a keep_files one)
   NvmeFileSet(const NvmeFileSet&) = delete;
   NvmeFileSet& operator=(const NvmeFileSet&) = delete;
 

@@ -30,21 +30,23 @@ absl::Status TraceEnable(strata_engine* e, int32_t on) {
 
 absl::Status WriteTrace(strata_engine* e, const char* path) {
   STRATA_RETURN_IF_ERROR(CheckEngine(e));
-  STRATA_RETURN_IF_ERROR(CheckBetweenSteps(e));
   comm::Communicator& world = *e->comm->comm;
   if (world.device_buffers()) {
     return absl::FailedPreconditionError(
         "writing a trace needs a host communicator (MPI or in-process); this one takes device buffers (NCCL)");
   }
-  if (e->trace == nullptr) {
-    return absl::FailedPreconditionError("no trace is being recorded (call strata_engine_trace_enable first)");
-  }
-  if (world.rank() == 0 && path == nullptr) return NullArgument("path");
   if (e->trace_stream == nullptr) {
     device::HostDevice host;  // stateless: a host stream owns its thread and outlives the device object
     STRATA_ASSIGN_OR_RETURN(e->trace_stream, host.CreateStream("trace"));
   }
-  return engine::WriteTrace(world, *e->trace_stream, *e->trace, path == nullptr ? std::string() : path);
+  // What only this rank knows is exchanged first (engine::WriteTrace): a rank that cannot take part makes
+  // every rank return, none is left waiting in a collective the others skipped.
+  absl::Status local = CheckBetweenSteps(e);
+  if (local.ok() && e->trace == nullptr) {
+    local = absl::FailedPreconditionError("no trace is being recorded (call strata_engine_trace_enable first)");
+  }
+  if (local.ok() && world.rank() == 0 && path == nullptr) local = NullArgument("path");
+  return engine::WriteTrace(world, *e->trace_stream, e->trace.get(), path == nullptr ? std::string() : path, local);
 }
 
 }  // namespace

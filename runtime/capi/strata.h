@@ -349,7 +349,9 @@ strata_status strata_engine_trace_enable(strata_engine* engine, int32_t on);
 /* Collective: every rank calls it, after finalize and between steps; rank 0 writes one file holding every
  * rank's events on one time axis to `path` (other ranks ignore it; it may be NULL there). Needs a host
  * communicator (MPI or in-process): STRATA_ERR_FAILED_PRECONDITION on a communicator of device buffers
- * (NCCL). Recording, if on, goes on. */
+ * (NCCL). The ranks first agree that all can take part: when one cannot (not recording, inside a step, rank
+ * 0 without a path or unable to open it), every rank returns an error at once and nothing is written.
+ * Recording, if on, goes on. */
 strata_status strata_engine_write_trace(strata_engine* engine, const char* path);
 
 /* Drains the engine's streams and frees everything it holds. Every pointer it returned becomes invalid.

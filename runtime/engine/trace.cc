@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
 
@@ -84,14 +85,32 @@ std::string TraceRecorder::EventsJson(int64_t origin_ns) const {
   return out;
 }
 
-absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const TraceRecorder& rec,
-                        const std::string& path) {
+absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const TraceRecorder* rec,
+                        const std::string& path, absl::Status local) {
+  if (local.ok() && rec == nullptr) local = absl::FailedPreconditionError("no trace is being recorded");
+  std::ofstream f;
+  if (local.ok() && world.rank() == 0) {
+    f.open(path);
+    if (!f) local = absl::PermissionDeniedError(absl::StrCat("cannot write trace '", path, "'"));
+  }
   const int n = world.size();
+  // The first exchange carries each rank's start time, or kCannot: a monotonic clock is never negative.
+  constexpr int64_t kCannot = std::numeric_limits<int64_t>::min();
   std::vector<int64_t> firsts(n);
-  int64_t mine = rec.first_ns() ? rec.first_ns() : std::numeric_limits<int64_t>::max();
+  int64_t mine = !local.ok() ? kCannot : (rec->first_ns() ? rec->first_ns() : std::numeric_limits<int64_t>::max());
   STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, &mine, firsts.data(), 8, stream).Wait());
+  std::vector<int> cannot;
+  for (int r = 0; r < n; ++r) {
+    if (firsts[r] == kCannot) cannot.push_back(r);
+  }
+  if (!local.ok()) return local;
+  if (!cannot.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("writing the trace: rank(s) ", absl::StrJoin(cannot, ", "),
+                                                      " could not take part (their own errors say why); nothing "
+                                                      "was written"));
+  }
   const int64_t origin = *std::min_element(firsts.begin(), firsts.end());
-  std::string json = rec.EventsJson(origin);
+  std::string json = rec->EventsJson(origin);
   std::vector<uint64_t> lengths(n);
   uint64_t len = json.size();
   STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, &len, lengths.data(), 8, stream).Wait());
@@ -101,8 +120,6 @@ absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const
   std::string all(max_len * n, ' ');
   STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, json.data(), all.data(), max_len, stream).Wait());
   if (world.rank() != 0) return absl::OkStatus();
-  std::ofstream f(path);
-  if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot write trace '", path, "'"));
   f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
   for (int r = 0; r < n; ++r) f << (r ? "," : "") << all.substr(r * max_len, lengths[r]);
   f << "]}\n";

@@ -50,8 +50,12 @@ class TraceRecorder {
   std::vector<Event> events_;
 };
 
-// Collective: every rank calls it; rank 0 writes `path`.
-absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const TraceRecorder& rec,
-                        const std::string& path);
+// Collective: every rank calls it; rank 0 writes `path`. `local` is the caller's own precondition on this
+// rank (rec may be null when it is an error). The ranks first agree that all can take part: a rank whose
+// `local` is an error, or a rank 0 that cannot open `path`, makes every rank return an error after that
+// first exchange (its own, or one naming the ranks that could not), so no rank is left in a collective
+// the others skipped and nothing is written.
+absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const TraceRecorder* rec,
+                        const std::string& path, absl::Status local = absl::OkStatus());
 
 }  // namespace strata::engine

@@ -346,7 +346,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   if (!o.trace.empty()) {
-    STRATA_RETURN_IF_ERROR(engine::WriteTrace(host, *metrics_stream, trace, o.trace));
+    STRATA_RETURN_IF_ERROR(engine::WriteTrace(host, *metrics_stream, &trace, o.trace));
     if (rank == 0) std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
   }
   if (rank == 0) {

@@ -317,6 +317,27 @@ TEST(CApiTrace, RecordsEachRanksGathersUsesAndStepsIntoOneFile) {
   });
   std::ifstream f(path);
   ASSERT_TRUE(f.good()) << path;
+  // Calls that differ across ranks (rank 0 gives no path; then only rank 0 records) fail on every rank at
+  // once, instead of pairing one call's collectives with the next call's.
+  RunCRanks(kWorld, [&](int rank, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, "{\"zero_optimization\": {\"stage\": 3}}", true, &e));
+    ASSERT_STRATA_OK(strata_engine_trace_enable(e, 1));
+    OneStep(e, 0.1f);
+    const std::string mine = ::testing::TempDir() + "/capi_trace_" + std::to_string(rank) + ".json";
+    if (rank == 0) {
+      EXPECT_STRATA_ERROR(strata_engine_write_trace(e, nullptr), STRATA_ERR_INVALID_ARGUMENT, "path is NULL");
+    } else {
+      EXPECT_STRATA_ERROR(strata_engine_write_trace(e, mine.c_str()), STRATA_ERR_FAILED_PRECONDITION,
+                          "rank(s) 0 could not take part");
+    }
+    ASSERT_STRATA_OK(strata_engine_trace_enable(e, rank == 0 ? 1 : 0));
+    EXPECT_STRATA_ERROR(strata_engine_write_trace(e, mine.c_str()), STRATA_ERR_FAILED_PRECONDITION,
+                        rank == 0 ? "rank(s) 1 could not take part" : "no trace is being recorded");
+    ASSERT_STRATA_OK(strata_engine_trace_enable(e, 1));
+    EXPECT_STRATA_OK(strata_engine_write_trace(e, mine.c_str()));  // and the communicator is in step again
+    EXPECT_STRATA_OK(strata_engine_destroy(e));
+  });
   const nlohmann::json doc = nlohmann::json::parse(f);
   std::map<std::pair<int, std::string>, int> count;  // (rank, name) -> spans
   std::map<int, int> memory_counters;

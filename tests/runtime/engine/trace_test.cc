@@ -81,7 +81,7 @@ TEST(WriteTrace, GathersEveryRankIntoOneFileOnOneTimeAxis) {
     for (int i = 0; i <= rank; ++i) {
       rec.Add(device::Span{"compute", "forward", 0, 10000 * (rank + 1) + 1000 * i, 10000 * (rank + 1) + 1000 * i + 500});
     }
-    return WriteTrace(world, **stream, rec, rank == 0 ? path : "/nonexistent/dir/only-rank-0-writes");
+    return WriteTrace(world, **stream, &rec, rank == 0 ? path : "/nonexistent/dir/only-rank-0-writes");
   });
   for (int r = 0; r < 3; ++r) ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
   std::ifstream f(path);
@@ -104,16 +104,31 @@ TEST(WriteTrace, GathersEveryRankIntoOneFileOnOneTimeAxis) {
   EXPECT_DOUBLE_EQ(earliest, 0.0);
 }
 
-TEST(WriteTrace, AnUnwritablePathIsAnErrorNamingIt) {
-  const auto results = testing::RunRanks(1, comm::Options{}, [&](int rank, comm::Communicator& world) -> absl::Status {
-    device::HostDevice dev;
-    auto stream = dev.CreateStream("trace");
-    if (!stream.ok()) return stream.status();
-    TraceRecorder rec(rank, {});
-    return WriteTrace(world, **stream, rec, "/nonexistent/dir/trace.json");
-  });
-  ASSERT_FALSE(results[0].ok());
-  EXPECT_NE(results[0].message().find("/nonexistent/dir/trace.json"), std::string::npos) << results[0];
+// Rank 0 cannot open the file, or one rank cannot take part at all: every rank returns an error at once
+// (a deadline of 2 s would fail the ranks left waiting), rank 0's naming the path, the others naming it.
+TEST(WriteTrace, ARankThatCannotTakePartFailsEveryRankAtOnce) {
+  for (int failing : {0, 2}) {
+    comm::Options options;
+    options.timeout_ms = 2000;
+    const auto results = testing::RunRanks(3, options, [&](int rank, comm::Communicator& world) -> absl::Status {
+      device::HostDevice dev;
+      auto stream = dev.CreateStream("trace");
+      if (!stream.ok()) return stream.status();
+      TraceRecorder rec(rank, {});
+      if (failing == 2 && rank == 2) {
+        return WriteTrace(world, **stream, nullptr, "", absl::FailedPreconditionError("rank 2 is not recording"));
+      }
+      const std::string path = failing == 0 ? "/nonexistent/dir/trace.json" : ::testing::TempDir() + "/t.json";
+      return WriteTrace(world, **stream, &rec, path);
+    });
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_FALSE(results[r].ok()) << "failing " << failing << ", rank " << r;
+      EXPECT_NE(results[r].code(), absl::StatusCode::kDeadlineExceeded) << results[r];
+      const std::string want = r == failing ? (failing == 0 ? "/nonexistent/dir/trace.json" : "rank 2 is not recording")
+                                            : "rank(s) " + std::to_string(failing) + " could not take part";
+      EXPECT_NE(results[r].message().find(want), std::string::npos) << "rank " << r << ": " << results[r];
+    }
+  }
 }
 
 }  // namespace
