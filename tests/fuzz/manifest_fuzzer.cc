@@ -8,10 +8,12 @@
 //    CRC-32 is the value of its hex text;
 //  - an accepted manifest survives ToJson -> ParseManifest unchanged (a checkpoint re-saved after loading
 //    it must load again).
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "runtime/checkpoint/manifest.h"
@@ -61,7 +63,7 @@ bool SameManifest(const Manifest& a, const Manifest& b) {
   return true;
 }
 
-// The parser walks "units", "params" and "shards" with range-for, so the raw document is walked the same way.
+// The parser walks "units" and "params" with range-for, so the raw document is walked the same way.
 void ExpectExactNumbers(const std::string& text, const Manifest& m) {
   using strata::fuzz::ExpectExact;
   const auto j = nlohmann::json::parse(text);
@@ -88,8 +90,13 @@ void ExpectExactNumbers(const std::string& text, const Manifest& m) {
     }
     ++u;
   }
+  // ParseManifest orders the shards by rank (a manifest may list them in any order): the document's, in
+  // the order of their rank numbers, are compared with them one for one.
+  std::vector<nlohmann::json> doc_shards(j.at("shards").begin(), j.at("shards").end());
+  std::stable_sort(doc_shards.begin(), doc_shards.end(),
+                   [](const nlohmann::json& a, const nlohmann::json& b) { return a.at("rank") < b.at("rank"); });
   size_t s = 0;
-  for (const auto& js : j.at("shards")) {
+  for (const auto& js : doc_shards) {
     const auto& shard = m.shards.at(s);
     const std::string what = "shards[" + std::to_string(s++) + "]";
     ExpectExact(js, "rank", shard.rank, what);
