@@ -19,8 +19,10 @@
 #include "runtime/engine/placement.h"
 #include "runtime/engine/tier_ops.h"
 #include "runtime/memory/memory.h"
-#include "runtime/optim/nvme_state.h"
+#include "runtime/optim/loss_scale.h"
+#include "runtime/optim/memory_state.h"
 #include "runtime/optim/state_kind.h"
+#include "runtime/optim/state_store.h"
 #include "offload/io_queue.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_pool.h"
@@ -35,9 +37,7 @@ namespace strata::engine {
 struct UnitState {
   shard::UnitLayout layout;
   memory::Buffer params;  // param dtype
-  memory::Buffer master;  // fp32, only when param dtype != fp32
-  memory::Buffer grads;   // fp32
-  memory::Buffer m, v;    // optimizer state, fp32
+  memory::Buffer grads;   // fp32 (the master and the optimizer state are the StateStore's)
   UnitExtents ext;  // what the rank holds of each buffer (Note [Placement]), decided at RegisterUnit
 
   // Live state within a step (the gathered and working gradient buffers are the Gatherer's and the
@@ -103,19 +103,30 @@ struct Engine::Impl {
   bool nvme_optimizer() const { return cfg.offload_optimizer.device == OffloadDevice::kNvme; }
   size_t nvme_tile_elems = size_t{1} << 20;  // NvmeTileElems, set at Finalize
   std::unique_ptr<offload::IoQueue> io_queue;
-  std::unique_ptr<optim::NvmeState> nvme_state;  // the store, the staging tiles and every unit's lanes
-  absl::Status SetUpNvme();  // engine_nvme.cc; nothing without NVMe state
+  // The fp32 master and the optimizer state of every unit, wherever they live (optim/state_store.h):
+  // optim::MemoryState (device or pinned-host buffers) or optim::NvmeState (the store, the staging tiles
+  // and every unit's lanes), picked once in SetUpState from place.state.
+  std::unique_ptr<optim::StateStore> state;
+  // engine_nvme.cc, at Finalize after the units' buffers: `held` are their master / state buffers.
+  absl::Status SetUpState(std::vector<optim::MemoryUnit> held);
+  absl::Status SetUpNvme();  // the NVMe half of SetUpState
   absl::Status CreateIoQueue();
-  absl::Status NvmeUpdate(UnitState& u, double lr, float clip_coef);
   // One kind (optim::StateKind) of a unit's optimizer state over its update range, as a host vector,
   // wherever it lives (device, pinned host or NVMe tiles). What export, SetParam, checkpoints and
   // initialisation use; never on the step's hot path.
-  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, optim::StateKind kind);
-  absl::Status WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values);
+  int UnitIndex(const UnitState& u) const { return static_cast<int>(&u - units.data()); }
+  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, optim::StateKind kind) {
+    return state->Read(UnitIndex(u), kind);
+  }
+  absl::Status WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
+    return state->Write(UnitIndex(u), kind, values);
+  }
   // Runs fn on the kind over the update range: in place where the CPU can reach it, else on a staged copy
   // (written back when write_back).
   absl::Status EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
-                         bool write_back);
+                         bool write_back) {
+    return state->Edit(UnitIndex(u), kind, fn, write_back);
+  }
   // The kinds this run's optimizer keeps, master first (optim::StateKinds).
   std::vector<optim::StateKind> state_kinds() const { return optim::StateKinds(cfg.optimizer.type); }
   // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
@@ -164,15 +175,6 @@ struct Engine::Impl {
   TierOps& ParamOps() const { return OpsOf(ParamTier()); }
   TierOps& OptimizerOps() const { return OpsOf(OptimizerTier()); }
   TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
-  TierOps& StateOps(optim::StateKind kind) const {
-    return kind == optim::StateKind::kMaster ? MasterOps() : OptimizerOps();
-  }
-  // Where state `kind` of the unit lives in memory (nullptr with NVMe optimizer state): u.m holds the
-  // first moment (AdamW exp_avg, SGD momentum), u.v AdamW's exp_avg_sq.
-  float* StatePtr(UnitState& u, optim::StateKind kind) const {
-    if (kind == optim::StateKind::kMaster) return MasterPtr(u);
-    return kind == optim::StateKind::kExpAvgSq ? u.v.as<float>() : u.m.as<float>();
-  }
   device::Timeline timeline;
 
   std::vector<UnitState> units;
@@ -189,15 +191,15 @@ struct Engine::Impl {
   // reduction ran in device memory (CUDA with offload_optimizer).
   std::unique_ptr<shard::GradReducer> reducer;
   absl::Status SetUpReducer(size_t largest, size_t largest_shard);  // engine_hooks.cc
+  // Only at stages 2-3 on CUDA: SetUpCuda refuses optimizer offload below stage 2.
   bool GradStagingNeeded() const {
-    return cfg.stage >= 2 && !device_ops->host_visible() && OptimizerTier().tier() != memory::Tier::kDevice;
+    return !device_ops->host_visible() && place.grads->tier() != memory::Tier::kDevice;
   }
 
   bool in_micro_batch = false;
   int micro_batch = 0;  // micro-batches completed in this step
   int64_t step = 0;
-  float loss_scale = 1;   // fp16 dynamic loss scale
-  int clean_steps = 0;    // since the last overflow or growth
+  optim::LossScaler loss_scaler;  // fp16 (static or dynamic); scale 1 without fp16
   std::string failed;   // set after a failed hook: the engine refuses further hooks
   // Time accounting of the current step (reset when Step() returns), in ns.
   int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
@@ -222,7 +224,7 @@ struct Engine::Impl {
   // The element range this rank updates: [update_begin, update_begin + update_elems).
   size_t update_begin(const UnitState& u) const { return u.ext.update_begin; }
   size_t update_elems(const UnitState& u) const { return u.ext.update_elems; }
-  float* MasterPtr(UnitState& u) const;      // update range of the fp32 master
+  float* MasterPtr(UnitState& u, const memory::Buffer& master) const;  // update range of the fp32 master
   float* GradUpdatePtr(UnitState& u) const;  // update range of the fp32 grads
   char* ParamBase(const UnitState& u) const;  // where compute reads the full unit
 
@@ -237,10 +239,6 @@ struct Engine::Impl {
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
-  absl::Status MemoryUpdate(UnitState& u, double lr, float clip_coef);  // state in memory (NvmeUpdate: on NVMe)
-  absl::Status UpdateUnit(UnitState& u, double lr, float clip_coef) {
-    return nvme_optimizer() ? NvmeUpdate(u, lr, clip_coef) : MemoryUpdate(u, lr, clip_coef);
-  }
   // The param storage over the update range from `master` (host memory, the update range of the fp32
   // master); nothing when the master is the param storage itself.
   absl::Status CastMasterToParams(UnitState& u, const float* master);
