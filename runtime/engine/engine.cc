@@ -212,7 +212,8 @@ absl::Status InitMaster(Engine::Impl& m, UnitState& u) {
 
 // Checks, before anything is allocated, that every tier's budget holds what Finalize will place there
 // (Note [Tier placement]); the error names the tier, the need, the budget and the shortfall.
-absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard, uint64_t* device_need) {
+absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard, size_t tile_elems,
+                          uint64_t* device_need) {
   uint64_t need[memory::kNumTiers] = {0, 0, 0};
   std::string parts[memory::kNumTiers];
   auto add = [&](memory::Allocator* a, uint64_t bytes, const char* what) {
@@ -230,7 +231,7 @@ absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t larg
     state += u.ext.update_elems * 4 * optim::StateBuffers(m.cfg.optimizer);
   }
   SharedSizes sizes;
-  sizes.nvme_staging = uint64_t(NvmeStagingTiles(m.cfg)) * m.nvme_tile_elems * 4;
+  sizes.nvme_staging = uint64_t(NvmeStagingTiles(m.cfg)) * tile_elems * 4;
   sizes.nvme_param_buffers = NvmeParamBuffers(m.cfg, live) * offload::NvmeStore::IoBytes(largest_shard * m.param_bytes());
   sizes.gathered = uint64_t(live) * largest * m.param_bytes();
   sizes.grad_buffers = uint64_t(m.cfg.max_live_units) * largest * 4 + largest_shard * 4;
@@ -276,11 +277,11 @@ absl::Status Engine::Finalize() {
   // A tile larger than the largest update range would only make the staging buffers bigger.
   size_t largest_update = 0;
   for (const UnitState& u : m.units) largest_update = std::max(largest_update, m.update_elems(u));
-  m.nvme_tile_elems = NvmeTileElems(m.cfg, largest_update);
+  const size_t tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
-  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, &device_need));
+  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, tile_elems, &device_need));
   STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
-  STRATA_RETURN_IF_ERROR(m.SetUpNvme());
+  STRATA_RETURN_IF_ERROR(m.SetUpNvme(tile_elems));
   STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest_shard));
   std::vector<optim::MemoryUnit> held(m.units.size());
   for (size_t i = 0; i < m.units.size(); ++i) {

@@ -48,8 +48,11 @@ struct UnitState {
   int64_t compute_start_ns = 0;
 };
 
-struct Engine::Impl {
-  EngineConfig cfg;
+// What the engine runs on: the world and the device, the communicator and stream of each phase, the
+// memory tiers with their accountant and their operations, the host optimizer threads and the offload
+// I/O queue. Made in Create (SetUpCuda on CUDA) and Finalize, fixed afterwards; Engine::Impl's first
+// base, so it outlives every buffer, store and pool the engine holds.
+struct EngineRuntime {
   comm::Communicator* world = nullptr;
   device::Device* device = nullptr;
   std::unique_ptr<comm::Communicator> gather_comm, reduce_comm, step_comm;
@@ -60,13 +63,68 @@ struct Engine::Impl {
   // Where host-memory optimizer updates run (HostTierOps and the NVMe tiles read this slot): a pool of
   // strata.optimizer_threads threads, or empty for one thread. Declared before the ops that point at it.
   std::unique_ptr<optim::HostExecutor> host_executor;
-  absl::Status SetOptimizerThreads(int threads);  // engine_step.cc; 0 = OptimizerThreads(cfg)'s default
   // Note [Tier ops]: the operations on buffer contents, per tier. device_ops is HostTierOps on host
   // devices (the device tier is host memory there) and CudaTierOps on CUDA devices.
   std::unique_ptr<TierOps> device_ops, host_ops;
   TierOps& OpsOf(const memory::Allocator& a) const {
     return a.tier() == memory::Tier::kDevice ? *device_ops : *host_ops;
   }
+  // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
+  // step_comm on host devices; on CUDA devices a host communicator beside the NCCL ones.
+  comm::Communicator* control = nullptr;
+  device::Stream* control_stream = nullptr;
+  std::unique_ptr<comm::Communicator> control_comm;
+  std::unique_ptr<device::Stream> control_host_stream;
+  std::unique_ptr<offload::IoQueue> io_queue;  // the NVMe stores' (CreateIoQueue, on first use)
+};
+
+// The rank's parameter storage beside the units' own buffers: with offload_param = nvme the shards in an
+// NVMe store behind a cache of pinned buffers (Note [NVMe params]; all null otherwise), and
+// ParamStorage's host copy of device parameters.
+struct ParamStore {
+  std::unique_ptr<offload::NvmeStore> param_store;
+  std::unique_ptr<offload::PinnedPool> param_buffers;
+  std::unique_ptr<offload::ShardCache> param_cache;
+  offload::ShardCacheStats param_io_mark;  // cache counters when the last step ended
+  std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
+};
+
+// Where the engine is in its protocol (registration, micro-batches, steps, a failed hook), the loss
+// scale, and what the current step has cost (reset when Step() returns).
+struct StepState {
+  bool finalized = false;
+  bool in_micro_batch = false;
+  int micro_batch = 0;  // micro-batches completed in this step
+  int64_t step = 0;
+  optim::LossScaler loss_scaler;  // fp16 (static or dynamic); scale 1 without fp16
+  std::string failed;   // set after a failed hook: the engine refuses further hooks
+  // Time accounting of the current step, in ns, and the NVMe bytes of the tiled update.
+  int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
+  device::Timeline timeline;  // the spans of every step (Engine::timeline())
+  // Runs `wait` on the trainer's thread and charges its duration to `counter` (exposed communication
+  // unless said otherwise).
+  template <typename F>
+  absl::Status TimedWait(int64_t& counter, F&& wait) {
+    const int64_t t0 = device::NowNs();
+    absl::Status s = wait();
+    counter += device::NowNs() - t0;
+    return s;
+  }
+  template <typename F>
+  absl::Status TimedWait(F&& wait) {
+    return TimedWait(exposed_comm_ns, std::forward<F>(wait));
+  }
+};
+
+// The engine composes the phase owners (shard::Gatherer, shard::GradReducer, optim::StateStore) over its
+// units and checks the hook protocol. Its own members are the configuration and its placement, the
+// units, the schedule and the three owners; the runtime, the parameter store and the step state are its
+// bases (declared in this order, so destroyed after the owners, the runtime last), whose members the
+// engine's files name directly.
+struct Engine::Impl : EngineRuntime, ParamStore, StepState {
+  EngineConfig cfg;
+  absl::Status SetOptimizerThreads(int threads);  // engine_step.cc; 0 = OptimizerThreads(cfg)'s default
   // Note [Engine on CUDA]. On a CUDA device (engine_cuda.cc) the device tier is one cudaMalloc arena
   // (created in Finalize: the device budget, or without one exactly what the model's state needs, so
   // the rest of the GPU stays with the trainer; until then a host accountant checks the budget), the
@@ -77,12 +135,6 @@ struct Engine::Impl {
   // offload also needs optimizer offload and gathers through Note [Staged gathers].
   absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
   absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
-  // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
-  // step_comm on host devices; on CUDA devices a host communicator beside the NCCL ones.
-  comm::Communicator* control = nullptr;
-  device::Stream* control_stream = nullptr;
-  std::unique_ptr<comm::Communicator> control_comm;
-  std::unique_ptr<device::Stream> control_host_stream;
 
   // Note [Tier placement] (DeepSpeed's offload_param / offload_optimizer semantics): parameter shards
   // live on the device unless offload_param says cpu; with offload_optimizer the fp32 master, the fp32
@@ -95,21 +147,19 @@ struct Engine::Impl {
     return cfg.offload_param.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
   // Note [NVMe state]. With offload_optimizer = nvme the fp32 master and the optimizer state of each unit
-  // live on NVMe in tiles of nvme_tile_elems (every lane's tile i covers the same elements); the step
+  // live on NVMe in tiles of NvmeTileElems (every lane's tile i covers the same elements); the step
   // streams them through pinned buffers with offload::RunTiledPipeline (read tile i+1 and write tile
   // i-1 while tile i updates). Gradients stay on the pinned-host tier. Anything that needs the master in
   // memory (export, SetParam, checkpoints) stages one unit at a time. The tiles are optim::NvmeState's
   // (runtime/optim/nvme_state.h).
   bool nvme_optimizer() const { return cfg.offload_optimizer.device == OffloadDevice::kNvme; }
-  size_t nvme_tile_elems = size_t{1} << 20;  // NvmeTileElems, set at Finalize
-  std::unique_ptr<offload::IoQueue> io_queue;
   // The fp32 master and the optimizer state of every unit, wherever they live (optim/state_store.h):
   // optim::MemoryState (device or pinned-host buffers) or optim::NvmeState (the store, the staging tiles
   // and every unit's lanes), picked once in SetUpState from place.state.
   std::unique_ptr<optim::StateStore> state;
   // engine_nvme.cc, at Finalize after the units' buffers: `held` are their master / state buffers.
   absl::Status SetUpState(std::vector<optim::MemoryUnit> held);
-  absl::Status SetUpNvme();  // the NVMe half of SetUpState
+  absl::Status SetUpNvme(size_t tile_elems);  // before the units' buffers; nothing without NVMe state
   absl::Status CreateIoQueue();
   // One kind (optim::StateKind) of a unit's optimizer state over its update range, as a host vector,
   // wherever it lives (device, pinned host or NVMe tiles). What export, SetParam, checkpoints and
@@ -138,11 +188,6 @@ struct Engine::Impl {
   // cast, SetParam, a restore) goes through ParamStorage, which writes the cache and NVMe through.
   // The fp32 master is then always a separate buffer (separate_master()).
   bool nvme_params() const { return cfg.offload_param.device == OffloadDevice::kNvme; }
-  std::unique_ptr<offload::NvmeStore> param_store;
-  std::unique_ptr<offload::PinnedPool> param_buffers;
-  std::unique_ptr<offload::ShardCache> param_cache;
-  offload::ShardCacheStats param_io_mark;  // cache counters when the last step ended
-  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // by the tiled update in the current step
   absl::Status SetUpNvmeParams(int live, size_t largest_shard);  // engine_nvme.cc; nothing without NVMe params
   // Runs fn(p) with p = bytes [offset, offset + bytes) of the rank's parameter storage (what u.params
   // holds: the shard at stage 3, the whole unit otherwise), in host memory: in place where the CPU reaches
@@ -158,7 +203,6 @@ struct Engine::Impl {
   absl::Status UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn) {
     return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), fn, /*keep=*/false);
   }
-  std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
   // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
   // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
   // shard into the rank's own block of the gathered buffer on the h2d copy stream (after the slot's
@@ -169,17 +213,12 @@ struct Engine::Impl {
   // of every stream): a demand gather waits (exposed I/O), a read-ahead gather whose read is still running
   // is not issued yet. A failed copy fails the copy stream, which Gatherer::Ensure checks after the gather.
   // (shard/staged_source.cc; the copy stream is the staged source's.)
-  memory::Allocator& OptimizerTier() const {
-    return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
-  }
+  memory::Allocator& OptimizerTier() const { return *place.grads; }  // the gradients live with the optimizer
   TierOps& ParamOps() const { return OpsOf(ParamTier()); }
   TierOps& OptimizerOps() const { return OpsOf(OptimizerTier()); }
   TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
-  device::Timeline timeline;
-
   std::vector<UnitState> units;
-  bool finalized = false;
-  std::unique_ptr<shard::Schedule> schedule;
+  std::unique_ptr<shard::Schedule> schedule;  // the recorded order of the units' first uses (prefetch)
   // Stage 3: the gathered buffers, the gather communicator and stream and where the shards come from
   // (shard/param_source.h), the source picked once in SetUpGatherer.
   std::unique_ptr<shard::Gatherer> gatherer;
@@ -194,27 +233,6 @@ struct Engine::Impl {
   // Only at stages 2-3 on CUDA: SetUpCuda refuses optimizer offload below stage 2.
   bool GradStagingNeeded() const {
     return !device_ops->host_visible() && place.grads->tier() != memory::Tier::kDevice;
-  }
-
-  bool in_micro_batch = false;
-  int micro_batch = 0;  // micro-batches completed in this step
-  int64_t step = 0;
-  optim::LossScaler loss_scaler;  // fp16 (static or dynamic); scale 1 without fp16
-  std::string failed;   // set after a failed hook: the engine refuses further hooks
-  // Time accounting of the current step (reset when Step() returns), in ns.
-  int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
-  // Runs `wait` on the trainer's thread and charges its duration to `counter` (exposed communication
-  // unless said otherwise).
-  template <typename F>
-  absl::Status TimedWait(int64_t& counter, F&& wait) {
-    const int64_t t0 = device::NowNs();
-    absl::Status s = wait();
-    counter += device::NowNs() - t0;
-    return s;
-  }
-  template <typename F>
-  absl::Status TimedWait(F&& wait) {
-    return TimedWait(exposed_comm_ns, std::forward<F>(wait));
   }
 
   int rank() const { return world->rank(); }

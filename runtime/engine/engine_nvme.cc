@@ -93,23 +93,23 @@ absl::Status Engine::Impl::ParamStorage(UnitState& u, size_t offset, size_t byte
   return ParamOps().FromHost(dev, host, bytes);
 }
 
-absl::Status Engine::Impl::SetUpNvme() {
+absl::Status Engine::Impl::SetUpNvme(size_t tile_elems) {
   if (!nvme_optimizer()) return absl::OkStatus();
   const std::string& path = cfg.offload_optimizer.nvme_path;
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
   std::vector<size_t> elems;
   for (const UnitState& u : units) elems.push_back(update_elems(u));
-  const uint64_t need = optim::NvmeState::StoreBytes(nvme_tile_elems, state_kinds().size(), elems);
+  const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
                           offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), io_queue.get()));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::PinnedPool> staging,
-                          offload::PinnedPool::Create(PoolOptions(*this, NvmeStagingTiles(cfg), nvme_tile_elems * 4,
+                          offload::PinnedPool::Create(PoolOptions(*this, NvmeStagingTiles(cfg), tile_elems * 4,
                                                                   memory::Kind::kScratch,
                                                                   cfg.offload_optimizer.pin_memory),
                                                       host_alloc.get()));
   io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
-  STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(std::move(store), std::move(staging), nvme_tile_elems,
+  STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(std::move(store), std::move(staging), tile_elems,
                                                                state_kinds(), std::move(elems)));
   return absl::OkStatus();
 }
