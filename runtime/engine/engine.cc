@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                                &impl->tracker);
   impl->host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
                                                              &impl->tracker);
-  impl->place = DecidePlacement(config, impl->device_alloc.get(), impl->host_alloc.get());
+  impl->DecidePlace();
   // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
   const bool host_update = device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
   STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
@@ -118,6 +118,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     impl->control = impl->step_comm.get();
     impl->control_stream = impl->step_stream.get();
   }
+  impl->DecidePlace();  // over the tiers SetUpCuda made
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -281,6 +282,7 @@ absl::Status Engine::Finalize() {
   uint64_t device_need = 0;
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, tile_elems, &device_need));
   STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
+  m.DecidePlace();  // over the arena
   STRATA_RETURN_IF_ERROR(m.SetUpNvme(tile_elems));
   STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest_shard));
   std::vector<optim::MemoryUnit> held(m.units.size());

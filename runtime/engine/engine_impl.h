@@ -142,6 +142,9 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
   // separate buffer whenever it cannot be the parameter storage itself (low-precision params, or the
   // optimizer offloaded away from the parameters). Gathered and working buffers stay on the device.
   Placement place;  // decided once, in Create (Note [Placement])
+  // Decides `place` over the current tiers, whose pointers it holds; again whenever a tier is replaced
+  // (on CUDA, SetUpCuda replaces the pinned-host tier and CreateDeviceArena the device tier).
+  void DecidePlace() { place = DecidePlacement(cfg, device_alloc.get(), host_alloc.get()); }
   bool separate_master() const { return place.master_apart; }
   memory::Allocator& ParamTier() const {
     return cfg.offload_param.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;

@@ -1,7 +1,8 @@
 // The optimizer step: wait for the gradient reductions, then optim::RunOptimizerStep over the state
 // store (average, global norm: one all-reduce of the shard norms, clip, update each rank's range with
-// the cast to the param dtype), re-replicate (stages 1-2), zero the gradients, the loss scale. A non-finite norm skips the update on every rank (the norm is global, so every
-// rank reaches the same decision) and is reported in the result. Host-memory updates run on
+// the cast to the param dtype), re-replicate (stages 1-2), zero the gradients, the loss scale. A
+// non-finite norm skips the update on every rank (the norm is global, so every rank reaches the same
+// decision) and is reported in the result. Host-memory updates run on
 // host_executor (strata.optimizer_threads): the fused kernels give the same bits for every thread
 // count, so the thread count is a speed knob only. The norm stays the sequential optim::SumSquares,
 // whose order the executor's vectorised sum does not reproduce.
