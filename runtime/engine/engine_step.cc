@@ -47,10 +47,11 @@ absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master)
   });
 }
 
-absl::Status Engine::Impl::ReplicateParams() {
+absl::Status Engine::Impl::ReplicateParams(bool frozen_too) {
   if (cfg.stage != 1 && cfg.stage != 2) return absl::OkStatus();
   std::vector<comm::Work> works;
   for (UnitState& u : units) {
+    if (u.frozen() && !frozen_too) continue;  // unchanged since the last replication (Note [Frozen units])
     char* base = u.params.as<char>();
     works.push_back(step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
                                          cfg.param_dtype, *step_stream));
@@ -60,7 +61,9 @@ absl::Status Engine::Impl::ReplicateParams() {
 }
 
 absl::Status Engine::Impl::ZeroGrads() {
-  for (UnitState& u : units) STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
+  for (UnitState& u : units) {
+    if (!u.frozen()) STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
+  }
   return absl::OkStatus();
 }
 
@@ -87,6 +90,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   const float inv = 1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * loss_scale);
   double local_sq = 0;
   for (UnitState& u : units) {
+    if (u.frozen()) continue;  // no gradient (Note [Frozen units])
     float* g = GradUpdatePtr(u);
     STRATA_RETURN_IF_ERROR(OptimizerOps().Scale(g, update_elems(u), inv));
     STRATA_ASSIGN_OR_RETURN(const double sq, OptimizerOps().SumSquares(g, update_elems(u)));
@@ -119,7 +123,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   // Units are independent here, so the order is free: last to first, so that with parameter shards on
   // NVMe the cache keeps the first units (the most recently written), which the next forward needs first.
   for (auto it = units.rbegin(); it != units.rend(); ++it) {
-    STRATA_RETURN_IF_ERROR(UpdateUnit(*it, r.lr, r.clip_coef));
+    if (!it->frozen()) STRATA_RETURN_IF_ERROR(UpdateUnit(*it, r.lr, r.clip_coef));
   }
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());

@@ -56,7 +56,7 @@ class Engine:
         self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
         _capi.check(_lib.strata_engine_finalize(self.handle))
         self._load_initial_values()
-        self.root = self.units[0] if specs[0].module is model else None
+        self.roots = [u for u in self.units if u.spec.module is model]  # the root's trainable and frozen parts
         self.tracker = _hooks.Tracker(self, self.units)
         self._install_hooks()
 
@@ -65,14 +65,14 @@ class Engine:
         keep = []  # the specs' strings and shapes live until the call returns
         arr = (_capi.ParamSpec * len(spec.params))()
         for i, (n, p) in enumerate(zip(spec.names, spec.params)):
-            qual = n if spec.module is self.model else f"{spec.name}.{n}"  # the model.named_parameters() name
+            qual = n if spec.module is self.model else f"{spec.prefix}.{n}"  # the model.named_parameters() name
             if p.dtype != torch.float32:
                 raise TypeError(f"strata: parameter '{qual}' is {p.dtype}; give the model fp32 "
                                 f"parameters (the engine keeps the fp32 master and casts per strata.param_dtype)")
             shape = (ctypes.c_int64 * max(p.ndim, 1))(*(p.shape if p.ndim else (1,)))
             keep.append(shape)
             arr[i] = _capi.ParamSpec.new(name=n.encode(), shape=shape, ndim=max(p.ndim, 1),
-                                         weight_decay=int(bool(weight_decay(qual, p))))
+                                         weight_decay=int(bool(weight_decay(qual, p))), frozen=int(spec.frozen))
         out = ctypes.c_int32()
         _capi.check(_lib.strata_engine_register_unit(self.handle, spec.name.encode(), arr, len(spec.params),
                                                      ctypes.byref(out)))
@@ -113,8 +113,8 @@ class Engine:
             return t.root_exit(output)
 
         self.model.forward = forward
-        for u in self.units:
-            if u is self.root:
+        for u in self.units:  # a module with trainable and frozen parts: both hooks, in that order
+            if u in self.roots:
                 continue
             u.spec.module.register_forward_pre_hook(lambda m, a, k, u=u: t.block_pre(u, a, k), with_kwargs=True)
             u.spec.module.register_forward_hook(lambda m, a, o, u=u: t.block_post(u, o))
