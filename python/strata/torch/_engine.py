@@ -22,10 +22,19 @@ def _config(config):
             cfg = json.load(f)
     else:
         cfg = json.loads(json.dumps(config))  # a deep copy, and proof it is plain JSON
-    # The root unit stays gathered through the whole forward and backward, so one more buffer than
-    # `strata train` needs lets the next block be prefetched beside it.
-    cfg.setdefault("strata", {}).setdefault("max_live_units", 3)
     return cfg
+
+
+def _live_units(model, specs):
+    """The default strata.max_live_units: the root unit stays gathered through the whole forward and
+    backward, so one more buffer than `strata train` needs lets the next block be prefetched beside it
+    (3). A module split into trainable and frozen parts holds two buffers while it runs."""
+    roots = sum(s.module is model for s in specs)
+    parts = {}
+    for s in specs:
+        if s.module is not model:
+            parts[id(s.module)] = parts.get(id(s.module), 0) + 1
+    return max(3, roots + 2 * max(parts.values(), default=1))
 
 
 def _default_weight_decay(name, param):
@@ -48,6 +57,7 @@ class Engine:
         specs = split_units(model, unit_classes)
         if not specs:
             raise ValueError("strata: the model has no parameters")
+        self.config.setdefault("strata", {}).setdefault("max_live_units", _live_units(model, specs))
         opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode())
         handle = ctypes.c_void_p()
         _capi.check(_lib.strata_engine_create(_comm.strata_comm(), opts, ctypes.byref(handle)))

@@ -358,9 +358,6 @@ TEST(CApiTrace, RecordsEachRanksGathersUsesAndStepsIntoOneFile) {
   }
 }
 
-}  // namespace
-}  // namespace strata::capi_test
-
 // strata_param_spec.frozen through the ABI: the frozen unit is gathered in both passes but has no
 // gradient buffers (NULL in strata_unit_buffers, an error from strata_engine_grad) and keeps its values
 // bit for bit while the trainable unit learns.
@@ -414,3 +411,6 @@ TEST(CApiFrozen, AFrozenUnitIsGatheredButHasNoGradientsAndNeverChanges) {
     ASSERT_STRATA_OK(strata_engine_destroy(e));
   });
 }
+
+}  // namespace
+}  // namespace strata::capi_test

@@ -55,6 +55,7 @@ struct Plan {
   int steps = 4;
   std::string save, load;  // step directories
   uint64_t seed = 1;       // of the initial values (a load must replace every one of them)
+  std::string nvme;        // a directory: optimizer state and (stage 3) parameter shards on NVMe there
 };
 
 struct Result {
@@ -74,6 +75,16 @@ EngineConfig ConfigOf(const Plan& r) {
   cfg.max_live_units = 2;
   cfg.offload_optimizer.device = r.offload;
   cfg.seed = r.seed;
+  if (!r.nvme.empty()) {
+    cfg.offload_optimizer.device = OffloadDevice::kNvme;
+    cfg.offload_optimizer.nvme_path = r.nvme;
+    cfg.offload_optimizer.pin_memory = false;
+    if (r.stage == 3) {
+      cfg.offload_param.device = OffloadDevice::kNvme;
+      cfg.offload_param.nvme_path = r.nvme;
+      cfg.offload_param.pin_memory = false;
+    }
+  }
   return cfg;
 }
 
@@ -160,7 +171,7 @@ absl::StatusOr<Result> Train(const Plan& r, const std::vector<std::vector<float>
 
 std::string Name(const Plan& r) {
   return absl::StrCat("stage ", r.stage, ", ", r.world, " rank(s), ", DTypeName(r.dtype),
-                      r.offload == OffloadDevice::kCpu ? ", offload_optimizer cpu" : "");
+                      r.offload == OffloadDevice::kCpu ? ", offload_optimizer cpu" : "", r.nvme.empty() ? "" : ", nvme");
 }
 
 std::vector<Plan> Cases() {
@@ -183,8 +194,23 @@ std::vector<Plan> Cases() {
   return runs;
 }
 
+std::string NvmeDir() {
+  const std::string dir = ::testing::TempDir() + "/frozen_nvme_" + std::to_string(::getpid());
+  fs::create_directories(dir);
+  return dir;
+}
+
 TEST(EngineFrozen, FrozenHalfUntouchedAndTrainableHalfEqualsTheRunWithConstants) {
-  for (const Plan& run : Cases()) {
+  std::vector<Plan> runs = Cases();
+  for (int stage : {1, 3}) {  // the NVMe tiers: the frozen half has no lanes there (and its shards are cached)
+    Plan r;
+    r.world = 2;
+    r.stage = stage;
+    r.dtype = DType::kBF16;
+    r.nvme = NvmeDir();
+    runs.push_back(r);
+  }
+  for (const Plan& run : runs) {
     SCOPED_TRACE(Name(run));
     auto a = Train(run);
     ASSERT_TRUE(a.ok()) << a.status();
@@ -204,6 +230,7 @@ TEST(EngineFrozen, FrozenHalfUntouchedAndTrainableHalfEqualsTheRunWithConstants)
       EXPECT_NE(a->trained[k][0], 0.0f);
     }
   }
+  fs::remove_all(runs.back().nvme);
 }
 
 uint64_t Tracked(const MemoryStats& m, memory::Kind k) {
