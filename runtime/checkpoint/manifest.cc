@@ -112,7 +112,8 @@ absl::StatusOr<ManifestParam> ParseParam(const JsonReader& in, const json& p, co
   STRATA_ASSIGN_OR_RETURN(mp.weight_decay, in.Bool(p, "weight_decay", f + ".weight_decay"));
   if (p.contains("frozen")) {  // format 2; optional, false when absent
     if (version < kFrozenManifestVersion) {
-      return in.Bad(f + ".frozen", absl::StrCat("needs format version ", kFrozenManifestVersion, " (this is ", version, ")"));
+      return in.Bad(f + ".frozen",
+                    absl::StrCat("needs format version ", kFrozenManifestVersion, " (this is ", version, ")"));
     }
     STRATA_ASSIGN_OR_RETURN(mp.frozen, in.Bool(p, "frozen", f + ".frozen"));
   }

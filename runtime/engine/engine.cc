@@ -223,9 +223,9 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
 
 }  // namespace
 
+namespace {
 // The largest unit and shard, of all units and of the trained ones (frozen units have no gradient buffers:
 // Note [Frozen units]).
-namespace {
 struct LargestUnits {
   size_t elems = 0, shard = 0;
   size_t trained = 0, trained_shard = 0;
