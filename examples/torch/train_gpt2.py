@@ -20,9 +20,8 @@ import strata.torch as st
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=600)
+def add_model_args(p):
+    """The model, data and run flags this example shares with lora_gpt2.py."""
     p.add_argument("--stage", type=int, default=3)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--micro-batch", type=int, default=8)
@@ -32,6 +31,12 @@ def args():
     p.add_argument("--print-every", type=int, default=25)
     p.add_argument("--checkpoint-dir", default=None, help="save a checkpoint here at the end")
     p.add_argument("--corpus", default=os.path.join(ROOT, "data", "corpus.txt"))
+
+
+def args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=600)
+    add_model_args(p)
     return p.parse_args()
 
 

@@ -41,7 +41,7 @@ class EngineOptions(_Versioned):
 class ParamSpec(_Versioned):
     _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("name", c_char_p),
                 ("shape", ctypes.POINTER(c_int64)), ("ndim", c_int32), ("weight_decay", c_int32),
-                ("init", c_int32), ("init_value", c_float)]
+                ("init", c_int32), ("init_value", c_float), ("frozen", c_int32), ("reserved", c_int32)]
 
 
 class ParamInfo(_Versioned):

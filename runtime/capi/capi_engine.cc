@@ -59,7 +59,11 @@ absl::StatusOr<shard::ParamSpec> ReadSpec(const strata_param_spec* params, int32
   }
   if (p.shape == nullptr) return NullArgument(absl::StrCat(where, ".shape").c_str());
   STRATA_ASSIGN_OR_RETURN(shard::Init init, ToInit(p.init, p.init_value, where));
-  return shard::ParamSpec{p.name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.weight_decay != 0, init};
+  if (p.reserved != 0) {  // reserved for a later field: a caller that sets it needs a newer library
+    return VersionError(absl::StrCat(where, ".reserved is ", p.reserved, "; it must be 0"));
+  }
+  return shard::ParamSpec{p.name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.weight_decay != 0, init,
+                          p.frozen != 0};
 }
 
 // The calling thread's current CUDA device (cudaSetDevice before strata_engine_create picks another),

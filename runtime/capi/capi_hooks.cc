@@ -100,6 +100,10 @@ absl::Status Pointer(const strata_engine* e, int32_t unit, int32_t param, bool g
         grad ? "strata_engine_begin_backward and its end: gradients exist only there"
              : "a begin and its end: its parameters are not gathered"));
   }
+  if (grad && e->engine->layout(unit).frozen()) {
+    return absl::FailedPreconditionError(absl::StrCat("unit '", e->engine->layout(unit).name,
+                                                      "' is frozen: it has no gradients"));
+  }
   *out = grad ? static_cast<void*>(u.grads[param]) : u.params[param];
   return absl::OkStatus();
 }

@@ -166,9 +166,14 @@ typedef struct strata_param_spec {
   int32_t weight_decay; /* nonzero: AdamW weight decay applies */
   int32_t init;         /* strata_init_kind */
   float init_value;     /* see strata_init_kind; finite where it is used */
+  /* Appended (a caller built before it passes the smaller struct_size and gets 0): */
+  int32_t frozen;       /* nonzero: frozen (fine-tuning, adapters): gathered and checkpointed, never reduced
+                           or updated, no gradient or optimizer memory; begin_backward gives grads = NULL.
+                           A unit's parameters are all frozen or all trainable: register them as two units */
+  int32_t reserved;     /* 0 (keeps the struct free of padding, whose bytes an older library checks) */
 } strata_param_spec;
 #define STRATA_PARAM_SPEC_INIT \
-  { (uint32_t)sizeof(strata_param_spec), STRATA_ABI_VERSION, NULL, NULL, 0, 0, STRATA_INIT_ZEROS, 0.0f }
+  { (uint32_t)sizeof(strata_param_spec), STRATA_ABI_VERSION, NULL, NULL, 0, 0, STRATA_INIT_ZEROS, 0.0f, 0, 0 }
 
 /* Before finalize. Registers a unit (typically a layer) whose `num_params` parameters are packed, in
  * this order, into one flat buffer. The array's stride is params[0].struct_size (every element must
@@ -214,7 +219,8 @@ typedef struct strata_unit_buffers {
   int32_t num_params;
   int32_t param_dtype;     /* strata_dtype: F32 floats, or BF16 / F16 bit patterns (uint16_t) */
   void* const* params;     /* [num_params]: the gathered parameters, in registration order */
-  float* const* grads;     /* [num_params]: fp32 gradient buffers (backward); NULL after begin_forward */
+  float* const* grads;     /* [num_params]: fp32 gradient buffers (backward); NULL after begin_forward;
+                              each NULL for a frozen unit (strata_param_spec.frozen), which has none */
 } strata_unit_buffers;
 #define STRATA_UNIT_BUFFERS_INIT \
   { (uint32_t)sizeof(strata_unit_buffers), STRATA_ABI_VERSION, 0, 0, NULL, NULL }
@@ -240,7 +246,7 @@ strata_status strata_engine_end_backward(strata_engine* engine, int32_t unit);
 
 /* The same pointers as in strata_unit_buffers, one at a time; valid for the same period. param: while
  * the unit is between a begin and its end; grad: between begin_backward and end_backward.
- * STRATA_ERR_FAILED_PRECONDITION outside those periods. */
+ * STRATA_ERR_FAILED_PRECONDITION outside those periods, and grad of a frozen unit. */
 strata_status strata_engine_param(const strata_engine* engine, int32_t unit, int32_t param, void** out);
 strata_status strata_engine_grad(const strata_engine* engine, int32_t unit, int32_t param, float** out);
 

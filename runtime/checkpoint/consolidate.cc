@@ -126,7 +126,7 @@ absl::StatusOr<VerifyReport> Coverage(const std::string& step_dir, const Manifes
   std::map<Key, std::vector<std::pair<uint64_t, uint64_t>>> tiles;
   for (const ManifestUnit& u : m.units) {
     for (const ManifestParam& p : u.params) {
-      for (const std::string& kind : StateKinds(m.optimizer)) tiles[Key{u.name, p.name, kind}];
+      for (const std::string& kind : StateKinds(m.optimizer, p)) tiles[Key{u.name, p.name, kind}];
     }
   }
   for (const ManifestShard& s : m.shards) {
@@ -147,7 +147,7 @@ absl::StatusOr<VerifyReport> Coverage(const std::string& step_dir, const Manifes
   }
   for (const ManifestUnit& u : m.units) {
     for (const ManifestParam& p : u.params) {
-      for (const std::string& kind : StateKinds(m.optimizer)) {
+      for (const std::string& kind : StateKinds(m.optimizer, p)) {
         const std::string what = absl::StrCat("checkpoint '", step_dir, "': ", u.name, ".", p.name, " ", kind);
         STRATA_RETURN_IF_ERROR(CheckTiles(tiles[Key{u.name, p.name, kind}], p.offset, p.offset + p.numel, what));
       }

@@ -28,6 +28,11 @@ std::vector<std::string> StateKinds(absl::string_view optimizer) {
   return names;
 }
 
+std::vector<std::string> StateKinds(absl::string_view optimizer, const ManifestParam& p) {
+  if (p.frozen) return {std::string(optim::StateKindName(optim::StateKind::kMaster))};
+  return StateKinds(optimizer);
+}
+
 absl::Status CheckTrainerState(absl::string_view trainer_json) {
   STRATA_RETURN_IF_ERROR(CheckJsonNesting(std::string_view(trainer_json.data(), trainer_json.size()), kMaxJsonDepth - 1,
                                           "the trainer state"));
@@ -54,6 +59,7 @@ std::string ToJson(const Manifest& m) {
     for (const ManifestParam& p : u.params) {
       params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel},
                         {"weight_decay", p.weight_decay}});
+      if (p.frozen) params.back()["frozen"] = true;
     }
     units.push_back({{"name", u.name}, {"params", params}});
   }
@@ -72,7 +78,7 @@ namespace {
 
 // One parameter; `prev_end` is where the unit's previous parameter ends (parameters are packed in order).
 absl::StatusOr<ManifestParam> ParseParam(const JsonReader& in, const json& p, const std::string& f,
-                                         uint64_t* prev_end) {
+                                         int version, uint64_t* prev_end) {
   STRATA_RETURN_IF_ERROR(in.IsObject(p, f));
   ManifestParam mp;
   STRATA_ASSIGN_OR_RETURN(mp.name, in.Str(p, "name", f + ".name"));
@@ -104,6 +110,13 @@ absl::StatusOr<ManifestParam> ParseParam(const JsonReader& in, const json& p, co
   }
   *prev_end = end;
   STRATA_ASSIGN_OR_RETURN(mp.weight_decay, in.Bool(p, "weight_decay", f + ".weight_decay"));
+  if (p.contains("frozen")) {  // format 2; optional, false when absent
+    if (version < kFrozenManifestVersion) {
+      return in.Bad(f + ".frozen",
+                    absl::StrCat("needs format version ", kFrozenManifestVersion, " (this is ", version, ")"));
+    }
+    STRATA_ASSIGN_OR_RETURN(mp.frozen, in.Bool(p, "frozen", f + ".frozen"));
+  }
   return mp;
 }
 
@@ -122,7 +135,7 @@ absl::Status ParseUnits(const JsonReader& in, const json& j, Manifest* m) {
     uint64_t end = 0;
     for (size_t p = 0; p < params->size(); ++p) {
       const std::string pf = Index(f + ".params", p);
-      STRATA_ASSIGN_OR_RETURN(ManifestParam mp, ParseParam(in, (*params)[p], pf, &end));
+      STRATA_ASSIGN_OR_RETURN(ManifestParam mp, ParseParam(in, (*params)[p], pf, m->version, &end));
       if (!param_names.insert(mp.name).second) return in.Bad(pf + ".name", "repeats another parameter's name");
       mu.params.push_back(std::move(mp));
     }
@@ -168,10 +181,10 @@ absl::Status ParseShards(const JsonReader& in, const json& j, const std::string&
 // The state the parameters need (fp32, every kind) must fit in the bytes the shards declare; their real
 // sizes are checked against those when each shard is opened.
 absl::Status CheckSizes(const JsonReader& in, const Manifest& m) {
-  const uint64_t kinds = StateKinds(m.optimizer).size();
   uint64_t need = 0, have = 0;
   for (size_t u = 0; u < m.units.size(); ++u) {
     for (size_t p = 0; p < m.units[u].params.size(); ++p) {
+      const uint64_t kinds = StateKinds(m.optimizer, m.units[u].params[p]).size();
       uint64_t bytes = 0;
       if (__builtin_mul_overflow(m.units[u].params[p].numel, 4 * kinds, &bytes) ||
           __builtin_add_overflow(need, bytes, &need)) {

@@ -17,7 +17,10 @@
 
 namespace strata::checkpoint {
 
-inline constexpr int kManifestVersion = 1;
+// The newest format this strata reads. A manifest is written in the oldest format that holds it, so a
+// checkpoint that an older strata can load stays loadable there: format 1 unless a parameter is frozen.
+inline constexpr int kManifestVersion = 2;
+inline constexpr int kFrozenManifestVersion = 2;  // parameters may be "frozen": true
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 inline constexpr int kMaxWorldSize = 1 << 20;
@@ -28,6 +31,9 @@ struct ManifestParam {
   uint64_t offset = 0;  // global element offset in the unit's flat buffer
   uint64_t numel = 0;
   bool weight_decay = false;
+  // Frozen (format 2): only its "master" kind is saved, the parameter's values, never updated. Absent in
+  // the JSON when false, so a manifest without frozen parameters is the format-1 document.
+  bool frozen = false;
 };
 
 struct ManifestUnit {
@@ -43,7 +49,7 @@ struct ManifestShard {
 };
 
 struct Manifest {
-  int version = kManifestVersion;
+  int version = 1;  // the format written (kFrozenManifestVersion with frozen parameters)
   int64_t step = 0;
   int world_size = 1;
   int stage = 0;
@@ -59,6 +65,8 @@ struct Manifest {
 // The names (optim::StateKindName) of the fp32 state kinds optimizer `optimizer` ("adamw" / "sgd") saves
 // per element, in optim::StateKinds order: "master" first, then its moments.
 std::vector<std::string> StateKinds(absl::string_view optimizer);
+// The kinds saved for one parameter: StateKinds(optimizer), or "master" alone when it is frozen.
+std::vector<std::string> StateKinds(absl::string_view optimizer, const ManifestParam& p);
 
 // OK when `trainer_json` is a JSON document a manifest can hold (nesting under kMaxJsonDepth levels);
 // otherwise InvalidArgument saying why. SaveCheckpoint checks it before writing anything.

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/common/element_math.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
@@ -122,6 +123,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
+namespace {
+// Note [Frozen units]: frozenness is per unit, so a unit's buffers either all exist or only its params do.
+absl::Status CheckFrozenness(const std::string& unit, const std::vector<shard::ParamSpec>& params) {
+  std::vector<std::string> frozen, trainable;
+  for (const shard::ParamSpec& p : params) (p.frozen ? frozen : trainable).push_back(p.name);
+  if (frozen.empty() || trainable.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unit '", unit, "' mixes frozen parameters (", absl::StrJoin(frozen, ", "), ") and trainable ones (",
+      absl::StrJoin(trainable, ", "), "); a unit is frozen or trainable as a whole: register them as two units"));
+}
+}  // namespace
+
 absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::ParamSpec> params) {
   Impl& m = *impl_;
   if (m.finalized) {
@@ -130,6 +143,7 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
   for (const UnitState& u : m.units) {
     if (u.layout.name == name) return absl::InvalidArgumentError(absl::StrCat("unit '", name, "' registered twice"));
   }
+  STRATA_RETURN_IF_ERROR(CheckFrozenness(name, params));
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout layout,
                           shard::UnitLayout::Build(std::move(name), std::move(params), m.world_size()));
   m.units.emplace_back();
@@ -172,7 +186,17 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   return absl::OkStatus();
 }
 
-// `held` receives the unit's master and state buffers, which the StateStore takes over (SetUpState).
+// Initial values of what the rank holds: its own range for stage 3, everything for the replicated stages.
+absl::Status InitParams(Engine::Impl& m, UnitState& u) {
+  const size_t lo = u.ext.param_begin, hi = lo + u.ext.param_elems;
+  return m.ParamStorage(u, 0, u.ext.param_elems * m.param_bytes(), [&](char* params) {
+    InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
+    return absl::OkStatus();
+  }, /*keep=*/false);
+}
+
+// `held` receives the unit's master and state buffers, which the StateStore takes over (SetUpState); a
+// frozen unit's stay empty (Note [Frozen units]).
 absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held) {
   const Placement& at = m.place;
   const size_t upd = u.ext.update_elems, param_bytes = u.ext.param_elems * m.param_bytes();
@@ -183,6 +207,7 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
     return absl::OkStatus();
   };
   STRATA_RETURN_IF_ERROR(allocate(at.params, param_bytes, Kind::kParamShard, &u.params));
+  if (u.frozen()) return InitParams(m, u);  // the params alone
   STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &held->master));
   STRATA_RETURN_IF_ERROR(allocate(at.grads, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads));
   STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->m));
@@ -191,18 +216,13 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
   }
   held->master_ptr = m.MasterPtr(u, held->master);
   held->elems = upd;
-  // Initial values of what the rank holds: its own range for stage 3, everything for the replicated stages.
-  const size_t lo = u.ext.param_begin, hi = lo + u.ext.param_elems;
-  return m.ParamStorage(u, 0, param_bytes, [&](char* params) {
-    InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
-    return absl::OkStatus();
-  }, /*keep=*/false);
+  return InitParams(m, u);
 }
 
 // The initial master, when it is not the param storage itself (allocators hand out zeroed memory;
 // SetUpNvme zeroes the state on NVMe).
 absl::Status InitMaster(Engine::Impl& m, UnitState& u) {
-  if (!m.separate_master()) return absl::OkStatus();
+  if (!m.separate_master() || u.frozen()) return absl::OkStatus();  // a frozen unit's master is its params
   const size_t upd = u.ext.update_elems;
   std::vector<float> values(upd, 0.0f);
   InitRange(u, m.cfg.seed, u.ext.update_begin, u.ext.update_begin + upd, values.data(), nullptr, DType::kF32);
@@ -211,9 +231,18 @@ absl::Status InitMaster(Engine::Impl& m, UnitState& u) {
 
 }  // namespace
 
+namespace {
+// The largest unit and shard, of all units and of the trained ones (frozen units have no gradient buffers:
+// Note [Frozen units]).
+struct LargestUnits {
+  size_t elems = 0, shard = 0;
+  size_t trained = 0, trained_shard = 0;
+};
+}  // namespace
+
 // Checks, before anything is allocated, that every tier's budget holds what Finalize will place there
 // (Note [Tier placement]); the error names the tier, the need, the budget and the shortfall.
-absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard, size_t tile_elems,
+absl::Status CheckBudgets(Engine::Impl& m, int live, const LargestUnits& largest, size_t tile_elems,
                           uint64_t* device_need) {
   uint64_t need[memory::kNumTiers] = {0, 0, 0};
   std::string parts[memory::kNumTiers];
@@ -227,16 +256,18 @@ absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t larg
   uint64_t params = 0, master = 0, grads = 0, state = 0;
   for (const UnitState& u : m.units) {
     params += u.ext.param_elems * m.param_bytes();
+    if (u.frozen()) continue;  // its params alone (Note [Frozen units])
     master += u.ext.update_elems * 4;
     grads += u.ext.grad_elems * 4;
     state += u.ext.update_elems * 4 * optim::StateBuffers(m.cfg.optimizer);
   }
   SharedSizes sizes;
   sizes.nvme_staging = uint64_t(NvmeStagingTiles(m.cfg)) * tile_elems * 4;
-  sizes.nvme_param_buffers = NvmeParamBuffers(m.cfg, live) * offload::NvmeStore::IoBytes(largest_shard * m.param_bytes());
-  sizes.gathered = uint64_t(live) * largest * m.param_bytes();
-  sizes.grad_buffers = uint64_t(m.cfg.max_live_units) * largest * 4 + largest_shard * 4;
-  sizes.grad_staging = m.GradStagingNeeded() ? uint64_t(largest_shard) * 4 : 0;
+  sizes.nvme_param_buffers =
+      NvmeParamBuffers(m.cfg, live) * offload::NvmeStore::IoBytes(largest.shard * m.param_bytes());
+  sizes.gathered = uint64_t(live) * largest.elems * m.param_bytes();
+  sizes.grad_buffers = uint64_t(m.cfg.max_live_units) * largest.trained * 4 + largest.trained_shard * 4;
+  sizes.grad_staging = m.GradStagingNeeded() ? uint64_t(largest.trained_shard) * 4 : 0;
   const std::vector<SharedBuffer> shared = SharedBuffers(m.cfg, sizes, m.device_alloc.get(), m.host_alloc.get());
   for (const SharedBuffer& b : shared) {
     if (b.before_units) add(b.tier, b.bytes, b.what);
@@ -267,24 +298,30 @@ absl::Status Engine::Finalize() {
   if (m.finalized) return absl::FailedPreconditionError("Finalize() called twice");
   if (m.units.empty()) return absl::FailedPreconditionError("Finalize() with no registered unit");
   STRATA_RETURN_IF_ERROR(CheckRegistrations(m));
-  size_t largest = 0, largest_shard = 0;
+  LargestUnits largest;
   std::vector<std::string> names;
   for (UnitState& u : m.units) {
-    largest = std::max(largest, u.layout.total_elems);
-    largest_shard = std::max(largest_shard, u.layout.shard_elems);
+    largest.elems = std::max(largest.elems, u.layout.total_elems);
+    largest.shard = std::max(largest.shard, u.layout.shard_elems);
+    if (!u.frozen()) {
+      largest.trained = std::max(largest.trained, u.layout.total_elems);
+      largest.trained_shard = std::max(largest.trained_shard, u.layout.shard_elems);
+    }
     names.push_back(u.layout.name);
   }
   const int live = LiveGatheredUnits(m.cfg, static_cast<int>(m.units.size()));
   // A tile larger than the largest update range would only make the staging buffers bigger.
   size_t largest_update = 0;
-  for (const UnitState& u : m.units) largest_update = std::max(largest_update, m.update_elems(u));
+  for (const UnitState& u : m.units) {
+    if (!u.frozen()) largest_update = std::max(largest_update, m.update_elems(u));
+  }
   const size_t tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
-  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, tile_elems, &device_need));
+  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, tile_elems, &device_need));
   STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
   m.DecidePlace();  // over the arena
   STRATA_RETURN_IF_ERROR(m.SetUpNvme(tile_elems));
-  STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest_shard));
+  STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest.shard));
   std::vector<optim::MemoryUnit> held(m.units.size());
   for (size_t i = 0; i < m.units.size(); ++i) {
     UnitState& u = m.units[i];
@@ -294,8 +331,8 @@ absl::Status Engine::Finalize() {
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(InitMaster(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
-  if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(live, largest));
-  STRATA_RETURN_IF_ERROR(m.SetUpReducer(largest, largest_shard));
+  if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(live, largest.elems));
+  STRATA_RETURN_IF_ERROR(m.SetUpReducer(largest.trained, largest.trained_shard));
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
   m.finalized = true;
   return absl::OkStatus();
@@ -313,6 +350,7 @@ ParamView Engine::Param(int unit, int param) const {
 float* Engine::Grad(int unit, int param) const {
   const Impl& m = *impl_;
   const UnitState& u = m.units[unit];
+  if (u.frozen()) return nullptr;  // Note [Frozen units]
   const size_t off = u.layout.params[param].offset_elems;
   float* working = m.reducer == nullptr ? nullptr : m.reducer->working(unit);  // null before Finalize
   return working == nullptr ? nullptr : working + off;

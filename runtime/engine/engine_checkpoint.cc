@@ -39,7 +39,7 @@ absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
                                                 std::vector<std::vector<float>>* staged) {
   staged->clear();
   std::vector<float*> out;
-  for (optim::StateKind k : m.state_kinds()) {
+  for (optim::StateKind k : m.state_kinds(u)) {
     STRATA_ASSIGN_OR_RETURN(std::vector<float> values, m.ReadState(u, k));
     staged->push_back(std::move(values));
   }
@@ -50,19 +50,19 @@ absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
 ckpt::ManifestUnit ManifestUnitOf(const UnitState& u) {
   ckpt::ManifestUnit mu{u.layout.name, {}};
   for (const shard::ParamSlot& p : u.layout.params) {
-    mu.params.push_back({p.spec.name, p.spec.shape, p.offset_elems, p.numel, p.spec.weight_decay});
+    mu.params.push_back({p.spec.name, p.spec.shape, p.offset_elems, p.numel, p.spec.weight_decay, p.spec.frozen});
   }
   return mu;
 }
 
 absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
   const size_t r = static_cast<size_t>(m.rank());
-  std::vector<std::string> kinds;
-  for (optim::StateKind k : m.state_kinds()) kinds.emplace_back(optim::StateKindName(k));
   std::vector<ckpt::ShardRange> ranges;
   std::vector<std::pair<size_t, size_t>> where;  // (unit, kind) of each range
   for (size_t ui = 0; ui < m.units.size(); ++ui) {
     const UnitState& u = m.units[ui];
+    std::vector<std::string> kinds;  // a frozen unit's master alone (Note [Frozen units])
+    for (optim::StateKind k : m.state_kinds(u)) kinds.emplace_back(optim::StateKindName(k));
     const size_t lo = r * u.layout.shard_elems;
     for (ckpt::SaveRange& s : ckpt::RangesToSave(ManifestUnitOf(u), lo, lo + u.layout.shard_elems, kinds)) {
       ranges.push_back(std::move(s.range));
@@ -97,7 +97,11 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   man.loss_scale = m.loss_scaler.scale();
   man.clean_steps = m.loss_scaler.clean_steps();
   man.trainer_json = trainer_json;
-  for (const UnitState& u : m.units) man.units.push_back(ManifestUnitOf(u));
+  for (const UnitState& u : m.units) {
+    man.units.push_back(ManifestUnitOf(u));
+    // Frozen parameters need format 2; without them the manifest stays the format-1 document it was.
+    if (u.frozen()) man.version = ckpt::kFrozenManifestVersion;
+  }
   return man;
 }
 

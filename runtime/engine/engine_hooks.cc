@@ -202,7 +202,7 @@ absl::Status Engine::BeginBackward(int unit) {
   ++u.backward_uses;
   STRATA_RETURN_IF_ERROR(Guard(m, m.IssueGatherIfNeeded(unit)));
   m.Prefetch(unit);
-  STRATA_RETURN_IF_ERROR(Guard(m, m.reducer->Acquire(unit)));
+  if (!u.frozen()) STRATA_RETURN_IF_ERROR(Guard(m, m.reducer->Acquire(unit)));  // Note [Frozen units]
   STRATA_RETURN_IF_ERROR(Guard(m, m.EnsureGathered(unit)));
   ++u.active;
   u.compute_start_ns = device::NowNs();
@@ -220,7 +220,7 @@ absl::Status Engine::EndBackward(int unit) {
   const int64_t now = device::NowNs();
   m.compute_ns += now - u.compute_start_ns;
   m.timeline.Add(device::Span{"compute", "backward", unit, u.compute_start_ns, now});
-  const bool last_use = u.backward_uses == u.forward_uses;
+  const bool last_use = u.backward_uses == u.forward_uses && !u.frozen();  // a frozen unit reduces nothing
   if (last_use && m.reducer->reduces(m.last_micro_batch())) STRATA_RETURN_IF_ERROR(Guard(m, m.reducer->Reduce(unit)));
   m.ReleaseParams(unit);
   return absl::OkStatus();

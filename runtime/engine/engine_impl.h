@@ -6,6 +6,16 @@
 //   stage 1: params P,               grads P, master S*, state S        with fp32 params the master is
 //   stage 2: params P,               grads S, master S*, state S        the param storage itself)
 //   stage 3: params S,               grads S, master S*, state S,  plus pooled gathered / working buffers
+//
+// Note [Frozen units]. A unit whose parameters are frozen (shard::ParamSpec::frozen; RegisterUnit refuses
+// a unit that mixes frozen and trainable ones) holds only its params, placed, sharded and gathered as a
+// trainable unit's: no grads, no master, no optimizer state, no working gradient buffer. Its backward
+// uses gather the params (the trainer still computes input gradients with them) but Grad() is nullptr
+// and EndBackward reduces nothing; the step skips it (no norm term, no update, nothing to re-replicate at
+// stages 1-2). Its update range is the range the rank owns, never updated: ReadState / WriteState of
+// kMaster read and write the param storage there, converted to and from fp32 (exact for bf16 and fp16),
+// so checkpoints, export, GatherUnit and SetParam treat it as a master that has no optimizer state.
+// Checkpoints save only its master kind and mark its parameters frozen (checkpoint/manifest.h).
 #pragma once
 
 #include <functional>
@@ -39,6 +49,7 @@ struct UnitState {
   memory::Buffer params;  // param dtype
   memory::Buffer grads;   // fp32 (the master and the optimizer state are the StateStore's)
   UnitExtents ext;  // what the rank holds of each buffer (Note [Placement]), decided at RegisterUnit
+  bool frozen() const { return ext.frozen; }  // Note [Frozen units]
 
   // Live state within a step (the gathered and working gradient buffers are the Gatherer's and the
   // GradReducer's).
@@ -168,20 +179,29 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
   // wherever it lives (device, pinned host or NVMe tiles). What export, SetParam, checkpoints and
   // initialisation use; never on the step's hot path.
   int UnitIndex(const UnitState& u) const { return static_cast<int>(&u - units.data()); }
+  // A frozen unit's master is its param storage (Note [Frozen units]; engine_nvme.cc).
   absl::StatusOr<std::vector<float>> ReadState(UnitState& u, optim::StateKind kind) {
+    if (u.frozen()) return ReadFrozen(u, kind);
     return state->Read(UnitIndex(u), kind);
   }
   absl::Status WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
+    if (u.frozen()) return WriteFrozen(u, kind, values);
     return state->Write(UnitIndex(u), kind, values);
   }
   // Runs fn on the kind over the update range: in place where the CPU can reach it, else on a staged copy
   // (written back when write_back).
   absl::Status EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
-                         bool write_back) {
-    return state->Edit(UnitIndex(u), kind, fn, write_back);
-  }
+                         bool write_back);  // engine_nvme.cc
   // The kinds this run's optimizer keeps, master first (optim::StateKinds).
   std::vector<optim::StateKind> state_kinds() const { return optim::StateKinds(cfg.optimizer.type); }
+  // The kinds unit u keeps: the master alone for a frozen unit (Note [Frozen units]).
+  std::vector<optim::StateKind> state_kinds(const UnitState& u) const {
+    return u.frozen() ? std::vector<optim::StateKind>{optim::StateKind::kMaster} : state_kinds();
+  }
+  // A frozen unit's "master": its param storage over the update range, as fp32 (engine_nvme.cc); it has
+  // no other kind.
+  absl::StatusOr<std::vector<float>> ReadFrozen(UnitState& u, optim::StateKind kind);
+  absl::Status WriteFrozen(UnitState& u, optim::StateKind kind, const std::vector<float>& values);
   // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
   // NVMe extent behind an offload::ShardCache of pinned buffers (no u.params). A gather pins the shard
   // (reading it when not cached), the gather stream waits for the read, all-gathers from the pinned
@@ -263,7 +283,9 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
   // The param storage over the update range from `master` (host memory, the update range of the fp32
   // master); nothing when the master is the param storage itself.
   absl::Status CastMasterToParams(UnitState& u, const float* master);
-  absl::Status ReplicateParams();  // stages 1-2: all-gather every unit's params from the updated slices
+  // Stages 1-2: all-gather every unit's params from the updated slices; frozen units too only after a
+  // restore (a step leaves them as they are).
+  absl::Status ReplicateParams(bool frozen_too = false);
   absl::Status ZeroGrads();
 };
 

@@ -98,7 +98,7 @@ absl::Status Engine::Impl::SetUpNvme(size_t tile_elems) {
   const std::string& path = cfg.offload_optimizer.nvme_path;
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
   std::vector<size_t> elems;
-  for (const UnitState& u : units) elems.push_back(update_elems(u));
+  for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : update_elems(u));  // Note [Frozen units]
   const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
@@ -130,6 +130,50 @@ optim::MemoryOps MemoryOpsOf(TierOps& t) {
   return ops;
 }
 }  // namespace
+
+namespace {
+float LoadAs(DType dtype, const char* base, size_t index) {
+  switch (dtype) {
+    case DType::kF32: return reinterpret_cast<const float*>(base)[index];
+    case DType::kBF16: return kernels::Bf16ToFloat(reinterpret_cast<const uint16_t*>(base)[index]);
+    case DType::kF16: return kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(base)[index]);
+  }
+  return 0;
+}
+// A broken internal invariant: nothing asks a frozen unit for optimizer state (state_kinds(u)).
+absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
+  return absl::InternalError(
+      absl::StrCat("frozen unit '", u.layout.name, "' has no ", std::string(optim::StateKindName(kind))));
+}
+}  // namespace
+
+// Note [Frozen units]. ParamStorage hands out the range itself in host memory, or a host copy (keep: read
+// first); with NVMe params the cache writes the unchanged shard back, which only checkpoints and exports
+// pay.
+absl::StatusOr<std::vector<float>> Engine::Impl::ReadFrozen(UnitState& u, optim::StateKind kind) {
+  if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
+  std::vector<float> out(update_elems(u));
+  STRATA_RETURN_IF_ERROR(ParamStorage(u, UpdateParamOffset(u), out.size() * param_bytes(), [&](char* params) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = LoadAs(cfg.param_dtype, params, i);
+    return absl::OkStatus();
+  }, /*keep=*/true));
+  return out;
+}
+
+absl::Status Engine::Impl::WriteFrozen(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
+  if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
+  return UpdateParamStorage(u, [&](char* params) {
+    return host_ops->Cast(cfg.param_dtype, values.data(), params, values.size());
+  });
+}
+
+absl::Status Engine::Impl::EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
+                                     bool write_back) {
+  if (!u.frozen()) return state->Edit(UnitIndex(u), kind, fn, write_back);
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, ReadFrozen(u, kind));
+  fn(staged.data());
+  return write_back ? WriteFrozen(u, kind, staged) : absl::OkStatus();
+}
 
 absl::Status Engine::Impl::SetUpState(std::vector<optim::MemoryUnit> held) {
   if (place.state == nullptr) return absl::OkStatus();  // on NVMe: SetUpNvme made it before the units' buffers

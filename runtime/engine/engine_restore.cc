@@ -47,6 +47,10 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
         return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ", Shape(b.spec.shape),
                                    " here is '", there.name, ".", a.name, "' ", Shape(a.shape), " there"));
       }
+      if (a.frozen != b.spec.frozen) {  // the saved kinds differ (Note [Frozen units])
+        return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' is ", b.spec.frozen ? "frozen" : "trainable",
+                                   " here but was saved ", a.frozen ? "frozen" : "trainable"));
+      }
     }
   }
   if (man.param_dtype != DTypeName(m.cfg.param_dtype)) {
@@ -68,7 +72,7 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
   for (const auto& p : saved.params) specs.push_back({p.name, p.shape, p.weight_decay});
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout old, shard::UnitLayout::Build(saved.name, specs, saved_world));
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  const std::vector<optim::StateKind> kinds = m.state_kinds();
+  const std::vector<optim::StateKind> kinds = m.state_kinds(u);  // the master alone when frozen
   // Each kind is filled into a host copy of this unit's update range, then written to wherever it lives
   // (WriteState: device, pinned host or NVMe tiles).
   std::vector<std::vector<float>> staged(kinds.size(), std::vector<float>(m.update_elems(u), 0.0f));
@@ -83,7 +87,8 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
     }
     STRATA_RETURN_IF_ERROR(m.WriteState(u, kinds[k], staged[k]));
   }
-  return m.CastMasterToParams(u, staged[0].data());
+  // A frozen unit's master is its params, written above (Note [Frozen units]).
+  return u.frozen() ? absl::OkStatus() : m.CastMasterToParams(u, staged[0].data());
 }
 
 absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manifest* man) {
@@ -120,7 +125,7 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
     return absl::DataLossError(absl::StrCat("loading checkpoint '", step_dir, "' failed on rank(s) ",
                                             absl::StrJoin(failed, ","), " (see their errors)"));
   }
-  STRATA_RETURN_IF_ERROR(m.ReplicateParams());
+  STRATA_RETURN_IF_ERROR(m.ReplicateParams(/*frozen_too=*/true));
   STRATA_RETURN_IF_ERROR(m.ZeroGrads());
   m.step = man.step;
   m.loss_scaler.Restore(man.loss_scale, man.clean_steps);

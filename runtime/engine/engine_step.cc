@@ -49,10 +49,11 @@ absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master)
   });
 }
 
-absl::Status Engine::Impl::ReplicateParams() {
+absl::Status Engine::Impl::ReplicateParams(bool frozen_too) {
   if (cfg.stage != 1 && cfg.stage != 2) return absl::OkStatus();
   std::vector<comm::Work> works;
   for (UnitState& u : units) {
+    if (u.frozen() && !frozen_too) continue;  // unchanged since the last replication (Note [Frozen units])
     char* base = u.params.as<char>();
     works.push_back(step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
                                          cfg.param_dtype, *step_stream));
@@ -62,7 +63,9 @@ absl::Status Engine::Impl::ReplicateParams() {
 }
 
 absl::Status Engine::Impl::ZeroGrads() {
-  for (UnitState& u : units) STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
+  for (UnitState& u : units) {
+    if (!u.frozen()) STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
+  }
   return absl::OkStatus();
 }
 
@@ -94,11 +97,12 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   }
   std::vector<optim::StepUnit> step_units;
   for (UnitState& u : units) {
+    if (u.frozen()) continue;  // no gradient, no update, no norm term (Note [Frozen units])
     optim::ParamsAccess params;
     params.on_host = [this, &u](const std::function<absl::Status(char*)>& fn) { return UpdateParamStorage(u, fn); };
     // Device state updates device params in place (no param buffer with parameter shards on NVMe).
     params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
-    step_units.push_back({GradUpdatePtr(u), update_elems(u), &u.ext.update_segments, std::move(params)});
+    step_units.push_back({GradUpdatePtr(u), update_elems(u), &u.ext.update_segments, std::move(params), UnitIndex(u)});
   }
   STRATA_ASSIGN_OR_RETURN(const optim::StepOutcome out,
                           optim::RunOptimizerStep(*state, cfg.optimizer, GradOpsOf(OptimizerOps()), step_units, in));

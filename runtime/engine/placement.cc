@@ -30,6 +30,11 @@ UnitExtents DecideExtents(int stage, int rank, const shard::UnitLayout& layout) 
   extent(sharded_grads, &e.grad_begin, &e.grad_elems);
   extent(sharded_update, &e.update_begin, &e.update_elems);
   e.update_segments = sharded_update ? layout.ShardSegments(rank) : layout.FullSegments();
+  if (layout.frozen()) {  // nothing to reduce or update; the owned range stays (Note [Frozen units])
+    e.frozen = true;
+    e.grad_elems = 0;
+    e.update_segments.clear();
+  }
   return e;
 }
 

@@ -32,14 +32,18 @@ struct Placement {
 Placement DecidePlacement(const EngineConfig& cfg, memory::Allocator* device, memory::Allocator* host);
 
 // The elements [begin, begin + elems) of a unit that each of its buffers holds on one rank.
+// A frozen unit (Note [Frozen units] in engine_impl.h) has no gradients and no update: grad_elems is 0 and
+// update_segments is empty, but its update range is still the range the rank owns (saves, restores,
+// gathers for export), exactly where a trainable unit's would be.
 struct UnitExtents {
   size_t param_begin = 0, param_elems = 0;    // the param storage: the rank's shard at stage 3, else the unit
   size_t grad_begin = 0, grad_elems = 0;      // the gradients: the shard at stages 2-3
   size_t update_begin = 0, update_elems = 0;  // what the rank's optimizer updates: the shard at stages 1-3
   std::vector<shard::Segment> update_segments;  // the parameter runs of the update range, relative to its start
+  bool frozen = false;  // no grads, no master apart from the params, no optimizer state
 };
 
-UnitExtents DecideExtents(int stage, int rank, const shard::UnitLayout& layout);
+UnitExtents DecideExtents(int stage, int rank, const shard::UnitLayout& layout);  // frozen: layout.frozen()
 
 // The sizes of the engine-wide buffers beside the units' own, whether the run has them or not.
 struct SharedSizes {

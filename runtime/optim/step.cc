@@ -29,7 +29,7 @@ absl::StatusOr<StepOutcome> RunOptimizerStep(StateStore& store, const OptimizerC
   for (int unit = static_cast<int>(units.size()) - 1; unit >= 0; --unit) {
     const StepUnit& u = units[unit];
     const UnitStep up{u.grad, u.segments, u.params, in.param_dtype, in.lr, in.step, out.clip_coef, in.executor};
-    STRATA_ASSIGN_OR_RETURN(const offload::TilePipelineStats s, store.Step(unit, cfg, up));
+    STRATA_ASSIGN_OR_RETURN(const offload::TilePipelineStats s, store.Step(u.unit < 0 ? unit : u.unit, cfg, up));
     out.io.tiles += s.tiles;
     out.io.compute_ns += s.compute_ns;
     out.io.read_wait_ns += s.read_wait_ns;

@@ -25,6 +25,7 @@ struct StepUnit {
   size_t elems = 0;  // the update range
   const std::vector<shard::Segment>* segments = nullptr;
   ParamsAccess params;
+  int unit = -1;  // the store's unit; -1: its position in the list (a caller that leaves units out names them)
 };
 
 struct StepInputs {

@@ -121,6 +121,7 @@ uint64_t UnitLayout::Fingerprint() const {
     h = HashString(h, p.spec.name);
     for (int64_t d : p.spec.shape) h = SplitMix64(h ^ static_cast<uint64_t>(d));
     h = SplitMix64(h ^ (p.spec.weight_decay ? 0x5a5a : 0xa5a5));
+    if (p.spec.frozen) h = SplitMix64(h ^ 0xf207e2);  // trainable units hash as they always did
   }
   return h;
 }
@@ -129,7 +130,7 @@ std::string UnitLayout::Describe() const {
   std::vector<std::string> parts;
   for (const ParamSlot& p : params) {
     parts.push_back(absl::StrCat(p.spec.name, "[", absl::StrJoin(p.spec.shape, ","), "]",
-                                 p.spec.weight_decay ? " decay" : ""));
+                                 p.spec.weight_decay ? " decay" : "", p.spec.frozen ? " frozen" : ""));
   }
   return absl::StrCat(name, ": ", absl::StrJoin(parts, ", "));
 }

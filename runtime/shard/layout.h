@@ -35,6 +35,10 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   bool weight_decay = false;
   Init init;
+  // Frozen (fine-tuning, adapters): gathered and checkpointed like any parameter, never reduced or
+  // updated, with no gradient or optimizer state (Note [Frozen units] in engine/engine_impl.h). A unit's
+  // parameters are all frozen or all trainable.
+  bool frozen = false;
 };
 
 struct ParamSlot {
@@ -67,8 +71,12 @@ struct UnitLayout {
   // Parameter runs of the whole buffer (stage 0 updates everything).
   std::vector<Segment> FullSegments() const;
 
-  // A hash of the name, parameter names, shapes and weight-decay flags: equal on every rank or the
-  // registrations differ. Independent of world size.
+  // Whether the unit's parameters are frozen (Build refuses nothing here; the engine refuses a unit that
+  // mixes frozen and trainable parameters): its first parameter's flag.
+  bool frozen() const { return !params.empty() && params[0].spec.frozen; }
+
+  // A hash of the name, parameter names, shapes, weight-decay and frozen flags: equal on every rank or
+  // the registrations differ. Independent of world size.
   uint64_t Fingerprint() const;
   // "block1: w[64,64] decay, b[64]" for error messages.
   std::string Describe() const;

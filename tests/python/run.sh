@@ -46,3 +46,13 @@ first=$(sed -n 's/^step *0  loss \([0-9.]*\).*/\1/p' <<<"$out")
 last=$(sed -n 's/^step *39  loss \([0-9.]*\).*/\1/p' <<<"$out")
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && b < a - 1.0) }' ||
   { echo "FAIL: the example's loss went from '$first' to '$last' (expected a drop of more than 1)"; exit 1; }
+# The LoRA example (the base frozen, adapters trained) learns and leaves the base bit for bit unchanged.
+echo "== examples/torch/lora_gpt2.py, 40 + 40 steps at 2 ranks"
+out=$(OMP_NUM_THREADS=1 scripts/mpirun_local -n 2 "$python" examples/torch/lora_gpt2.py --base-steps 40 --steps 40 \
+  --print-every 39)
+echo "$out"
+before=$(sed -n 's/^held-out loss on the fine-tuning text before: \([0-9.]*\).*/\1/p' <<<"$out")
+after=$(sed -n 's/^held-out loss on the fine-tuning text after: \([0-9.]*\).*/\1/p' <<<"$out")
+grep -q "base weights bit for bit unchanged: True" <<<"$out" || { echo "FAIL: the frozen base changed"; exit 1; }
+awk -v a="$before" -v b="$after" 'BEGIN { exit !(a != "" && b != "" && b < a) }' ||
+  { echo "FAIL: the fine-tune's held-out loss went from '$before' to '$after' (expected a drop)"; exit 1; }

@@ -11,6 +11,8 @@ from safetensors.torch import load_file
 import strata.torch as st
 from common import config, shared_dir
 from models import batches, tiny_lm
+from strata.torch._units import FROZEN_SUFFIX
+from test_frozen import frozen_lm
 
 
 def run_cli(*args):
@@ -19,11 +21,14 @@ def run_cli(*args):
     return subprocess.run([os.environ["STRATA_CLI"], *args], env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_checkpoint_reads_with_strata_ckpt(tmp_path):
+@pytest.mark.parametrize("frozen", [False, True])
+def test_checkpoint_reads_with_strata_ckpt(tmp_path, frozen):
+    """frozen: with frozen parameters (test_frozen.py's model), saved as their values alone; the CLI counts
+    them and exports them under their unit's name, "<module>[frozen].<param>" for a module's frozen part."""
     if not os.environ.get("STRATA_CLI"):
         pytest.skip("STRATA_CLI unset (tests/python/run.sh sets it when bin/strata is built)")
     root = shared_dir(tmp_path)
-    model = tiny_lm()
+    model = frozen_lm() if frozen else tiny_lm()
     engine = st.shard(model, config(3))
     for step in range(2):
         x, y = batches(step, 0, st.rank())
@@ -37,12 +42,14 @@ def test_checkpoint_reads_with_strata_ckpt(tmp_path):
         inspect = run_cli("ckpt", "inspect", root, "--verify")
         export = run_cli("ckpt", "export", root, "-o", os.path.join(root, "w.safetensors"))
         if inspect.returncode or f"world size {st.world_size()}, ZeRO stage 3" not in inspect.stdout or \
-                "every checksum matches" not in inspect.stdout or '"epoch":1' not in inspect.stdout.replace(" ", ""):
+                "every checksum matches" not in inspect.stdout or '"epoch":1' not in inspect.stdout.replace(" ", "") or \
+                frozen != (" frozen)" in inspect.stdout):
             problem = f"inspect: {inspect.returncode} {inspect.stdout} {inspect.stderr}"
         elif export.returncode:
             problem = f"export: {export.returncode} {export.stdout} {export.stderr}"
         else:
-            exported = {k.removeprefix("root."): v for k, v in load_file(os.path.join(root, "w.safetensors")).items()}
+            exported = {k.replace(FROZEN_SUFFIX, "").removeprefix("root."): v
+                        for k, v in load_file(os.path.join(root, "w.safetensors")).items()}
             params = {k for k, _ in model.named_parameters()}  # deduplicated: the tied head is emb.weight
             if set(exported) != params:
                 problem = f"exported names {sorted(exported)} != {sorted(params)}"

@@ -27,15 +27,17 @@ bool IsGpt(const checkpoint::Manifest& m) {
 absl::Status Inspect(const std::string& dir, bool verify) {
   STRATA_ASSIGN_OR_RETURN(std::string step_dir, checkpoint::ResolveCheckpoint(dir));
   STRATA_ASSIGN_OR_RETURN(checkpoint::Manifest m, checkpoint::ReadManifest(step_dir));
-  uint64_t params = 0, bytes = 0;
+  uint64_t params = 0, frozen = 0, bytes = 0;
   for (const auto& u : m.units) {
-    for (const auto& p : u.params) params += p.numel;
+    for (const auto& p : u.params) (p.frozen ? frozen : params) += p.numel;
   }
+  params += frozen;
   for (const auto& s : m.shards) bytes += s.bytes;
   std::printf("checkpoint %s\n  format version %d, step %lld, world size %d, ZeRO stage %d, param dtype %s, "
-              "optimizer %s, loss scale %g\n  %zu units, %llu parameters, %zu shard files, %s\n  trainer state: %s\n",
+              "optimizer %s, loss scale %g\n  %zu units, %llu parameters%s, %zu shard files, %s\n  trainer state: %s\n",
               step_dir.c_str(), m.version, static_cast<long long>(m.step), m.world_size, m.stage, m.param_dtype.c_str(),
-              m.optimizer.c_str(), m.loss_scale, m.units.size(), static_cast<unsigned long long>(params), m.shards.size(),
+              m.optimizer.c_str(), m.loss_scale, m.units.size(), static_cast<unsigned long long>(params),
+              frozen == 0 ? "" : absl::StrCat(" (", frozen, " frozen)").c_str(), m.shards.size(),
               FormatBytes(bytes).c_str(), m.trainer_json.c_str());
   if (verify) {
     STRATA_ASSIGN_OR_RETURN(checkpoint::VerifyReport r, checkpoint::VerifyCheckpoint(step_dir, m));

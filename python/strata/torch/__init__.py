@@ -20,7 +20,9 @@ def shard(model, config=None, unit_classes=None, **kwargs):
     path, as `strata train --config`) and hooks its forward. Units: the modules of `unit_classes`, or by
     default the members of the model's largest nn.ModuleList; the remaining parameters form the root unit.
     Rank 0's parameter values are every rank's initial values. `weight_decay=callable(name, param)`
-    says which parameters AdamW decays (default: those with 2 or more dimensions)."""
+    says which parameters AdamW decays (default: those with 2 or more dimensions). A parameter with
+    requires_grad=False is frozen (fine-tuning, adapters): gathered and checkpointed, never reduced or
+    updated, no .grad and no gradient or optimizer memory."""
     return Engine(model, config=config, unit_classes=unit_classes, **kwargs)
 
 

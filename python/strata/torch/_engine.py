@@ -22,10 +22,19 @@ def _config(config):
             cfg = json.load(f)
     else:
         cfg = json.loads(json.dumps(config))  # a deep copy, and proof it is plain JSON
-    # The root unit stays gathered through the whole forward and backward, so one more buffer than
-    # `strata train` needs lets the next block be prefetched beside it.
-    cfg.setdefault("strata", {}).setdefault("max_live_units", 3)
     return cfg
+
+
+def _live_units(model, specs):
+    """The default strata.max_live_units: the root unit stays gathered through the whole forward and
+    backward, so one more buffer than `strata train` needs lets the next block be prefetched beside it
+    (3). A module split into trainable and frozen parts holds two buffers while it runs."""
+    roots = sum(s.module is model for s in specs)
+    parts = {}
+    for s in specs:
+        if s.module is not model:
+            parts[id(s.module)] = parts.get(id(s.module), 0) + 1
+    return max(3, roots + 2 * max(parts.values(), default=1))
 
 
 def _default_weight_decay(name, param):
@@ -48,6 +57,7 @@ class Engine:
         specs = split_units(model, unit_classes)
         if not specs:
             raise ValueError("strata: the model has no parameters")
+        self.config.setdefault("strata", {}).setdefault("max_live_units", _live_units(model, specs))
         opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode())
         handle = ctypes.c_void_p()
         _capi.check(_lib.strata_engine_create(_comm.strata_comm(), opts, ctypes.byref(handle)))
@@ -56,7 +66,7 @@ class Engine:
         self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
         _capi.check(_lib.strata_engine_finalize(self.handle))
         self._load_initial_values()
-        self.root = self.units[0] if specs[0].module is model else None
+        self.roots = [u for u in self.units if u.spec.module is model]  # the root's trainable and frozen parts
         self.tracker = _hooks.Tracker(self, self.units)
         self._install_hooks()
 
@@ -65,14 +75,14 @@ class Engine:
         keep = []  # the specs' strings and shapes live until the call returns
         arr = (_capi.ParamSpec * len(spec.params))()
         for i, (n, p) in enumerate(zip(spec.names, spec.params)):
-            qual = n if spec.module is self.model else f"{spec.name}.{n}"  # the model.named_parameters() name
+            qual = n if spec.module is self.model else f"{spec.prefix}.{n}"  # the model.named_parameters() name
             if p.dtype != torch.float32:
                 raise TypeError(f"strata: parameter '{qual}' is {p.dtype}; give the model fp32 "
                                 f"parameters (the engine keeps the fp32 master and casts per strata.param_dtype)")
             shape = (ctypes.c_int64 * max(p.ndim, 1))(*(p.shape if p.ndim else (1,)))
             keep.append(shape)
             arr[i] = _capi.ParamSpec.new(name=n.encode(), shape=shape, ndim=max(p.ndim, 1),
-                                         weight_decay=int(bool(weight_decay(qual, p))))
+                                         weight_decay=int(bool(weight_decay(qual, p))), frozen=int(spec.frozen))
         out = ctypes.c_int32()
         _capi.check(_lib.strata_engine_register_unit(self.handle, spec.name.encode(), arr, len(spec.params),
                                                      ctypes.byref(out)))
@@ -113,8 +123,8 @@ class Engine:
             return t.root_exit(output)
 
         self.model.forward = forward
-        for u in self.units:
-            if u is self.root:
+        for u in self.units:  # a module with trainable and frozen parts: both hooks, in that order
+            if u in self.roots:
                 continue
             u.spec.module.register_forward_pre_hook(lambda m, a, k, u=u: t.block_pre(u, a, k), with_kwargs=True)
             u.spec.module.register_forward_hook(lambda m, a, o, u=u: t.block_post(u, o))

@@ -114,7 +114,7 @@ class Tracker:
         self.recomputed = 0        # blocks run again inside a backward (activation checkpointing)
         self.late = []             # bf16 gradients that arrived after their unit's backward ended
         for u in units:
-            if u.layout.dtype != _capi.DTYPE_F32:
+            if u.layout.dtype != _capi.DTYPE_F32 and not u.spec.frozen:
                 for i, p in enumerate(u.spec.params):
                     p.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self.add_low_precision_grad(u, i, p))
         self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
@@ -150,7 +150,7 @@ class Tracker:
         self._call(_capi.lib.strata_engine_begin_backward, u.id, bufs)
         u.backward_flat, views = u.layout.param_views(bufs)
         u.set_data(views)
-        grads = u.layout.grad_views(bufs)
+        grads = [] if u.spec.frozen else u.layout.grad_views(bufs)  # a frozen unit has no gradient buffers
         if u.layout.dtype == _capi.DTYPE_F32:
             with torch._C.DisableTorchFunction():
                 for p, g in zip(u.spec.params, grads):
@@ -214,8 +214,8 @@ class Tracker:
             self.phase = EVAL
         self.guard = ParamGuard(self)
         self.guard.__enter__()
-        if self.engine.root is not None:
-            self.begin_forward(self.engine.root)
+        for root in self.engine.roots:
+            self.begin_forward(root)
 
     def root_abandon(self, error):
         """The forward raised: undo what root_enter pushed so the process can go on (without this engine)."""
@@ -232,8 +232,8 @@ class Tracker:
             self.saved_hooks = None
 
     def root_exit(self, output):
-        if self.engine.root is not None:
-            self.end_forward(self.engine.root)
+        for root in self.engine.roots:
+            self.end_forward(root)
         self._pop_contexts()
         if self.phase == EVAL:
             self.phase = IDLE
@@ -248,8 +248,8 @@ class Tracker:
         if self.phase == AWAIT_BACKWARD:
             self.phase = BACKWARD
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-            if self.engine.root is not None:
-                self.begin_backward(self.engine.root)
+            for root in self.engine.roots:
+                self.begin_backward(root)
         return grad
 
     # ---- blocks ----

@@ -3,7 +3,10 @@
 // them; every hostile field (NULLs, ndim, init kinds, struct sizes, extents whose product overflows, a
 // name twice, a bad world size) is an error, never a crash.
 #include <climits>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -75,6 +78,41 @@ TEST(ValidateUnitSpecs, HostileSpecsAreErrors) {
   const int64_t big[] = {int64_t{1} << 47};
   const strata_param_spec three[3] = {Spec("a", big, 1), Spec("b", big, 1), Spec("c", big, 1)};
   ExpectInvalid("u", three, 3, 1, "the sum of its 3 parameters exceeds 2^48");
+}
+
+// strata_param_spec.frozen was appended to the struct: a caller built before it passes the smaller
+// struct_size, and its parameters are trainable whatever lies beyond that size.
+TEST(ValidateUnitSpecs, FrozenIsReadFromCallersThatKnowItAndFalseForOlderOnes) {
+  const int64_t w[] = {4};
+  strata_param_spec specs[2] = {Spec("w", w, 1), Spec("b", w, 1)};
+  specs[0].frozen = specs[1].frozen = 1;
+  auto r = ValidateUnitSpecs("base", specs, 2, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE((*r)[0].frozen);
+  EXPECT_TRUE((*r)[1].frozen);
+  specs[1].frozen = 0;
+  r = ValidateUnitSpecs("base", specs, 2, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE((*r)[1].frozen);
+  // The version-1 layout ends at init_value; the bytes after it (here frozen = 1) are not the caller's.
+  const uint32_t v1 = offsetof(strata_param_spec, init_value) + sizeof(float);
+  ASSERT_EQ(v1, offsetof(strata_param_spec, frozen));
+  strata_param_spec old[2] = {Spec("w", w, 1), Spec("b", w, 1)};
+  old[0].frozen = old[1].frozen = 1;
+  old[0].struct_size = v1;  // the stride: the old struct's elements are packed at v1 bytes
+  std::vector<char> packed(2 * v1);
+  std::memcpy(packed.data(), &old[0], v1);
+  std::memcpy(packed.data() + v1, &old[1], v1);
+  reinterpret_cast<strata_param_spec*>(packed.data() + v1)->struct_size = v1;
+  r = ValidateUnitSpecs("base", reinterpret_cast<const strata_param_spec*>(packed.data()), 1, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE((*r)[0].frozen) << "read past an old caller's struct";
+  // The reserved field must stay zero (a later library may give it a meaning).
+  strata_param_spec reserved = Spec("w", w, 1);
+  reserved.reserved = 7;
+  ExpectInvalid("base", &reserved, 1, 1, "params[0].reserved is 7; it must be 0");
+  // The struct has no padding an older library would scan as unknown bytes.
+  EXPECT_EQ(sizeof(strata_param_spec), offsetof(strata_param_spec, reserved) + sizeof(int32_t));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -355,6 +356,60 @@ TEST(CApiTrace, RecordsEachRanksGathersUsesAndStepsIntoOneFile) {
     }
     EXPECT_EQ(memory_counters[r], 3 * 3) << "rank " << r << ": one counter per tier after each recorded step";
   }
+}
+
+// strata_param_spec.frozen through the ABI: the frozen unit is gathered in both passes but has no
+// gradient buffers (NULL in strata_unit_buffers, an error from strata_engine_grad) and keeps its values
+// bit for bit while the trainable unit learns.
+TEST(CApiFrozen, AFrozenUnitIsGatheredButHasNoGradientsAndNeverChanges) {
+  RunCRanks(kWorld, [&](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    strata_engine_options o = STRATA_ENGINE_OPTIONS_INIT;
+    o.config_json = "{\"zero_optimization\": {\"stage\": 3}}";
+    ASSERT_STRATA_OK(strata_engine_create(comm, &o, &e));
+    strata_param_spec a[2] = {Spec("w", kShapeAW, 2, 1, STRATA_INIT_UNIFORM, 0.5f),
+                              Spec("b", kShapeAB, 1, 0, STRATA_INIT_CONSTANT, 0.2f)};
+    a[0].frozen = 1;
+    EXPECT_STRATA_ERROR(strata_engine_register_unit(e, "a", a, 2, nullptr), STRATA_ERR_INVALID_ARGUMENT,
+                        "unit 'a' mixes frozen parameters (w) and trainable ones (b)");
+    a[1].frozen = 1;
+    const strata_param_spec b[2] = {Spec("w", kShapeBW, 2, 1, STRATA_INIT_NORMAL, 0.3f),
+                                    Spec("b", kShapeBB, 1, 0, STRATA_INIT_CONSTANT, 0.1f)};
+    ASSERT_STRATA_OK(strata_engine_register_unit(e, "a", a, 2, nullptr));
+    ASSERT_STRATA_OK(strata_engine_register_unit(e, "b", b, 2, nullptr));
+    ASSERT_STRATA_OK(strata_engine_finalize(e));
+    const std::vector<float> before = AllParams(e);
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+      for (int u = 0; u < 2; ++u) {
+        ASSERT_STRATA_OK(strata_engine_begin_forward(e, u, nullptr));
+        ASSERT_STRATA_OK(strata_engine_end_forward(e, u));
+      }
+      for (int u = 1; u >= 0; --u) {
+        strata_unit_buffers bufs = STRATA_UNIT_BUFFERS_INIT;
+        ASSERT_STRATA_OK(strata_engine_begin_backward(e, u, &bufs));
+        for (int p = 0; p < 2; ++p) {
+          ASSERT_NE(bufs.params[p], nullptr);
+          if (u == 0) {
+            EXPECT_EQ(bufs.grads[p], nullptr);
+            float* g = nullptr;
+            EXPECT_STRATA_ERROR(strata_engine_grad(e, u, p, &g), STRATA_ERR_FAILED_PRECONDITION,
+                                "unit 'a' is frozen: it has no gradients");
+            continue;
+          }
+          for (size_t i = 0; i < kNumel[u][p]; ++i) bufs.grads[p][i] += 0.1f;
+        }
+        ASSERT_STRATA_OK(strata_engine_end_backward(e, u));
+      }
+      ASSERT_STRATA_OK(strata_engine_end_micro_batch(e));
+      ASSERT_STRATA_OK(strata_engine_step(e, nullptr));
+    }
+    const std::vector<float> after = AllParams(e);
+    const size_t frozen = kNumel[0][0] + kNumel[0][1];
+    EXPECT_EQ(0, std::memcmp(before.data(), after.data(), frozen * sizeof(float))) << "the frozen unit changed";
+    EXPECT_NE(before[frozen], after[frozen]) << "the trainable unit did not learn";
+    ASSERT_STRATA_OK(strata_engine_destroy(e));
+  });
 }
 
 }  // namespace

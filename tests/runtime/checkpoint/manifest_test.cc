@@ -181,6 +181,35 @@ TEST(ParseManifest, DeepTrainerStateIsRefusedAndAllowedDepthKept) {
   EXPECT_FALSE(CheckTrainerState("{\"a\":").ok());
 }
 
+// Frozen parameters (format 2): the flag round-trips, is written only when set (a model without frozen
+// parameters is the format-1 document), needs format 2, must be a bool, and a frozen parameter needs only
+// its master bytes in the shards.
+TEST(ParseManifest, FrozenParametersNeedFormat2AndOnlyTheirMasterBytes) {
+  Manifest m = Valid();
+  EXPECT_EQ(ToJson(m).find("frozen"), std::string::npos);
+  m.version = kFrozenManifestVersion;
+  m.units[0].params[0].frozen = true;
+  auto parsed = ParseManifest(ToJson(m), "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->units[0].params[0].frozen);
+  EXPECT_FALSE(parsed->units[0].params[1].frozen);
+  EXPECT_EQ(StateKinds("adamw", parsed->units[0].params[0]), std::vector<std::string>{"master"});
+  EXPECT_EQ(StateKinds("adamw", parsed->units[0].params[1]).size(), 3u);
+  json j = json::parse(ToJson(m));
+  j["version"] = 1;
+  ExpectBad(j, "units[0].params[0].frozen");
+  j = json::parse(ToJson(m));
+  j["units"][0]["params"][0]["frozen"] = 1;
+  ExpectBad(j, "units[0].params[0].frozen");
+  // 10 frozen elements x 4 bytes + 3 trainable x 12: 76 bytes of state; shards declaring less are refused.
+  j = json::parse(ToJson(m));
+  j["shards"][0]["bytes"] = 38;
+  j["shards"][1]["bytes"] = 38;
+  EXPECT_TRUE(Parse(j).ok()) << Parse(j);
+  j["shards"][1]["bytes"] = 37;
+  ExpectBad(j, "need 76 bytes");
+}
+
 TEST(ParseManifest, NewerVersionAndForeignDocuments) {
   json j = ValidJson();
   j["version"] = 9;

@@ -89,6 +89,19 @@ TEST(Extents, EachStageShardsOneMoreBuffer) {
   EXPECT_EQ(Describe(DecideExtents(3, 3, l)), "p[48+16) g[48+16) u[48+16) 1:0-14");  // the padding is not updated
 }
 
+// Note [Frozen units]: no gradients and no update, but the same owned range as the trainable unit.
+TEST(Extents, AFrozenUnitHasNoGradientsAndNoUpdateButOwnsItsShard) {
+  auto l = shard::UnitLayout::Build("u", {shard::ParamSpec{"w", {24}, true, shard::Init::Zeros(), true},
+                                          shard::ParamSpec{"b", {30}, false, shard::Init::Zeros(), true}}, 4);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(Describe(DecideExtents(0, 1, *l)), "p[0+64) g[0+0) u[0+64)");
+  EXPECT_EQ(Describe(DecideExtents(1, 1, *l)), "p[0+64) g[0+0) u[16+16)");
+  EXPECT_EQ(Describe(DecideExtents(2, 1, *l)), "p[0+64) g[16+0) u[16+16)");
+  EXPECT_EQ(Describe(DecideExtents(3, 1, *l)), "p[16+16) g[16+0) u[16+16)");
+  EXPECT_TRUE(DecideExtents(3, 1, *l).frozen);
+  EXPECT_FALSE(DecideExtents(3, 1, Layout()).frozen);
+}
+
 TEST(Shared, EachBufferOnlyWhereTheRunHasIt) {
   memory::MemoryTracker tracker;
   memory::HostAllocator device{memory::Tier::kDevice, 0, &tracker}, host{memory::Tier::kPinnedHost, 0, &tracker};

@@ -71,6 +71,13 @@ TEST(UnitLayout, FingerprintSeesNamesShapesAndDecayButNotWorldSize) {
   changed[2].name = "gamma";
   EXPECT_NE(base, UnitLayout::Build("u", changed, 2)->Fingerprint());
   EXPECT_NE(base, UnitLayout::Build("v", Specs(), 2)->Fingerprint());
+  // A frozen unit differs from the same unit trainable, so ranks that disagree on it fail at Finalize.
+  changed = Specs();
+  for (ParamSpec& s : changed) s.frozen = true;
+  auto frozen = UnitLayout::Build("u", changed, 2);
+  EXPECT_NE(base, frozen->Fingerprint());
+  EXPECT_TRUE(frozen->frozen());
+  EXPECT_FALSE(UnitLayout::Build("u", Specs(), 2)->frozen());
 }
 
 TEST(InitValue, DeterministicAndIndependentOfEverythingButItsKey) {
