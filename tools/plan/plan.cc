@@ -67,22 +67,17 @@ absl::StatusOr<Plan> Evaluate(const PlanInput& in) {
   p.params = gpt::NumParams(in.model);
   STRATA_ASSIGN_OR_RETURN(p.memory, PlanMemory(in));
   STRATA_ASSIGN_OR_RETURN(p.time, PlanTime(in));
-  // Memory grows with the micro-batch (activations only), so the largest that fits is a binary search.
-  PlanInput probe = in;
-  auto fits = [&](int b) -> absl::StatusOr<bool> {
-    probe.engine.train_micro_batch_size_per_gpu = b;
-    STRATA_ASSIGN_OR_RETURN(MemoryPlan m, PlanMemory(probe));
-    return m.fits;
-  };
-  int lo = 0, hi = kMaxMicroBatch;  // fits(lo) or lo == 0; hi + 1 does not fit or is the bound
-  STRATA_ASSIGN_OR_RETURN(const bool top, fits(hi));
-  if (top) {
+  // Only the trainer's workspace grows with the micro-batch, so the engine is laid out once and the
+  // largest micro-batch that fits is a binary search over the workspace.
+  STRATA_ASSIGN_OR_RETURN(const EngineLayout e, LayOutEngine(in));
+  auto fits = [&](int b) { return MemoryAt(in, e, b).fits; };
+  int lo = 0, hi = kMaxMicroBatch;  // fits(lo) or lo == 0; hi does not fit or is the bound
+  if (fits(hi)) {
     lo = hi;
   } else {
     while (hi - lo > 1) {
       const int mid = lo + (hi - lo) / 2;
-      STRATA_ASSIGN_OR_RETURN(const bool ok, fits(mid));
-      (ok ? lo : hi) = mid;
+      (fits(mid) ? lo : hi) = mid;
     }
   }
   p.max_micro_batch = lo;

@@ -33,20 +33,29 @@ gpt::AttentionBuffers Attention(const PlanInput& in, int micro_batch) {
   return gpt::ReferenceAttentionBuffers(micro_batch, m.seq_len, m.heads);
 }
 
-absl::StatusOr<MemoryPlan> PlanMemory(const PlanInput& in) {
+absl::StatusOr<EngineLayout> LayOutEngine(const PlanInput& in) {
+  EngineLayout e;
   STRATA_ASSIGN_OR_RETURN(std::vector<shard::UnitLayout> layouts, Layouts(in));
   std::vector<engine::UnitExtents> extents;
-  size_t largest = 0;
   for (const shard::UnitLayout& l : layouts) {
     // Every rank of a group holds as much; rank 0's extents stand for all.
     extents.push_back(engine::DecideExtents(in.engine.stage, 0, l));
-    largest = std::max(largest, l.total_elems);
+    e.largest_unit_elems = std::max(e.largest_unit_elems, l.total_elems);
   }
+  e.need = engine::EngineMemoryNeed(in.engine, layouts, extents, engine::AccountingTarget{!in.device.gpu});
+  return e;
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const PlanInput& in) {
+  STRATA_ASSIGN_OR_RETURN(const EngineLayout e, LayOutEngine(in));
+  return MemoryAt(in, e, in.engine.train_micro_batch_size_per_gpu);
+}
+
+MemoryPlan MemoryAt(const PlanInput& in, const EngineLayout& e, int B) {
   MemoryPlan p;
-  p.engine = engine::EngineMemoryNeed(in.engine, layouts, extents, engine::AccountingTarget{!in.device.gpu});
-  const int B = in.engine.train_micro_batch_size_per_gpu;
+  p.engine = e.need;
   p.activations = gpt::WorkspaceBytes(in.model, B, in.model.seq_len, in.checkpointing, Attention(in, B));
-  p.unit_copy = uint64_t(gpt::UnitCopyFloats(in.engine.param_dtype, largest)) * sizeof(float);
+  p.unit_copy = uint64_t(gpt::UnitCopyFloats(in.engine.param_dtype, e.largest_unit_elems)) * sizeof(float);
   for (int t = 0; t < memory::kNumTiers; ++t) p.tier[t] = p.engine.tier[t];
   const uint64_t trainer = p.activations + p.unit_copy;
   if (in.device.gpu) {

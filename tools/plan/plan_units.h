@@ -14,6 +14,14 @@ namespace strata::tools::plan {
 int ShardGroup(const PlanInput& in);
 // The GPT's units laid out for a shard group of G ranks (a world of G, for the layout).
 absl::StatusOr<std::vector<shard::UnitLayout>> Layouts(const PlanInput& in);
+// What the engine holds (it does not depend on the micro-batch), and the largest unit.
+struct EngineLayout {
+  engine::MemoryNeed need;
+  size_t largest_unit_elems = 0;
+};
+absl::StatusOr<EngineLayout> LayOutEngine(const PlanInput& in);
+// The memory plan at micro-batch B over the engine's part.
+MemoryPlan MemoryAt(const PlanInput& in, const EngineLayout& e, int B);
 // The attention buffers the trainer would pick on this device for a micro-batch.
 gpt::AttentionBuffers Attention(const PlanInput& in, int micro_batch);
 
