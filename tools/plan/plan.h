@@ -63,7 +63,7 @@ struct TimePlan {
   double io_s = 0;               // offload copies and NVMe traffic, exposed
   double step_s = 0;
   double tokens_per_s = 0;       // the whole job's
-  double mfu = 0;                // model FLOPs / (step x ranks x matmul rate)
+  double mfu = 0;                // model FLOPs (3x forward, no recompute) / (step x matmul rate)
 };
 
 struct Plan {

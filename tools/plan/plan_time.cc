@@ -166,7 +166,9 @@ absl::StatusOr<TimePlan> PlanTime(const PlanInput& in) {
   }
   t.step_s = t.compute_s + t.exposed_comm_s + t.optimizer_s + t.io_s;
   t.tokens_per_s = t.step_s > 0 ? tokens * M * in.ranks / t.step_s : 0;
-  const double model_flops = (in.checkpointing ? 4.0 : 3.0) * gpt::ForwardFlopsPerToken(in.model) * tokens * M;
+  // MFU counts the model's FLOPs (forward and backward, 3x forward), not the recomputation (PaLM's definition,
+  // what torchtitan and the Llama reports quote).
+  const double model_flops = 3.0 * gpt::ForwardFlopsPerToken(in.model) * tokens * M;
   t.mfu = t.step_s > 0 && in.device.matmul_flops > 0 ? model_flops / (t.step_s * in.device.matmul_flops) : 0;
   return t;
 }
