@@ -124,7 +124,9 @@ absl::StatusOr<TimePlan> PlanTime(const PlanInput& in) {
     fwd.push_back({ln_f, 0, gather(ln_f), 0});
     fwd.push_back({embed, head_flops / rate, gather(embed), 0});
     const double recompute = in.checkpointing ? 1.0 : 0.0;
-    bwd.push_back({embed, bwd_factor * head_flops / rate, 0, 0});  // still gathered from the head
+    // The head's forward released the embeddings (reshard after forward) and the prefetch found them still
+    // gathered, so the head's backward gathers them again on demand: exposed, as the first of the pass.
+    bwd.push_back({embed, bwd_factor * head_flops / rate, gather(embed), 0});
     bwd.push_back({ln_f, 0, gather(ln_f), reduce(ln_f, last)});
     for (int l = L - 1; l >= 0; --l) {
       bwd.push_back({1 + l, (bwd_factor + recompute) * block_flops / rate, gather(1 + l), reduce(1 + l, last)});
