@@ -126,12 +126,14 @@ absl::StatusOr<TimePlan> PlanTime(const PlanInput& in) {
     const double recompute = in.checkpointing ? 1.0 : 0.0;
     // The head's forward released the embeddings (reshard after forward) and the prefetch found them still
     // gathered, so the head's backward gathers them again on demand: exposed, as the first of the pass.
-    bwd.push_back({embed, bwd_factor * head_flops / rate, gather(embed), 0});
-    bwd.push_back({ln_f, 0, gather(ln_f), reduce(ln_f, last)});
+    // Without resharding after forward (strata.reshard_after_forward = false) every unit stays gathered.
+    auto regather = [&](int u) { return c.reshard_after_forward ? gather(u) : 0.0; };
+    bwd.push_back({embed, bwd_factor * head_flops / rate, regather(embed), 0});
+    bwd.push_back({ln_f, 0, regather(ln_f), reduce(ln_f, last)});
     for (int l = L - 1; l >= 0; --l) {
-      bwd.push_back({1 + l, (bwd_factor + recompute) * block_flops / rate, gather(1 + l), reduce(1 + l, last)});
+      bwd.push_back({1 + l, (bwd_factor + recompute) * block_flops / rate, regather(1 + l), reduce(1 + l, last)});
     }
-    bwd.push_back({embed, 0, gather(embed), reduce(embed, last)});  // the lookup's backward: embed reduces
+    bwd.push_back({embed, 0, regather(embed), reduce(embed, last)});  // the lookup's backward: embed reduces
     for (const std::vector<Use>* pass : {&fwd, &bwd}) {
       const auto [elapsed, exposed] = Pipeline(*pass, c.prefetch_depth);
       t.exposed_comm_s += exposed;

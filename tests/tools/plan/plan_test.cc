@@ -211,6 +211,15 @@ TEST(PlanTime, NoPrefetchExposesEveryGather) {
   EXPECT_NEAR(t->exposed_comm_s, t->gather_s + t->reduce_s, 1e-9);
 }
 
+TEST(PlanTime, KeepingUnitsGatheredHalvesTheGathers) {
+  PlanInput in = GpuInput(64, 3);
+  absl::StatusOr<TimePlan> resharded = PlanTime(in);
+  in.engine.reshard_after_forward = false;
+  absl::StatusOr<TimePlan> kept = PlanTime(in);
+  ASSERT_TRUE(resharded.ok() && kept.ok());
+  EXPECT_NEAR(kept->gather_s * 2, resharded->gather_s, 1e-9);  // forward only, instead of forward and backward
+}
+
 TEST(PlanJson, HasTheDocumentedSchema) {
   absl::StatusOr<Plan> p = Evaluate(GpuInput(16, 3));
   ASSERT_TRUE(p.ok()) << p.status();
