@@ -76,6 +76,7 @@ std::vector<FlagDef> PlanFlagDefs() {
       {"ranks-per-node", false, "ranks that share a node (default: min(ranks, 8))"},
       {"shard-group-size", false, "G: shard within groups of G ranks, replicate across (default: every rank)"},
       {"device-preset", false, "h100-sxm | h200-sxm | host (default h200-sxm; host needs the measured rates)"},
+      {"device-name", false, "what to call the device in the output (a preset changed by flags is another device)"},
       {"compute-efficiency", false, "achieved fraction of the matmul rate (default 0.5 on GPUs, 1 on host)"},
       {"link-efficiency", false, "achieved fraction of the presets' link bandwidths (default 0.8; 1 on host)"},
       {"matmul-gflops", false, "matmul rate per rank, GFLOP/s (host: `strata bench step`'s sgemm)"},
@@ -116,6 +117,7 @@ absl::StatusOr<PlanRequest> ParsePlanArgs(const std::vector<std::string>& args) 
   in.shard_group = static_cast<int>(g);
   STRATA_ASSIGN_OR_RETURN(in.device, DevicePreset(f.Str("device-preset", "h200-sxm")));
   STRATA_RETURN_IF_ERROR(ApplyDeviceFlags(f, &in.device));
+  in.device.name = f.Str("device-name", in.device.name);
   const bool host = !in.device.gpu;
   STRATA_ASSIGN_OR_RETURN(in.compute_efficiency, f.Double("compute-efficiency", host ? 1.0 : 0.5));
   STRATA_ASSIGN_OR_RETURN(in.link_efficiency, f.Double("link-efficiency", host ? 1.0 : 0.8));
