@@ -46,10 +46,14 @@ absl::StatusOr<double> Rate(const Flags& f, const char* name, double fallback, d
 absl::Status ApplyDeviceFlags(const Flags& f, DeviceSpec* d) {
   STRATA_ASSIGN_OR_RETURN(d->matmul_flops, Rate(f, "matmul-gflops", d->matmul_flops, 1e9));
   Link& in = d->intra;
+  // --intra-gbps sets every collective's bandwidth; the per-collective flags override it.
+  const bool all = f.Has("intra-gbps");
   STRATA_ASSIGN_OR_RETURN(const double link, Rate(f, "intra-gbps", in.all_gather_bytes_per_s, kGB));
   STRATA_ASSIGN_OR_RETURN(in.all_gather_bytes_per_s, Rate(f, "allgather-gbps", link, kGB));
-  STRATA_ASSIGN_OR_RETURN(in.reduce_scatter_bytes_per_s, Rate(f, "reduce-scatter-gbps", f.Has("intra-gbps") ? link : in.reduce_scatter_bytes_per_s, kGB));
-  STRATA_ASSIGN_OR_RETURN(in.all_reduce_bytes_per_s, Rate(f, "allreduce-gbps", f.Has("intra-gbps") ? link : in.all_reduce_bytes_per_s, kGB));
+  STRATA_ASSIGN_OR_RETURN(in.reduce_scatter_bytes_per_s,
+                          Rate(f, "reduce-scatter-gbps", all ? link : in.reduce_scatter_bytes_per_s, kGB));
+  STRATA_ASSIGN_OR_RETURN(in.all_reduce_bytes_per_s,
+                          Rate(f, "allreduce-gbps", all ? link : in.all_reduce_bytes_per_s, kGB));
   STRATA_ASSIGN_OR_RETURN(const double inter, Rate(f, "inter-gbps", d->inter.all_gather_bytes_per_s, kGB));
   d->inter.all_gather_bytes_per_s = d->inter.reduce_scatter_bytes_per_s = d->inter.all_reduce_bytes_per_s = inter;
   if (f.Has("alpha-us")) {

@@ -19,6 +19,11 @@ const char* OffloadName(engine::OffloadDevice d) {
   return "?";
 }
 
+// ", params on cpu" where the kind is offloaded, else "".
+std::string Where(const char* what, engine::OffloadDevice d) {
+  return d == engine::OffloadDevice::kNone ? "" : absl::StrCat(what, OffloadName(d));
+}
+
 const char* DTypeText(DType d) { return d == DType::kF32 ? "fp32" : d == DType::kBF16 ? "bf16" : "fp16"; }
 
 nlohmann::json ToJson(const Plan& p) {
@@ -75,15 +80,15 @@ std::string PlanText(const Plan& p) {
       gpt::Describe(in.model), p.params / 1e9, in.ranks, in.device.name, in.ranks_per_node, c.stage, p.shard_group,
       in.ranks / p.shard_group, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
       DTypeText(c.param_dtype), in.checkpointing ? ", activation checkpointing" : "",
-      c.offload_param.device != engine::OffloadDevice::kNone ? absl::StrCat(", params on ", OffloadName(c.offload_param.device)) : "",
-      c.offload_optimizer.device != engine::OffloadDevice::kNone ? absl::StrCat(", optimizer on ", OffloadName(c.offload_optimizer.device)) : "");
+      Where(", params on ", c.offload_param.device), Where(", optimizer on ", c.offload_optimizer.device));
   absl::StrAppend(&s, "memory per rank: device ", FormatBytes(p.memory.tier[0]), ", pinned host ",
                   FormatBytes(p.memory.tier[1]), ", NVMe ", FormatBytes(p.memory.tier[2]), "\n");
   for (const engine::NeedItem& i : p.memory.engine.items) {
     absl::StrAppend(&s, "  ", memory::TierName(i.tier), ": ", i.what, " ", FormatBytes(i.bytes), "\n");
   }
+  const std::string copy = p.memory.unit_copy ? absl::StrCat(", fp32 unit copy ", FormatBytes(p.memory.unit_copy)) : "";
   absl::StrAppend(&s, "  ", in.device.gpu ? "device" : "host memory", ": trainer activations ",
-                  FormatBytes(p.memory.activations), p.memory.unit_copy ? absl::StrCat(", fp32 unit copy ", FormatBytes(p.memory.unit_copy)) : "", "\n");
+                  FormatBytes(p.memory.activations), copy, "\n");
   absl::StrAppend(&s, p.memory.fits ? "fits" : absl::StrCat("does NOT fit: ", p.memory.why_not),
                   "; the largest micro-batch that fits: ", p.max_micro_batch, "\n");
   absl::StrAppend(&s, absl::StrFormat(
