@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -11,9 +12,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
@@ -48,6 +53,18 @@ absl::Status CheckDirectory(const std::string& dir) {
 
 }  // namespace
 
+// The pid in a swap file's name ("strata-<name>-r<rank>.<index>.<pid>.swap", as Open names it), or 0 for
+// a name without one (an older release's "strata-<name>-r<rank>.<index>.swap").
+pid_t PidInName(const std::string& name) {
+  const std::vector<std::string> parts = absl::StrSplit(name, '.');
+  int64_t pid = 0;
+  if (parts.size() != 4 || !absl::SimpleAtoi(parts[2], &pid) || pid <= 0 || pid > INT32_MAX) return 0;
+  return static_cast<pid_t>(pid);
+}
+
+// Whether a process of that pid lives on this host (EPERM: it does, but is another user's).
+bool ProcessLives(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
 uint64_t ReclaimStaleSwapFiles(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return 0;  // Open reports a missing or unreadable directory itself
@@ -56,6 +73,10 @@ uint64_t ReclaimStaleSwapFiles(const std::string& dir) {
     const std::string name = e->d_name;
     if (name.size() <= 12 || name.rfind("strata-", 0) != 0 || name.compare(name.size() - 5, 5, ".swap") != 0) continue;
     const std::string path = absl::StrCat(dir, "/", name);
+    // A file whose creator lives is not stale, locked or not: another rank of this job on this host may be
+    // between its create and its flock (its unlink follows). Across hosts (a shared file system) the lock
+    // alone decides.
+    if (ProcessLives(PidInName(name))) continue;
     // Writable: where flock is emulated with fcntl locks (NFS), an exclusive lock needs a writable file.
     const int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) continue;

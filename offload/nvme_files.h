@@ -17,10 +17,12 @@
 // descriptor keeps the space, and the kernel returns it when the process ends however it ends (normal
 // end, error, SIGINT / SIGTERM, SIGKILL, an MPI abort, the OOM killer). Only two cases leave a name behind:
 // keep_files (debugging: the name stays, locked while the set lives, then unlocked, so the next Open in that
-// directory reclaims it) and a process killed between
-// the create and the unlink. So Open first reclaims, in each of its directories, every "strata-*.swap"
-// file of this user that no live process holds locked: a dead run's (or an older release's, whose files
-// had names until they were closed), and logs each one it removes with its size.
+// directory after its process has ended reclaims it) and a process killed between the create and the
+// unlink. So Open first reclaims, in each of its directories, every "strata-*.swap" file of this user that
+// no live process holds locked and whose creator (the pid in its name) no longer runs on this host: a dead
+// run's (or an older release's, whose files had names until they were closed), and logs each one it
+// removes with its size. The pid check keeps a rank from taking the file another rank on the same host has
+// created but not locked yet; a dead run's file whose pid has been reused waits for that process to end.
 //
 // Striping. The logical space is cut into stripe_bytes units dealt round-robin over the files: unit u
 // lives in file u % n at offset (u / n) * stripe_bytes. A range is split at unit boundaries; with one
@@ -101,8 +103,8 @@ class NvmeFileSet {
   bool keep_files_ = false;
 };
 
-// Removes every "strata-*.swap" regular file of this user in `dir` that no live process holds locked
-// (Note [Swap files leave nothing behind]); returns how many bytes it freed. Logs each file it removes.
+// Removes every "strata-*.swap" regular file of this user in `dir` that no live process holds locked and
+// whose creator has ended (Note [Swap files leave nothing behind]); returns how many bytes it freed. Logs each file it removes.
 uint64_t ReclaimStaleSwapFiles(const std::string& dir);
 
 // The file-system type of `path` ("ext4", "tmpfs", "xfs", ... or the magic number in hex).

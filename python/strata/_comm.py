@@ -53,7 +53,16 @@ def track(engine):
 
 @atexit.register
 def _shutdown():
+    """At interpreter exit. A rank that leaves in the middle of a step (sys.exit, or a script that returns
+    early) while its peers go on would leave them in a collective until its deadline: it ends the job
+    instead, naming why. Otherwise the engines are closed and the communicator destroyed."""
     global _comm
+    if _comm is not None and world_size() > 1:
+        for e in list(_engines):
+            why = e.mid_step()
+            if why is not None:
+                sys.stderr.flush()
+                abort(f"rank {rank()}: exited in the middle of a step ({why})")
     for e in list(_engines):
         e.close()
     if _comm is not None:

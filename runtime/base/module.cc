@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/base/env.h"
 #include "runtime/base/logging.h"
+#include "strata_module_headers.h"  // STRATA_MODULE_HEADERS: generated (runtime/base/CMakeLists.txt)
 
 #ifndef STRATA_MODULE_BUILD
 #error "STRATA_MODULE_BUILD must be defined by the build (runtime/base/CMakeLists.txt)"
@@ -94,7 +95,7 @@ const absl::StatusOr<Loaded>& Module() {
 
 }  // namespace
 
-const char* BuildId() { return STRATA_MODULE_BUILD; }
+const char* BuildId() { return STRATA_MODULE_BUILD " headers " STRATA_MODULE_HEADERS; }
 
 absl::StatusOr<const void*> CudaModulePart(const char* name, uint32_t version) {
   const absl::StatusOr<Loaded>& m = Module();

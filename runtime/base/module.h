@@ -42,7 +42,8 @@ struct ModuleIdentity {
   void (*set_log_rank)(int);  // the module's copy of the log prefix (its base library is its own)
 };
 
-// What both sides must agree on: the project version, the compiler and its version.
+// What both sides must agree on: the project version, the compiler and its version, and a digest of the
+// runtime and offload headers (the declarations of every type that crosses).
 const char* BuildId();
 
 // The part `name` at `version` of the CUDA module, loading it on the first call (thread-safe).

@@ -56,6 +56,15 @@ class NvmeFilesTest : public ::testing::Test {
     return path;
   }
 
+  // The pid of a process that has ended (forked, exited and reaped): what a killed run's name carries.
+  static pid_t DeadPid() {
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    return child;
+  }
+
   fs::path dir_;
 };
 
@@ -110,7 +119,7 @@ TEST_F(NvmeFilesTest, KeepFilesKeepsLockedNamesThatAnotherOpenLeavesAlone) {
 
 TEST_F(NvmeFilesTest, OpenReclaimsADeadRunsFilesAndNamesThem) {
   const std::string old_release = Leftover("strata-swap-r0.0.swap", 1 << 20);  // before names were unlinked
-  const std::string killed = Leftover("strata-param-r3.1.12345.swap", 1 << 16);
+  const std::string killed = Leftover("strata-param-r3.1." + std::to_string(DeadPid()) + ".swap", 1 << 16);
   const std::string unrelated = Leftover("strata-notes.txt", 4096);
   const std::string other_kind = Leftover("mydata.swap", 4096);
   fs::create_symlink(unrelated, dir_ / "strata-link.swap");
@@ -131,12 +140,13 @@ TEST_F(NvmeFilesTest, OpenReclaimsADeadRunsFilesAndNamesThem) {
 // A live process holding its file locked (another run between its create and its unlink, or with
 // keep_files) keeps it; once that process is gone the file is reclaimed.
 TEST_F(NvmeFilesTest, ALiveRunsLockedFileIsKeptUntilItDies) {
-  const std::string path = (dir_ / "strata-swap-r1.0.999.swap").string();
+  const std::string prefix = (dir_ / "strata-swap-r1.0.").string();
   int ready[2], release[2];
   ASSERT_EQ(pipe(ready), 0);
   ASSERT_EQ(pipe(release), 0);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
+  const std::string path = prefix + std::to_string(child == 0 ? getpid() : child) + ".swap";
   if (child == 0) {
     close(ready[0]);
     close(release[1]);  // else its own copy keeps the pipe open and the read below never ends
@@ -160,6 +170,19 @@ TEST_F(NvmeFilesTest, ALiveRunsLockedFileIsKeptUntilItDies) {
   ReclaimStaleSwapFiles(dir_.string());
   EXPECT_FALSE(fs::exists(path)) << "its process is gone, and its lock with it";
   close(ready[0]);
+}
+
+// Another rank of a job on this host between its create and its lock: the file is not locked yet, but
+// its creator lives, so it is not stale and no warning names it.
+TEST_F(NvmeFilesTest, AnUnlockedFileOfALiveProcessIsNotReclaimed) {
+  const std::string racing = Leftover("strata-swap-r1.0." + std::to_string(getpid()) + ".swap", 4096);
+  const std::string dead = Leftover("strata-swap-r2.0." + std::to_string(DeadPid()) + ".swap", 4096);
+  ::testing::internal::CaptureStderr();
+  EXPECT_GT(ReclaimStaleSwapFiles(dir_.string()), 0u);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(fs::exists(racing)) << "its creator is alive";
+  EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr(racing)));
+  EXPECT_FALSE(fs::exists(dead)) << "its creator is gone";
 }
 
 }  // namespace

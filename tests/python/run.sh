@@ -29,6 +29,15 @@ grep -q "aborting the job: rank 0: uncaught ValueError: rank 0 fails on purpose"
   { echo "$out"; echo "FAIL: no abort message"; exit 1; }
 [ $((SECONDS - start)) -lt 100 ] || { echo "FAIL: took $((SECONDS - start)) s (waited for a timeout?)"; exit 1; }
 echo "ok: aborted after $((SECONDS - start)) s"
+echo "== sys.exit on rank 0 in the middle of a step aborts the 2-rank job"
+start=$SECONDS
+if out=$(timeout 120 scripts/mpirun_local -n 2 "$python" tests/python/abort_on_exception.py exit 2>&1); then
+  echo "$out"; echo "FAIL: the job exited 0"; exit 1
+fi
+grep -q "aborting the job: rank 0: exited in the middle of a step (1 backward passes were done and step() was not called)" <<<"$out" ||
+  { echo "$out"; echo "FAIL: no abort message"; exit 1; }
+[ $((SECONDS - start)) -lt 100 ] || { echo "FAIL: took $((SECONDS - start)) s (waited for a timeout?)"; exit 1; }
+echo "ok: aborted after $((SECONDS - start)) s"
 # The example runs and learns (its full run is examples/torch/run).
 echo "== examples/torch/train_gpt2.py, 40 steps at 2 ranks"
 out=$(OMP_NUM_THREADS=1 scripts/mpirun_local -n 2 "$python" examples/torch/train_gpt2.py --steps 40 --print-every 39)

@@ -35,6 +35,10 @@ absl::Status Validate(const PlanInput& in) {
     return absl::InvalidArgumentError(
         absl::StrCat("offload_param needs ZeRO stage 3 (stage is ", in.engine.stage, "), as the engine requires"));
   }
+  if (in.device.gpu && in.engine.offload_optimizer.device != engine::OffloadDevice::kNone && in.engine.stage < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("offload_optimizer on a GPU needs ZeRO stage 2 or 3 (stage is ",
+                                                   in.engine.stage, "), as the engine on CUDA requires"));
+  }
   if (!(in.compute_efficiency > 0 && in.compute_efficiency <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--compute-efficiency ", in.compute_efficiency, " is not in (0, 1]"));
   }

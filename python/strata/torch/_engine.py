@@ -175,6 +175,17 @@ class Engine:
         _capi.check(_lib.strata_engine_get_stats(self.handle, s))
         return {n: getattr(s, n) for n, _ in _capi.Stats._fields_[2:]}
 
+    def mid_step(self):
+        """Why this engine is in the middle of a step (a training pass begun, or passes done and no step()
+        since), or None: then its peers may be waiting for it in a collective."""
+        if self.handle is None:
+            return None
+        if self.tracker.phase in (_hooks.FORWARD, _hooks.AWAIT_BACKWARD, _hooks.BACKWARD):
+            return f"a training pass was in phase '{self.tracker.phase}'"
+        if self.micro_batches > 0:
+            return f"{self.micro_batches} backward passes were done and step() was not called"
+        return None
+
     def close(self):
         if self.handle is not None:
             _lib.strata_engine_destroy(self.handle)

@@ -294,6 +294,7 @@ TEST(PlanOptions, BadInputGetsClearErrors) {
   ExpectError({"--stage", "7"}, "zero_optimization.stage");
   ExpectError({"--stage", "2", "--offload-params", "cpu"}, "needs stage 3 (stage is 2)");
   ExpectError({"--ranks", "2", "--stage", "0", "--shard-group-size", "1"}, "stage 0");
+  ExpectError({"--stage", "1", "--offload-optimizer", "cpu"}, "needs ZeRO stage 2 or 3 (stage is 1)");
   ExpectError({"--device-preset", "host"}, "--matmul-gflops");
   ExpectError({"--device-preset", "host", "--matmul-gflops", "10", "--ranks", "2"}, "--allgather-gbps");
   ExpectError({"--matmul-gflops", "-3"}, "--matmul-gflops -3 must be > 0");
