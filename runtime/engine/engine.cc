@@ -13,6 +13,7 @@
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/device/host_device.h"
+#include "runtime/engine/accounting.h"
 #include "runtime/engine/engine_impl.h"
 #include "runtime/optim/optimizer.h"
 
@@ -242,42 +243,21 @@ struct LargestUnits {
 
 // Checks, before anything is allocated, that every tier's budget holds what Finalize will place there
 // (Note [Tier placement]); the error names the tier, the need, the budget and the shortfall.
-absl::Status CheckBudgets(Engine::Impl& m, int live, const LargestUnits& largest, size_t tile_elems,
-                          uint64_t* device_need) {
-  uint64_t need[memory::kNumTiers] = {0, 0, 0};
-  std::string parts[memory::kNumTiers];
-  auto add = [&](memory::Allocator* a, uint64_t bytes, const char* what) {
-    if (a == nullptr) return;
-    const int t = static_cast<int>(a->tier());
-    need[t] += bytes;
-    if (bytes) absl::StrAppend(&parts[t], parts[t].empty() ? "" : ", ", what, " ", FormatBytes(bytes));
-  };
-  // What the units hold, per kind; a kind without a tier is not in memory (Note [Placement]).
-  uint64_t params = 0, master = 0, grads = 0, state = 0;
+absl::Status CheckBudgets(Engine::Impl& m, uint64_t* device_need) {
+  // Note [Memory accounting]: the bytes checked here are the ones `strata plan` reports.
+  std::vector<shard::UnitLayout> layouts;
+  std::vector<UnitExtents> extents;
   for (const UnitState& u : m.units) {
-    params += u.ext.param_elems * m.param_bytes();
-    if (u.frozen()) continue;  // its params alone (Note [Frozen units])
-    master += u.ext.update_elems * 4;
-    grads += u.ext.grad_elems * 4;
-    state += u.ext.update_elems * 4 * optim::StateBuffers(m.cfg.optimizer);
+    layouts.push_back(u.layout);
+    extents.push_back(u.ext);
   }
-  SharedSizes sizes;
-  sizes.nvme_staging = uint64_t(NvmeStagingTiles(m.cfg)) * tile_elems * 4;
-  sizes.nvme_param_buffers =
-      NvmeParamBuffers(m.cfg, live) * offload::NvmeStore::IoBytes(largest.shard * m.param_bytes());
-  sizes.gathered = uint64_t(live) * largest.elems * m.param_bytes();
-  sizes.grad_buffers = uint64_t(m.cfg.max_live_units) * largest.trained * 4 + largest.trained_shard * 4;
-  sizes.grad_staging = m.GradStagingNeeded() ? uint64_t(largest.trained_shard) * 4 : 0;
-  const std::vector<SharedBuffer> shared = SharedBuffers(m.cfg, sizes, m.device_alloc.get(), m.host_alloc.get());
-  for (const SharedBuffer& b : shared) {
-    if (b.before_units) add(b.tier, b.bytes, b.what);
-  }
-  add(m.place.params, params, "parameters");
-  add(m.place.master, master, "fp32 master");
-  add(m.place.grads, grads, "gradients");
-  add(m.place.state, state, "optimizer state");
-  for (const SharedBuffer& b : shared) {
-    if (!b.before_units) add(b.tier, b.bytes, b.what);
+  const MemoryNeed plan =
+      EngineMemoryNeed(m.cfg, layouts, extents, AccountingTarget{m.device_ops->host_visible()});
+  const uint64_t* need = plan.tier;
+  std::string parts[memory::kNumTiers];
+  for (const NeedItem& item : plan.items) {
+    std::string& p = parts[static_cast<int>(item.tier)];
+    absl::StrAppend(&p, p.empty() ? "" : ", ", item.what, " ", FormatBytes(item.bytes));
   }
   *device_need = need[static_cast<int>(memory::Tier::kDevice)];
   for (memory::Allocator* a : {m.device_alloc.get(), m.host_alloc.get()}) {
@@ -317,7 +297,7 @@ absl::Status Engine::Finalize() {
   }
   const size_t tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
-  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, tile_elems, &device_need));
+  STRATA_RETURN_IF_ERROR(CheckBudgets(m, &device_need));
   STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
   m.DecidePlace();  // over the arena
   STRATA_RETURN_IF_ERROR(m.SetUpNvme(tile_elems));

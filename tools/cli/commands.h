@@ -17,6 +17,7 @@ int BenchCommCommand(const std::vector<std::string>& args);
 int DoctorCommand(const std::vector<std::string>& args);
 int BenchScalingCommand(const std::vector<std::string>& args);
 int BenchNvmeCommand(const std::vector<std::string>& args);
+int PlanCommand(const std::vector<std::string>& args);
 
 // Each command's usage, printed by `strata CMD --help` (tools/cli/strata.cc answers --help for every command
 // before running it, so asking for help never starts a job or a benchmark).
@@ -31,5 +32,6 @@ std::string BenchCommUsage();
 std::string DoctorUsage();
 std::string BenchScalingUsage();
 std::string BenchNvmeUsage();
+std::string PlanUsage();
 
 }  // namespace strata::tools

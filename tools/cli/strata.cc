@@ -50,6 +50,8 @@ const Command kCommands[] = {
     {"bench", "benchmarks: step, scaling, nvme, capacity, adam, comm", Bench, BenchUsage},
     {"doctor", "check GPUs, interconnect, versions, host, NVMe, MPI and limits before training", DoctorCommand,
      DoctorUsage},
+    {"plan", "will a GPT fit a cluster, and how fast: per-rank memory by tier and the step time", PlanCommand,
+     PlanUsage},
     {"plot", "draw the loss curves of a metrics file as an SVG", PlotCommand, PlotUsage},
     {"compare", "compare two weight files within a relative tolerance", CompareCommand, CompareUsage},
     {"ckpt", "inspect [--verify] or export a checkpoint", CkptCommand, CkptUsage},

@@ -34,6 +34,7 @@ struct Workspace {
   float *lnf, *meanf, *rstdf, *probs, *losses;
   float *dres, *dln, *dqkv, *datt, *datty, *dfc, *dgelu, *dlogits;
   int32_t *inputs, *targets;  // the micro-batch's tokens, copied in
+  uint64_t bytes = 0;         // what Prepare allocated
 };
 
 namespace {
@@ -69,48 +70,63 @@ absl::Status CheckTokens(const int32_t* tokens, size_t n, int vocab, const char*
   return absl::OkStatus();
 }
 
-absl::Status Prepare(Workspace& w, NnBackend& nn, const GptConfig& c, int B, int T, bool recompute) {
-  if (w.B == B && w.T == T && w.recompute == recompute) return absl::OkStatus();
+// Lays out the activations and scratch of one micro-batch shape: `floats(n)` and `ints(n)` hand out n
+// elements each. Prepare allocates through it; WorkspaceBytes counts through it (nothing is allocated
+// then, and the pointers are never read), so the bytes `strata plan` reports are the ones Prepare takes.
+template <typename Floats, typename Ints>
+absl::Status LayOut(Workspace& w, const GptConfig& c, int B, int T, bool recompute, const AttentionBuffers& att,
+                    Floats floats, Ints ints) {
   const size_t N = size_t(B) * T, C = c.d_model, V = c.vocab;
-  STRATA_ASSIGN_OR_RETURN(const AttentionBuffers att, nn.PrepareAttention(B, T, c.d_model, c.heads));
-  w = Workspace{};
-  auto alloc = [&](size_t n) -> absl::StatusOr<float*> {
-    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<float> p, nn.AllocFloats(n));
-    w.storage.push_back(p);
-    return p.get();
-  };
   for (int l = 0; l <= c.layers; ++l) {
-    STRATA_ASSIGN_OR_RETURN(float* x, alloc(N * C));
+    STRATA_ASSIGN_OR_RETURN(float* x, floats(N * C));
     w.x.push_back(x);
   }
   w.acts.resize(recompute ? 1 : c.layers);
   for (LayerActs& a : w.acts) {
     for (float** v : {&a.ln1, &a.atty, &a.xmid, &a.ln2}) {
-      STRATA_ASSIGN_OR_RETURN(*v, alloc(N * C));
+      STRATA_ASSIGN_OR_RETURN(*v, floats(N * C));
     }
     for (float** v : {&a.mean1, &a.rstd1, &a.mean2, &a.rstd2}) {
-      STRATA_ASSIGN_OR_RETURN(*v, alloc(N));
+      STRATA_ASSIGN_OR_RETURN(*v, floats(N));
     }
-    STRATA_ASSIGN_OR_RETURN(a.qkv, alloc(N * 3 * C));
-    STRATA_ASSIGN_OR_RETURN(a.att, alloc(att.saved_floats));
-    STRATA_ASSIGN_OR_RETURN(a.fc, alloc(N * 4 * C));
-    STRATA_ASSIGN_OR_RETURN(a.gelu, alloc(N * 4 * C));
+    STRATA_ASSIGN_OR_RETURN(a.qkv, floats(N * 3 * C));
+    STRATA_ASSIGN_OR_RETURN(a.att, floats(att.saved_floats));
+    STRATA_ASSIGN_OR_RETURN(a.fc, floats(N * 4 * C));
+    STRATA_ASSIGN_OR_RETURN(a.gelu, floats(N * 4 * C));
   }
   for (float** v : {&w.lnf, &w.dres, &w.dln, &w.datty}) {
-    STRATA_ASSIGN_OR_RETURN(*v, alloc(N * C));
+    STRATA_ASSIGN_OR_RETURN(*v, floats(N * C));
   }
   for (float** v : {&w.meanf, &w.rstdf, &w.losses}) {
-    STRATA_ASSIGN_OR_RETURN(*v, alloc(N));
+    STRATA_ASSIGN_OR_RETURN(*v, floats(N));
   }
-  STRATA_ASSIGN_OR_RETURN(w.probs, alloc(N * V));
-  STRATA_ASSIGN_OR_RETURN(w.dlogits, alloc(N * V));
-  STRATA_ASSIGN_OR_RETURN(w.dqkv, alloc(N * 3 * C));
-  STRATA_ASSIGN_OR_RETURN(w.datt, alloc(att.scratch_floats));
-  STRATA_ASSIGN_OR_RETURN(w.dfc, alloc(N * 4 * C));
-  STRATA_ASSIGN_OR_RETURN(w.dgelu, alloc(N * 4 * C));
-  STRATA_ASSIGN_OR_RETURN(w.token_storage, nn.AllocInts(2 * N));
-  w.inputs = w.token_storage.get();
-  w.targets = w.inputs + N;
+  STRATA_ASSIGN_OR_RETURN(w.probs, floats(N * V));
+  STRATA_ASSIGN_OR_RETURN(w.dlogits, floats(N * V));
+  STRATA_ASSIGN_OR_RETURN(w.dqkv, floats(N * 3 * C));
+  STRATA_ASSIGN_OR_RETURN(w.datt, floats(att.scratch_floats));
+  STRATA_ASSIGN_OR_RETURN(w.dfc, floats(N * 4 * C));
+  STRATA_ASSIGN_OR_RETURN(w.dgelu, floats(N * 4 * C));
+  STRATA_ASSIGN_OR_RETURN(w.inputs, ints(2 * N));  // inputs, then targets (Prepare points at them)
+  return absl::OkStatus();
+}
+
+absl::Status Prepare(Workspace& w, NnBackend& nn, const GptConfig& c, int B, int T, bool recompute) {
+  if (w.B == B && w.T == T && w.recompute == recompute) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(const AttentionBuffers att, nn.PrepareAttention(B, T, c.d_model, c.heads));
+  w = Workspace{};
+  auto floats = [&](size_t n) -> absl::StatusOr<float*> {
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<float> p, nn.AllocFloats(n));
+    w.storage.push_back(p);
+    w.bytes += n * sizeof(float);
+    return p.get();
+  };
+  auto ints = [&](size_t n) -> absl::StatusOr<int32_t*> {
+    STRATA_ASSIGN_OR_RETURN(w.token_storage, nn.AllocInts(n));
+    w.bytes += n * sizeof(int32_t);
+    return w.token_storage.get();
+  };
+  STRATA_RETURN_IF_ERROR(LayOut(w, c, B, T, recompute, att, floats, ints));
+  w.targets = w.inputs + size_t(B) * T;
   w.B = B;
   w.T = T;
   w.recompute = recompute;
@@ -136,6 +152,40 @@ std::vector<ParamSpec> BlockSpecs(const GptConfig& c) {
 
 }  // namespace
 
+std::vector<UnitSpec> UnitSpecs(const GptConfig& cfg) {
+  const int64_t C = cfg.d_model;
+  std::vector<UnitSpec> units;
+  units.push_back({"embed", {ParamSpec{"wte.weight", {cfg.vocab, C}, true, Init::Normal(0.02f)},
+                             ParamSpec{"wpe.weight", {cfg.seq_len, C}, true, Init::Normal(0.01f)}}});
+  for (int l = 0; l < cfg.layers; ++l) units.push_back({absl::StrCat("h.", l), BlockSpecs(cfg)});
+  units.push_back({"ln_f", {ParamSpec{"weight", {C}, false, Init::Ones()}, ParamSpec{"bias", {C}, false, Init::Zeros()}}});
+  return units;
+}
+
+size_t UnitCopyFloats(DType param_dtype, size_t largest_unit_elems) {
+  return param_dtype == DType::kF32 ? 0 : largest_unit_elems;
+}
+
+uint64_t WorkspaceBytes(const GptConfig& cfg, int B, int T, bool recompute, const AttentionBuffers& att) {
+  Workspace w;
+  uint64_t bytes = 0;
+  // Distinct non-null stand-ins: LayOut stores them and never reads through them.
+  static float float_stand_in;
+  static int32_t int_stand_in;
+  auto floats = [&](size_t n) -> absl::StatusOr<float*> {
+    bytes += n * sizeof(float);
+    return &float_stand_in;
+  };
+  auto ints = [&](size_t n) -> absl::StatusOr<int32_t*> {
+    bytes += n * sizeof(int32_t);
+    return &int_stand_in;
+  };
+  LayOut(w, cfg, B, T, recompute, att, floats, ints).IgnoreError();  // the counting allocators never fail
+  return bytes;
+}
+
+uint64_t GptModel::workspace_bytes() const { return ws_ == nullptr ? 0 : ws_->bytes; }
+
 bool IsDivergence(const absl::Status& status) { return status.GetPayload(kDivergencePayload).has_value(); }
 
 std::string HfName(const std::string& unit, const std::string& param) {
@@ -153,15 +203,14 @@ absl::StatusOr<GptModel> GptModel::Register(Engine& e, const GptConfig& cfg, std
   m.cfg_ = cfg;
   m.ws_ = std::make_unique<Workspace>();
   m.nn_ = nn != nullptr ? std::move(nn) : MakeHostNn();
-  const int64_t C = cfg.d_model;
-  STRATA_ASSIGN_OR_RETURN(m.embed_, e.RegisterUnit("embed", {ParamSpec{"wte.weight", {cfg.vocab, C}, true, Init::Normal(0.02f)},
-                                                             ParamSpec{"wpe.weight", {cfg.seq_len, C}, true, Init::Normal(0.01f)}}));
-  for (int l = 0; l < cfg.layers; ++l) {
-    STRATA_ASSIGN_OR_RETURN(int id, e.RegisterUnit(absl::StrCat("h.", l), BlockSpecs(cfg)));
-    m.blocks_.push_back(id);
+  // UnitSpecs' order: the embeddings, the blocks, the final LayerNorm.
+  std::vector<UnitSpec> units = UnitSpecs(cfg);
+  for (size_t i = 0; i < units.size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(int id, e.RegisterUnit(std::move(units[i].name), std::move(units[i].params)));
+    if (i == 0) m.embed_ = id;
+    else if (i + 1 == units.size()) m.ln_f_ = id;
+    else m.blocks_.push_back(id);
   }
-  STRATA_ASSIGN_OR_RETURN(m.ln_f_, e.RegisterUnit("ln_f", {ParamSpec{"weight", {C}, false, Init::Ones()},
-                                                           ParamSpec{"bias", {C}, false, Init::Zeros()}}));
   size_t largest = 0;
   for (int u = 0; u <= m.ln_f_; ++u) {
     largest = std::max(largest, e.layout(u).total_elems);
@@ -170,8 +219,8 @@ absl::StatusOr<GptModel> GptModel::Register(Engine& e, const GptConfig& cfg, std
       m.hf_.push_back(HfParam{u, p, HfName(e.layout(u).name, spec.name), spec.shape});
     }
   }
-  if (e.config().param_dtype != DType::kF32) {  // fp32 copy of the unit in use (Pass::Begin)
-    STRATA_ASSIGN_OR_RETURN(m.unit_f32_, m.nn_->AllocFloats(largest));
+  if (const size_t n = UnitCopyFloats(e.config().param_dtype, largest); n > 0) {  // Pass::Begin's copy
+    STRATA_ASSIGN_OR_RETURN(m.unit_f32_, m.nn_->AllocFloats(n));
   }
   return m;
 }

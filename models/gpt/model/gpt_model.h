@@ -33,6 +33,19 @@ std::string HfName(const std::string& unit, const std::string& param);
 
 struct Workspace;  // activations and scratch of one micro-batch shape (gpt_model.cc)
 
+// The units GptModel::Register registers, in order: "embed", "h.0" ... "h.{L-1}", "ln_f" (what `strata
+// plan` lays out without an engine).
+struct UnitSpec {
+  std::string name;
+  std::vector<shard::ParamSpec> params;
+};
+std::vector<UnitSpec> UnitSpecs(const GptConfig& cfg);
+// Floats of the fp32 copy of the unit in use that the model keeps with low-precision parameters (0 with fp32).
+size_t UnitCopyFloats(DType param_dtype, size_t largest_unit_elems);
+// Bytes of the activations and scratch of one micro-batch of B sequences of T tokens, with the attention
+// buffers `att` (NnBackend::PrepareAttention's answer): what TrainMicroBatch's workspace allocates.
+uint64_t WorkspaceBytes(const GptConfig& cfg, int B, int T, bool recompute, const AttentionBuffers& att);
+
 // The loss came out NaN or infinite although every token is inside the vocabulary (checked first, on the
 // host): training diverged (too high a learning rate, fp16 overflow in forward, ...). The status that
 // TrainMicroBatch / Forward return then answers true here; a token outside the vocabulary is a different,
@@ -65,6 +78,8 @@ class GptModel {
   const GptConfig& config() const { return cfg_; }
   const std::vector<HfParam>& hf_params() const { return hf_; }
   const NnBackend& nn() const { return *nn_; }
+  // Bytes the workspace of the last micro-batch shape holds (0 before the first), as allocated.
+  uint64_t workspace_bytes() const;
 
  private:
   GptModel() = default;

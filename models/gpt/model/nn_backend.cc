@@ -93,6 +93,21 @@ class HostNn final : public NnBackend {
 
 std::unique_ptr<NnBackend> MakeHostNn() { return std::make_unique<HostNn>(); }
 
+AttentionBuffers ReferenceAttentionBuffers(int B, int T, int NH) {
+  const size_t bhtt = size_t(B) * NH * T * T;
+  return AttentionBuffers{bhtt, bhtt, false};
+}
+
+namespace {
+size_t AlignTo256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+}  // namespace
+
+size_t FusedAttentionStatsBytes(int B, int T, int NH) { return AlignTo256(size_t(B) * NH * T * 4); }
+
+AttentionBuffers FusedAttentionBuffers(int B, int T, int C, int NH) {
+  return AttentionBuffers{(FusedAttentionStatsBytes(B, T, NH) + AlignTo256(size_t(B) * T * C * 2)) / 4, 0, true};
+}
+
 absl::StatusOr<Products> ParseProducts(const std::string& s) {
   if (s == "fp32") return Products::kF32;
   if (s == "tf32") return Products::kTf32;

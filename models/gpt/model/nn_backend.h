@@ -48,6 +48,13 @@ struct AttentionBuffers {
   bool fused = false;
 };
 
+// The buffers of the reference attention (the probabilities [B,NH,T,T], as much scratch) and of the fused
+// one (cuDNN: the row statistics, then 256-byte aligned, the bf16 output), for PrepareAttention and for
+// `strata plan`, which sizes a micro-batch without a back-end.
+AttentionBuffers ReferenceAttentionBuffers(int B, int T, int NH);
+size_t FusedAttentionStatsBytes(int B, int T, int NH);
+AttentionBuffers FusedAttentionBuffers(int B, int T, int C, int NH);
+
 class NnBackend {
  public:
   virtual ~NnBackend() = default;
@@ -80,8 +87,7 @@ class NnBackend {
   // has seen, it returns the same answer.
   virtual absl::StatusOr<AttentionBuffers> PrepareAttention(int B, int T, int C, int NH) {
     (void)C;
-    const size_t bhtt = size_t(B) * NH * T * T;
-    return AttentionBuffers{bhtt, bhtt, false};
+    return ReferenceAttentionBuffers(B, T, NH);
   }
   // "fused" once PrepareAttention chose the fused attention for some shape, else "reference".
   virtual const char* attention_in_use() const { return "reference"; }

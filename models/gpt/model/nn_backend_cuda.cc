@@ -303,7 +303,7 @@ class CudaNn final : public NnBackend {
   absl::Status PrepareFused(const kc::SdpaShape& shape);
   void FusedForward(const float* qkv, float* out, float* att, int B, int T, int C, int NH);
   void FusedBackward(const float* dout, const float* qkv, const float* att, float* dqkv, int B, int T, int C, int NH);
-  static size_t StatsBytes(int B, int T, int NH) { return AlignUp(size_t(B) * NH * T * 4); }
+  static size_t StatsBytes(int B, int T, int NH) { return FusedAttentionStatsBytes(B, T, NH); }
   std::unique_ptr<kc::SdpaContext> sdpa_;
   Scratch sdpa_workspace_;
   std::map<ShapeKey, bool> fused_;  // PrepareAttention's choice per shape
@@ -357,7 +357,7 @@ absl::StatusOr<AttentionBuffers> CudaNn::PrepareAttention(int B, int T, int C, i
   }
   if (!it->second) return NnBackend::PrepareAttention(B, T, C, NH);
   // The row statistics, then (256-byte aligned) the bf16 output (Note [Fused attention in the trainer]).
-  return AttentionBuffers{(StatsBytes(B, T, NH) + AlignUp(size_t(B) * T * C * 2)) / 4, 0, true};
+  return FusedAttentionBuffers(B, T, C, NH);
 #else
   if (options_.attention == AttentionKind::kFused) {
     return absl::UnimplementedError("--attention fused: this build has no cuDNN 9 (strata_gpt_cudnn)");

@@ -1,0 +1,45 @@
+// Note [Memory accounting]. What one rank's engine holds in each tier, from the configuration and the
+// units' layouts alone, without allocating anything. The engine's budget check (CheckBudgets, engine.cc)
+// is this function's caller, so the bytes it checks before Finalize allocates are these bytes; `strata
+// plan` calls the same function for a model and a cluster it does not have. The NVMe figures are the
+// capacities the stores are created with (engine_nvme.cc sizes them with the same helpers).
+//
+// Every buffer the engine tracks in its MemoryTracker is here; the trainer's activations are not the
+// engine's (the model accounts for them).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/engine/config.h"
+#include "runtime/engine/placement.h"
+#include "runtime/memory/memory.h"
+#include "runtime/shard/layout.h"
+
+namespace strata::engine {
+
+// One block of the need: its tier, what it is (the budget check's words) and its size.
+struct NeedItem {
+  memory::Tier tier;
+  const char* what;
+  uint64_t bytes;
+};
+
+struct MemoryNeed {
+  uint64_t tier[memory::kNumTiers] = {0, 0, 0};  // device, pinned host, NVMe
+  std::vector<NeedItem> items;                   // in the budget check's order; zero-byte items left out
+};
+
+// Where the run executes, as far as memory is concerned: device memory the CPU reaches directly (host
+// devices: the device tier is host memory) or not (CUDA: a reduction in device memory is staged to the
+// pinned host tier when the optimizer lives there).
+struct AccountingTarget {
+  bool device_host_visible = true;
+};
+
+// The units as the engine lays them out (layouts built for the shard group's size) and what this rank
+// holds of each (DecideExtents). `extents[i]` belongs to `layouts[i]`.
+MemoryNeed EngineMemoryNeed(const EngineConfig& cfg, const std::vector<shard::UnitLayout>& layouts,
+                            const std::vector<UnitExtents>& extents, const AccountingTarget& target);
+
+}  // namespace strata::engine
