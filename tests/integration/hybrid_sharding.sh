@@ -6,7 +6,8 @@
 #   dead rank:  a rank of one shard group that stops responding stops every rank within the collective
 #               timeout, with an error naming it; a group size that does not divide the world is refused;
 #   resume:     a gpt2-tiny checkpoint written at N = 4, G = 2 resumes at N = 2 and N = 1 with the
-#               uninterrupted run's weights.
+#               uninterrupted run's weights;
+#   bench:      strata bench step --shard-group-size 2 reports the replica all-reduce and its bytes.
 # The engine-level checks (state bytes, bytes per communicator, loading at other N and G bit for bit)
 # are tests/runtime/engine/engine_hybrid_mpi_test.cc.
 # usage: hybrid_sharding.sh MPIRUN STRATA MLP_TRAIN
@@ -68,6 +69,17 @@ for n in 2 1; do
   rc=$?
   check "resumed at N = $n == uninterrupted G = 2: $(grep compare: <<<"$out")" $rc "$out"
 done
+
+# strata bench step reports the split with the replica all-reduce; its bytes are the reduced shards', 1/G
+# of what the reduce-scatter moves (Note [Traffic]).
+out=$("$mpirun" -n 4 "$strata" bench step --model gpt2-tiny --micro-batch 2 --steps 2 --shard-group-size 2 --json 2>&1) &&
+  verdict=$(python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read().strip().splitlines()[-1])
+ok = r["shard_group_size"] == 2 and r["replica_bytes"] * 2 == r["reduce_bytes"] and r["replica_all_reduce_ms"] > 0
+print("ok" if ok else "bad: " + str(r))' <<<"$out")
+[ "${verdict:-}" = ok ]
+check "bench step --shard-group-size 2 reports the replica all-reduce (${verdict:-no output})" $? "$out"
 
 echo "$((runs - fails)) passed, $fails failed"
 [ "$fails" -eq 0 ]
