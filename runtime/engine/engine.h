@@ -103,7 +103,8 @@ class Engine {
   // offsets), then the manifest (written last, by rank 0) with the step, loss-scale state, the model's
   // units and `trainer_json` (the trainer's own state). Each file is written to a temporary name,
   // fsynced and renamed; a directory without a manifest is incomplete. Fails if `step_dir` already holds
-  // a complete checkpoint. Call between steps only.
+  // a complete checkpoint. Call between steps only. With hybrid sharding only shard group 0 writes, one
+  // file per shard rank (docs/decisions/0016-hybrid-sharding.md).
   absl::Status SaveCheckpoint(const std::string& step_dir, const std::string& trainer_json);
   // Collective. Loads a checkpoint written at any world size and stage (resharding by global offsets),
   // verifying every checksum it reads; returns the trainer's state. Errors name the file and the problem:

@@ -140,11 +140,13 @@ TEST(InProcessCommunicator, MissingRankInOnePartFailsOnlyThatPartsCollective) {
 }
 
 TEST(InProcessCommunicator, AbortOnAPartFailsTheWholeWorld) {
-  Gate aborted;
+  Gate split, aborted;
   RunRanks(2, WithTimeout(5000), [&](RankHarness& h) {
     auto part = h.comm.Split(h.comm.rank(), 0, "alone");
     ASSERT_TRUE(part.ok()) << part.status();
+    if (h.comm.rank() == 1) split.Open();  // rank 1 has left the split: the abort cannot reach it there
     if (h.comm.rank() == 0) {
+      EXPECT_TRUE(split.Wait());
       (*part)->Abort(absl::InternalError("boom"));
       aborted.Open();
       return;

@@ -48,6 +48,8 @@ struct RunSpec {
   int group = 0;  // zero_optimization.shard_group_size; 0 = the world
   int steps = 20;
   int prefetch = 1;
+  OffloadDevice offload_param = OffloadDevice::kNone, offload_optimizer = OffloadDevice::kNone;
+  std::string nvme_path;
 };
 
 struct Outcome {
@@ -67,7 +69,23 @@ EngineConfig Config(const RunSpec& r) {
   c.optimizer.lr = 1e-2;
   c.optimizer.weight_decay = 0.01;
   c.collective_timeout_ms = 30000;
+  c.offload_param.device = r.offload_param;
+  c.offload_optimizer.device = r.offload_optimizer;
+  c.offload_param.nvme_path = c.offload_optimizer.nvme_path = r.nvme_path;
   return c;
+}
+
+// A fresh directory every rank names the same (rank 0 makes it); empty on failure.
+std::string SharedTempDir(comm::Communicator& world) {
+  std::vector<char> dir(256, 0);
+  if (world.rank() == 0) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "strata_hybrid_XXXXXX").string();
+    if (mkdtemp(tmpl.data()) != nullptr) std::snprintf(dir.data(), dir.size(), "%s", tmpl.c_str());
+  }
+  device::HostDevice dev;
+  auto s = dev.CreateStream("bcast");
+  if (!s.ok() || !comm::BroadcastBytes(world, dir.data(), dir.size(), 0, **s).Wait().ok()) return "";
+  return std::string(dir.data());
 }
 
 std::unique_ptr<comm::Communicator> World() {
@@ -292,17 +310,8 @@ TEST_F(Hybrid, EachCommunicatorMovesTheLayoutsBytesPerStep) {
 // One shard group writes G shards; the checkpoint loads at other N and G with the same bits, and
 // the optimizer state with them (training on after the load matches training on without it).
 TEST_F(Hybrid, CheckpointAtGroupsOfTwoLoadsAtOtherWorldsAndGroups) {
-  std::vector<char> dir(256, 0);
-  if (world_->rank() == 0) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "strata_hybrid_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    std::snprintf(dir.data(), dir.size(), "%s", tmpl.c_str());
-  }
-  device::HostDevice dev;
-  auto s = dev.CreateStream("bcast");
-  ASSERT_TRUE(s.ok());
-  ASSERT_TRUE(comm::BroadcastBytes(*world_, dir.data(), dir.size(), 0, **s).Wait().ok());
-  const std::string root(dir.data());
+  const std::string root = SharedTempDir(*world_);
+  ASSERT_FALSE(root.empty());
   RunSpec r;
   r.stage = 3;
   r.group = 2;
@@ -351,8 +360,49 @@ TEST_F(Hybrid, CheckpointAtGroupsOfTwoLoadsAtOtherWorldsAndGroups) {
   auto loaded = TrainMlp(*world_, load, root + "/g4", 5);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ExpectBitwise(*loaded, *zero, "G=4 checkpoint loaded at G=2");
+  device::HostDevice dev;
+  auto s = dev.CreateStream("barrier");
+  ASSERT_TRUE(s.ok());
   ASSERT_TRUE(world_->Barrier(**s).Wait().ok());
   if (world_->rank() == 0) std::filesystem::remove_all(root);
+}
+
+// Offloaded state (pinned host, NVMe) in shard groups: the same arithmetic, so the same bits as in memory.
+TEST_F(Hybrid, OffloadedStateInShardGroupsGivesTheSameBits) {
+  const std::string nvme = SharedTempDir(*world_);
+  ASSERT_FALSE(nvme.empty());
+  RunSpec base;
+  base.group = 2;
+  base.steps = 4;
+  auto plain = TrainMlp(*world_, base);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::pair<OffloadDevice, OffloadDevice> variants[] = {{OffloadDevice::kNone, OffloadDevice::kCpu},
+                                                              {OffloadDevice::kCpu, OffloadDevice::kCpu},
+                                                              {OffloadDevice::kNvme, OffloadDevice::kNvme}};
+  for (const auto& [param, optimizer] : variants) {
+    RunSpec r = base;
+    r.offload_param = param;
+    r.offload_optimizer = optimizer;
+    r.nvme_path = nvme;
+    auto o = TrainMlp(*world_, r);
+    ASSERT_TRUE(o.ok()) << o.status();
+    ExpectBitwise(*o, *plain, absl::StrCat("offload_param ", int(param), ", offload_optimizer ", int(optimizer)));
+  }
+  device::HostDevice dev;
+  auto s = dev.CreateStream("barrier");
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(world_->Barrier(**s).Wait().ok());
+  if (world_->rank() == 0) std::filesystem::remove_all(nvme);
+}
+
+// "node": the ranks sharing this host, here all 4: ZeRO over the world.
+TEST_F(Hybrid, NodeGroupsTheRanksOfThisHost) {
+  RunSpec r;
+  r.group = kShardGroupNode;
+  r.steps = 1;
+  auto o = TrainMlp(*world_, r);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->shard_group_size, 4);
 }
 
 TEST_F(Hybrid, GroupSizeThatDoesNotDivideTheWorldFailsOnEveryRankNamingTheKey) {
