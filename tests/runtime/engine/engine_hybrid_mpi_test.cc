@@ -75,6 +75,15 @@ EngineConfig Config(const RunSpec& r) {
   return c;
 }
 
+// Removes a SharedTempDir once every rank is done with it.
+absl::Status RemoveShared(comm::Communicator& world, const std::string& dir) {
+  device::HostDevice dev;
+  STRATA_ASSIGN_OR_RETURN(auto s, dev.CreateStream("barrier"));
+  STRATA_RETURN_IF_ERROR(world.Barrier(*s).Wait());
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  return absl::OkStatus();
+}
+
 // A fresh directory every rank names the same (rank 0 makes it); empty on failure.
 std::string SharedTempDir(comm::Communicator& world) {
   std::vector<char> dir(256, 0);
@@ -360,11 +369,7 @@ TEST_F(Hybrid, CheckpointAtGroupsOfTwoLoadsAtOtherWorldsAndGroups) {
   auto loaded = TrainMlp(*world_, load, root + "/g4", 5);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ExpectBitwise(*loaded, *zero, "G=4 checkpoint loaded at G=2");
-  device::HostDevice dev;
-  auto s = dev.CreateStream("barrier");
-  ASSERT_TRUE(s.ok());
-  ASSERT_TRUE(world_->Barrier(**s).Wait().ok());
-  if (world_->rank() == 0) std::filesystem::remove_all(root);
+  EXPECT_TRUE(RemoveShared(*world_, root).ok());
 }
 
 // Offloaded state (pinned host, NVMe) in shard groups: the same arithmetic, so the same bits as in memory.
@@ -388,11 +393,7 @@ TEST_F(Hybrid, OffloadedStateInShardGroupsGivesTheSameBits) {
     ASSERT_TRUE(o.ok()) << o.status();
     ExpectBitwise(*o, *plain, absl::StrCat("offload_param ", int(param), ", offload_optimizer ", int(optimizer)));
   }
-  device::HostDevice dev;
-  auto s = dev.CreateStream("barrier");
-  ASSERT_TRUE(s.ok());
-  ASSERT_TRUE(world_->Barrier(**s).Wait().ok());
-  if (world_->rank() == 0) std::filesystem::remove_all(nvme);
+  EXPECT_TRUE(RemoveShared(*world_, nvme).ok());
 }
 
 // "node": the ranks sharing this host, here all 4: ZeRO over the world.
