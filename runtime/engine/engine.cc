@@ -52,10 +52,10 @@ absl::Status Engine::Impl::SetUpCuda(comm::Communicator&) {
 absl::Status Engine::Impl::CreateDeviceArena(uint64_t) { return absl::OkStatus(); }
 #endif
 
-float* Engine::Impl::MasterPtr(UnitState& u) const {
-  // Apart from the params: u.master, which is empty (nullptr) with the master on NVMe, where
+float* Engine::Impl::MasterPtr(UnitState& u, const memory::Buffer& master) const {
+  // Apart from the params: `master`, which is empty (nullptr) with the master on NVMe, where
   // ReadState(u, kMaster) stages it.
-  if (separate_master()) return u.master.as<float>();
+  if (separate_master()) return master.as<float>();
   return u.params.as<float>() + (u.ext.update_begin - u.ext.param_begin);
 }
 
@@ -91,8 +91,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   impl->cfg = config;
   impl->world = &world;
   if (config.fp16.enabled) {
-    impl->loss_scale = config.fp16.static_loss_scale > 0 ? static_cast<float>(config.fp16.static_loss_scale)
-                                                         : std::ldexp(1.0f, static_cast<int>(config.fp16.initial_scale_power));
+    impl->loss_scaler = optim::LossScaler(config.fp16.static_loss_scale, config.fp16.initial_scale_power,
+                                          config.fp16.loss_scale_window, config.fp16.min_loss_scale);
   }
   impl->device = &device;
   STRATA_ASSIGN_OR_RETURN(impl->gather_stream, device.CreateStream("gather"));
@@ -103,10 +103,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                                &impl->tracker);
   impl->host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
                                                              &impl->tracker);
-  impl->place = DecidePlacement(config, impl->device_alloc.get(), impl->host_alloc.get());
+  impl->DecidePlace();
   // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
-  const bool host_update =
-      device.kind() != device::DeviceKind::kCuda || config.offload_optimizer.device != OffloadDevice::kNone;
+  const bool host_update = device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
   STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
   impl->host_ops = MakeHostTierOps(&impl->host_executor);
   STRATA_ASSIGN_OR_RETURN(impl->groups, ResolveShardGroups(config, world, *impl->step_stream));
@@ -116,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     STRATA_RETURN_IF_ERROR(impl->SetUpHostComms(world));  // engine_groups.cc
     impl->device_ops = MakeHostTierOps(&impl->host_executor);
   }
+  impl->DecidePlace();  // over the tiers SetUpCuda made
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -169,7 +169,8 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   return absl::OkStatus();
 }
 
-absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
+// `held` receives the unit's master and state buffers, which the StateStore takes over (SetUpState).
+absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held) {
   const Placement& at = m.place;
   const size_t upd = u.ext.update_elems, param_bytes = u.ext.param_elems * m.param_bytes();
   // A kind without a tier has no buffer in memory (Note [Placement]).
@@ -179,21 +180,27 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
     return absl::OkStatus();
   };
   STRATA_RETURN_IF_ERROR(allocate(at.params, param_bytes, Kind::kParamShard, &u.params));
-  STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &u.master));
+  STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &held->master));
   STRATA_RETURN_IF_ERROR(allocate(at.grads, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads));
-  STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &u.m));
+  STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->m));
   if (optim::StateBuffers(m.cfg.optimizer) > 1) {
-    STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &u.v));
+    STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->v));
   }
+  held->master_ptr = m.MasterPtr(u, held->master);
+  held->elems = upd;
   // Initial values of what the rank holds: its own range for stage 3, everything for the replicated stages.
   const size_t lo = u.ext.param_begin, hi = lo + u.ext.param_elems;
-  STRATA_RETURN_IF_ERROR(m.ParamStorage(u, 0, param_bytes, [&](char* params) {
+  return m.ParamStorage(u, 0, param_bytes, [&](char* params) {
     InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
     return absl::OkStatus();
-  }, /*keep=*/false));
-  // The initial master, when it is not the param storage itself (allocators hand out zeroed memory;
-  // SetUpNvme zeroes the state on NVMe).
+  }, /*keep=*/false);
+}
+
+// The initial master, when it is not the param storage itself (allocators hand out zeroed memory;
+// SetUpNvme zeroes the state on NVMe).
+absl::Status InitMaster(Engine::Impl& m, UnitState& u) {
   if (!m.separate_master()) return absl::OkStatus();
+  const size_t upd = u.ext.update_elems;
   std::vector<float> values(upd, 0.0f);
   InitRange(u, m.cfg.seed, u.ext.update_begin, u.ext.update_begin + upd, values.data(), nullptr, DType::kF32);
   return m.WriteState(u, optim::StateKind::kMaster, values);
@@ -203,7 +210,8 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u) {
 
 // Checks, before anything is allocated, that every tier's budget holds what Finalize will place there
 // (Note [Tier placement]); the error names the tier, the need, the budget and the shortfall.
-absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard, uint64_t* device_need) {
+absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t largest_shard, size_t tile_elems,
+                          uint64_t* device_need) {
   uint64_t need[memory::kNumTiers] = {0, 0, 0};
   std::string parts[memory::kNumTiers];
   auto add = [&](memory::Allocator* a, uint64_t bytes, const char* what) {
@@ -221,7 +229,7 @@ absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t larg
     state += u.ext.update_elems * 4 * optim::StateBuffers(m.cfg.optimizer);
   }
   SharedSizes sizes;
-  sizes.nvme_staging = uint64_t(NvmeStagingTiles(m.cfg)) * m.nvme_tile_elems * 4;
+  sizes.nvme_staging = uint64_t(NvmeStagingTiles(m.cfg)) * tile_elems * 4;
   sizes.nvme_param_buffers = NvmeParamBuffers(m.cfg, live) * offload::NvmeStore::IoBytes(largest_shard * m.param_bytes());
   sizes.gathered = uint64_t(live) * largest * m.param_bytes();
   sizes.grad_buffers = uint64_t(m.cfg.max_live_units) * largest * 4 + largest_shard * 4;
@@ -267,14 +275,21 @@ absl::Status Engine::Finalize() {
   // A tile larger than the largest update range would only make the staging buffers bigger.
   size_t largest_update = 0;
   for (const UnitState& u : m.units) largest_update = std::max(largest_update, m.update_elems(u));
-  m.nvme_tile_elems = NvmeTileElems(m.cfg, largest_update);
+  const size_t tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
-  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, &device_need));
+  STRATA_RETURN_IF_ERROR(CheckBudgets(m, live, largest, largest_shard, tile_elems, &device_need));
   STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
-  STRATA_RETURN_IF_ERROR(m.SetUpNvme());
+  m.DecidePlace();  // over the arena
+  STRATA_RETURN_IF_ERROR(m.SetUpNvme(tile_elems));
   STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest_shard));
+  std::vector<optim::MemoryUnit> held(m.units.size());
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    UnitState& u = m.units[i];
+    STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u, &held[i]), absl::StrCat("allocating unit '", u.layout.name, "'")));
+  }
+  STRATA_RETURN_IF_ERROR(m.SetUpState(std::move(held)));
   for (UnitState& u : m.units) {
-    STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
+    STRATA_RETURN_IF_ERROR(Annotate(InitMaster(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
   if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(live, largest));
   STRATA_RETURN_IF_ERROR(m.SetUpReducer(largest, largest_shard));
@@ -361,7 +376,7 @@ const EngineConfig& Engine::config() const { return impl_->cfg; }
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world_size(); }
 int64_t Engine::step() const { return impl_->step; }
-float Engine::loss_scale() const { return impl_->loss_scale; }
+float Engine::loss_scale() const { return impl_->loss_scaler.scale(); }
 device::Timeline& Engine::timeline() { return impl_->timeline; }
 void Engine::ResetPeakMemory() { impl_->tracker.ResetPeaks(); }
 

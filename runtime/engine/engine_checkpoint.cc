@@ -101,8 +101,8 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   man.stage = m.cfg.stage;
   man.param_dtype = std::string(DTypeName(m.cfg.param_dtype));
   man.optimizer = m.cfg.optimizer.type == OptimizerType::kAdamW ? "adamw" : "sgd";
-  man.loss_scale = m.loss_scale;
-  man.clean_steps = m.clean_steps;
+  man.loss_scale = m.loss_scaler.scale();
+  man.clean_steps = m.loss_scaler.clean_steps();
   man.trainer_json = trainer_json;
   for (const UnitState& u : m.units) man.units.push_back(ManifestUnitOf(u));
   return man;

@@ -21,8 +21,10 @@
 #include "runtime/engine/placement.h"
 #include "runtime/engine/tier_ops.h"
 #include "runtime/memory/memory.h"
-#include "runtime/optim/nvme_state.h"
+#include "runtime/optim/loss_scale.h"
+#include "runtime/optim/memory_state.h"
 #include "runtime/optim/state_kind.h"
+#include "runtime/optim/state_store.h"
 #include "offload/io_queue.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_pool.h"
@@ -37,9 +39,7 @@ namespace strata::engine {
 struct UnitState {
   shard::UnitLayout layout;
   memory::Buffer params;  // param dtype
-  memory::Buffer master;  // fp32, only when param dtype != fp32
-  memory::Buffer grads;   // fp32
-  memory::Buffer m, v;    // optimizer state, fp32
+  memory::Buffer grads;   // fp32 (the master and the optimizer state are the StateStore's)
   UnitExtents ext;  // what the rank holds of each buffer (Note [Placement]), decided at RegisterUnit
 
   // Live state within a step (the gathered and working gradient buffers are the Gatherer's and the
@@ -55,8 +55,11 @@ struct UnitState {
 absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, comm::Communicator& world,
                                                     device::Stream& stream);
 
-struct Engine::Impl {
-  EngineConfig cfg;
+// What the engine runs on: the world and the device, the communicator and stream of each phase, the
+// memory tiers with their accountant and their operations, the host optimizer threads and the offload
+// I/O queue. Made in Create (SetUpCuda on CUDA) and Finalize, fixed afterwards; Engine::Impl's first
+// base, so it outlives every buffer, store and pool the engine holds.
+struct EngineRuntime {
   comm::Communicator* world = nullptr;
   device::Device* device = nullptr;
   std::unique_ptr<comm::Communicator> gather_comm, reduce_comm, step_comm;
@@ -67,9 +70,6 @@ struct Engine::Impl {
   std::unique_ptr<comm::Communicator> replica_comm;
   int shard_rank = 0;
   int shard_size() const { return groups.group_size; }
-  absl::Status SplitStreamComms(comm::Communicator& base);  // gather, reduce, replica and step communicators
-  absl::Status SetUpHostComms(comm::Communicator& host_world);
-  absl::Status SetUpGroupControl();  // group_control, after control
   std::unique_ptr<device::Stream> gather_stream, reduce_stream, step_stream;
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Allocator> device_alloc;
@@ -77,23 +77,12 @@ struct Engine::Impl {
   // Where host-memory optimizer updates run (HostTierOps and the NVMe tiles read this slot): a pool of
   // strata.optimizer_threads threads, or empty for one thread. Declared before the ops that point at it.
   std::unique_ptr<optim::HostExecutor> host_executor;
-  absl::Status SetOptimizerThreads(int threads);  // engine_step.cc; 0 = OptimizerThreads(cfg)'s default
   // Note [Tier ops]: the operations on buffer contents, per tier. device_ops is HostTierOps on host
   // devices (the device tier is host memory there) and CudaTierOps on CUDA devices.
   std::unique_ptr<TierOps> device_ops, host_ops;
   TierOps& OpsOf(const memory::Allocator& a) const {
     return a.tier() == memory::Tier::kDevice ? *device_ops : *host_ops;
   }
-  // Note [Engine on CUDA]. On a CUDA device (engine_cuda.cc) the device tier is one cudaMalloc arena
-  // (created in Finalize: the device budget, or without one exactly what the model's state needs, so
-  // the rest of the GPU stays with the trainer; until then a host accountant checks the budget), the
-  // device tier ops are the kernels/cuda twins, gather / reduce / step run on NCCL communicators
-  // bootstrapped over the host world, and control collectives stay on a host communicator. The
-  // pinned-host tier is registered with CUDA. Optimizer offload needs stage >= 2 (reduced gradient
-  // shards are copied to the host through the reducer's staging, shard/grad_reducer.h); parameter
-  // offload also needs optimizer offload and gathers through Note [Staged gathers].
-  absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
-  absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
   // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
   // step_comm on host devices; on CUDA devices a host communicator beside the NCCL ones.
   comm::Communicator* control = nullptr;
@@ -104,6 +93,71 @@ struct Engine::Impl {
   // control itself without replicas.
   comm::Communicator* group_control = nullptr;
   std::unique_ptr<comm::Communicator> group_control_comm;
+  std::unique_ptr<offload::IoQueue> io_queue;  // the NVMe stores' (CreateIoQueue, on first use)
+};
+
+// The rank's parameter storage beside the units' own buffers: with offload_param = nvme the shards in an
+// NVMe store behind a cache of pinned buffers (Note [NVMe params]; all null otherwise), and
+// ParamStorage's host copy of device parameters.
+struct ParamStore {
+  std::unique_ptr<offload::NvmeStore> param_store;
+  std::unique_ptr<offload::PinnedPool> param_buffers;
+  std::unique_ptr<offload::ShardCache> param_cache;
+  offload::ShardCacheStats param_io_mark;  // cache counters when the last step ended
+  std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
+};
+
+// Where the engine is in its protocol (registration, micro-batches, steps, a failed hook), the loss
+// scale, and what the current step has cost (reset when Step() returns).
+struct StepState {
+  bool finalized = false;
+  bool in_micro_batch = false;
+  int micro_batch = 0;  // micro-batches completed in this step
+  int64_t step = 0;
+  optim::LossScaler loss_scaler;  // fp16 (static or dynamic); scale 1 without fp16
+  std::string failed;   // set after a failed hook: the engine refuses further hooks
+  // Time accounting of the current step, in ns, and the NVMe bytes of the tiled update.
+  int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
+  device::Timeline timeline;  // the spans of every step (Engine::timeline())
+  // Runs `wait` on the trainer's thread and charges its duration to `counter` (exposed communication
+  // unless said otherwise).
+  template <typename F>
+  absl::Status TimedWait(int64_t& counter, F&& wait) {
+    const int64_t t0 = device::NowNs();
+    absl::Status s = wait();
+    counter += device::NowNs() - t0;
+    return s;
+  }
+  template <typename F>
+  absl::Status TimedWait(F&& wait) {
+    return TimedWait(exposed_comm_ns, std::forward<F>(wait));
+  }
+};
+
+// The engine composes the phase owners (shard::Gatherer, shard::GradReducer, optim::StateStore) over its
+// units and checks the hook protocol. Its own members are the configuration and its placement, the
+// units, the schedule and the three owners; the runtime, the parameter store and the step state are its
+// bases (declared in this order, so destroyed after the owners, the runtime last), whose members the
+// engine's files name directly.
+struct Engine::Impl : EngineRuntime, ParamStore, StepState {
+  EngineConfig cfg;
+  absl::Status SetOptimizerThreads(int threads);  // engine_step.cc; 0 = OptimizerThreads(cfg)'s default
+  // Note [Engine on CUDA]. On a CUDA device (engine_cuda.cc) the device tier is one cudaMalloc arena
+  // (created in Finalize: the device budget, or without one exactly what the model's state needs, so
+  // the rest of the GPU stays with the trainer; until then a host accountant checks the budget), the
+  // device tier ops are the kernels/cuda twins, gather / reduce / step run on NCCL communicators
+  // bootstrapped over the host world, and control collectives stay on a host communicator. The
+  // pinned-host tier is registered with CUDA. Optimizer offload needs stage >= 2 (reduced gradient
+  // shards are copied to the host through the reducer's staging, shard/grad_reducer.h); parameter
+  // offload also needs optimizer offload and gathers through Note [Staged gathers].
+  absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
+  absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
+  // engine_groups.cc: the gather, reduce, replica and step communicators over `base` (the host world, or
+  // the world's NCCL communicator), the host ones with control, and group_control after control.
+  absl::Status SplitStreamComms(comm::Communicator& base);
+  absl::Status SetUpHostComms(comm::Communicator& host_world);
+  absl::Status SetUpGroupControl();
 
   // Note [Tier placement] (DeepSpeed's offload_param / offload_optimizer semantics): parameter shards
   // live on the device unless offload_param says cpu; with offload_optimizer the fp32 master, the fp32
@@ -111,32 +165,44 @@ struct Engine::Impl {
   // separate buffer whenever it cannot be the parameter storage itself (low-precision params, or the
   // optimizer offloaded away from the parameters). Gathered and working buffers stay on the device.
   Placement place;  // decided once, in Create (Note [Placement])
+  // Decides `place` over the current tiers, whose pointers it holds; again whenever a tier is replaced
+  // (on CUDA, SetUpCuda replaces the pinned-host tier and CreateDeviceArena the device tier).
+  void DecidePlace() { place = DecidePlacement(cfg, device_alloc.get(), host_alloc.get()); }
   bool separate_master() const { return place.master_apart; }
   memory::Allocator& ParamTier() const {
     return cfg.offload_param.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
   }
   // Note [NVMe state]. With offload_optimizer = nvme the fp32 master and the optimizer state of each unit
-  // live on NVMe in tiles of nvme_tile_elems (every lane's tile i covers the same elements); the step
+  // live on NVMe in tiles of NvmeTileElems (every lane's tile i covers the same elements); the step
   // streams them through pinned buffers with offload::RunTiledPipeline (read tile i+1 and write tile
   // i-1 while tile i updates). Gradients stay on the pinned-host tier. Anything that needs the master in
   // memory (export, SetParam, checkpoints) stages one unit at a time. The tiles are optim::NvmeState's
   // (runtime/optim/nvme_state.h).
   bool nvme_optimizer() const { return cfg.offload_optimizer.device == OffloadDevice::kNvme; }
-  size_t nvme_tile_elems = size_t{1} << 20;  // NvmeTileElems, set at Finalize
-  std::unique_ptr<offload::IoQueue> io_queue;
-  std::unique_ptr<optim::NvmeState> nvme_state;  // the store, the staging tiles and every unit's lanes
-  absl::Status SetUpNvme();  // engine_nvme.cc; nothing without NVMe state
+  // The fp32 master and the optimizer state of every unit, wherever they live (optim/state_store.h):
+  // optim::MemoryState (device or pinned-host buffers) or optim::NvmeState (the store, the staging tiles
+  // and every unit's lanes), picked once in SetUpState from place.state.
+  std::unique_ptr<optim::StateStore> state;
+  // engine_nvme.cc, at Finalize after the units' buffers: `held` are their master / state buffers.
+  absl::Status SetUpState(std::vector<optim::MemoryUnit> held);
+  absl::Status SetUpNvme(size_t tile_elems);  // before the units' buffers; nothing without NVMe state
   absl::Status CreateIoQueue();
-  absl::Status NvmeUpdate(UnitState& u, double lr, float clip_coef);
   // One kind (optim::StateKind) of a unit's optimizer state over its update range, as a host vector,
   // wherever it lives (device, pinned host or NVMe tiles). What export, SetParam, checkpoints and
   // initialisation use; never on the step's hot path.
-  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, optim::StateKind kind);
-  absl::Status WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values);
+  int UnitIndex(const UnitState& u) const { return static_cast<int>(&u - units.data()); }
+  absl::StatusOr<std::vector<float>> ReadState(UnitState& u, optim::StateKind kind) {
+    return state->Read(UnitIndex(u), kind);
+  }
+  absl::Status WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
+    return state->Write(UnitIndex(u), kind, values);
+  }
   // Runs fn on the kind over the update range: in place where the CPU can reach it, else on a staged copy
   // (written back when write_back).
   absl::Status EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
-                         bool write_back);
+                         bool write_back) {
+    return state->Edit(UnitIndex(u), kind, fn, write_back);
+  }
   // The kinds this run's optimizer keeps, master first (optim::StateKinds).
   std::vector<optim::StateKind> state_kinds() const { return optim::StateKinds(cfg.optimizer.type); }
   // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
@@ -148,11 +214,6 @@ struct Engine::Impl {
   // cast, SetParam, a restore) goes through ParamStorage, which writes the cache and NVMe through.
   // The fp32 master is then always a separate buffer (separate_master()).
   bool nvme_params() const { return cfg.offload_param.device == OffloadDevice::kNvme; }
-  std::unique_ptr<offload::NvmeStore> param_store;
-  std::unique_ptr<offload::PinnedPool> param_buffers;
-  std::unique_ptr<offload::ShardCache> param_cache;
-  offload::ShardCacheStats param_io_mark;  // cache counters when the last step ended
-  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // by the tiled update in the current step
   absl::Status SetUpNvmeParams(int live, size_t largest_shard);  // engine_nvme.cc; nothing without NVMe params
   // Runs fn(p) with p = bytes [offset, offset + bytes) of the rank's parameter storage (what u.params
   // holds: the shard at stage 3, the whole unit otherwise), in host memory: in place where the CPU reaches
@@ -168,7 +229,6 @@ struct Engine::Impl {
   absl::Status UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn) {
     return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), fn, /*keep=*/false);
   }
-  std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
   // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
   // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
   // shard into the rank's own block of the gathered buffer on the h2d copy stream (after the slot's
@@ -179,26 +239,12 @@ struct Engine::Impl {
   // of every stream): a demand gather waits (exposed I/O), a read-ahead gather whose read is still running
   // is not issued yet. A failed copy fails the copy stream, which Gatherer::Ensure checks after the gather.
   // (shard/staged_source.cc; the copy stream is the staged source's.)
-  memory::Allocator& OptimizerTier() const {
-    return cfg.offload_optimizer.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
-  }
+  memory::Allocator& OptimizerTier() const { return *place.grads; }  // the gradients live with the optimizer
   TierOps& ParamOps() const { return OpsOf(ParamTier()); }
   TierOps& OptimizerOps() const { return OpsOf(OptimizerTier()); }
   TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
-  TierOps& StateOps(optim::StateKind kind) const {
-    return kind == optim::StateKind::kMaster ? MasterOps() : OptimizerOps();
-  }
-  // Where state `kind` of the unit lives in memory (nullptr with NVMe optimizer state): u.m holds the
-  // first moment (AdamW exp_avg, SGD momentum), u.v AdamW's exp_avg_sq.
-  float* StatePtr(UnitState& u, optim::StateKind kind) const {
-    if (kind == optim::StateKind::kMaster) return MasterPtr(u);
-    return kind == optim::StateKind::kExpAvgSq ? u.v.as<float>() : u.m.as<float>();
-  }
-  device::Timeline timeline;
-
   std::vector<UnitState> units;
-  bool finalized = false;
-  std::unique_ptr<shard::Schedule> schedule;
+  std::unique_ptr<shard::Schedule> schedule;  // the recorded order of the units' first uses (prefetch)
   // Stage 3: the gathered buffers, the gather communicator and stream and where the shards come from
   // (shard/param_source.h), the source picked once in SetUpGatherer.
   std::unique_ptr<shard::Gatherer> gatherer;
@@ -210,30 +256,9 @@ struct Engine::Impl {
   // reduction ran in device memory (CUDA with offload_optimizer).
   std::unique_ptr<shard::GradReducer> reducer;
   absl::Status SetUpReducer(size_t largest, size_t largest_shard);  // engine_hooks.cc
+  // Only at stages 2-3 on CUDA: SetUpCuda refuses optimizer offload below stage 2.
   bool GradStagingNeeded() const {
-    return cfg.stage >= 2 && !device_ops->host_visible() && OptimizerTier().tier() != memory::Tier::kDevice;
-  }
-
-  bool in_micro_batch = false;
-  int micro_batch = 0;  // micro-batches completed in this step
-  int64_t step = 0;
-  float loss_scale = 1;   // fp16 dynamic loss scale
-  int clean_steps = 0;    // since the last overflow or growth
-  std::string failed;   // set after a failed hook: the engine refuses further hooks
-  // Time accounting of the current step (reset when Step() returns), in ns.
-  int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
-  // Runs `wait` on the trainer's thread and charges its duration to `counter` (exposed communication
-  // unless said otherwise).
-  template <typename F>
-  absl::Status TimedWait(int64_t& counter, F&& wait) {
-    const int64_t t0 = device::NowNs();
-    absl::Status s = wait();
-    counter += device::NowNs() - t0;
-    return s;
-  }
-  template <typename F>
-  absl::Status TimedWait(F&& wait) {
-    return TimedWait(exposed_comm_ns, std::forward<F>(wait));
+    return !device_ops->host_visible() && place.grads->tier() != memory::Tier::kDevice;
   }
 
   int rank() const { return world->rank(); }
@@ -243,7 +268,7 @@ struct Engine::Impl {
   // The element range this rank updates: [update_begin, update_begin + update_elems).
   size_t update_begin(const UnitState& u) const { return u.ext.update_begin; }
   size_t update_elems(const UnitState& u) const { return u.ext.update_elems; }
-  float* MasterPtr(UnitState& u) const;      // update range of the fp32 master
+  float* MasterPtr(UnitState& u, const memory::Buffer& master) const;  // update range of the fp32 master
   float* GradUpdatePtr(UnitState& u) const;  // update range of the fp32 grads
   char* ParamBase(const UnitState& u) const;  // where compute reads the full unit
 
@@ -258,10 +283,6 @@ struct Engine::Impl {
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
-  absl::Status MemoryUpdate(UnitState& u, double lr, float clip_coef);  // state in memory (NvmeUpdate: on NVMe)
-  absl::Status UpdateUnit(UnitState& u, double lr, float clip_coef) {
-    return nvme_optimizer() ? NvmeUpdate(u, lr, clip_coef) : MemoryUpdate(u, lr, clip_coef);
-  }
   // The param storage over the update range from `master` (host memory, the update range of the fp32
   // master); nothing when the master is the param storage itself.
   absl::Status CastMasterToParams(UnitState& u, const float* master);

@@ -1,5 +1,5 @@
-// The NVMe tier of the optimizer (Note [NVMe state] in engine_impl.h): set-up, the tiled update, and
-// staging one unit's lane in memory for export, SetParam and checkpoints.
+// The optimizer state's set-up (Note [NVMe state] in engine_impl.h): the NVMe tiles or the memory-resident
+// state (optim/state_store.h), and the NVMe parameter cache (Note [NVMe params]).
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -93,61 +93,49 @@ absl::Status Engine::Impl::ParamStorage(UnitState& u, size_t offset, size_t byte
   return ParamOps().FromHost(dev, host, bytes);
 }
 
-absl::Status Engine::Impl::SetUpNvme() {
+absl::Status Engine::Impl::SetUpNvme(size_t tile_elems) {
   if (!nvme_optimizer()) return absl::OkStatus();
   const std::string& path = cfg.offload_optimizer.nvme_path;
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
   std::vector<size_t> elems;
   for (const UnitState& u : units) elems.push_back(update_elems(u));
-  const uint64_t need = optim::NvmeState::StoreBytes(nvme_tile_elems, state_kinds().size(), elems);
+  const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
                           offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), io_queue.get()));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::PinnedPool> staging,
-                          offload::PinnedPool::Create(PoolOptions(*this, NvmeStagingTiles(cfg), nvme_tile_elems * 4,
+                          offload::PinnedPool::Create(PoolOptions(*this, NvmeStagingTiles(cfg), tile_elems * 4,
                                                                   memory::Kind::kScratch,
                                                                   cfg.offload_optimizer.pin_memory),
                                                       host_alloc.get()));
   io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
-  STRATA_ASSIGN_OR_RETURN(nvme_state, optim::NvmeState::Create(std::move(store), std::move(staging), nvme_tile_elems,
+  STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(std::move(store), std::move(staging), tile_elems,
                                                                state_kinds(), std::move(elems)));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> Engine::Impl::ReadState(UnitState& u, optim::StateKind kind) {
-  if (nvme_optimizer()) return nvme_state->Read(static_cast<int>(&u - units.data()), kind);
-  std::vector<float> out(update_elems(u));
-  STRATA_RETURN_IF_ERROR(StateOps(kind).ToHost(out.data(), StatePtr(u, kind), out.size() * 4));
-  return out;
+namespace {
+// The tier's operations as the memory-resident state takes them (optim/memory_state.h).
+optim::MemoryOps MemoryOpsOf(TierOps& t) {
+  optim::MemoryOps ops;
+  ops.host_visible = t.host_visible();
+  ops.to_host = [&t](void* host, const void* src, size_t bytes) { return t.ToHost(host, src, bytes); };
+  ops.from_host = [&t](void* dst, const void* host, size_t bytes) { return t.FromHost(dst, host, bytes); };
+  ops.update = [&t](const optim::OptimizerConfig& cfg, const optim::ShardState& s,
+                    const std::vector<shard::Segment>& segs, double lr, int64_t step, float grad_scale,
+                    uint16_t* param_copy, DType copy_dtype) {
+    return t.Update(cfg, s, segs, lr, step, grad_scale, param_copy, copy_dtype);
+  };
+  ops.cast = [&t](DType to, const float* src, void* dst, size_t n) { return t.Cast(to, src, dst, n); };
+  return ops;
 }
+}  // namespace
 
-absl::Status Engine::Impl::WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
-  if (nvme_optimizer()) return nvme_state->Write(static_cast<int>(&u - units.data()), kind, values);
-  return StateOps(kind).FromHost(StatePtr(u, kind), values.data(), values.size() * 4);
-}
-
-absl::Status Engine::Impl::EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
-                                     bool write_back) {
-  if (!nvme_optimizer() && StateOps(kind).host_visible()) {
-    fn(StatePtr(u, kind));
-    return absl::OkStatus();
-  }
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, ReadState(u, kind));
-  fn(staged.data());
-  return write_back ? WriteState(u, kind, staged) : absl::OkStatus();
-}
-
-absl::Status Engine::Impl::NvmeUpdate(UnitState& u, double lr, float clip_coef) {
-  return UpdateParamStorage(u, [&](char* params) -> absl::Status {
-    optim::TiledUpdate up{GradUpdatePtr(u), &u.ext.update_segments, params, cfg.param_dtype, lr, step + 1, clip_coef,
-                          host_executor.get()};
-    STRATA_ASSIGN_OR_RETURN(offload::TilePipelineStats stats,
-                            nvme_state->Update(static_cast<int>(&u - units.data()), cfg.optimizer, up));
-    exposed_io_ns += stats.read_wait_ns + stats.write_wait_ns;
-    nvme_read_bytes += stats.bytes_read;
-    nvme_write_bytes += stats.bytes_written;
-    return absl::OkStatus();
-  });  // the tiles cover the whole update range
+absl::Status Engine::Impl::SetUpState(std::vector<optim::MemoryUnit> held) {
+  if (place.state == nullptr) return absl::OkStatus();  // on NVMe: SetUpNvme made it before the units' buffers
+  state = std::make_unique<optim::MemoryState>(MemoryOpsOf(MasterOps()), MemoryOpsOf(OptimizerOps()),
+                                               separate_master(), std::move(held));
+  return absl::OkStatus();
 }
 
 }  // namespace strata::engine

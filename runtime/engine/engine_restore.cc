@@ -123,8 +123,7 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
   STRATA_RETURN_IF_ERROR(m.ReplicateParams());
   STRATA_RETURN_IF_ERROR(m.ZeroGrads());
   m.step = man.step;
-  m.loss_scale = man.loss_scale;
-  m.clean_steps = man.clean_steps;
+  m.loss_scaler.Restore(man.loss_scale, man.clean_steps);
   return man.trainer_json;
 }
 

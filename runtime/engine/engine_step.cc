@@ -1,7 +1,8 @@
-// The optimizer step: wait for the gradient reductions, average, global norm (one all-reduce of the
-// shard norms), clip, update each rank's range, cast to the param dtype, re-replicate (stages 1-2),
-// zero the gradients. A non-finite norm skips the update on every rank (the norm is global, so every
-// rank reaches the same decision) and is reported in the result. Host-memory updates run on
+// The optimizer step: wait for the gradient reductions, then optim::RunOptimizerStep over the state
+// store (average, global norm: one all-reduce of the shard norms, clip, update each rank's range with
+// the cast to the param dtype), re-replicate (stages 1-2), zero the gradients, the loss scale. A
+// non-finite norm skips the update on every rank (the norm is global, so every rank reaches the same
+// decision) and is reported in the result. Host-memory updates run on
 // host_executor (strata.optimizer_threads): the fused kernels give the same bits for every thread
 // count, so the thread count is a speed knob only. The norm stays the sequential optim::SumSquares,
 // whose order the executor's vectorised sum does not reproduce.
@@ -13,6 +14,7 @@
 #include "runtime/comm/host_communicator.h"
 #include "runtime/engine/engine_impl.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/optim/step.h"
 
 namespace strata::engine {
 
@@ -64,76 +66,70 @@ absl::Status Engine::Impl::ZeroGrads() {
   return absl::OkStatus();
 }
 
-absl::Status Engine::Impl::MemoryUpdate(UnitState& u, double lr, float clip_coef) {
-  optim::ShardState s{MasterPtr(u), GradUpdatePtr(u), u.m.as<float>(), u.v.as<float>()};
-  // The fused pass also writes the low-precision param copy (`params`: the update range of the param
-  // storage); an fp32 master kept apart is copied.
-  auto update = [&](char* params) -> absl::Status {
-    const bool copy = cfg.param_dtype != DType::kF32;
-    STRATA_RETURN_IF_ERROR(OptimizerOps().Update(cfg.optimizer, s, u.ext.update_segments, lr, step + 1, clip_coef,
-                                                 copy ? reinterpret_cast<uint16_t*>(params) : nullptr,
-                                                 cfg.param_dtype));
-    if (!copy && separate_master()) return OptimizerOps().Cast(DType::kF32, s.master, params, update_elems(u));
-    return absl::OkStatus();
-  };
-  if (OptimizerOps().host_visible()) return UpdateParamStorage(u, update);
-  return update(u.params.as<char>() + UpdateParamOffset(u));  // device state, device params (Note [Tier ops])
+namespace {
+optim::GradOps GradOpsOf(TierOps& t) {
+  return optim::GradOps{[&t](float* p, size_t n, float factor) { return t.Scale(p, n, factor); },
+                        [&t](const float* p, size_t n) { return t.SumSquares(p, n); }};
 }
+}  // namespace
 
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   STRATA_RETURN_IF_ERROR(reducer->Finish());
   const int64_t update_start = device::NowNs();
   int64_t waited_in_update = exposed_comm_ns;
-  const float inv = 1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * loss_scale);
-  double local_sq = 0;
-  for (UnitState& u : units) {
-    float* g = GradUpdatePtr(u);
-    STRATA_RETURN_IF_ERROR(OptimizerOps().Scale(g, update_elems(u), inv));
-    STRATA_ASSIGN_OR_RETURN(const double sq, OptimizerOps().SumSquares(g, update_elems(u)));
-    local_sq += sq;
-  }
-  float total_sq = static_cast<float>(local_sq);
+  optim::StepInputs in;
+  in.grad_scale =
+      1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * loss_scaler.scale());
+  in.lr = optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, step);
+  in.step = step + 1;
+  in.max_norm = cfg.gradient_clipping;
+  in.param_dtype = cfg.param_dtype;
+  in.executor = host_executor.get();
   // Stage 0 holds the full, already averaged gradient on every rank. Replicas of a shard group hold the
   // same shards, so the group's sum is the global one (engine_groups.cc).
   if (cfg.stage != 0) {
-    STRATA_RETURN_IF_ERROR(TimedWait([&] {
-      return group_control->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *control_stream)
-          .Wait();
-    }));
+    in.sum_across_ranks = [&](float* total_sq) {
+      return TimedWait([&] {
+        return group_control->AllReduce(total_sq, total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *control_stream)
+            .Wait();
+      });
+    };
   }
+  std::vector<optim::StepUnit> step_units;
+  for (UnitState& u : units) {
+    optim::ParamsAccess params;
+    params.on_host = [this, &u](const std::function<absl::Status(char*)>& fn) { return UpdateParamStorage(u, fn); };
+    // Device state updates device params in place (no param buffer with parameter shards on NVMe).
+    params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
+    step_units.push_back({GradUpdatePtr(u), update_elems(u), &u.ext.update_segments, std::move(params)});
+  }
+  STRATA_ASSIGN_OR_RETURN(const optim::StepOutcome out,
+                          optim::RunOptimizerStep(*state, cfg.optimizer, GradOpsOf(OptimizerOps()), step_units, in));
+  exposed_io_ns += out.io.read_wait_ns + out.io.write_wait_ns;
+  nvme_read_bytes += out.io.bytes_read;
+  nvme_write_bytes += out.io.bytes_written;
   StepResult r;
-  r.grad_norm = std::sqrt(static_cast<double>(total_sq));
-  r.lr = optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, step);
-  if (!std::isfinite(r.grad_norm)) {
+  r.grad_norm = out.grad_norm;
+  r.lr = in.lr;
+  if (out.skipped) {
     r.skipped = true;
-    const bool dynamic = cfg.fp16.enabled && cfg.fp16.static_loss_scale <= 0;
-    if (dynamic) {
-      loss_scale = std::max(loss_scale / 2, static_cast<float>(cfg.fp16.min_loss_scale));
-      clean_steps = 0;
-    }
+    loss_scaler.Overflow();
     STRATA_LOG(Warning) << "step " << step + 1 << ": non-finite gradient norm; the update is skipped on every rank"
-                        << (dynamic ? absl::StrCat(", loss scale now ", loss_scale) : std::string());
+                        << (loss_scaler.dynamic() ? absl::StrCat(", loss scale now ", loss_scaler.scale())
+                                                  : std::string());
     STRATA_RETURN_IF_ERROR(ZeroGrads());
     r.step = step;
-    r.loss_scale = loss_scale;
+    r.loss_scale = loss_scaler.scale();
     return r;
   }
-  r.clip_coef = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
-  // Units are independent here, so the order is free: last to first, so that with parameter shards on
-  // NVMe the cache keeps the first units (the most recently written), which the next forward needs first.
-  for (auto it = units.rbegin(); it != units.rend(); ++it) {
-    STRATA_RETURN_IF_ERROR(UpdateUnit(*it, r.lr, r.clip_coef));
-  }
+  r.clip_coef = out.clip_coef;
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
   const int64_t update_end = device::NowNs();
   r.optimizer_ms = 1e-6 * double(update_end - update_start - (exposed_comm_ns - waited_in_update));
   timeline.Add(device::Span{"step", "optimizer", -1, update_start, update_end});
-  if (cfg.fp16.enabled && cfg.fp16.static_loss_scale <= 0 && ++clean_steps >= cfg.fp16.loss_scale_window) {
-    loss_scale *= 2;
-    clean_steps = 0;
-  }
-  r.loss_scale = loss_scale;
+  loss_scaler.CleanStep();
+  r.loss_scale = loss_scaler.scale();
   r.step = ++step;
   return r;
 }

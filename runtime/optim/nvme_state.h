@@ -17,6 +17,7 @@
 #include "runtime/optim/host_executor.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/optim/state_kind.h"
+#include "runtime/optim/state_store.h"
 #include "runtime/shard/layout.h"
 
 namespace strata::optim {
@@ -34,7 +35,7 @@ struct TiledUpdate {
   HostExecutor* executor = nullptr;  // same bits for every thread count
 };
 
-class NvmeState {
+class NvmeState : public StateStore {
  public:
   // NVMe bytes the lanes of units with these update ranges take (the store's capacity).
   static uint64_t StoreBytes(size_t tile_elems, size_t kinds, const std::vector<size_t>& update_elems);
@@ -45,11 +46,13 @@ class NvmeState {
                                                           size_t tile_elems, std::vector<StateKind> kinds,
                                                           std::vector<size_t> update_elems);
 
-  absl::StatusOr<std::vector<float>> Read(int unit, StateKind kind);
-  absl::Status Write(int unit, StateKind kind, const std::vector<float>& values);
+  absl::StatusOr<std::vector<float>> Read(int unit, StateKind kind) override;
+  absl::Status Write(int unit, StateKind kind, const std::vector<float>& values) override;
   // The optimizer step of one unit (cfg.type's kinds), tile by tile; the params receive the update
   // range rounded to param_dtype (or copied, fp32).
   absl::StatusOr<offload::TilePipelineStats> Update(int unit, const OptimizerConfig& cfg, const TiledUpdate& u);
+  // StateStore's step: Update over the params in host memory (the tiles cover the whole update range).
+  absl::StatusOr<offload::TilePipelineStats> Step(int unit, const OptimizerConfig& cfg, const UnitStep& up) override;
 
  private:
   NvmeState() = default;

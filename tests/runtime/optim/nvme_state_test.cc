@@ -1,7 +1,7 @@
 // optim::NvmeState: optimizer state on NVMe in tiles. Every kind but the master starts zero; a kind
 // written comes back whole across tiles (the last one short); the tiled update gives the same bits as
 // one in-memory ApplyUpdate over the whole range, for AdamW with a bf16 param copy and SGD with fp32
-// params, and reports the bytes it moved.
+// params (directly and through StateStore::Step), and reports the bytes it moved.
 #include "runtime/optim/nvme_state.h"
 
 #include <cstring>
@@ -77,7 +77,11 @@ void ExpectSameAsInMemory(NvmeStateTest* t, NvmeState& state, const OptimizerCon
   for (int64_t step = 1; step <= 2; ++step) {
     const std::vector<float> grad = Values(n, 0.001f * static_cast<float>(step), -0.5f);
     TiledUpdate up{grad.data(), &segs, tiled_params.data(), dtype, 1e-2, step, 0.75f, nullptr};
-    auto stats = state.Update(0, cfg, up);
+    // The second step goes through the StateStore interface (the engine's way), the first directly.
+    ParamsAccess params;
+    params.on_host = [&](const std::function<absl::Status(char*)>& fn) { return fn(tiled_params.data()); };
+    const UnitStep unit_step{grad.data(), &segs, params, dtype, 1e-2, step, 0.75f, nullptr};
+    auto stats = step == 1 ? state.Update(0, cfg, up) : static_cast<StateStore&>(state).Step(0, cfg, unit_step);
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_EQ(stats->tiles, 3u);
     EXPECT_EQ(stats->bytes_read, kinds.size() * n * 4);

@@ -1,0 +1,59 @@
+#include "runtime/optim/memory_state.h"
+
+#include "runtime/base/status.h"
+
+namespace strata::optim {
+
+absl::Status StateStore::Edit(int unit, StateKind kind, const std::function<void(float*)>& fn, bool write_back) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, Read(unit, kind));
+  fn(staged.data());
+  return write_back ? Write(unit, kind, staged) : absl::OkStatus();
+}
+
+MemoryState::MemoryState(MemoryOps master_ops, MemoryOps state_ops, bool master_apart, std::vector<MemoryUnit> units)
+    : master_ops_(std::move(master_ops)),
+      state_ops_(std::move(state_ops)),
+      master_apart_(master_apart),
+      units_(std::move(units)) {}
+
+float* MemoryState::Ptr(int unit, StateKind kind) {
+  MemoryUnit& u = units_[unit];
+  if (kind == StateKind::kMaster) return u.master_ptr;
+  return kind == StateKind::kExpAvgSq ? u.v.as<float>() : u.m.as<float>();
+}
+
+absl::StatusOr<std::vector<float>> MemoryState::Read(int unit, StateKind kind) {
+  std::vector<float> out(units_[unit].elems);
+  STRATA_RETURN_IF_ERROR(OpsOf(kind).to_host(out.data(), Ptr(unit, kind), out.size() * 4));
+  return out;
+}
+
+absl::Status MemoryState::Write(int unit, StateKind kind, const std::vector<float>& values) {
+  return OpsOf(kind).from_host(Ptr(unit, kind), values.data(), values.size() * 4);
+}
+
+absl::Status MemoryState::Edit(int unit, StateKind kind, const std::function<void(float*)>& fn, bool write_back) {
+  if (!OpsOf(kind).host_visible) return StateStore::Edit(unit, kind, fn, write_back);
+  fn(Ptr(unit, kind));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<offload::TilePipelineStats> MemoryState::Step(int unit, const OptimizerConfig& cfg,
+                                                              const UnitStep& up) {
+  MemoryUnit& u = units_[unit];
+  ShardState s{u.master_ptr, up.grad, u.m.as<float>(), u.v.as<float>()};
+  // The fused pass also writes the low-precision param copy (`params`: the update range of the param
+  // storage); an fp32 master kept apart is copied.
+  auto update = [&](char* params) -> absl::Status {
+    const bool copy = up.param_dtype != DType::kF32;
+    STRATA_RETURN_IF_ERROR(state_ops_.update(cfg, s, *up.segments, up.lr, up.step, up.clip_coef,
+                                             copy ? reinterpret_cast<uint16_t*>(params) : nullptr, up.param_dtype));
+    if (!copy && master_apart_) return state_ops_.cast(DType::kF32, s.master, params, u.elems);
+    return absl::OkStatus();
+  };
+  // Device state updates device params in place (Note [Tier ops] in runtime/engine/tier_ops.h).
+  STRATA_RETURN_IF_ERROR(state_ops_.host_visible ? up.params.on_host(update) : update(up.params.in_place));
+  return offload::TilePipelineStats{};
+}
+
+}  // namespace strata::optim

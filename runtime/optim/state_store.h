@@ -1,0 +1,64 @@
+// StateStore: one run's optimizer state (the fp32 master and every StateKind of every unit) wherever it
+// lives, and the update of one unit over it (issue 16: optim/ owns the state and the step). Two
+// implementations, picked once at Finalize from the placement: MemoryState (memory_state.h: device or
+// pinned-host buffers, reached through the tier's operations as function objects) and NvmeState
+// (nvme_state.h: tiles on NVMe). Units are numbered as the engine registered them; each kind covers the
+// unit's update range (the rank's slice at stages 1-3, the whole unit at stage 0).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "offload/tiled_pipeline.h"
+#include "runtime/base/dtype.h"
+#include "runtime/optim/host_executor.h"
+#include "runtime/optim/hyper.h"
+#include "runtime/optim/state_kind.h"
+#include "runtime/shard/layout.h"
+
+namespace strata::optim {
+
+// Where one unit's update writes the updated parameters: the update range of the param storage, in the
+// param dtype. The store picks the access it can use.
+struct ParamsAccess {
+  // Runs fn with the range in host memory (in place where the CPU reaches it, else a host copy written
+  // back); fn overwrites the whole range.
+  std::function<absl::Status(const std::function<absl::Status(char* params)>& fn)> on_host;
+  // The range on the param storage's own tier, for state the CPU cannot reach (device state updates
+  // device params in place).
+  char* in_place = nullptr;
+};
+
+// One unit's step: its gradients over the update range (fp32, already scaled), the parameter runs of
+// the range, where the params go and the step's scalars.
+struct UnitStep {
+  const float* grad = nullptr;
+  const std::vector<shard::Segment>* segments = nullptr;  // relative to the update range's start
+  ParamsAccess params;
+  DType param_dtype = DType::kF32;
+  double lr = 0;
+  int64_t step = 0;  // 1-based, as ApplyUpdate takes it
+  float clip_coef = 1;
+  HostExecutor* executor = nullptr;  // host updates that take one explicitly (NVMe tiles); same bits for any
+};
+
+class StateStore {
+ public:
+  virtual ~StateStore() = default;
+  // One kind of a unit over its update range, as a host vector (export, SetParam, checkpoints,
+  // initialisation; never on the step's hot path).
+  virtual absl::StatusOr<std::vector<float>> Read(int unit, StateKind kind) = 0;
+  virtual absl::Status Write(int unit, StateKind kind, const std::vector<float>& values) = 0;
+  // Runs fn on the kind over the update range: in place where the CPU reaches it, else on a staged copy
+  // (written back when write_back). The default stages.
+  virtual absl::Status Edit(int unit, StateKind kind, const std::function<void(float*)>& fn, bool write_back);
+  // The optimizer step of one unit (cfg.type's kinds); the params receive the updated master rounded to
+  // the param dtype (or copied, fp32, when the master is kept apart). Returns the NVMe pipeline's
+  // counters (zero for state in memory).
+  virtual absl::StatusOr<offload::TilePipelineStats> Step(int unit, const OptimizerConfig& cfg,
+                                                          const UnitStep& up) = 0;
+};
+
+}  // namespace strata::optim

@@ -1,0 +1,52 @@
+// The optimizer step over a StateStore (issue 16: optim/ owns the step): scale every unit's gradients,
+// the global norm (the local sum of squares in unit order, then one sum across ranks), skip on a
+// non-finite norm (the norm is global, so every rank decides the same), clip, and update every unit,
+// last to first. What comes before (waiting for the reductions) and after (re-replicating the params,
+// zeroing the gradients, the loss scale) stays with the caller, which owns those buffers.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/optim/state_store.h"
+
+namespace strata::optim {
+
+// The operations of the gradients' tier (blocking; pointers on that tier).
+struct GradOps {
+  std::function<absl::Status(float* p, size_t n, float factor)> scale;
+  std::function<absl::StatusOr<double>(const float* p, size_t n)> sum_squares;
+};
+
+// One unit of the step: its gradients over the update range and where its params go.
+struct StepUnit {
+  float* grad = nullptr;
+  size_t elems = 0;  // the update range
+  const std::vector<shard::Segment>* segments = nullptr;
+  ParamsAccess params;
+};
+
+struct StepInputs {
+  float grad_scale = 1;  // multiplies every gradient first: 1 / (ranks x accumulation steps x loss scale)
+  double lr = 0;         // the scheduled rate of this update
+  int64_t step = 0;      // 1-based
+  double max_norm = 0;   // gradient clipping (ClipCoefficient); 0 = off
+  DType param_dtype = DType::kF32;
+  HostExecutor* executor = nullptr;
+  // Sums the local sum of squares across ranks in place; empty where it is already global (every rank
+  // holds the whole averaged gradient).
+  std::function<absl::Status(float* total_sq)> sum_across_ranks;
+};
+
+struct StepOutcome {
+  double grad_norm = 0;  // before clipping
+  bool skipped = false;  // non-finite norm: nothing was updated
+  float clip_coef = 1;
+  offload::TilePipelineStats io;  // summed over the units (NVMe state)
+};
+
+absl::StatusOr<StepOutcome> RunOptimizerStep(StateStore& store, const OptimizerConfig& cfg, const GradOps& ops,
+                                             const std::vector<StepUnit>& units, const StepInputs& in);
+
+}  // namespace strata::optim
