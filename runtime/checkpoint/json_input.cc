@@ -41,7 +41,10 @@ absl::StatusOr<int64_t> JsonReader::Int(const json& obj, const char* key, const 
   const auto range = [&] { return absl::StrCat("must be an integer in [", lo, ", ", hi, "]"); };
   if (v->is_number_unsigned()) {
     const uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi)) return Bad(field, absl::StrCat(range(), " (got ", u, ")"));
+    // A parsed non-negative number is unsigned, so the lower bound is checked here too (0 below lo >= 1).
+    if (u > static_cast<uint64_t>(hi) || (lo > 0 && u < static_cast<uint64_t>(lo))) {
+      return Bad(field, absl::StrCat(range(), " (got ", u, ")"));
+    }
     return static_cast<int64_t>(u);
   }
   if (!v->is_number_integer()) return Bad(field, absl::StrCat(range(), " (got ", v->type_name(), ")"));

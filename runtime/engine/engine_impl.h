@@ -1,7 +1,8 @@
 // Internal state of the engine, shared by engine.cc (lifecycle), engine_hooks.cc (per-unit hooks,
 // gathers, reductions) and engine_step.cc (the optimizer step). Not a public header.
 //
-// Storage per unit and stage (P = unit elements, S = P / world, the rank's slice):
+// Storage per unit and stage (P = unit elements, S = P / G, the rank's slice of its shard group of G ranks,
+// G = the world unless zero_optimization.shard_group_size says otherwise):
 //   stage 0: params P (param dtype), grads P, master P*, state P      (* only when param dtype != fp32;
 //   stage 1: params P,               grads P, master S*, state S        with fp32 params the master is
 //   stage 2: params P,               grads S, master S*, state S        the param storage itself)
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/shard_groups.h"
 #include "runtime/device/timeline.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/placement.h"
@@ -59,6 +61,11 @@ struct UnitState {
   int64_t compute_start_ns = 0;
 };
 
+// engine_groups.cc: the shard groups zero_optimization.shard_group_size asks for (collective over world
+// for "node").
+absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, comm::Communicator& world,
+                                                    device::Stream& stream);
+
 // What the engine runs on: the world and the device, the communicator and stream of each phase, the
 // memory tiers with their accountant and their operations, the host optimizer threads and the offload
 // I/O queue. Made in Create (SetUpCuda on CUDA) and Finalize, fixed afterwards; Engine::Impl's first
@@ -67,6 +74,13 @@ struct EngineRuntime {
   comm::Communicator* world = nullptr;
   device::Device* device = nullptr;
   std::unique_ptr<comm::Communicator> gather_comm, reduce_comm, step_comm;
+  // Hybrid sharding (engine_groups.cc says which communicator spans what): the shard groups, decided at
+  // Create; the replica all-reduce on the reduce stream (stages 2-3 with replicas; else null); this
+  // rank's place in its shard group, which the layouts, extents and gathers use.
+  comm::GroupSplit groups;
+  std::unique_ptr<comm::Communicator> replica_comm;
+  int shard_rank = 0;
+  int shard_size() const { return groups.group_size; }
   std::unique_ptr<device::Stream> gather_stream, reduce_stream, step_stream;
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Allocator> device_alloc;
@@ -86,6 +100,10 @@ struct EngineRuntime {
   device::Stream* control_stream = nullptr;
   std::unique_ptr<comm::Communicator> control_comm;
   std::unique_ptr<device::Stream> control_host_stream;
+  // Control collectives within the shard group, on control_stream (the gradient norm, GatherUnit):
+  // control itself without replicas.
+  comm::Communicator* group_control = nullptr;
+  std::unique_ptr<comm::Communicator> group_control_comm;
   std::unique_ptr<offload::IoQueue> io_queue;  // the NVMe stores' (CreateIoQueue, on first use)
 };
 
@@ -146,6 +164,11 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
   // offload also needs optimizer offload and gathers through Note [Staged gathers].
   absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
   absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
+  // engine_groups.cc: the gather, reduce, replica and step communicators over `base` (the host world, or
+  // the world's NCCL communicator), the host ones with control, and group_control after control.
+  absl::Status SplitStreamComms(comm::Communicator& base);
+  absl::Status SetUpHostComms(comm::Communicator& host_world);
+  absl::Status SetUpGroupControl();
 
   // Note [Tier placement] (DeepSpeed's offload_param / offload_optimizer semantics): parameter shards
   // live on the device unless offload_param says cpu; with offload_optimizer the fp32 master, the fp32

@@ -88,10 +88,13 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   in.max_norm = cfg.gradient_clipping;
   in.param_dtype = cfg.param_dtype;
   in.executor = host_executor.get();
-  if (cfg.stage != 0) {  // stage 0 holds the full, already averaged gradient on every rank
+  // Stage 0 holds the full, already averaged gradient on every rank. Replicas of a shard group hold the
+  // same shards, so the group's sum is the global one (engine_groups.cc).
+  if (cfg.stage != 0) {
     in.sum_across_ranks = [&](float* total_sq) {
       return TimedWait([&] {
-        return control->AllReduce(total_sq, total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *control_stream).Wait();
+        return group_control->AllReduce(total_sq, total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *control_stream)
+            .Wait();
       });
     };
   }

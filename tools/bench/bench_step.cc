@@ -8,6 +8,11 @@
 // reported at one thread and at the configured strata.optimizer_threads: when that is more than one,
 // --steps more pairs of steps alternate the two counts (so both see the same machine conditions) and
 // the medians are reported, the slowest rank's (the step waits for it). The bits do not depend on it.
+// The collectives' split comes from the engine's timeline over the timed steps, rank 0's: the time each
+// collective's stream spent in gathers, in gradient reduction (reduce-scatter or all-reduce) and, with
+// hybrid sharding (--shard-group-size G), in the replica all-reduce of the reduced shards (overlapped
+// with compute or not), beside the exposed communication (the trainer's thread waiting on them) and the
+// payload each communicator issued per step (Note [Traffic]).
 #include <sys/resource.h>
 
 #include <chrono>
@@ -26,6 +31,7 @@
 #include "models/gpt/train/train_options.h"
 #include "models/gpt/train/trainer.h"
 #include "runtime/base/status.h"
+#include "runtime/base/units.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/cli/commands.h"
@@ -48,6 +54,44 @@ double SgemmGflops(int M, int K, int N) {
     secs = std::chrono::duration<double>(Clock::now() - t0).count();
   }
   return 2.0 * M * K * N * reps / secs / 1e9;
+}
+
+// Per step: stream time of each kind of collective, in ms, and what the engine's communicators issued.
+struct CommSplit {
+  double gather_ms = 0, reduce_ms = 0, replica_ms = 0, exposed_ms = 0;
+  uint64_t gather_bytes = 0, reduce_bytes = 0, replica_bytes = 0;
+};
+
+CommSplit SplitOf(const std::vector<device::Span>& spans, const engine::CommTraffic& issued, double exposed_ms,
+                  int steps) {
+  CommSplit c;
+  for (const device::Span& s : spans) {
+    const double ms = 1e-6 * double(s.end_ns - s.start_ns);
+    if (s.kind == "gather") c.gather_ms += ms;
+    if (s.kind == "reduce_scatter" || s.kind == "all_reduce") c.reduce_ms += ms;
+    if (s.kind == "replica_all_reduce") c.replica_ms += ms;
+  }
+  c.gather_ms /= steps, c.reduce_ms /= steps, c.replica_ms /= steps, c.exposed_ms = exposed_ms / steps;
+  c.gather_bytes = issued.gather.total_bytes() / steps;
+  c.reduce_bytes = issued.reduce.total_bytes() / steps;
+  c.replica_bytes = issued.replica.total_bytes() / steps;
+  return c;
+}
+
+std::string CommJson(const CommSplit& c, int group) {
+  return absl::StrFormat("\"shard_group_size\":%d,\"gather_ms\":%.3f,\"reduce_ms\":%.3f,\"replica_all_reduce_ms\":%.3f,"
+                         "\"exposed_comm_ms\":%.3f,\"gather_bytes\":%llu,\"reduce_bytes\":%llu,"
+                         "\"replica_bytes\":%llu",
+                         group, c.gather_ms, c.reduce_ms, c.replica_ms, c.exposed_ms,
+                         static_cast<unsigned long long>(c.gather_bytes), static_cast<unsigned long long>(c.reduce_bytes),
+                         static_cast<unsigned long long>(c.replica_bytes));
+}
+
+std::string CommText(const CommSplit& c, int group, int world) {
+  return absl::StrFormat("  collectives per step (stream time, rank 0): gather %.1f ms (%s), reduce %.1f ms (%s), "
+                         "replica all-reduce %.1f ms (%s); exposed %.1f ms; shard groups of %d (%d replicas)",
+                         c.gather_ms, FormatBytes(c.gather_bytes), c.reduce_ms, FormatBytes(c.reduce_bytes), c.replica_ms,
+                         FormatBytes(c.replica_bytes), c.exposed_ms, group, world / group);
 }
 
 double Median(std::vector<double> v) {
@@ -89,6 +133,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
   STRATA_ASSIGN_OR_RETURN(auto sync, dev.CreateStream("bench"));
   double fwd_bwd_s = 0, opt_s = 0;  // time in forward + backward, and in Step() (wait for reductions + update)
+  double exposed_comm_ms = 0;       // StepResult::exposed_comm_ms, summed
   std::vector<double> update_ms;    // the update itself, per timed step (StepResult::optimizer_ms)
   auto run_step = [&]() -> absl::StatusOr<double> {
     const auto t0 = Clock::now();
@@ -101,6 +146,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
     STRATA_ASSIGN_OR_RETURN(const engine::StepResult r, e->Step());
     fwd_bwd_s += std::chrono::duration<double>(t1 - t0).count();
     opt_s += std::chrono::duration<double>(Clock::now() - t1).count();
+    exposed_comm_ms += r.exposed_comm_ms;
     return r.optimizer_ms;
   };
   STRATA_RETURN_IF_ERROR(run_step().status());  // warm-up: records the schedule, touches all memory
@@ -111,13 +157,21 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
     return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, " is out of range [0, 2147483647]"));
   }
   const int steps = static_cast<int>(std::max<int64_t>(1, o.steps));
-  fwd_bwd_s = opt_s = 0;
+  fwd_bwd_s = opt_s = exposed_comm_ms = 0;
+  e->timeline().SetEnabled(true);
+  (void)e->timeline().Take();
+  const engine::CommTraffic issued_before = e->comm_traffic();
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) {
     STRATA_ASSIGN_OR_RETURN(const double ms, run_step());
     update_ms.push_back(ms);
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const engine::CommTraffic issued_after = e->comm_traffic();
+  const engine::CommTraffic issued{issued_after.gather - issued_before.gather, issued_after.reduce - issued_before.reduce,
+                                   issued_after.replica - issued_before.replica, {}, {}, {}};
+  e->timeline().SetEnabled(false);
+  const CommSplit comm_split = SplitOf(e->timeline().Take(), issued, exposed_comm_ms, steps);
   const int threads = e->optimizer_threads();
   std::pair<double, double> one_and_n{Median(update_ms), Median(update_ms)};
   if (threads > 1) {
@@ -153,18 +207,20 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
                   "\"device\":\"%s\",\"matmul\":\"%s\",\"attention\":\"%s\",\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,"
                   "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
                   "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
-                  "\"peak_device_bytes\":%llu}\n",
+                  "\"peak_device_bytes\":%llu,%s}\n",
                   shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(),
                   o.engine.stage, B, T, compute.name.c_str(), gpt::ProductsName(compute.products), attention.c_str(), secs / steps * 1e3,
                   tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3,
                   threads, upd[0], upd[1],
-                  static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes));
+                  static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes),
+                  CommJson(comm_split, e->shard_group_size()).c_str());
     } else {
       std::printf("%s, %d ranks on %s, stage %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s per rank, MFU %.1f%% "
                   "of the bf16 matmul rate (%.1f TFLOP/s in the same run); update %.2f ms on 1 thread, %.2f ms on %d\n",
                   shape.c_str(), world.size(), compute.name.c_str(), o.engine.stage,
                   secs / steps * 1e3, tokens / secs, gflops_per_rank, 100 * mfu, bf16_flops / 1e12, upd[0], upd[1],
                   threads);
+      std::printf("%s\n", CommText(comm_split, e->shard_group_size(), world.size()).c_str());
     }
     return absl::OkStatus();
   }
@@ -173,11 +229,12 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
                 "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,\"sgemm_gflops_per_rank\":%.2f,"
                 "\"fraction_of_sgemm\":%.3f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
                 "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
-                "\"peak_device_bytes\":%llu,\"max_rss_mib_per_rank\":%.1f}\n",
+                "\"peak_device_bytes\":%llu,\"max_rss_mib_per_rank\":%.1f,%s}\n",
                 shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(), o.engine.stage, B, T,
                 secs / steps * 1e3, tokens / secs, gflops_per_rank, sgemm, gflops_per_rank / sgemm,
                 fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, threads, upd[0], upd[1],
-                static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib);
+                static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib,
+                CommJson(comm_split, e->shard_group_size()).c_str());
   } else {
     std::printf("%s, %d ranks, stage %d: %.1f ms/step (forward+backward %.1f, Step() %.1f), %.0f tokens/s, "
                 "%.2f GFLOP/s per rank = %.1f%% of sgemm (%.2f GFLOP/s per rank in the same run); "
@@ -185,6 +242,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
                 shape.c_str(), world.size(), o.engine.stage, secs / steps * 1e3, fwd_bwd_s / steps * 1e3,
                 opt_s / steps * 1e3, tokens / secs, gflops_per_rank, 100 * gflops_per_rank / sgemm, sgemm, upd[0], upd[1],
                 threads);
+    std::printf("%s\n", CommText(comm_split, e->shard_group_size(), world.size()).c_str());
   }
   return absl::OkStatus();
 }
@@ -195,7 +253,9 @@ std::string BenchStepUsage() {
   return "usage: strata bench step [--json] [strata train's flags]\n"
          "  times --steps steps (default 3) of strata train's step and reports tokens/s, the step-time split\n"
          "  and the matmul rate against an sgemm measured in the same run, and the optimizer update's time on\n"
-         "  one thread and on --optimizer-threads (medians of --steps more steps of each, alternating). Flags:\n"
+         "  one thread and on --optimizer-threads (medians of --steps more steps of each, alternating), and the\n"
+         "  collectives' split: gather, gradient reduction and, with --shard-group-size G, the replica all-reduce\n"
+         "  (stream time and bytes per step). Flags:\n"
          "  --json                      one JSON object\n" +
          TrainUsage().substr(TrainUsage().find('\n') + 1);
 }

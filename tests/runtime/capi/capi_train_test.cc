@@ -26,8 +26,10 @@ namespace {
 constexpr int kWorld = 2;
 constexpr int kSteps = 3;
 
-std::string Config(int stage) {
-  return absl::StrCat("{\"zero_optimization\": {\"stage\": ", stage, "}, \"gradient_accumulation_steps\": 2, ",
+// `group` > 0: zero_optimization.shard_group_size (hybrid sharding).
+std::string Config(int stage, int group = 0) {
+  const std::string hybrid = group > 0 ? absl::StrCat(", \"shard_group_size\": ", group) : "";
+  return absl::StrCat("{\"zero_optimization\": {\"stage\": ", stage, hybrid, "}, \"gradient_accumulation_steps\": 2, ",
                       "\"gradient_clipping\": 0.5, \"optimizer\": {\"params\": {\"lr\": 0.01}}, ",
                       "\"strata\": {\"seed\": 3, \"collective_timeout_ms\": 20000}}");
 }
@@ -44,12 +46,14 @@ constexpr size_t kNumel[2][2] = {{32, 8}, {16, 2}};
 struct Result {
   std::vector<float> params;  // every parameter, registration order
   std::vector<double> grad_norms;
+  uint64_t device_bytes = 0;  // the device tier's current bytes after the last step
+  int shard_group_size = 0;   // the C++ engine's
 };
 
 // The model through the C ABI, on one rank.
-void TrainC(int rank, strata_comm* comm, int stage, Result* out) {
+void TrainC(int rank, strata_comm* comm, int stage, Result* out, int group = 0) {
   strata_engine* e = nullptr;
-  const std::string json = Config(stage);
+  const std::string json = Config(stage, group);
   ASSERT_STRATA_OK(MakeEngine(comm, json.c_str(), true, &e));
   for (int step = 0; step < kSteps; ++step) {
     for (int mb = 0; mb < 2; ++mb) {
@@ -81,6 +85,9 @@ void TrainC(int rank, strata_comm* comm, int stage, Result* out) {
     EXPECT_EQ(r.skipped, 0);
     out->grad_norms.push_back(r.grad_norm);
   }
+  strata_stats st = STRATA_STATS_INIT;
+  ASSERT_STRATA_OK(strata_engine_get_stats(e, &st));
+  out->device_bytes = st.device_current_bytes;
   for (int u = 0; u < 2; ++u) {
     for (int p = 0; p < 2; ++p) {
       std::vector<float> v(kNumel[u][p]);
@@ -92,9 +99,9 @@ void TrainC(int rank, strata_comm* comm, int stage, Result* out) {
 }
 
 // The same model through the C++ engine, on one rank.
-absl::Status TrainCxx(int rank, comm::Communicator& world, int stage, Result* out) {
+absl::Status TrainCxx(int rank, comm::Communicator& world, int stage, Result* out, int group = 0) {
   device::HostDevice dev;
-  STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseConfig(Config(stage)));
+  STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseConfig(Config(stage, group)));
   STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(cfg, world, dev));
   using shard::Init;
   STRATA_RETURN_IF_ERROR(e->RegisterUnit("a", {{"w", {8, 4}, true, Init::Uniform(0.5f)}, {"b", {8}, false, Init::Zeros()}})
@@ -121,6 +128,8 @@ absl::Status TrainCxx(int rank, comm::Communicator& world, int stage, Result* ou
     out->grad_norms.push_back(r.grad_norm);
   }
   STRATA_ASSIGN_OR_RETURN(out->params, e->GatherAllParams());
+  out->device_bytes = e->memory_stats().tier[static_cast<int>(memory::Tier::kDevice)].current_bytes;
+  out->shard_group_size = e->shard_group_size();
   return absl::OkStatus();
 }
 
@@ -143,6 +152,28 @@ TEST_P(CApiTrain, MatchesTheCxxEngineBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, CApiTrain, ::testing::Values(0, 1, 2, 3));
+
+// zero_optimization.shard_group_size travels in the config JSON: at G = 1 of 2 ranks (data parallel
+// with ZeRO's bookkeeping) the C engine holds what the C++ engine holds, twice the G = 2 state, and
+// trains to the same bits.
+TEST(CApiTrain, ShardGroupSizeInTheConfigJsonShardsLikeTheCxxEngine) {
+  for (int stage : {1, 2, 3}) {
+    std::vector<Result> c(kWorld), cxx(kWorld), whole(kWorld);
+    RunCRanks(kWorld, [&](int rank, strata_comm* comm) { TrainC(rank, comm, stage, &c[rank], /*group=*/1); });
+    RunCRanks(kWorld, [&](int rank, strata_comm* comm) { TrainC(rank, comm, stage, &whole[rank]); });
+    const auto statuses = strata::testing::RunRanks(kWorld, comm::Options{}, [&](int rank, comm::Communicator& w) {
+      return TrainCxx(rank, w, stage, &cxx[rank], /*group=*/1);
+    });
+    for (const absl::Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_EQ(cxx[r].shard_group_size, 1);
+      EXPECT_EQ(c[r].params, cxx[r].params) << "rank " << r << ", stage " << stage;
+      EXPECT_EQ(c[r].grad_norms, cxx[r].grad_norms) << "rank " << r << ", stage " << stage;
+      EXPECT_EQ(c[r].device_bytes, cxx[r].device_bytes) << "rank " << r << ", stage " << stage;
+      EXPECT_GT(c[r].device_bytes, whole[r].device_bytes) << "rank " << r << ", stage " << stage << ": G = 1 holds more";
+    }
+  }
+}
 
 // One step of a single micro-batch using both units once, adding `g` to every gradient; sleeps
 // `compute_ms` inside unit a's forward (trainer compute, for the time split).

@@ -53,6 +53,25 @@ TEST(ParseManifest, RoundTripsAndSortsShardsByRank) {
   EXPECT_EQ(json::parse(m->trainer_json), json::parse(Valid().trainer_json));
 }
 
+// Hybrid sharding (docs/decisions/0016): "replicas" is written only when > 1 and read back; absent is 1.
+TEST(ParseManifest, ReplicasRoundTripAndDefaultToOne) {
+  EXPECT_FALSE(ValidJson().contains("replicas")) << "a manifest without replicas is as before";
+  auto plain = ParseManifest(ToJson(Valid()), "m.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->replicas, 1);
+  Manifest m = Valid();
+  m.replicas = 4;
+  auto hybrid = ParseManifest(ToJson(m), "m.json");
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status();
+  EXPECT_EQ(hybrid->replicas, 4);
+  // 0 parses as an unsigned number: JsonReader::Int once checked only the upper bound of those.
+  for (const json& bad : {json(0), json(-1), json("2"), json(1.5), json(kMaxWorldSize)}) {
+    json j = ValidJson();
+    j["replicas"] = bad;  // world_size 2 x replicas must stay within kMaxWorldSize ranks
+    ExpectBad(j, "'replicas'");
+  }
+}
+
 TEST(ParseManifest, WrongTypesAndNegativeNumbersAreErrorsNamingTheField) {
   for (const char* key : {"step", "world_size", "stage", "clean_steps", "version"}) {
     json j = ValidJson();

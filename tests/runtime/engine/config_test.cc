@@ -308,6 +308,21 @@ TEST(Config, OffloadDevicesAndTheirRequirements) {
   EXPECT_EQ(cfg.offload_optimizer.device, OffloadDevice::kCpu);
 }
 
+TEST(Config, ShardGroupSizeIsAPositiveIntegerOrNodeAtStagesOneToThree) {
+  EXPECT_EQ(ParseOk("{}").shard_group_size, kShardGroupWorld);
+  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"shard_group_size": 2}})").shard_group_size, 2);
+  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"shard_group_size": "node"}})").shard_group_size, kShardGroupNode);
+  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"stage": 1, "shard_group_size": 1}})").shard_group_size, 1);
+  ExpectInvalid(R"({"zero_optimization": {"shard_group_size": 0}})", {"zero_optimization.shard_group_size", ">= 1"});
+  ExpectInvalid(R"({"zero_optimization": {"shard_group_size": "host"}})",
+                {"zero_optimization.shard_group_size", "\"node\""});
+  ExpectInvalid(R"({"zero_optimization": {"stage": 0, "shard_group_size": 2}})",
+                {"zero_optimization.shard_group_size", "stage 0 shards nothing"});
+  auto over = ParseConfigWithOverrides("{}", {"zero_optimization.shard_group_size=node"});
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_EQ(over->shard_group_size, kShardGroupNode);
+}
+
 TEST(Config, PrecisionBlocksMustAgree) {
   ExpectInvalid(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})",
                 {"bf16.enabled", "fp16.enabled"});

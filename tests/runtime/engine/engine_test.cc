@@ -33,6 +33,7 @@ struct RunSpec {
   int64_t delay_us = 0;
   DType param_dtype = DType::kF32;
   OptimizerType optimizer = OptimizerType::kAdamW;
+  int group = 0;  // zero_optimization.shard_group_size; 0 = the world
 };
 
 EngineConfig MakeConfig(const RunSpec& s) {
@@ -47,6 +48,7 @@ EngineConfig MakeConfig(const RunSpec& s) {
   c.optimizer.weight_decay = 0.01;
   c.optimizer.momentum = s.optimizer == OptimizerType::kSgd ? 0.9 : 0.0;
   c.collective_timeout_ms = 20000;
+  c.shard_group_size = s.group;
   return c;
 }
 
@@ -108,6 +110,25 @@ TEST(Engine, StagesMatchSingleRankReference) {
       s.world = world;
       s.stage = stage;
       ExpectClose(Train(s), ref, 1e-5, absl::StrCat("world ", world, " stage ", stage));
+    }
+  }
+}
+
+// Hybrid sharding on the in-process back-end (the MPI tests are engine_hybrid_mpi_test.cc): shard groups
+// of 2 and 1 of 4 ranks, with accumulation (the replica all-reduce runs per micro-batch) and clipping
+// (the norm is the shard group's).
+TEST(Engine, ShardGroupsMatchSingleRankReference) {
+  RunSpec base;
+  base.accum = 2;
+  base.clip = 0.05;
+  const std::vector<float> ref = Train(base);
+  for (int stage : {1, 2, 3}) {
+    for (int group : {1, 2}) {
+      RunSpec s = base;
+      s.world = 4;
+      s.stage = stage;
+      s.group = group;
+      ExpectClose(Train(s), ref, 1e-5, absl::StrCat("world 4 G ", group, " stage ", stage));
     }
   }
 }
