@@ -43,6 +43,7 @@ std::string ToJson(const Manifest& m) {
   j["version"] = m.version;
   j["step"] = m.step;
   j["world_size"] = m.world_size;
+  if (m.replicas != 1) j["replicas"] = m.replicas;  // written only with hybrid sharding: older manifests stay as they were
   j["stage"] = m.stage;
   j["param_dtype"] = m.param_dtype;
   j["optimizer"] = m.optimizer;
@@ -200,6 +201,10 @@ absl::Status ParseScalars(const JsonReader& in, const json& j, const std::string
   STRATA_ASSIGN_OR_RETURN(m->step, in.Int(j, "step", "step", 0, INT64_MAX));
   STRATA_ASSIGN_OR_RETURN(const int64_t world, in.Int(j, "world_size", "world_size", 1, kMaxWorldSize));
   m->world_size = static_cast<int>(world);
+  if (j.contains("replicas")) {
+    STRATA_ASSIGN_OR_RETURN(const int64_t replicas, in.Int(j, "replicas", "replicas", 1, kMaxWorldSize / world));
+    m->replicas = static_cast<int>(replicas);
+  }
   STRATA_ASSIGN_OR_RETURN(const int64_t stage, in.Int(j, "stage", "stage", 0, 3));
   m->stage = static_cast<int>(stage);
   STRATA_ASSIGN_OR_RETURN(m->param_dtype, in.Str(j, "param_dtype", "param_dtype"));

@@ -45,7 +45,9 @@ struct ManifestShard {
 struct Manifest {
   int version = kManifestVersion;
   int64_t step = 0;
-  int world_size = 1;
+  int world_size = 1;  // the ranks the state was sharded over, one shard file each: the shard group's G
+  // The job's copies of that state (hybrid sharding: N / G; only one shard group wrote). Absent = 1.
+  int replicas = 1;
   int stage = 0;
   std::string param_dtype;  // "fp32" / "bf16" / "fp16"
   std::string optimizer;    // "adamw" / "sgd"

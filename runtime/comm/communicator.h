@@ -13,8 +13,18 @@
 // Layouts. AllGather: send holds `count` elements, recv holds size()*count, rank r's block at r*count;
 // in place when send == recv + rank()*count. ReduceScatter: send holds size()*count, recv gets this
 // rank's reduced block of `count` (recv must not overlap send). AllReduce: count elements, in place when send == recv.
+//
+// Note [Traffic]. Each communicator counts what its collectives move, per kind, when they are issued (a
+// collective that later fails is counted too): the payload, i.e. the bytes of the larger of its buffers
+// on this rank, whatever algorithm the back-end picks. AllGather and ReduceScatter: size() * count
+// elements (the gathered buffer, the buffer reduced); AllReduce and Broadcast: count; Barrier: 0. A ring
+// sends (size-1)/size of an all-gather's or reduce-scatter's payload and 2(size-1)/size of an all-reduce's
+// per rank; the payload is what a formula over the engine's layout predicts exactly, so tests and stats
+// compare it.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -45,6 +55,32 @@ class Work {
   std::shared_ptr<device::Event> done_;
 };
 
+enum class Collective { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+inline constexpr int kNumCollectives = 5;
+const char* CollectiveName(Collective c);  // "all_gather", ...
+
+// Note [Traffic]: what one communicator issued so far.
+struct Traffic {
+  std::array<uint64_t, kNumCollectives> calls{};
+  std::array<uint64_t, kNumCollectives> bytes{};
+  uint64_t calls_of(Collective c) const { return calls[static_cast<int>(c)]; }
+  uint64_t bytes_of(Collective c) const { return bytes[static_cast<int>(c)]; }
+  uint64_t total_bytes() const;
+  Traffic operator-(const Traffic& earlier) const;  // what was issued since `earlier`
+};
+
+// The counter behind Communicator::traffic(); thread-safe (relaxed atomics: a reader sees every
+// collective issued before it on the same thread, and possibly some issued concurrently).
+class TrafficCounter {
+ public:
+  void Add(Collective c, uint64_t bytes);
+  Traffic Read() const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kNumCollectives> calls_{};
+  std::array<std::atomic<uint64_t>, kNumCollectives> bytes_{};
+};
+
 struct Options {
   int64_t timeout_ms = 60000;
   std::string name = "world";  // shown in errors: "all_gather #12 on 'gather'"
@@ -73,6 +109,19 @@ class Communicator {
   // replaces the inherited timeout.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms = 0) = 0;
 
+  // Splits this communicator's ranks into disjoint communicators (MPI_Comm_split, ncclCommSplit): the
+  // ranks that pass the same `color` (>= 0) form one, ranked by (`key`, rank here). Collective with
+  // Dup's rules (every rank, same order, issuing thread, nothing of this communicator queued); blocks.
+  // The split itself is bounded by this communicator's timeout: a rank that does not arrive is
+  // DeadlineExceeded (the in-process and MPI back-ends name it). The result has `name` and, when
+  // `timeout_ms` > 0, that timeout, else this one's. A negative color is InvalidArgument (on every rank
+  // for the host back-ends, which exchange the colors first; NCCL refuses it locally and its peers time out).
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, const std::string& name,
+                                                              int64_t timeout_ms = 0) = 0;
+
+  // Note [Traffic]: what this communicator's collectives moved so far (not those of its Dups or Splits).
+  virtual Traffic traffic() const = 0;
+
   // Ends the whole job from this rank after an unrecoverable error (MPI_Abort / ncclCommAbort); for the
   // in-process backend, fails every later collective of the group. Does not return for MPI.
   virtual void Abort(const absl::Status& cause) = 0;
@@ -81,6 +130,9 @@ class Communicator {
 // Raw bytes through a collective (records, fingerprints, ids, text): the one place they are given an
 // element type. They travel as 16-bit elements, which every back-end moves without arithmetic; `bytes`
 // must be even (a caller's layout bug otherwise, checked).
+// The payload of one collective (Note [Traffic]) on a communicator of `size` ranks.
+uint64_t PayloadBytes(Collective c, size_t count, DType dtype, int size);
+
 Work AllGatherBytes(Communicator& comm, const void* send, void* recv, size_t bytes, device::Stream& stream);
 Work BroadcastBytes(Communicator& comm, void* buf, size_t bytes, int root, device::Stream& stream);
 

@@ -48,24 +48,29 @@ Work HostCommunicator::Submit(device::Stream& stream, std::function<absl::Status
 }
 
 Work HostCommunicator::AllGather(const void* send, void* recv, size_t count, DType dtype, device::Stream& stream) {
+  traffic_.Add(Collective::kAllGather, PayloadBytes(Collective::kAllGather, count, dtype, size()));
   return Submit(stream, [=, this](uint64_t seq) { return RunAllGather(send, recv, count, dtype, seq); });
 }
 
 Work HostCommunicator::ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                                      device::Stream& stream) {
+  traffic_.Add(Collective::kReduceScatter, PayloadBytes(Collective::kReduceScatter, count, dtype, size()));
   return Submit(stream, [=, this](uint64_t seq) { return RunReduceScatter(send, recv, count, dtype, op, seq); });
 }
 
 Work HostCommunicator::AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                                  device::Stream& stream) {
+  traffic_.Add(Collective::kAllReduce, PayloadBytes(Collective::kAllReduce, count, dtype, size()));
   return Submit(stream, [=, this](uint64_t seq) { return RunAllReduce(send, recv, count, dtype, op, seq); });
 }
 
 Work HostCommunicator::Broadcast(void* buf, size_t count, DType dtype, int root, device::Stream& stream) {
+  traffic_.Add(Collective::kBroadcast, PayloadBytes(Collective::kBroadcast, count, dtype, size()));
   return Submit(stream, [=, this](uint64_t seq) { return RunBroadcast(buf, count, dtype, root, seq); });
 }
 
 Work HostCommunicator::Barrier(device::Stream& stream) {
+  traffic_.Add(Collective::kBarrier, 0);
   return Submit(stream, [this](uint64_t seq) { return RunBarrier(seq); });
 }
 

@@ -24,6 +24,7 @@ class HostCommunicator : public Communicator {
                  device::Stream& stream) override;
   Work Broadcast(void* buf, size_t count, DType dtype, int root, device::Stream& stream) override;
   Work Barrier(device::Stream& stream) override;
+  Traffic traffic() const override { return traffic_.Read(); }
 
  protected:
   // `seq` numbers this communicator's collectives from 0, for error messages.
@@ -38,6 +39,7 @@ class HostCommunicator : public Communicator {
  private:
   Work Submit(device::Stream& stream, std::function<absl::Status(uint64_t)> run);
   std::atomic<uint64_t> next_seq_{0};
+  TrafficCounter traffic_;  // Note [Traffic], counted as each collective is submitted
 };
 
 }  // namespace strata::comm

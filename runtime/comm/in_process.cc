@@ -1,5 +1,6 @@
 #include "runtime/comm/in_process.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -35,14 +36,35 @@ struct PendingOp {
   absl::Status failed;  // set by the first rank that timed out; late arrivals fail with it
 };
 
-struct Rendezvous {
-  explicit Rendezvous(int n) : world(n), dups(n, 0) {}
-  const int world;
+// What every group split off one in-process world shares: one lock and one wake-up for all their
+// rendezvous, and the job's abort, which fails the collectives of every group.
+struct Job {
   std::mutex mu;
   std::condition_variable cv;
+  absl::Status aborted;
+};
+
+struct Rendezvous;
+
+// One Split() call of a group: every rank's (color, key), then the new groups, made by the first rank
+// that sees everyone arrived.
+struct PendingSplit {
+  std::vector<int> color, key;
+  std::vector<bool> arrived;
+  int num_arrived = 0;
+  int num_departed = 0;
+  absl::Status failed;  // set by the first rank that timed out
+  std::map<int, std::shared_ptr<Rendezvous>> groups;  // by color
+};
+
+struct Rendezvous {
+  Rendezvous(int n, std::shared_ptr<Job> j) : world(n), job(std::move(j)), dups(n, 0), splits(n, 0) {}
+  const int world;
+  const std::shared_ptr<Job> job;
   std::map<std::pair<int, uint64_t>, PendingOp> ops;  // keyed by (channel, seq)
   std::vector<int> dups;                               // Dup() calls made by each rank
-  absl::Status aborted;
+  std::vector<int> splits;                             // Split() calls made by each rank
+  std::map<int, PendingSplit> pending_splits;          // keyed by the call's index
 };
 
 class InProcessCommunicator final : public HostCommunicator {
@@ -57,7 +79,7 @@ class InProcessCommunicator final : public HostCommunicator {
   absl::StatusOr<std::unique_ptr<Communicator>> Dup(const std::string& name, int64_t timeout_ms) override {
     int index;
     {
-      std::lock_guard<std::mutex> lock(rv_->mu);
+      std::lock_guard<std::mutex> lock(rv_->job->mu);
       index = ++rv_->dups[rank_];
     }
     Options o = options_;
@@ -66,14 +88,17 @@ class InProcessCommunicator final : public HostCommunicator {
     return std::unique_ptr<Communicator>(new InProcessCommunicator(rv_, rank_, index, std::move(o)));
   }
 
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, const std::string& name,
+                                                      int64_t timeout_ms) override;
+
   void Abort(const absl::Status& cause) override {
     {
-      std::lock_guard<std::mutex> lock(rv_->mu);
-      if (rv_->aborted.ok()) {
-        rv_->aborted = absl::AbortedError(absl::StrCat("rank ", rank_, " aborted the job: ", cause.message()));
+      std::lock_guard<std::mutex> lock(rv_->job->mu);
+      if (rv_->job->aborted.ok()) {
+        rv_->job->aborted = absl::AbortedError(absl::StrCat("rank ", rank_, " aborted the job: ", cause.message()));
       }
     }
-    rv_->cv.notify_all();
+    rv_->job->cv.notify_all();
   }
 
  protected:
@@ -102,8 +127,8 @@ class InProcessCommunicator final : public HostCommunicator {
 
 absl::Status InProcessCommunicator::Arrive(uint64_t seq, const OpDesc& desc, const void* send, void* recv,
                                            PendingOp** out) {
-  std::unique_lock<std::mutex> lock(rv_->mu);
-  if (!rv_->aborted.ok()) return rv_->aborted;
+  std::unique_lock<std::mutex> lock(rv_->job->mu);
+  if (!rv_->job->aborted.ok()) return rv_->job->aborted;
   PendingOp& op = rv_->ops[{channel_, seq}];
   if (op.arrived.empty()) {
     op.desc.resize(rv_->world);
@@ -117,12 +142,12 @@ absl::Status InProcessCommunicator::Arrive(uint64_t seq, const OpDesc& desc, con
   op.recv[rank_] = recv;
   op.arrived[rank_] = true;
   ++op.num_arrived;
-  rv_->cv.notify_all();
+  rv_->job->cv.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
-  const bool all = rv_->cv.wait_until(lock, deadline, [&] {
-    return op.num_arrived == rv_->world || !rv_->aborted.ok() || !op.failed.ok();
+  const bool all = rv_->job->cv.wait_until(lock, deadline, [&] {
+    return op.num_arrived == rv_->world || !rv_->job->aborted.ok() || !op.failed.ok();
   });
-  if (!rv_->aborted.ok()) return rv_->aborted;
+  if (!rv_->job->aborted.ok()) return rv_->job->aborted;
   if (!op.failed.ok()) return op.failed;
   if (!all) {
     std::vector<int> missing, present;
@@ -131,7 +156,7 @@ absl::Status InProcessCommunicator::Arrive(uint64_t seq, const OpDesc& desc, con
         Label(seq, desc), " timed out after ", options_.timeout_ms, " ms waiting for rank(s) ",
         absl::StrJoin(missing, ","), " (dead, stopped or stuck before this collective); rank(s) ",
         absl::StrJoin(present, ","), " arrived"));
-    rv_->cv.notify_all();
+    rv_->job->cv.notify_all();
     return op.failed;
   }
   for (int r = 0; r < rv_->world; ++r) {
@@ -146,18 +171,81 @@ absl::Status InProcessCommunicator::Arrive(uint64_t seq, const OpDesc& desc, con
 }
 
 absl::Status InProcessCommunicator::Depart(uint64_t seq, const OpDesc& desc) {
-  std::unique_lock<std::mutex> lock(rv_->mu);
+  std::unique_lock<std::mutex> lock(rv_->job->mu);
   auto it = rv_->ops.find({channel_, seq});
   PendingOp& op = it->second;
   ++op.num_departed;
-  rv_->cv.notify_all();
+  rv_->job->cv.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
-  const bool all = rv_->cv.wait_until(lock, deadline, [&] { return op.num_departed >= rv_->world || !rv_->aborted.ok(); });
-  if (!rv_->aborted.ok()) return rv_->aborted;
+  const bool all = rv_->job->cv.wait_until(lock, deadline, [&] { return op.num_departed >= rv_->world || !rv_->job->aborted.ok(); });
+  if (!rv_->job->aborted.ok()) return rv_->job->aborted;
   if (!all) return absl::DeadlineExceededError(absl::StrCat(Label(seq, desc), " timed out while peers read buffers"));
   // The last rank to see everyone departed erases the entry.
   if (++op.num_departed == 2 * rv_->world) rv_->ops.erase(it);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> InProcessCommunicator::Split(int color, int key, const std::string& name,
+                                                                           int64_t timeout_ms) {
+  Job& job = *rv_->job;
+  const int n = rv_->world;
+  std::unique_lock<std::mutex> lock(job.mu);
+  if (!job.aborted.ok()) return job.aborted;
+  const int index = rv_->splits[rank_]++;
+  PendingSplit& call = rv_->pending_splits[index];
+  if (call.arrived.empty()) {
+    call.color.assign(n, 0);
+    call.key.assign(n, 0);
+    call.arrived.assign(n, false);
+  }
+  if (!call.failed.ok()) return call.failed;
+  call.color[rank_] = color;
+  call.key[rank_] = key;
+  call.arrived[rank_] = true;
+  ++call.num_arrived;
+  job.cv.notify_all();
+  const std::string label = absl::StrCat("split #", index, " of '", options_.name, "' into '", name, "' (rank ", rank_, ")");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  const bool all = job.cv.wait_until(lock, deadline, [&] {
+    return call.num_arrived == n || !job.aborted.ok() || !call.failed.ok();
+  });
+  if (!job.aborted.ok()) return job.aborted;
+  if (!call.failed.ok()) return call.failed;
+  if (!all) {
+    std::vector<int> missing;
+    for (int r = 0; r < n; ++r) {
+      if (!call.arrived[r]) missing.push_back(r);
+    }
+    call.failed = absl::DeadlineExceededError(absl::StrCat(label, " timed out after ", options_.timeout_ms,
+                                                           " ms waiting for rank(s) ", absl::StrJoin(missing, ","),
+                                                           " (dead, stopped or stuck before this split)"));
+    job.cv.notify_all();
+    return call.failed;
+  }
+  // Every rank sees the same colors, so a bad one fails every rank alike.
+  absl::Status bad;
+  std::vector<int> members;  // of this rank's color, in (key, rank) order
+  for (int r = 0; r < n; ++r) {
+    if (call.color[r] < 0 && bad.ok()) {
+      bad = absl::InvalidArgumentError(absl::StrCat(label, ": rank ", r, " passed color ", call.color[r],
+                                                    "; colors must be >= 0"));
+    }
+    if (call.color[r] == color) members.push_back(r);
+  }
+  if (bad.ok() && call.groups.empty()) {
+    std::map<int, int> sizes;
+    for (int c : call.color) ++sizes[c];
+    for (const auto& [c, size] : sizes) call.groups[c] = std::make_shared<Rendezvous>(size, rv_->job);
+  }
+  std::shared_ptr<Rendezvous> group = bad.ok() ? call.groups[color] : nullptr;
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return call.key[a] < call.key[b]; });
+  const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  if (++call.num_departed == n) rv_->pending_splits.erase(index);
+  if (!bad.ok()) return bad;
+  Options o = options_;
+  o.name = name;
+  if (timeout_ms > 0) o.timeout_ms = timeout_ms;
+  return std::unique_ptr<Communicator>(new InProcessCommunicator(std::move(group), new_rank, 0, std::move(o)));
 }
 
 absl::Status InProcessCommunicator::RunAllGather(const void* send, void* recv, size_t count, DType dtype,
@@ -236,7 +324,7 @@ absl::Status InProcessCommunicator::RunBarrier(uint64_t seq) {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> CreateInProcessGroup(int world_size, const Options& options) {
-  auto rv = std::make_shared<Rendezvous>(world_size);
+  auto rv = std::make_shared<Rendezvous>(world_size, std::make_shared<Job>());
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < world_size; ++r) out.push_back(std::make_unique<InProcessCommunicator>(rv, r, 0, options));
   return out;

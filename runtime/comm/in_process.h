@@ -2,6 +2,8 @@
 // the communicator. Collectives rendezvous in shared memory; each rank computes its own result from the
 // peers' buffers (reductions always sum in rank order 0..N-1, so results are deterministic).
 // Timeouts and mismatches behave as the Communicator contract says; a rank that never arrives is named.
+// Split() makes new rendezvous for the groups; they share the world's lock and its abort, so Abort() on
+// any communicator fails the later collectives of every group split from the same world.
 #pragma once
 
 #include <memory>

@@ -123,6 +123,31 @@ class MpiCommunicator final : public HostCommunicator {
     return std::unique_ptr<Communicator>(new MpiCommunicator(ctx_, dup, std::move(o)));
   }
 
+  // Every rank's (color, key) first travels in a deadline-bounded all-gather, so a rank that never calls
+  // Split is a timeout naming it, not a hang in MPI_Comm_split (which has no deadline), and a negative
+  // color anywhere fails every rank alike; then MPI_Comm_split, which every rank has reached.
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, const std::string& name,
+                                                      int64_t timeout_ms) override {
+    std::vector<int> mine = {color, key}, all(2 * static_cast<size_t>(size_));
+    MPI_Request req;
+    STRATA_RETURN_IF_ERROR(
+        STRATA_MPI_CALL(MPI_Iallgather(mine.data(), 2, MPI_INT, all.data(), 2, MPI_INT, comm_, &req)));
+    STRATA_RETURN_IF_ERROR(WaitWithDeadline(req, "split", splits_++));
+    for (int r = 0; r < size_; ++r) {
+      if (all[2 * r] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("Split('", name, "') of '", options_.name, "': rank ", r,
+                                                       " passed color ", all[2 * r], "; colors must be >= 0"));
+      }
+    }
+    MPI_Comm part = MPI_COMM_NULL;
+    STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Comm_split(comm_, color, key, &part)));
+    MPI_Comm_set_errhandler(part, MPI_ERRORS_RETURN);
+    Options o = options_;
+    o.name = name;
+    if (timeout_ms > 0) o.timeout_ms = timeout_ms;
+    return std::unique_ptr<Communicator>(new MpiCommunicator(ctx_, part, std::move(o)));
+  }
+
   void Abort(const absl::Status& cause) override {
     STRATA_LOG(Error) << "aborting the job: " << cause.message();
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -257,6 +282,7 @@ class MpiCommunicator final : public HostCommunicator {
   const Options options_;
   int rank_ = 0;
   int size_ = 1;
+  uint64_t splits_ = 0;  // numbers the Split exchanges in errors
 };
 
 }  // namespace

@@ -153,13 +153,14 @@ absl::Status SettleNew(ncclComm_t comm, ncclResult_t issued, const std::string& 
 // child. On a failure, once the slot is final, a child the split made is aborted: after any failure
 // when `settle_parent` aborts the parent then (ours); else the deadline may have passed with the
 // parent's job still running, which may yet write the slot, so the slot is left to it (not freed).
+// `color` selects the ranks of the child (Communicator::Split); a Dup is color 0 on every rank.
 template <typename SettleParent>
-absl::StatusOr<ncclComm_t> Split(int key, SettleParent&& settle_parent, bool aborts_parent, const std::string& what,
-                                 int64_t timeout_ms) {
+absl::StatusOr<ncclComm_t> SplitNccl(int color, int key, SettleParent&& settle_parent, bool aborts_parent,
+                                 const std::string& what, int64_t timeout_ms) {
   auto slot = std::make_unique<ncclComm_t>(nullptr);
-  const absl::Status st = settle_parent([out = slot.get(), key](ncclComm_t parent) {
+  const absl::Status st = settle_parent([out = slot.get(), color, key](ncclComm_t parent) {
     ncclConfig_t config = NonblockingConfig();
-    const ncclResult_t r = ncclCommSplit(parent, 0, key, out, &config);
+    const ncclResult_t r = ncclCommSplit(parent, color, key, out, &config);
     return r == ncclSuccess ? ncclInProgress : r;  // done only when the parent's state says so
   });
   if (!st.ok()) {
@@ -230,17 +231,20 @@ class NcclCommunicator final : public Communicator {
   bool device_buffers() const override { return true; }
 
   Work AllGather(const void* send, void* recv, size_t count, DType dtype, device::Stream& s) override {
+    Count(Collective::kAllGather, count, dtype);
     return Run("all_gather", s, [&](ncclComm_t c, cudaStream_t cs) {
       return ncclAllGather(send, recv, count, NcclType(dtype), c, cs);
     });
   }
   Work ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                      device::Stream& s) override {
+    Count(Collective::kReduceScatter, count, dtype);
     return Run("reduce_scatter", s, [&](ncclComm_t c, cudaStream_t cs) {
       return ncclReduceScatter(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, c, cs);
     });
   }
   Work AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, device::Stream& s) override {
+    Count(Collective::kAllReduce, count, dtype);
     return Run("all_reduce", s, [&](ncclComm_t c, cudaStream_t cs) {
       return ncclAllReduce(send, recv, count, NcclType(dtype), op == ReduceOp::kAvg ? ncclAvg : ncclSum, c, cs);
     });
@@ -250,6 +254,7 @@ class NcclCommunicator final : public Communicator {
       return FailOn(s, absl::InvalidArgumentError(absl::StrCat(Label("broadcast"), ": root ", root,
                                                                " is outside the world of ", size_, " ranks")));
     }
+    Count(Collective::kBroadcast, count, dtype);
     return Run("broadcast", s, [&](ncclComm_t c, cudaStream_t cs) {
       return ncclBroadcast(buf, buf, count, NcclType(dtype), root, c, cs);
     });
@@ -261,6 +266,7 @@ class NcclCommunicator final : public Communicator {
       return Work(std::make_shared<NcclDone>(absl::ResourceExhaustedError(
           absl::StrCat("barrier on '", options_.name, "': cudaMalloc of its 4-byte buffer failed"))));
     }
+    Count(Collective::kBarrier, 0, DType::kF32);
     return Run("barrier", s, [&](ncclComm_t c, cudaStream_t cs) {
       return ncclAllReduce(element, element, 1, ncclFloat32, ncclSum, c, cs);
     });
@@ -274,10 +280,39 @@ class NcclCommunicator final : public Communicator {
     const std::string what = absl::StrCat("Dup('", name, "') of '", options_.name, "' (rank ", rank_, ", ncclCommSplit)");
     // Issue aborts the parent when the split does not settle, which ends its job: the slot is then final.
     STRATA_ASSIGN_OR_RETURN(
-        ncclComm_t c, Split(rank_, [&](auto&& call) { return handle_->Issue(call, what, o.timeout_ms); },
+        ncclComm_t c, SplitNccl(0, rank_, [&](auto&& call) { return handle_->Issue(call, what, o.timeout_ms); },
                             /*aborts_parent=*/true, what, o.timeout_ms));
     return std::unique_ptr<Communicator>(new NcclCommunicator(c, rank_, size_, std::move(o)));
   }
+
+  // ncclCommSplit with the caller's color; the child's rank and size are asked of NCCL. A negative
+  // color would be NCCL_SPLIT_NOCOLOR (no communicator for this rank), which the contract refuses.
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, const std::string& name,
+                                                      int64_t timeout_ms) override {
+    if (color < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("Split('", name, "') of '", options_.name, "': color ", color,
+                                                     " on rank ", rank_, "; colors must be >= 0"));
+    }
+    if (handle_->aborted()) return absl::AbortedError(absl::StrCat("Split('", name, "') of an aborted communicator"));
+    Options o = options_;
+    o.name = name;
+    if (timeout_ms > 0) o.timeout_ms = timeout_ms;
+    const std::string what =
+        absl::StrCat("Split('", name, "') of '", options_.name, "' (rank ", rank_, ", color ", color, ", ncclCommSplit)");
+    STRATA_ASSIGN_OR_RETURN(
+        ncclComm_t c, SplitNccl(color, key, [&](auto&& call) { return handle_->Issue(call, what, o.timeout_ms); },
+                                  /*aborts_parent=*/true, what, o.timeout_ms));
+    int rank = 0, size = 0;
+    absl::Status asked = STRATA_NCCL_CALL(ncclCommUserRank(c, &rank));
+    if (asked.ok()) asked = STRATA_NCCL_CALL(ncclCommCount(c, &size));
+    if (!asked.ok()) {
+      ncclCommAbort(c);
+      return asked;
+    }
+    return std::unique_ptr<Communicator>(new NcclCommunicator(c, rank, size, std::move(o)));
+  }
+
+  Traffic traffic() const override { return traffic_.Read(); }
 
   void Abort(const absl::Status& cause) override { handle_->Abort(); }
 
@@ -288,6 +323,8 @@ class NcclCommunicator final : public Communicator {
     if (auto* cuda = dynamic_cast<device::CudaStream*>(&s)) cuda->Fail(failure);
     return Work(std::make_shared<NcclDone>(std::move(failure)));
   }
+
+  void Count(Collective c, size_t count, DType dtype) { traffic_.Add(c, PayloadBytes(c, count, dtype, size_)); }
 
   // "all_gather #12 on 'gather' (rank 3)": the collective's name in errors; numbers it.
   std::string Label(const char* what) {
@@ -320,6 +357,7 @@ class NcclCommunicator final : public Communicator {
   const int rank_, size_;
   const Options options_;
   uint64_t seq_ = 0;
+  TrafficCounter traffic_;  // Note [Traffic]
 };
 
 // The event of an operation that already finished (host-buffer collectives run to completion).
@@ -376,6 +414,12 @@ class HostOverNccl final : public Communicator {
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> dup, nccl_->Dup(name, timeout_ms));
     return HostBuffersOverNccl(std::move(dup));
   }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, const std::string& name,
+                                                      int64_t timeout_ms) override {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> part, nccl_->Split(color, key, name, timeout_ms));
+    return HostBuffersOverNccl(std::move(part));
+  }
+  Traffic traffic() const override { return nccl_->traffic(); }  // the bounced collectives are its own
   void Abort(const absl::Status& cause) override { nccl_->Abort(cause); }
 
  private:
@@ -427,13 +471,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> AdoptNcclCommunicator(void* nccl_c
   STRATA_RETURN_IF_ERROR(STRATA_NCCL_CALL(ncclCommUserRank(theirs, &rank)));
   // Ours is nonblocking (Note [Nonblocking NCCL]). Whether the split itself is bounded by the deadline is
   // the caller's communicator's choice: NCCL takes it from the parent, and a blocking parent blocks here.
-  // The caller's communicator is theirs: a split that does not settle leaves it as it is (Split).
+  // The caller's communicator is theirs: a split that does not settle leaves it as it is (SplitNccl).
   const std::string what = absl::StrCat("adopting the caller's NCCL communicator (rank ", rank, " of ", size,
                                         ", ncclCommSplit)");
   STRATA_ASSIGN_OR_RETURN(
       ncclComm_t ours,
-      Split(rank, [&](auto&& call) { return Settle(theirs, call(theirs), what, options.timeout_ms); },
-            /*aborts_parent=*/false, what, options.timeout_ms));
+      SplitNccl(0, rank, [&](auto&& call) { return Settle(theirs, call(theirs), what, options.timeout_ms); },
+                /*aborts_parent=*/false, what, options.timeout_ms));
   return std::unique_ptr<Communicator>(new NcclCommunicator(ours, rank, size, options));
 }
 

@@ -74,7 +74,7 @@ const KeyNode& Schema() {
       {"scheduler", {{"type"}, {"params", {{"warmup_min_lr"}, {"warmup_max_lr"}, {"warmup_num_steps"},
                                            {"total_num_steps"}, {"warmup_type"}, {"cos_min_ratio"}}}}},
       {"zero_optimization", {
-          {"stage"}, OffloadNode("offload_param"), OffloadNode("offload_optimizer"),
+          {"stage"}, OffloadNode("offload_param"), OffloadNode("offload_optimizer"), {"shard_group_size"},
           // Accepted and ignored DeepSpeed tuning keys (any value).
           {"overlap_comm"}, {"contiguous_gradients"}, {"reduce_scatter"}, {"reduce_bucket_size"},
           {"allgather_bucket_size"}, {"allgather_partitions"}, {"stage3_prefetch_bucket_size"},
@@ -475,6 +475,22 @@ absl::Status ParseOffload(const Section& zero, const std::string& key, OffloadCo
   return absl::OkStatus();
 }
 
+// An integer >= 1 or "node"; whether it divides the world is checked at Create, which knows the world.
+absl::Status ParseShardGroupSize(const Section& z, EngineConfig* cfg) {
+  const json* v = z.Find("shard_group_size");
+  if (v == nullptr) return absl::OkStatus();
+  if (v->is_string()) {
+    if (v->get<std::string>() != "node") return TypeError(z.Path("shard_group_size"), "an integer >= 1 or \"node\"", *v);
+    cfg->shard_group_size = kShardGroupNode;
+  } else {
+    STRATA_RETURN_IF_ERROR(z.Int("shard_group_size", AtLeast(1), &cfg->shard_group_size));
+  }
+  if (cfg->stage == 0) {
+    return KeyError(z.Path("shard_group_size"), "needs stage 1, 2 or 3 (stage 0 shards nothing)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseZero(const Section& root, EngineConfig* cfg) {
   STRATA_ASSIGN_OR_RETURN(const Section z, root.Sub("zero_optimization"));
   STRATA_RETURN_IF_ERROR(z.Int("stage", Closed(0, 3), &cfg->stage));
@@ -486,7 +502,7 @@ absl::Status ParseZero(const Section& root, EngineConfig* cfg) {
   if (cfg->offload_optimizer.device != OffloadDevice::kNone && cfg->stage == 0) {
     return KeyError(z.Path("offload_optimizer"), "needs stage 1, 2 or 3 (stage is 0)");
   }
-  return absl::OkStatus();
+  return ParseShardGroupSize(z, cfg);
 }
 
 absl::Status ParseDTypeKey(const Section& s, const std::string& key, bool* given, DType* out) {

@@ -37,6 +37,9 @@ struct Fp16Config {
   double static_loss_scale = 0;     // DeepSpeed "loss_scale": 0 = dynamic
 };
 
+inline constexpr int kShardGroupWorld = 0;
+inline constexpr int kShardGroupNode = -1;
+
 struct EngineConfig {
   // DeepSpeed keys.
   int stage = 3;                                // zero_optimization.stage, 0..3
@@ -49,6 +52,10 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   OffloadConfig offload_param;                  // zero_optimization.offload_param
   OffloadConfig offload_optimizer;              // zero_optimization.offload_optimizer
+  // zero_optimization.shard_group_size (DESIGN "Hybrid sharding"): the ranks a shard group holds, an
+  // integer >= 1 dividing the world, or "node" (kShardGroupNode: the ranks sharing this host);
+  // kShardGroupWorld (0, the default) is the whole world, ZeRO as it always was. Stages 1-3.
+  int shard_group_size = 0;
 
   // strata keys ("strata": {...}).
   DType param_dtype = DType::kF32;              // strata.param_dtype; bf16/fp16 blocks set it too

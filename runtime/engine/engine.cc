@@ -110,15 +110,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
       device.kind() != device::DeviceKind::kCuda || config.offload_optimizer.device != OffloadDevice::kNone;
   STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
   impl->host_ops = MakeHostTierOps(&impl->host_executor);
+  STRATA_ASSIGN_OR_RETURN(impl->groups, ResolveShardGroups(config, world, *impl->step_stream));
   if (device.kind() == device::DeviceKind::kCuda) {  // Note [Engine on CUDA]
     STRATA_RETURN_IF_ERROR(impl->SetUpCuda(world));
   } else {
-    STRATA_ASSIGN_OR_RETURN(impl->gather_comm, world.Dup("gather", config.collective_timeout_ms));
-    STRATA_ASSIGN_OR_RETURN(impl->reduce_comm, world.Dup("reduce", config.collective_timeout_ms));
-    STRATA_ASSIGN_OR_RETURN(impl->step_comm, world.Dup("step", config.collective_timeout_ms));
+    STRATA_RETURN_IF_ERROR(impl->SetUpHostComms(world));  // engine_groups.cc
     impl->device_ops = MakeHostTierOps(&impl->host_executor);
-    impl->control = impl->step_comm.get();
-    impl->control_stream = impl->step_stream.get();
   }
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -132,10 +129,10 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
     if (u.layout.name == name) return absl::InvalidArgumentError(absl::StrCat("unit '", name, "' registered twice"));
   }
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout layout,
-                          shard::UnitLayout::Build(std::move(name), std::move(params), m.world_size()));
+                          shard::UnitLayout::Build(std::move(name), std::move(params), m.shard_size()));
   m.units.emplace_back();
   m.units.back().layout = std::move(layout);
-  m.units.back().ext = DecideExtents(m.cfg.stage, m.rank(), m.units.back().layout);
+  m.units.back().ext = DecideExtents(m.cfg.stage, m.shard_rank, m.units.back().layout);
   return static_cast<int>(m.units.size()) - 1;
 }
 
@@ -311,7 +308,8 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   if (m.cfg.stage == 0) return master;
   std::vector<float> full(u.layout.total_elems);
   STRATA_RETURN_IF_ERROR(
-      m.control->AllGather(master.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.control_stream).Wait());
+      m.group_control->AllGather(master.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.control_stream)
+          .Wait());
   return full;
 }
 

@@ -62,6 +62,13 @@ struct StepResult {
   uint64_t nvme_write_bytes = 0;
 };
 
+// Note [Traffic] (comm/communicator.h): the payload each of the engine's communicators issued so far.
+// control and group_control count only when they are communicators of their own (else their
+// collectives are step's: on the host without replicas, control is the step communicator).
+struct CommTraffic {
+  comm::Traffic gather, reduce, replica, step, control, group_control;
+};
+
 struct MemoryStats {
   memory::Usage tier[memory::kNumTiers];
   memory::Usage kind[memory::kNumTiers][memory::kNumKinds];
@@ -119,6 +126,11 @@ class Engine {
   const EngineConfig& config() const;
   int rank() const;
   int world_size() const;
+  // Hybrid sharding (zero_optimization.shard_group_size, resolved at Create): the ranks of this rank's
+  // shard group, which the layouts are sharded over, and this rank's place in it. The world without it.
+  int shard_group_size() const;
+  int shard_rank() const;
+  CommTraffic comm_traffic() const;
   int64_t step() const;
   // The factor the trainer multiplies its loss gradient by (fp16 dynamic loss scaling; 1 otherwise).
   // The engine divides it out of the gradients at Step(); an overflow (non-finite global gradient norm)

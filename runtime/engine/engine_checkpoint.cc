@@ -8,6 +8,12 @@
 // shard succeeded, so a failed or interrupted save never publishes a partial checkpoint. A failed write
 // removes its temporary (TempFile); before writing, each rank removes the temporaries an earlier, dead
 // save left for its shard (rank 0 also those of the manifest and of ranks beyond this world size).
+//
+// Hybrid sharding (engine_groups.cc): the replicas of a shard group hold the same state, so only shard
+// group 0 (the one of world rank 0) writes, one file per shard rank, and the checkpoint is that of a
+// G-rank job (manifest world_size = G) that records the replicas; each copy writing the same bytes would
+// multiply the I/O and the disk by N / G for nothing. Every rank still takes part in both collectives.
+// Loading at any N and G is then the usual resharding from G shards.
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -56,7 +62,7 @@ ckpt::ManifestUnit ManifestUnitOf(const UnitState& u) {
 }
 
 absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
-  const size_t r = static_cast<size_t>(m.rank());
+  const size_t r = static_cast<size_t>(m.shard_rank);
   std::vector<std::string> kinds;
   for (optim::StateKind k : m.state_kinds()) kinds.emplace_back(optim::StateKindName(k));
   std::vector<ckpt::ShardRange> ranges;
@@ -69,7 +75,7 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
       where.emplace_back(ui, s.kind);
     }
   }
-  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.rank(), m.world_size(), ranges));
+  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.shard_rank, m.shard_size(), ranges));
   std::vector<std::vector<float>> staged;
   std::vector<float*> buffers;
   size_t staged_unit = SIZE_MAX;
@@ -90,7 +96,8 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
 ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   ckpt::Manifest man;
   man.step = m.step;
-  man.world_size = m.world_size();
+  man.world_size = m.shard_size();
+  man.replicas = m.groups.replicas;
   man.stage = m.cfg.stage;
   man.param_dtype = std::string(DTypeName(m.cfg.param_dtype));
   man.optimizer = m.cfg.optimizer.type == OptimizerType::kAdamW ? "adamw" : "sgd";
@@ -104,8 +111,8 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
 // Temporaries of this rank's files that an earlier save, now dead, left in `step_dir`: this process has
 // not created its own yet, and no other rank of this job writes these names.
 void RemoveStaleTemps(const Engine::Impl& m, const std::string& step_dir) {
-  const std::string mine = ShardName(m.rank()) + ".tmp.";
-  const int rank = m.rank(), world = m.world_size();
+  const std::string mine = ShardName(m.shard_rank) + ".tmp.";
+  const int rank = m.rank(), world = m.shard_size();
   auto removed = ckpt::RemoveTemps(step_dir, [&](absl::string_view name) {
     if (absl::StartsWith(name, mine)) return true;
     if (rank != 0) return false;
@@ -127,7 +134,12 @@ struct ShardReport {
   uint32_t checksum;
   uint32_t ok;
   uint64_t bytes;
+  int32_t shard;  // the shard rank whose file this rank wrote, or -1 (a replica that writes nothing)
+  uint32_t unused;
 };
+
+// Shard group 0 writes the checkpoint (the file note says why).
+bool WritesShard(const Engine::Impl& m) { return m.groups.shard_color == 0; }
 
 }  // namespace
 
@@ -142,12 +154,15 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
   if (std::filesystem::exists(manifest_path, exists_error)) {
     return absl::AlreadyExistsError(absl::StrCat("checkpoint '", step_dir, "' already exists (complete)"));
   }
-  ShardReport mine{0, 0, 0};
+  ShardReport mine{0, 0, 0, WritesShard(m) ? m.shard_rank : -1, 0};
   absl::Status local = ckpt::CheckTrainerState(trainer_json);
-  if (local.ok()) local = ckpt::MakeDirs(step_dir);
-  if (local.ok()) {
-    RemoveStaleTemps(m, step_dir);
-    local = WriteShard(m, (std::filesystem::path(step_dir) / ShardName(m.rank())).string(), &mine.checksum, &mine.bytes);
+  if (local.ok() && WritesShard(m)) {
+    local = ckpt::MakeDirs(step_dir);
+    if (local.ok()) {
+      RemoveStaleTemps(m, step_dir);
+      local = WriteShard(m, (std::filesystem::path(step_dir) / ShardName(m.shard_rank)).string(), &mine.checksum,
+                         &mine.bytes);
+    }
   }
   mine.ok = local.ok() ? 1 : 0;
   if (!local.ok()) {
@@ -163,7 +178,9 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
   float published = 1;
   if (m.rank() == 0 && failed.empty()) {
     ckpt::Manifest man = BuildManifest(m, trainer_json);
-    for (int r = 0; r < m.world_size(); ++r) man.shards.push_back({r, ShardName(r), all[r].bytes, all[r].checksum});
+    for (const ShardReport& report : all) {
+      if (report.shard >= 0) man.shards.push_back({report.shard, ShardName(report.shard), report.bytes, report.checksum});
+    }
     absl::Status s = ckpt::WriteFileAtomic(manifest_path, ckpt::ToJson(man));
     if (!s.ok()) {
       STRATA_LOG(Error) << "writing checkpoint manifest: " << s.message();

@@ -32,21 +32,28 @@ absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
   control_host_stream = std::make_unique<device::HostStream>("control");
   control_stream = control_host_stream.get();
   const int64_t t = cfg.collective_timeout_ms;
+  std::unique_ptr<comm::Communicator> nccl_world;
   if (host_world.device_buffers()) {  // an embedder's NCCL communicator (C ABI): control through a bounce
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c, host_world.Dup("control", t));
     STRATA_ASSIGN_OR_RETURN(control_comm, nccl->host_buffers_over_nccl(std::move(c)));
-    STRATA_ASSIGN_OR_RETURN(gather_comm, host_world.Dup("gather", t));
+    STRATA_ASSIGN_OR_RETURN(nccl_world, host_world.Dup("gather", t));
   } else {  // a host world (MPI, in-process): NCCL bootstrapped over it
     STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", t));
     comm::Options o;
     o.timeout_ms = t;
     o.name = "gather";
-    STRATA_ASSIGN_OR_RETURN(gather_comm, nccl->create_from_host(*control_comm, *control_stream, o));
+    STRATA_ASSIGN_OR_RETURN(nccl_world, nccl->create_from_host(*control_comm, *control_stream, o));
   }
   control = control_comm.get();
-  STRATA_ASSIGN_OR_RETURN(reduce_comm, gather_comm->Dup("reduce", t));
-  STRATA_ASSIGN_OR_RETURN(step_comm, gather_comm->Dup("step", t));
-  return absl::OkStatus();
+  if (groups.replicas == 1) {  // the world's NCCL communicator gathers, as before hybrid sharding
+    gather_comm = std::move(nccl_world);
+    STRATA_ASSIGN_OR_RETURN(reduce_comm, gather_comm->Dup("reduce", t));
+    STRATA_ASSIGN_OR_RETURN(step_comm, gather_comm->Dup("step", t));
+    shard_rank = step_comm->rank();
+  } else {  // the groups are split off the world's NCCL communicator (ncclCommSplit), which every rank then frees
+    STRATA_RETURN_IF_ERROR(SplitStreamComms(*nccl_world));
+  }
+  return SetUpGroupControl();
 #else
   (void)host_world;
   return absl::UnimplementedError("this CUDA build has no NCCL: the engine cannot run on the GPU");

@@ -54,7 +54,8 @@ absl::Status Engine::Impl::SetUpGatherer(int live, size_t largest) {
   }
   gatherer = std::make_unique<shard::Gatherer>(
       std::move(pool), std::move(gathered), std::move(source),
-      shard::GathererOptions{gather_comm.get(), gather_stream.get(), cfg.param_dtype, rank(), &timeline, &exposed_comm_ns});
+      shard::GathererOptions{gather_comm.get(), gather_stream.get(), cfg.param_dtype, shard_rank, &timeline,
+                             &exposed_comm_ns});
   return absl::OkStatus();
 }
 
@@ -80,7 +81,8 @@ absl::Status Engine::Impl::SetUpReducer(size_t largest, size_t largest_shard) {
   for (UnitState& u : units) {
     reduced.push_back({u.layout.name, u.layout.total_elems, u.layout.shard_elems, u.grads.as<float>()});
   }
-  const shard::ReducerEnv env{reduce_comm.get(), reduce_stream.get(), device, &timeline, &exposed_comm_ns};
+  const shard::ReducerEnv env{reduce_comm.get(), reduce_stream.get(), device, &timeline, &exposed_comm_ns,
+                              replica_comm.get()};
   if (cfg.stage <= 1) {  // full gradients accumulate locally; one all-reduce on the last micro-batch
     reducer = shard::MakeAllReduceReducer(std::move(reduced), env);
     return absl::OkStatus();

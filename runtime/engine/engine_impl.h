@@ -1,7 +1,8 @@
 // Internal state of the engine, shared by engine.cc (lifecycle), engine_hooks.cc (per-unit hooks,
 // gathers, reductions) and engine_step.cc (the optimizer step). Not a public header.
 //
-// Storage per unit and stage (P = unit elements, S = P / world, the rank's slice):
+// Storage per unit and stage (P = unit elements, S = P / G, the rank's slice of its shard group of G ranks,
+// G = the world unless zero_optimization.shard_group_size says otherwise):
 //   stage 0: params P (param dtype), grads P, master P*, state P      (* only when param dtype != fp32;
 //   stage 1: params P,               grads P, master S*, state S        with fp32 params the master is
 //   stage 2: params P,               grads S, master S*, state S        the param storage itself)
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/shard_groups.h"
 #include "runtime/device/timeline.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/placement.h"
@@ -48,11 +50,26 @@ struct UnitState {
   int64_t compute_start_ns = 0;
 };
 
+// engine_groups.cc: the shard groups zero_optimization.shard_group_size asks for (collective over world
+// for "node").
+absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, comm::Communicator& world,
+                                                    device::Stream& stream);
+
 struct Engine::Impl {
   EngineConfig cfg;
   comm::Communicator* world = nullptr;
   device::Device* device = nullptr;
   std::unique_ptr<comm::Communicator> gather_comm, reduce_comm, step_comm;
+  // Hybrid sharding (engine_groups.cc says which communicator spans what): the shard groups, decided at
+  // Create; the replica all-reduce on the reduce stream (stages 2-3 with replicas; else null); this
+  // rank's place in its shard group, which the layouts, extents and gathers use.
+  comm::GroupSplit groups;
+  std::unique_ptr<comm::Communicator> replica_comm;
+  int shard_rank = 0;
+  int shard_size() const { return groups.group_size; }
+  absl::Status SplitStreamComms(comm::Communicator& base);  // gather, reduce, replica and step communicators
+  absl::Status SetUpHostComms(comm::Communicator& host_world);
+  absl::Status SetUpGroupControl();  // group_control, after control
   std::unique_ptr<device::Stream> gather_stream, reduce_stream, step_stream;
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Allocator> device_alloc;
@@ -83,6 +100,10 @@ struct Engine::Impl {
   device::Stream* control_stream = nullptr;
   std::unique_ptr<comm::Communicator> control_comm;
   std::unique_ptr<device::Stream> control_host_stream;
+  // Control collectives within the shard group, on control_stream (the gradient norm, GatherUnit):
+  // control itself without replicas.
+  comm::Communicator* group_control = nullptr;
+  std::unique_ptr<comm::Communicator> group_control_comm;
 
   // Note [Tier placement] (DeepSpeed's offload_param / offload_optimizer semantics): parameter shards
   // live on the device unless offload_param says cpu; with offload_optimizer the fp32 master, the fp32

@@ -93,9 +93,12 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
     local_sq += sq;
   }
   float total_sq = static_cast<float>(local_sq);
-  if (cfg.stage != 0) {  // stage 0 holds the full, already averaged gradient on every rank
+  // Stage 0 holds the full, already averaged gradient on every rank. Replicas of a shard group hold the
+  // same shards, so the group's sum is the global one (engine_groups.cc).
+  if (cfg.stage != 0) {
     STRATA_RETURN_IF_ERROR(TimedWait([&] {
-      return control->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *control_stream).Wait();
+      return group_control->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *control_stream)
+          .Wait();
     }));
   }
   StepResult r;

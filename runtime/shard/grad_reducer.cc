@@ -78,14 +78,21 @@ class ReduceScatterReducer final : public GradReducer {
     float* scratch = scratch_.as<float>();
     const size_t n = u.shard_elems;
     last_ = env_.comm->ReduceScatter(working(unit), scratch, n, DType::kF32, comm::ReduceOp::kSum, rs);
-    slot_reduce_[slot_[unit]] = last_;
+    slot_reduce_[slot_[unit]] = last_;  // the slot is free once the reduce-scatter has read it
+    const char* span = "reduce_scatter";  // the span that ends after the shard is added
+    if (env_.replica_comm != nullptr) {
+      AddSpan(*env_.timeline, rs, span, unit, start);
+      start = Stamp(*env_.timeline, rs);
+      last_ = env_.replica_comm->AllReduce(scratch, scratch, n, DType::kF32, comm::ReduceOp::kSum, rs);
+      span = "replica_all_reduce";
+    }
     if (staging_.empty()) {
       ops_.accumulate(rs, u.grads, scratch, n);
     } else {  // device scratch, host shard (offloaded optimizer on a GPU): through pinned staging
       ops_.to_host(rs, staging_.data(), scratch, n * 4);
       ops_.accumulate(rs, u.grads, staging_.as<float>(), n);
     }
-    AddSpan(*env_.timeline, rs, "reduce_scatter", unit, start);
+    AddSpan(*env_.timeline, rs, span, unit, start);
     auto fence = std::shared_ptr<device::Event>(env_.device->CreateEvent());
     if (fence == nullptr) return absl::InternalError(absl::StrCat("creating the gradient fence of unit '", u.name, "' failed"));
     rs.Record(*fence);

@@ -4,7 +4,8 @@
 //               micro-batch all-reduces each unit's gradient once.
 //   stages 2-3  MakeReduceScatterReducer: backward accumulates into a pooled working buffer (SlotPool,
 //               Note [Gather buffer reuse]); the reduce-scatter writes this rank's part into a scratch
-//               shard, which is added to the gradient shard (through pinned staging when the reduction
+//               shard (then all-reduced across the replica group, with hybrid sharding), which is added
+//               to the gradient shard (through pinned staging when the reduction
 //               runs in device memory and the shard is in host memory), then the slot is fenced and freed.
 //
 // Protocol: Acquire(u) before backward writes working(u); Reduce(u) after the unit's last backward use of
@@ -51,6 +52,10 @@ struct ReducerEnv {
   device::Device* device = nullptr;  // creates the slots' fences
   device::Timeline* timeline = nullptr;
   int64_t* exposed_comm_ns = nullptr;  // what waiting for a reduction is charged to
+  // Hybrid sharding (stages 2-3): the replica group, over which each reduce-scattered shard is then
+  // all-reduced (summed, as the reduce-scatter sums; the step averages over the world), on the same
+  // stream; null when the shard group is the world.
+  comm::Communicator* replica_comm = nullptr;
 };
 
 class GradReducer {

@@ -10,14 +10,8 @@
 # usage: gpt_train.sh MPIRUN STRATA [section]
 set -uo pipefail
 mpirun=$1 strata=$2 only=${3:-all}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMP_NUM_THREADS=1
-fails=0 runs=0
-check() {  # check NAME STATUS DETAIL
-  runs=$((runs + 1))
-  if [ "$2" -eq 0 ]; then echo "ok    $1"; else echo "FAIL  $1"; echo "$3" | tail -8; fails=$((fails + 1)); fi
-}
+# shellcheck source=checks.sh
+source "$(dirname "$0")/checks.sh"
 small=(--layers 2 --d-model 64 --heads 4 --seq-len 32 --lr 1e-3 --seed 3)
 # The key biases (c_attn.bias[C:2C]) have a gradient that is zero in exact arithmetic; see strata compare.
 exclude="h.0.attn.c_attn.bias[64:128],h.1.attn.c_attn.bias[64:128]"

@@ -8,14 +8,8 @@
 # usage: observability.sh MPIRUN STRATA
 set -uo pipefail
 mpirun=$1 strata=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMP_NUM_THREADS=1
-fails=0 runs=0
-check() {
-  runs=$((runs + 1))
-  if [ "$2" -eq 0 ]; then echo "ok    $1"; else echo "FAIL  $1"; echo "$3" | tail -8; fails=$((fails + 1)); fi
-}
+# shellcheck source=checks.sh
+source "$(dirname "$0")/checks.sh"
 small=(--layers 2 --d-model 64 --heads 4 --seq-len 32 --micro-batch 2 --print-every 1000)
 
 out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 3 --trace "$work/trace.json" --metrics "$work/m.jsonl" 2>&1) &&

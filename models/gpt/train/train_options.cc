@@ -32,6 +32,7 @@ const std::pair<const char*, const char*> kConfigFlags[] = {
     {"device-budget", "strata.device_budget"},
     {"host-budget", "strata.host_budget"},
     {"optimizer-threads", "strata.optimizer_threads"},
+    {"shard-group-size", "zero_optimization.shard_group_size"},
 };
 
 absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::string& text) {
@@ -175,6 +176,7 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"device-budget", false, "bytes of the device tier (e.g. 512MiB); host memory on host builds"},
       {"host-budget", false, "bytes of pinned host memory"},
       {"prefetch", false, "units gathered ahead"},
+      {"shard-group-size", false, "ranks per shard group (a divisor of the world, or node); replicated across groups"},
       {"optimizer-threads", false, "threads of the host optimizer update (default 0: the CPUs this rank may use, at most 64)"},
       {"collective-timeout", false, "seconds before a stuck collective fails the job (default 60)"},
       {"loader-delay-us", false, "testing: slow the data loader by this much per batch"},

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -305,6 +306,89 @@ void DupBody(RankHarness& h) {
   RunOne(on_dup, Op{.kind = Kind::kReduceScatter, .count = 9, .salt = 3});
 }
 
+// Split by parity, ranked in reverse: each part holds the ranks of one parity, highest first. The
+// part's collectives are checked against the oracle of its own size and ranks, and an all-gather of
+// the parent ranks shows who is in it.
+void SplitBody(RankHarness& h) {
+  const int rank = h.comm.rank(), world = h.comm.size();
+  auto part = h.comm.Split(rank % 2, world - rank, "parity");
+  ASSERT_TRUE(part.ok()) << "rank " << rank << ": " << part.status();
+  Communicator& p = **part;
+  std::vector<int> members;  // the expected parent ranks of the part, in its rank order
+  for (int r = world - 1; r >= 0; --r) {
+    if (r % 2 == rank % 2) members.push_back(r);
+  }
+  EXPECT_EQ(p.size(), static_cast<int>(members.size())) << "rank " << rank;
+  EXPECT_EQ(p.rank(), static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin()))
+      << "rank " << rank;
+  EXPECT_EQ(p.options().name, "parity");
+  EXPECT_EQ(p.options().timeout_ms, h.comm.options().timeout_ms) << "a Split keeps the parent's timeout";
+  HostArray who(DType::kF32, static_cast<size_t>(p.size()));
+  HostArray mine(DType::kF32, 1);
+  mine.Set(0, static_cast<float>(rank));
+  EXPECT_TRUE(p.AllGather(mine.data(), who.data(), 1, DType::kF32, h.stream).Wait().ok());
+  std::vector<double> want(members.begin(), members.end());
+  ExpectElements(rank, "parent ranks of the split's members", who, 0, want);
+  RankHarness on_part{p, h.device, h.stream};
+  RunOne(on_part, Op{.kind = Kind::kAllReduce, .count = 33, .salt = 1});
+  RunOne(h, Op{.kind = Kind::kAllGather, .count = 5, .salt = 2});  // the parent is unaffected
+  RunOne(on_part, Op{.kind = Kind::kReduceScatter, .count = 9, .salt = 3});
+  RunOne(on_part, Op{.kind = Kind::kAllGather, .dtype = DType::kBF16, .count = 7, .salt = 4});
+  // One color for all is a Dup with a new order; a part splits again, with its own timeout.
+  auto all = h.comm.Split(0, rank, "all", 12345);
+  ASSERT_TRUE(all.ok()) << "rank " << rank << ": " << all.status();
+  EXPECT_EQ((*all)->size(), world);
+  EXPECT_EQ((*all)->rank(), rank);
+  EXPECT_EQ((*all)->options().timeout_ms, 12345);
+  auto single = p.Split(p.rank(), 0, "single");
+  ASSERT_TRUE(single.ok()) << "rank " << rank << ": " << single.status();
+  EXPECT_EQ((*single)->size(), 1);
+  EXPECT_EQ((*single)->rank(), 0);
+  RankHarness on_all{**all, h.device, h.stream}, on_single{**single, h.device, h.stream};
+  RunOne(on_all, Op{.kind = Kind::kAllReduce, .count = 10, .salt = 5});
+  RunOne(on_single, Op{.kind = Kind::kAllReduce, .count = 10, .salt = 6});
+}
+
+// A negative color fails the split (on every rank where the back-end exchanges the colors first; at
+// one rank, or on the host back-ends, that is everywhere this case runs).
+void SplitBadColorBody(RankHarness& h) {
+  if (h.comm.device_buffers() && h.comm.size() > 1) GTEST_SKIP() << "NCCL's peers of a bad color time out";
+  auto part = h.comm.Split(h.comm.rank() == 0 ? -1 : 0, 0, "bad");
+  EXPECT_TRUE(absl::IsInvalidArgument(part.status())) << "rank " << h.comm.rank() << ": " << part.status();
+  RunOne(h, Op{.kind = Kind::kAllReduce, .count = 10, .salt = 7});  // the parent still works
+}
+
+// Note [Traffic]: a fresh communicator counts each collective's payload as issued, per kind; its
+// parent's counter does not move.
+void TrafficBody(RankHarness& h) {
+  const int rank = h.comm.rank();
+  const uint64_t n = static_cast<uint64_t>(h.comm.size());
+  auto dup = h.comm.Dup("counted");
+  ASSERT_TRUE(dup.ok()) << "rank " << rank << ": " << dup.status();
+  const Traffic parent_before = h.comm.traffic();
+  Communicator& d = **dup;
+  RankHarness on_dup{d, h.device, h.stream};
+  EXPECT_EQ(d.traffic().total_bytes(), 0u);
+  RunOne(on_dup, Op{.kind = Kind::kAllGather, .count = 5, .salt = 1});
+  RunOne(on_dup, Op{.kind = Kind::kReduceScatter, .dtype = DType::kBF16, .count = 9, .salt = 2});
+  RunOne(on_dup, Op{.kind = Kind::kAllReduce, .count = 33, .salt = 3});
+  RunOne(on_dup, Op{.kind = Kind::kAllReduce, .count = 3, .salt = 4});
+  RunOne(on_dup, Op{.kind = Kind::kBroadcast, .dtype = DType::kBF16, .count = 7, .salt = 5});
+  EXPECT_TRUE(d.Barrier(h.stream).Wait().ok());
+  const Traffic t = d.traffic();
+  EXPECT_EQ(t.calls_of(Collective::kAllGather), 1u) << "rank " << rank;
+  EXPECT_EQ(t.bytes_of(Collective::kAllGather), n * 5 * 4) << "rank " << rank;
+  EXPECT_EQ(t.calls_of(Collective::kReduceScatter), 1u) << "rank " << rank;
+  EXPECT_EQ(t.bytes_of(Collective::kReduceScatter), n * 9 * 2) << "rank " << rank;
+  EXPECT_EQ(t.calls_of(Collective::kAllReduce), 2u) << "rank " << rank;
+  EXPECT_EQ(t.bytes_of(Collective::kAllReduce), (33u + 3u) * 4) << "rank " << rank;
+  EXPECT_EQ(t.bytes_of(Collective::kBroadcast), 7u * 2) << "rank " << rank;
+  EXPECT_EQ(t.calls_of(Collective::kBarrier), 1u) << "rank " << rank;
+  EXPECT_EQ(t.bytes_of(Collective::kBarrier), 0u) << "rank " << rank;
+  EXPECT_EQ(t.total_bytes(), n * 5 * 4 + n * 9 * 2 + 36 * 4 + 14) << "rank " << rank;
+  EXPECT_EQ((h.comm.traffic() - parent_before).total_bytes(), 0u) << "rank " << rank << ": the parent counted a Dup's";
+}
+
 // Two Dup()s driven from two streams at once. Every rank issues its collectives in a different host
 // order (even ranks interleave the streams, odd ranks issue all of B first), and rank 0 holds stream A
 // back until its B collectives have completed. So B's collectives must complete on every rank while A
@@ -418,6 +502,9 @@ const std::vector<Case>& Cases() {
       {"ManyOutstandingCollectivesOnOneStream", ManyOutstandingBody},
       {"DupHasSameRanksAndItsOwnName", DupBody},
       {"TwoDupsOnTwoStreamsInDifferentOrders", TwoDupsBody},
+      {"SplitByColorRanksByKey", SplitBody},
+      {"SplitWithNegativeColorFails", SplitBadColorBody},
+      {"TrafficCountsEachCollectivesPayload", TrafficBody},
       {"WorkWaitAndStreamWait", WorkBody},
       {"BroadcastRootOutsideWorldFailsStickyOnThatStream", BadRootBody},
   };

@@ -109,6 +109,53 @@ TEST(InProcessCommunicator, MissingRankMakesOthersFailWithDeadlineExceededNaming
   });
 }
 
+TEST(InProcessCommunicator, SplitWithAMissingRankFailsWithDeadlineExceededNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  RunRanks(3, WithTimeout(kShortTimeoutMs), [&](RankHarness& h) {
+    if (h.comm.rank() == 2) return;  // never splits
+    auto part = h.comm.Split(0, h.comm.rank(), "part");
+    EXPECT_EQ(part.status().code(), absl::StatusCode::kDeadlineExceeded) << "rank " << h.comm.rank() << ": " << part.status();
+    EXPECT_THAT(MissingRanks(part.status().message()), ::testing::ElementsAre("2")) << part.status();
+    EXPECT_THAT(std::string(part.status().message()), HasSubstr("split #0 of 'test' into 'part'"));
+    EXPECT_GE(ElapsedMs(start), kShortTimeoutMs);
+  });
+}
+
+// A dead rank inside one part of a split is named by the part's collectives (part ranks), and its
+// peers in the other part are not held up.
+TEST(InProcessCommunicator, MissingRankInOnePartFailsOnlyThatPartsCollective) {
+  RunRanks(4, WithTimeout(kShortTimeoutMs), [&](RankHarness& h) {
+    auto part = h.comm.Split(h.comm.rank() / 2, h.comm.rank(), "group");
+    ASSERT_TRUE(part.ok()) << part.status();
+    if (h.comm.rank() == 3) return;  // dies after the split
+    HostArray buf(DType::kF32, 4);
+    const absl::Status st = (*part)->AllReduce(buf.data(), buf.data(), 4, DType::kF32, ReduceOp::kSum, h.stream).Wait();
+    if (h.comm.rank() < 2) {
+      EXPECT_TRUE(st.ok()) << "rank " << h.comm.rank() << ": " << st;
+    } else {
+      EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+      EXPECT_THAT(MissingRanks(st.message()), ::testing::ElementsAre("1")) << "part rank 1 is world rank 3: " << st;
+    }
+  });
+}
+
+TEST(InProcessCommunicator, AbortOnAPartFailsTheWholeWorld) {
+  Gate aborted;
+  RunRanks(2, WithTimeout(5000), [&](RankHarness& h) {
+    auto part = h.comm.Split(h.comm.rank(), 0, "alone");
+    ASSERT_TRUE(part.ok()) << part.status();
+    if (h.comm.rank() == 0) {
+      (*part)->Abort(absl::InternalError("boom"));
+      aborted.Open();
+      return;
+    }
+    EXPECT_TRUE(aborted.Wait());
+    const absl::Status st = h.comm.Barrier(h.stream).Wait();
+    EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("boom"));
+  });
+}
+
 TEST(InProcessCommunicator, FailedCollectiveMakesTheStreamStickyAndLateArrivalsFail) {
   constexpr int64_t kTimeoutMs = 500;
   Gate rank0_gave_up;

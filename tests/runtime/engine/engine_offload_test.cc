@@ -64,6 +64,13 @@ class DeviceBuffersComm final : public comm::Communicator {
     comm::Communicator* raw = d.get();
     return std::unique_ptr<comm::Communicator>(new DeviceBuffersComm(raw, std::move(d), probe_));
   }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> Split(int color, int key, const std::string& name,
+                                                            int64_t timeout_ms) override {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> d, inner_->Split(color, key, name, timeout_ms));
+    comm::Communicator* raw = d.get();
+    return std::unique_ptr<comm::Communicator>(new DeviceBuffersComm(raw, std::move(d), probe_));
+  }
+  comm::Traffic traffic() const override { return inner_->traffic(); }
   void Abort(const absl::Status& cause) override { inner_->Abort(cause); }
 
  private:

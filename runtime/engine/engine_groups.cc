@@ -1,0 +1,89 @@
+// Hybrid sharding in the engine (DESIGN "Hybrid sharding", Note [Shard groups] in comm/shard_groups.h):
+// the shard groups are decided and the per-stream communicators split once, at Create.
+//
+// Which communicator spans what, with G ranks per shard group and R = N / G replicas:
+//   gather   the shard group (stage 3's all-gathers)
+//   reduce   stages 2-3: the shard group (reduce-scatter); stage 1: the world (all-reduce of full gradients)
+//   replica  stages 2-3 with R > 1: the replica group, on the reduce stream (all-reduce of reduced shards)
+//   step     the shard group (stages 1-2 re-replicate the updated slices)
+//   control  the world (registration check, checkpoint reports); group_control: the shard group (the
+//            gradient norm: replicas hold identical shards, so the group's sum is the global norm; GatherUnit)
+// With R = 1 (the default) the communicators are Dups of the world, exactly as before hybrid sharding.
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/engine/engine_impl.h"
+
+namespace strata::engine {
+
+absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, comm::Communicator& world,
+                                                    device::Stream& stream) {
+  const char* key = "config key 'zero_optimization.shard_group_size'";
+  if (cfg.shard_group_size == kShardGroupNode) {
+    // Over a Dup of its own, so that the caller's communicator carries none of the engine's collectives.
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> probe,
+                            world.Dup("host-names", cfg.collective_timeout_ms));
+    auto by_host = comm::GroupsByHost(*probe, stream);
+    if (!by_host.ok()) return Annotate(by_host.status(), key);
+    return by_host;
+  }
+  const int g = cfg.shard_group_size == kShardGroupWorld ? world.size() : cfg.shard_group_size;
+  auto contiguous = comm::ContiguousGroups(world.size(), world.rank(), g);
+  if (!contiguous.ok()) return Annotate(contiguous.status(), key);
+  return contiguous;
+}
+
+absl::Status Engine::Impl::SplitStreamComms(comm::Communicator& base) {
+  const int64_t t = cfg.collective_timeout_ms;
+  auto shard = [&](const char* name) { return base.Split(groups.shard_color, groups.shard_key, name, t); };
+  if (groups.replicas == 1) {
+    STRATA_ASSIGN_OR_RETURN(gather_comm, base.Dup("gather", t));
+    STRATA_ASSIGN_OR_RETURN(reduce_comm, base.Dup("reduce", t));
+    STRATA_ASSIGN_OR_RETURN(step_comm, base.Dup("step", t));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(gather_comm, shard("gather"));
+    if (cfg.stage <= 1) {
+      STRATA_ASSIGN_OR_RETURN(reduce_comm, base.Dup("reduce", t));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(reduce_comm, shard("reduce"));
+      STRATA_ASSIGN_OR_RETURN(replica_comm, base.Split(groups.replica_color, groups.replica_key, "replica", t));
+    }
+    STRATA_ASSIGN_OR_RETURN(step_comm, shard("step"));
+  }
+  shard_rank = step_comm->rank();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::SetUpGroupControl() {
+  if (groups.replicas == 1) {
+    group_control = control;
+    return absl::OkStatus();
+  }
+  STRATA_ASSIGN_OR_RETURN(group_control_comm, control->Split(groups.shard_color, groups.shard_key, "group-control",
+                                                             cfg.collective_timeout_ms));
+  group_control = group_control_comm.get();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::SetUpHostComms(comm::Communicator& host_world) {
+  STRATA_RETURN_IF_ERROR(SplitStreamComms(host_world));
+  control_stream = step_stream.get();
+  if (groups.replicas == 1) {
+    control = step_comm.get();
+  } else {  // the step communicator spans only the shard group
+    STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", cfg.collective_timeout_ms));
+    control = control_comm.get();
+  }
+  return SetUpGroupControl();
+}
+
+int Engine::shard_group_size() const { return impl_->shard_size(); }
+int Engine::shard_rank() const { return impl_->shard_rank; }
+
+CommTraffic Engine::comm_traffic() const {
+  const Impl& m = *impl_;
+  auto of = [](const std::unique_ptr<comm::Communicator>& c) { return c ? c->traffic() : comm::Traffic{}; };
+  return CommTraffic{of(m.gather_comm), of(m.reduce_comm),  of(m.replica_comm),
+                     of(m.step_comm),   of(m.control_comm), of(m.group_control_comm)};
+}
+
+}  // namespace strata::engine
