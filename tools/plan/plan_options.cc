@@ -78,7 +78,6 @@ std::vector<FlagDef> PlanFlagDefs() {
   return {
       {"ranks", false, "ranks of the job (default 1)"},
       {"ranks-per-node", false, "ranks that share a node (default: min(ranks, 8))"},
-      {"shard-group-size", false, "G: shard within groups of G ranks, replicate across (default: every rank)"},
       {"device-preset", false, "h100-sxm | h200-sxm | host (default h200-sxm; host needs the measured rates)"},
       {"device-name", false, "what to call the device in the output (a preset changed by flags is another device)"},
       {"compute-efficiency", false, "achieved fraction of the matmul rate (default 0.5 on GPUs, 1 on host)"},
@@ -117,8 +116,6 @@ absl::StatusOr<PlanRequest> ParsePlanArgs(const std::vector<std::string>& args) 
   in.ranks = static_cast<int>(ranks);
   STRATA_ASSIGN_OR_RETURN(const int64_t rpn, f.IntIn("ranks-per-node", std::min<int64_t>(ranks, 8), 1, ranks));
   in.ranks_per_node = static_cast<int>(rpn);
-  STRATA_ASSIGN_OR_RETURN(const int64_t g, f.IntIn("shard-group-size", 0, 1, ranks));
-  in.shard_group = static_cast<int>(g);
   STRATA_ASSIGN_OR_RETURN(in.device, DevicePreset(f.Str("device-preset", "h200-sxm")));
   STRATA_RETURN_IF_ERROR(ApplyDeviceFlags(f, &in.device));
   in.device.name = f.Str("device-name", in.device.name);
@@ -130,6 +127,10 @@ absl::StatusOr<PlanRequest> ParsePlanArgs(const std::vector<std::string>& args) 
   in.model = options->model;
   in.engine = options->engine;
   in.checkpointing = options->checkpointing;
+  // G is the engine's own key (zero_optimization.shard_group_size, or strata train's --shard-group-size):
+  // "node" is the ranks that share a node; 0 the world.
+  const int g = in.engine.shard_group_size;
+  in.shard_group = g == engine::kShardGroupNode ? in.ranks_per_node : g;
   r.search = f.Bool("search");
   r.json = f.Bool("json");
   return r;

@@ -32,6 +32,7 @@ struct Case {
   OffloadDevice params = OffloadDevice::kNone;
   bool checkpointing = false;
   int micro_batch = 2;
+  int shard_group = 0;  // zero_optimization.shard_group_size; 0 = the world
 };
 
 gpt::GptConfig SmallGpt() { return gpt::GptConfig{2, 32, 2, 16, 64}; }  // odd sizes: padding in every unit
@@ -47,6 +48,8 @@ PlanInput HostInput(const Case& c) {
   in.engine.offload_param.device = c.params;
   in.engine.nvme_tile_elems = 1024;  // several tiles per unit
   in.checkpointing = c.checkpointing;
+  in.engine.shard_group_size = c.shard_group;
+  in.shard_group = c.shard_group;
   in.ranks = c.ranks;
   in.ranks_per_node = c.ranks;
   in.device = *DevicePreset("host");
@@ -123,7 +126,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stage3_cpu_both", 2, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kCpu},
                       Case{"stage3_nvme_optimizer", 2, 3, DType::kF32, OffloadDevice::kNvme},
                       Case{"stage3_nvme_params", 2, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kNvme},
-                      Case{"stage1_single_rank", 1, 1, DType::kBF16}),
+                      Case{"stage1_single_rank", 1, 1, DType::kBF16},
+                      // Hybrid sharding: shard groups of 2 in a world of 4.
+                      Case{"stage1_g2", 4, 1, DType::kF32, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
+                      Case{"stage2_g2_bf16", 4, 2, DType::kBF16, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
+                      Case{"stage3_g2", 4, 3, DType::kF32, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
+                      Case{"stage3_g2_cpu_optimizer", 4, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kNone, false,
+                           2, 2}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(PlanMemory, ShardGroupLaysOutAsAWorldOfG) {
