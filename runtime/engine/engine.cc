@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   if (config.offload_param.device != OffloadDevice::kNone && config.stage != 3) {
     return absl::InvalidArgumentError(absl::StrCat("offload_param needs ZeRO stage 3 (stage is ", config.stage, ")"));
   }
+  STRATA_RETURN_IF_ERROR(CheckOptimizerInBackward(config));
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->world = &world;
@@ -184,7 +185,7 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
   };
   STRATA_RETURN_IF_ERROR(allocate(at.params, param_bytes, Kind::kParamShard, &u.params));
   STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &held->master));
-  STRATA_RETURN_IF_ERROR(allocate(at.grads, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads));
+  STRATA_RETURN_IF_ERROR(allocate(at.grad_shards ? at.grads : nullptr, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads));
   STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->m));
   if (optim::StateBuffers(m.cfg.optimizer) > 1) {
     STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->v));
@@ -243,7 +244,7 @@ absl::Status CheckBudgets(Engine::Impl& m, int live, size_t largest, size_t larg
   }
   add(m.place.params, params, "parameters");
   add(m.place.master, master, "fp32 master");
-  add(m.place.grads, grads, "gradients");
+  add(m.place.grad_shards ? m.place.grads : nullptr, grads, "gradients");
   add(m.place.state, state, "optimizer state");
   for (const SharedBuffer& b : shared) {
     if (!b.before_units) add(b.tier, b.bytes, b.what);
