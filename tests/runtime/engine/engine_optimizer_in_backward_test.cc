@@ -6,6 +6,7 @@
 // not support (clipping among them, docs/decisions/0018-step-in-backward.md) refused by name.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <mutex>
 
@@ -154,6 +155,69 @@ TEST_F(OptimizerInBackward, TheOptimizerTimeIsReported) {
   auto r = Train(cfg, 2, 2);
   ASSERT_TRUE(r.ok()) << r.status();
   for (const StepResult& s : r->steps) EXPECT_GT(s.optimizer_ms, 0) << "the updates in backward count";
+}
+
+// Two units of 8 ones; one step in which unit 0's gradient is `g0` and unit 1's is 1 (unit 1 is used
+// only when `backward1`). Returns Step()'s status and unit 0's and 1's parameters after it.
+struct TwoUnits {
+  absl::Status step;
+  std::vector<float> p0, p1;
+};
+TwoUnits StepTwoUnits(float g0, bool backward1) {
+  TwoUnits out;
+  EngineConfig cfg;
+  cfg.stage = 2;  // the params stay readable through Param() after a failed Step()
+  cfg.optimizer_in_backward = true;
+  auto results = testing::RunRanks(1, comm::Options{}, [&](int, comm::Communicator& c) -> absl::Status {
+    device::HostDevice dev;
+    STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
+    for (const char* name : {"u0", "u1"}) {
+      STRATA_RETURN_IF_ERROR(e->RegisterUnit(name, {shard::ParamSpec{"w", {8}, false, shard::Init::Ones()}}).status());
+    }
+    STRATA_RETURN_IF_ERROR(e->Finalize());
+    STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+    for (int u : {0, 1}) {
+      if (u == 1 && !backward1) continue;
+      STRATA_RETURN_IF_ERROR(e->BeginForward(u));
+      STRATA_RETURN_IF_ERROR(e->EndForward(u));
+    }
+    for (int u : {1, 0}) {
+      if (u == 1 && !backward1) continue;
+      STRATA_RETURN_IF_ERROR(e->BeginBackward(u));
+      for (int i = 0; i < 8; ++i) e->Grad(u, 0)[i] += u == 0 ? g0 : 1.0f;
+      STRATA_RETURN_IF_ERROR(e->EndBackward(u));
+    }
+    STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
+    out.step = e->Step().status();
+    for (int u : {0, 1}) {
+      const float* p = static_cast<const float*>(e->Param(u, 0).data);
+      (u == 0 ? out.p0 : out.p1).assign(p, p + 8);
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  return out;
+}
+
+// A non-finite gradient cannot skip the step (unit 1 was updated before unit 0's gradient was known):
+// Step() fails naming it, and the non-finite gradient was not applied.
+TEST(OptimizerInBackwardSteps, ANonFiniteGradientFailsTheStepAndIsNotApplied) {
+  TwoUnits r = StepTwoUnits(std::nanf(""), true);
+  EXPECT_EQ(r.step.code(), absl::StatusCode::kDataLoss) << r.step;
+  EXPECT_THAT(std::string(r.step.message()), HasSubstr("non-finite gradient norm"));
+  EXPECT_THAT(r.p0, ::testing::Each(1.0f)) << "unit 0's NaN gradient was not applied";
+  EXPECT_THAT(r.p1, ::testing::Each(::testing::Lt(1.0f))) << "unit 1 was updated in backward";
+  TwoUnits fine = StepTwoUnits(1.0f, true);
+  EXPECT_TRUE(fine.step.ok()) << fine.step;
+  EXPECT_EQ(fine.p0, fine.p1);
+}
+
+// A unit without a backward in the step gets no update in backward; without the key it would be
+// updated with a zero gradient, so the engine says so instead of silently differing.
+TEST(OptimizerInBackwardSteps, EveryUnitNeedsABackward) {
+  TwoUnits r = StepTwoUnits(1.0f, false);
+  EXPECT_EQ(r.step.code(), absl::StatusCode::kFailedPrecondition) << r.step;
+  EXPECT_THAT(std::string(r.step.message()), HasSubstr("unit 'u1' had no backward in this step"));
 }
 
 // The choice of 0018: clipping by the global norm is refused (the norm is known only after every unit
