@@ -5,7 +5,8 @@
 // decision) and is reported in the result. Host-memory updates run on
 // host_executor (strata.optimizer_threads): the fused kernels give the same bits for every thread
 // count, so the thread count is a speed knob only. The norm stays the sequential optim::SumSquares,
-// whose order the executor's vectorised sum does not reproduce.
+// whose order the executor's vectorised sum does not reproduce. With strata.optimizer_in_backward the
+// units' updates run in backward instead (Note [Optimizer in backward]) and RunStep only finishes them.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
