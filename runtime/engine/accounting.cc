@@ -78,7 +78,7 @@ MemoryNeed EngineMemoryNeed(const EngineConfig& cfg, const std::vector<shard::Un
   }
   add(at.params, params, "parameters");
   add(at.master, master, "fp32 master");
-  add(at.grads, grads, "gradients");
+  add(at.grad_shards ? at.grads : nullptr, grads, "gradients");  // none with strata.optimizer_in_backward
   add(at.state, state, "optimizer state");
   for (const SharedBuffer& b : shared) {
     if (!b.before_units) add(b.tier, b.bytes, b.what);

@@ -83,7 +83,7 @@ const KeyNode& Schema() {
           {"round_robin_gradients"}}},
       {"strata", {{"param_dtype"}, {"reduce_dtype"}, {"max_live_units"}, {"prefetch_depth"},
                   {"reshard_after_forward"}, {"collective_timeout_ms"}, {"seed"}, {"device_budget"},
-                  {"host_budget"}, {"optimizer_threads"}}},
+                  {"host_budget"}, {"optimizer_threads"}, {"optimizer_in_backward"}}},
   }};
   // clang-format on
   return *kRoot;
@@ -535,6 +535,7 @@ absl::Status ParseStrata(const Section& root, EngineConfig* cfg, PrecisionReques
   STRATA_RETURN_IF_ERROR(s.Bytes("device_budget", &cfg->device_budget_bytes));
   STRATA_RETURN_IF_ERROR(s.Int("optimizer_threads", Closed(0, kernels::cpu::ThreadPool::kMaxThreads),
                                &cfg->optimizer_threads));
+  STRATA_RETURN_IF_ERROR(s.Bool("optimizer_in_backward", &cfg->optimizer_in_backward));
   return s.Bytes("host_budget", &cfg->host_budget_bytes);
 }
 
@@ -575,6 +576,7 @@ absl::StatusOr<EngineConfig> Validate(const json& doc) {
   STRATA_RETURN_IF_ERROR(ParseZero(root, &cfg));
   STRATA_RETURN_IF_ERROR(ParseStrata(root, &cfg, &req));
   STRATA_RETURN_IF_ERROR(ResolvePrecision(req, &cfg));
+  STRATA_RETURN_IF_ERROR(CheckOptimizerInBackward(cfg));
   return cfg;
 }
 
@@ -634,6 +636,33 @@ absl::Status ApplyOverride(const std::string& override_text, json* doc) {
 }
 
 }  // namespace
+
+// Each refusal says why the fused step cannot do it (docs/decisions/0018-step-in-backward.md).
+absl::Status CheckOptimizerInBackward(const EngineConfig& cfg) {
+  if (!cfg.optimizer_in_backward) return absl::OkStatus();
+  auto refuse = [](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("config key 'strata.optimizer_in_backward' is true, but ", why));
+  };
+  if (cfg.stage < 2) {
+    return refuse(absl::StrCat("zero_optimization.stage is ", cfg.stage,
+                               "; it needs stage 2 or 3 (at stages 0-1 the all-reduced gradient is the full gradient "
+                               "buffer itself, so updating in backward would save no memory)"));
+  }
+  if (cfg.gradient_accumulation_steps != 1) {
+    return refuse(absl::StrCat("gradient_accumulation_steps is ", cfg.gradient_accumulation_steps,
+                               "; it needs 1 (accumulating micro-batches needs the gradient shard kept between them)"));
+  }
+  if (cfg.gradient_clipping != 0) {
+    return refuse(absl::StrCat("gradient_clipping is ", cfg.gradient_clipping,
+                               "; clipping by the global norm needs the norm before the first update, and the norm "
+                               "is known only when backward ends; set gradient_clipping to 0"));
+  }
+  if (cfg.fp16.enabled) {
+    return refuse("fp16.enabled is true; an fp16 overflow must skip the whole step, and the units are updated before "
+                  "it is known; use bf16");
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<EngineConfig> ParseConfig(std::string_view json_text) {
   STRATA_ASSIGN_OR_RETURN(const json doc, ParseJsonText(ToAbsl(json_text)));

@@ -68,10 +68,19 @@ struct EngineConfig {
   uint64_t device_budget_bytes = ~uint64_t{0};  // strata.device_budget ("512MiB" or a number)
   uint64_t host_budget_bytes = ~uint64_t{0};    // strata.host_budget
   int optimizer_threads = 0;                    // strata.optimizer_threads in [0, 256]; 0 = the default
+  // strata.optimizer_in_backward (torchtune's optimizer_in_bwd, torch's _apply_optimizer_in_backward):
+  // each unit's update runs in backward as soon as its gradient is reduced, so no gradient shard is
+  // kept. Stages 2-3 only, without accumulation, clipping or fp16 (CheckOptimizerInBackward;
+  // docs/decisions/0018-step-in-backward.md).
+  bool optimizer_in_backward = false;
   // Elements per tile of NVMe-resident optimizer state (not a JSON key: the pinned staging buffers are
   // 3 x lanes tiles, so this is a memory knob the engine sizes; tests shrink it to exercise tiling).
   uint64_t nvme_tile_elems = uint64_t{1} << 20;
 };
+
+// The combinations strata.optimizer_in_backward supports (the parser and Engine::Create both check):
+// InvalidArgument naming the key and the conflicting one otherwise.
+absl::Status CheckOptimizerInBackward(const EngineConfig& cfg);
 
 // Parses and validates a JSON document (the whole text). Missing keys keep their defaults.
 absl::StatusOr<EngineConfig> ParseConfig(std::string_view json_text);

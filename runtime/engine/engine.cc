@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   if (config.offload_param.device != OffloadDevice::kNone && config.stage != 3) {
     return absl::InvalidArgumentError(absl::StrCat("offload_param needs ZeRO stage 3 (stage is ", config.stage, ")"));
   }
+  STRATA_RETURN_IF_ERROR(CheckOptimizerInBackward(config));
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->world = &world;
@@ -207,7 +208,7 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
   STRATA_RETURN_IF_ERROR(allocate(at.params, param_bytes, Kind::kParamShard, &u.params));
   if (u.frozen()) return InitParams(m, u);  // the params alone
   STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &held->master));
-  STRATA_RETURN_IF_ERROR(allocate(at.grads, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads));
+  STRATA_RETURN_IF_ERROR(allocate(at.grad_shards ? at.grads : nullptr, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads));
   STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->m));
   if (optim::StateBuffers(m.cfg.optimizer) > 1) {
     STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->v));

@@ -100,6 +100,7 @@ absl::Status Engine::Impl::SetUpReducer(size_t largest, size_t largest_shard) {
         shards->AccumulateOn(s, grads, src, n);
       },
       [this](device::Stream& s, void* host, const void* dev, size_t bytes) { device_ops->ToHostOn(s, host, dev, bytes); }};
+  if (!place.grad_shards) ops.accumulate = nullptr;  // the update in backward reads the reduced shard itself
   reducer = shard::MakeReduceScatterReducer(std::move(reduced), env, std::move(ops), std::move(pool), std::move(scratch),
                                             std::move(staging));
   return absl::OkStatus();
@@ -223,7 +224,9 @@ absl::Status Engine::EndBackward(int unit) {
   m.compute_ns += now - u.compute_start_ns;
   m.timeline.Add(device::Span{"compute", "backward", unit, u.compute_start_ns, now});
   const bool last_use = u.backward_uses == u.forward_uses && !u.frozen();  // a frozen unit reduces nothing
-  if (last_use && m.reducer->reduces(m.last_micro_batch())) STRATA_RETURN_IF_ERROR(Guard(m, m.reducer->Reduce(unit)));
+  if (last_use && m.reducer->reduces(m.last_micro_batch())) {
+    STRATA_RETURN_IF_ERROR(Guard(m, m.cfg.optimizer_in_backward ? m.ReduceAndUpdate(unit) : m.reducer->Reduce(unit)));
+  }
   m.ReleaseParams(unit);
   return absl::OkStatus();
 }

@@ -35,6 +35,7 @@
 #include "runtime/optim/memory_state.h"
 #include "runtime/optim/state_kind.h"
 #include "runtime/optim/state_store.h"
+#include "runtime/optim/step.h"
 #include "offload/io_queue.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_pool.h"
@@ -131,6 +132,14 @@ struct StepState {
   int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   device::Timeline timeline;  // the spans of every step (Engine::timeline())
+  // strata.optimizer_in_backward (Note [Optimizer in backward], engine_step.cc): the unit whose reduction
+  // is enqueued but not yet consumed by its update (-1: none), per unit whether it was updated in this
+  // step's backward and its local sum of squares, and what the updates cost.
+  int fused_pending = -1;
+  std::vector<char> fused_done;
+  std::vector<double> fused_sq;
+  offload::TilePipelineStats fused_io;
+  int64_t fused_update_ns = 0;
   // Runs `wait` on the trainer's thread and charges its duration to `counter` (exposed communication
   // unless said otherwise).
   template <typename F>
@@ -303,6 +312,12 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
+  optim::StepInputs StepInputsNow();  // the step's scalars (scale, lr, step, clip) and the norm's sum
+  optim::StepUnit StepUnitOf(UnitState& u, float* grad);  // grad: the update range of the gradients
+  // Note [Optimizer in backward]: updates the unit whose reduction is pending, then enqueues unit's.
+  absl::Status ReduceAndUpdate(int unit);
+  absl::Status UpdatePending();
+  absl::StatusOr<optim::StepOutcome> FinishStepInBackward(const optim::StepInputs& in);
   // The param storage over the update range from `master` (host memory, the update range of the fp32
   // master); nothing when the master is the param storage itself.
   absl::Status CastMasterToParams(UnitState& u, const float* master);

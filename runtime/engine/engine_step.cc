@@ -5,7 +5,8 @@
 // decision) and is reported in the result. Host-memory updates run on
 // host_executor (strata.optimizer_threads): the fused kernels give the same bits for every thread
 // count, so the thread count is a speed knob only. The norm stays the sequential optim::SumSquares,
-// whose order the executor's vectorised sum does not reproduce.
+// whose order the executor's vectorised sum does not reproduce. With strata.optimizer_in_backward the
+// units' updates run in backward instead (Note [Optimizer in backward]) and RunStep only finishes them.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -63,6 +64,7 @@ absl::Status Engine::Impl::ReplicateParams(bool frozen_too) {
 }
 
 absl::Status Engine::Impl::ZeroGrads() {
+  if (!place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
   for (UnitState& u : units) {
     if (!u.frozen()) STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
   }
@@ -76,10 +78,7 @@ optim::GradOps GradOpsOf(TierOps& t) {
 }
 }  // namespace
 
-absl::StatusOr<StepResult> Engine::Impl::RunStep() {
-  STRATA_RETURN_IF_ERROR(reducer->Finish());
-  const int64_t update_start = device::NowNs();
-  int64_t waited_in_update = exposed_comm_ns;
+optim::StepInputs Engine::Impl::StepInputsNow() {
   optim::StepInputs in;
   in.grad_scale =
       1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * loss_scaler.scale());
@@ -98,17 +97,112 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
       });
     };
   }
+  return in;
+}
+
+optim::StepUnit Engine::Impl::StepUnitOf(UnitState& u, float* grad) {
+  optim::ParamsAccess params;
+  params.on_host = [this, &u](const std::function<absl::Status(char*)>& fn) { return UpdateParamStorage(u, fn); };
+  // Device state updates device params in place (no param buffer with parameter shards on NVMe).
+  params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
+  return optim::StepUnit{grad, update_elems(u), &u.ext.update_segments, std::move(params), UnitIndex(u)};
+}
+
+// Note [Optimizer in backward]. With strata.optimizer_in_backward (stages 2-3, one micro-batch per step,
+// no clipping, no fp16: CheckOptimizerInBackward) no unit keeps a gradient shard. The reduce-scatter of a
+// unit's last backward use leaves its shard in the reducer's scratch (or the scratch's pinned staging),
+// and that unit's update consumes it there: scaled, its sum of squares kept, then StateStore::Step with
+// clip coefficient 1, the same operations in the same order over the same values as RunOptimizerStep
+// over a shard that was zero before the reduction (0 + x is x), so the bits are the same.
+//
+// Protocol. The scratch is one buffer in reduce-stream order, so the update of unit u must have read it
+// before the next reduction is enqueued. EndBackward(u) therefore first updates the pending unit (the one
+// reduced before u: its reduce-scatter ran during u's backward, so waiting for it rarely waits), then
+// enqueues u's reduction and leaves u pending; RunStep updates the last pending unit. The updates run on
+// the trainer's thread, between hooks, so nothing else runs on the state store, the parameter cache or
+// the param storage's scratch meanwhile. The update writes the unit's param storage (its shard at stage
+// 3, its slice at stage 2, or the NVMe cache entry through ParamStorage). Nothing can be reading it: the
+// unit's own gather completed before its backward began (Gatherer::Ensure), and it has no later use in
+// this step: this was its last backward use, every forward use has its backward (EndMicroBatch), a
+// forward after a backward is refused, and prefetch follows the recorded schedule only to the end of the
+// micro-batch (Schedule::Upcoming), so no gather of it is issued before the next step's forward, which
+// comes after Step(). At stage 2 the other ranks' slices reach every rank in ReplicateParams, in Step(),
+// as without the key. What it does not do yet: overlap the update with the next unit's backward (it
+// would need a second scratch and the update on its own thread, which then shares the parameter cache
+// with the trainer's prefetch).
+absl::Status Engine::Impl::ReduceAndUpdate(int unit) {
+  STRATA_RETURN_IF_ERROR(UpdatePending());
+  STRATA_RETURN_IF_ERROR(reducer->Reduce(unit));
+  fused_pending = unit;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::UpdatePending() {
+  if (fused_pending < 0) return absl::OkStatus();
+  const int unit = fused_pending;
+  fused_pending = -1;
+  STRATA_RETURN_IF_ERROR(reducer->Finish());
+  const int64_t t0 = device::NowNs();
+  UnitState& u = units[unit];
+  const optim::StepInputs in = StepInputsNow();
+  const optim::StepUnit su = StepUnitOf(u, reducer->reduced());
+  STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(GradOpsOf(OptimizerOps()), su, in.grad_scale));
+  fused_sq.resize(units.size(), 0.0);
+  fused_done.resize(units.size(), 0);
+  fused_sq[unit] = sq;
+  fused_done[unit] = 1;
+  // A non-finite gradient is not applied; RunStep reports the step as failed (FinishStepInBackward).
+  if (std::isfinite(sq)) STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*state, cfg.optimizer, unit, su, in, 1.0f, &fused_io));
+  const int64_t t1 = device::NowNs();
+  fused_update_ns += t1 - t0;
+  timeline.Add(device::Span{"step", "optimizer", unit, t0, t1});
+  return absl::OkStatus();
+}
+
+// The global norm from the units' sums, in unit order as RunOptimizerStep sums them (the same bits).
+absl::StatusOr<optim::StepOutcome> Engine::Impl::FinishStepInBackward(const optim::StepInputs& in) {
+  STRATA_RETURN_IF_ERROR(UpdatePending());
+  fused_sq.resize(units.size(), 0.0);
+  fused_done.resize(units.size(), 0);
+  optim::StepOutcome out;
+  double local_sq = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (!fused_done[i] && !units[i].frozen()) {  // a frozen unit has no update (Note [Frozen units])
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Step(): unit '", units[i].layout.name, "' had no backward in this step; with strata.optimizer_in_backward "
+          "each unit's update runs in its backward, so every unit needs one"));
+    }
+    local_sq += fused_sq[i];
+  }
+  STRATA_RETURN_IF_ERROR(optim::GlobalNorm(local_sq, in, &out));
+  out.io = fused_io;
+  fused_sq.assign(units.size(), 0.0);
+  fused_done.assign(units.size(), 0);
+  fused_io = offload::TilePipelineStats{};
+  if (out.skipped) {
+    return absl::DataLossError(absl::StrCat(
+        "step ", step + 1, ": non-finite gradient norm with strata.optimizer_in_backward; the units with finite "
+        "gradients were already updated in backward, so the step cannot be skipped as a whole"));
+  }
+  return out;
+}
+
+absl::StatusOr<StepResult> Engine::Impl::RunStep() {
+  STRATA_RETURN_IF_ERROR(reducer->Finish());
+  const int64_t update_start = device::NowNs();
+  int64_t waited_in_update = exposed_comm_ns;
+  const optim::StepInputs in = StepInputsNow();
   std::vector<optim::StepUnit> step_units;
-  for (UnitState& u : units) {
-    if (u.frozen()) continue;  // no gradient, no update, no norm term (Note [Frozen units])
-    optim::ParamsAccess params;
-    params.on_host = [this, &u](const std::function<absl::Status(char*)>& fn) { return UpdateParamStorage(u, fn); };
-    // Device state updates device params in place (no param buffer with parameter shards on NVMe).
-    params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
-    step_units.push_back({GradUpdatePtr(u), update_elems(u), &u.ext.update_segments, std::move(params), UnitIndex(u)});
+  if (!cfg.optimizer_in_backward) {
+    for (UnitState& u : units) {
+      if (u.frozen()) continue;  // no gradient, no update, no norm term (Note [Frozen units])
+      step_units.push_back(StepUnitOf(u, GradUpdatePtr(u)));
+    }
   }
   STRATA_ASSIGN_OR_RETURN(const optim::StepOutcome out,
-                          optim::RunOptimizerStep(*state, cfg.optimizer, GradOpsOf(OptimizerOps()), step_units, in));
+                          cfg.optimizer_in_backward
+                              ? FinishStepInBackward(in)
+                              : optim::RunOptimizerStep(*state, cfg.optimizer, GradOpsOf(OptimizerOps()), step_units, in));
   exposed_io_ns += out.io.read_wait_ns + out.io.write_wait_ns;
   nvme_read_bytes += out.io.bytes_read;
   nvme_write_bytes += out.io.bytes_written;
@@ -130,7 +224,8 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
   const int64_t update_end = device::NowNs();
-  r.optimizer_ms = 1e-6 * double(update_end - update_start - (exposed_comm_ns - waited_in_update));
+  r.optimizer_ms = 1e-6 * double(update_end - update_start - (exposed_comm_ns - waited_in_update) + fused_update_ns);
+  fused_update_ns = 0;
   timeline.Add(device::Span{"step", "optimizer", -1, update_start, update_end});
   loss_scaler.CleanStep();
   r.loss_scale = loss_scaler.scale();

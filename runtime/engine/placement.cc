@@ -13,6 +13,7 @@ Placement DecidePlacement(const EngineConfig& cfg, memory::Allocator* device, me
   p.params = nvme_params ? nullptr : cfg.offload_param.device == OffloadDevice::kNone ? device : host;
   p.master = p.master_apart && !nvme_state ? optimizer : nullptr;
   p.grads = optimizer;
+  p.grad_shards = !cfg.optimizer_in_backward;
   p.state = nvme_state ? nullptr : optimizer;
   return p;
 }

@@ -7,35 +7,48 @@
 
 namespace strata::optim {
 
+absl::StatusOr<double> ScaleAndSumSquares(const GradOps& ops, const StepUnit& u, float grad_scale) {
+  STRATA_RETURN_IF_ERROR(ops.scale(u.grad, u.elems, grad_scale));
+  return ops.sum_squares(u.grad, u.elems);
+}
+
+absl::Status GlobalNorm(double local_sq, const StepInputs& in, StepOutcome* out) {
+  float total_sq = static_cast<float>(local_sq);  // what crosses the ranks is fp32
+  if (in.sum_across_ranks) STRATA_RETURN_IF_ERROR(in.sum_across_ranks(&total_sq));
+  out->grad_norm = std::sqrt(static_cast<double>(total_sq));
+  out->skipped = !std::isfinite(out->grad_norm);
+  if (!out->skipped) out->clip_coef = ClipCoefficient(out->grad_norm, in.max_norm);
+  return absl::OkStatus();
+}
+
+absl::Status UpdateUnit(StateStore& store, const OptimizerConfig& cfg, int unit, const StepUnit& u,
+                        const StepInputs& in, float clip_coef, offload::TilePipelineStats* io) {
+  const UnitStep up{u.grad, u.segments, u.params, in.param_dtype, in.lr, in.step, clip_coef, in.executor};
+  STRATA_ASSIGN_OR_RETURN(const offload::TilePipelineStats s, store.Step(unit, cfg, up));
+  io->tiles += s.tiles;
+  io->compute_ns += s.compute_ns;
+  io->read_wait_ns += s.read_wait_ns;
+  io->write_wait_ns += s.write_wait_ns;
+  io->bytes_read += s.bytes_read;
+  io->bytes_written += s.bytes_written;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepOutcome> RunOptimizerStep(StateStore& store, const OptimizerConfig& cfg, const GradOps& ops,
                                              const std::vector<StepUnit>& units, const StepInputs& in) {
   double local_sq = 0;
   for (const StepUnit& u : units) {
-    STRATA_RETURN_IF_ERROR(ops.scale(u.grad, u.elems, in.grad_scale));
-    STRATA_ASSIGN_OR_RETURN(const double sq, ops.sum_squares(u.grad, u.elems));
+    STRATA_ASSIGN_OR_RETURN(const double sq, ScaleAndSumSquares(ops, u, in.grad_scale));
     local_sq += sq;
   }
-  float total_sq = static_cast<float>(local_sq);  // what crosses the ranks is fp32
-  if (in.sum_across_ranks) STRATA_RETURN_IF_ERROR(in.sum_across_ranks(&total_sq));
   StepOutcome out;
-  out.grad_norm = std::sqrt(static_cast<double>(total_sq));
-  if (!std::isfinite(out.grad_norm)) {
-    out.skipped = true;
-    return out;
-  }
-  out.clip_coef = ClipCoefficient(out.grad_norm, in.max_norm);
+  STRATA_RETURN_IF_ERROR(GlobalNorm(local_sq, in, &out));
+  if (out.skipped) return out;
   // Units are independent here, so the order is free: last to first, so that with parameter shards on
   // NVMe the cache keeps the first units (the most recently written), which the next forward needs first.
   for (int unit = static_cast<int>(units.size()) - 1; unit >= 0; --unit) {
-    const StepUnit& u = units[unit];
-    const UnitStep up{u.grad, u.segments, u.params, in.param_dtype, in.lr, in.step, out.clip_coef, in.executor};
-    STRATA_ASSIGN_OR_RETURN(const offload::TilePipelineStats s, store.Step(u.unit < 0 ? unit : u.unit, cfg, up));
-    out.io.tiles += s.tiles;
-    out.io.compute_ns += s.compute_ns;
-    out.io.read_wait_ns += s.read_wait_ns;
-    out.io.write_wait_ns += s.write_wait_ns;
-    out.io.bytes_read += s.bytes_read;
-    out.io.bytes_written += s.bytes_written;
+    STRATA_RETURN_IF_ERROR(UpdateUnit(store, cfg, units[unit].unit < 0 ? unit : units[unit].unit, units[unit], in,
+                                      out.clip_coef, &out.io));
   }
   return out;
 }

@@ -47,6 +47,16 @@ struct StepOutcome {
   offload::TilePipelineStats io;  // summed over the units (NVMe state)
 };
 
+// The parts of the step, which RunOptimizerStep runs in order and the update in backward
+// (strata.optimizer_in_backward) runs unit by unit as the gradients complete:
+// ScaleAndSumSquares scales one unit's gradients and returns their local sum of squares;
+absl::StatusOr<double> ScaleAndSumSquares(const GradOps& ops, const StepUnit& u, float grad_scale);
+// GlobalNorm sums local_sq across ranks and sets grad_norm, skipped and clip_coef;
+absl::Status GlobalNorm(double local_sq, const StepInputs& in, StepOutcome* out);
+// UpdateUnit runs the store's step of one unit with clip_coef and adds its pipeline counters to `io`.
+absl::Status UpdateUnit(StateStore& store, const OptimizerConfig& cfg, int unit, const StepUnit& u,
+                        const StepInputs& in, float clip_coef, offload::TilePipelineStats* io);
+
 absl::StatusOr<StepOutcome> RunOptimizerStep(StateStore& store, const OptimizerConfig& cfg, const GradOps& ops,
                                              const std::vector<StepUnit>& units, const StepInputs& in);
 

@@ -67,6 +67,8 @@ class ReduceScatterReducer final : public GradReducer {
     return ops_.zero(pool_.view(slot).data, units_[unit].total_elems * 4);
   }
 
+  float* reduced() const override { return reduced_; }
+
   float* working(int unit) const override {
     return slot_[unit] < 0 ? nullptr : static_cast<float*>(pool_.view(slot_[unit]).data);
   }
@@ -86,11 +88,15 @@ class ReduceScatterReducer final : public GradReducer {
       last_ = env_.replica_comm->AllReduce(scratch, scratch, n, DType::kF32, comm::ReduceOp::kSum, rs);
       span = "replica_all_reduce";
     }
-    if (staging_.empty()) {
-      ops_.accumulate(rs, u.grads, scratch, n);
-    } else {  // device scratch, host shard (offloaded optimizer on a GPU): through pinned staging
+    float* shard = scratch;
+    if (!staging_.empty()) {  // device scratch, host shard (offloaded optimizer on a GPU): through pinned staging
       ops_.to_host(rs, staging_.data(), scratch, n * 4);
-      ops_.accumulate(rs, u.grads, staging_.as<float>(), n);
+      shard = staging_.as<float>();
+    }
+    if (ops_.accumulate) {
+      ops_.accumulate(rs, u.grads, shard, n);
+    } else {
+      reduced_ = shard;  // the caller consumes it (the update in backward)
     }
     AddSpan(*env_.timeline, rs, span, unit, start);
     auto fence = std::shared_ptr<device::Event>(env_.device->CreateEvent());
@@ -108,6 +114,7 @@ class ReduceScatterReducer final : public GradReducer {
   memory::Buffer staging_;  // pinned host copy of scratch_, or empty; reduce-stream order
   std::vector<int> slot_;   // per unit: its working buffer, or -1
   std::vector<comm::Work> slot_reduce_;  // per slot: the reduce-scatter that last read it
+  float* reduced_ = nullptr;             // without accumulate: where the last reduction's shard is
 };
 
 }  // namespace

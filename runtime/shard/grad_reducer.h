@@ -8,6 +8,10 @@
 //               to the gradient shard (through pinned staging when the reduction
 //               runs in device memory and the shard is in host memory), then the slot is fenced and freed.
 //
+// With ReduceOps::accumulate empty (strata.optimizer_in_backward) the reduced shard is not added to a
+// gradient shard: it stays in the scratch (or its staging copy) and reduced() points at it, for the
+// caller to consume after Finish() and before the next Reduce overwrites it.
+//
 // Protocol: Acquire(u) before backward writes working(u); Reduce(u) after the unit's last backward use of
 // a micro-batch in which reduces(last_micro_batch) holds; Finish() before the step reads the shards.
 // Every wait on a reduction goes through the communicator's deadline first (the reduce-scatter that last
@@ -40,7 +44,8 @@ struct ReduceUnit {
 struct ReduceOps {
   // Zeroes a working buffer, on the calling thread.
   std::function<absl::Status(void* p, size_t bytes)> zero;
-  // Enqueues grads[i] += src[i] for i < n, in the memory of the gradient shards.
+  // Enqueues grads[i] += src[i] for i < n, in the memory of the gradient shards. Empty: no gradient
+  // shards; the reduced shard is left for reduced().
   std::function<void(device::Stream& s, float* grads, const float* src, size_t n)> accumulate;
   // Enqueues a copy of device bytes to host memory (used only with staging).
   std::function<void(device::Stream& s, void* host, const void* dev, size_t bytes)> to_host;
@@ -68,6 +73,9 @@ class GradReducer {
   // Where backward accumulates the unit's full gradient; nullptr between its Reduce and next Acquire.
   virtual float* working(int unit) const = 0;
   virtual absl::Status Reduce(int unit) = 0;
+  // The last reduction's shard (fp32, the unit's shard_elems, in the memory `accumulate` would have read)
+  // when accumulate is empty; valid after Finish() until the next Reduce. nullptr otherwise.
+  virtual float* reduced() const { return nullptr; }
   // Waits for every reduction enqueued (the last one's deadline first, then the stream).
   absl::Status Finish();
 

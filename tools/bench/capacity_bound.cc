@@ -56,7 +56,9 @@ BytesPerParam MeasureBytesPerParam(const engine::EngineConfig& cfg, const engine
     b.total += b.tier[t];
   }
   const double param = static_cast<double>(DTypeBytes(cfg.param_dtype));
-  b.formula = param + (cfg.param_dtype == DType::kF32 ? 0 : 4) + 4.0 * optim::StateBuffers(cfg.optimizer) + 4;
+  // The fp32 gradient shard is kept unless the update runs in backward (strata.optimizer_in_backward).
+  b.formula = param + (cfg.param_dtype == DType::kF32 ? 0 : 4) + 4.0 * optim::StateBuffers(cfg.optimizer) +
+              (cfg.optimizer_in_backward ? 0 : 4);
   return b;
 }
 
@@ -107,8 +109,9 @@ double PrintCapacityBound(const engine::EngineConfig& cfg, uint64_t free_disk, c
   const double room = PrintRoom(cfg, free_disk, bpp, ranks, &unlimited);
   std::printf("  bytes/param   %.2f: the engine's accounting of the largest model's parameter, gradient, master and\n"
               "                optimizer state (device %.2f, pinned_host %.2f, nvme %.2f); the least this config needs\n"
-              "                (param dtype, fp32 master unless the params are fp32, optimizer state, fp32 gradient): %.2f\n",
-              bpp.total, bpp.tier[0], bpp.tier[1], bpp.tier[2], bpp.formula);
+              "                (param dtype, fp32 master unless the params are fp32, optimizer state%s): %.2f\n",
+              bpp.total, bpp.tier[0], bpp.tier[1], bpp.tier[2],
+              cfg.optimizer_in_backward ? "; no gradient: --optimizer-in-backward" : ", fp32 gradient", bpp.formula);
   if (unlimited || bpp.total <= 0) {
     std::printf("  no bound: a budget of a tier that holds state is unlimited\n");
     return 0;

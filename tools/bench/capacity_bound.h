@@ -32,6 +32,7 @@ struct BytesPerParam {
   double tier[memory::kNumTiers] = {};  // measured: persistent state on each tier, over the parameters
   double total = 0;
   double formula = 0;  // from the config: param dtype + fp32 master (if the dtype is not fp32) + state + grad
+                       // (no grad with strata.optimizer_in_backward)
 };
 // From `mem` (one rank's tracker) of a model of `params` parameters sharded over `ranks`.
 BytesPerParam MeasureBytesPerParam(const engine::EngineConfig& cfg, const engine::MemoryStats& mem, int64_t params,

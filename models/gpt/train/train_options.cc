@@ -48,6 +48,7 @@ absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::st
     }
     o.push_back(absl::StrCat("strata.collective_timeout_ms=", static_cast<int64_t>(std::ceil(secs * 1000))));
   }
+  if (f.Bool("optimizer-in-backward")) o.push_back("strata.optimizer_in_backward=true");
   if (f.Has("nvme-path")) {
     for (const char* which : {"offload_param", "offload_optimizer"}) {
       o.push_back(absl::StrCat("zero_optimization.", which, ".nvme_path=", f.Str("nvme-path")));
@@ -173,6 +174,9 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"offload-params", false, "none | cpu | nvme: where parameter shards live (stage 3)"},
       {"offload-optimizer", false, "none | cpu | nvme: where master weights and optimizer state live"},
       {"nvme-path", false, "directory for NVMe-offloaded state"},
+      {"optimizer-in-backward", true,
+       "each unit's update runs in backward as its gradient is reduced, so no gradient is kept (stages 2-3; no "
+       "accumulation, clipping or fp16)"},
       {"device-budget", false, "bytes of the device tier (e.g. 512MiB); host memory on host builds"},
       {"host-budget", false, "bytes of pinned host memory"},
       {"prefetch", false, "units gathered ahead"},
