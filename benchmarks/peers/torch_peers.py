@@ -51,13 +51,17 @@ def status_mib(key):
     return float("nan")
 
 
+PHASE = ["start"]  # what the rank is doing, for the watchdog's report
+
+
 def rss_watchdog(limit_mib):
     """Ends this rank (and so the job) as soon as its resident set passes the limit: a capacity probe
     need not run a too-large model to the end, and the machine is not pushed into swapless OOM."""
     def watch():
         while True:
             if status_mib("VmRSS") > limit_mib:
-                print(f"RSSLIMIT {json.dumps({'rss_mib': status_mib('VmRSS'), 'limit_mib': limit_mib})}",
+                over = {"rss_mib": status_mib("VmRSS"), "limit_mib": limit_mib, "phase": PHASE[0]}
+                print(f"RSSLIMIT {json.dumps(over)}",
                       flush=True)
                 os._exit(3)
             time.sleep(0.05)
@@ -204,11 +208,13 @@ def worker(a):
     torch.set_num_threads(1)
     t_init = time.perf_counter()
     hwm_import = status_mib("VmHWM")
+    PHASE[0] = "building the torch model"
     model = build_model(a)
     model.train()
     hwm_model = status_mib("VmHWM")
     n_params = sum(p.numel() for p in model.parameters())
     vocab = model.config.vocab_size
+    PHASE[0] = "sharding (the torch model and the engine's buffers)"
     if a.worker == "strata":
         step, barrier, done = setup_strata(a, model)
     elif a.worker == "fsdp2":
@@ -218,6 +224,7 @@ def worker(a):
     init_s = time.perf_counter() - t_init
     hwm_init = status_mib("VmHWM")
     losses = []
+    PHASE[0] = "training"
     for s in range(a.warmup):
         losses.append(step(batch(a, s, rank, vocab)).item())
     barrier()
@@ -328,7 +335,7 @@ def capacity(a):
             params = 12 * L * C * C + 50257 * C + 1024 * C  # GPT-2: 12 C^2 per block, wte, wpe (biases aside)
             row = {"layers": L, "embd": C, "approx_params": params, "ok": s is not None, **(s or {})}
             if s is None:
-                row["why"] = "over the RSS limit" if "over_limit" in r else r["error"]
+                row["why"] = (f"over the RSS limit: {r['over_limit'][0]}" if "over_limit" in r else r["error"])
             tried.append(row)
             print(f"{m} {L}x{C} (~{params / 1e6:.0f}M): " + (json.dumps(s) if s else "FAILED: " + row["why"][-2000:]),
                   flush=True)
