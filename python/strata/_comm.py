@@ -7,12 +7,35 @@ engines still alive (Python's atexit runs before mpi4py finalises MPI).
 """
 import atexit
 import ctypes
+import os
 import sys
 import weakref
 
 from mpi4py import MPI
 
 from strata import _capi
+
+
+def torchrun_refusal(env, mpi_size):
+    """The error for a torchrun launch of more than one rank, else None (docs/decisions/0007). Under
+    torchrun each process initialises MPI as a 1-rank singleton, so it would train a model of its own;
+    the host back-end's collectives need MPI's world. MPI's world wins when it has more than one rank or
+    mpirun started the process (OMPI_COMM_WORLD_SIZE, PMI_SIZE), whatever the shell still holds."""
+    try:
+        size = int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return None
+    if size <= 1 or mpi_size > 1 or "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env:
+        return None
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
+    return (f"strata: started by torchrun (WORLD_SIZE={size}), where each process is its own 1-rank MPI "
+            f"world and would train a model of its own; strata.torch's ranks are MPI's: launch with "
+            f"`mpirun -n {size} python {script}` (or srun)")
+
+
+_refusal = torchrun_refusal(os.environ, MPI.COMM_WORLD.Get_size())
+if _refusal:  # at import, on every rank, before any engine or collective
+    raise RuntimeError(_refusal)
 
 _comm = None
 _engines = weakref.WeakSet()
