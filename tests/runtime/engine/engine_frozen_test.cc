@@ -56,6 +56,8 @@ struct Plan {
   std::string save, load;  // step directories
   uint64_t seed = 1;       // of the initial values (a load must replace every one of them)
   std::string nvme;        // a directory: optimizer state and (stage 3) parameter shards on NVMe there
+  bool in_backward = false;  // strata.optimizer_in_backward
+  bool clip = true;          // gradient clipping (the update in backward refuses it)
 };
 
 struct Result {
@@ -71,10 +73,11 @@ EngineConfig ConfigOf(const Plan& r) {
   cfg.param_dtype = r.dtype;
   cfg.optimizer.lr = 0.05;
   cfg.optimizer.weight_decay = 0.1;
-  cfg.gradient_clipping = 0.05;  // active: the norm must leave the frozen half out
+  cfg.gradient_clipping = r.clip ? 0.05 : 0;  // active: the norm must leave the frozen half out
   cfg.max_live_units = 2;
   cfg.offload_optimizer.device = r.offload;
   cfg.seed = r.seed;
+  cfg.optimizer_in_backward = r.in_backward;
   if (!r.nvme.empty()) {
     cfg.offload_optimizer.device = OffloadDevice::kNvme;
     cfg.offload_optimizer.nvme_path = r.nvme;
@@ -231,6 +234,62 @@ TEST(EngineFrozen, FrozenHalfUntouchedAndTrainableHalfEqualsTheRunWithConstants)
     }
   }
   fs::remove_all(runs.back().nvme);
+}
+
+// With the update in backward (stages 2-3), a frozen unit has no update to run there and is not a unit
+// "without a backward": the frozen half stays untouched, and the trainable half equals both the fused run
+// with constants and the unfused run (clipping off in all three), bit for bit.
+TEST(EngineFrozen, TheUpdateInBackwardLeavesFrozenUnitsOut) {
+  std::vector<Plan> runs;
+  for (int world : {1, 2}) {
+    for (int stage : {2, 3}) {
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        for (OffloadDevice off : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+          Plan r;
+          r.world = world;
+          r.stage = stage;
+          r.dtype = dtype;
+          r.offload = off;
+          r.in_backward = true;
+          r.clip = false;
+          runs.push_back(r);
+        }
+      }
+    }
+  }
+  Plan nvme;
+  nvme.world = 2;
+  nvme.stage = 3;
+  nvme.dtype = DType::kBF16;
+  nvme.nvme = NvmeDir();
+  nvme.in_backward = true;
+  nvme.clip = false;
+  runs.push_back(nvme);
+  for (const Plan& run : runs) {
+    SCOPED_TRACE(Name(run) + ", optimizer_in_backward");
+    auto a = Train(run);
+    ASSERT_TRUE(a.ok()) << a.status();
+    for (int k = 0; k < kPairs; ++k) {
+      EXPECT_EQ(0, std::memcmp(a->frozen_before[k].data(), a->frozen_after[k].data(), a->frozen_before[k].size() * 4))
+          << "frozen unit base" << k << " changed";
+    }
+    Plan constants = run;
+    constants.with_frozen = false;
+    auto b = Train(constants, a->seen);
+    ASSERT_TRUE(b.ok()) << b.status();
+    Plan unfused = run;
+    unfused.in_backward = false;
+    auto c = Train(unfused);
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int k = 0; k < kPairs; ++k) {
+      EXPECT_EQ(0, std::memcmp(a->trained[k].data(), b->trained[k].data(), a->trained[k].size() * 4))
+          << "adapter" << k << " differs from the fused run with constants";
+      EXPECT_EQ(0, std::memcmp(a->trained[k].data(), c->trained[k].data(), a->trained[k].size() * 4))
+          << "adapter" << k << " differs from the unfused run";
+      EXPECT_NE(a->trained[k][0], 0.0f);
+    }
+  }
+  fs::remove_all(nvme.nvme);
 }
 
 uint64_t Tracked(const MemoryStats& m, memory::Kind k) {
