@@ -76,7 +76,7 @@ Engine::~Engine() {
   if (!impl_) return;
   // Drain the streams before buffers go away.
   if (impl_->gatherer != nullptr) impl_->gatherer->Drain();
-  for (auto* s : {impl_->gather_stream.get(), impl_->reduce_stream.get(), impl_->step_stream.get()}) {
+  for (auto* s : {impl_->rt.gather_stream.get(), impl_->rt.reduce_stream.get(), impl_->rt.step_stream.get()}) {
     if (s != nullptr) s->Synchronize().IgnoreError();
   }
 }
@@ -92,31 +92,31 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   STRATA_RETURN_IF_ERROR(CheckOptimizerInBackward(config));
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
-  impl->world = &world;
+  impl->rt.world = &world;
   if (config.fp16.enabled) {
-    impl->loss_scaler = optim::LossScaler(config.fp16.static_loss_scale, config.fp16.initial_scale_power,
+    impl->progress.loss_scaler = optim::LossScaler(config.fp16.static_loss_scale, config.fp16.initial_scale_power,
                                           config.fp16.loss_scale_window, config.fp16.min_loss_scale);
   }
-  impl->device = &device;
-  STRATA_ASSIGN_OR_RETURN(impl->gather_stream, device.CreateStream("gather"));
-  STRATA_ASSIGN_OR_RETURN(impl->reduce_stream, device.CreateStream("reduce"));
-  STRATA_ASSIGN_OR_RETURN(impl->step_stream, device.CreateStream("step"));
+  impl->rt.device = &device;
+  STRATA_ASSIGN_OR_RETURN(impl->rt.gather_stream, device.CreateStream("gather"));
+  STRATA_ASSIGN_OR_RETURN(impl->rt.reduce_stream, device.CreateStream("reduce"));
+  STRATA_ASSIGN_OR_RETURN(impl->rt.step_stream, device.CreateStream("step"));
   // On CUDA this host allocator only checks the device budget until Finalize creates the arena.
-  impl->device_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kDevice, config.device_budget_bytes,
-                                                               &impl->tracker);
-  impl->host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
-                                                             &impl->tracker);
+  impl->rt.device_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kDevice, config.device_budget_bytes,
+                                                               &impl->rt.tracker);
+  impl->rt.host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
+                                                             &impl->rt.tracker);
   impl->DecidePlace();
   // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
   const bool host_update = device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
   STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
-  impl->host_ops = MakeHostTierOps(&impl->host_executor);
-  STRATA_ASSIGN_OR_RETURN(impl->groups, ResolveShardGroups(config, world, *impl->step_stream));
+  impl->rt.host_ops = MakeHostTierOps(&impl->rt.host_executor);
+  STRATA_ASSIGN_OR_RETURN(impl->rt.groups, ResolveShardGroups(config, world, *impl->rt.step_stream));
   if (device.kind() == device::DeviceKind::kCuda) {  // Note [Engine on CUDA]
     STRATA_RETURN_IF_ERROR(impl->SetUpCuda(world));
   } else {
     STRATA_RETURN_IF_ERROR(impl->SetUpHostComms(world));  // engine_groups.cc
-    impl->device_ops = MakeHostTierOps(&impl->host_executor);
+    impl->rt.device_ops = MakeHostTierOps(&impl->rt.host_executor);
   }
   impl->DecidePlace();  // over the tiers SetUpCuda made
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -136,7 +136,7 @@ absl::Status CheckFrozenness(const std::string& unit, const std::vector<shard::P
 
 absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::ParamSpec> params) {
   Impl& m = *impl_;
-  if (m.finalized) {
+  if (m.progress.finalized) {
     return absl::FailedPreconditionError(absl::StrCat("RegisterUnit('", name, "') after Finalize()"));
   }
   for (const UnitState& u : m.units) {
@@ -144,10 +144,10 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
   }
   STRATA_RETURN_IF_ERROR(CheckFrozenness(name, params));
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout layout,
-                          shard::UnitLayout::Build(std::move(name), std::move(params), m.shard_size()));
+                          shard::UnitLayout::Build(std::move(name), std::move(params), m.rt.shard_size()));
   m.units.emplace_back();
   m.units.back().layout = std::move(layout);
-  m.units.back().ext = DecideExtents(m.cfg.stage, m.shard_rank, m.units.back().layout);
+  m.units.back().ext = DecideExtents(m.cfg.stage, m.rt.shard_rank, m.units.back().layout);
   return static_cast<int>(m.units.size()) - 1;
 }
 
@@ -161,7 +161,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   mine[0] = m.units.size();
   for (size_t i = 0; i < m.units.size(); ++i) mine[1 + i] = m.units[i].layout.Fingerprint();
   std::vector<uint64_t> counts(n);
-  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(*m.control, &mine[0], counts.data(), 8, *m.control_stream).Wait());
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(*m.rt.control, &mine[0], counts.data(), 8, *m.rt.control_stream).Wait());
   for (int r = 0; r < n; ++r) {
     if (counts[r] != mine[0]) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -171,7 +171,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   }
   std::vector<uint64_t> all(n * mine.size());
   STRATA_RETURN_IF_ERROR(
-      comm::AllGatherBytes(*m.control, mine.data(), all.data(), 8 * mine.size(), *m.control_stream).Wait());
+      comm::AllGatherBytes(*m.rt.control, mine.data(), all.data(), 8 * mine.size(), *m.rt.control_stream).Wait());
   for (size_t i = 0; i < m.units.size(); ++i) {
     for (int r = 0; r < n; ++r) {
       if (all[r * mine.size() + 1 + i] != mine[1 + i]) {
@@ -250,7 +250,7 @@ absl::Status CheckBudgets(Engine::Impl& m, uint64_t* device_need) {
     extents.push_back(u.ext);
   }
   const MemoryNeed plan =
-      EngineMemoryNeed(m.cfg, layouts, extents, AccountingTarget{m.device_ops->host_visible()});
+      EngineMemoryNeed(m.cfg, layouts, extents, AccountingTarget{m.rt.device_ops->host_visible()});
   const uint64_t* need = plan.tier;
   std::string parts[memory::kNumTiers];
   for (const NeedItem& item : plan.items) {
@@ -258,7 +258,7 @@ absl::Status CheckBudgets(Engine::Impl& m, uint64_t* device_need) {
     absl::StrAppend(&p, p.empty() ? "" : ", ", item.what, " ", FormatBytes(item.bytes));
   }
   *device_need = need[static_cast<int>(memory::Tier::kDevice)];
-  for (memory::Allocator* a : {m.device_alloc.get(), m.host_alloc.get()}) {
+  for (memory::Allocator* a : {m.rt.device_alloc.get(), m.rt.host_alloc.get()}) {
     const int t = static_cast<int>(a->tier());
     if (need[t] > a->free_bytes()) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -273,7 +273,7 @@ absl::Status CheckBudgets(Engine::Impl& m, uint64_t* device_need) {
 
 absl::Status Engine::Finalize() {
   Impl& m = *impl_;
-  if (m.finalized) return absl::FailedPreconditionError("Finalize() called twice");
+  if (m.progress.finalized) return absl::FailedPreconditionError("Finalize() called twice");
   if (m.units.empty()) return absl::FailedPreconditionError("Finalize() with no registered unit");
   STRATA_RETURN_IF_ERROR(CheckRegistrations(m));
   LargestUnits largest;
@@ -312,7 +312,7 @@ absl::Status Engine::Finalize() {
   if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(live, largest.elems));
   STRATA_RETURN_IF_ERROR(m.SetUpReducer(largest.trained, largest.trained_shard));
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
-  m.finalized = true;
+  m.progress.finalized = true;
   return absl::OkStatus();
 }
 
@@ -354,12 +354,13 @@ absl::StatusOr<std::vector<float>> Engine::GatherAllParams() {
 absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));
+  STRATA_RETURN_IF_ERROR(m.CheckNoPendingUpdate("GatherUnit"));
   UnitState& u = m.units[unit];
   STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, optim::StateKind::kMaster));
   if (m.cfg.stage == 0) return master;
   std::vector<float> full(u.layout.total_elems);
   STRATA_RETURN_IF_ERROR(
-      m.group_control->AllGather(master.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.control_stream)
+      m.rt.group_control->AllGather(master.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.rt.control_stream)
           .Wait());
   return full;
 }
@@ -367,6 +368,7 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
 absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& value) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "SetParam"));
+  STRATA_RETURN_IF_ERROR(m.CheckNoPendingUpdate("SetParam"));
   UnitState& u = m.units[unit];
   const shard::ParamSlot& p = u.layout.params[param];
   if (value.size() != p.numel) {
@@ -394,17 +396,17 @@ const shard::UnitLayout& Engine::layout(int unit) const { return impl_->units[un
 const EngineConfig& Engine::config() const { return impl_->cfg; }
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world_size(); }
-int64_t Engine::step() const { return impl_->step; }
-float Engine::loss_scale() const { return impl_->loss_scaler.scale(); }
-device::Timeline& Engine::timeline() { return impl_->timeline; }
-void Engine::ResetPeakMemory() { impl_->tracker.ResetPeaks(); }
+int64_t Engine::step() const { return impl_->progress.step; }
+float Engine::loss_scale() const { return impl_->progress.loss_scaler.scale(); }
+device::Timeline& Engine::timeline() { return impl_->progress.timeline; }
+void Engine::ResetPeakMemory() { impl_->rt.tracker.ResetPeaks(); }
 
 MemoryStats Engine::memory_stats() const {
   MemoryStats s;
   for (int t = 0; t < memory::kNumTiers; ++t) {
-    s.tier[t] = impl_->tracker.tier(static_cast<memory::Tier>(t));
+    s.tier[t] = impl_->rt.tracker.tier(static_cast<memory::Tier>(t));
     for (int k = 0; k < memory::kNumKinds; ++k) {
-      s.kind[t][k] = impl_->tracker.kind(static_cast<memory::Tier>(t), static_cast<memory::Kind>(k));
+      s.kind[t][k] = impl_->rt.tracker.kind(static_cast<memory::Tier>(t), static_cast<memory::Kind>(k));
     }
   }
   return s;

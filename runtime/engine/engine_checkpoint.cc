@@ -62,7 +62,7 @@ ckpt::ManifestUnit ManifestUnitOf(const UnitState& u) {
 }
 
 absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
-  const size_t r = static_cast<size_t>(m.shard_rank);
+  const size_t r = static_cast<size_t>(m.rt.shard_rank);
   std::vector<ckpt::ShardRange> ranges;
   std::vector<std::pair<size_t, size_t>> where;  // (unit, kind) of each range
   for (size_t ui = 0; ui < m.units.size(); ++ui) {
@@ -75,7 +75,7 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
       where.emplace_back(ui, s.kind);
     }
   }
-  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.shard_rank, m.shard_size(), ranges));
+  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.rt.shard_rank, m.rt.shard_size(), ranges));
   std::vector<std::vector<float>> staged;
   std::vector<float*> buffers;
   size_t staged_unit = SIZE_MAX;
@@ -95,14 +95,14 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
 
 ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   ckpt::Manifest man;
-  man.step = m.step;
-  man.world_size = m.shard_size();
-  man.replicas = m.groups.replicas;
+  man.step = m.progress.step;
+  man.world_size = m.rt.shard_size();
+  man.replicas = m.rt.groups.replicas;
   man.stage = m.cfg.stage;
   man.param_dtype = std::string(DTypeName(m.cfg.param_dtype));
   man.optimizer = m.cfg.optimizer.type == OptimizerType::kAdamW ? "adamw" : "sgd";
-  man.loss_scale = m.loss_scaler.scale();
-  man.clean_steps = m.loss_scaler.clean_steps();
+  man.loss_scale = m.progress.loss_scaler.scale();
+  man.clean_steps = m.progress.loss_scaler.clean_steps();
   man.trainer_json = trainer_json;
   for (const UnitState& u : m.units) {
     man.units.push_back(ManifestUnitOf(u));
@@ -115,8 +115,8 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
 // Temporaries of this rank's files that an earlier save, now dead, left in `step_dir`: this process has
 // not created its own yet, and no other rank of this job writes these names.
 void RemoveStaleTemps(const Engine::Impl& m, const std::string& step_dir) {
-  const std::string mine = ShardName(m.shard_rank) + ".tmp.";
-  const int rank = m.rank(), world = m.shard_size();
+  const std::string mine = ShardName(m.rt.shard_rank) + ".tmp.";
+  const int rank = m.rank(), world = m.rt.shard_size();
   auto removed = ckpt::RemoveTemps(step_dir, [&](absl::string_view name) {
     if (absl::StartsWith(name, mine)) return true;
     if (rank != 0) return false;
@@ -143,14 +143,14 @@ struct ShardReport {
 };
 
 // Shard group 0 writes the checkpoint (the file note says why).
-bool WritesShard(const Engine::Impl& m) { return m.groups.shard_color == 0; }
+bool WritesShard(const Engine::Impl& m) { return m.rt.groups.shard_color == 0; }
 
 }  // namespace
 
 absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::string& trainer_json) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "SaveCheckpoint"));
-  if (m.in_micro_batch || m.micro_batch != 0) {
+  if (m.progress.in_micro_batch || m.progress.micro_batch != 0) {
     return absl::FailedPreconditionError("SaveCheckpoint() between micro-batches of a step; call it after Step()");
   }
   const std::string manifest_path = (std::filesystem::path(step_dir) / ckpt::kManifestName).string();
@@ -158,13 +158,13 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
   if (std::filesystem::exists(manifest_path, exists_error)) {
     return absl::AlreadyExistsError(absl::StrCat("checkpoint '", step_dir, "' already exists (complete)"));
   }
-  ShardReport mine{0, 0, 0, WritesShard(m) ? m.shard_rank : -1, 0};
+  ShardReport mine{0, 0, 0, WritesShard(m) ? m.rt.shard_rank : -1, 0};
   absl::Status local = ckpt::CheckTrainerState(trainer_json);
   if (local.ok() && WritesShard(m)) {
     local = ckpt::MakeDirs(step_dir);
     if (local.ok()) {
       RemoveStaleTemps(m, step_dir);
-      local = WriteShard(m, (std::filesystem::path(step_dir) / ShardName(m.shard_rank)).string(), &mine.checksum,
+      local = WriteShard(m, (std::filesystem::path(step_dir) / ShardName(m.rt.shard_rank)).string(), &mine.checksum,
                          &mine.bytes);
     }
   }
@@ -174,7 +174,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
   }
   std::vector<ShardReport> all(m.world_size());
   STRATA_RETURN_IF_ERROR(
-      comm::AllGatherBytes(*m.control, &mine, all.data(), sizeof(ShardReport), *m.control_stream).Wait());
+      comm::AllGatherBytes(*m.rt.control, &mine, all.data(), sizeof(ShardReport), *m.rt.control_stream).Wait());
   std::vector<int> failed;
   for (int r = 0; r < m.world_size(); ++r) {
     if (!all[r].ok) failed.push_back(r);
@@ -192,7 +192,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
     }
   }
   STRATA_RETURN_IF_ERROR(
-      m.control->AllReduce(&published, &published, 1, DType::kF32, comm::ReduceOp::kSum, *m.control_stream).Wait());
+      m.rt.control->AllReduce(&published, &published, 1, DType::kF32, comm::ReduceOp::kSum, *m.rt.control_stream).Wait());
   if (!failed.empty()) {
     return absl::Status(local.ok() ? absl::StatusCode::kAborted : local.code(),
                         absl::StrCat("checkpoint '", step_dir, "' was not published: rank(s) ",

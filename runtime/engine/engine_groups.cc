@@ -19,6 +19,13 @@ absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, com
                                                     device::Stream& stream) {
   const char* key = "config key 'zero_optimization.shard_group_size'";
   if (cfg.shard_group_size == kShardGroupNode) {
+    // The host names travel in host memory, which a communicator of device buffers (NCCL) cannot send,
+    // and this runs before SetUpCuda has a host communicator beside it.
+    if (world.device_buffers()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          key, " is \"node\", which compares host names over the world communicator; this one (",
+          world.options().name, ") takes device buffers only: give the shard group size as a number (the ranks per node)"));
+    }
     // Over a Dup of its own, so that the caller's communicator carries none of the engine's collectives.
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> probe,
                             world.Dup("host-names", cfg.collective_timeout_ms));
@@ -34,56 +41,56 @@ absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, com
 
 absl::Status Engine::Impl::SplitStreamComms(comm::Communicator& base) {
   const int64_t t = cfg.collective_timeout_ms;
-  auto shard = [&](const char* name) { return base.Split(groups.shard_color, groups.shard_key, name, t); };
-  if (groups.replicas == 1) {
-    STRATA_ASSIGN_OR_RETURN(gather_comm, base.Dup("gather", t));
-    STRATA_ASSIGN_OR_RETURN(reduce_comm, base.Dup("reduce", t));
-    STRATA_ASSIGN_OR_RETURN(step_comm, base.Dup("step", t));
+  auto shard = [&](const char* name) { return base.Split(rt.groups.shard_color, rt.groups.shard_key, name, t); };
+  if (rt.groups.replicas == 1) {
+    STRATA_ASSIGN_OR_RETURN(rt.gather_comm, base.Dup("gather", t));
+    STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, base.Dup("reduce", t));
+    STRATA_ASSIGN_OR_RETURN(rt.step_comm, base.Dup("step", t));
   } else {
-    STRATA_ASSIGN_OR_RETURN(gather_comm, shard("gather"));
+    STRATA_ASSIGN_OR_RETURN(rt.gather_comm, shard("gather"));
     if (cfg.stage <= 1) {
-      STRATA_ASSIGN_OR_RETURN(reduce_comm, base.Dup("reduce", t));
+      STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, base.Dup("reduce", t));
     } else {
-      STRATA_ASSIGN_OR_RETURN(reduce_comm, shard("reduce"));
-      STRATA_ASSIGN_OR_RETURN(replica_comm, base.Split(groups.replica_color, groups.replica_key, "replica", t));
+      STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, shard("reduce"));
+      STRATA_ASSIGN_OR_RETURN(rt.replica_comm, base.Split(rt.groups.replica_color, rt.groups.replica_key, "replica", t));
     }
-    STRATA_ASSIGN_OR_RETURN(step_comm, shard("step"));
+    STRATA_ASSIGN_OR_RETURN(rt.step_comm, shard("step"));
   }
-  shard_rank = step_comm->rank();
+  rt.shard_rank = rt.step_comm->rank();
   return absl::OkStatus();
 }
 
 absl::Status Engine::Impl::SetUpGroupControl() {
-  if (groups.replicas == 1) {
-    group_control = control;
+  if (rt.groups.replicas == 1) {
+    rt.group_control = rt.control;
     return absl::OkStatus();
   }
-  STRATA_ASSIGN_OR_RETURN(group_control_comm, control->Split(groups.shard_color, groups.shard_key, "group-control",
+  STRATA_ASSIGN_OR_RETURN(rt.group_control_comm, rt.control->Split(rt.groups.shard_color, rt.groups.shard_key, "group-control",
                                                              cfg.collective_timeout_ms));
-  group_control = group_control_comm.get();
+  rt.group_control = rt.group_control_comm.get();
   return absl::OkStatus();
 }
 
 absl::Status Engine::Impl::SetUpHostComms(comm::Communicator& host_world) {
   STRATA_RETURN_IF_ERROR(SplitStreamComms(host_world));
-  control_stream = step_stream.get();
-  if (groups.replicas == 1) {
-    control = step_comm.get();
+  rt.control_stream = rt.step_stream.get();
+  if (rt.groups.replicas == 1) {
+    rt.control = rt.step_comm.get();
   } else {  // the step communicator spans only the shard group
-    STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", cfg.collective_timeout_ms));
-    control = control_comm.get();
+    STRATA_ASSIGN_OR_RETURN(rt.control_comm, host_world.Dup("control", cfg.collective_timeout_ms));
+    rt.control = rt.control_comm.get();
   }
   return SetUpGroupControl();
 }
 
-int Engine::shard_group_size() const { return impl_->shard_size(); }
-int Engine::shard_rank() const { return impl_->shard_rank; }
+int Engine::shard_group_size() const { return impl_->rt.shard_size(); }
+int Engine::shard_rank() const { return impl_->rt.shard_rank; }
 
 CommTraffic Engine::comm_traffic() const {
   const Impl& m = *impl_;
   auto of = [](const std::unique_ptr<comm::Communicator>& c) { return c ? c->traffic() : comm::Traffic{}; };
-  return CommTraffic{of(m.gather_comm), of(m.reduce_comm),  of(m.replica_comm),
-                     of(m.step_comm),   of(m.control_comm), of(m.group_control_comm)};
+  return CommTraffic{of(m.rt.gather_comm), of(m.rt.reduce_comm),  of(m.rt.replica_comm),
+                     of(m.rt.step_comm),   of(m.rt.control_comm), of(m.rt.group_control_comm)};
 }
 
 }  // namespace strata::engine

@@ -156,11 +156,14 @@ struct StepState {
 };
 
 // The engine composes the phase owners (shard::Gatherer, shard::GradReducer, optim::StateStore) over its
-// units and checks the hook protocol. Its own members are the configuration and its placement, the
-// units, the schedule and the three owners; the runtime, the parameter store and the step state are its
-// bases (declared in this order, so destroyed after the owners, the runtime last), whose members the
-// engine's files name directly.
-struct Engine::Impl : EngineRuntime, ParamStore, StepState {
+// units and checks the hook protocol. Its members: what it runs on (rt), the NVMe parameter cache
+// (pstore), where it is in the protocol and what the step has cost (progress), the configuration and its
+// placement, the units, the schedule and the three owners. Declared in this order, so the owners are
+// destroyed first and the runtime last (every buffer, store and pool was made from its tiers).
+struct Engine::Impl {
+  EngineRuntime rt;
+  ParamStore pstore;
+  StepState progress;
   EngineConfig cfg;
   absl::Status SetOptimizerThreads(int threads);  // engine_step.cc; 0 = OptimizerThreads(cfg)'s default
   // Note [Engine on CUDA]. On a CUDA device (engine_cuda.cc) the device tier is one cudaMalloc arena
@@ -187,10 +190,10 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
   Placement place;  // decided once, in Create (Note [Placement])
   // Decides `place` over the current tiers, whose pointers it holds; again whenever a tier is replaced
   // (on CUDA, SetUpCuda replaces the pinned-host tier and CreateDeviceArena the device tier).
-  void DecidePlace() { place = DecidePlacement(cfg, device_alloc.get(), host_alloc.get()); }
+  void DecidePlace() { place = DecidePlacement(cfg, rt.device_alloc.get(), rt.host_alloc.get()); }
   bool separate_master() const { return place.master_apart; }
   memory::Allocator& ParamTier() const {
-    return cfg.offload_param.device == OffloadDevice::kNone ? *device_alloc : *host_alloc;
+    return cfg.offload_param.device == OffloadDevice::kNone ? *rt.device_alloc : *rt.host_alloc;
   }
   // Note [NVMe state]. With offload_optimizer = nvme the fp32 master and the optimizer state of each unit
   // live on NVMe in tiles of NvmeTileElems (every lane's tile i covers the same elements); the step
@@ -269,8 +272,8 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
   // is not issued yet. A failed copy fails the copy stream, which Gatherer::Ensure checks after the gather.
   // (shard/staged_source.cc; the copy stream is the staged source's.)
   memory::Allocator& OptimizerTier() const { return *place.grads; }  // the gradients live with the optimizer
-  TierOps& ParamOps() const { return OpsOf(ParamTier()); }
-  TierOps& OptimizerOps() const { return OpsOf(OptimizerTier()); }
+  TierOps& ParamOps() const { return rt.OpsOf(ParamTier()); }
+  TierOps& OptimizerOps() const { return rt.OpsOf(OptimizerTier()); }
   TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
   std::vector<UnitState> units;
   std::unique_ptr<shard::Schedule> schedule;  // the recorded order of the units' first uses (prefetch)
@@ -287,13 +290,13 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
   absl::Status SetUpReducer(size_t largest, size_t largest_shard);  // engine_hooks.cc
   // Only at stages 2-3 on CUDA: SetUpCuda refuses optimizer offload below stage 2.
   bool GradStagingNeeded() const {
-    return !device_ops->host_visible() && place.grads->tier() != memory::Tier::kDevice;
+    return !rt.device_ops->host_visible() && place.grads->tier() != memory::Tier::kDevice;
   }
 
-  int rank() const { return world->rank(); }
-  int world_size() const { return world->size(); }
+  int rank() const { return rt.world->rank(); }
+  int world_size() const { return rt.world->size(); }
   size_t param_bytes() const { return DTypeBytes(cfg.param_dtype); }
-  bool last_micro_batch() const { return micro_batch == cfg.gradient_accumulation_steps - 1; }
+  bool last_micro_batch() const { return progress.micro_batch == cfg.gradient_accumulation_steps - 1; }
   // The element range this rank updates: [update_begin, update_begin + update_elems).
   size_t update_begin(const UnitState& u) const { return u.ext.update_begin; }
   size_t update_elems(const UnitState& u) const { return u.ext.update_elems; }
@@ -303,6 +306,10 @@ struct Engine::Impl : EngineRuntime, ParamStore, StepState {
 
   // engine_hooks.cc
   absl::Status CheckUnit(int unit, const char* hook) const;
+  // With strata.optimizer_in_backward, between a step's last backward and Step() the last reduced unit's
+  // update is still pending (Note [Optimizer in backward]): reading or writing the weights then would see
+  // every unit updated but that one, so `what` is refused until Step().
+  absl::Status CheckNoPendingUpdate(const char* what) const;
   absl::Status IssueGatherIfNeeded(int unit) {
     return cfg.stage == 3 ? gatherer->IssueIfNeeded(unit) : absl::OkStatus();
   }

@@ -13,8 +13,8 @@
 namespace strata::engine {
 
 absl::Status Engine::Impl::CreateIoQueue() {
-  if (io_queue != nullptr) return absl::OkStatus();
-  STRATA_ASSIGN_OR_RETURN(io_queue, offload::CreateIoQueue(offload::IoQueueOptions{}));
+  if (rt.io_queue != nullptr) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(rt.io_queue, offload::CreateIoQueue(offload::IoQueueOptions{}));
   return absl::OkStatus();
 }
 
@@ -33,7 +33,7 @@ offload::NvmeStoreOptions StoreOptions(Engine::Impl& m, const std::string& path,
   so.files.rank = m.rank();
   so.files.name = name;
   so.files.capacity_bytes = std::max<uint64_t>(need, offload::NvmeStore::kAlignment);
-  so.tracker = &m.tracker;
+  so.tracker = &m.rt.tracker;
   return so;
 }
 
@@ -45,7 +45,7 @@ offload::PinnedPoolOptions PoolOptions(const Engine::Impl& m, size_t count, size
   po.buffer_count = count;
   po.buffer_bytes = bytes;
   po.kind = kind;
-  const bool cuda = m.device->kind() == device::DeviceKind::kCuda;
+  const bool cuda = m.rt.device->kind() == device::DeviceKind::kCuda;
   po.pin = pin && !cuda ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
   return po;
 }
@@ -61,16 +61,16 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
     bytes.push_back(u.layout.shard_elems * param_bytes());
     need += offload::NvmeStore::IoBytes(std::max<uint64_t>(bytes.back(), 1));
   }
-  STRATA_ASSIGN_OR_RETURN(param_store, offload::NvmeStore::Create(
+  STRATA_ASSIGN_OR_RETURN(pstore.param_store, offload::NvmeStore::Create(
                                            StoreOptions(*this, cfg.offload_param.nvme_path, "params", need),
-                                           io_queue.get()));
-  STRATA_ASSIGN_OR_RETURN(param_buffers,
+                                           rt.io_queue.get()));
+  STRATA_ASSIGN_OR_RETURN(pstore.param_buffers,
                           offload::PinnedPool::Create(PoolOptions(*this, NvmeParamBuffers(cfg, live),
                                                                   std::max<size_t>(largest_shard * param_bytes(), 1),
                                                                   memory::Kind::kParamShard,
                                                                   cfg.offload_param.pin_memory),
-                                                      host_alloc.get()));
-  STRATA_ASSIGN_OR_RETURN(param_cache, offload::ShardCache::Create(param_store.get(), param_buffers.get(),
+                                                      rt.host_alloc.get()));
+  STRATA_ASSIGN_OR_RETURN(pstore.param_cache, offload::ShardCache::Create(pstore.param_store.get(), pstore.param_buffers.get(),
                                                                    std::move(bytes), memory::Kind::kParamShard));
   return absl::OkStatus();
 }
@@ -81,12 +81,12 @@ absl::Status Engine::Impl::ParamStorage(UnitState& u, size_t offset, size_t byte
   if (nvme_params()) {  // the cache writes whole shards: a part of one keeps the rest
     const int unit = static_cast<int>(&u - units.data());
     const bool whole = offset == 0 && bytes == u.layout.shard_elems * param_bytes();
-    return param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst) + offset); }, keep || !whole);
+    return pstore.param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst) + offset); }, keep || !whole);
   }
   if (ParamOps().host_visible()) return fn(u.params.as<char>() + offset);
   // Device memory: through a host copy of the range.
-  param_scratch.resize(std::max(param_scratch.size(), bytes));
-  char* host = param_scratch.data();
+  pstore.param_scratch.resize(std::max(pstore.param_scratch.size(), bytes));
+  char* host = pstore.param_scratch.data();
   char* dev = u.params.as<char>() + offset;
   if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host, dev, bytes));
   STRATA_RETURN_IF_ERROR(fn(host));
@@ -102,13 +102,13 @@ absl::Status Engine::Impl::SetUpNvme(size_t tile_elems) {
   const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
   STRATA_RETURN_IF_ERROR(CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
-                          offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), io_queue.get()));
+                          offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), rt.io_queue.get()));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::PinnedPool> staging,
                           offload::PinnedPool::Create(PoolOptions(*this, NvmeStagingTiles(cfg), tile_elems * 4,
                                                                   memory::Kind::kScratch,
                                                                   cfg.offload_optimizer.pin_memory),
-                                                      host_alloc.get()));
-  io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
+                                                      rt.host_alloc.get()));
+  rt.io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
   STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(std::move(store), std::move(staging), tile_elems,
                                                                state_kinds(), std::move(elems)));
   return absl::OkStatus();
@@ -163,7 +163,7 @@ absl::StatusOr<std::vector<float>> Engine::Impl::ReadFrozen(UnitState& u, optim:
 absl::Status Engine::Impl::WriteFrozen(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
   if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
   return UpdateParamStorage(u, [&](char* params) {
-    return host_ops->Cast(cfg.param_dtype, values.data(), params, values.size());
+    return rt.host_ops->Cast(cfg.param_dtype, values.data(), params, values.size());
   });
 }
 

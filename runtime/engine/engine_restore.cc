@@ -106,7 +106,7 @@ absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manif
 absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "LoadCheckpoint"));
-  if (m.in_micro_batch || m.micro_batch != 0) {
+  if (m.progress.in_micro_batch || m.progress.micro_batch != 0) {
     return absl::FailedPreconditionError("LoadCheckpoint() inside a step; call it before training");
   }
   ckpt::Manifest man;
@@ -115,7 +115,7 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
   // the ranks that succeeded would wait in their next collective for the one that returned.
   std::vector<float> ok(m.world_size()), mine(1, local.ok() ? 1.0f : 0.0f);
   STRATA_RETURN_IF_ERROR(
-      m.control->AllGather(mine.data(), ok.data(), 1, DType::kF32, *m.control_stream).Wait());
+      m.rt.control->AllGather(mine.data(), ok.data(), 1, DType::kF32, *m.rt.control_stream).Wait());
   std::vector<int> failed;
   for (int r = 0; r < m.world_size(); ++r) {
     if (ok[r] == 0) failed.push_back(r);
@@ -127,8 +127,8 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
   }
   STRATA_RETURN_IF_ERROR(m.ReplicateParams(/*frozen_too=*/true));
   STRATA_RETURN_IF_ERROR(m.ZeroGrads());
-  m.step = man.step;
-  m.loss_scaler.Restore(man.loss_scale, man.clean_steps);
+  m.progress.step = man.step;
+  m.progress.loss_scaler.Restore(man.loss_scale, man.clean_steps);
   return man.trainer_json;
 }
 

@@ -26,27 +26,27 @@ absl::Status Engine::Impl::SetOptimizerThreads(int threads) {
   EngineConfig resolved = cfg;
   resolved.optimizer_threads = threads;
   const int n = OptimizerThreads(resolved);
-  host_executor.reset();  // before the new pool, so the two never both hold workers
+  rt.host_executor.reset();  // before the new pool, so the two never both hold workers
   if (n == 1) return absl::OkStatus();  // the calling thread: exactly the single-threaded path
   // The variant ApplyUpdate uses without an executor (STRATA_CPU_ISA, else the widest), so that only
   // the thread count differs.
-  STRATA_ASSIGN_OR_RETURN(host_executor,
+  STRATA_ASSIGN_OR_RETURN(rt.host_executor,
                           optim::HostExecutor::Create(n, kernels::cpu::IsaName(optim::DefaultHostKernels().isa)));
   return absl::OkStatus();
 }
 
 absl::Status Engine::SetOptimizerThreads(int threads) {
-  if (impl_->in_micro_batch) return absl::FailedPreconditionError("SetOptimizerThreads() inside an open micro-batch");
+  if (impl_->progress.in_micro_batch) return absl::FailedPreconditionError("SetOptimizerThreads() inside an open micro-batch");
   return impl_->SetOptimizerThreads(threads);
 }
 
-int Engine::optimizer_threads() const { return impl_->host_executor ? impl_->host_executor->threads() : 1; }
+int Engine::optimizer_threads() const { return impl_->rt.host_executor ? impl_->rt.host_executor->threads() : 1; }
 
 // `master` is host memory; the param storage ParamStorage hands out is too.
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
   if (!separate_master()) return absl::OkStatus();  // the master is the param storage
   return UpdateParamStorage(u, [&](char* params) {
-    return host_ops->Cast(cfg.param_dtype, master, params, update_elems(u));
+    return rt.host_ops->Cast(cfg.param_dtype, master, params, update_elems(u));
   });
 }
 
@@ -56,10 +56,10 @@ absl::Status Engine::Impl::ReplicateParams(bool frozen_too) {
   for (UnitState& u : units) {
     if (u.frozen() && !frozen_too) continue;  // unchanged since the last replication (Note [Frozen units])
     char* base = u.params.as<char>();
-    works.push_back(step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
-                                         cfg.param_dtype, *step_stream));
+    works.push_back(rt.step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
+                                         cfg.param_dtype, *rt.step_stream));
   }
-  for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(TimedWait([&] { return w.Wait(); }));
+  for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(progress.TimedWait([&] { return w.Wait(); }));
   return absl::OkStatus();
 }
 
@@ -81,18 +81,18 @@ optim::GradOps GradOpsOf(TierOps& t) {
 optim::StepInputs Engine::Impl::StepInputsNow() {
   optim::StepInputs in;
   in.grad_scale =
-      1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * loss_scaler.scale());
-  in.lr = optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, step);
-  in.step = step + 1;
+      1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * progress.loss_scaler.scale());
+  in.lr = optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, progress.step);
+  in.step = progress.step + 1;
   in.max_norm = cfg.gradient_clipping;
   in.param_dtype = cfg.param_dtype;
-  in.executor = host_executor.get();
+  in.executor = rt.host_executor.get();
   // Stage 0 holds the full, already averaged gradient on every rank. Replicas of a shard group hold the
   // same shards, so the group's sum is the global one (engine_groups.cc).
   if (cfg.stage != 0) {
     in.sum_across_ranks = [&](float* total_sq) {
-      return TimedWait([&] {
-        return group_control->AllReduce(total_sq, total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *control_stream)
+      return progress.TimedWait([&] {
+        return rt.group_control->AllReduce(total_sq, total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *rt.control_stream)
             .Wait();
       });
     };
@@ -133,55 +133,62 @@ optim::StepUnit Engine::Impl::StepUnitOf(UnitState& u, float* grad) {
 absl::Status Engine::Impl::ReduceAndUpdate(int unit) {
   STRATA_RETURN_IF_ERROR(UpdatePending());
   STRATA_RETURN_IF_ERROR(reducer->Reduce(unit));
-  fused_pending = unit;
+  progress.fused_pending = unit;
   return absl::OkStatus();
 }
 
+absl::Status Engine::Impl::CheckNoPendingUpdate(const char* what) const {
+  if (progress.fused_pending < 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " between the last backward and Step() with strata.optimizer_in_backward: unit '",
+      units[progress.fused_pending].layout.name, "' is not updated yet while the others are; call it after Step()"));
+}
+
 absl::Status Engine::Impl::UpdatePending() {
-  if (fused_pending < 0) return absl::OkStatus();
-  const int unit = fused_pending;
-  fused_pending = -1;
+  if (progress.fused_pending < 0) return absl::OkStatus();
+  const int unit = progress.fused_pending;
+  progress.fused_pending = -1;
   STRATA_RETURN_IF_ERROR(reducer->Finish());
   const int64_t t0 = device::NowNs();
   UnitState& u = units[unit];
   const optim::StepInputs in = StepInputsNow();
   const optim::StepUnit su = StepUnitOf(u, reducer->reduced());
   STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(GradOpsOf(OptimizerOps()), su, in.grad_scale));
-  fused_sq.resize(units.size(), 0.0);
-  fused_done.resize(units.size(), 0);
-  fused_sq[unit] = sq;
-  fused_done[unit] = 1;
+  progress.fused_sq.resize(units.size(), 0.0);
+  progress.fused_done.resize(units.size(), 0);
+  progress.fused_sq[unit] = sq;
+  progress.fused_done[unit] = 1;
   // A non-finite gradient is not applied; RunStep reports the step as failed (FinishStepInBackward).
-  if (std::isfinite(sq)) STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*state, cfg.optimizer, unit, su, in, 1.0f, &fused_io));
+  if (std::isfinite(sq)) STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*state, cfg.optimizer, unit, su, in, 1.0f, &progress.fused_io));
   const int64_t t1 = device::NowNs();
-  fused_update_ns += t1 - t0;
-  timeline.Add(device::Span{"step", "optimizer", unit, t0, t1});
+  progress.fused_update_ns += t1 - t0;
+  progress.timeline.Add(device::Span{"step", "optimizer", unit, t0, t1});
   return absl::OkStatus();
 }
 
 // The global norm from the units' sums, in unit order as RunOptimizerStep sums them (the same bits).
 absl::StatusOr<optim::StepOutcome> Engine::Impl::FinishStepInBackward(const optim::StepInputs& in) {
   STRATA_RETURN_IF_ERROR(UpdatePending());
-  fused_sq.resize(units.size(), 0.0);
-  fused_done.resize(units.size(), 0);
+  progress.fused_sq.resize(units.size(), 0.0);
+  progress.fused_done.resize(units.size(), 0);
   optim::StepOutcome out;
   double local_sq = 0;
   for (size_t i = 0; i < units.size(); ++i) {
-    if (!fused_done[i] && !units[i].frozen()) {  // a frozen unit has no update (Note [Frozen units])
+    if (!progress.fused_done[i] && !units[i].frozen()) {  // a frozen unit has no update (Note [Frozen units])
       return absl::FailedPreconditionError(absl::StrCat(
           "Step(): unit '", units[i].layout.name, "' had no backward in this step; with strata.optimizer_in_backward "
           "each unit's update runs in its backward, so every unit needs one"));
     }
-    local_sq += fused_sq[i];
+    local_sq += progress.fused_sq[i];
   }
   STRATA_RETURN_IF_ERROR(optim::GlobalNorm(local_sq, in, &out));
-  out.io = fused_io;
-  fused_sq.assign(units.size(), 0.0);
-  fused_done.assign(units.size(), 0);
-  fused_io = offload::TilePipelineStats{};
+  out.io = progress.fused_io;
+  progress.fused_sq.assign(units.size(), 0.0);
+  progress.fused_done.assign(units.size(), 0);
+  progress.fused_io = offload::TilePipelineStats{};
   if (out.skipped) {
     return absl::DataLossError(absl::StrCat(
-        "step ", step + 1, ": non-finite gradient norm with strata.optimizer_in_backward; the units with finite "
+        "step ", progress.step + 1, ": non-finite gradient norm with strata.optimizer_in_backward; the units with finite "
         "gradients were already updated in backward, so the step cannot be skipped as a whole"));
   }
   return out;
@@ -190,7 +197,7 @@ absl::StatusOr<optim::StepOutcome> Engine::Impl::FinishStepInBackward(const opti
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   STRATA_RETURN_IF_ERROR(reducer->Finish());
   const int64_t update_start = device::NowNs();
-  int64_t waited_in_update = exposed_comm_ns;
+  int64_t waited_in_update = progress.exposed_comm_ns;
   const optim::StepInputs in = StepInputsNow();
   std::vector<optim::StepUnit> step_units;
   if (!cfg.optimizer_in_backward) {
@@ -203,62 +210,62 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
                           cfg.optimizer_in_backward
                               ? FinishStepInBackward(in)
                               : optim::RunOptimizerStep(*state, cfg.optimizer, GradOpsOf(OptimizerOps()), step_units, in));
-  exposed_io_ns += out.io.read_wait_ns + out.io.write_wait_ns;
-  nvme_read_bytes += out.io.bytes_read;
-  nvme_write_bytes += out.io.bytes_written;
+  progress.exposed_io_ns += out.io.read_wait_ns + out.io.write_wait_ns;
+  progress.nvme_read_bytes += out.io.bytes_read;
+  progress.nvme_write_bytes += out.io.bytes_written;
   StepResult r;
   r.grad_norm = out.grad_norm;
   r.lr = in.lr;
   if (out.skipped) {
     r.skipped = true;
-    loss_scaler.Overflow();
-    STRATA_LOG(Warning) << "step " << step + 1 << ": non-finite gradient norm; the update is skipped on every rank"
-                        << (loss_scaler.dynamic() ? absl::StrCat(", loss scale now ", loss_scaler.scale())
+    progress.loss_scaler.Overflow();
+    STRATA_LOG(Warning) << "step " << progress.step + 1 << ": non-finite gradient norm; the update is skipped on every rank"
+                        << (progress.loss_scaler.dynamic() ? absl::StrCat(", loss scale now ", progress.loss_scaler.scale())
                                                   : std::string());
     STRATA_RETURN_IF_ERROR(ZeroGrads());
-    r.step = step;
-    r.loss_scale = loss_scaler.scale();
+    r.step = progress.step;
+    r.loss_scale = progress.loss_scaler.scale();
     return r;
   }
   r.clip_coef = out.clip_coef;
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
   const int64_t update_end = device::NowNs();
-  r.optimizer_ms = 1e-6 * double(update_end - update_start - (exposed_comm_ns - waited_in_update) + fused_update_ns);
-  fused_update_ns = 0;
-  timeline.Add(device::Span{"step", "optimizer", -1, update_start, update_end});
-  loss_scaler.CleanStep();
-  r.loss_scale = loss_scaler.scale();
-  r.step = ++step;
+  r.optimizer_ms = 1e-6 * double(update_end - update_start - (progress.exposed_comm_ns - waited_in_update) + progress.fused_update_ns);
+  progress.fused_update_ns = 0;
+  progress.timeline.Add(device::Span{"step", "optimizer", -1, update_start, update_end});
+  progress.loss_scaler.CleanStep();
+  r.loss_scale = progress.loss_scaler.scale();
+  r.step = ++progress.step;
   return r;
 }
 
 absl::StatusOr<StepResult> Engine::Step() {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "Step"));
-  if (m.in_micro_batch) return absl::FailedPreconditionError("Step() inside an open micro-batch");
-  if (m.micro_batch != m.cfg.gradient_accumulation_steps) {
-    return absl::FailedPreconditionError(absl::StrCat("Step() after ", m.micro_batch, " micro-batches; "
+  if (m.progress.in_micro_batch) return absl::FailedPreconditionError("Step() inside an open micro-batch");
+  if (m.progress.micro_batch != m.cfg.gradient_accumulation_steps) {
+    return absl::FailedPreconditionError(absl::StrCat("Step() after ", m.progress.micro_batch, " micro-batches; "
                                                       "gradient_accumulation_steps=", m.cfg.gradient_accumulation_steps));
   }
   auto r = m.RunStep();
-  if (!r.ok() && m.failed.empty()) m.failed = std::string(r.status().message());
-  m.micro_batch = 0;
+  if (!r.ok() && m.progress.failed.empty()) m.progress.failed = std::string(r.status().message());
+  m.progress.micro_batch = 0;
   if (r.ok()) {
-    r->compute_ms = 1e-6 * double(m.compute_ns);
-    r->exposed_comm_ms = 1e-6 * double(m.exposed_comm_ns);
-    r->exposed_io_ms = 1e-6 * double(m.exposed_io_ns);
-    r->nvme_read_bytes = m.nvme_read_bytes;
-    r->nvme_write_bytes = m.nvme_write_bytes;
-    if (m.param_cache != nullptr) {
-      const offload::ShardCacheStats& now = m.param_cache->stats();
-      r->nvme_read_bytes += now.read_bytes - m.param_io_mark.read_bytes;
-      r->nvme_write_bytes += now.write_bytes - m.param_io_mark.write_bytes;
-      m.param_io_mark = now;
+    r->compute_ms = 1e-6 * double(m.progress.compute_ns);
+    r->exposed_comm_ms = 1e-6 * double(m.progress.exposed_comm_ns);
+    r->exposed_io_ms = 1e-6 * double(m.progress.exposed_io_ns);
+    r->nvme_read_bytes = m.progress.nvme_read_bytes;
+    r->nvme_write_bytes = m.progress.nvme_write_bytes;
+    if (m.pstore.param_cache != nullptr) {
+      const offload::ShardCacheStats& now = m.pstore.param_cache->stats();
+      r->nvme_read_bytes += now.read_bytes - m.pstore.param_io_mark.read_bytes;
+      r->nvme_write_bytes += now.write_bytes - m.pstore.param_io_mark.write_bytes;
+      m.pstore.param_io_mark = now;
     }
   }
-  m.compute_ns = m.exposed_comm_ns = m.exposed_io_ns = 0;
-  m.nvme_read_bytes = m.nvme_write_bytes = 0;
+  m.progress.compute_ns = m.progress.exposed_comm_ns = m.progress.exposed_io_ns = 0;
+  m.progress.nvme_read_bytes = m.progress.nvme_write_bytes = 0;
   return r;
 }
 

@@ -33,9 +33,12 @@ absl::Status Inspect(const std::string& dir, bool verify) {
   }
   params += frozen;
   for (const auto& s : m.shards) bytes += s.bytes;
-  std::printf("checkpoint %s\n  format version %d, step %lld, world size %d, ZeRO stage %d, param dtype %s, "
+  const std::string replicas =
+      m.replicas > 1 ? absl::StrCat(" (shard groups of ", m.world_size, " ranks, ", m.replicas, " replicas: ", m.world_size * m.replicas, " ranks)") : "";
+  std::printf("checkpoint %s\n  format version %d, step %lld, world size %d%s, ZeRO stage %d, param dtype %s, "
               "optimizer %s, loss scale %g\n  %zu units, %llu parameters%s, %zu shard files, %s\n  trainer state: %s\n",
-              step_dir.c_str(), m.version, static_cast<long long>(m.step), m.world_size, m.stage, m.param_dtype.c_str(),
+              step_dir.c_str(), m.version, static_cast<long long>(m.step), m.world_size, replicas.c_str(), m.stage,
+              m.param_dtype.c_str(),
               m.optimizer.c_str(), m.loss_scale, m.units.size(), static_cast<unsigned long long>(params),
               frozen == 0 ? "" : absl::StrCat(" (", frozen, " frozen)").c_str(), m.shards.size(),
               FormatBytes(bytes).c_str(), m.trainer_json.c_str());

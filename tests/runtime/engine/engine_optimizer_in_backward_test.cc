@@ -162,6 +162,7 @@ TEST_F(OptimizerInBackward, TheOptimizerTimeIsReported) {
 struct TwoUnits {
   absl::Status step;
   std::vector<float> p0, p1;
+  absl::Status gather_before_step, set_before_step, gather_after_step;  // GatherUnit / SetParam around Step()
 };
 TwoUnits StepTwoUnits(float g0, bool backward1) {
   TwoUnits out;
@@ -188,7 +189,10 @@ TwoUnits StepTwoUnits(float g0, bool backward1) {
       STRATA_RETURN_IF_ERROR(e->EndBackward(u));
     }
     STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
+    out.gather_before_step = e->GatherUnit(1).status();
+    out.set_before_step = e->SetParam(0, 0, std::vector<float>(8, 2.0f));
     out.step = e->Step().status();
+    out.gather_after_step = e->GatherUnit(0).status();
     for (int u : {0, 1}) {
       const float* p = static_cast<const float*>(e->Param(u, 0).data);
       (u == 0 ? out.p0 : out.p1).assign(p, p + 8);
@@ -210,6 +214,20 @@ TEST(OptimizerInBackwardSteps, ANonFiniteGradientFailsTheStepAndIsNotApplied) {
   TwoUnits fine = StepTwoUnits(1.0f, true);
   EXPECT_TRUE(fine.step.ok()) << fine.step;
   EXPECT_EQ(fine.p0, fine.p1);
+}
+
+// Between the last backward and Step() the last reduced unit (here u0) is not updated yet while u1 is:
+// reading or writing the weights then is refused, naming it, and works again after Step().
+TEST(OptimizerInBackwardSteps, WeightsAreNotReadOrWrittenWhileAnUpdateIsPending) {
+  TwoUnits r = StepTwoUnits(1.0f, true);
+  for (const absl::Status& s : {r.gather_before_step, r.set_before_step}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("unit 'u0' is not updated yet"));
+  }
+  EXPECT_THAT(std::string(r.set_before_step.message()), HasSubstr("SetParam between the last backward and Step()"));
+  EXPECT_TRUE(r.step.ok()) << r.step;
+  EXPECT_TRUE(r.gather_after_step.ok()) << r.gather_after_step;
+  EXPECT_EQ(r.p0, r.p1) << "the refused SetParam wrote nothing";
 }
 
 // A unit without a backward in the step gets no update in backward; without the key it would be

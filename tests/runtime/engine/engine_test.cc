@@ -114,6 +114,60 @@ TEST(Engine, StagesMatchSingleRankReference) {
   }
 }
 
+// A world whose collectives take device buffers (as NCCL's do), over an in-process one: only what
+// ResolveShardGroups asks of it is real.
+class DeviceBuffersWorld final : public comm::Communicator {
+ public:
+  explicit DeviceBuffersWorld(comm::Communicator& inner) : inner_(inner) { options_.name = "nccl-world"; }
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const comm::Options& options() const override { return options_; }
+  bool device_buffers() const override { return true; }
+  comm::Work AllGather(const void* s, void* r, size_t n, DType t, device::Stream& st) override {
+    return inner_.AllGather(s, r, n, t, st);
+  }
+  comm::Work ReduceScatter(const void* s, void* r, size_t n, DType t, comm::ReduceOp o, device::Stream& st) override {
+    return inner_.ReduceScatter(s, r, n, t, o, st);
+  }
+  comm::Work AllReduce(const void* s, void* r, size_t n, DType t, comm::ReduceOp o, device::Stream& st) override {
+    return inner_.AllReduce(s, r, n, t, o, st);
+  }
+  comm::Work Broadcast(void* b, size_t n, DType t, int root, device::Stream& st) override {
+    return inner_.Broadcast(b, n, t, root, st);
+  }
+  comm::Work Barrier(device::Stream& st) override { return inner_.Barrier(st); }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> Dup(const std::string& name, int64_t t) override {
+    return inner_.Dup(name, t);
+  }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> Split(int c, int k, const std::string& name, int64_t t) override {
+    return inner_.Split(c, k, name, t);
+  }
+  comm::Traffic traffic() const override { return inner_.traffic(); }
+  void Abort(const absl::Status& cause) override { inner_.Abort(cause); }
+
+ private:
+  comm::Communicator& inner_;
+  comm::Options options_;
+};
+
+// "node" compares host names in host memory, which a device-buffer world cannot carry: refused by name
+// at Create instead of handing host memory to NCCL.
+TEST(Engine, NodeShardGroupsOverADeviceBufferWorldAreRefused) {
+  EngineConfig cfg;
+  cfg.stage = 3;
+  cfg.shard_group_size = kShardGroupNode;
+  auto results = testing::RunRanks(2, comm::Options{}, [&](int, comm::Communicator& c) -> absl::Status {
+    device::HostDevice dev;
+    DeviceBuffersWorld world(c);
+    return Engine::Create(cfg, world, dev).status();
+  });
+  for (const absl::Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("is \"node\""));
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("(nccl-world) takes device buffers only"));
+  }
+}
+
 // Hybrid sharding on the in-process back-end (the MPI tests are engine_hybrid_mpi_test.cc): shard groups
 // of 2 and 1 of 4 ranks, with accumulation (the replica all-reduce runs per micro-batch) and clipping
 // (the norm is the shard group's).
