@@ -90,6 +90,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     return absl::InvalidArgumentError(absl::StrCat("offload_param needs ZeRO stage 3 (stage is ", config.stage, ")"));
   }
   STRATA_RETURN_IF_ERROR(CheckOptimizerInBackward(config));
+  // As the config parser refuses it (config.cc): stage 0 holds everything on every rank, so shard groups
+  // would change nothing but which ranks write checkpoints.
+  if (config.stage == 0 && config.shard_group_size != kShardGroupWorld && config.shard_group_size != world.size()) {
+    return absl::InvalidArgumentError(
+        "shard_group_size needs ZeRO stage 1, 2 or 3 (stage 0 shards nothing; leave it unset)");
+  }
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->rt.world = &world;

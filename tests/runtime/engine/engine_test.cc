@@ -150,6 +150,28 @@ class DeviceBuffersWorld final : public comm::Communicator {
   comm::Options options_;
 };
 
+// Stage 0 shards nothing: a shard group size given through the C++ config is refused as the parser
+// refuses it (G = the world is today's behaviour and stays allowed).
+TEST(Engine, ShardGroupsAtStageZeroAreRefused) {
+  for (int g : {1, kShardGroupNode, 2}) {
+    EngineConfig cfg;
+    cfg.stage = 0;
+    cfg.shard_group_size = g;
+    auto results = testing::RunRanks(2, comm::Options{}, [&](int, comm::Communicator& c) -> absl::Status {
+      device::HostDevice dev;
+      return Engine::Create(cfg, c, dev).status();
+    });
+    for (const absl::Status& s : results) {
+      if (g == 2) {
+        EXPECT_TRUE(s.ok()) << s;
+        continue;
+      }
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "G " << g << ": " << s;
+      EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("shard_group_size needs ZeRO stage 1, 2 or 3"));
+    }
+  }
+}
+
 // "node" compares host names in host memory, which a device-buffer world cannot carry: refused by name
 // at Create instead of handing host memory to NCCL.
 TEST(Engine, NodeShardGroupsOverADeviceBufferWorldAreRefused) {
