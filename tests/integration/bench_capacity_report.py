@@ -41,9 +41,9 @@ check(m and 0 < float(m.group(3)) <= 1 and int(m.group(2)) <= float(m.group(1)),
 largest = int(re.search(r"largest model within the budgets: .*, (\d+) parameters", out).group(1))
 free = size(re.search(rf"free disk\s+({SIZE}): statvfs of ", out).group(1))
 host = size(re.search(rf"host budget\s+({SIZE}): --host-budget", out).group(1))
-m = re.search(r"bytes/param\s+([\d.]+): the engine's accounting.*?\(device ([\d.]+), pinned_host ([\d.]+), "
-              r"nvme ([\d.]+)\).*?\): ([\d.]+)", out, re.S)
-bpp, dev, pinned, nv, least = map(float, m.groups())
+m = re.search(r"bytes/param\s+([\d.]+): the least this config keeps.*?the engine's accounting.*?: ([\d.]+) "
+              r"\(device ([\d.]+), pinned_host ([\d.]+), nvme ([\d.]+)\)", out, re.S)
+least, bpp, dev, pinned, nv = map(float, m.groups())
 bound, found, frac = re.search(r"bound\s+([\d.e+]+) parameters; the largest model found, (\d+), is ([\d.e+-]+) of it",
                                out).groups()
 bound, frac = float(bound), float(frac)
@@ -52,7 +52,7 @@ check(near(free, disk_now, 0.05) or abs(free - disk_now) < 2**31, f"free disk {f
 check(host == 4 * 2**20, "host budget term is --host-budget")
 check(near(dev + pinned + nv, bpp, 0.01) and nv > 0, f"bytes/param {bpp} is the sum of its tiers, NVMe's {nv} among them")
 check(bpp >= least - 0.01, f"the engine keeps at least the config's least ({bpp} >= {least} B/param)")
-check(near(bound, (free + host) / bpp, 0.01), f"bound {bound:.4g} = (free + host) / bytes per param")
+check(near(bound, (free + host) / least, 0.01), f"bound {bound:.4g} = (free + host) / the least bytes per param")
 check(int(found) == largest and near(frac, largest / bound, 0.01), f"largest as a fraction of the bound: {frac}")
 
 # The I/O floor: the step's NVMe bytes over the bandwidth measured in this run.
@@ -72,9 +72,21 @@ check(re.search(r"split: compute [\d.]+ ms, exposed I/O [\d.]+ ms, optimizer [\d
 check(os.listdir(nvme_dir) == [], f"nothing left in the NVMe directory by the search or the probe: {os.listdir(nvme_dir)}")
 
 # Progress as it went, and the results file: one valid line per candidate of the table, in order.
-starts = re.findall(r"^candidate (\d+): .*?, (\d+) parameters, (no estimate yet|estimated \d+ s)$", out, re.M)
-check(len(starts) >= 2 and starts[0][2] == "no estimate yet" and all(s[2] != "no estimate yet" for s in starts[1:]),
-      f"{len(starts)} candidates announced, with an estimate after the first fit")
+# Note [Capacity search]: without NVMe the search walks up from the base model, announcing each candidate
+# with an estimate once one fitted; with NVMe it starts at the accounting's prediction, which fits, and
+# the next size is predicted not to, so that is the only candidate.
+def starts(text):
+    return re.findall(r"^candidate (\d+): (\d+) layers x .*?, (\d+) parameters, (no estimate yet|estimated \d+ s)$",
+                      text, re.M)
+walk = starts(cpu)
+check(len(walk) >= 2 and walk[0][3] == "no estimate yet" and all(s[3] != "no estimate yet" for s in walk[1:]),
+      f"cpu offload: {len(walk)} candidates announced, with an estimate after the first fit")
+m = re.search(r"^the engine's accounting predicts the largest fit at (\d+) layers x d_model 64 \((\d+) parameters\): "
+              r"the first candidate; (\d+) layers x d_model 64 does not fit: tier '(\w+)' needs", out, re.M)
+jump = starts(out)
+check(m and jump and jump[0][1] == m.group(1) and int(m.group(3)) == int(m.group(1)) + 1,
+      f"NVMe: the first candidate is the predicted largest ({m and m.group(1)} layers), the next one over a tier")
+check(m and len(jump) == 1 and int(m.group(2)) == largest, f"NVMe: the prediction fits and ends the search ({len(jump)} candidate)")
 rows = re.findall(r"^\s+(\d+)\s+64\s+(\d+)\s+(yes|no)\s", out, re.M)
 lines = [json.loads(line) for line in open(results)]
 check([(str(j["layers"]), str(j["params"]), "yes" if j["fits"] else "no") for j in lines] == rows,

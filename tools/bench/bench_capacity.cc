@@ -1,7 +1,8 @@
 // `strata bench capacity --device-budget X --host-budget Y [--nvme-path P] [--vary layers|width]`: the
 // largest GPT that completes 3 steps within the budgets. Layers at fixed width (or width at fixed depth)
 // grow by doubling until a run fails, then a binary search between the last success and the first
-// failure. A candidate that does not fit fails at Finalize, before any step, so the search is cheap.
+// failure; with NVMe offload the first candidate is the largest the engine's accounting predicts to fit
+// (Note [Capacity search], capacity_search.h).
 //
 // Each candidate prints a line as it starts (its size and an estimate of its time, from the last one that
 // fitted, scaled by parameters) and as it ends (fits or why not, step time, peak bytes per tier), and is
@@ -25,6 +26,7 @@
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
 #include "tools/bench/capacity_bound.h"
+#include "tools/bench/capacity_search.h"
 #include "tools/bench/capacity_results.h"
 #include "tools/cli/commands.h"
 #include "tools/launch.h"
@@ -40,6 +42,7 @@ struct SearchOptions {
   double time_limit_s = 0;  // 0 = no limit
   std::string results;      // JSON-lines file, "" = none
   uint64_t probe_bytes = 64ull << 20;
+  uint64_t disk_reserve = 2ull << 30;  // free disk the predicted first candidate leaves unused
 };
 
 struct Attempt {
@@ -79,15 +82,6 @@ absl::Status Try(const TrainOptions& o, comm::Communicator& world, int steps, At
   a.fits = true;
   a.mem = e.memory_stats();
   return absl::OkStatus();
-}
-
-gpt::GptConfig Scaled(gpt::GptConfig m, bool width, int64_t k) {
-  if (width) {
-    m.d_model = static_cast<int>(k * m.heads);  // keep the head count; width in multiples of it
-  } else {
-    m.layers = static_cast<int>(k);
-  }
-  return m;
 }
 
 // "12 layers x d_model 64": not gpt::Describe's "layers 12, d_model 64", which names only the result.
@@ -218,14 +212,36 @@ absl::Status Candidate(const TrainOptions& o, const SearchOptions& so, comm::Com
 }
 
 absl::StatusOr<Search> RunSearch(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world,
-                                 CapacityResults& results) {
+                                 uint64_t free_disk, CapacityResults& results) {
   const gpt::GptConfig base = o.model;
   device::HostDevice dev;
   STRATA_ASSIGN_OR_RETURN(auto stream, dev.CreateStream("capacity"));
   const auto start = Clock::now();
   Search s;
-  int64_t good = 0, bad = 0, k = so.width ? std::max(1, base.d_model / base.heads) : std::max(1, base.layers);
-  while (bad == 0 || bad - good > 1) {  // doubling, then bisection
+  const int64_t base_k = so.width ? std::max(1, base.d_model / base.heads) : std::max(1, base.layers);
+  const int64_t limit = so.width ? (int64_t{1} << 30) / std::max(1, base.heads) : int64_t{1} << 30;
+  // Note [Capacity search]: with NVMe, start at the accounting's largest fit.
+  const bool use_prediction = !NvmePaths(o.engine).empty();
+  int64_t predicted = 0;
+  PredictInput pin{base, o.engine, so.width, world.size(), free_disk, so.disk_reserve, so.max_params};
+  if (use_prediction) {
+    STRATA_ASSIGN_OR_RETURN(predicted, PredictLargest(pin, limit));
+    if (world.size() > 1) {  // rank 0's: the ranks' free disk may differ by the moment each read it
+      STRATA_RETURN_IF_ERROR(comm::BroadcastBytes(world, &predicted, sizeof predicted, 0, *stream).Wait());
+    }
+    if (world.rank() == 0) {
+      STRATA_ASSIGN_OR_RETURN(const std::string next, PredictedShortfall(pin, predicted + 1));
+      std::printf("the engine's accounting predicts the largest fit at %s (%lld parameters): the first candidate; "
+                  "%s does not fit: %s\n",
+                  predicted > 0 ? Shape(Scaled(base, so.width, predicted)).c_str() : "none",
+                  static_cast<long long>(predicted > 0 ? gpt::NumParams(Scaled(base, so.width, predicted)) : 0),
+                  Shape(Scaled(base, so.width, predicted + 1)).c_str(), next.c_str());
+      std::fflush(stdout);
+    }
+  }
+  CandidateState st = FirstCandidate(base_k, use_prediction, predicted);
+  for (;;) {
+    const int64_t k = st.k;
     if ((so.width ? k * base.heads : k) > (int64_t{1} << 30)) {  // Scaled narrows to int; gpt dimensions stop at 2^30
       return absl::InvalidArgumentError(absl::StrCat("the search passed ", so.width ? "d_model" : "layers",
                                                      " 2^30 without running out of memory: set --device-budget, "
@@ -239,18 +255,12 @@ absl::StatusOr<Search> RunSearch(const TrainOptions& o, const SearchOptions& so,
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     STRATA_RETURN_IF_ERROR(Candidate(o, so, world, *stream, elapsed, results, a, s, &ran));
     if (!s.stopped.empty()) break;
-    if (ran && s.all.back().fits) {
-      good = k;
-    } else {
-      bad = k;  // does not fit, or over --max-params
-      if (good == 0 && k == 1) {
-        return absl::ResourceExhaustedError(
-            ran ? absl::StrCat("not even the smallest model fits: ", s.all.back().why)
-                : "not even the smallest model is within --max-params");
-      }
+    const bool fitted = ran && s.all.back().fits;  // else: does not fit, or over --max-params
+    if (!fitted && st.good == 0 && k == 1) {
+      return absl::ResourceExhaustedError(ran ? absl::StrCat("not even the smallest model fits: ", s.all.back().why)
+                                              : "not even the smallest model is within --max-params");
     }
-    k = bad == 0 ? 2 * k : (good + bad) / 2;
-    if (bad != 0 && k == good) break;
+    if (!NextCandidate(st, fitted)) break;
   }
   if (s.best < 0) return absl::DeadlineExceededError(absl::StrCat("no candidate fitted before the search ended: ", s.stopped));
   return s;
@@ -265,7 +275,7 @@ absl::Status Capacity(const TrainOptions& o, const SearchOptions& so, comm::Comm
     STRATA_RETURN_IF_ERROR(results.Open(so.results));
     if (!so.results.empty()) std::printf("appending each finished candidate to %s\n", so.results.c_str());
   }
-  STRATA_ASSIGN_OR_RETURN(const Search s, RunSearch(o, so, world, results));
+  STRATA_ASSIGN_OR_RETURN(const Search s, RunSearch(o, so, world, free_disk, results));
   if (world.rank() != 0) return absl::OkStatus();
   PrintTable(s.all);
   if (!s.stopped.empty()) std::printf("search stopped early: %s\n", s.stopped.c_str());
@@ -284,7 +294,8 @@ absl::Status Capacity(const TrainOptions& o, const SearchOptions& so, comm::Comm
 absl::Status ParseSearchFlags(const std::vector<std::string>& args, SearchOptions* so, std::vector<std::string>* rest) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    const bool ours = a == "--vary" || a == "--max-params" || a == "--time-limit" || a == "--results" || a == "--probe-bytes";
+    const bool ours = a == "--vary" || a == "--max-params" || a == "--time-limit" || a == "--results" || a == "--probe-bytes" ||
+                      a == "--disk-reserve";
     if (!ours) {
       rest->push_back(a);
       continue;
@@ -299,6 +310,8 @@ absl::Status ParseSearchFlags(const std::vector<std::string>& args, SearchOption
       so->results = v;
     } else if (a == "--probe-bytes") {
       STRATA_ASSIGN_OR_RETURN(so->probe_bytes, ParseBytes(v));
+    } else if (a == "--disk-reserve") {
+      STRATA_ASSIGN_OR_RETURN(so->disk_reserve, ParseBytes(v));
     } else if (!absl::SimpleAtod(v, &d) || !(d > 0) || d > 1e18) {
       return absl::InvalidArgumentError(absl::StrCat(a, " '", v, "' is not a positive number"));
     } else if (a == "--max-params") {
@@ -314,7 +327,7 @@ absl::Status ParseSearchFlags(const std::vector<std::string>& args, SearchOption
 
 std::string BenchCapacityUsage() {
   return "usage: strata bench capacity [--vary layers|width] [--max-params N] [--time-limit S] [--results FILE]\n"
-         "                             [--probe-bytes B] [strata train's flags]\n"
+         "                             [--probe-bytes B] [--disk-reserve B] [strata train's flags]\n"
          "  finds the largest GPT (more layers, or a wider model) whose step trains within --device-budget and\n"
          "  --host-budget, with the offload flags given. Prints each candidate as it starts (size, estimated time)\n"
          "  and ends (fits or why not, step time, peak bytes per tier), then a table of all, the largest model,\n"
@@ -325,7 +338,10 @@ std::string BenchCapacityUsage() {
          "  --max-params N              try no model larger than N parameters (3e9 is accepted)\n"
          "  --time-limit S              start no candidate estimated to end past S seconds; print what finished\n"
          "  --results FILE              append each finished candidate to FILE as one JSON line\n"
-         "  --probe-bytes B             bytes the bandwidth probe writes then reads (default 64MiB)\n" +
+         "  --probe-bytes B             bytes the bandwidth probe writes then reads (default 64MiB)\n"
+         "  --disk-reserve B            with NVMe offload the search starts at the largest model the engine's\n"
+         "                              accounting predicts to fit the budgets and the free disk less B\n"
+         "                              (default 2GiB), and tries nothing larger\n" +
          TrainUsage().substr(TrainUsage().find('\n') + 1);
 }
 

@@ -107,16 +107,18 @@ double PrintCapacityBound(const engine::EngineConfig& cfg, uint64_t free_disk, c
               "per parameter\n");
   bool unlimited = false;
   const double room = PrintRoom(cfg, free_disk, bpp, ranks, &unlimited);
-  std::printf("  bytes/param   %.2f: the engine's accounting of the largest model's parameter, gradient, master and\n"
-              "                optimizer state (device %.2f, pinned_host %.2f, nvme %.2f); the least this config needs\n"
-              "                (param dtype, fp32 master unless the params are fp32, optimizer state%s): %.2f\n",
-              bpp.total, bpp.tier[0], bpp.tier[1], bpp.tier[2],
-              cfg.optimizer_in_backward ? "; no gradient: --optimizer-in-backward" : ", fp32 gradient", bpp.formula);
-  if (unlimited || bpp.total <= 0) {
+  std::printf("  bytes/param   %.2f: the least this config keeps (param dtype, fp32 master unless the params are fp32,\n"
+              "                optimizer state%s); the engine's accounting of the largest model's parameter, gradient,\n"
+              "                master and optimizer state: %.2f (device %.2f, pinned_host %.2f, nvme %.2f)\n",
+              bpp.formula, cfg.optimizer_in_backward ? "; no gradient: --optimizer-in-backward" : ", fp32 gradient",
+              bpp.total, bpp.tier[0], bpp.tier[1], bpp.tier[2]);
+  if (unlimited || bpp.formula <= 0) {
     std::printf("  no bound: a budget of a tier that holds state is unlimited\n");
     return 0;
   }
-  const double bound = room / bpp.total;
+  // The physical bound divides by what must be kept, not by what this engine keeps: bytes the engine
+  // holds beyond the least (an fp32 params' copy beside the master, padding) lower the fraction reached.
+  const double bound = room / bpp.formula;
   std::printf("  bound         %.4g parameters; the largest model found, %lld, is %.3g of it\n", bound,
               static_cast<long long>(largest), static_cast<double>(largest) / bound);
   return bound;

@@ -1,11 +1,12 @@
 // The physical bound of `strata bench capacity`, and the I/O floor of its largest model's step.
 //
-// Bound: (free disk on the NVMe path(s) + host budget) / (bytes per parameter the run keeps somewhere);
-// a tier counts only when the engine keeps state on it, so without offload the device budget is the room.
-// The bytes per parameter come from the engine's own accounting of a finished candidate (its memory
+// Bound: (free disk on the NVMe path(s) + host budget) / (bytes per parameter that must be kept: the
+// config's least, param dtype + fp32 master unless the params are fp32 + optimizer state + fp32 gradient
+// unless the update runs in backward); a tier counts only when the engine keeps state on it, so without
+// offload the device budget is the room. The engine's own accounting of a finished candidate (its memory
 // tracker's persistent kinds: parameter shard, gradient shard, fp32 master, optimizer state, on every
-// tier), so whatever the config places where is counted as it is; the formula from the config is printed
-// beside it as a check. The free disk is measured before the first candidate runs.
+// tier) is printed beside the least: what it keeps above it is the engine's, not the box's, limit. The
+// free disk is measured before the first candidate runs.
 //
 // Floor: the NVMe bytes the engine counted over the last step (read and written) over the bandwidth
 // of the same path measured in the same run (fio when installed, else the store's own probe; `strata
