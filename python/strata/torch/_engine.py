@@ -82,7 +82,7 @@ class Engine:
         one strata_comm_create_torchrun and the engine take (unverified on a GPU)."""
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         d = choose_device([p.device for p in model.parameters()], requested, os.environ, cuda_count,
-                          torchrun=_comm.torchrun_launch(os.environ, _comm.world().Get_size()) is not None)
+                          torchrun=_comm._torchrun() is not None)
         if d.type == "cuda" and cuda_count > 0:
             torch.cuda.set_device(d)
         return d
