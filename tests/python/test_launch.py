@@ -46,33 +46,46 @@ def _torchrun_probe(mode):
     return p.returncode, p.stdout + p.stderr, time.monotonic() - start
 
 
+def _on_rank_0(check):
+    """One torchrun job, not one per rank of this test job; the others wait for rank 0 even if it fails."""
+    try:
+        if st.rank() == 0:
+            check()
+    finally:
+        st.world().Barrier()
+
+
 def test_torchrun_two_ranks_of_a_host_model_fail_at_shard():
-    if st.rank() == 0:  # one torchrun job, not one per rank of this test job
-        rc, out, _ = _torchrun_probe("host")
-        assert rc != 0, out
-        assert out.count("started by torchrun (WORLD_SIZE=2)") >= 2, out  # both ranks say it
-        assert "mpirun -n 2 python launch_probe.py" in out, out
-        # torchrun's ranks and the front end's collectives are real before the refusal
-        assert "rank 0 of 2, mean rank 0.5" in out and "rank 1 of 2, mean rank 0.5" in out, out
-        assert "sharded" not in out, out
-    st.world().Barrier()
+    _on_rank_0(_host_model_refused)
+
+
+def _host_model_refused():
+    rc, out, _ = _torchrun_probe("host")
+    assert rc != 0, out
+    assert out.count("started by torchrun (WORLD_SIZE=2)") >= 2, out  # both ranks say it
+    assert "mpirun -n 2 python launch_probe.py" in out, out
+    # torchrun's ranks and the front end's collectives are real before the refusal
+    assert "rank 0 of 2, mean rank 0.5" in out and "rank 1 of 2, mean rank 0.5" in out, out
+    assert "sharded" not in out, out
 
 
 def test_torchrun_two_ranks_of_a_cuda_model_without_a_gpu_fail_naming_it():
     """The NCCL bootstrap of strata_comm_create_torchrun for real: rank 0's NCCL id reaches rank 1 over the
     exchange (both name the same id, whose first 8 bytes are a random magic of the job), then each rank
     fails naming the missing GPU, quickly (the collective timeout is 120 s)."""
-    if st.rank() == 0:
-        rc, out, seconds = _torchrun_probe("cuda")
-        assert rc != 0, out
-        ids = {}
-        for r in (0, 1):
-            m = re.search(rf"rank {r} failed: StrataError: STRATA_ERR_FAILED_PRECONDITION: rank {r} of 2 "
-                          rf"\(torchrun, LOCAL_RANK {r}\): no CUDA GPU is visible .*? the bootstrap exchange "
-                          rf"with rank 0 at 127.0.0.1:\d+ had completed \(NCCL id ([0-9a-f]{{16}})\.\.\.\)", out)
-            assert m, out
-            ids[r] = m.group(1)
-        assert ids[0] == ids[1], out
-        assert "sharded" not in out, out
-        assert seconds < 60, f"{seconds:.0f} s: waited for a deadline?\n{out}"
-    st.world().Barrier()
+    _on_rank_0(_cuda_model_fails_naming_the_gpu)
+
+
+def _cuda_model_fails_naming_the_gpu():
+    rc, out, seconds = _torchrun_probe("cuda")
+    assert rc != 0, out
+    ids = {}
+    for r in (0, 1):
+        m = re.search(rf"rank {r} failed: StrataError: STRATA_ERR_FAILED_PRECONDITION: strata_comm_create_torchrun: "
+                      rf"rank {r} of 2 \(torchrun, LOCAL_RANK {r}\): no CUDA GPU is visible .*?\. The bootstrap "
+                      rf"exchange with rank 0 at 127.0.0.1:\d+ had completed \(NCCL id ([0-9a-f]{{16}})\.\.\.\)", out)
+        assert m, out
+        ids[r] = m.group(1)
+    assert ids[0] == ids[1], out
+    assert "sharded" not in out, out
+    assert seconds < 60, f"{seconds:.0f} s: waited for a deadline?\n{out}"
