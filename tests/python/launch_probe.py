@@ -13,7 +13,7 @@ import strata.torch as st
 print(f"imported: rank {st.rank()} of {st.world_size()}, mean rank {st.all_reduce_mean(st.rank())}", flush=True)
 model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
 try:
-    st.shard(model, config={"strata": {"collective_timeout_ms": 120000}},
+    st.shard(model, config={"strata": {"collective_timeout_ms": 900000}},
              device="cuda" if sys.argv[1] == "cuda" else None)
 except Exception as e:  # noqa: BLE001 (printed and re-raised as an exit status)
     print(f"rank {st.rank()} failed: {type(e).__name__}: {e}", flush=True)

@@ -42,7 +42,7 @@ def _torchrun_probe(mode):
     env["STRATA_BOOTSTRAP_PORT"] = str(_free_port())
     start = time.monotonic()
     p = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                        str(_free_port()), script, mode], env=env, capture_output=True, text=True, timeout=300)
+                        str(_free_port()), script, mode], env=env, capture_output=True, text=True, timeout=600)
     return p.returncode, p.stdout + p.stderr, time.monotonic() - start
 
 
@@ -72,7 +72,8 @@ def _host_model_refused():
 def test_torchrun_two_ranks_of_a_cuda_model_without_a_gpu_fail_naming_it():
     """The NCCL bootstrap of strata_comm_create_torchrun for real: rank 0's NCCL id reaches rank 1 over the
     exchange (both name the same id, whose first 8 bytes are a random magic of the job), then each rank
-    fails naming the missing GPU, quickly (the collective timeout is 120 s)."""
+    fails naming the missing GPU, quickly: well inside the 900 s collective timeout of the probe, so no
+    deadline was waited for (about 16 s on an idle host, two imports of torch)."""
     _on_rank_0(_cuda_model_fails_naming_the_gpu)
 
 
@@ -88,4 +89,4 @@ def _cuda_model_fails_naming_the_gpu():
         ids[r] = m.group(1)
     assert ids[0] == ids[1], out
     assert "sharded" not in out, out
-    assert seconds < 60, f"{seconds:.0f} s: waited for a deadline?\n{out}"
+    assert seconds < 300, f"{seconds:.0f} s: waited for a deadline?\n{out}"
