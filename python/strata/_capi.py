@@ -73,6 +73,7 @@ class Stats(_Versioned):
 _P = ctypes.POINTER
 _SIGNATURES = {  # name: argument types (every function returns a strata_status unless listed in _OTHER)
     "strata_comm_create_mpi": [c_int32, _P(c_void_p)],
+    "strata_comm_create_torchrun": [c_int64, _P(c_void_p)],
     "strata_comm_rank": [c_void_p, _P(c_int32)],
     "strata_comm_size": [c_void_p, _P(c_int32)],
     "strata_comm_abort": [c_void_p, c_char_p],

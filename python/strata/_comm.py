@@ -1,9 +1,13 @@
-"""The job's ranks: MPI_COMM_WORLD through mpi4py (launch with `mpirun -n N python train.py`).
+"""The job's ranks: MPI_COMM_WORLD through mpi4py (`mpirun -n N python train.py`), or, for a model on CUDA,
+torchrun's world (`torchrun --nproc_per_node N train.py`; docs/decisions/0020).
 
 mpi4py initialises MPI with MPI_THREAD_MULTIPLE, which Strata needs when it adopts a host-initialised MPI;
 Strata duplicates the world communicator (strata_comm_create_mpi), so its traffic never meets the
-host's. One strata communicator serves every engine of the process; it is destroyed at exit after the
-engines still alive (Python's atexit runs before mpi4py finalises MPI).
+host's. Under torchrun (each process a 1-rank MPI singleton) a CUDA engine's communicator is
+strata_comm_create_torchrun's NCCL world, and the front end's own small collectives (rank 0's initial
+values, all_reduce_mean) run on a gloo group of torch.distributed over the same ranks. One strata
+communicator serves every engine of the process; it is destroyed at exit after the engines still alive
+(Python's atexit runs before mpi4py finalises MPI).
 """
 import atexit
 import ctypes
@@ -16,45 +20,106 @@ from mpi4py import MPI
 from strata import _capi
 
 
-def torchrun_refusal(env, mpi_size):
-    """The error for a torchrun launch of more than one rank, else None (docs/decisions/0007). Under
-    torchrun each process initialises MPI as a 1-rank singleton, so it would train a model of its own;
-    the host back-end's collectives need MPI's world. MPI's world wins when it has more than one rank or
-    mpirun started the process (OMPI_COMM_WORLD_SIZE, PMI_SIZE), whatever the shell still holds."""
+def torchrun_launch(env, mpi_size):
+    """(rank, world_size, local_rank) of a torchrun launch, else None (docs/decisions/0007): recognised by
+    WORLD_SIZE; MPI's world wins when it has more than one rank or mpirun started the process
+    (OMPI_COMM_WORLD_SIZE, PMI_SIZE), whatever the shell still holds."""
+    if "WORLD_SIZE" not in env or mpi_size > 1 or "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env:
+        return None
     try:
-        size = int(env.get("WORLD_SIZE", "1"))
+        size = int(env["WORLD_SIZE"])
+        rank = int(env.get("RANK", "0"))
+        local = int(env.get("LOCAL_RANK", rank))
     except ValueError:
+        return None  # not torchrun's: left to strata_comm_create_torchrun, which names the variable
+    return rank, size, local
+
+
+def torchrun_refusal(env, mpi_size):
+    """The error for a torchrun launch of more than one rank of a host (CPU) model, else None. Under
+    torchrun each process initialises MPI as a 1-rank singleton, so it would train a model of its own;
+    the host back-end's collectives need MPI's world. A model on CUDA is not refused (NCCL's world)."""
+    launch = torchrun_launch(env, mpi_size)
+    if launch is None or launch[1] <= 1:
         return None
-    if size <= 1 or mpi_size > 1 or "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env:
-        return None
+    size = launch[1]
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
     return (f"strata: started by torchrun (WORLD_SIZE={size}), where each process is its own 1-rank MPI "
-            f"world and would train a model of its own; strata.torch's ranks are MPI's: launch with "
-            f"`mpirun -n {size} python {script}` (or srun)")
+            f"world and would train a model of its own; strata.torch's ranks on the host are MPI's: launch with "
+            f"`mpirun -n {size} python {script}` (or srun), or put the model on CUDA (torchrun's ranks then "
+            f"bootstrap NCCL)")
 
 
-_refusal = torchrun_refusal(os.environ, MPI.COMM_WORLD.Get_size())
-if _refusal:  # at import, on every rank, before any engine or collective
-    raise RuntimeError(_refusal)
+def _torchrun():
+    return torchrun_launch(os.environ, MPI.COMM_WORLD.Get_size())
+
 
 _comm = None
 _engines = weakref.WeakSet()
+
+
+_kind = None  # "mpi" or "torchrun": the kind of _comm
+_gloo = None
 
 
 def world():
     return MPI.COMM_WORLD
 
 
-def strata_comm():
-    """The process's strata_comm* (created on first use; collective then)."""
-    global _comm
-    if _comm is None:
-        out = ctypes.c_void_p()
+def strata_comm(cuda=False, timeout_ms=0):
+    """The process's strata_comm* (created on first use; collective then): torchrun's NCCL world for a CUDA
+    engine under torchrun, else MPI's world (on CUDA the engine bootstraps NCCL over it)."""
+    global _comm, _kind
+    kind = "torchrun" if cuda and _torchrun() is not None else "mpi"
+    if not cuda:
+        refusal = torchrun_refusal(os.environ, MPI.COMM_WORLD.Get_size())
+        if refusal:  # on every rank, before any engine or collective
+            raise RuntimeError(refusal)
+    if _comm is not None:
+        if kind != _kind:
+            raise RuntimeError(f"strata: this process's engines already run on the {_kind} world; a host and a "
+                               f"CUDA model cannot both be sharded under torchrun")
+        return _comm
+    out = ctypes.c_void_p()
+    if kind == "torchrun":
+        _capi.check(_capi.lib.strata_comm_create_torchrun(int(timeout_ms), ctypes.byref(out)))
+    else:
         _capi.check(_capi.lib.strata_comm_create_mpi(MPI.COMM_WORLD.py2f(), ctypes.byref(out)))
-        _comm = out
-        if MPI.COMM_WORLD.Get_size() > 1:
-            _abort_on_uncaught_exception()
+    _comm, _kind = out, kind
+    if kind == "mpi" and MPI.COMM_WORLD.Get_size() > 1:
+        _abort_on_uncaught_exception()
     return _comm
+
+
+def _gloo_group():
+    """torchrun's ranks for host-buffer collectives: torch.distributed's gloo, over torchrun's store."""
+    global _gloo
+    if _gloo is None:
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+            _gloo = dist.group.WORLD
+        else:  # the script's own process group (often NCCL): a gloo group beside it
+            _gloo = dist.new_group(backend="gloo")
+    return _gloo
+
+
+def broadcast_from_0(t):
+    """Rank 0's values of a contiguous CPU tensor into every rank's (collective)."""
+    if _torchrun() is None:
+        MPI.COMM_WORLD.Bcast(t.numpy(), root=0)
+    elif world_size() > 1:
+        import torch.distributed as dist
+        dist.broadcast(t, src=0, group=_gloo_group())
+
+
+def all_reduce_sum(t):
+    """In place: the sum over ranks of a contiguous CPU float64 tensor (collective)."""
+    if _torchrun() is None:
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM)
+    elif world_size() > 1:
+        import torch.distributed as dist
+        dist.all_reduce(t, group=_gloo_group())
 
 
 def _abort_on_uncaught_exception():
@@ -94,15 +159,21 @@ def _shutdown():
 
 
 def rank():
-    return MPI.COMM_WORLD.Get_rank()
+    t = _torchrun()
+    return MPI.COMM_WORLD.Get_rank() if t is None else t[0]
 
 
 def world_size():
-    return MPI.COMM_WORLD.Get_size()
+    t = _torchrun()
+    return MPI.COMM_WORLD.Get_size() if t is None else t[1]
 
 
 def abort(reason):
-    """Ends the whole job from this rank (MPI_Abort), so the others do not wait for a deadline."""
+    """Ends the whole job from this rank (MPI_Abort), so the others do not wait for a deadline. Under torchrun
+    the process exits non-zero and torchrun's agent stops the other ranks."""
+    if _kind == "torchrun":
+        print(f"strata: aborting: {reason}", file=sys.stderr, flush=True)
+        os._exit(1)
     if _comm is not None:
         _capi.lib.strata_comm_abort(_comm, reason.encode())
     MPI.COMM_WORLD.Abort(1)

@@ -43,7 +43,7 @@ absl::Status RefuseTorchrunWorld(int mpi_rank, int mpi_size) {
   if (!launch.torchrun || launch.size == 1) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "started by torchrun (WORLD_SIZE=", launch.size, "), where MPI's world is this process alone: launch with "
-      "`mpirun -n ", launch.size, "` (or srun), or pass torchrun's NCCL communicator to strata_comm_create_nccl"));
+      "`mpirun -n ", launch.size, "` (or srun), or pass torchrun's NCCL communicator to strata_comm_create_nccl, or on GPUs use strata_comm_create_torchrun"));
 }
 #endif
 
@@ -73,6 +73,33 @@ absl::Status CreateMpiWorld(strata_comm** out) {
   return absl::OkStatus();
 #else
   return MpiUnavailable();
+#endif
+}
+
+// The torchrun world on GPUs, as `strata train` makes it (StartWorlds in runtime/comm/launcher.cc; decision
+// 0007): rank 0's NCCL id over the TCP exchange of runtime/comm/bootstrap.h, then a nonblocking NCCL
+// initialisation on the calling thread's current device, each bounded by the timeout.
+absl::Status CreateTorchrunWorld(int64_t timeout_ms, strata_comm** out) {
+#if STRATA_WITH_NCCL
+  absl::StatusOr<comm::TorchrunEnv> env = comm::TorchrunLaunch();
+  if (absl::IsNotFound(env.status())) {
+    return absl::FailedPreconditionError(
+        "not a torchrun launch (WORLD_SIZE is unset, or mpirun / srun started the process): use "
+        "strata_comm_create_mpi_world or strata_comm_create_mpi there");
+  }
+  STRATA_RETURN_IF_ERROR(env.status());
+  STRATA_ASSIGN_OR_RETURN(const comm::NcclApi* nccl, comm::NcclBackend());
+  comm::Options o = WorldOptions();
+  if (timeout_ms > 0) o.timeout_ms = timeout_ms;
+  auto c = std::make_unique<strata_comm>();
+  STRATA_ASSIGN_OR_RETURN(c->comm, nccl->create_from_torchrun(*env, o));
+  *out = c.release();
+  return absl::OkStatus();
+#else
+  (void)timeout_ms, (void)out;
+  return absl::UnimplementedError(
+      "this libstrata was built without NCCL (STRATA_WITH_CUDA=OFF or NCCL not found): a torchrun launch needs "
+      "GPUs; use mpirun with strata_comm_create_mpi_world");
 #endif
 }
 
@@ -126,6 +153,14 @@ strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out) {
         "this libstrata was built without NCCL (STRATA_WITH_CUDA=OFF or NCCL not found); use strata_comm_create_mpi "
         "or strata_comm_create_mpi_world");
 #endif
+  });
+}
+
+strata_status strata_comm_create_torchrun(int64_t timeout_ms, strata_comm** out) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (out == nullptr) return NullArgument("out");
+    *out = nullptr;
+    return strata::capi::CreateTorchrunWorld(timeout_ms, out);
   });
 }
 

@@ -112,6 +112,20 @@ strata_status strata_comm_create_mpi(int32_t mpi_comm_fortran_handle, strata_com
  * the calling thread. STRATA_ERR_UNIMPLEMENTED in a build without CUDA and NCCL. */
 strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out);
 
+/* Collective over a torchrun launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), for engines
+ * with STRATA_DEVICE_CUDA; the bootstrap `strata train` uses under torchrun. Rank 0's NCCL id travels over a
+ * TCP exchange that rank 0 serves on MASTER_ADDR at MASTER_PORT + 1 (STRATA_BOOTSTRAP_PORT overrides it;
+ * torchrun's own store keeps MASTER_PORT), then NCCL initialises, nonblocking, on the calling thread's
+ * current CUDA device (set it to the rank's GPU, e.g. LOCAL_RANK's, first). Each part is bounded by
+ * `timeout_ms` (<= 0: 60000): a rank that never arrives is STRATA_ERR_DEADLINE_EXCEEDED naming the address
+ * or the ranks missing. STRATA_ERR_FAILED_PRECONDITION when the process is no torchrun launch (WORLD_SIZE
+ * unset, or an MPI launcher started it), when the CUDA back-end module is absent, or when no GPU is visible
+ * (checked after the exchange; the message says the exchange completed). A malformed variable is
+ * STRATA_ERR_INVALID_ARGUMENT naming it. STRATA_ERR_UNIMPLEMENTED in a build without CUDA and NCCL.
+ * Unverified on a GPU (no session has had one to run it): the exchange and the missing-GPU error are
+ * tested on a host. */
+strata_status strata_comm_create_torchrun(int64_t timeout_ms, strata_comm** out);
+
 /* `world_size` ranks as threads of this process (for tests and single-process use): fills
  * out_comms[0 .. world_size-1], one per rank. Each must be used from its own thread, since the collective
  * calls of the ranks rendezvous with each other. 1 <= world_size <= 2^20. */

@@ -522,6 +522,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromTorchrun(const Torch
     STRATA_ASSIGN_OR_RETURN(id, NewNcclId());
   }
   STRATA_ASSIGN_OR_RETURN(id, ExchangeBlob(env, id, options.timeout_ms));
+  // After the exchange, so that a rank without a GPU says that the launch itself worked (the ranks share
+  // rank 0's id, whose first bytes are a random magic of this job) and only the device is missing.
+  if (device::CudaDeviceCount() == 0) {
+    std::string magic;
+    for (size_t i = 0; i < 8 && i < id.size(); ++i) absl::StrAppend(&magic, absl::Hex(static_cast<uint8_t>(id[i]), absl::kZeroPad2));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", env.rank, " of ", env.world_size, " (torchrun, LOCAL_RANK ", env.local_rank,
+        "): no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); NCCL needs one per rank. The "
+        "bootstrap exchange with rank 0 at ", env.master_addr, ":", env.exchange_port, " had completed (NCCL id ",
+        magic, "...)"));
+  }
   return CreateNcclCommunicator(id, env.rank, env.world_size, options);
 }
 

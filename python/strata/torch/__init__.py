@@ -4,12 +4,14 @@
     engine = st.shard(model, config="ds_config.json")   # a dict or a path: DeepSpeed-style keys
     loss = model(x, labels=y).loss; loss.backward(); engine.step()
 
-Launch with `mpirun -n N python train.py`; every rank runs the same code on its own micro-batches.
+Launch with `mpirun -n N python train.py`; every rank runs the same code on its own micro-batches. A model
+on CUDA (or shard(..., device="cuda")) trains on the GPU of its local rank over NCCL, under mpirun or
+`torchrun --nproc_per_node N train.py` (unverified on a GPU: docs/decisions/0020).
 """
 import torch  # noqa: F401  (before libstrata: see strata/__init__.py)
 
 from strata import StrataError
-from strata._comm import rank, world_size, world
+from strata._comm import _torchrun, all_reduce_sum, rank, world_size, world
 from strata.torch._engine import Engine
 
 __all__ = ["shard", "Engine", "rank", "world_size", "all_reduce_mean", "StrataError"]
@@ -22,13 +24,20 @@ def shard(model, config=None, unit_classes=None, **kwargs):
     Rank 0's parameter values are every rank's initial values. `weight_decay=callable(name, param)`
     says which parameters AdamW decays (default: those with 2 or more dimensions). A parameter with
     requires_grad=False is frozen (fine-tuning, adapters): gathered and checkpointed, never reduced or
-    updated, no .grad and no gradient or optimizer memory."""
+    updated, no .grad and no gradient or optimizer memory. `device`: "cuda" (or "cuda:k", a torch.device)
+    or "cpu"; default: where the model's parameters are. On CUDA the engine's buffers are on the GPU of the
+    local rank and the parameter views are CUDA tensors over them (unverified on a GPU)."""
     return Engine(model, config=config, unit_classes=unit_classes, **kwargs)
 
 
 def all_reduce_mean(x):
-    """The mean over ranks of a number or a tensor (collective)."""
+    """The mean over ranks of a number or a tensor (collective; a CUDA tensor comes back on its device)."""
     from mpi4py import MPI
+    if _torchrun() is not None:  # torchrun's ranks (a CUDA model): torch.distributed's gloo
+        t = torch.as_tensor(x).detach().to("cpu", torch.float64).contiguous().clone()
+        all_reduce_sum(t)
+        t = t / world_size()
+        return t.to(x.device, x.dtype) if isinstance(x, torch.Tensor) else float(t)
     if isinstance(x, torch.Tensor):
         t = x.detach().to(torch.float64).contiguous().clone()
         world().Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM)

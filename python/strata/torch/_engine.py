@@ -9,6 +9,7 @@ import torch
 from strata import _capi, _comm
 from strata.torch import _hooks
 from strata.torch._buffers import Layout
+from strata.torch._device import choose_device
 from strata.torch._units import split_units
 
 _lib = _capi.lib
@@ -45,7 +46,7 @@ class Engine:
     """Made by strata.torch.shard. The model's parameters are the engine's from then on: views of its
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
-    def __init__(self, model, config=None, unit_classes=None, weight_decay=_default_weight_decay):
+    def __init__(self, model, config=None, unit_classes=None, weight_decay=_default_weight_decay, device=None):
         self.model = model
         self.config = _config(config)
         self.accumulation = int(self.config.get("gradient_accumulation_steps", 1))
@@ -58,9 +59,14 @@ class Engine:
         if not specs:
             raise ValueError("strata: the model has no parameters")
         self.config.setdefault("strata", {}).setdefault("max_live_units", _live_units(model, specs))
-        opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode())
+        self.device = self._start_device(model, device)
+        cuda = self.device.type == "cuda"
+        comm = _comm.strata_comm(cuda, self.config["strata"].get("collective_timeout_ms", 0))
+        if cuda:
+            self._torch_on_cuda()
+        opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode(), device=int(cuda))
         handle = ctypes.c_void_p()
-        _capi.check(_lib.strata_engine_create(_comm.strata_comm(), opts, ctypes.byref(handle)))
+        _capi.check(_lib.strata_engine_create(comm, opts, ctypes.byref(handle)))
         self.handle = handle
         _comm.track(self)
         self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
@@ -71,6 +77,35 @@ class Engine:
         self._install_hooks()
 
     # ---- set-up ----
+    def _start_device(self, model, requested):
+        """The engine's device (_device.choose_device); on CUDA it becomes torch's current device, the
+        one strata_comm_create_torchrun and the engine take (unverified on a GPU)."""
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        d = choose_device([p.device for p in model.parameters()], requested, os.environ, cuda_count,
+                          torchrun=_comm._torchrun() is not None)
+        if d.type == "cuda" and cuda_count > 0:
+            torch.cuda.set_device(d)
+        return d
+
+    def _torch_on_cuda(self):
+        """After the communicator (whose bootstrap names a GPU strata cannot see): torch must see it too,
+        and the model's buffers (not parameters: those become the engine's) move to it."""
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"strata: rank {_comm.rank()}: the engine is on {self.device}, but torch sees no "
+                               f"CUDA GPU (torch {torch.__version__}, CUDA {torch.version.cuda}; "
+                               f"torch.cuda.is_available() is False)")
+        for m in self.model.modules():
+            for k, b in m._buffers.items():
+                if b is not None and b.device != self.device:
+                    m._buffers[k] = b.to(self.device)
+
+    def fence(self):
+        """Before end_forward / end_backward: torch's queued kernels that read the unit's parameters or
+        write its gradients finish first (the C ABI's contract for a CUDA engine), so the engine's streams
+        may then reuse the gathered buffer and reduce the gradients. A host engine computes synchronously."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     def _register(self, uid, spec, weight_decay):
         keep = []  # the specs' strings and shapes live until the call returns
         arr = (_capi.ParamSpec * len(spec.params))()
@@ -95,15 +130,15 @@ class Engine:
             offsets.append(info.offset_elems)
             numels.append(info.numel)
             dtype = info.dtype
-        return _hooks.UnitState(uid, spec, Layout(shapes, offsets, numels, dtype))
+        return _hooks.UnitState(uid, spec, Layout(shapes, offsets, numels, dtype,
+                                                  self.device if self.device.type == "cuda" else None))
 
     def _load_initial_values(self):
         """Rank 0's values of the torch model become every rank's (so ranks need not seed alike)."""
-        world = _comm.world()
         for u in self.units:
             for i, p in enumerate(u.spec.params):
-                v = p.detach().to(torch.float32).contiguous().clone()
-                world.Bcast(v.numpy(), root=0)
+                v = p.detach().to("cpu", torch.float32).contiguous().clone()
+                _comm.broadcast_from_0(v)
                 _capi.check(_lib.strata_engine_set_param(self.handle, u.id, i, ctypes.c_void_p(v.data_ptr()),
                                                          v.numel()))
             u.clear()

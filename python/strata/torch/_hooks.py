@@ -98,7 +98,7 @@ class UnitState:
     def clear(self):
         with torch._C.DisableTorchFunction():
             for p in self.spec.params:
-                p.data = placeholder(p.dtype)
+                p.data = placeholder(p.dtype, self.layout.device)
                 p.grad = None
 
 
@@ -138,6 +138,7 @@ class Tracker:
         u.forward_open -= 1
         u.clear()
         u.forward_flat = None
+        self.engine.fence()
         self._call(_capi.lib.strata_engine_end_forward, u.id)
 
     def begin_backward(self, u):
@@ -176,11 +177,12 @@ class Tracker:
         u.backward_uses += 1
         u.clear()
         u.backward_flat = None
+        self.engine.fence()
         self._call(_capi.lib.strata_engine_end_backward, u.id)
 
     # ---- saved tensors ----
     def pack(self, t):
-        if t.device.type != "cpu" or t.layout != torch.strided:
+        if t.device != self.engine.device or t.layout != torch.strided:
             return t
         u = self.live_forward.get(t.untyped_storage().data_ptr())
         if u is None:

@@ -123,6 +123,16 @@ TEST(CApiErrors, CudaAndNcclEntryPointsSayWhatIsMissing) {
   EXPECT_STRATA_ERROR(strata_comm_create_nccl(nullptr, &c), STRATA_ERR_UNIMPLEMENTED, "built without NCCL");
 #endif
   EXPECT_EQ(c, nullptr);
+  // Not a torchrun launch (the test runs with none of its variables): refused before any socket or NCCL.
+  c = reinterpret_cast<strata_comm*>(0x1);
+  EXPECT_STRATA_ERROR(strata_comm_create_torchrun(0, nullptr), kInvalid, "out is NULL");
+#if STRATA_TEST_NCCL
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  EXPECT_STRATA_ERROR(strata_comm_create_torchrun(0, &c), STRATA_ERR_FAILED_PRECONDITION, "not a torchrun launch");
+#else
+  EXPECT_STRATA_ERROR(strata_comm_create_torchrun(0, &c), STRATA_ERR_UNIMPLEMENTED, "built without NCCL");
+#endif
+  EXPECT_EQ(c, nullptr);
   RunCRanks(1, [](int, strata_comm* comm) {
     strata_engine* e = nullptr;
     strata_engine_options o = STRATA_ENGINE_OPTIONS_INIT;
