@@ -106,6 +106,7 @@ def strata_config(a):
     if a.nvme_path:
         for key in ("offload_param", "offload_optimizer"):
             cfg["zero_optimization"][key] = {"device": "nvme", "nvme_path": a.nvme_path}
+    cfg["strata"].update(json.loads(a.strata_keys))
     return cfg
 
 
@@ -283,6 +284,7 @@ def launch(a, mode, shape=None, nvme=None, limit=None, timeout=3600):
         cmd += ["--rss-limit-mib", str(limit)]
     if live:
         cmd += ["--strata-live", str(live)]
+    cmd += ["--strata-keys", a.strata_keys]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 2000))
     t = time.time()
@@ -384,6 +386,8 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--strata-live", type=int, default=0, help="strata.max_live_units (default: strata.torch's)")
+    p.add_argument("--strata-keys", default="{}", help='more strata.* keys for strata.torch, as JSON: '
+                   '\'{"optimizer_in_backward": true}\'')
     p.add_argument("--capacity", action="store_true")
     p.add_argument("--shapes", default=SHAPES, help="--capacity: n_layer x n_embd shapes to try, growing")
     p.add_argument("--nvme-path", default=None)
