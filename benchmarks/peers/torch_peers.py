@@ -106,6 +106,7 @@ def strata_config(a):
     if a.nvme_path:
         for key in ("offload_param", "offload_optimizer"):
             cfg["zero_optimization"][key] = {"device": "nvme", "nvme_path": a.nvme_path}
+    cfg["strata"].update(json.loads(a.strata_keys))
     return cfg
 
 
@@ -113,10 +114,13 @@ def setup_strata(a, model):
     import strata.torch as st
     engine = st.shard(model, strata_config(a))
 
-    def step(x):
+    def step(x, mark):
         loss = model(x, labels=x).loss
+        mark("forward")
         loss.backward()
+        mark("backward")
         engine.step()
+        mark("step")
         return loss
 
     def done():
@@ -152,11 +156,14 @@ def setup_fsdp2(a, model, rank, world):
         opt = torch.optim.AdamW(decay_groups(model), lr=LR)
         fused = False
 
-    def step(x):
+    def step(x, mark):
         loss = model(x, labels=x).loss
+        mark("forward")
         loss.backward()
+        mark("backward")
         opt.step()
         opt.zero_grad(set_to_none=True)
+        mark("step")
         return loss
 
     def done():
@@ -187,10 +194,13 @@ def setup_deepspeed(a, model, rank, world):
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=decay_groups(model),
                                            config=deepspeed_config(a))
 
-    def step(x):
+    def step(x, mark):
         loss = engine(x, labels=x).loss
+        mark("forward")
         engine.backward(loss)
+        mark("backward")
         engine.step()
+        mark("step")
         return loss
 
     def done():
@@ -207,11 +217,18 @@ def worker(a):
     import torch
     torch.set_num_threads(1)
     t_init = time.perf_counter()
+    phases = []  # (phase, VmRSS, VmHWM) in MiB: after import, model build, sharding, and each step's parts
+
+    def mark(name):
+        phases.append((name, round(status_mib("VmRSS")), round(status_mib("VmHWM"))))
+
+    mark("import")
     hwm_import = status_mib("VmHWM")
     PHASE[0] = "building the torch model"
     model = build_model(a)
     model.train()
     hwm_model = status_mib("VmHWM")
+    mark("model")
     n_params = sum(p.numel() for p in model.parameters())
     vocab = model.config.vocab_size
     PHASE[0] = "sharding (the torch model and the engine's buffers)"
@@ -223,17 +240,18 @@ def worker(a):
         step, barrier, done = setup_deepspeed(a, model, rank, world)
     init_s = time.perf_counter() - t_init
     hwm_init = status_mib("VmHWM")
+    mark("shard")
     losses = []
     PHASE[0] = "training"
     for s in range(a.warmup):
-        losses.append(step(batch(a, s, rank, vocab)).item())
+        losses.append(step(batch(a, s, rank, vocab), lambda n, s=s: mark(f"{n}{s}")).item())
     barrier()
     step_s = []
     c0 = time.process_time()
     t0 = time.perf_counter()
     for s in range(a.warmup, a.warmup + a.steps):
         t = time.perf_counter()
-        losses.append(step(batch(a, s, rank, vocab)).item())
+        losses.append(step(batch(a, s, rank, vocab), lambda n, s=s: mark(f"{n}{s}")).item())
         step_s.append(time.perf_counter() - t)
     barrier()
     secs = time.perf_counter() - t0
@@ -242,7 +260,7 @@ def worker(a):
     out = {"rank": rank, "world": world, "params": n_params, "seconds": secs, "cpu_s": cpu, "init_s": init_s,
            "step_s": step_s, "tokens_per_s_rank": a.steps * a.micro_batch * a.seq / secs,
            "vmhwm_mib": status_mib("VmHWM"), "vmhwm_init_mib": hwm_init, "vmhwm_import_mib": hwm_import,
-           "vmhwm_model_mib": hwm_model, "vmrss_mib": status_mib("VmRSS"), "losses": losses}
+           "vmhwm_model_mib": hwm_model, "vmrss_mib": status_mib("VmRSS"), "losses": losses, "phases": phases}
     out.update(extra)
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -266,6 +284,7 @@ def launch(a, mode, shape=None, nvme=None, limit=None, timeout=3600):
         cmd += ["--rss-limit-mib", str(limit)]
     if live:
         cmd += ["--strata-live", str(live)]
+    cmd += ["--strata-keys", a.strata_keys]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 2000))
     t = time.time()
@@ -295,7 +314,8 @@ def summary(r):
             "tokens_per_cpu_s": sum(tokens_rank / x["cpu_s"] for x in ranks),
             "step_s": max(x["seconds"] for x in ranks) / len(ranks[0]["step_s"]),
             "peak_rss_mib": [round(x["vmhwm_mib"]) for x in ranks], "init_s": max(x["init_s"] for x in ranks),
-            "final_loss": ranks[0]["losses"][-1]}
+            "final_loss": ranks[0]["losses"][-1], "engine_peak_mib": ranks[0].get("engine_peak_mib"),
+            "phases": [x["phases"] for x in ranks]}
 
 
 def compare(a):
@@ -317,6 +337,12 @@ def compare(a):
         tpc = ", ".join(f"{s['tokens_per_cpu_s']:.1f}" for s in ok)
         rss = "; ".join("/".join(str(v) for v in s["peak_rss_mib"]) for s in ok)
         print(f"{m:14s} {tps:>14s} {tpc:>14s} {rss:>28s}")
+    print("\nVmRSS / VmHWM (MiB) of rank 0 after each phase (import, model build, sharding, then forward, backward "
+          "and step of each step), last run of each peer")
+    for m in modes:
+        ok = [summary(r) for r in runs[m] if summary(r)]
+        if ok:
+            print(f"{m:14s} " + "  ".join(f"{n} {rss}/{hwm}" for n, rss, hwm in ok[-1]["phases"][0]))
     return runs
 
 
@@ -360,6 +386,8 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--strata-live", type=int, default=0, help="strata.max_live_units (default: strata.torch's)")
+    p.add_argument("--strata-keys", default="{}", help='more strata.* keys for strata.torch, as JSON: '
+                   '\'{"optimizer_in_backward": true}\'')
     p.add_argument("--capacity", action="store_true")
     p.add_argument("--shapes", default=SHAPES, help="--capacity: n_layer x n_embd shapes to try, growing")
     p.add_argument("--nvme-path", default=None)

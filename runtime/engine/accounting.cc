@@ -11,19 +11,18 @@ namespace strata::engine {
 
 namespace {
 
-// The sizes of the engine-wide buffers (what Finalize's SetUp* functions allocate), from the largest unit,
-// the largest shard and the largest update range.
-// `trained` and `trained_shard` are the largest trainable unit and shard, which size the gradient buffers
-// (frozen units have none: Note [Frozen units] in engine_impl.h).
-SharedSizes SharedSizesOf(const EngineConfig& cfg, int live, size_t largest, size_t largest_shard, size_t trained,
+// The sizes of the engine-wide buffers (what Finalize's SetUp* functions allocate), from the pools' plans,
+// the largest shard and the largest update range. `trained_shard` is the largest trainable shard, which
+// sizes the reduce-scatter's scratch (frozen units have none: Note [Frozen units] in engine_impl.h).
+SharedSizes SharedSizesOf(const EngineConfig& cfg, int live, const PoolPlans& pools, size_t largest_shard,
                           size_t trained_shard, size_t tile_elems, const AccountingTarget& target) {
   const uint64_t param_bytes = DTypeBytes(cfg.param_dtype);
   const bool optimizer_on_device = cfg.offload_optimizer.device == OffloadDevice::kNone;
   SharedSizes s;
   s.nvme_staging = uint64_t(NvmeStagingTiles(cfg)) * tile_elems * 4;
   s.nvme_param_buffers = NvmeParamBuffers(cfg, live) * offload::NvmeStore::IoBytes(largest_shard * param_bytes);
-  s.gathered = uint64_t(live) * largest * param_bytes;
-  s.grad_buffers = uint64_t(cfg.max_live_units) * trained * 4 + trained_shard * 4;
+  s.gathered = pools.gathered.elems() * param_bytes;
+  s.grad_buffers = pools.grads.elems() * 4 + trained_shard * 4;
   // Note [Tier placement]: reduced in device memory the CPU cannot reach, the shards on the host.
   const bool staging = cfg.stage >= 2 && !target.device_host_visible && !optimizer_on_device;
   s.grad_staging = staging ? uint64_t(trained_shard) * 4 : 0;
@@ -31,6 +30,15 @@ SharedSizes SharedSizesOf(const EngineConfig& cfg, int live, size_t largest, siz
 }
 
 }  // namespace
+
+PoolPlans PlanPools(const EngineConfig& cfg, int live, const std::vector<size_t>& elems, const std::vector<bool>& frozen) {
+  std::vector<shard::SlotUnit> all, trained;
+  for (size_t i = 0; i < elems.size(); ++i) {
+    all.push_back({static_cast<int>(i), elems[i]});
+    if (!frozen[i]) trained.push_back({static_cast<int>(i), elems[i]});
+  }
+  return PoolPlans{shard::PlanSlots(std::move(all), live), shard::PlanSlots(std::move(trained), cfg.max_live_units)};
+}
 
 MemoryNeed EngineMemoryNeed(const EngineConfig& cfg, const std::vector<shard::UnitLayout>& layouts,
                             const std::vector<UnitExtents>& extents, const AccountingTarget& target) {
@@ -41,12 +49,14 @@ MemoryNeed EngineMemoryNeed(const EngineConfig& cfg, const std::vector<shard::Un
   const Placement at = DecidePlacement(cfg, &device, &host);
   const uint64_t param_bytes = DTypeBytes(cfg.param_dtype);
   const uint64_t state_buffers = optim::StateBuffers(cfg.optimizer);
-  size_t largest = 0, largest_shard = 0, trained = 0, trained_shard = 0, largest_update = 0;
+  size_t largest_shard = 0, trained_shard = 0, largest_update = 0;
   uint64_t params = 0, master = 0, grads = 0, state = 0, nvme_params = 0;
-  std::vector<size_t> update_elems;
+  std::vector<size_t> update_elems, unit_elems;
+  std::vector<bool> frozen;
   for (size_t i = 0; i < layouts.size(); ++i) {
     const UnitExtents& e = extents[i];
-    largest = std::max(largest, layouts[i].total_elems);
+    unit_elems.push_back(layouts[i].total_elems);
+    frozen.push_back(e.frozen);
     largest_shard = std::max(largest_shard, layouts[i].shard_elems);
     params += e.param_elems * param_bytes;
     nvme_params += offload::NvmeStore::IoBytes(std::max<uint64_t>(layouts[i].shard_elems * param_bytes, 1));
@@ -54,7 +64,6 @@ MemoryNeed EngineMemoryNeed(const EngineConfig& cfg, const std::vector<shard::Un
       update_elems.push_back(0);
       continue;
     }
-    trained = std::max(trained, layouts[i].total_elems);
     trained_shard = std::max(trained_shard, layouts[i].shard_elems);
     largest_update = std::max(largest_update, e.update_elems);
     update_elems.push_back(e.update_elems);
@@ -64,7 +73,8 @@ MemoryNeed EngineMemoryNeed(const EngineConfig& cfg, const std::vector<shard::Un
   }
   const int live = LiveGatheredUnits(cfg, static_cast<int>(layouts.size()));
   const size_t tile_elems = NvmeTileElems(cfg, largest_update);
-  const SharedSizes sizes = SharedSizesOf(cfg, live, largest, largest_shard, trained, trained_shard, tile_elems, target);
+  const PoolPlans pools = PlanPools(cfg, live, unit_elems, frozen);
+  const SharedSizes sizes = SharedSizesOf(cfg, live, pools, largest_shard, trained_shard, tile_elems, target);
   const std::vector<SharedBuffer> shared = SharedBuffers(cfg, sizes, &device, &host);
 
   MemoryNeed need;

@@ -15,6 +15,7 @@
 #include "runtime/engine/placement.h"
 #include "runtime/memory/memory.h"
 #include "runtime/shard/layout.h"
+#include "runtime/shard/slot_pool.h"
 
 namespace strata::engine {
 
@@ -36,6 +37,15 @@ struct MemoryNeed {
 struct AccountingTarget {
   bool device_host_visible = true;
 };
+
+// The engine's two slot pools (Note [Slot sizing] in shard/slot_pool.h): the gathered parameters of every
+// unit, `live` (LiveGatheredUnits) at a time, and the gradient working buffers of the trainable units,
+// strata.max_live_units at a time. `elems[i]` and `frozen[i]` are unit i's total elements and whether it is
+// frozen (Note [Frozen units]: no gradient buffer). Finalize creates the pools from these plans.
+struct PoolPlans {
+  shard::SlotPlan gathered, grads;
+};
+PoolPlans PlanPools(const EngineConfig& cfg, int live, const std::vector<size_t>& elems, const std::vector<bool>& frozen);
 
 // The units as the engine lays them out (layouts built for the shard group's size) and what this rank
 // holds of each (DecideExtents). `extents[i]` belongs to `layouts[i]`.

@@ -240,8 +240,7 @@ namespace {
 // The largest unit and shard, of all units and of the trained ones (frozen units have no gradient buffers:
 // Note [Frozen units]).
 struct LargestUnits {
-  size_t elems = 0, shard = 0;
-  size_t trained = 0, trained_shard = 0;
+  size_t shard = 0, trained_shard = 0;
 };
 }  // namespace
 
@@ -284,11 +283,13 @@ absl::Status Engine::Finalize() {
   STRATA_RETURN_IF_ERROR(CheckRegistrations(m));
   LargestUnits largest;
   std::vector<std::string> names;
+  std::vector<size_t> unit_elems;
+  std::vector<bool> frozen;
   for (UnitState& u : m.units) {
-    largest.elems = std::max(largest.elems, u.layout.total_elems);
     largest.shard = std::max(largest.shard, u.layout.shard_elems);
+    unit_elems.push_back(u.layout.total_elems);
+    frozen.push_back(u.frozen());
     if (!u.frozen()) {
-      largest.trained = std::max(largest.trained, u.layout.total_elems);
       largest.trained_shard = std::max(largest.trained_shard, u.layout.shard_elems);
     }
     names.push_back(u.layout.name);
@@ -315,8 +316,9 @@ absl::Status Engine::Finalize() {
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(InitMaster(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
-  if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(live, largest.elems));
-  STRATA_RETURN_IF_ERROR(m.SetUpReducer(largest.trained, largest.trained_shard));
+  const PoolPlans pools = PlanPools(m.cfg, live, unit_elems, frozen);  // what CheckBudgets counted
+  if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(pools.gathered));
+  STRATA_RETURN_IF_ERROR(m.SetUpReducer(pools.grads, largest.trained_shard));
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
   m.progress.finalized = true;
   return absl::OkStatus();

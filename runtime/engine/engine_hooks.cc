@@ -34,9 +34,9 @@ std::unique_ptr<shard::ParamSource> Engine::Impl::HostParamSource(shard::SourceE
   return shard::MakeMemorySource([this](int unit) -> const void* { return units[unit].params.data(); });
 }
 
-absl::Status Engine::Impl::SetUpGatherer(int live, size_t largest) {
-  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(*rt.device_alloc, live, largest * param_bytes(),
-                                                                        memory::Kind::kGathered));
+absl::Status Engine::Impl::SetUpGatherer(const shard::SlotPlan& slots) {
+  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool,
+                          shard::SlotPool::Create(*rt.device_alloc, slots, param_bytes(), memory::Kind::kGathered));
   std::vector<shard::GatherUnit> gathered;
   shard::SourceEnv env{{}, &progress.exposed_io_ns};
   for (const UnitState& u : units) {
@@ -76,7 +76,7 @@ void Engine::Impl::ReleaseParams(int unit) {
   gatherer->Release(unit);
 }
 
-absl::Status Engine::Impl::SetUpReducer(size_t largest, size_t largest_shard) {
+absl::Status Engine::Impl::SetUpReducer(const shard::SlotPlan& slots, size_t largest_shard) {
   std::vector<shard::ReduceUnit> reduced;
   for (UnitState& u : units) {
     reduced.push_back({u.layout.name, u.layout.total_elems, u.layout.shard_elems, u.grads.as<float>()});
@@ -87,8 +87,8 @@ absl::Status Engine::Impl::SetUpReducer(size_t largest, size_t largest_shard) {
     reducer = shard::MakeAllReduceReducer(std::move(reduced), env);
     return absl::OkStatus();
   }
-  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(*rt.device_alloc, cfg.max_live_units, largest * 4,
-                                                                        memory::Kind::kGradWorking));
+  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool,
+                          shard::SlotPool::Create(*rt.device_alloc, slots, 4, memory::Kind::kGradWorking));
   STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch, rt.device_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
   memory::Buffer staging;
   if (GradStagingNeeded()) {

@@ -280,14 +280,14 @@ struct Engine::Impl {
   // Stage 3: the gathered buffers, the gather communicator and stream and where the shards come from
   // (shard/param_source.h), the source picked once in SetUpGatherer.
   std::unique_ptr<shard::Gatherer> gatherer;
-  absl::Status SetUpGatherer(int live, size_t largest);  // engine_hooks.cc
+  absl::Status SetUpGatherer(const shard::SlotPlan& slots);  // engine_hooks.cc
   std::unique_ptr<shard::ParamSource> HostParamSource(shard::SourceEnv env);  // memory or the NVMe cache
   // Gradient reduction on reduce_comm / reduce_stream (shard/grad_reducer.h): all-reduce at stages 0-1,
   // reduce-scatter of pooled working buffers at stages 2-3, picked once in SetUpReducer. Gradient staging
   // (a pinned host copy of the reduce scratch) when the gradient shards are in host memory but the
   // reduction ran in device memory (CUDA with offload_optimizer).
   std::unique_ptr<shard::GradReducer> reducer;
-  absl::Status SetUpReducer(size_t largest, size_t largest_shard);  // engine_hooks.cc
+  absl::Status SetUpReducer(const shard::SlotPlan& slots, size_t largest_shard);  // engine_hooks.cc
   // Only at stages 2-3 on CUDA: SetUpCuda refuses optimizer offload below stage 2.
   bool GradStagingNeeded() const {
     return !rt.device_ops->host_visible() && place.grads->tier() != memory::Tier::kDevice;

@@ -21,9 +21,9 @@ absl::Status Gatherer::Issue(int unit, bool demand) {
   if (slot < 0) {
     if (!demand) return absl::OkStatus();  // prefetch only when a slot is free
     std::vector<std::string> live;
-    for (int i = 0; i < pool_.size(); ++i) live.push_back(units_[pool_.owner(i)].name);
+    for (int owner : pool_.owners()) live.push_back(units_[owner].name);
     return absl::ResourceExhaustedError(absl::StrCat(
-        "unit '", units_[unit].name, "' needs a gathered buffer but all strata.max_live_units=", pool_.size(),
+        "unit '", units_[unit].name, "' needs a gathered buffer but all strata.max_live_units=", pool_.limit(),
         " are held by units [", absl::StrJoin(live, ", "), "]; end a unit before beginning the next, or raise "
         "max_live_units"));
   }

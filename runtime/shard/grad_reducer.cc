@@ -58,7 +58,7 @@ class ReduceScatterReducer final : public GradReducer {
     const int slot = pool_.TryAcquire(unit);
     if (slot < 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "unit '", units_[unit].name, "' needs a gradient buffer but all strata.max_live_units=", pool_.size(),
+          "unit '", units_[unit].name, "' needs a gradient buffer but all strata.max_live_units=", pool_.limit(),
           " are held by units still in backward (tied units hold theirs until their last use); raise max_live_units"));
     }
     slot_[unit] = slot;

@@ -1,6 +1,16 @@
-// A fixed pool of equal-sized buffers for live units: gathered parameters (stage 3) and full-size
-// gradient working buffers (stages 2-3). The pool is allocated once, so the peak of live bytes is
-// slots x slot_bytes by construction (DESIGN "Memory is a contract"); nothing grows on demand.
+// A fixed pool of buffers for live units: gathered parameters (stage 3) and full-size gradient working
+// buffers (stages 2-3). The pool is allocated once, so the peak of live bytes is the pool's bytes by
+// construction (DESIGN "Memory is a contract"); nothing grows on demand.
+//
+// Note [Slot sizing]
+// At most `live` units hold a slot at once (strata.max_live_units), in any combination. The pool is
+// `shared` equal slots of `shared_elems` elements, which any unit of at most that size takes, plus one slot
+// of its own size for each larger unit (PlanSlots): every set of at most `live` units then fits, exactly
+// as with `live` slots of the largest unit, so no schedule that ran before fails now, while a unit much
+// larger than the rest (a GPT's tied embedding, 5.6x a block of GPT-2) is held once instead of `live`
+// times. `shared_elems` is the unit size that makes the pool smallest (ties: the larger size, so equal
+// units keep `live` slots of the largest). The engine's accounting (runtime/engine/accounting.cc) sizes the
+// pool with the same plan.
 //
 // Note [Gather buffer reuse]
 // A slot returned by Release() may still be read or written by work already enqueued (the compute that
@@ -10,6 +20,8 @@
 // With host compute the compute is synchronous, so a released parameter slot's fence is already done.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -19,14 +31,37 @@
 
 namespace strata::shard {
 
+// The unit that takes a slot, and its size in elements.
+struct SlotUnit {
+  int unit;
+  size_t elems;
+};
+
+// Note [Slot sizing].
+struct SlotPlan {
+  int live = 0;             // at most this many units hold a slot at once
+  int shared = 0;           // slots of shared_elems, for the units of at most that size
+  size_t shared_elems = 0;
+  std::vector<SlotUnit> own;  // the larger units: a slot each, of their own size
+  uint64_t elems() const;     // the pool's size in elements
+};
+
+// `units`: every unit that may take a slot; at most `live` hold one at a time.
+SlotPlan PlanSlots(std::vector<SlotUnit> units, int live);
+
 class SlotPool {
  public:
   SlotPool() = default;
-  // `count` slots of `slot_bytes`, all from `alloc` under `kind`.
-  static absl::StatusOr<SlotPool> Create(memory::Allocator& alloc, int count, size_t slot_bytes,
+  // The slots of `plan`, `elem_bytes` per element, all from `alloc` under `kind`.
+  static absl::StatusOr<SlotPool> Create(memory::Allocator& alloc, const SlotPlan& plan, size_t elem_bytes,
                                          memory::Kind kind);
+  // `count` equal slots of `slot_bytes`, any `count` of them owned at once.
+  static absl::StatusOr<SlotPool> Create(memory::Allocator& alloc, int count, size_t slot_bytes, memory::Kind kind) {
+    return Create(alloc, SlotPlan{count, count, slot_bytes, {}}, 1, kind);
+  }
 
-  // A free slot for `owner`, or -1 when every slot is owned. Not thread-safe (the engine's thread).
+  // A free slot for `owner`, or -1 when `limit()` units already own one. Not thread-safe (the engine's
+  // thread).
   int TryAcquire(int owner);
   // Gives the slot back; `fence` (may be null) marks the last pending use (Note [Gather buffer reuse]).
   void Release(int slot, std::shared_ptr<device::Event> fence);
@@ -36,9 +71,10 @@ class SlotPool {
 
   memory::BufferView view(int slot) const { return slots_[slot].buffer.view(); }
   int owner(int slot) const { return slots_[slot].owner; }
-  int size() const { return static_cast<int>(slots_.size()); }
+  int size() const { return static_cast<int>(slots_.size()); }  // slots, shared and own
+  int limit() const { return limit_; }                              // units that may own a slot at once
   int live() const;
-  size_t slot_bytes() const { return slot_bytes_; }
+  std::vector<int> owners() const;  // the units owning a slot, in slot order
 
  private:
   struct Slot {
@@ -46,8 +82,9 @@ class SlotPool {
     int owner = -1;
     std::shared_ptr<device::Event> fence;
   };
-  std::vector<Slot> slots_;
-  size_t slot_bytes_ = 0;
+  std::vector<Slot> slots_;  // the shared slots, then the own ones
+  int shared_ = 0, limit_ = 0;
+  std::vector<int> own_slot_;  // per unit: its own slot, or -1 (it takes a shared one)
 };
 
 }  // namespace strata::shard
