@@ -12,7 +12,8 @@ steps. Each candidate is one child process (the rank itself, no launcher), watch
     (Strata unlinks its swap files once open), polled every 0.5 s; past --disk-limit-gb it is stopped too;
   - its peak RSS: ru_maxrss from wait4, exact.
 Per system the search goes up the --layers list and stops at the first candidate that fails, saying why.
-Before each candidate the free space of --nvme-path must stay above --min-free-gb. Every candidate is
+The free space of --nvme-path must stay above --min-free-gb, before and during each candidate (the disk may be
+shared: a candidate that brings it below is stopped, and the search ends). Every candidate is
 appended to --results (JSON lines) as it ends; the table is printed at the end.
 
     OMP_NUM_THREADS=1 /work/venv-torch/bin/python benchmarks/peers/capacity_peers.py --build-ops   # once
@@ -49,7 +50,7 @@ def ds_config(a):
     largest = a.vocab * a.d_model
     zero["offload_param"].update(buffer_count=a.ds_param_buffers, buffer_size=largest)
     zero["offload_optimizer"].update(buffer_count=4)
-    zero.update(sub_group_size=a.ds_sub_group, stage3_max_live_parameters=largest,
+    zero.update(sub_group_size=a.ds_sub_group, reduce_bucket_size=largest, stage3_max_live_parameters=largest,
                 stage3_max_reuse_distance=largest, stage3_prefetch_bucket_size=largest // 4,
                 stage3_param_persistence_threshold=10 * a.d_model)
     cfg["aio"] = {"block_size": 1 << 20, "queue_depth": 32, "intra_op_parallelism": 1, "single_submit": False,
@@ -71,6 +72,8 @@ def ds_worker(a):
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
+    import deepspeed.comm.torch
+    deepspeed.comm.torch.build_shm_op = lambda: None  # one rank: no shared-memory collectives to JIT-compile
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     cfg = ds_config(a)
     phase("building the model under deepspeed.zero.Init")
@@ -182,6 +185,8 @@ def run_watched(a, cmd, nvme, env):
                 stop(f"VmRSS {rss:.0f} MiB passed the {a.rss_limit_mib} MiB limit")
             elif seen["peak_disk_bytes"] > a.disk_limit_gb * 1e9:
                 stop(f"disk use {seen['peak_disk_bytes'] / 1e9:.1f} GB passed the {a.disk_limit_gb} GB limit")
+            elif shutil.disk_usage(nvme).free < a.min_free_gb * 1e9:
+                stop(f"free disk under {nvme} fell below --min-free-gb {a.min_free_gb:g} GB (the disk is shared)")
             elif time.time() - t0 > a.timeout:
                 stop(f"timed out after {a.timeout} s")
         time.sleep(0.05)
@@ -286,7 +291,8 @@ def main():
     p.add_argument("--rss-limit-mib", type=int, default=3072, help="VmRSS limit of the rank")
     p.add_argument("--disk-limit-gb", type=float, default=10.0, help="disk use limit of a candidate")
     p.add_argument("--nvme-path", default="/tmp/capacity-peers")
-    p.add_argument("--min-free-gb", type=float, default=12.0, help="stop when --nvme-path has less free")
+    p.add_argument("--min-free-gb", type=float, default=12.0, help="run no candidate when --nvme-path has less "
+                   "free, and stop one that brings it below")
     p.add_argument("--timeout", type=int, default=1200, help="seconds per candidate")
     p.add_argument("--ds-adam", choices=("cpu", "torch"), default="cpu",
                    help="DeepSpeed's optimizer: DeepSpeedCPUAdam (cpu_adam op) or torch.optim.AdamW")
