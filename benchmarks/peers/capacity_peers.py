@@ -49,6 +49,8 @@ def ds_config(a):
     zero = cfg["zero_optimization"]
     largest = a.vocab * a.d_model
     zero["offload_param"].update(buffer_count=a.ds_param_buffers, buffer_size=largest)
+    if a.ds_max_in_cpu is not None:  # DeepSpeed's default 1e9: up to 1e9 parameters' partitions stay in memory
+        zero["offload_param"]["max_in_cpu"] = a.ds_max_in_cpu
     zero["offload_optimizer"].update(buffer_count=4)
     zero.update(sub_group_size=a.ds_sub_group, reduce_bucket_size=largest, stage3_max_live_parameters=largest,
                 stage3_max_reuse_distance=largest, stage3_prefetch_bucket_size=largest // 4,
@@ -72,8 +74,8 @@ def ds_worker(a):
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
-    import deepspeed.comm.torch
-    deepspeed.comm.torch.build_shm_op = lambda: None  # one rank: no shared-memory collectives to JIT-compile
+    import deepspeed.comm.torch  # noqa: F401 (the package's `torch` attribute is torch itself: use sys.modules)
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # one rank: no shm collectives to JIT-compile
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     cfg = ds_config(a)
     phase("building the model under deepspeed.zero.Init")
@@ -159,18 +161,14 @@ def run_watched(a, cmd, nvme, env):
     out_path = nvme + ".log"
     with open(out_path, "w") as log:
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    seen = {"peak_disk_bytes": 0, "stopped": None}
+    seen = {"peak_disk_bytes": 0, "stopped": None, "running": True}
 
     def stop(why):
-        seen["stopped"] = why
+        seen["stopped"], seen["stopped_at"] = why, time.time()
         os.kill(p.pid, signal.SIGTERM)  # Strata removes its offload files on SIGTERM
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(p.pid, signal.SIGKILL)
 
-    def disk():
-        while p.poll() is None:
+    def disk():  # only the main loop reaps the child (wait4), so this polls a flag, not the process
+        while seen["running"]:
             seen["peak_disk_bytes"] = max(seen["peak_disk_bytes"], disk_bytes(p.pid, nvme))
             time.sleep(0.5)
     threading.Thread(target=disk, daemon=True).start()
@@ -189,11 +187,15 @@ def run_watched(a, cmd, nvme, env):
                 stop(f"free disk under {nvme} fell below --min-free-gb {a.min_free_gb:g} GB (the disk is shared)")
             elif time.time() - t0 > a.timeout:
                 stop(f"timed out after {a.timeout} s")
+        elif time.time() - seen["stopped_at"] > 10:
+            os.kill(p.pid, signal.SIGKILL)
         time.sleep(0.05)
+    seen["running"] = False
     p.returncode = os.waitstatus_to_exitcode(status)
     with open(out_path) as f:
         text = f.read()
     os.remove(out_path)
+    seen.pop("stopped_at", None)
     return dict(seen, rc=p.returncode, wall_s=time.time() - t0, peak_rss_mib=ru.ru_maxrss / 1024.0, text=text)
 
 
@@ -214,6 +216,7 @@ def candidate(a, system, layers):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--d-model", str(a.d_model), "--seq",
                str(a.seq), "--vocab", str(a.vocab), "--nvme-path", nvme, "--ds-adam", a.ds_adam,
                "--ds-param-buffers", str(a.ds_param_buffers), "--ds-sub-group", str(a.ds_sub_group)] + shape
+        cmd += [] if a.ds_max_in_cpu is None else ["--ds-max-in-cpu", str(a.ds_max_in_cpu)]
     r = run_watched(a, cmd, nvme, env)
     shutil.rmtree(nvme, ignore_errors=True)
     lines = r.pop("text").splitlines()
@@ -298,6 +301,8 @@ def main():
                    help="DeepSpeed's optimizer: DeepSpeedCPUAdam (cpu_adam op) or torch.optim.AdamW")
     p.add_argument("--ds-param-buffers", type=int, default=5, help="offload_param.buffer_count")
     p.add_argument("--ds-sub-group", type=int, default=10**7, help="zero_optimization.sub_group_size")
+    p.add_argument("--ds-max-in-cpu", type=int, default=None, help="offload_param.max_in_cpu (DeepSpeed's "
+                   "default, 1e9, keeps that many parameters in host memory besides NVMe; 0 keeps none)")
     p.add_argument("--results", default=None, help="append each candidate here (JSON lines)")
     p.add_argument("--tail-chars", type=int, default=1500, help="output kept of a failed candidate")
     a = p.parse_args()
