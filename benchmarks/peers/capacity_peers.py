@@ -18,7 +18,7 @@ appended to --results (JSON lines) as it ends; the table is printed at the end.
 
     OMP_NUM_THREADS=1 /work/venv-torch/bin/python benchmarks/peers/capacity_peers.py --build-ops   # once
     OMP_NUM_THREADS=1 /work/venv-torch/bin/python benchmarks/peers/capacity_peers.py \
-        --strata build/release/bin/strata --layers 4,8,16,32,48 --rss-limit-mib 3072
+        --strata build/release/bin/strata --ds-adam torch --ds-max-in-cpu 0   # the shapes and limit of perf-notes
 
 DeepSpeed's CPU ops (async_io for the NVMe swapper; cpu_adam with --ds-adam cpu) are C++ extensions that
 torch JIT-compiles on first use into $TORCH_EXTENSIONS_DIR (default here: ~/.cache/torch_extensions): run
@@ -284,14 +284,14 @@ def main():
     p.add_argument("--build-ops", action="store_true", help="JIT-compile DeepSpeed's CPU ops and exit")
     p.add_argument("--systems", default="strata,deepspeed")
     p.add_argument("--strata", default="build/release/bin/strata", help="the strata binary")
-    p.add_argument("--layers", default="4,8,16,32,48", help="depths to try, growing (the search stops at the "
+    p.add_argument("--layers", default="8,12,16,24,48,80,96", help="depths to try, growing (the search stops at the "
                    "first that fails); with --worker: the depth")
     p.add_argument("--d-model", type=int, default=768)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--rss-limit-mib", type=int, default=3072, help="VmRSS limit of the rank")
+    p.add_argument("--rss-limit-mib", type=int, default=4096, help="VmRSS limit of the rank")
     p.add_argument("--disk-limit-gb", type=float, default=10.0, help="disk use limit of a candidate")
     p.add_argument("--nvme-path", default="/tmp/capacity-peers")
     p.add_argument("--min-free-gb", type=float, default=12.0, help="run no candidate when --nvme-path has less "
