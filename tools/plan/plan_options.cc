@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/gpt/train/train_options.h"
 #include "runtime/base/status.h"
+#include "tools/plan/plan_host_figures.h"
 
 namespace strata::tools::plan {
 
@@ -82,6 +83,7 @@ std::vector<FlagDef> PlanFlagDefs() {
       {"device-name", false, "what to call the device in the output (a preset changed by flags is another device)"},
       {"compute-efficiency", false, "achieved fraction of the matmul rate (default 0.5 on GPUs, 1 on host)"},
       {"link-efficiency", false, "achieved fraction of the presets' link bandwidths (default 0.8; 1 on host)"},
+      {"host-figures", false, "host: the rates `strata doctor --measure --json` wrote to this file (flags override)"},
       {"matmul-gflops", false, "matmul rate per rank, GFLOP/s (host: `strata bench step`'s sgemm)"},
       {"intra-gbps", false, "bus bandwidth inside a node, GB/s, every collective"},
       {"allgather-gbps", false, "all-gather bus bandwidth inside a node, GB/s (`strata bench comm`)"},
@@ -117,6 +119,15 @@ absl::StatusOr<PlanRequest> ParsePlanArgs(const std::vector<std::string>& args) 
   STRATA_ASSIGN_OR_RETURN(const int64_t rpn, f.IntIn("ranks-per-node", std::min<int64_t>(ranks, 8), 1, ranks));
   in.ranks_per_node = static_cast<int>(rpn);
   STRATA_ASSIGN_OR_RETURN(in.device, DevicePreset(f.Str("device-preset", "h200-sxm")));
+  if (f.Has("host-figures")) {
+    if (in.device.gpu) {
+      return absl::InvalidArgumentError(absl::StrCat("--host-figures is for --device-preset host (the device is '",
+                                                     in.device.name, "')"));
+    }
+    const std::string path = f.Str("host-figures");
+    STRATA_ASSIGN_OR_RETURN(const HostFigures h, ReadHostFigures(path));
+    STRATA_RETURN_IF_ERROR(ApplyHostFigures(h, path, in.ranks, in.ranks_per_node, f, &in.device));
+  }
   STRATA_RETURN_IF_ERROR(ApplyDeviceFlags(f, &in.device));
   in.device.name = f.Str("device-name", in.device.name);
   const bool host = !in.device.gpu;
