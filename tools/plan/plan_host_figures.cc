@@ -33,6 +33,8 @@ absl::StatusOr<HostFigures> ParseHostFigures(absl::string_view text, const std::
   if (h == facts->end()) return r.Bad("facts.host_figures", "is missing (run `strata doctor --measure --json`)");
   STRATA_RETURN_IF_ERROR(r.IsObject(*h, "facts.host_figures"));
   HostFigures out;
+  STRATA_ASSIGN_OR_RETURN(const int64_t cores, r.Int(*facts, "cpu_cores", "facts.cpu_cores", 0, 1 << 20));
+  out.cpu_cores = static_cast<int>(cores);
   STRATA_ASSIGN_OR_RETURN(const int64_t ranks, r.Int(*h, "ranks", "facts.host_figures.ranks", 1, 1 << 20));
   out.ranks = static_cast<int>(ranks);
   STRATA_ASSIGN_OR_RETURN(out.matmul_gflops, Rate(r, *h, "matmul_gflops"));
@@ -64,6 +66,7 @@ absl::Status ApplyHostFigures(const HostFigures& h, const std::string& where, in
                                                    "; rerun `strata doctor --measure --ranks ", ranks_per_node,
                                                    " --json`, or give --", flag));
   };
+  if (!flags.Has("cores-per-node")) d->cores_per_node = h.cpu_cores;
   if (!flags.Has("matmul-gflops")) {
     double v = 0;
     const char* key = "matmul_gflops";

@@ -16,6 +16,7 @@ namespace strata::tools::plan {
 
 struct HostFigures {
   int ranks = 1;                   // the ranks per node the doctor measured for
+  int cpu_cores = 0;               // facts.cpu_cores: the cores this process could run on
   double matmul_gflops = 0;        // per rank at `ranks`
   double matmul_gflops_one_rank = 0;
   double update_gbps = 0;
@@ -30,7 +31,7 @@ absl::StatusOr<HostFigures> ReadHostFigures(const std::string& path);
 
 // Sets `d`'s rates from `h` for a job of `ranks` ranks, `ranks_per_node` per node: the sgemm rate measured
 // with that many ranks sharing the node (the doctor's `ranks`, or 1), the update rate, the intra-node
-// collectives and alpha. A rate that `flags` gives (--matmul-gflops, --allgather-gbps, --intra-gbps, ...)
+// collectives and alpha, and the node's cores (facts.cpu_cores). A rate that `flags` gives (--matmul-gflops, --allgather-gbps, --intra-gbps, ...)
 // is left to the flag; a needed one that is neither measured for this shape nor given is an error naming
 // `where`, the key and how to get it.
 absl::Status ApplyHostFigures(const HostFigures& h, const std::string& where, int ranks, int ranks_per_node,

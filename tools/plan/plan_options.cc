@@ -66,6 +66,8 @@ absl::Status ApplyDeviceFlags(const Flags& f, DeviceSpec* d) {
   STRATA_ASSIGN_OR_RETURN(d->host_memory_bytes_per_s, Rate(f, "update-gbps", d->host_memory_bytes_per_s, kGB));
   if (!d->gpu) d->memory_bytes_per_s = d->host_memory_bytes_per_s;
   STRATA_ASSIGN_OR_RETURN(d->nvme_bytes_per_s, Rate(f, "nvme-gbps", d->nvme_bytes_per_s, kGB));
+  STRATA_ASSIGN_OR_RETURN(const int64_t cores, f.IntIn("cores-per-node", d->cores_per_node, 0, 1 << 20));
+  d->cores_per_node = static_cast<int>(cores);
   STRATA_ASSIGN_OR_RETURN(const double mem_gb, Rate(f, "device-memory-gb", double(d->memory_bytes), kGB));
   d->memory_bytes = static_cast<uint64_t>(mem_gb);
   STRATA_ASSIGN_OR_RETURN(const double host_gb, Rate(f, "host-memory-gb", double(d->host_bytes_per_node), kGB));
@@ -93,6 +95,8 @@ std::vector<FlagDef> PlanFlagDefs() {
       {"alpha-us", false, "latency per ring step inside a node, microseconds"},
       {"update-gbps", false, "memory bandwidth of the host optimizer update, GB/s"},
       {"nvme-gbps", false, "NVMe bandwidth per rank, GB/s"},
+      {"cores-per-node", false, "host: cores a node's ranks share (default: the doctor's cpu_cores with --host-figures, "
+                                "else 0 = enough for compute and communication to overlap)"},
       {"device-memory-gb", false, "device memory per rank, GB (overrides the preset)"},
       {"host-memory-gb", false, "host memory per node, GB (overrides the preset)"},
       {"search", true, "recommend stage, shard group size and micro-batch (keeps micro-batch x accumulation)"},

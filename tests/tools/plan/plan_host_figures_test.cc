@@ -2,7 +2,8 @@
 // the equivalent flags (every rate, alpha included), explicit flags override the file, the sgemm figure
 // follows the ranks per node, what the doctor's own renderer writes is what the plan reads, and every bad
 // file (missing, not JSON, no facts, no host_figures, a missing or mistyped key, a rate not measured, a
-// shape not measured, every truncation of a good one) is refused naming the file and the key.
+// shape not measured, every truncation of a good one) is refused naming the file and the key. And the
+// host's cores in the time model: one core per rank serialises compute and communication, two overlap them.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -87,9 +88,15 @@ TEST_F(HostFiguresFile, GivesTheSamePlanAsTheEquivalentFlags) {
   const Plan flags = PlanOf(With(kJob, {"--matmul-gflops", "61.5", "--update-gbps", "9.5", "--allgather-gbps", "1.75",
                                         "--reduce-scatter-gbps", "0.625", "--allreduce-gbps", "0.875", "--alpha-us",
                                         "12.5"}));
+  EXPECT_EQ(file.in.device.cores_per_node, 2);  // facts.cpu_cores
+  const Plan flags_cores = PlanOf(With(kJob, {"--matmul-gflops", "61.5", "--update-gbps", "9.5", "--allgather-gbps",
+                                              "1.75", "--reduce-scatter-gbps", "0.625", "--allreduce-gbps", "0.875",
+                                              "--alpha-us", "12.5", "--cores-per-node", "2"}));
+  ExpectSameDevice(file.in.device, flags_cores.in.device);
+  EXPECT_EQ(file.time.step_s, flags_cores.time.step_s);
+  EXPECT_EQ(file.time.exposed_comm_s, flags_cores.time.exposed_comm_s);
+  EXPECT_GT(file.time.step_s, flags.time.step_s);  // flags alone: cores unknown, the overlap is free
   ExpectSameDevice(file.in.device, flags.in.device);
-  EXPECT_EQ(file.time.step_s, flags.time.step_s);
-  EXPECT_EQ(file.time.exposed_comm_s, flags.time.exposed_comm_s);
   EXPECT_EQ(file.time.optimizer_s, flags.time.optimizer_s);
   EXPECT_GT(file.time.gather_s, 0);  // stage 3 at 2 ranks: the collectives are in the answer
   EXPECT_GT(file.in.device.intra.alpha_s, 0);
@@ -162,6 +169,11 @@ TEST_F(HostFiguresFile, BadFilesAreRefusedNamingTheFileAndTheKey) {
   expect("[1, 2]", {}, "field 'the document' must be an object");
   expect("{}", {}, "field 'facts' is missing");
   expect("{\"facts\": {}}", {}, "field 'facts.host_figures' is missing");
+  {
+    nlohmann::json j = Report();
+    j["facts"].erase("cpu_cores");
+    expect(j.dump(), {}, "field 'facts.cpu_cores' is missing");
+  }
   for (const char* key : {"ranks", "matmul_gflops", "matmul_gflops_one_rank", "update_gbps", "allgather_gbps",
                           "reduce_scatter_gbps", "allreduce_gbps", "alpha_us", "comm_error"}) {
     nlohmann::json j = Report();
@@ -200,6 +212,28 @@ TEST_F(HostFiguresFile, BadFilesAreRefusedNamingTheFileAndTheKey) {
   // A GPU preset has its own figures.
   EXPECT_NE(ErrorOf({"--device-preset", "h100-sxm", "--host-figures", good}).find("--host-figures is for --device-preset host"),
             std::string::npos);
+}
+
+// Stage 3 at 2 ranks: with one core per rank every gather and reduction costs its full time (each is
+// counted once in the schedule, so the exposed communication is all of it); with two per rank the overlap
+// is the engine's schedule, exactly as with the cores unknown.
+TEST(PlanTimeOnHostCores, OneCorePerRankSerialisesCommunicationTwoOverlapIt) {
+  const std::vector<std::string> job = With(kJob, {"--matmul-gflops", "20", "--update-gbps", "10", "--intra-gbps",
+                                                   "0.5", "--alpha-us", "10"});
+  const Plan unknown = PlanOf(job);
+  const Plan one = PlanOf(With(job, {"--cores-per-node", "2"}));
+  const Plan two = PlanOf(With(job, {"--cores-per-node", "4"}));
+  const Plan half = PlanOf(With(job, {"--cores-per-node", "1"}));
+  EXPECT_DOUBLE_EQ(one.time.exposed_comm_s, one.time.gather_s + one.time.reduce_s);
+  EXPECT_DOUBLE_EQ(one.time.step_s, one.time.compute_s + one.time.gather_s + one.time.reduce_s + one.time.optimizer_s);
+  EXPECT_DOUBLE_EQ(half.time.step_s, one.time.step_s);  // fewer cores than ranks: the rates already share them
+  EXPECT_EQ(two.time.step_s, unknown.time.step_s);
+  EXPECT_LT(unknown.time.exposed_comm_s, 0.5 * one.time.exposed_comm_s);
+  EXPECT_EQ(one.time.compute_s, unknown.time.compute_s);
+  // One rank: nothing to contend with.
+  const std::vector<std::string> single = {"--device-preset", "host", "--model", "gpt2-tiny", "--ranks", "1",
+                                           "--matmul-gflops", "20", "--update-gbps", "10"};
+  EXPECT_EQ(PlanOf(With(single, {"--cores-per-node", "1"})).time.step_s, PlanOf(single).time.step_s);
 }
 
 TEST(HostFiguresParse, EveryTruncationOfAGoodReportIsRefusedWithAName) {
