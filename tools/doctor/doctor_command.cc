@@ -42,6 +42,8 @@ std::vector<FlagDef> DoctorFlagDefs() {
           {"launcher", false, "--measure: the MPI launcher for the collectives (default: the one found on PATH)"},
           {"comm-bytes", false, "--measure: the collectives' buffer (default 4MiB)"},
           {"adam-elems", false, "--measure: elements of the AdamW stream test (default 16777216)"},
+          {"measure-timeout", false, "--measure: seconds each child (bench adam, each collectives launch) may take "
+                                     "before its process group is killed (default 120)"},
           {"help", true, "this text"}};
 }
 
@@ -54,6 +56,7 @@ struct DoctorOptions {
   std::string launcher;
   uint64_t comm_bytes = uint64_t{4} << 20;
   uint64_t adam_elems = uint64_t{1} << 24;
+  int64_t measure_timeout_s = 120;
   TrainOptions train;
 };
 
@@ -89,7 +92,7 @@ absl::StatusOr<DoctorOptions> ParseDoctorOptions(const std::vector<std::string>&
   STRATA_ASSIGN_OR_RETURN(o.ranks, f.IntIn("ranks", 0, 1, 1 << 20));
   o.measure = f.Bool("measure");
   o.launcher = f.Str("launcher");
-  for (const char* flag : {"launcher", "comm-bytes", "adam-elems"}) {
+  for (const char* flag : {"launcher", "comm-bytes", "adam-elems", "measure-timeout"}) {
     if (f.Has(flag) && !o.measure) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --measure"));
   }
   if (f.Has("comm-bytes")) {
@@ -100,6 +103,7 @@ absl::StatusOr<DoctorOptions> ParseDoctorOptions(const std::vector<std::string>&
   }
   STRATA_ASSIGN_OR_RETURN(const int64_t elems, f.IntIn("adam-elems", int64_t(o.adam_elems), 1024, int64_t{1} << 30));
   o.adam_elems = uint64_t(elems);
+  STRATA_ASSIGN_OR_RETURN(o.measure_timeout_s, f.IntIn("measure-timeout", o.measure_timeout_s, 1, 86400));
   STRATA_ASSIGN_OR_RETURN(o.train, ParseTrainOptions(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
   return o;
 }
@@ -161,6 +165,7 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
     m.comm_bytes = o.comm_bytes;
     m.launcher = o.launcher.empty() ? f.mpi.launcher_path : o.launcher;
     m.under_launcher = f.mpi.launcher_world_size > 0;
+    m.child_timeout = std::chrono::seconds(o.measure_timeout_s);
     f.host = doctor::MeasureHost(m);
   }
   return f;

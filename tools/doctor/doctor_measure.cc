@@ -70,7 +70,7 @@ absl::StatusOr<double> Positive(const json& j, const char* a, const char* b, con
 absl::StatusOr<json> BenchComm(const MeasureOptions& o, const std::string& self, uint64_t bytes, int iters) {
   const std::vector<std::string> argv = {o.launcher, "-n", std::to_string(o.ranks), self, "bench", "comm", "--json",
                                          "--bytes", std::to_string(bytes), "--iters", std::to_string(iters)};
-  auto out = RunAndCapture(argv);
+  auto out = RunAndCapture(argv, o.child_timeout);
   if (!out.ok()) return out.status();
   return LastJson(*out, absl::StrCat("'", o.launcher, " -n ", o.ranks, " strata bench comm'"));
 }
@@ -130,7 +130,8 @@ HostFigures MeasureHost(const MeasureOptions& o) {
     h.update_error = h.comm_error = std::string(self.status().message());
   } else {
     auto out = RunAndCapture({*self, "bench", "adam", "--json", "--threads", "1", "--elems",
-                              std::to_string(o.adam_elems)});
+                              std::to_string(o.adam_elems)},
+                             o.child_timeout);
     absl::StatusOr<json> j = out.ok() ? LastJson(*out, "strata bench adam") : absl::StatusOr<json>(out.status());
     absl::StatusOr<double> bps = j.ok() ? Positive(*j, "adam_bytes_per_s", nullptr, "strata bench adam")
                                         : absl::StatusOr<double>(j.status());

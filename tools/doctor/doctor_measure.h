@@ -14,6 +14,7 @@
 // itself under a launcher) leaves the comm figures 0 and says why in comm_error.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -31,6 +32,11 @@ struct MeasureOptions {
   int comm_iters = 5, alpha_iters = 50;
   std::string launcher;          // mpirun / mpiexec / srun path ("" = none found)
   bool under_launcher = false;   // this process was started by one: no nested launch
+  // Each child (bench adam, each launch of bench comm) gets this long, then its process group is ended
+  // and the figure it was for is reported not measured, naming the command and the timeout. 120 s is
+  // generous: at the default sizes each child takes a few seconds on a loaded 2-core host (mpirun's
+  // start-up included); a hung launcher or rank must not hang the doctor.
+  std::chrono::milliseconds child_timeout{120000};
 };
 
 HostFigures MeasureHost(const MeasureOptions& o);
