@@ -177,6 +177,200 @@ def capi_specs():
     write("capi_specs", "ones_128.bin", b"\xff" * 128)
 
 
+# A whole report as the doctor wrote it on the 2-core build host: `OMP_NUM_THREADS=1 strata doctor --measure
+# --json --ranks 2 --launcher scripts/mpirun_local --model gpt2-tiny --micro-batch 1 --comm-bytes 64KiB
+# --adam-elems 65536` (every check and fact, not only the figures the reader takes).
+DOCTOR_REPORT = r'''{
+  "verdict": "warn",
+  "counts": {
+    "ok": 12,
+    "warn": 1,
+    "fail": 0
+  },
+  "checks": [
+    {
+      "name": "gpus",
+      "verdict": "warn",
+      "detail": "no GPU visible (libnvidia-ml.so.1: cannot open shared object file: No such file or directory); strata runs on the host back-end"
+    },
+    {
+      "name": "versions",
+      "verdict": "ok",
+      "detail": "no NVIDIA driver, runtime 13.0, NCCL 2.28.9: nothing to match without a GPU"
+    },
+    {
+      "name": "interconnect",
+      "verdict": "ok",
+      "detail": "no GPU: no pairs"
+    },
+    {
+      "name": "pcie",
+      "verdict": "ok",
+      "detail": "no GPU"
+    },
+    {
+      "name": "clocks",
+      "verdict": "ok",
+      "detail": "no GPU"
+    },
+    {
+      "name": "cpu_cores",
+      "verdict": "ok",
+      "detail": "2 cores usable (no GPU)"
+    },
+    {
+      "name": "host_ram",
+      "verdict": "ok",
+      "detail": "23.54 GiB host RAM (no GPU)"
+    },
+    {
+      "name": "io_uring",
+      "verdict": "ok",
+      "detail": "io_uring_queue_init succeeded"
+    },
+    {
+      "name": "nvme",
+      "verdict": "ok",
+      "detail": "not tested: no --nvme-path given and the config offloads nothing to NVMe"
+    },
+    {
+      "name": "mpi",
+      "verdict": "ok",
+      "detail": "Open MPI v4.1.4; launcher /usr/bin/mpirun"
+    },
+    {
+      "name": "launch",
+      "verdict": "ok",
+      "detail": "not started by torchrun (mpirun and srun: see mpi)"
+    },
+    {
+      "name": "memlock",
+      "verdict": "ok",
+      "detail": "limit 8.00 MiB; nothing is offloaded, so no pinned buffers are needed"
+    },
+    {
+      "name": "host figures",
+      "verdict": "ok",
+      "detail": "sgemm 23.3 GFLOP/s per rank at 2 ranks (46.6 alone; 128x128x512), update 71.65 GB/s, all-gather 0.620 / reduce-scatter 0.372 / all-reduce 2.250 GB/s, alpha 19.4 us"
+    }
+  ],
+  "facts": {
+    "nvml": {
+      "loaded": false,
+      "error": "libnvidia-ml.so.1: cannot open shared object file: No such file or directory"
+    },
+    "cuda_visible_devices": null,
+    "gpu_count": 0,
+    "gpus": [],
+    "topology": [],
+    "nvlink": [],
+    "versions": {
+      "driver": "",
+      "driver_cuda": 0,
+      "driver_cuda_text": "not found",
+      "cuda_runtime": 13000,
+      "cuda_runtime_text": "13.0",
+      "cuda_runtime_error": "",
+      "nccl": 22809,
+      "nccl_text": "2.28.9",
+      "nccl_error": ""
+    },
+    "cpu_cores": 2,
+    "host_ram_bytes": 25275973632,
+    "memlock_limit_bytes": 8388608,
+    "io_uring": {
+      "ok": true,
+      "error": ""
+    },
+    "nvme": {
+      "path": "",
+      "skipped_reason": "no --nvme-path given and the config offloads nothing to NVMe",
+      "error": "",
+      "direct_io": false,
+      "test_bytes": 0,
+      "write_bytes_per_s": 0.0,
+      "read_bytes_per_s": 0.0
+    },
+    "mpi": {
+      "built_with_mpi": true,
+      "library_version": "Open MPI v4.1.4",
+      "launcher_path": "/usr/bin/mpirun",
+      "launcher_world_size": 0
+    },
+    "launch": {
+      "torchrun": false,
+      "rank": 0,
+      "size": 1,
+      "exchange": "",
+      "error": "",
+      "exchange_ms": -1.0,
+      "rank0_host": ""
+    },
+    "pinned": {
+      "offloaded": false,
+      "pinned": false,
+      "bytes_per_rank": 0,
+      "breakdown": "; 842496 params over 2 ranks"
+    },
+    "host_figures": {
+      "ranks": 2,
+      "omp_num_threads": "1",
+      "sgemm_shape": [
+        128,
+        128,
+        512
+      ],
+      "matmul_gflops": 23.25819884904722,
+      "matmul_gflops_one_rank": 46.58305082186052,
+      "update_gbps": 71.65014577259475,
+      "update_error": "",
+      "launcher": "scripts/mpirun_local",
+      "comm_bytes": 65536,
+      "alpha_bytes": 4096,
+      "allgather_gbps": 0.619562,
+      "reduce_scatter_gbps": 0.371557,
+      "allreduce_gbps": 2.24955,
+      "alpha_us": 19.398861303960427,
+      "comm_error": "",
+      "seconds": 5.449644793
+    }
+  }
+}
+'''
+
+
+def host_figures_report(**over):
+    """What `strata doctor --measure --json --ranks 2` writes (doctor_report.cc), with host_figures overridden."""
+    h = {"ranks": 2, "omp_num_threads": "1", "sgemm_shape": [512, 128, 512],
+         "matmul_gflops": 61.5, "matmul_gflops_one_rank": 140.25, "update_gbps": 9.5, "update_error": "",
+         "launcher": "/usr/bin/mpirun", "comm_bytes": 4194304, "alpha_bytes": 4096,
+         "allgather_gbps": 1.75, "reduce_scatter_gbps": 0.625, "allreduce_gbps": 0.875, "alpha_us": 12.5,
+         "comm_error": "", "seconds": 3.2}
+    h.update(over)
+    return {"verdict": "warn",
+            "checks": [{"name": "host figures", "verdict": "ok", "detail": "sgemm 61.5 GFLOP/s per rank"}],
+            "facts": {"cpu_cores": 2, "host_figures": h}}
+
+
+def host_figures():
+    write("host_figures", "doctor_report.json", DOCTOR_REPORT)
+    write("host_figures", "measured_ranks2.json", dump(host_figures_report()))
+    write("host_figures", "no_launcher.json", dump(host_figures_report(
+        allgather_gbps=0, reduce_scatter_gbps=0, allreduce_gbps=0, alpha_us=0,
+        comm_error="posix_spawnp(/nonexistent/mpirun): No such file or directory")))
+    write("host_figures", "one_rank.json", dump(host_figures_report(
+        ranks=1, matmul_gflops=140.25, allgather_gbps=0, reduce_scatter_gbps=0, allreduce_gbps=0, alpha_us=0,
+        comm_error="one rank has no collectives (give --ranks 2 or more)")))
+    write("host_figures", "wrong_types.json", dump(host_figures_report(ranks="2", update_gbps=True)))
+    write("host_figures", "out_of_range.json", dump(host_figures_report(ranks=4294967298, matmul_gflops=1e300,
+                                                                       alpha_us=-1)))
+    r = host_figures_report()
+    del r["facts"]["cpu_cores"]
+    write("host_figures", "no_cpu_cores.json", dump(r))
+    write("host_figures", "no_host_figures.json", dump({"verdict": "ok", "checks": [], "facts": {"cpu_cores": 2}}))
+    write("host_figures", "compact.json", json.dumps(host_figures_report(), separators=(",", ":")))
+
+
 if __name__ == "__main__":
     if os.path.isdir(ROOT):
         shutil.rmtree(ROOT)
@@ -186,3 +380,4 @@ if __name__ == "__main__":
     configs()
     tokens()
     capi_specs()
+    host_figures()

@@ -34,6 +34,7 @@
 #include "runtime/base/units.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
+#include "tools/bench/sgemm_rate.h"
 #include "tools/cli/commands.h"
 #include "tools/launch.h"
 
@@ -41,20 +42,6 @@ namespace strata::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SgemmGflops(int M, int K, int N) {
-  std::vector<float> a(size_t(M) * K, 0.5f), w(size_t(K) * N, 0.25f), out(size_t(M) * N);
-  kernels::cpu::MatmulForward(a.data(), w.data(), nullptr, out.data(), M, K, N);  // warm
-  int reps = 0;
-  const auto t0 = Clock::now();
-  double secs = 0;
-  while (secs < 0.5) {
-    kernels::cpu::MatmulForward(a.data(), w.data(), nullptr, out.data(), M, K, N);
-    ++reps;
-    secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-  return 2.0 * M * K * N * reps / secs / 1e9;
-}
 
 // Per step: stream time of each kind of collective, in ms, and what the engine's communicators issued.
 struct CommSplit {

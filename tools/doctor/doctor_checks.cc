@@ -324,9 +324,37 @@ CheckResult CheckMemlock(const DoctorFacts& f) {
   return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, " covers ", need));
 }
 
+CheckResult CheckHostFigures(const DoctorFacts& f) {
+  const HostFigures& h = f.host;
+  std::string d = absl::StrFormat("sgemm %.1f GFLOP/s per rank at %d ranks (%.1f alone; %dx%dx%d), update %.2f GB/s",
+                                  h.matmul_gflops, h.ranks, h.matmul_gflops_one_rank, h.sgemm_m, h.sgemm_k,
+                                  h.sgemm_n, h.update_gbps);
+  if (h.comm_error.empty()) {
+    absl::StrAppendFormat(&d, ", all-gather %.3f / reduce-scatter %.3f / all-reduce %.3f GB/s, alpha %.1f us",
+                          h.allgather_gbps, h.reduce_scatter_gbps, h.allreduce_gbps, h.alpha_us);
+  }
+  Verdict v = Verdict::kOk;
+  if (!h.update_error.empty()) {
+    v = Verdict::kWarn;
+    absl::StrAppend(&d, "; update not measured: ", h.update_error);
+  }
+  if (!h.comm_error.empty()) {
+    v = Verdict::kWarn;
+    absl::StrAppend(&d, "; collectives not measured: ", h.comm_error);
+  }
+  if (h.omp_num_threads.empty()) {
+    v = Verdict::kWarn;
+    absl::StrAppend(&d, "; OMP_NUM_THREADS unset: each product used every core");
+  }
+  return Make("host figures", v, d);
+}
+
 std::vector<CheckResult> RunChecks(const DoctorFacts& f) {
-  return {CheckGpus(f),     CheckVersions(f), CheckInterconnect(f), CheckPcie(f), CheckClocks(f), CheckCpuCores(f),
-          CheckHostRam(f),  CheckIoUring(f),  CheckNvme(f),         CheckMpi(f),  CheckLaunch(f), CheckMemlock(f)};
+  std::vector<CheckResult> c = {CheckGpus(f),    CheckVersions(f), CheckInterconnect(f), CheckPcie(f),
+                                CheckClocks(f),  CheckCpuCores(f), CheckHostRam(f),      CheckIoUring(f),
+                                CheckNvme(f),    CheckMpi(f),      CheckLaunch(f),       CheckMemlock(f)};
+  if (f.host.measured) c.push_back(CheckHostFigures(f));
+  return c;
 }
 
 Verdict Worst(const std::vector<CheckResult>& checks) {

@@ -32,8 +32,11 @@ CheckResult CheckNvme(const DoctorFacts& f);
 CheckResult CheckMpi(const DoctorFacts& f);
 CheckResult CheckLaunch(const DoctorFacts& f);
 CheckResult CheckMemlock(const DoctorFacts& f);
+// --measure: the host figures (doctor_measure.h) in one line; warn when a rate could not be measured
+// (its reason), or when OMP_NUM_THREADS is unset (the product then uses every core, not one per rank).
+CheckResult CheckHostFigures(const DoctorFacts& f);
 
-// Every check above, in this order.
+// Every check above, in this order (host figures only when measured).
 std::vector<CheckResult> RunChecks(const DoctorFacts& f);
 // The worst verdict of a list (kOk for an empty one).
 Verdict Worst(const std::vector<CheckResult>& checks);

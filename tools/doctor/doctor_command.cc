@@ -1,10 +1,12 @@
-// `strata doctor [--json] [--nvme-path DIR] [--nvme-test-size BYTES] [--ranks N] [train flags]`:
+// `strata doctor [--json] [--nvme-path DIR] [--nvme-test-size BYTES] [--ranks N] [--measure ...] [train flags]`:
 // checks this machine before training. Probes fill the facts (doctor_probe.h), pure functions give the
 // verdicts (doctor_checks.h), doctor_report.h prints them. `strata train`'s model and config flags
 // (--config, --stage, --model, ...) are accepted so the locked-memory check sees the same offload
 // settings the job will use. Exit code: 0 unless a check fails (1); 2 for a usage error. MPI is never
 // initialised: the doctor is one process, run on each node (or under the launcher) as wanted. Under
 // torchrun every rank runs it and the launch check tries the id exchange with rank 0 for real.
+// --measure (seconds) also measures the host's rates for `strata plan --host-figures` (doctor_measure.h):
+// the collectives through children the found launcher starts, so the doctor itself still has no MPI.
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +21,7 @@
 #include "runtime/comm/bootstrap.h"
 #include "tools/cli/commands.h"
 #include "tools/doctor/doctor_checks.h"
+#include "tools/doctor/doctor_measure.h"
 #include "tools/doctor/doctor_probe.h"
 #include "tools/doctor/doctor_report.h"
 
@@ -33,7 +36,14 @@ std::vector<FlagDef> DoctorFlagDefs() {
   return {{"json", true, "print one JSON object (checks and the raw facts) instead of the table"},
           {"nvme-path", false, "directory to bandwidth-test (default: the config's offload nvme_path)"},
           {"nvme-test-size", false, "bytes written then read back (default 256MiB, at most 1GiB)"},
-          {"ranks", false, "ranks the pinned-memory estimate shards over (default: launcher size, GPUs, or 1)"},
+          {"ranks", false, "ranks the pinned-memory estimate shards over (default: launcher size, GPUs, or 1); "
+                           "--measure: the ranks that share this node"},
+          {"measure", true, "measure the host's sgemm, AdamW and MPI collective rates (takes seconds; for strata plan --host-figures)"},
+          {"launcher", false, "--measure: the MPI launcher for the collectives (default: the one found on PATH)"},
+          {"comm-bytes", false, "--measure: the collectives' buffer (default 4MiB)"},
+          {"adam-elems", false, "--measure: elements of the AdamW stream test (default 16777216)"},
+          {"measure-timeout", false, "--measure: seconds each child (bench adam, each collectives launch) may take "
+                                     "before its process group is killed (default 120)"},
           {"help", true, "this text"}};
 }
 
@@ -42,6 +52,11 @@ struct DoctorOptions {
   std::string nvme_path;
   uint64_t nvme_test_bytes = kDefaultNvmeTestBytes;
   int64_t ranks = 0;  // 0 = pick a default after probing
+  bool measure = false;
+  std::string launcher;
+  uint64_t comm_bytes = uint64_t{4} << 20;
+  uint64_t adam_elems = uint64_t{1} << 24;
+  int64_t measure_timeout_s = 120;
   TrainOptions train;
 };
 
@@ -75,6 +90,20 @@ absl::StatusOr<DoctorOptions> ParseDoctorOptions(const std::vector<std::string>&
     }
   }
   STRATA_ASSIGN_OR_RETURN(o.ranks, f.IntIn("ranks", 0, 1, 1 << 20));
+  o.measure = f.Bool("measure");
+  o.launcher = f.Str("launcher");
+  for (const char* flag : {"launcher", "comm-bytes", "adam-elems", "measure-timeout"}) {
+    if (f.Has(flag) && !o.measure) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --measure"));
+  }
+  if (f.Has("comm-bytes")) {
+    STRATA_ASSIGN_OR_RETURN(o.comm_bytes, ParseBytes(f.Str("comm-bytes")));
+    if (o.comm_bytes < (uint64_t{64} << 10) || o.comm_bytes > (uint64_t{1} << 30)) {
+      return absl::InvalidArgumentError("--comm-bytes must be in [64KiB, 1GiB]");
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(const int64_t elems, f.IntIn("adam-elems", int64_t(o.adam_elems), 1024, int64_t{1} << 30));
+  o.adam_elems = uint64_t(elems);
+  STRATA_ASSIGN_OR_RETURN(o.measure_timeout_s, f.IntIn("measure-timeout", o.measure_timeout_s, 1, 86400));
   STRATA_ASSIGN_OR_RETURN(o.train, ParseTrainOptions(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
   return o;
 }
@@ -126,6 +155,19 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
   int ranks = static_cast<int>(o.ranks);
   if (ranks == 0) ranks = f.mpi.launcher_world_size > 0 ? f.mpi.launcher_world_size : std::max<int>(1, f.gpus.size());
   f.pinned = doctor::EstimatePinned(o.train.engine, o.train.model, ranks);
+  if (o.measure) {
+    doctor::MeasureOptions m;
+    m.ranks = ranks;
+    m.sgemm_m = int(o.train.engine.train_micro_batch_size_per_gpu * o.train.model.seq_len);
+    m.sgemm_k = int(o.train.model.d_model);
+    m.sgemm_n = 4 * m.sgemm_k;
+    m.adam_elems = o.adam_elems;
+    m.comm_bytes = o.comm_bytes;
+    m.launcher = o.launcher.empty() ? f.mpi.launcher_path : o.launcher;
+    m.under_launcher = f.mpi.launcher_world_size > 0;
+    m.child_timeout = std::chrono::seconds(o.measure_timeout_s);
+    f.host = doctor::MeasureHost(m);
+  }
   return f;
 }
 

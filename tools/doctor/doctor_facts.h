@@ -93,6 +93,27 @@ struct PinnedFacts {
   std::string breakdown;    // "optimizer state 16 B x 124M params / 8 ranks = ..."
 };
 
+// `--measure`: this host's rates for `strata plan --device-preset host --host-figures` (tools/doctor/
+// doctor_measure.h says how each is taken). Keys in the JSON are the plan's flag names (matmul_gflops is
+// --matmul-gflops). A rate not measured stays 0 and its reason is in the matching *_error.
+struct HostFigures {
+  bool measured = false;            // --measure was given
+  int ranks = 1;                    // R: the ranks that will share this node
+  std::string omp_num_threads;      // OMP_NUM_THREADS as the products saw it ("" = unset)
+  int sgemm_m = 0, sgemm_k = 0, sgemm_n = 0;  // the product timed: [B*T, C] x [C, 4C] of the model
+  double matmul_gflops = 0;         // per rank, with R ranks' products running at once (their mean)
+  double matmul_gflops_one_rank = 0;  // one product alone
+  double update_gbps = 0;           // AdamW stream rate, `strata bench adam --threads 1`
+  std::string update_error;
+  std::string launcher;             // what launched `strata bench comm`
+  uint64_t comm_bytes = 0;          // the bandwidth buffer
+  uint64_t alpha_bytes = 0;         // the small buffer alpha is taken from
+  double allgather_gbps = 0, reduce_scatter_gbps = 0, allreduce_gbps = 0;  // bus bandwidths over R ranks
+  double alpha_us = 0;              // per ring step
+  std::string comm_error;           // why the collectives were not measured ("" when they were)
+  double seconds = 0;               // the whole measurement's wall time
+};
+
 struct DoctorFacts {
   bool nvml_loaded = false;
   std::string nvml_error;          // why NVML could not be used ("" when loaded)
@@ -111,6 +132,7 @@ struct DoctorFacts {
   MpiFacts mpi;
   LaunchFacts launch;
   PinnedFacts pinned;
+  HostFigures host;
 };
 
 inline constexpr uint64_t kUnlimited = ~uint64_t{0};

@@ -50,6 +50,26 @@ json NvmeToJson(const NvmeFacts& n) {
           {"read_bytes_per_s", n.read_bytes_per_s}};
 }
 
+// Keys named as `strata plan`'s flags (matmul_gflops is --matmul-gflops): plan_host_figures.cc reads them.
+json HostFiguresToJson(const HostFigures& h) {
+  return {{"ranks", h.ranks},
+          {"omp_num_threads", h.omp_num_threads},
+          {"sgemm_shape", {h.sgemm_m, h.sgemm_k, h.sgemm_n}},
+          {"matmul_gflops", h.matmul_gflops},
+          {"matmul_gflops_one_rank", h.matmul_gflops_one_rank},
+          {"update_gbps", h.update_gbps},
+          {"update_error", h.update_error},
+          {"launcher", h.launcher},
+          {"comm_bytes", h.comm_bytes},
+          {"alpha_bytes", h.alpha_bytes},
+          {"allgather_gbps", h.allgather_gbps},
+          {"reduce_scatter_gbps", h.reduce_scatter_gbps},
+          {"allreduce_gbps", h.allreduce_gbps},
+          {"alpha_us", h.alpha_us},
+          {"comm_error", h.comm_error},
+          {"seconds", h.seconds}};
+}
+
 }  // namespace
 
 json FactsToJson(const DoctorFacts& f) {
@@ -87,6 +107,7 @@ json FactsToJson(const DoctorFacts& f) {
         {"bytes_per_rank", f.pinned.bytes_per_rank},
         {"breakdown", f.pinned.breakdown}}},
   };
+  if (f.host.measured) j["host_figures"] = HostFiguresToJson(f.host);
   return j;
 }
 

@@ -47,15 +47,15 @@ absl::Status Validate(const PlanInput& in) {
   }
   const DeviceSpec& d = in.device;
   if (!(d.matmul_flops > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("device '", d.name, "' has no matmul rate: give --matmul-gflops "
-                                                   "(`strata bench step` reports this host's sgemm rate)"));
+    return absl::InvalidArgumentError(absl::StrCat("device '", d.name, "' has no matmul rate: give --host-figures "
+                                                   "(`strata doctor --measure --json` writes it) or --matmul-gflops"));
   }
   const bool multi = in.ranks > 1;
   if (multi && !(d.intra.all_gather_bytes_per_s > 0 && d.intra.reduce_scatter_bytes_per_s > 0 &&
                  d.intra.all_reduce_bytes_per_s > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "device '", d.name, "' has no link bandwidths for ", in.ranks, " ranks: give --allgather-gbps, "
-        "--reduce-scatter-gbps and --allreduce-gbps (`strata bench comm` measures them)"));
+        "--reduce-scatter-gbps and --allreduce-gbps, or --host-figures (`strata doctor --measure` measures them)"));
   }
   if (in.ranks > in.ranks_per_node && !(d.inter.all_gather_bytes_per_s > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("device '", d.name, "' has no inter-node bandwidth: give --inter-gbps"));

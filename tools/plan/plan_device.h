@@ -35,6 +35,10 @@ struct DeviceSpec {
   double host_memory_bytes_per_s = 0;  // the host update with offload_optimizer
   double h2d_bytes_per_s = 0;      // PCIe per GPU (offload copies); 0 on hosts (nothing to copy)
   double nvme_bytes_per_s = 0;     // per rank
+  // Hosts: the cores a node's ranks share (0 = as many as they need). On a host the collectives are CPU
+  // work (MPI over shared memory copies and reduces on the ranks' own cores, and polls while it waits), so
+  // with fewer than two cores per rank they cannot hide under compute for free (plan_time.cc, Pipeline).
+  int cores_per_node = 0;
   Link intra;                      // inside a node (NVLink / shared memory)
   Link inter;                      // across nodes (InfiniBand, per GPU rail)
 };

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/gpt/train/train_options.h"
 #include "runtime/base/status.h"
+#include "tools/plan/plan_host_figures.h"
 
 namespace strata::tools::plan {
 
@@ -65,6 +66,8 @@ absl::Status ApplyDeviceFlags(const Flags& f, DeviceSpec* d) {
   STRATA_ASSIGN_OR_RETURN(d->host_memory_bytes_per_s, Rate(f, "update-gbps", d->host_memory_bytes_per_s, kGB));
   if (!d->gpu) d->memory_bytes_per_s = d->host_memory_bytes_per_s;
   STRATA_ASSIGN_OR_RETURN(d->nvme_bytes_per_s, Rate(f, "nvme-gbps", d->nvme_bytes_per_s, kGB));
+  STRATA_ASSIGN_OR_RETURN(const int64_t cores, f.IntIn("cores-per-node", d->cores_per_node, 0, 1 << 20));
+  d->cores_per_node = static_cast<int>(cores);
   STRATA_ASSIGN_OR_RETURN(const double mem_gb, Rate(f, "device-memory-gb", double(d->memory_bytes), kGB));
   d->memory_bytes = static_cast<uint64_t>(mem_gb);
   STRATA_ASSIGN_OR_RETURN(const double host_gb, Rate(f, "host-memory-gb", double(d->host_bytes_per_node), kGB));
@@ -82,6 +85,7 @@ std::vector<FlagDef> PlanFlagDefs() {
       {"device-name", false, "what to call the device in the output (a preset changed by flags is another device)"},
       {"compute-efficiency", false, "achieved fraction of the matmul rate (default 0.5 on GPUs, 1 on host)"},
       {"link-efficiency", false, "achieved fraction of the presets' link bandwidths (default 0.8; 1 on host)"},
+      {"host-figures", false, "host: the rates `strata doctor --measure --json` wrote to this file (flags override)"},
       {"matmul-gflops", false, "matmul rate per rank, GFLOP/s (host: `strata bench step`'s sgemm)"},
       {"intra-gbps", false, "bus bandwidth inside a node, GB/s, every collective"},
       {"allgather-gbps", false, "all-gather bus bandwidth inside a node, GB/s (`strata bench comm`)"},
@@ -91,6 +95,8 @@ std::vector<FlagDef> PlanFlagDefs() {
       {"alpha-us", false, "latency per ring step inside a node, microseconds"},
       {"update-gbps", false, "memory bandwidth of the host optimizer update, GB/s"},
       {"nvme-gbps", false, "NVMe bandwidth per rank, GB/s"},
+      {"cores-per-node", false, "host: cores a node's ranks share (default: the doctor's cpu_cores with --host-figures, "
+                                "else 0 = enough for compute and communication to overlap)"},
       {"device-memory-gb", false, "device memory per rank, GB (overrides the preset)"},
       {"host-memory-gb", false, "host memory per node, GB (overrides the preset)"},
       {"search", true, "recommend stage, shard group size and micro-batch (keeps micro-batch x accumulation)"},
@@ -117,6 +123,15 @@ absl::StatusOr<PlanRequest> ParsePlanArgs(const std::vector<std::string>& args) 
   STRATA_ASSIGN_OR_RETURN(const int64_t rpn, f.IntIn("ranks-per-node", std::min<int64_t>(ranks, 8), 1, ranks));
   in.ranks_per_node = static_cast<int>(rpn);
   STRATA_ASSIGN_OR_RETURN(in.device, DevicePreset(f.Str("device-preset", "h200-sxm")));
+  if (f.Has("host-figures")) {
+    if (in.device.gpu) {
+      return absl::InvalidArgumentError(absl::StrCat("--host-figures is for --device-preset host (the device is '",
+                                                     in.device.name, "')"));
+    }
+    const std::string path = f.Str("host-figures");
+    STRATA_ASSIGN_OR_RETURN(const HostFigures h, ReadHostFigures(path));
+    STRATA_RETURN_IF_ERROR(ApplyHostFigures(h, path, in.ranks, in.ranks_per_node, f, &in.device));
+  }
   STRATA_RETURN_IF_ERROR(ApplyDeviceFlags(f, &in.device));
   in.device.name = f.Str("device-name", in.device.name);
   const bool host = !in.device.gpu;

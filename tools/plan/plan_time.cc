@@ -47,7 +47,15 @@ struct Use {
 // Forward: every use of a unit overlaps its compute with the gather of the next use (prefetch); the
 // first gather is exposed. Backward the same, and the reduction of the previous use shares the link
 // with the next gather (two streams, one wire). Returns (elapsed, exposed communication).
-std::pair<double, double> Pipeline(const std::vector<Use>& uses, int prefetch) {
+//
+// `cores_per_rank` (0: enough) bounds the overlap where the collectives are CPU work (hosts: MPI over shared
+// memory copies and reduces on the ranks' own cores, and polls while it waits): in the time of one use a
+// rank's compute and its communication need compute + comm seconds of CPU, and R ranks have R x
+// cores_per_rank cores, so the use takes at least (compute + comm) / cores_per_rank. Both rates were
+// measured with R ranks busy at once, so under one core per rank (where they already share cores) the bound
+// is compute + comm. With two or more cores per rank it is below the max and the overlap is as before.
+std::pair<double, double> Pipeline(const std::vector<Use>& uses, int prefetch, double cores_per_rank) {
+  const double share = cores_per_rank > 0 ? 1.0 / std::max(1.0, cores_per_rank) : 0.0;
   double elapsed = 0, exposed = 0;
   if (uses.empty()) return {0, 0};
   elapsed += uses[0].gather_s;
@@ -56,7 +64,8 @@ std::pair<double, double> Pipeline(const std::vector<Use>& uses, int prefetch) {
     const double next = i + 1 < uses.size() ? uses[i + 1].gather_s : 0;
     const double prev_reduce = i > 0 ? uses[i - 1].reduce_s : 0;
     const double comm = next + prev_reduce;
-    const double busy = prefetch > 0 ? std::max(uses[i].compute_s, comm) : uses[i].compute_s + comm;
+    const double overlapped = std::max({uses[i].compute_s, comm, (uses[i].compute_s + comm) * share});
+    const double busy = prefetch > 0 ? overlapped : uses[i].compute_s + comm;
     elapsed += busy;
     exposed += busy - uses[i].compute_s;
   }
@@ -113,6 +122,9 @@ absl::StatusOr<TimePlan> PlanTime(const PlanInput& in) {
     return s;
   };
   const double bwd_factor = 2.0;  // backward = two products per forward product
+  const double cores_per_rank = !in.device.gpu && in.device.cores_per_node > 0
+                                    ? double(in.device.cores_per_node) / std::max(1, in.ranks_per_node)
+                                    : 0.0;
   const int embed = 0, ln_f = L + 1;
   TimePlan t;
   for (int mb = 0; mb < M; ++mb) {
@@ -135,7 +147,7 @@ absl::StatusOr<TimePlan> PlanTime(const PlanInput& in) {
     }
     bwd.push_back({embed, 0, regather(embed), reduce(embed, last)});  // the lookup's backward: embed reduces
     for (const std::vector<Use>* pass : {&fwd, &bwd}) {
-      const auto [elapsed, exposed] = Pipeline(*pass, c.prefetch_depth);
+      const auto [elapsed, exposed] = Pipeline(*pass, c.prefetch_depth, cores_per_rank);
       t.exposed_comm_s += exposed;
       for (const Use& u : *pass) {
         t.compute_s += u.compute_s;

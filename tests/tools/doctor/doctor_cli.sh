@@ -5,7 +5,10 @@
 #   empty; a missing path fails naming the call (exit 1); a misspelt flag names the nearest one (exit 2);
 #   a config that offloads the optimizer under a 1 MiB locked-memory limit fails the memlock check;
 #   with FAKE_NVML_DIR's stand-in libnvidia-ml.so.1 (4 GPUs over two sockets, one throttled, one link at
-#   x8) the GPU checks read it through dlopen and flag exactly those.
+#   x8) the GPU checks read it through dlopen and flag exactly those;
+#   --measure at tiny sizes writes every host figure (the collectives over scripts/mpirun_local, really
+#   launched), and `strata plan --host-figures` reads that file; a launcher that does not exist, or one
+#   rank, leaves the collectives out saying why (a warn) and the plan refuses the file naming the key.
 # usage: doctor_cli.sh STRATA [FAKE_NVML_DIR]
 set -uo pipefail
 strata=$1 fake_nvml=${2:-}
@@ -137,5 +140,75 @@ out=$(trun 0 2 --collective-timeout 1 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "waited for rank(s) 1" <<<"$out"
 check "torchrun, rank 1 never starts: the launch check fails naming it (exit $rc)" $? "$out"
 kill $store 2>/dev/null
+
+# --measure at tiny sizes: every figure, the collectives through a real launch of 2 ranks.
+mpirun_local="$(cd "$(dirname "$0")/../../../scripts" && pwd)/mpirun_local"
+tiny=(--model gpt2-tiny --micro-batch 1 --comm-bytes 64KiB --adam-elems 65536)
+OMP_NUM_THREADS=1 "$strata" doctor --measure --json --ranks 2 --launcher "$mpirun_local" "${tiny[@]}" \
+  > "$work/m.json" 2> "$work/err"; rc=$?
+python3 - "$work/m.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+h = d["facts"]["host_figures"]
+for k in ("matmul_gflops", "matmul_gflops_one_rank", "update_gbps", "allgather_gbps", "reduce_scatter_gbps",
+          "allreduce_gbps"):
+    assert h[k] > 0, (k, h)
+assert h["alpha_us"] >= 0 and h["ranks"] == 2 and h["comm_error"] == "" and h["update_error"] == "", h
+assert h["omp_num_threads"] == "1" and h["sgemm_shape"] == [128, 128, 512] and h["comm_bytes"] == 65536, h
+c = [c for c in d["checks"] if c["name"] == "host figures"][0]
+assert c["verdict"] == "ok" and "all-gather" in c["detail"], c
+PY
+check "--measure --ranks 2: every host figure, collectives launched (exit $rc)" $(( (rc > 1) | $? )) \
+  "$(cat "$work/m.json" "$work/err")"
+out=$("$strata" plan --device-preset host --host-figures "$work/m.json" --ranks 2 --model gpt2-tiny --stage 3 --json 2>&1)
+python3 -c 'import json,sys; t = json.loads(sys.argv[1])["time"]; assert t["step_ms"] > 0 and t["gather_ms"] > 0, t' "$out"
+check "plan --host-figures reads the doctor's file" $? "$out"
+
+"$strata" doctor --measure --json --ranks 2 --launcher /nonexistent/mpirun "${tiny[@]}" > "$work/m.json" 2> "$work/err"; rc=$?
+python3 - "$work/m.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+h = d["facts"]["host_figures"]
+assert h["matmul_gflops"] > 0 and h["update_gbps"] > 0 and h["allgather_gbps"] == 0, h
+assert "posix_spawnp(/nonexistent/mpirun)" in h["comm_error"], h
+c = [c for c in d["checks"] if c["name"] == "host figures"][0]
+assert c["verdict"] == "warn" and "collectives not measured" in c["detail"], c
+PY
+check "--measure, launcher missing: the collectives' absence reported by name, a warn (exit $rc)" $(( (rc > 1) | $? )) \
+  "$(cat "$work/m.json" "$work/err")"
+out=$("$strata" plan --device-preset host --host-figures "$work/m.json" --ranks 2 --model gpt2-tiny 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "m.json: facts.host_figures.allgather_gbps is 0 (not measured: .*posix_spawnp" <<<"$out"
+check "plan refuses that file for 2 ranks naming the key and the reason (exit $rc)" $? "$out"
+
+"$strata" doctor --measure --json --ranks 1 "${tiny[@]}" > "$work/m.json" 2> "$work/err"; rc=$?
+python3 -c 'import json,sys; h = json.load(open(sys.argv[1]))["facts"]["host_figures"]; assert "one rank" in h["comm_error"], h' \
+  "$work/m.json"
+check "--measure --ranks 1: no collectives, and why (exit $rc)" $(( (rc > 1) | $? )) "$(cat "$work/m.json")"
+# A launcher that hangs (its rank, a sleep, never ends): --measure-timeout 1 ends its whole process group
+# and the doctor reports the collectives not measured, naming the command and the timeout, in seconds.
+printf '#!/bin/sh\nsleep 300 &\necho $! > "%s/hung_rank.pid"\nwait\n' "$work" > "$work/hung_launcher"
+chmod +x "$work/hung_launcher"
+start=$(date +%s)
+"$strata" doctor --measure --json --ranks 2 --launcher "$work/hung_launcher" --measure-timeout 1 "${tiny[@]}" \
+  > "$work/m.json" 2> "$work/err"; rc=$?
+took=$(( $(date +%s) - start ))
+rank=$(cat "$work/hung_rank.pid" 2>/dev/null || echo 0)
+# Gone, or a zombie left to a PID 1 that does not reap (not running either way).
+state=$(awk '{print $3}' "/proc/$rank/stat" 2>/dev/null || echo gone)
+python3 - "$work/m.json" <<'PY'
+import json, sys
+h = json.load(open(sys.argv[1]))["facts"]["host_figures"]
+assert h["allgather_gbps"] == 0 and h["update_gbps"] > 0, h
+assert "hung_launcher -n 2 " in h["comm_error"] and "did not finish within 1 s (timeout)" in h["comm_error"], h
+PY
+[ $? -eq 0 ] && [ $rc -le 1 ] && [ "$rank" -gt 0 ] && { [ "$state" = gone ] || [ "$state" = Z ]; } && [ $took -lt 60 ]
+check "--measure, hung launcher: its group killed at --measure-timeout 1, reported (exit $rc, ${took}s, rank $rank: $state)" $? \
+  "$(cat "$work/m.json" "$work/err")"
+out=$("$strata" doctor --measure-timeout 5 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "\-\-measure-timeout needs --measure" <<<"$out"
+check "--measure-timeout without --measure: usage error (exit $rc)" $? "$out"
+out=$("$strata" doctor --launcher x 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "\-\-launcher needs --measure" <<<"$out"
+check "--launcher without --measure: usage error (exit $rc)" $? "$out"
 
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "models/gpt/model/gpt_config.h"
+#include "tools/doctor/doctor_measure.h"
 #include "tools/doctor/doctor_probe.h"
 #include "tools/doctor/doctor_report.h"
 
@@ -412,6 +413,62 @@ TEST(DoctorProbe, NvmeTestOnAMissingPathNamesTheCall) {
   DoctorFacts f = Healthy(1);
   f.nvme = n;
   EXPECT_EQ(CheckNvme(f).verdict, Verdict::kFail);
+}
+
+// --measure's alpha from two all-gathers: bus bandwidths synthesised from a known alpha and link rate
+// (t = (p-1) alpha + m / B, busbw = m / t, m = (p-1)/p x bytes) give them back.
+TEST(DoctorMeasure, AlphaFromTwoSizesRecoversTheLatency) {
+  for (int p : {2, 4, 8}) {
+    const double alpha = 20e-6, bw = 3e9;
+    auto busbw = [&](uint64_t bytes) {
+      const double m = double(p - 1) / p * double(bytes);
+      return m / ((p - 1) * alpha + m / bw) / 1e9;
+    };
+    const uint64_t small = 4096, big = uint64_t{4} << 20;
+    EXPECT_NEAR(AlphaFromTwoSizes(small, busbw(small), big, busbw(big), p), alpha, 1e-12) << p;
+  }
+  EXPECT_EQ(AlphaFromTwoSizes(4096, 1, 1 << 20, 2, 1), 0);         // one rank: no ring step
+  EXPECT_EQ(AlphaFromTwoSizes(4096, 0, 1 << 20, 2, 2), 0);         // not measured
+  EXPECT_EQ(AlphaFromTwoSizes(4096, 100, 1 << 20, 0.001, 2), 0);   // the big buffer faster per byte: noise, no fit
+  EXPECT_EQ(AlphaFromTwoSizes(1 << 20, 1, 1 << 20, 1, 2), 0);      // one size is no fit
+}
+
+TEST(DoctorMeasure, HostFiguresCheckShowsEveryFigureAndWhatIsMissing) {
+  DoctorFacts f = Healthy(1);
+  EXPECT_EQ(RunChecks(f).size(), 12u);  // not measured: no row
+  f.host.measured = true;
+  f.host.ranks = 2;
+  f.host.omp_num_threads = "1";
+  f.host.sgemm_m = 512;
+  f.host.sgemm_k = 128;
+  f.host.sgemm_n = 512;
+  f.host.matmul_gflops = 50;
+  f.host.matmul_gflops_one_rank = 100;
+  f.host.update_gbps = 8;
+  f.host.allgather_gbps = 1.5;
+  f.host.reduce_scatter_gbps = 0.5;
+  f.host.allreduce_gbps = 0.75;
+  f.host.alpha_us = 12;
+  const std::vector<CheckResult> all = RunChecks(f);
+  ASSERT_EQ(all.size(), 13u);
+  EXPECT_EQ(all.back().name, "host figures");
+  EXPECT_EQ(all.back().verdict, Verdict::kOk);
+  EXPECT_EQ(all.back().detail, "sgemm 50.0 GFLOP/s per rank at 2 ranks (100.0 alone; 512x128x512), update 8.00 GB/s, "
+                               "all-gather 1.500 / reduce-scatter 0.500 / all-reduce 0.750 GB/s, alpha 12.0 us");
+  f.host.comm_error = "no MPI launcher (mpirun, mpiexec, srun) on PATH; give --launcher";
+  f.host.omp_num_threads = "";
+  const CheckResult c = CheckHostFigures(f);
+  EXPECT_EQ(c.verdict, Verdict::kWarn);
+  EXPECT_THAT(c.detail, HasSubstr("collectives not measured: no MPI launcher"));
+  EXPECT_THAT(c.detail, HasSubstr("OMP_NUM_THREADS unset"));
+  EXPECT_THAT(c.detail, Not(HasSubstr("all-gather")));
+  const nlohmann::ordered_json j = FactsToJson(f);
+  for (const char* k : {"ranks", "matmul_gflops", "matmul_gflops_one_rank", "update_gbps", "allgather_gbps",
+                        "reduce_scatter_gbps", "allreduce_gbps", "alpha_us", "comm_error", "update_error", "launcher",
+                        "sgemm_shape", "omp_num_threads"}) {
+    EXPECT_TRUE(j["host_figures"].contains(k)) << k;
+  }
+  EXPECT_FALSE(FactsToJson(Healthy(1)).contains("host_figures"));
 }
 
 }  // namespace
