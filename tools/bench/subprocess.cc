@@ -62,6 +62,9 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, int stdout_fd,
   posix_spawnattr_init(&attr);
   short flags = 0;
   if (own_group) {
+    // A background group that reads the terminal would be stopped (SIGTTIN) until the deadline: the child
+    // of a deadline reads nothing (launchers such as Hydra's mpiexec read their stdin).
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
     flags |= POSIX_SPAWN_SETPGROUP;
     posix_spawnattr_setpgroup(&attr, 0);
   }
@@ -131,10 +134,10 @@ class SignalForwarding {
   // Restores the previous handlers, then raises here a signal that was forwarded (its old disposition
   // acts on it: by default this process ends, as it would have without the child).
   ~SignalForwarding() {
+    if (active_) g_forward_group.store(0);  // first: the group may be gone once the child is reaped
     Unblock();
     if (!active_) return;
     for (size_t i = 0; i < std::size(kForwarded); ++i) sigaction(kForwarded[i], &old_actions_[i], nullptr);
-    g_forward_group.store(0);
     const int sig = g_forwarded_signal;
     g_forwarded_signal = 0;
     if (sig != 0) ::raise(sig);

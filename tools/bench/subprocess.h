@@ -19,7 +19,8 @@ namespace strata::tools {
 // this process's own process group, as a shell runs a command.
 //
 // With a timeout the child starts in a process group of its own (so that a launcher's children, mpirun's
-// ranks, can be killed with it), and while it runs SIGINT, SIGTERM and SIGHUP sent to this process are
+// ranks, can be killed with it), its stdin is /dev/null (a background group reading the terminal would be
+// stopped until the deadline), and while it runs SIGINT, SIGTERM and SIGHUP sent to this process are
 // forwarded to that group and then re-raised here once it is reaped (Ctrl-C still stops both). When the
 // child has not exited and closed its stdout by then, the whole group gets SIGTERM, then SIGKILL after a
 // grace of up to 2 s, the child is reaped, and the result is DeadlineExceeded naming the command line,

@@ -73,6 +73,23 @@ TEST_F(RunAndCaptureTest, ReturnsTheOutputWithAndWithoutADeadline) {
   EXPECT_EQ(big->size(), 1000000u);
 }
 
+TEST_F(RunAndCaptureTest, UnderADeadlineTheChildReadsNothingFromOurStdin) {
+  // Our stdin: a pipe nobody writes to, so a child that inherited it would block in `cat` until the
+  // deadline. Under a deadline it reads /dev/null: end of input at once.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const int saved = dup(STDIN_FILENO);
+  ASSERT_GE(saved, 0);
+  ASSERT_EQ(dup2(fds[0], STDIN_FILENO), STDIN_FILENO);
+  auto r = RunAndCapture({"sh", "-c", "cat; echo done"}, milliseconds(3000));
+  dup2(saved, STDIN_FILENO);
+  close(saved);
+  close(fds[0]);
+  close(fds[1]);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, "done\n");
+}
+
 TEST_F(RunAndCaptureTest, ExitStatusAndSpawnFailureAsBeforeUnderADeadline) {
   auto failed = RunAndCapture({"sh", "-c", "echo partial; exit 3"}, milliseconds(20000));
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kAborted);
