@@ -17,9 +17,9 @@ check "install_deps' list covers this build" $? "$rc $out"
 out=$("$src/scripts/check_deps" --without ocl-icd-opencl-dev "$build" 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "MISSING package ocl-icd-opencl-dev: the build read /usr/lib/x86_64-linux-gnu/libOpenCL.so" <<<"$out"
 check "without ocl-icd-opencl-dev on the list, it fails naming it" $? "$rc $out"
-printf 'import json\nimport numpy as np\n' > "$work/uses_numpy.py"
-out=$("$src/scripts/check_deps" --also-scan "$work/uses_numpy.py" "$build" 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "MISSING Python module numpy: imported by" <<<"$out" && ! grep -q "module json" <<<"$out"
+printf 'import json\nimport scipy.linalg\n' > "$work/uses_scipy.py"
+out=$("$src/scripts/check_deps" --also-scan "$work/uses_scipy.py" "$build" 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "MISSING Python module scipy: imported by" <<<"$out" && ! grep -q "module json" <<<"$out"
 check "a test's import of a package not in python/requirements-test.txt is named" $? "$rc $out"
 echo "$((runs - fails)) passed, $fails failed"
 [ "$fails" -eq 0 ]
