@@ -1,10 +1,13 @@
 #include "runtime/memory/memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/units.h"
@@ -81,6 +84,8 @@ BufferView Buffer::view() const {
   return BufferView{data_, bytes_, owner_ != nullptr ? owner_->tier() : Tier::kDevice};
 }
 
+bool Buffer::DiscardToZero() const { return owner_ == nullptr || owner_->DiscardToZero(data_, bytes_); }
+
 void Buffer::Reset() {
   if (owner_ != nullptr && data_ != nullptr) owner_->Free(data_, bytes_, kind_);
   owner_ = nullptr;
@@ -148,5 +153,60 @@ void* AlignedHostAlloc(size_t bytes, size_t alignment) {
 }
 
 void HostAllocator::RawFree(void* p, size_t) { std::free(p); }
+
+// Note [Idle pages]
+// The engine's buffers are allocated once, for the whole run (DESIGN "Memory is a contract"), but the
+// gradient memory holds nothing from the end of one step to the next backward: the gradient shards (read
+// by the step, then zeroed), the gradient working slots and the reduce-scatter's scratch. With
+// strata.release_idle_memory the engine hands those bytes back here after each step (Impl::ZeroGrads),
+// and once at Finalize together with the gathered pool, which the zero fill made resident and of which a
+// slot may never be used: the OS takes their pages, so through the forward the process holds only what is
+// live, as a framework that allocates per use does, while the bytes stay reserved under the tier's budget
+// and counted by the tracker (budgets, accounting and `strata plan` unchanged). MADV_DONTNEED on private
+// anonymous memory (all that posix_memalign returns, from the heap or from mmap) drops the pages; the next
+// touch maps a zero page, so the range reads as zero and a gradient shard needs no other clearing.
+//
+// Cost: a page fault per page at the next use, and the OS may have lent the pages elsewhere by then. The
+// gradient memory is then allocated at 2 MiB (Impl::GradAlignment) so those are huge-page faults where
+// the kernel allows (Note [Huge pages]). The gathered slots are not handed back per use: they cycle
+// through every forward and backward, and with 4 KiB pages a fault per page per use cost 20% of a GPT-2
+// step (docs/perf-notes.md, "Idle pages"). Only plain host memory does this: pinned memory is locked for
+// DMA, and a buffer registered with io_uring keeps its old pages (the pinned staging pool is never
+// handed back).
+namespace {
+struct WholePages {
+  uintptr_t begin, end, first, last;  // the range, and the whole pages [first, last) inside it
+};
+WholePages WholePagesOf(const void* p, size_t bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  const uintptr_t first = (begin + page - 1) & ~(page - 1), last = end & ~(page - 1);
+  return {begin, end, first, std::max(first, last)};
+}
+}  // namespace
+
+Residency ResidentBytes(const void* p, size_t bytes) {
+  const WholePages w = WholePagesOf(p, bytes);
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  Residency r;
+  r.whole = w.last - w.first;
+  if (r.whole == 0) return r;
+  std::vector<unsigned char> vec(r.whole / page);
+  if (mincore(reinterpret_cast<void*>(w.first), r.whole, vec.data()) != 0) return r;
+  for (unsigned char v : vec) r.resident += (v & 1) ? page : 0;
+  return r;
+}
+
+bool HostAllocator::RawDiscardToZero(void* p, size_t bytes) {
+  const auto [begin, end, first, last] = WholePagesOf(p, bytes);
+  if (first >= last) {  // no whole page inside
+    std::memset(p, 0, bytes);
+    return true;
+  }
+  if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return false;  // untouched
+  std::memset(p, 0, first - begin);
+  std::memset(reinterpret_cast<void*>(last), 0, end - last);
+  return true;
+}
 
 }  // namespace strata::memory

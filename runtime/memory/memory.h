@@ -87,6 +87,8 @@ class Buffer {
   template <typename T>
   T* as() const { return static_cast<T*>(data_); }
   void Reset();
+  // Allocator::DiscardToZero over the whole buffer (an empty buffer: true, nothing to do).
+  bool DiscardToZero() const;
 
  private:
   friend class Allocator;
@@ -113,12 +115,23 @@ class Allocator {
   uint64_t used_bytes() const { return used_.load(); }
   uint64_t free_bytes() const;
 
+  // Note [Idle pages]. Makes [p, p + bytes) read as zero by handing its whole pages back to the OS (the
+  // partial pages at either end are zeroed in place), and returns true; the bytes stay allocated and
+  // counted. Where the tier cannot (device and pinned memory), or the OS refuses, it touches nothing and
+  // returns false, and the caller keeps the bytes as they are or zeroes them itself. Thread-safe; no other thread may be using
+  // the range.
+  bool DiscardToZero(void* p, size_t bytes) { return bytes == 0 || RawDiscardToZero(p, bytes); }
+  // Whether DiscardToZero hands pages back on this tier.
+  virtual bool hands_back_pages() const { return false; }
+
  protected:
   // Raw memory of the tier; nullptr on failure.
   virtual void* RawAllocate(size_t bytes, size_t alignment) = 0;
   virtual void RawFree(void* p, size_t bytes) = 0;
   // Zero-fills a fresh block (memset for host memory; a device tier overrides it).
   virtual void ZeroFill(void* p, size_t bytes);
+  // DiscardToZero for the tier; the default cannot.
+  virtual bool RawDiscardToZero(void*, size_t) { return false; }
 
  private:
   friend class Buffer;
@@ -134,15 +147,25 @@ class Allocator {
 class HostAllocator final : public Allocator {
  public:
   using Allocator::Allocator;
+  bool hands_back_pages() const override { return true; }
 
  protected:
   void* RawAllocate(size_t bytes, size_t alignment) override;
   void RawFree(void* p, size_t bytes) override;
+  bool RawDiscardToZero(void* p, size_t bytes) override;
 };
 
 // posix_memalign of `bytes` at `alignment` (free with std::free), with the huge-page advice for 2 MiB
 // alignment (Note [Huge pages] in offload/pinned_pool.cc); nullptr on failure. What HostAllocator hands out.
 void* AlignedHostAlloc(size_t bytes, size_t alignment);
+
+// The resident bytes among the whole pages inside [p, p + bytes) of host memory (mincore), and how many
+// bytes those pages hold; for tests and diagnostics of Note [Idle pages]. A page read after being handed
+// back may count as resident (the shared zero page), so check before reading.
+struct Residency {
+  size_t resident = 0, whole = 0;
+};
+Residency ResidentBytes(const void* p, size_t bytes);
 
 inline constexpr uint64_t kUnlimited = ~uint64_t{0};
 

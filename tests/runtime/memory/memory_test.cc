@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -160,6 +161,53 @@ TEST(Buffer, MoveTransfersOwnershipExactlyOnce) {
   c.Reset();
   EXPECT_TRUE(c.empty());
   EXPECT_EQ(alloc.used_bytes(), 0u);
+}
+
+// Note [Idle pages]: the whole pages inside the range go back to the OS, the partial ones at the edges are
+// zeroed in place, the bytes around it are untouched, and the budget and the tracker still count it all.
+TEST(Allocator, DiscardToZeroHandsThePagesBackAndLeavesZeros) {
+  MemoryTracker tracker;
+  HostAllocator alloc(Tier::kDevice, kUnlimited, &tracker);
+  constexpr size_t kBytes = size_t{8} << 20;
+  Buffer b = AllocOk(alloc, kBytes, Kind::kGradShard);
+  unsigned char* p = b.as<unsigned char>();
+  std::fill(p, p + kBytes, 0xAB);
+  constexpr size_t kOff = 100, kLen = (size_t{6} << 20) + 37;  // unaligned at both ends
+  const Residency before = ResidentBytes(p + kOff, kLen);
+  ASSERT_GT(before.whole, size_t{5} << 20);
+  EXPECT_EQ(before.resident, before.whole) << "written bytes must be resident";
+  ASSERT_TRUE(alloc.DiscardToZero(p + kOff, kLen));
+  EXPECT_EQ(ResidentBytes(p + kOff, kLen).resident, 0u) << "the whole pages inside were not handed back";
+  EXPECT_EQ(alloc.used_bytes(), kBytes);
+  EXPECT_EQ(tracker.kind(Tier::kDevice, Kind::kGradShard).current_bytes, kBytes);
+  for (size_t i = 0; i < kBytes; ++i) {
+    const bool inside = i >= kOff && i < kOff + kLen;
+    ASSERT_EQ(p[i], inside ? 0 : 0xAB) << "byte " << i << (inside ? " inside" : " outside") << " the range";
+  }
+  // A range without a whole page is zeroed in place.
+  std::fill(p, p + 64, 0xCD);
+  ASSERT_TRUE(alloc.DiscardToZero(p + 8, 40));
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(p[i], i >= 8 && i < 48 ? 0 : 0xCD) << "byte " << i;
+  EXPECT_TRUE(b.DiscardToZero());
+  EXPECT_EQ(ResidentBytes(p, kBytes).resident, 0u);
+  EXPECT_TRUE(std::all_of(p, p + kBytes, [](unsigned char c) { return c == 0; }));
+}
+
+// A tier that cannot hand pages back (device, pinned) says so and leaves the bytes alone.
+TEST(Allocator, DiscardToZeroOnATierThatCannotTouchesNothing) {
+  class Plain final : public Allocator {
+   public:
+    using Allocator::Allocator;
+
+   protected:
+    void* RawAllocate(size_t bytes, size_t alignment) override { return AlignedHostAlloc(bytes, alignment); }
+    void RawFree(void* p, size_t) override { std::free(p); }
+  };
+  Plain alloc(Tier::kPinnedHost, kUnlimited, nullptr);
+  Buffer b = AllocOk(alloc, size_t{1} << 20, Kind::kScratch);
+  std::fill(b.as<unsigned char>(), b.as<unsigned char>() + b.bytes(), 0x11);
+  EXPECT_FALSE(b.DiscardToZero());
+  EXPECT_TRUE(std::all_of(b.as<unsigned char>(), b.as<unsigned char>() + b.bytes(), [](unsigned char c) { return c == 0x11; }));
 }
 
 TEST(BufferView, SliceKeepsTierAndOffsets) {
