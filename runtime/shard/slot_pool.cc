@@ -34,12 +34,12 @@ SlotPlan PlanSlots(std::vector<SlotUnit> units, int live) {
 }
 
 absl::StatusOr<SlotPool> SlotPool::Create(memory::Allocator& alloc, const SlotPlan& plan, size_t elem_bytes,
-                                          memory::Kind kind) {
+                                          memory::Kind kind, size_t alignment) {
   SlotPool pool;
   pool.shared_ = plan.shared;
   pool.limit_ = plan.live;
   auto add = [&](size_t elems) -> absl::Status {
-    STRATA_ASSIGN_OR_RETURN(memory::Buffer b, alloc.Allocate(elems * elem_bytes, kind));
+    STRATA_ASSIGN_OR_RETURN(memory::Buffer b, alloc.Allocate(elems * elem_bytes, kind, alignment));
     pool.slots_.push_back(Slot{std::move(b), -1, nullptr});
     return absl::OkStatus();
   };
@@ -54,17 +54,18 @@ absl::StatusOr<SlotPool> SlotPool::Create(memory::Allocator& alloc, const SlotPl
 
 int SlotPool::TryAcquire(int owner) {
   if (live() >= limit_) return -1;
+  auto take = [&](int slot) {
+    slots_[slot].owner = owner;
+    slots_[slot].resident = true;  // from here on it is the owner's, whatever its pages
+    return slot;
+  };
   if (owner < static_cast<int>(own_slot_.size()) && own_slot_[owner] >= 0) {
     const int slot = own_slot_[owner];
     if (slots_[slot].owner >= 0) return -1;  // already owned (the callers acquire a unit once)
-    slots_[slot].owner = owner;
-    return slot;
+    return take(slot);
   }
   for (int i = 0; i < shared_; ++i) {
-    if (slots_[i].owner < 0) {
-      slots_[i].owner = owner;
-      return i;
-    }
+    if (slots_[i].owner < 0) return take(i);
   }
   return -1;
 }
@@ -72,6 +73,15 @@ int SlotPool::TryAcquire(int owner) {
 void SlotPool::Release(int slot, std::shared_ptr<device::Event> fence) {
   slots_[slot].owner = -1;
   slots_[slot].fence = std::move(fence);
+}
+
+void SlotPool::ReleaseIdle() {
+  for (Slot& s : slots_) {
+    if (s.owner >= 0 || !s.resident || (s.fence != nullptr && !s.fence->Query())) continue;
+    // A device or pinned tier cannot: the slot then simply stays as it is (Note [Idle pages]).
+    s.buffer.DiscardToZero();
+    s.resident = false;
+  }
 }
 
 absl::Status SlotPool::WaitFence(int slot) {

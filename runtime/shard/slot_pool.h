@@ -18,6 +18,10 @@
 // a fence: an event marking the last such use. The next owner orders its first write after the fence:
 // a stream does WaitFor(fence) before its gather writes; the host does WaitFence() before it zeroes.
 // With host compute the compute is synchronous, so a released parameter slot's fence is already done.
+//
+// ReleaseIdle() hands the pages of the free slots whose fences are done back to the OS (Note [Idle
+// pages], runtime/memory/memory.cc); a slot with an owner is never handed back, whatever fence was
+// pending when it was taken.
 #pragma once
 
 #include <cstddef>
@@ -54,7 +58,7 @@ class SlotPool {
   SlotPool() = default;
   // The slots of `plan`, `elem_bytes` per element, all from `alloc` under `kind`.
   static absl::StatusOr<SlotPool> Create(memory::Allocator& alloc, const SlotPlan& plan, size_t elem_bytes,
-                                         memory::Kind kind);
+                                         memory::Kind kind, size_t alignment = 64);
   // `count` equal slots of `slot_bytes`, any `count` of them owned at once.
   static absl::StatusOr<SlotPool> Create(memory::Allocator& alloc, int count, size_t slot_bytes, memory::Kind kind) {
     return Create(alloc, SlotPlan{count, count, slot_bytes, {}}, 1, kind);
@@ -67,6 +71,8 @@ class SlotPool {
   void Release(int slot, std::shared_ptr<device::Event> fence);
   // Blocks until the previous owner's fence completed; returns the fence's status.
   absl::Status WaitFence(int slot);
+  // Note [Idle pages]: hands back every free slot whose fence is done now.
+  void ReleaseIdle();
   device::Event* fence(int slot) { return slots_[slot].fence.get(); }
 
   memory::BufferView view(int slot) const { return slots_[slot].buffer.view(); }
@@ -81,6 +87,7 @@ class SlotPool {
     memory::Buffer buffer;
     int owner = -1;
     std::shared_ptr<device::Event> fence;
+    bool resident = true;  // owned, or free and not handed back since
   };
   std::vector<Slot> slots_;  // the shared slots, then the own ones
   int shared_ = 0, limit_ = 0;

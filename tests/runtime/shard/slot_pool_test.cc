@@ -1,6 +1,7 @@
 #include "runtime/shard/slot_pool.h"
 
 #include <algorithm>
+#include <future>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -42,6 +43,63 @@ TEST(SlotPool, NextOwnerWaitsForTheReleaseFence) {
   ASSERT_EQ(pool->TryAcquire(2), s);
   ASSERT_TRUE(pool->WaitFence(s).ok());
   EXPECT_TRUE(reader_done) << "WaitFence returned before the previous owner's last use finished";
+}
+
+// Note [Idle pages]: ReleaseIdle hands a free slot's pages back once its fence is done, never before, and
+// never while a new owner holds it, whatever fence was pending when it was taken.
+TEST(SlotPool, ReleaseIdleHandsBackAFreeSlotOnceItsFenceIsDone) {
+  constexpr size_t kBytes = size_t{4} << 20;
+  memory::HostAllocator alloc(memory::Tier::kDevice, memory::kUnlimited, nullptr);
+  auto pool = SlotPool::Create(alloc, 1, kBytes, memory::Kind::kGradWorking);
+  ASSERT_TRUE(pool.ok());
+  auto fill = [&](int slot, unsigned char v) {
+    auto* p = static_cast<unsigned char*>(pool->view(slot).data);
+    std::fill(p, p + kBytes, v);
+  };
+  // The slot's whole pages: all resident, or none.
+  const size_t whole = memory::ResidentBytes(pool->view(0).data, kBytes).whole;
+  ASSERT_GE(whole, kBytes - 8192);
+  auto resident = [&](int slot) { return memory::ResidentBytes(pool->view(slot).data, kBytes).resident; };
+  const int s = pool->TryAcquire(1);
+  fill(s, 0x5A);
+  device::HostStream stream("reduce");
+  auto pending_reader = [&stream](std::promise<void>& go) {  // a reader of the slot that has not finished
+    std::shared_future<void> gate = go.get_future().share();
+    stream.Enqueue([gate] {
+      gate.wait();
+      return absl::OkStatus();
+    });
+    auto fence = std::make_shared<device::HostEvent>();
+    stream.Record(*fence);
+    return fence;
+  };
+  std::promise<void> go;
+  auto fence = pending_reader(go);
+  pool->Release(s, fence);
+  pool->ReleaseIdle();
+  EXPECT_EQ(resident(s), whole) << "handed back while its last reader may still read it";
+  go.set_value();
+  ASSERT_TRUE(fence->Synchronize().ok());
+  pool->ReleaseIdle();
+  EXPECT_EQ(resident(s), 0u) << "a free slot whose fence is done keeps its pages";
+  // Taken again before its fence is done, it is the owner's: the fence completing does not hand it back.
+  ASSERT_EQ(pool->TryAcquire(2), s);
+  fill(s, 0x77);
+  std::promise<void> go2;
+  auto fence2 = pending_reader(go2);
+  pool->Release(s, fence2);
+  ASSERT_EQ(pool->TryAcquire(3), s);
+  fill(s, 0x33);
+  go2.set_value();
+  ASSERT_TRUE(fence2->Synchronize().ok());
+  pool->ReleaseIdle();
+  EXPECT_EQ(resident(s), whole) << "an owned slot was handed back";
+  auto* p = static_cast<unsigned char*>(pool->view(s).data);
+  EXPECT_TRUE(std::all_of(p, p + kBytes, [](unsigned char c) { return c == 0x33; })) << "the owner's bytes changed";
+  pool->Release(s, nullptr);  // no fence
+  EXPECT_EQ(resident(s), whole) << "Release alone hands nothing back";
+  pool->ReleaseIdle();
+  EXPECT_EQ(resident(s), 0u);
 }
 
 TEST(SlotPool, OverBudgetPoolFails) {
