@@ -83,7 +83,8 @@ const KeyNode& Schema() {
           {"round_robin_gradients"}}},
       {"strata", {{"param_dtype"}, {"reduce_dtype"}, {"max_live_units"}, {"prefetch_depth"},
                   {"reshard_after_forward"}, {"collective_timeout_ms"}, {"seed"}, {"device_budget"},
-                  {"host_budget"}, {"optimizer_threads"}, {"optimizer_in_backward"}}},
+                  {"host_budget"}, {"optimizer_threads"}, {"optimizer_in_backward"},
+                  {"release_idle_memory"}}},
   }};
   // clang-format on
   return *kRoot;
@@ -536,6 +537,7 @@ absl::Status ParseStrata(const Section& root, EngineConfig* cfg, PrecisionReques
   STRATA_RETURN_IF_ERROR(s.Int("optimizer_threads", Closed(0, kernels::cpu::ThreadPool::kMaxThreads),
                                &cfg->optimizer_threads));
   STRATA_RETURN_IF_ERROR(s.Bool("optimizer_in_backward", &cfg->optimizer_in_backward));
+  STRATA_RETURN_IF_ERROR(s.Bool("release_idle_memory", &cfg->release_idle_memory));
   return s.Bytes("host_budget", &cfg->host_budget_bytes);
 }
 

@@ -73,6 +73,10 @@ struct EngineConfig {
   // kept. Stages 2-3 only, without accumulation, clipping or fp16 (CheckOptimizerInBackward;
   // docs/decisions/0018-step-in-backward.md).
   bool optimizer_in_backward = false;
+  // strata.release_idle_memory: after each step the gradient memory (shards, working buffers, scratch)
+  // gives its pages back to the OS until the next backward (plain host memory only; Note [Idle pages],
+  // runtime/memory/memory.cc; docs/decisions/0021-idle-pages.md). The bytes stay reserved and counted.
+  bool release_idle_memory = false;
   // Elements per tile of NVMe-resident optimizer state (not a JSON key: the pinned staging buffers are
   // 3 x lanes tiles, so this is a memory knob the engine sizes; tests shrink it to exercise tiling).
   uint64_t nvme_tile_elems = uint64_t{1} << 20;

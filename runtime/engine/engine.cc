@@ -206,15 +206,17 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
   const Placement& at = m.place;
   const size_t upd = u.ext.update_elems, param_bytes = u.ext.param_elems * m.param_bytes();
   // A kind without a tier has no buffer in memory (Note [Placement]).
-  auto allocate = [](memory::Allocator* tier, size_t bytes, Kind kind, memory::Buffer* b) -> absl::Status {
+  auto allocate = [](memory::Allocator* tier, size_t bytes, Kind kind, memory::Buffer* b,
+                     size_t alignment = 64) -> absl::Status {
     if (tier == nullptr) return absl::OkStatus();
-    STRATA_ASSIGN_OR_RETURN(*b, tier->Allocate(bytes, kind));
+    STRATA_ASSIGN_OR_RETURN(*b, tier->Allocate(bytes, kind, alignment));
     return absl::OkStatus();
   };
   STRATA_RETURN_IF_ERROR(allocate(at.params, param_bytes, Kind::kParamShard, &u.params));
   if (u.frozen()) return InitParams(m, u);  // the params alone
   STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &held->master));
-  STRATA_RETURN_IF_ERROR(allocate(at.grad_shards ? at.grads : nullptr, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads));
+  STRATA_RETURN_IF_ERROR(allocate(at.grad_shards ? at.grads : nullptr, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads,
+                                  m.GradAlignment(at.grads)));
   STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->m));
   if (optim::StateBuffers(m.cfg.optimizer) > 1) {
     STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->v));
@@ -319,6 +321,8 @@ absl::Status Engine::Finalize() {
   const PoolPlans pools = PlanPools(m.cfg, live, unit_elems, frozen);  // what CheckBudgets counted
   if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(pools.gathered));
   STRATA_RETURN_IF_ERROR(m.SetUpReducer(pools.grads, largest.trained_shard));
+  // Note [Idle pages]: the gradient memory, zero-filled and so resident, is idle until the first backward.
+  if (m.cfg.release_idle_memory) STRATA_RETURN_IF_ERROR(m.ZeroGrads());
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
   m.progress.finalized = true;
   return absl::OkStatus();

@@ -37,6 +37,7 @@ std::unique_ptr<shard::ParamSource> Engine::Impl::HostParamSource(shard::SourceE
 absl::Status Engine::Impl::SetUpGatherer(const shard::SlotPlan& slots) {
   STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool,
                           shard::SlotPool::Create(*rt.device_alloc, slots, param_bytes(), memory::Kind::kGathered));
+  if (cfg.release_idle_memory) pool.ReleaseIdle();  // Note [Idle pages]: no slot is used yet
   std::vector<shard::GatherUnit> gathered;
   shard::SourceEnv env{{}, &progress.exposed_io_ns};
   for (const UnitState& u : units) {
@@ -87,9 +88,10 @@ absl::Status Engine::Impl::SetUpReducer(const shard::SlotPlan& slots, size_t lar
     reducer = shard::MakeAllReduceReducer(std::move(reduced), env);
     return absl::OkStatus();
   }
-  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool,
-                          shard::SlotPool::Create(*rt.device_alloc, slots, 4, memory::Kind::kGradWorking));
-  STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch, rt.device_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
+  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(*rt.device_alloc, slots, 4, memory::Kind::kGradWorking,
+                                                                      GradAlignment(rt.device_alloc.get())));
+  STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch,
+                          rt.device_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch, GradAlignment(rt.device_alloc.get())));
   memory::Buffer staging;
   if (GradStagingNeeded()) {
     STRATA_ASSIGN_OR_RETURN(staging, rt.host_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));

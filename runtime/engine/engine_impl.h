@@ -296,6 +296,12 @@ struct Engine::Impl {
   int rank() const { return rt.world->rank(); }
   int world_size() const { return rt.world->size(); }
   size_t param_bytes() const { return DTypeBytes(cfg.param_dtype); }
+  // The gradient memory's alignment on `tier`: 2 MiB with strata.release_idle_memory where the tier hands
+  // pages back, so the pages faulted in again after each step are huge pages (Note [Huge pages],
+  // offload/pinned_pool.cc; Note [Idle pages]); 64 otherwise (a device arena is sized to the byte).
+  size_t GradAlignment(const memory::Allocator* tier) const {
+    return cfg.release_idle_memory && tier != nullptr && tier->hands_back_pages() ? size_t{2} << 20 : 64;
+  }
   bool last_micro_batch() const { return progress.micro_batch == cfg.gradient_accumulation_steps - 1; }
   // The element range this rank updates: [update_begin, update_begin + update_elems).
   size_t update_begin(const UnitState& u) const { return u.ext.update_begin; }
@@ -331,6 +337,8 @@ struct Engine::Impl {
   // Stages 1-2: all-gather every unit's params from the updated slices; frozen units too only after a
   // restore (a step leaves them as they are).
   absl::Status ReplicateParams(bool frozen_too = false);
+  // Zeroes the gradient shards for the next step; with strata.release_idle_memory hands them and the
+  // reducer's idle buffers back instead (Note [Idle pages]). The reductions must be finished.
   absl::Status ZeroGrads();
 };
 

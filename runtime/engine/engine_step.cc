@@ -64,9 +64,14 @@ absl::Status Engine::Impl::ReplicateParams(bool frozen_too) {
 }
 
 absl::Status Engine::Impl::ZeroGrads() {
+  // Note [Idle pages]: nothing in the gradient memory is live until the next backward (the reductions
+  // are finished), so it gives its pages back; a handed-back shard reads as zero.
+  if (cfg.release_idle_memory && reducer != nullptr) reducer->ReleaseIdle();
   if (!place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
   for (UnitState& u : units) {
-    if (!u.frozen()) STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
+    if (u.frozen()) continue;
+    if (cfg.release_idle_memory && u.grads.DiscardToZero()) continue;
+    STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
   }
   return absl::OkStatus();
 }

@@ -107,6 +107,12 @@ class ReduceScatterReducer final : public GradReducer {
     return absl::OkStatus();
   }
 
+  void ReleaseIdle() override {
+    pool_.ReleaseIdle();
+    // Without gradient shards the scratch holds the reduced shard for the caller (reduced()).
+    if (ops_.accumulate) scratch_.DiscardToZero();
+  }
+
  private:
   ReduceOps ops_;
   SlotPool pool_;

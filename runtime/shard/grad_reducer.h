@@ -78,6 +78,9 @@ class GradReducer {
   virtual float* reduced() const { return nullptr; }
   // Waits for every reduction enqueued (the last one's deadline first, then the stream).
   absl::Status Finish();
+  // Note [Idle pages]: hands the pages of the free working buffers and (with gradient shards) of the
+  // scratch back to the OS. After Finish(), between steps.
+  virtual void ReleaseIdle() {}
 
  protected:
   explicit GradReducer(std::vector<ReduceUnit> units, ReducerEnv env) : units_(std::move(units)), env_(env) {}
