@@ -14,6 +14,8 @@ peak resident set (VmHWM of /proc/self/status: the whole process, torch included
   deepspeed deepspeed.initialize, ZeRO-3, DS_ACCELERATOR=cpu (gloo without oneCCL), torch's AdamW
             ("torch_adam": DeepSpeed's fused Adam is a CUDA op)
   strata-liveN  strata with strata.max_live_units N (e.g. strata-live2)
+  strata-idle  strata with strata.release_idle_memory: the gradient memory gives its pages back after
+            each step (docs/decisions/0021-idle-pages.md)
 Each peer is measured --repeat times, interleaved (the cores are shared: report every run). Besides
 tokens/s, tokens per CPU-second (each rank's process CPU time, all its threads, over the measured steps)
 says what tokens/s would be with a core per rank: on a machine shared with other jobs it moves less.
@@ -266,11 +268,25 @@ def worker(a):
 
 
 # ---------------------------------------------------------------- the driver
+def results_in(text):
+    """Every rank's RESULT object in the job's output. The ranks share one stdout, so two ranks' lines can
+    land on one line ("RESULT {...}RESULT {...}"): each object is decoded where its marker starts."""
+    out, dec, at = [], json.JSONDecoder(), text.find("RESULT ")
+    while at >= 0:
+        obj, end = dec.raw_decode(text, at + len("RESULT "))
+        out.append(obj)
+        at = text.find("RESULT ", end)
+    return out
+
+
 def launch(a, mode, shape=None, nvme=None, limit=None, timeout=3600):
     """One measurement: `ranks` processes of this file in --worker mode; returns the per-rank results."""
     live = a.strata_live
+    keys = a.strata_keys
     if mode.startswith("strata-live"):  # strata with strata.max_live_units set, e.g. strata-live2
         mode, live = "strata", int(mode[len("strata-live"):])
+    if mode == "strata-idle":  # strata whose gradient memory gives its pages back between steps
+        mode, keys = "strata", json.dumps(dict(json.loads(keys), release_idle_memory=True))
     cmd = [os.path.join(ROOT, "scripts/mpirun_local"), "-n", str(a.ranks), sys.executable, os.path.abspath(__file__),
            "--worker", mode, "--micro-batch", str(a.micro_batch), "--seq", str(a.seq),
            "--warmup", str(a.warmup), "--steps", str(a.steps)]
@@ -284,7 +300,7 @@ def launch(a, mode, shape=None, nvme=None, limit=None, timeout=3600):
         cmd += ["--rss-limit-mib", str(limit)]
     if live:
         cmd += ["--strata-live", str(live)]
-    cmd += ["--strata-keys", a.strata_keys]
+    cmd += ["--strata-keys", keys]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 2000))
     t = time.time()
@@ -293,7 +309,7 @@ def launch(a, mode, shape=None, nvme=None, limit=None, timeout=3600):
         text, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         text, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode(), "timeout"
-    ranks = [json.loads(l[len("RESULT "):]) for l in text.splitlines() if l.startswith("RESULT ")]
+    ranks = results_in(text)
     over = [json.loads(l[len("RSSLIMIT "):]) for l in text.splitlines() if l.startswith("RSSLIMIT ")]
     res = {"mode": mode, "max_live_units": live, "rc": rc, "wall_s": time.time() - t, "ranks": sorted(ranks, key=lambda r: r["rank"])}
     if over:
