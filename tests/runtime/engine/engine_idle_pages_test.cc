@@ -16,49 +16,14 @@
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
-#include "tests/runtime/engine/rank_harness.h"
+#include "tests/runtime/engine/mlp_runs.h"
 
 namespace strata::engine {
 namespace {
 
-struct Run {
-  std::vector<float> params;  // every parameter, gathered
-  MemoryStats mem;            // rank 0's, after the last step
-  std::vector<StepResult> steps;
-};
-
-// Trains the MLP (hidden 512: units of whole pages) for 3 steps of 8 samples over `world` ranks.
-absl::StatusOr<Run> Train(const EngineConfig& cfg, int world) {
-  Run out;
-  std::mutex mu;
-  auto results = testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
-    device::HostDevice dev;
-    STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-    STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{16, 512, 4}));
-    STRATA_RETURN_IF_ERROR(e->Finalize());
-    const int accum = cfg.gradient_accumulation_steps, micro = 8 / (world * accum);
-    std::vector<StepResult> rs;
-    for (int s = 0; s < 3; ++s) {
-      for (int mb = 0; mb < accum; ++mb) {
-        STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
-        const int64_t first = int64_t{s} * 8 + (int64_t{mb} * world + rank) * micro;
-        STRATA_RETURN_IF_ERROR(mlp.TrainMicroBatch(*e, first, micro).status());
-        STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
-      }
-      STRATA_ASSIGN_OR_RETURN(StepResult r, e->Step());
-      rs.push_back(r);
-    }
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, e->GatherAllParams());
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      out.params = std::move(all);
-      out.mem = e->memory_stats();
-      out.steps = std::move(rs);
-    }
-    return absl::OkStatus();
-  });
-  for (const auto& s : results) STRATA_RETURN_IF_ERROR(s);
-  return out;
+// Three steps of the MLP at hidden 512, so that its units span whole pages.
+absl::StatusOr<testing::MlpRun> Train(const EngineConfig& cfg, int world) {
+  return testing::TrainMlp(cfg, world, examples::MlpShape{16, 512, 4}, 3);
 }
 
 class IdlePages : public ::testing::Test {

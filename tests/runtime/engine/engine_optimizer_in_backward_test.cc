@@ -17,7 +17,7 @@
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
-#include "tests/runtime/engine/rank_harness.h"
+#include "tests/runtime/engine/mlp_runs.h"
 
 namespace strata::engine {
 namespace {
@@ -26,43 +26,8 @@ using ::testing::HasSubstr;
 using memory::Kind;
 using memory::Tier;
 
-struct Run {
-  std::vector<float> params;  // every parameter, gathered
-  MemoryStats mem;            // rank 0's, after the last step
-  uint64_t grad_shard_elems = 0;  // rank 0's gradient shard elements, summed over the units
-  std::vector<StepResult> steps;  // rank 0's
-};
-
-// Trains the MLP for `steps` steps of 8 samples split over `world` ranks (one micro-batch per step).
-absl::StatusOr<Run> Train(const EngineConfig& cfg, int world, int steps = 4) {
-  Run out;
-  std::mutex mu;
-  auto results = testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
-    device::HostDevice dev;
-    STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-    STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{}));
-    STRATA_RETURN_IF_ERROR(e->Finalize());
-    const int micro = 8 / world;
-    std::vector<StepResult> rs;
-    for (int s = 0; s < steps; ++s) {
-      STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
-      STRATA_RETURN_IF_ERROR(mlp.TrainMicroBatch(*e, int64_t{s} * 8 + rank * micro, micro).status());
-      STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
-      STRATA_ASSIGN_OR_RETURN(StepResult r, e->Step());
-      rs.push_back(r);
-    }
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, e->GatherAllParams());
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      out.params = std::move(all);
-      out.mem = e->memory_stats();
-      out.steps = std::move(rs);
-      for (int u = 0; u < e->num_units(); ++u) out.grad_shard_elems += e->layout(u).shard_elems;
-    }
-    return absl::OkStatus();
-  });
-  for (const auto& s : results) STRATA_RETURN_IF_ERROR(s);
-  return out;
+absl::StatusOr<testing::MlpRun> Train(const EngineConfig& cfg, int world, int steps = 4) {
+  return testing::TrainMlp(cfg, world, examples::MlpShape{}, steps);
 }
 
 uint64_t Current(const MemoryStats& m, Tier t, Kind k) {
