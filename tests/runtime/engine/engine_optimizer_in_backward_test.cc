@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "examples/mlp/mlp_model.h"

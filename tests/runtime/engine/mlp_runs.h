@@ -16,9 +16,9 @@
 namespace strata::testing {
 
 struct MlpRun {
-  std::vector<float> params;      // every parameter, gathered
+  std::vector<float> params;              // every parameter, gathered
   engine::MemoryStats mem;                // rank 0's, after the last step
-  uint64_t grad_shard_elems = 0;  // rank 0's gradient shard elements, summed over the units
+  uint64_t grad_shard_elems = 0;          // rank 0's gradient shard elements, summed over the units
   std::vector<engine::StepResult> steps;  // rank 0's
 };
 
