@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -45,6 +47,9 @@ struct MpiContext {
 namespace {
 
 constexpr int kDiagTag = 7001;
+constexpr int kReduceTag = 7002;                  // the reduce-scatter's transfers (Note [Reduce-scatter ...])
+constexpr size_t kReduceChunkBytes = 1u << 20;  // per peer and transfer
+constexpr int kMaxDirectRanks = 8;                // above it: 2 (size - 1) MiB of buffers is too much
 
 void Bf16SumOp(void* in, void* inout, int* len, MPI_Datatype*) {
   AccumulateInto(inout, in, static_cast<size_t>(*len), DType::kBF16);
@@ -164,13 +169,86 @@ class MpiCommunicator final : public HostCommunicator {
     return WaitWithDeadline(req, "all_gather", seq);
   }
 
+  // Note [Reduce-scatter over point to point]. Open MPI 4.1's MPI_Ireduce_scatter_block (libnbc) reduces
+  // the whole buffer on rank 0, into a temporary as large as the send buffer, and scatters from there:
+  // measured, a 150 MiB reduce-scatter at 2 ranks raised rank 0's VmHWM by 150 MiB, and rank 0 did all
+  // the additions. So each rank gathers its own block instead, a chunk at a time: it sends every peer
+  // that peer's chunk, receives its own chunk from every peer into `rs_buf_`, and sums the contributions
+  // in rank order (0, 1, ..., as InProcessCommunicator does), so each rank adds 1/size of the buffer,
+  // the extra memory is 2 * (size - 1) chunks (the next chunk's transfers are posted before the current
+  // one is summed), and the sum is the same whatever the transport. Measured with `strata bench comm`
+  // (docs/perf-notes.md): 2.7-4.2x MPI's bandwidth for buffers of 256 KiB to 128 MiB, 0.7x at 64 KiB, where
+  // latency rules; so blocks below one chunk still go to MPI's collective, whose temporary is then at
+  // most size MiB. At 2 ranks a + b == b + a, so the result is bit for bit the MPI collective's; at more
+  // ranks the order of the sum differs from MPI's (within the equivalence tests' tolerance), and small
+  // blocks keep MPI's order (`scripts/demo`'s gpt2-tiny at 4 ranks ends on the same loss as before).
+  // The direct exchange suits a node's worth of ranks: its buffers and messages grow with the world,
+  // so beyond kMaxDirectRanks (a multi-node job) MPI's collective stays (docs/decisions/0022). Collectives
+  // of one communicator run one at a time (the contract of Communicator), so one buffer serves them.
   absl::Status RunReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                                 uint64_t seq) override {
-    STRATA_RETURN_IF_ERROR(CheckCount(count, "reduce_scatter"));
-    MPI_Request req;
-    STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Ireduce_scatter_block(
-        send, recv, static_cast<int>(count), MpiType(dtype), SumOp(dtype), comm_, &req)));
-    STRATA_RETURN_IF_ERROR(WaitWithDeadline(req, "reduce_scatter", seq));
+    const size_t esz = DTypeBytes(dtype);
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    const size_t own = static_cast<size_t>(rank_) * count * esz;  // this rank's block in `send`
+    if (size_ == 1) {
+      if (count > 0) std::memcpy(out, in, count * esz);
+    } else if (count * esz < kReduceChunkBytes || size_ > kMaxDirectRanks) {  // MPI's collective (the Note)
+      STRATA_RETURN_IF_ERROR(CheckCount(count, "reduce_scatter"));
+      MPI_Request req;
+      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Ireduce_scatter_block(
+          send, recv, static_cast<int>(count), MpiType(dtype), SumOp(dtype), comm_, &req)));
+      STRATA_RETURN_IF_ERROR(WaitWithDeadline(req, "reduce_scatter", seq));
+    } else {
+      const int peers = size_ - 1;
+      const size_t chunk = kReduceChunkBytes / esz, chunk_bytes = chunk * esz;
+      const size_t chunks = (count + chunk - 1) / chunk;
+      const size_t need = 2 * static_cast<size_t>(peers) * chunk_bytes;
+      if (rs_buf_bytes_ < need) {
+        rs_buf_ = std::make_unique<char[]>(need);
+        rs_buf_bytes_ = need;
+      }
+      auto peer = [&](int i) { return (rank_ + 1 + i) % size_; };  // the i-th peer, staggered by rank
+      auto from = [&](int set, int i) { return rs_buf_.get() + (static_cast<size_t>(set) * peers + i) * chunk_bytes; };
+      std::vector<MPI_Request> reqs(4 * static_cast<size_t>(peers), MPI_REQUEST_NULL);  // per set: recvs, sends
+      auto post = [&](size_t c) -> absl::Status {
+        const int set = static_cast<int>(c % 2);
+        const size_t first = c * chunk, n = std::min(chunk, count - first);
+        MPI_Request* r = reqs.data() + static_cast<size_t>(set) * 2 * peers;
+        for (int i = 0; i < peers; ++i) {
+          const int q = peer(i);
+          STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Irecv(from(set, i), static_cast<int>(n), MpiType(dtype), q,
+                                                           kReduceTag, comm_, &r[i])));
+          const char* theirs = in + (static_cast<size_t>(q) * count + first) * esz;
+          STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Isend(theirs, static_cast<int>(n), MpiType(dtype), q, kReduceTag,
+                                                           comm_, &r[peers + i])));
+        }
+        return absl::OkStatus();
+      };
+      absl::Status s = post(0);
+      for (size_t c = 0; s.ok() && c < chunks; ++c) {
+        if (c + 1 < chunks) s = post(c + 1);
+        const int set = static_cast<int>(c % 2);
+        if (s.ok()) s = WaitWithDeadline(reqs.data() + static_cast<size_t>(set) * 2 * peers, 2 * peers, "reduce_scatter", seq);
+        if (!s.ok()) break;
+        const size_t first = c * chunk, n = std::min(chunk, count - first);
+        char* dst = out + first * esz;
+        for (int r = 0; r < size_; ++r) {
+          const char* src = r == rank_ ? in + own + first * esz : from(set, (r - rank_ - 1 + size_) % size_);
+          if (r == 0) {
+            std::memcpy(dst, src, n * esz);
+          } else {
+            AccumulateInto(dst, src, n, dtype);
+          }
+        }
+      }
+      if (!s.ok()) {
+        // Transfers may still be posted into the buffer: it is left to them, not freed.
+        static_cast<void>(rs_buf_.release());
+        rs_buf_bytes_ = 0;
+        return s;
+      }
+    }
     if (op == ReduceOp::kAvg) ScaleInPlace(recv, count, dtype, 1.0f / static_cast<float>(size_));
     return absl::OkStatus();
   }
@@ -217,7 +295,7 @@ class MpiCommunicator final : public HostCommunicator {
     return absl::OkStatus();
   }
 
-  // Polls `req` until it completes or the deadline passes. MPI's non-blocking collectives (libnbc) advance
+  // Polls `reqs` until all complete or the deadline passes. MPI's non-blocking collectives (libnbc) advance
   // only inside MPI calls, so a sleeping poller starves them: measured with `strata bench comm`, sleeping
   // up to 200 us between tests ran a 128 MiB all-gather at 0.06-0.27 of raw MPI. The loop therefore
   // keeps testing, yielding the core between tests (as a blocking MPI wait busy-polls too), and only
@@ -227,6 +305,9 @@ class MpiCommunicator final : public HostCommunicator {
   // error comes when the configured timeout has passed. Note [Own stop]: the largest gap between polls
   // tells whether this rank itself was stopped meanwhile.
   absl::Status WaitWithDeadline(MPI_Request& req, const char* what, uint64_t seq) {
+    return WaitWithDeadline(&req, 1, what, seq);
+  }
+  absl::Status WaitWithDeadline(MPI_Request* reqs, int n, const char* what, uint64_t seq) {
     const StallBudget budget = SplitTimeout(options_.timeout_ms);
     const auto start = std::chrono::steady_clock::now();
     const auto spin_until = start + std::chrono::seconds(1);
@@ -236,7 +317,7 @@ class MpiCommunicator final : public HostCommunicator {
     bool regraced = false;
     while (true) {
       int flag = 0;
-      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Test(&req, &flag, MPI_STATUS_IGNORE)));
+      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE)));
       if (flag) return absl::OkStatus();
       const auto now = std::chrono::steady_clock::now();
       const auto gap = now - last_poll;
@@ -265,7 +346,7 @@ class MpiCommunicator final : public HostCommunicator {
     const auto end = start + std::chrono::milliseconds(options_.timeout_ms);
     while (std::chrono::steady_clock::now() < end) {
       int flag = 0;
-      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Test(&req, &flag, MPI_STATUS_IGNORE)));
+      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE)));
       if (flag) return absl::OkStatus();
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -283,6 +364,8 @@ class MpiCommunicator final : public HostCommunicator {
   int rank_ = 0;
   int size_ = 1;
   uint64_t splits_ = 0;  // numbers the Split exchanges in errors
+  std::unique_ptr<char[]> rs_buf_;  // Note [Reduce-scatter over point to point]
+  size_t rs_buf_bytes_ = 0;
 };
 
 }  // namespace

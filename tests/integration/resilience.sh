@@ -7,7 +7,7 @@
 #              writes HF-named weights that --init-from loads; a manifest naming a shard outside its step
 #              directory, or a mistyped next_step, is a named error (exit 1-127) for inspect, export, --resume;
 #   failures:  one rank killed (SIGKILL) or stopped (SIGSTOP) mid-run makes every rank exit non-zero
-#              within the bound; SIGTERM stops the job cleanly at a step boundary with no partial checkpoint.
+#              within the bound (with blocks small and large enough for both reduce-scatter paths); SIGTERM stops the job cleanly at a step boundary with no partial checkpoint.
 # usage: resilience.sh MPIRUN STRATA [section]
 set -uo pipefail
 mpirun=$1 strata=$2 only=${3:-all}
@@ -140,19 +140,24 @@ finish_job() {  # waits for the job (at most 60 s), sets rc and elapsed
 }
 
 if [ "$only" = all ] || [ "$only" = failures ]; then
-  start_job kill
-  kill -9 "$(rank_pid $job 1)"
-  finish_job
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 20 else 1)" "$elapsed"
-  check "rank 1 killed: the job exits non-zero ($rc) in ${elapsed}s" $? "$(tail -5 "$work/kill.log")"
-  start_job stop
-  pid=$(rank_pid $job 1)
-  kill -STOP "$pid"
-  finish_job
-  kill -9 "$pid" 2>/dev/null
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank(s) 1 did not respond" "$work/stop.log" &&
-    python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 20 else 1)" "$elapsed"
-  check "rank 1 stopped (SIGSTOP): named, the job exits non-zero ($rc) in ${elapsed}s (timeout 3 s)" $? "$(tail -5 "$work/stop.log")"
+  # d-model 64: every reduce-scatter is MPI's collective; d-model 256: each block's reduce-scatter moves
+  # 1.5 MiB per rank, over point to point (Note [Reduce-scatter over point to point]).
+  for width in 64 256; do
+    start_job kill$width --d-model $width
+    kill -9 "$(rank_pid $job 1)"
+    finish_job
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 20 else 1)" "$elapsed"
+    check "d-model $width, rank 1 killed: the job exits non-zero ($rc) in ${elapsed}s" $? "$(tail -5 "$work/kill$width.log")"
+    start_job stop$width --d-model $width
+    pid=$(rank_pid $job 1)
+    kill -STOP "$pid"
+    finish_job
+    kill -9 "$pid" 2>/dev/null
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank(s) 1 did not respond" "$work/stop$width.log" &&
+      python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 20 else 1)" "$elapsed"
+    check "d-model $width, rank 1 stopped (SIGSTOP): named, the job exits non-zero ($rc) in ${elapsed}s (timeout 3 s)" $? \
+      "$(tail -5 "$work/stop$width.log")"
+  done
   start_job term --checkpoint-dir "$work/term" --checkpoint-every 1
   kill -TERM "$job"
   finish_job

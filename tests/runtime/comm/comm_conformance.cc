@@ -226,6 +226,15 @@ void ReduceBody(RankHarness& h, Kind kind, bool in_place) {
   }
 }
 
+// Blocks of several MiB: back-ends that move a reduction in pieces (the MPI back-end's 1 MiB transfers,
+// Note [Reduce-scatter over point to point]) cross piece boundaries mid-block and end on a partial one.
+void LargeReduceScatterBody(RankHarness& h) {
+  constexpr size_t kCount = (5u << 20) / 8 + 3;  // 2.5 MiB + 12 B of fp32 per block
+  for (DType dtype : kDTypes) {
+    for (ReduceOp reduce : kReduceOps) RunOne(h, Op{.kind = Kind::kReduceScatter, .dtype = dtype, .reduce = reduce, .count = kCount});
+  }
+}
+
 void BroadcastBody(RankHarness& h) {
   for (int root = 0; root < h.comm.size(); ++root) {
     for (DType dtype : kDTypes) {
@@ -494,6 +503,7 @@ const std::vector<Case>& Cases() {
       {"AllGather", [](RankHarness& h) { AllGatherBody(h, false); }},
       {"AllGatherInPlace", [](RankHarness& h) { AllGatherBody(h, true); }},
       {"ReduceScatter", [](RankHarness& h) { ReduceBody(h, Kind::kReduceScatter, false); }},
+      {"ReduceScatterOfSeveralMiB", LargeReduceScatterBody},
       {"AllReduce", [](RankHarness& h) { ReduceBody(h, Kind::kAllReduce, false); }},
       {"AllReduceInPlace", [](RankHarness& h) { ReduceBody(h, Kind::kAllReduce, true); }},
       {"BroadcastFromEachRoot", BroadcastBody},
