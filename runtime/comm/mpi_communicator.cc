@@ -176,15 +176,17 @@ class MpiCommunicator final : public HostCommunicator {
   // that peer's chunk, receives its own chunk from every peer into `rs_buf_`, and sums the contributions
   // in rank order (0, 1, ..., as InProcessCommunicator does), so each rank adds 1/size of the buffer,
   // the extra memory is 2 * (size - 1) chunks (the next chunk's transfers are posted before the current
-  // one is summed), and the sum is the same whatever the transport. Measured with `strata bench comm`
-  // (docs/perf-notes.md): 2.7-4.2x MPI's bandwidth for buffers of 256 KiB to 128 MiB, 0.7x at 64 KiB, where
-  // latency rules; so blocks below one chunk still go to MPI's collective, whose temporary is then at
-  // most size MiB. At 2 ranks a + b == b + a, so the result is bit for bit the MPI collective's; at more
-  // ranks the order of the sum differs from MPI's (within the equivalence tests' tolerance), and small
-  // blocks keep MPI's order (`scripts/demo`'s gpt2-tiny at 4 ranks ends on the same loss as before).
-  // The direct exchange suits a node's worth of ranks: its buffers and messages grow with the world,
-  // so beyond kMaxDirectRanks (a multi-node job) MPI's collective stays (docs/decisions/0022). Collectives
-  // of one communicator run one at a time (the contract of Communicator), so one buffer serves them.
+  // one is summed), and the sum is the same whatever the transport. The chunks share one deadline
+  // (WaitClock), and a chunk shorter than expected is a count mismatch naming the sender. Measured with
+  // `strata bench comm` (docs/perf-notes.md): 2.8-4.2x MPI's bandwidth for buffers of 4-128 MiB at 2-4
+  // ranks, but 0.7x at 64 KiB, where latency rules; so blocks below one chunk still go to MPI's
+  // collective, whose temporary is then under size MiB. At 2 ranks a + b == b + a, so the result is bit
+  // for bit the MPI collective's; at more ranks the order of the sum differs from MPI's (within the
+  // equivalence tests' tolerance), and small blocks keep MPI's order (`scripts/demo`'s gpt2-tiny at 4
+  // ranks gives the same losses as before). The direct exchange suits a node's worth of ranks: its
+  // buffers and messages grow with the world, so beyond kMaxDirectRanks (a multi-node job) MPI's
+  // collective stays (docs/decisions/0022). Collectives of one communicator run one at a time (the
+  // contract of Communicator), so one buffer serves them.
   absl::Status RunReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                                 uint64_t seq) override {
     const size_t esz = DTypeBytes(dtype);
@@ -225,13 +227,29 @@ class MpiCommunicator final : public HostCommunicator {
         }
         return absl::OkStatus();
       };
+      WaitClock clock(SplitTimeout(options_.timeout_ms));  // one deadline for the whole collective
+      std::vector<MPI_Status> statuses(2 * static_cast<size_t>(peers));
       absl::Status s = post(0);
       for (size_t c = 0; s.ok() && c < chunks; ++c) {
         if (c + 1 < chunks) s = post(c + 1);
         const int set = static_cast<int>(c % 2);
-        if (s.ok()) s = WaitWithDeadline(reqs.data() + static_cast<size_t>(set) * 2 * peers, 2 * peers, "reduce_scatter", seq);
+        if (s.ok()) {
+          s = WaitWithDeadline(reqs.data() + static_cast<size_t>(set) * 2 * peers, 2 * peers, statuses.data(),
+                               "reduce_scatter", seq, clock);
+        }
         if (!s.ok()) break;
         const size_t first = c * chunk, n = std::min(chunk, count - first);
+        for (int i = 0; i < peers && s.ok(); ++i) {  // a peer with a smaller count sends a shorter chunk
+          int got = 0;
+          MPI_Get_count(&statuses[i], MpiType(dtype), &got);
+          if (static_cast<size_t>(got) != n) {
+            s = absl::InvalidArgumentError(absl::StrCat(
+                "reduce_scatter #", seq, " on '", options_.name, "' (rank ", rank_, " of ", size_, "): rank ", peer(i),
+                " sent ", got, " elements at element ", first, " of the block where this rank expects ", n,
+                " (its count is ", count, "): the ranks disagree on the count"));
+          }
+        }
+        if (!s.ok()) break;
         char* dst = out + first * esz;
         for (int r = 0; r < size_; ++r) {
           const char* src = r == rank_ ? in + own + first * esz : from(set, (r - rank_ - 1 + size_) % size_);
@@ -243,7 +261,17 @@ class MpiCommunicator final : public HostCommunicator {
         }
       }
       if (!s.ok()) {
-        // Transfers may still be posted into the buffer: it is left to them, not freed.
+        // Receives still posted are cancelled, so no later transfer on this communicator can match them;
+        // they and the posted sends may still touch the buffers meanwhile (the sends read `send`, as an
+        // MPI collective's would after a failure), so the buffer is left to them, not freed.
+        for (int set = 0; set < 2; ++set) {
+          for (int i = 0; i < peers; ++i) {
+            MPI_Request& r = reqs[static_cast<size_t>(set) * 2 * peers + i];
+            if (r == MPI_REQUEST_NULL) continue;
+            MPI_Cancel(&r);
+            MPI_Request_free(&r);
+          }
+        }
         static_cast<void>(rs_buf_.release());
         rs_buf_bytes_ = 0;
         return s;
@@ -304,20 +332,34 @@ class MpiCommunicator final : public HostCommunicator {
   // Note [Stall budget]: the collective is waited for until the liveness check must start, so that the
   // error comes when the configured timeout has passed. Note [Own stop]: the largest gap between polls
   // tells whether this rank itself was stopped meanwhile.
-  absl::Status WaitWithDeadline(MPI_Request& req, const char* what, uint64_t seq) {
-    return WaitWithDeadline(&req, 1, what, seq);
-  }
-  absl::Status WaitWithDeadline(MPI_Request* reqs, int n, const char* what, uint64_t seq) {
-    const StallBudget budget = SplitTimeout(options_.timeout_ms);
-    const auto start = std::chrono::steady_clock::now();
-    const auto spin_until = start + std::chrono::seconds(1);
-    auto deadline = start + std::chrono::milliseconds(budget.collective_ms);
-    auto last_poll = start;
+  // One collective's deadline and poll record. A collective that waits more than once (the
+  // reduce-scatter's chunks) keeps one across its waits, so its deadline is the collective's, and a stop
+  // between two waits (posting, summing) is a gap like any other (Note [Own stop]).
+  struct WaitClock {
+    explicit WaitClock(const StallBudget& b)
+        : start(std::chrono::steady_clock::now()), deadline(start + std::chrono::milliseconds(b.collective_ms)),
+          last_poll(start) {}
+    std::chrono::steady_clock::time_point start, deadline, last_poll;
     std::chrono::steady_clock::duration max_gap{0};
     bool regraced = false;
+  };
+
+  absl::Status WaitWithDeadline(MPI_Request& req, const char* what, uint64_t seq) {
+    WaitClock clock(SplitTimeout(options_.timeout_ms));
+    return WaitWithDeadline(&req, 1, MPI_STATUSES_IGNORE, what, seq, clock);
+  }
+  absl::Status WaitWithDeadline(MPI_Request* reqs, int n, MPI_Status* statuses, const char* what, uint64_t seq,
+                                WaitClock& clock) {
+    const StallBudget budget = SplitTimeout(options_.timeout_ms);
+    const auto start = clock.start;
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::seconds(1);  // per wait
+    auto& deadline = clock.deadline;
+    auto& last_poll = clock.last_poll;
+    auto& max_gap = clock.max_gap;
+    bool& regraced = clock.regraced;
     while (true) {
       int flag = 0;
-      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE)));
+      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, statuses)));
       if (flag) return absl::OkStatus();
       const auto now = std::chrono::steady_clock::now();
       const auto gap = now - last_poll;
@@ -346,7 +388,7 @@ class MpiCommunicator final : public HostCommunicator {
     const auto end = start + std::chrono::milliseconds(options_.timeout_ms);
     while (std::chrono::steady_clock::now() < end) {
       int flag = 0;
-      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE)));
+      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, statuses)));
       if (flag) return absl::OkStatus();
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }

@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -98,6 +101,68 @@ TEST(MpiReduceScatter, NeedsNoTemporaryOfTheInputsSize) {
     ASSERT_EQ(recv[i], want) << "rank " << rank << ", element " << i;
   }
   ASSERT_TRUE((*stream)->Synchronize().ok());
+  stream->reset();
+}
+
+// A wide-ranged fp32 input, so that sums in different orders round differently.
+float Spread(int rank, size_t i) {
+  const uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) + 1) * 0xC2B2AE3D27D4EB4Full;
+  return std::ldexp(static_cast<float>(static_cast<int>(h % 2001) - 1000), static_cast<int>((h >> 20) % 48) - 24);
+}
+
+// Note [Reduce-scatter over point to point]: blocks of 1 MiB or more are summed in rank order, so the
+// result is bit for bit ((x0 + x1) + x2) + ... in fp32, whichever peer's chunk arrives first.
+TEST(MpiReduceScatter, SumsInRankOrder) {
+  ASSERT_NE(g_runtime, nullptr);
+  const int world = g_runtime->world_size(), rank = g_runtime->world_rank();
+  if (world > 8) GTEST_SKIP() << "beyond 8 ranks the back-end uses MPI's collective (docs/decisions/0022)";
+  Options options;
+  options.timeout_ms = 30000;
+  options.name = "world";
+  auto comm = g_runtime->World(options);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  constexpr size_t kBlock = (size_t{5} << 20) / 8;  // 2.5 MiB of fp32: three transfers, the last partial
+  std::vector<float> send(kBlock * world), recv(kBlock);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = Spread(rank, i);
+  device::HostDevice dev;
+  auto stream = dev.CreateStream("world");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const absl::Status st = (*comm)->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, **stream).Wait();
+  ASSERT_TRUE(st.ok()) << st;
+  size_t wrong = 0;
+  for (size_t i = 0; i < kBlock; ++i) {
+    float want = Spread(0, rank * kBlock + i);
+    for (int r = 1; r < world; ++r) want += Spread(r, rank * kBlock + i);
+    wrong += std::memcmp(&want, &recv[i], 4) != 0;
+  }
+  EXPECT_EQ(wrong, 0u) << "rank " << rank << " of " << world << ": elements not the rank-order sum";
+  ASSERT_TRUE((*stream)->Synchronize().ok());
+  stream->reset();
+}
+
+// Ranks that disagree on the count fail, each of them, instead of summing what a shorter message left
+// in the buffer: the rank expecting more names the rank that sent less.
+TEST(MpiReduceScatter, CountMismatchFailsOnBothRanks) {
+  ASSERT_NE(g_runtime, nullptr);
+  const int world = g_runtime->world_size(), rank = g_runtime->world_rank();
+  if (world != 2) GTEST_SKIP() << "written for 2 ranks";
+  Options options;
+  options.timeout_ms = 30000;
+  options.name = "world";
+  auto comm = g_runtime->World(options);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const size_t count = (size_t{1} << 18) + (rank == 0 ? 10 : 5);  // 1 MiB and a few: two transfers each
+  std::vector<float> send(count * world, 1.0f), recv(count);
+  device::HostDevice dev;
+  auto stream = dev.CreateStream("world");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const absl::Status st = (*comm)->ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum, **stream).Wait();
+  EXPECT_FALSE(st.ok()) << "rank " << rank;
+  if (rank == 0) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("rank 1 sent 5 elements"), absl::string_view::npos) << st;
+    EXPECT_NE(st.message().find("disagree on the count"), absl::string_view::npos) << st;
+  }
   stream->reset();
 }
 
