@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,26 @@ INSTANTIATE_TEST_SUITE_P(AllCases, MpiConformance, ::testing::Range(size_t{0}, c
                            return conformance::Cases()[info.param].name;
                          });
 
+// The world communicator (30 s timeout) and a stream to issue on, for the tests below; the stream goes
+// before the communicator.
+struct World {
+  std::unique_ptr<Communicator> comm;
+  device::HostDevice dev;
+  std::unique_ptr<device::Stream> stream;
+};
+void OpenWorld(World* w) {
+  ASSERT_NE(g_runtime, nullptr);
+  Options options;
+  options.timeout_ms = 30000;
+  options.name = "world";
+  auto comm = g_runtime->World(options);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  w->comm = std::move(*comm);
+  auto stream = w->dev.CreateStream("world");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  w->stream = std::move(*stream);
+}
+
 // VmHWM in KiB, from /proc/self/status.
 long HighWaterKib() {
   std::FILE* f = std::fopen("/proc/self/status", "r");
@@ -75,23 +96,17 @@ TEST(MpiReduceScatter, NeedsNoTemporaryOfTheInputsSize) {
   const int world = g_runtime->world_size(), rank = g_runtime->world_rank();
   if (world == 1) GTEST_SKIP() << "one rank moves nothing";
   if (world > 8) GTEST_SKIP() << "beyond 8 ranks the back-end uses MPI's collective (docs/decisions/0022)";
-  Options options;
-  options.timeout_ms = 30000;
-  options.name = "world";
-  auto comm = g_runtime->World(options);
-  ASSERT_TRUE(comm.ok()) << comm.status();
+  World w;
+  ASSERT_NO_FATAL_FAILURE(OpenWorld(&w));
   constexpr size_t kBlock = size_t{32} << 20 >> 2;  // 32 MiB of fp32 per rank
   std::vector<float> send(kBlock * world), recv(kBlock, -1.0f);
   for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>((i + rank) % 7);
-  device::HostDevice dev;
-  auto stream = dev.CreateStream("world");
-  ASSERT_TRUE(stream.ok()) << stream.status();
   std::FILE* clear = std::fopen("/proc/self/clear_refs", "w");
   ASSERT_NE(clear, nullptr) << "cannot reset the peak resident set";
   ASSERT_EQ(std::fputs("5", clear), 1);  // 5: reset VmHWM to the current resident set
   ASSERT_EQ(std::fclose(clear), 0);
   const long before = HighWaterKib();
-  const absl::Status st = (*comm)->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, **stream).Wait();
+  const absl::Status st = w.comm->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   const long grown_kib = HighWaterKib() - before;
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_LT(grown_kib, static_cast<long>(kBlock * 4 / 2 / 1024)) << "rank " << rank << " of " << world;
@@ -100,8 +115,7 @@ TEST(MpiReduceScatter, NeedsNoTemporaryOfTheInputsSize) {
     for (int r = 0; r < world; ++r) want += static_cast<float>((rank * kBlock + i + r) % 7);
     ASSERT_EQ(recv[i], want) << "rank " << rank << ", element " << i;
   }
-  ASSERT_TRUE((*stream)->Synchronize().ok());
-  stream->reset();
+  ASSERT_TRUE(w.stream->Synchronize().ok());
 }
 
 // A wide-ranged fp32 input, so that sums in different orders round differently.
@@ -116,18 +130,12 @@ TEST(MpiReduceScatter, SumsInRankOrder) {
   ASSERT_NE(g_runtime, nullptr);
   const int world = g_runtime->world_size(), rank = g_runtime->world_rank();
   if (world > 8) GTEST_SKIP() << "beyond 8 ranks the back-end uses MPI's collective (docs/decisions/0022)";
-  Options options;
-  options.timeout_ms = 30000;
-  options.name = "world";
-  auto comm = g_runtime->World(options);
-  ASSERT_TRUE(comm.ok()) << comm.status();
+  World w;
+  ASSERT_NO_FATAL_FAILURE(OpenWorld(&w));
   constexpr size_t kBlock = (size_t{5} << 20) / 8;  // 2.5 MiB of fp32: three transfers, the last partial
   std::vector<float> send(kBlock * world), recv(kBlock);
   for (size_t i = 0; i < send.size(); ++i) send[i] = Spread(rank, i);
-  device::HostDevice dev;
-  auto stream = dev.CreateStream("world");
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  const absl::Status st = (*comm)->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, **stream).Wait();
+  const absl::Status st = w.comm->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   ASSERT_TRUE(st.ok()) << st;
   size_t wrong = 0;
   for (size_t i = 0; i < kBlock; ++i) {
@@ -136,8 +144,7 @@ TEST(MpiReduceScatter, SumsInRankOrder) {
     wrong += std::memcmp(&want, &recv[i], 4) != 0;
   }
   EXPECT_EQ(wrong, 0u) << "rank " << rank << " of " << world << ": elements not the rank-order sum";
-  ASSERT_TRUE((*stream)->Synchronize().ok());
-  stream->reset();
+  ASSERT_TRUE(w.stream->Synchronize().ok());
 }
 
 // Ranks that disagree on the count fail, each of them, instead of summing what a shorter message left
@@ -146,24 +153,17 @@ TEST(MpiReduceScatter, CountMismatchFailsOnBothRanks) {
   ASSERT_NE(g_runtime, nullptr);
   const int world = g_runtime->world_size(), rank = g_runtime->world_rank();
   if (world != 2) GTEST_SKIP() << "written for 2 ranks";
-  Options options;
-  options.timeout_ms = 30000;
-  options.name = "world";
-  auto comm = g_runtime->World(options);
-  ASSERT_TRUE(comm.ok()) << comm.status();
+  World w;
+  ASSERT_NO_FATAL_FAILURE(OpenWorld(&w));
   const size_t count = (size_t{1} << 18) + (rank == 0 ? 10 : 5);  // 1 MiB and a few: two transfers each
   std::vector<float> send(count * world, 1.0f), recv(count);
-  device::HostDevice dev;
-  auto stream = dev.CreateStream("world");
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  const absl::Status st = (*comm)->ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum, **stream).Wait();
+  const absl::Status st = w.comm->ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   EXPECT_FALSE(st.ok()) << "rank " << rank;
   if (rank == 0) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find("rank 1 sent 5 elements"), absl::string_view::npos) << st;
     EXPECT_NE(st.message().find("disagree on the count"), absl::string_view::npos) << st;
   }
-  stream->reset();
 }
 
 }  // namespace
