@@ -228,11 +228,11 @@ void ReduceBody(RankHarness& h, Kind kind, bool in_place) {
 
 // Blocks of several MiB: back-ends that move a reduction in pieces (the MPI back-end's 1 MiB transfers,
 // Note [Reduce-scatter over point to point]) cross piece boundaries mid-block and end on a partial one.
+// Both dtypes and both ops, not every pair: each op is ~7 s at 4 ranks under TSan.
 void LargeReduceScatterBody(RankHarness& h) {
-  constexpr size_t kCount = (5u << 20) / 8 + 3;  // 2.5 MiB + 12 B of fp32 per block
-  for (DType dtype : kDTypes) {
-    for (ReduceOp reduce : kReduceOps) RunOne(h, Op{.kind = Kind::kReduceScatter, .dtype = dtype, .reduce = reduce, .count = kCount});
-  }
+  constexpr size_t kCount = (5u << 20) / 8 + 3;  // 2.5 MiB + 12 B of fp32 per block (1.25 MiB + 6 B of bf16)
+  RunOne(h, Op{.kind = Kind::kReduceScatter, .dtype = DType::kF32, .reduce = ReduceOp::kSum, .count = kCount});
+  RunOne(h, Op{.kind = Kind::kReduceScatter, .dtype = DType::kBF16, .reduce = ReduceOp::kAvg, .count = kCount});
 }
 
 void BroadcastBody(RankHarness& h) {
