@@ -235,6 +235,15 @@ void LargeReduceScatterBody(RankHarness& h) {
   RunOne(h, Op{.kind = Kind::kReduceScatter, .dtype = DType::kBF16, .reduce = ReduceOp::kAvg, .count = kCount});
 }
 
+// The same for the all-reduce (Note [All-reduce over point to point]): 9 MiB of fp32 and a few elements,
+// so that at 2-4 ranks each rank's block is over 1 MiB, several pieces long, and the last block shorter.
+void LargeAllReduceBody(RankHarness& h) {
+  constexpr size_t kCount = (9u << 20) / 4 + 5;
+  RunOne(h, Op{.kind = Kind::kAllReduce, .dtype = DType::kF32, .reduce = ReduceOp::kSum, .count = kCount});
+  RunOne(h, Op{.kind = Kind::kAllReduce, .dtype = DType::kBF16, .reduce = ReduceOp::kAvg, .in_place = true,
+               .count = kCount});
+}
+
 void BroadcastBody(RankHarness& h) {
   for (int root = 0; root < h.comm.size(); ++root) {
     for (DType dtype : kDTypes) {
@@ -504,6 +513,7 @@ const std::vector<Case>& Cases() {
       {"AllGatherInPlace", [](RankHarness& h) { AllGatherBody(h, true); }},
       {"ReduceScatter", [](RankHarness& h) { ReduceBody(h, Kind::kReduceScatter, false); }},
       {"ReduceScatterOfSeveralMiB", LargeReduceScatterBody},
+      {"AllReduceOfSeveralMiB", LargeAllReduceBody},
       {"AllReduce", [](RankHarness& h) { ReduceBody(h, Kind::kAllReduce, false); }},
       {"AllReduceInPlace", [](RankHarness& h) { ReduceBody(h, Kind::kAllReduce, true); }},
       {"BroadcastFromEachRoot", BroadcastBody},

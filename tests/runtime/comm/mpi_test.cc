@@ -115,6 +115,21 @@ TEST(MpiReduceScatter, NeedsNoTemporaryOfTheInputsSize) {
     for (int r = 0; r < world; ++r) want += static_cast<float>((rank * kBlock + i + r) % 7);
     ASSERT_EQ(recv[i], want) << "rank " << rank << ", element " << i;
   }
+  // The all-reduce in place over the same buffer (Note [All-reduce over point to point]).
+  std::FILE* again = std::fopen("/proc/self/clear_refs", "w");
+  ASSERT_NE(again, nullptr);
+  ASSERT_EQ(std::fputs("5", again), 1);
+  ASSERT_EQ(std::fclose(again), 0);
+  const long before_ar = HighWaterKib();
+  const absl::Status ar = w.comm->AllReduce(send.data(), send.data(), send.size(), DType::kF32, ReduceOp::kSum, *w.stream).Wait();
+  const long grown_ar_kib = HighWaterKib() - before_ar;
+  ASSERT_TRUE(ar.ok()) << ar;
+  EXPECT_LT(grown_ar_kib, static_cast<long>(kBlock * 4 / 2 / 1024)) << "all_reduce, rank " << rank << " of " << world;
+  for (size_t i = 0; i < send.size(); i += 4099) {
+    float want = 0;
+    for (int r = 0; r < world; ++r) want += static_cast<float>((i + r) % 7);
+    ASSERT_EQ(send[i], want) << "all_reduce, rank " << rank << ", element " << i;
+  }
   ASSERT_TRUE(w.stream->Synchronize().ok());
 }
 
@@ -144,6 +159,18 @@ TEST(MpiReduceScatter, SumsInRankOrder) {
     wrong += std::memcmp(&want, &recv[i], 4) != 0;
   }
   EXPECT_EQ(wrong, 0u) << "rank " << rank << " of " << world << ": elements not the rank-order sum";
+  // The all-reduce: every rank ends with the rank-order sums of every element.
+  std::vector<float> all(kBlock * world + 3);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = Spread(rank, i);
+  const absl::Status ar = w.comm->AllReduce(all.data(), all.data(), all.size(), DType::kF32, ReduceOp::kSum, *w.stream).Wait();
+  ASSERT_TRUE(ar.ok()) << ar;
+  wrong = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    float want = Spread(0, i);
+    for (int r = 1; r < world; ++r) want += Spread(r, i);
+    wrong += std::memcmp(&want, &all[i], 4) != 0;
+  }
+  EXPECT_EQ(wrong, 0u) << "rank " << rank << " of " << world << ": all_reduce elements not the rank-order sum";
   ASSERT_TRUE(w.stream->Synchronize().ok());
 }
 
