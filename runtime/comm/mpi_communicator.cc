@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -228,15 +229,15 @@ class MpiCommunicator final : public HostCommunicator {
     STRATA_RETURN_IF_ERROR(CheckCount(count, "all_reduce"));  // the gather's displacements are ints
     WaitClock clock(SplitTimeout(options_.timeout_ms));
     char* out = static_cast<char*>(recv);
-    const size_t mine = std::min(count, rank_ * block);
+    const auto [mine, mine_len] = BlockOf(count, block, rank_);
     STRATA_RETURN_IF_ERROR(DirectReduce(static_cast<const char*>(send), out + mine * esz, count, block, dtype,
                                         "all_reduce", seq, clock));
-    if (op == ReduceOp::kAvg) ScaleInPlace(out + mine * esz, std::min(block, count - mine), dtype, 1.0f / size_);
+    if (op == ReduceOp::kAvg) ScaleInPlace(out + mine * esz, mine_len, dtype, 1.0f / static_cast<float>(size_));
     std::vector<int> counts(size_), displs(size_);
     for (int r = 0; r < size_; ++r) {
-      const size_t first = std::min(count, r * block);
+      const auto [first, len] = BlockOf(count, block, r);
       displs[r] = static_cast<int>(first);
-      counts[r] = static_cast<int>(std::min(block, count - first));
+      counts[r] = static_cast<int>(len);
     }
     MPI_Request req;
     STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Iallgatherv(MPI_IN_PLACE, 0, MpiType(dtype), recv, counts.data(),
@@ -274,15 +275,6 @@ class MpiCommunicator final : public HostCommunicator {
     return absl::OkStatus();
   }
 
-  // Polls `reqs` until all complete or the deadline passes. MPI's non-blocking collectives (libnbc) advance
-  // only inside MPI calls, so a sleeping poller starves them: measured with `strata bench comm`, sleeping
-  // up to 200 us between tests ran a 128 MiB all-gather at 0.06-0.27 of raw MPI. The loop therefore
-  // keeps testing, yielding the core between tests (as a blocking MPI wait busy-polls too), and only
-  // backs off to short sleeps after a full second without completion: a wait that long is a stall, not
-  // a transfer, and the back-off keeps a stalled rank from burning a core until its deadline.
-  // Note [Stall budget]: the collective is waited for until the liveness check must start, so that the
-  // error comes when the configured timeout has passed. Note [Own stop]: the largest gap between polls
-  // tells whether this rank itself was stopped meanwhile.
   // One collective's deadline and poll record. A collective that waits more than once (the
   // reduce-scatter's chunks) keeps one across its waits, so its deadline is the collective's, and a stop
   // between two waits (posting, summing) is a gap like any other (Note [Own stop]).
@@ -295,6 +287,13 @@ class MpiCommunicator final : public HostCommunicator {
     bool regraced = false;
   };
 
+  // Block r of `total` elements in blocks of `block`: its first element and its length (the last
+  // blocks shorter or empty).
+  static std::pair<size_t, size_t> BlockOf(size_t total, size_t block, int r) {
+    const size_t first = std::min(total, r * block);
+    return {first, std::min(block, total - first)};
+  }
+
   // Note [Reduce-scatter over point to point]: whether a block of `block_bytes` goes the direct way.
   bool Direct(size_t block_bytes) const { return block_bytes >= kReduceChunkBytes && size_ <= kMaxDirectRanks; }
 
@@ -304,16 +303,13 @@ class MpiCommunicator final : public HostCommunicator {
   absl::Status DirectReduce(const char* in, char* out, size_t total, size_t block, DType dtype, const char* what,
                             uint64_t seq, WaitClock& clock) {
     const size_t esz = DTypeBytes(dtype);
-    auto len_of = [&](int r) {
-      const size_t f = std::min(total, r * block);
-      return std::min(block, total - f);
-    };
+    auto len_of = [&](int r) { return BlockOf(total, block, r).second; };
     const int peers = size_ - 1;
     const size_t chunk = kReduceChunkBytes / esz, chunk_bytes = chunk * esz;
     auto chunks_of = [&](int r) { return (len_of(r) + chunk - 1) / chunk; };
     size_t chunks = 0;
     for (int r = 0; r < size_; ++r) chunks = std::max(chunks, chunks_of(r));
-    const char* own = in + std::min(total, rank_ * block) * esz;  // this rank's part of its own block
+    const char* own = in + BlockOf(total, block, rank_).first * esz;  // this rank's part of its own block
     const bool in_place = out == own;
     const size_t need = (2 * static_cast<size_t>(peers) + (in_place ? 1 : 0)) * chunk_bytes;
     if (rs_buf_bytes_ < need) {
@@ -397,6 +393,15 @@ class MpiCommunicator final : public HostCommunicator {
     return s;
   }
 
+  // Polls `reqs` until all complete or the deadline passes. MPI's non-blocking collectives (libnbc) advance
+  // only inside MPI calls, so a sleeping poller starves them: measured with `strata bench comm`, sleeping
+  // up to 200 us between tests ran a 128 MiB all-gather at 0.06-0.27 of raw MPI. The loop therefore
+  // keeps testing, yielding the core between tests (as a blocking MPI wait busy-polls too), and only
+  // backs off to short sleeps after a full second without completion: a wait that long is a stall, not
+  // a transfer, and the back-off keeps a stalled rank from burning a core until its deadline.
+  // Note [Stall budget]: the collective is waited for until the liveness check must start, so that the
+  // error comes when the configured timeout has passed. Note [Own stop]: the largest gap between polls
+  // tells whether this rank itself was stopped meanwhile.
   absl::Status WaitWithDeadline(MPI_Request& req, const char* what, uint64_t seq) {
     WaitClock clock(SplitTimeout(options_.timeout_ms));
     return WaitWithDeadline(&req, 1, MPI_STATUSES_IGNORE, what, seq, clock);
@@ -406,24 +411,20 @@ class MpiCommunicator final : public HostCommunicator {
     const StallBudget budget = SplitTimeout(options_.timeout_ms);
     const auto start = clock.start;
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::seconds(1);  // per wait
-    auto& deadline = clock.deadline;
-    auto& last_poll = clock.last_poll;
-    auto& max_gap = clock.max_gap;
-    bool& regraced = clock.regraced;
     while (true) {
       int flag = 0;
       STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, statuses)));
       if (flag) return absl::OkStatus();
       const auto now = std::chrono::steady_clock::now();
-      const auto gap = now - last_poll;
-      max_gap = std::max(max_gap, gap);
-      last_poll = now;
-      if (now > deadline) {
+      const auto gap = now - clock.last_poll;
+      clock.max_gap = std::max(clock.max_gap, gap);
+      clock.last_poll = now;
+      if (now > clock.deadline) {
         // Resumed past the deadline (Note [Own stop]): the peers may have done their part meanwhile, and
         // one test need not finish a collective of several rounds, so poll `late_ms` more, once.
-        if (regraced || gap <= std::chrono::milliseconds(budget.late_ms)) break;
-        regraced = true;
-        deadline = now + std::chrono::milliseconds(budget.late_ms);
+        if (clock.regraced || gap <= std::chrono::milliseconds(budget.late_ms)) break;
+        clock.regraced = true;
+        clock.deadline = now + std::chrono::milliseconds(budget.late_ms);
       }
       if (now < spin_until) {
         std::this_thread::yield();
@@ -433,7 +434,7 @@ class MpiCommunicator final : public HostCommunicator {
     }
     const int64_t waited_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
-    const int64_t max_gap_ms = std::chrono::duration_cast<std::chrono::milliseconds>(max_gap).count();
+    const int64_t max_gap_ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock.max_gap).count();
     const std::string who =
         DescribeOwnStop(max_gap_ms, budget.late_ms) +
         DiagnoseOnce(*ctx_, budget.liveness_ms, budget.late_ms, WasStopped(max_gap_ms, budget.late_ms));

@@ -7,7 +7,8 @@
 #              writes HF-named weights that --init-from loads; a manifest naming a shard outside its step
 #              directory, or a mistyped next_step, is a named error (exit 1-127) for inspect, export, --resume;
 #   failures:  one rank killed (SIGKILL) or stopped (SIGSTOP) mid-run makes every rank exit non-zero
-#              within the bound (with blocks small and large enough for both reduce-scatter paths); SIGTERM stops the job cleanly at a step boundary with no partial checkpoint.
+#              within the bound, with blocks small and large enough for both reduce-scatter paths;
+#              SIGTERM stops the job cleanly at a step boundary with no partial checkpoint.
 # usage: resilience.sh MPIRUN STRATA [section]
 set -uo pipefail
 mpirun=$1 strata=$2 only=${3:-all}

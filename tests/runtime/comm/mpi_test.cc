@@ -86,6 +86,14 @@ long HighWaterKib() {
   return kib;
 }
 
+// Resets VmHWM to the current resident set (5 in /proc/self/clear_refs).
+void ResetHighWater() {
+  std::FILE* clear = std::fopen("/proc/self/clear_refs", "w");
+  ASSERT_NE(clear, nullptr) << "cannot reset the peak resident set";
+  ASSERT_EQ(std::fputs("5", clear), 1);
+  ASSERT_EQ(std::fclose(clear), 0);
+}
+
 // Note [Reduce-scatter over point to point]: a reduce-scatter costs no buffer of its input's size on any
 // rank (Open MPI's own one costs rank 0 a temporary of the whole input). Each rank's peak resident
 // set is reset after its buffers are written, and may then grow by less than half of one block (the
@@ -101,10 +109,7 @@ TEST(MpiReduceScatter, NeedsNoTemporaryOfTheInputsSize) {
   constexpr size_t kBlock = size_t{32} << 20 >> 2;  // 32 MiB of fp32 per rank
   std::vector<float> send(kBlock * world), recv(kBlock, -1.0f);
   for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>((i + rank) % 7);
-  std::FILE* clear = std::fopen("/proc/self/clear_refs", "w");
-  ASSERT_NE(clear, nullptr) << "cannot reset the peak resident set";
-  ASSERT_EQ(std::fputs("5", clear), 1);  // 5: reset VmHWM to the current resident set
-  ASSERT_EQ(std::fclose(clear), 0);
+  ASSERT_NO_FATAL_FAILURE(ResetHighWater());
   const long before = HighWaterKib();
   const absl::Status st = w.comm->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   const long grown_kib = HighWaterKib() - before;
@@ -116,10 +121,7 @@ TEST(MpiReduceScatter, NeedsNoTemporaryOfTheInputsSize) {
     ASSERT_EQ(recv[i], want) << "rank " << rank << ", element " << i;
   }
   // The all-reduce in place over the same buffer (Note [All-reduce over point to point]).
-  std::FILE* again = std::fopen("/proc/self/clear_refs", "w");
-  ASSERT_NE(again, nullptr);
-  ASSERT_EQ(std::fputs("5", again), 1);
-  ASSERT_EQ(std::fclose(again), 0);
+  ASSERT_NO_FATAL_FAILURE(ResetHighWater());
   const long before_ar = HighWaterKib();
   const absl::Status ar = w.comm->AllReduce(send.data(), send.data(), send.size(), DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   const long grown_ar_kib = HighWaterKib() - before_ar;
