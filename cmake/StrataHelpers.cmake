@@ -53,4 +53,28 @@ function(strata_test name)
     set(ARG_TIMEOUT 300)
   endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "unit;${ARG_LABELS}")
+  strata_label_targets(LABELS unit ${ARG_LABELS} TARGETS ${name})
+endfunction()
+
+# strata_label_targets(LABELS ... TARGETS ...): the tests of these labels need these targets built.
+# strata_test calls it; a test added with add_test and labelled unit or tsan calls it itself. The
+# target strata_tests_<label> (strata_test_label_targets) builds them, so that a sanitizer preset builds
+# only what its tests run (CMakePresets.json: asan builds strata_tests_unit, tsan strata_tests_tsan).
+function(strata_label_targets)
+  cmake_parse_arguments(ARG "" "" "LABELS;TARGETS" ${ARGN})
+  foreach(label IN LISTS ARG_LABELS)
+    set_property(GLOBAL APPEND PROPERTY STRATA_LABEL_TARGETS_${label} ${ARG_TARGETS})
+  endforeach()
+endfunction()
+
+# strata_test_label_targets(LABEL ...): after every test is added, one target strata_tests_<label> each.
+function(strata_test_label_targets)
+  foreach(label IN LISTS ARGN)
+    get_property(targets GLOBAL PROPERTY STRATA_LABEL_TARGETS_${label})
+    add_custom_target(strata_tests_${label})
+    if(targets)
+      list(REMOVE_DUPLICATES targets)
+      add_dependencies(strata_tests_${label} ${targets})
+    endif()
+  endforeach()
 endfunction()
