@@ -109,8 +109,9 @@ class ReduceScatterReducer final : public GradReducer {
 
   void ReleaseIdle() override {
     pool_.ReleaseIdle();
-    // Without gradient shards the scratch holds the reduced shard for the caller (reduced()).
-    if (ops_.accumulate) scratch_.DiscardToZero();
+    // Without gradient shards the scratch held the last reduced shard for the caller (reduced()), who has
+    // read it by now (the contract): every reduction writes the scratch whole before it is read again.
+    scratch_.DiscardToZero();
   }
 
  private:

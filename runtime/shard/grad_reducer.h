@@ -78,8 +78,8 @@ class GradReducer {
   virtual float* reduced() const { return nullptr; }
   // Waits for every reduction enqueued (the last one's deadline first, then the stream).
   absl::Status Finish();
-  // Note [Idle pages]: hands the pages of the free working buffers and (with gradient shards) of the
-  // scratch back to the OS. After Finish(), between steps.
+  // Note [Idle pages]: hands the pages of the free working buffers and of the scratch back to the OS.
+  // After Finish(), between steps, and (without gradient shards) once the caller has read reduced().
   virtual void ReleaseIdle() {}
 
  protected:

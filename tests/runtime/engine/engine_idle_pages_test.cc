@@ -43,18 +43,20 @@ TEST_F(IdlePages, SameWeightsNormsAndAccountingBitForBit) {
     double clip;
     DType dtype;
     OffloadDevice optimizer;
+    bool in_backward = false;  // strata.optimizer_in_backward: no gradient shards, the scratch holds the shard
   };
   const Case cases[] = {
       {0, 1, 0, DType::kF32, OffloadDevice::kNone}, {1, 2, 0, DType::kF32, OffloadDevice::kNone},
       {2, 1, 0, DType::kF32, OffloadDevice::kNone}, {2, 2, 0.5, DType::kBF16, OffloadDevice::kCpu},
       {3, 1, 0, DType::kF32, OffloadDevice::kNone}, {3, 2, 0.5, DType::kF32, OffloadDevice::kNone},
       {3, 2, 0, DType::kBF16, OffloadDevice::kCpu}, {3, 1, 0, DType::kF32, OffloadDevice::kNvme},
+      {2, 1, 0, DType::kF32, OffloadDevice::kNone, true}, {3, 1, 0, DType::kF32, OffloadDevice::kNone, true},
   };
   for (const Case& c : cases) {
     for (int world : {1, 2}) {
       const std::string what = absl::StrCat("stage ", c.stage, " accum ", c.accum, " clip ", c.clip, " ",
                                             DTypeName(c.dtype), " optimizer ", static_cast<int>(c.optimizer),
-                                            " world ", world);
+                                            c.in_backward ? " in backward" : "", " world ", world);
       EngineConfig base;
       base.stage = c.stage;
       base.gradient_accumulation_steps = c.accum;
@@ -62,6 +64,7 @@ TEST_F(IdlePages, SameWeightsNormsAndAccountingBitForBit) {
       base.param_dtype = c.dtype;
       base.bf16 = c.dtype == DType::kBF16;
       base.max_live_units = 2;
+      base.optimizer_in_backward = c.in_backward;
       base.offload_optimizer.device = c.optimizer;
       if (c.optimizer == OffloadDevice::kNvme) {
         base.offload_optimizer.nvme_path = dir_;

@@ -4,6 +4,7 @@
 // working buffer it hands out, and names the unit that finds every buffer taken.
 #include "runtime/shard/grad_reducer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -119,6 +120,44 @@ TEST(GradReducer, AUnitThatFindsEveryWorkingBufferTakenIsNamed) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(s.message()), HasSubstr("unit 'v' needs a gradient buffer"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("max_live_units=1"));
+}
+
+// Note [Idle pages], strata.optimizer_in_backward (no gradient shards): the scratch holds the reduced shard
+// for the caller until ReleaseIdle, which then hands its pages back; the next reduction writes it whole.
+TEST(GradReducer, WithoutShardsReleaseIdleHandsTheReadScratchBack) {
+  constexpr size_t kElems = 1 << 20;  // 4 MiB: whole pages
+  auto comms = comm::CreateInProcessGroup(1, {});
+  memory::HostAllocator alloc{memory::Tier::kDevice, memory::kUnlimited, nullptr};
+  device::HostStream stream{"reduce"};
+  device::HostDevice device;
+  device::Timeline timeline;
+  int64_t comm_ns = 0;
+  auto pool = SlotPool::Create(alloc, 1, kElems * 4, memory::Kind::kGradWorking);
+  auto scratch = alloc.Allocate(kElems * 4, memory::Kind::kScratch);
+  ASSERT_TRUE(pool.ok() && scratch.ok());
+  ReduceOps ops{[](void* p, size_t bytes) {
+                  std::memset(p, 0, bytes);
+                  return absl::OkStatus();
+                },
+                nullptr, nullptr};
+  auto reducer = MakeReduceScatterReducer({{"u", kElems, kElems, nullptr}}, {comms[0].get(), &stream, &device, &timeline, &comm_ns},
+                                          ops, *std::move(pool), *std::move(scratch), memory::Buffer{});
+  for (float value : {3.0f, 5.0f}) {
+    ASSERT_TRUE(reducer->Acquire(0).ok());
+    float* w = reducer->working(0);
+    std::fill(w, w + kElems, value);
+    ASSERT_TRUE(reducer->Reduce(0).ok());
+    ASSERT_TRUE(reducer->Finish().ok());
+    const float* shard = reducer->reduced();
+    ASSERT_NE(shard, nullptr);
+    EXPECT_EQ(shard[0], value);
+    EXPECT_EQ(shard[kElems - 1], value);
+    EXPECT_EQ(memory::ResidentBytes(shard, kElems * 4).resident, memory::ResidentBytes(shard, kElems * 4).whole);
+    reducer->ReleaseIdle();
+    const memory::Residency after = memory::ResidentBytes(shard, kElems * 4);
+    ASSERT_GT(after.whole, kElems * 3);
+    EXPECT_EQ(after.resident, 0u) << "the scratch kept its pages";
+  }
 }
 
 }  // namespace
