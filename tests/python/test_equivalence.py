@@ -96,3 +96,31 @@ def test_release_idle_memory_matches_torch_and_itself(stage):
     assert all(torch.equal(kept[k], given[k]) for k in kept), "release_idle_memory changed the weights"
     start = tiny_lm(d=128).state_dict()
     assert all(not torch.equal(given[k], start[k]) for k in start)
+
+
+@pytest.mark.parametrize("order", [None, [0, 1, 2, 1]])
+def test_release_idle_memory_trims_the_heap_once_every_block_has_ended(order):
+    """Note [Trimmed heap] (python/strata/torch/_hooks.py): with strata.release_idle_memory the C library's
+    heap is trimmed once per micro-batch, after the last block's last backward use and before the root's
+    backward ends; never without the key. A block used twice ends only at its second backward use."""
+    for idle in (False, True):
+        cfg = config(3, 2, 0.0)
+        cfg["strata"]["release_idle_memory"] = idle
+        model = tiny_lm(order=order)
+        engine = st.shard(model, cfg)
+        tracker, calls = engine.tracker, []
+        if not idle:
+            assert tracker.trim_heap is None
+        else:
+            trim = tracker.trim_heap
+            assert trim is not None, "glibc's malloc_trim not found"
+
+            def recording(pad):
+                calls.append((all(b.backward_uses == b.forward_uses for b in tracker.blocks),
+                              all(r.backward_open for r in engine.roots)))
+                return trim(pad)
+            tracker.trim_heap = recording
+        for step in range(2):
+            strata_step(model, engine, batches, step, 2)
+        engine.close()
+        assert calls == ([(True, True)] * 4 if idle else [])

@@ -15,9 +15,13 @@ so the pack hook replaces a tensor over a forward buffer by (unit, offset, size,
 hook rebuilds it over the buffer of the unit's backward use. Gradients: while a unit's backward is open
 each parameter's .grad is a view of the engine's fp32 gradient buffer, so autograd's AccumulateGrad adds
 into it in place (the engine's "+=" contract; tied uses add up).
+Idle memory (strata.release_idle_memory): when the backward has ended every block's last use, the C
+library's heap is trimmed once per micro-batch (Note [Trimmed heap] in _heap_trimmer).
 Activation checkpointing: a block re-run inside the backward (torch.utils.checkpoint, reentrant or not)
 finds its unit in backward and computes with the backward buffers; no begin_forward is issued there.
 """
+import ctypes
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -25,6 +29,26 @@ from strata import _capi
 from strata.torch._buffers import placeholder
 
 IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, EVAL = "idle", "forward", "await-backward", "backward", "eval"
+
+
+def _heap_trimmer():
+    """glibc's malloc_trim, or None where the C library has none.
+
+    Note [Trimmed heap]. glibc keeps the pages of freed blocks below its mmap threshold, and raises that
+    threshold to the size of each mmapped block freed (up to 32 MiB), so torch's activations and their
+    temporaries soon come from the heap; as the backward frees them, their pages stay resident. At the
+    end of the backward the root's gradients (a tied embedding's two contributions, 2 x 150 MiB on
+    GPT-2) then come on top of a heap that still holds the forward's activations, and that is the step's
+    peak. With strata.release_idle_memory, once every block's backward has ended the heap is trimmed
+    (malloc_trim(0): the free pages of every arena go back to the OS), so that peak is the live bytes.
+    Cost: the next forward faults those pages in again (docs/perf-notes.md, "Trimmed heap").
+    docs/decisions/0023-trimmed-heap.md."""
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
 
 
 class _PostBackward(torch.autograd.Function):
@@ -118,6 +142,9 @@ class Tracker:
                 for i, p in enumerate(u.spec.params):
                     p.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self.add_low_precision_grad(u, i, p))
         self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
+        self.blocks = [u for u in units if u not in engine.roots]
+        idle = engine.config.get("strata", {}).get("release_idle_memory", False)
+        self.trim_heap = _heap_trimmer() if idle else None  # Note [Trimmed heap]
 
     # ---- engine calls ----
     def _call(self, fn, *args):
@@ -179,6 +206,9 @@ class Tracker:
         u.backward_flat = None
         self.engine.fence()
         self._call(_capi.lib.strata_engine_end_backward, u.id)
+        if (self.trim_heap is not None and u in self.blocks and
+                all(b.backward_uses >= b.forward_uses for b in self.blocks)):
+            self.trim_heap(0)  # Note [Trimmed heap]: the blocks' activations are freed by now
 
     # ---- saved tensors ----
     def pack(self, t):
