@@ -74,7 +74,8 @@ class GradReducer {
   virtual float* working(int unit) const = 0;
   virtual absl::Status Reduce(int unit) = 0;
   // The last reduction's shard (fp32, the unit's shard_elems, in the memory `accumulate` would have read)
-  // when accumulate is empty; valid after Finish() until the next Reduce. nullptr otherwise.
+  // when accumulate is empty; valid after Finish() until the next Reduce or ReleaseIdle (which hands its
+  // pages back: it then reads as zero). nullptr otherwise.
   virtual float* reduced() const { return nullptr; }
   // Waits for every reduction enqueued (the last one's deadline first, then the stream).
   absl::Status Finish();

@@ -41,11 +41,13 @@ def _heap_trimmer():
     GPT-2) then come on top of a heap that still holds the forward's activations, and that is the step's
     peak. With strata.release_idle_memory, once every block's backward has ended the heap is trimmed
     (malloc_trim(0): the free pages of every arena go back to the OS), so that peak is the live bytes.
-    Cost: the next forward faults those pages in again (docs/perf-notes.md, "Trimmed heap").
+    Cost: the next forward faults those pages in again (docs/perf-notes.md, "Trimmed heap"). Where the
+    last block is ended only after autograd has finished (a frozen prefix that autograd never reaches),
+    there is no trim: it would cut no peak. A model of root units only has no trim either.
     docs/decisions/0023-trimmed-heap.md."""
     try:
         fn = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: CDLL(None) where there is no dlopen(NULL)
         return None
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
     return fn
@@ -145,6 +147,7 @@ class Tracker:
         self.blocks = [u for u in units if u not in engine.roots]
         idle = engine.config.get("strata", {}).get("release_idle_memory", False)
         self.trim_heap = _heap_trimmer() if idle else None  # Note [Trimmed heap]
+        self.ending = False        # in _end_of_backward: autograd is done, a trim would cut no peak
 
     # ---- engine calls ----
     def _call(self, fn, *args):
@@ -206,7 +209,7 @@ class Tracker:
         u.backward_flat = None
         self.engine.fence()
         self._call(_capi.lib.strata_engine_end_backward, u.id)
-        if (self.trim_heap is not None and u in self.blocks and
+        if (self.trim_heap is not None and not self.ending and u in self.blocks and
                 all(b.backward_uses >= b.forward_uses for b in self.blocks)):
             self.trim_heap(0)  # Note [Trimmed heap]: the blocks' activations are freed by now
 
@@ -323,6 +326,7 @@ class Tracker:
         return output
 
     def _end_of_backward(self):
+        self.ending = True
         try:
             for u in reversed(self.backward_order):
                 self.end_backward(u)
@@ -342,4 +346,5 @@ class Tracker:
             self.failed = f"{type(e).__name__}: {e}"
             raise
         finally:
+            self.ending = False
             self.phase = IDLE
