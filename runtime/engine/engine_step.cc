@@ -67,7 +67,9 @@ absl::Status Engine::Impl::ZeroGrads() {
   // Note [Idle pages]: nothing in the gradient memory is live until the next backward (the reductions
   // are finished, and with strata.optimizer_in_backward the last unit's update has read the reduced
   // shard), so it gives its pages back; a handed-back shard reads as zero.
-  if (cfg.release_idle_memory && reducer != nullptr && progress.fused_pending < 0) reducer->ReleaseIdle();
+  // Every caller runs outside a step or after FinishStepInBackward's UpdatePending: no update is pending.
+  STRATA_CHECK_MSG(progress.fused_pending < 0, "ZeroGrads with an in-backward update pending");
+  if (cfg.release_idle_memory && reducer != nullptr) reducer->ReleaseIdle();
   if (!place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
   for (UnitState& u : units) {
     if (u.frozen()) continue;

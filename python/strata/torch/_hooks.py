@@ -144,7 +144,7 @@ class Tracker:
                 for i, p in enumerate(u.spec.params):
                     p.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self.add_low_precision_grad(u, i, p))
         self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
-        self.blocks = [u for u in units if u not in engine.roots]
+        self.blocks = {u for u in units if u not in engine.roots}  # a set: end_backward asks `u in`
         idle = engine.config.get("strata", {}).get("release_idle_memory", False)
         self.trim_heap = _heap_trimmer() if idle else None  # Note [Trimmed heap]
         self.ending = False        # in _end_of_backward: autograd is done, a trim would cut no peak
