@@ -13,8 +13,9 @@ import torch  # noqa: F401  (before libstrata: see strata/__init__.py)
 from strata import StrataError
 from strata._comm import _torchrun, all_reduce_sum, rank, world_size, world
 from strata.torch._engine import Engine
+from strata.torch._gathered import GatheredParameters
 
-__all__ = ["shard", "Engine", "rank", "world_size", "all_reduce_mean", "StrataError"]
+__all__ = ["shard", "Engine", "GatheredParameters", "rank", "world_size", "all_reduce_mean", "StrataError"]
 
 
 def shard(model, config=None, unit_classes=None, **kwargs):

@@ -7,7 +7,7 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _hooks
+from strata.torch import _gathered, _hooks
 from strata.torch._buffers import Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
@@ -75,6 +75,7 @@ class Engine:
         self.roots = [u for u in self.units if u.spec.module is model]  # the root's trainable and frozen parts
         self.tracker = _hooks.Tracker(self, self.units)
         self._install_hooks()
+        _gathered.install(self)  # model.state_dict() / load_state_dict(), GatheredParameters, .grad markers
 
     # ---- set-up ----
     def _start_device(self, model, requested):
@@ -168,6 +169,7 @@ class Engine:
     def step(self):
         """The optimizer step (collective), after gradient_accumulation_steps forward+backward passes.
         Returns the engine's step result: step, skipped, clip_coef, grad_norm, lr, loss_scale."""
+        _gathered.refuse_while_gathered(self, "step()")
         if self.tracker.phase != _hooks.IDLE or self.micro_batches != self.accumulation:
             raise RuntimeError(f"strata: step() after {self.micro_batches} completed backward passes (phase "
                                f"'{self.tracker.phase}'); gradient_accumulation_steps={self.accumulation} "
@@ -175,6 +177,7 @@ class Engine:
         r = _capi.StepResult.new()
         _capi.check(_lib.strata_engine_step(self.handle, r))
         self.micro_batches = 0
+        _gathered.drop_grad_markers(self)  # the gradients are zero now: .grad None (Note [Gradients in the engine])
         return {k: getattr(r, k) for k in ("step", "skipped", "clip_coef", "grad_norm", "lr", "loss_scale")}
 
     def zero_grad(self):
@@ -190,6 +193,7 @@ class Engine:
     def load_checkpoint(self, path):
         """Collective: a step directory or a root (its latest step), of any world size and stage. Returns the
         client_state saved with it."""
+        _gathered.refuse_while_gathered(self, "load_checkpoint()")
         out = ctypes.c_char_p()
         _capi.check(_lib.strata_engine_load_checkpoint(self.handle, os.fspath(path).encode(), ctypes.byref(out)))
         return json.loads(out.value.decode()) if out.value else {}

@@ -27,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 from strata import _capi
 from strata.torch._buffers import placeholder
+from strata.torch._gathered import drop_grad_markers, mark_grads
 
 IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, EVAL = "idle", "forward", "await-backward", "backward", "eval"
 
@@ -239,6 +240,7 @@ class Tracker:
                                f"training forward must be followed by its backward before the next")
         if torch.is_grad_enabled():
             self._call(_capi.lib.strata_engine_begin_micro_batch)
+            drop_grad_markers(self.engine)  # before any accumulation (Note [Gradients in the engine])
             for u in self.units:
                 u.forward_uses = u.backward_uses = u.unarmed = 0
             self.backward_order = []
@@ -342,6 +344,7 @@ class Tracker:
                                    f"had ended (a parameter used outside its unit's forward?)")
             self._call(_capi.lib.strata_engine_end_micro_batch)
             self.engine.micro_batches += 1
+            mark_grads(self.engine)  # Note [Gradients in the engine]
         except BaseException as e:
             self.failed = f"{type(e).__name__}: {e}"
             raise
