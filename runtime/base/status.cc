@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace strata {
@@ -26,7 +27,10 @@ absl::Status ErrnoError(absl::string_view call, int err, const char* file, int l
 
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+  absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));
+  // Payloads say what kind of failure it is (a peer's notice, a versioned struct): they travel with it.
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
 }
 
 void CheckFailed(const char* expr, const char* file, int line, absl::string_view msg) {

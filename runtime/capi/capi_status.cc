@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
+#include "runtime/comm/communicator.h"
 
 namespace strata::capi {
 namespace {
@@ -61,6 +62,7 @@ strata_status Record(const char* fn, const absl::Status& s) {
     return STRATA_OK;
   }
   SetLastError(absl::StrCat(fn, ": ", s.message()));
+  if (comm::IsPeerFailure(s)) return STRATA_ERR_PEER_FAILED;  // Note [Failure notices]
   return s.GetPayload(kVersionPayload).has_value() ? STRATA_ERR_VERSION : CodeOf(s.code());
 }
 
@@ -167,6 +169,7 @@ const char* strata_status_name(strata_status status) {
     case STRATA_ERR_IO: return "STRATA_ERR_IO";
     case STRATA_ERR_INTERNAL: return "STRATA_ERR_INTERNAL";
     case STRATA_ERR_ALREADY_EXISTS: return "STRATA_ERR_ALREADY_EXISTS";
+    case STRATA_ERR_PEER_FAILED: return "STRATA_ERR_PEER_FAILED";
     default: return "STRATA_ERR_UNKNOWN";
   }
 }

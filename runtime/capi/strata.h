@@ -62,7 +62,9 @@ enum strata_status_code {
   STRATA_ERR_NOT_FOUND = 8,           /* a file or directory does not exist */
   STRATA_ERR_IO = 9,                  /* reading or writing a file failed, or its contents are damaged */
   STRATA_ERR_INTERNAL = 10,           /* anything else (a foreign call failed; the message names it) */
-  STRATA_ERR_ALREADY_EXISTS = 11      /* a checkpoint of that step is already complete */
+  STRATA_ERR_ALREADY_EXISTS = 11,     /* a checkpoint of that step is already complete */
+  STRATA_ERR_PEER_FAILED = 12         /* another rank failed and will not join this call's collectives; the
+                                         message names it and its cause (every rank's engine is then unusable) */
 };
 
 /* The message of the most recent strata_* call on this thread: "" when it succeeded (every function

@@ -1,6 +1,8 @@
 // The byte collectives of communicator.h.
 #include "runtime/comm/communicator.h"
 
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 
 namespace strata::comm {
@@ -68,6 +70,15 @@ Work AllGatherBytes(Communicator& comm, const void* send, void* recv, size_t byt
 Work BroadcastBytes(Communicator& comm, void* buf, size_t bytes, int root, device::Stream& stream) {
   STRATA_CHECK_MSG(bytes % 2 == 0, "BroadcastBytes of an odd byte count");
   return comm.Broadcast(buf, bytes / 2, DType::kF16, root, stream);
+}
+
+bool IsPeerFailure(const absl::Status& s) { return s.GetPayload(kPeerFailurePayload).has_value(); }
+
+absl::Status PeerFailure(const std::string& what, int sender, const std::string& cause_message) {
+  absl::Status s = absl::AbortedError(absl::StrCat(what, " abandoned: rank ", sender,
+                                                   " failed and will not join it: ", cause_message));
+  s.SetPayload(kPeerFailurePayload, absl::Cord(std::to_string(sender)));
+  return s;
 }
 
 }  // namespace strata::comm

@@ -125,7 +125,26 @@ class Communicator {
   // Ends the whole job from this rank after an unrecoverable error (MPI_Abort / ncclCommAbort); for the
   // in-process backend, fails every later collective of the group. Does not return for MPI.
   virtual void Abort(const absl::Status& cause) = 0;
+
+  // Note [Failure notices]. Tells this communicator's peers that this rank failed with `cause` and will
+  // not issue the collectives they may be waiting for: their waits on this communicator for a collective
+  // this rank does not join, the one in flight and every later one, end within milliseconds with an
+  // AbortedError that names this rank and carries `cause` (and IsPeerFailure), instead of at their
+  // deadline. A collective this rank did join still completes (MPI polls a noticed one for 200 ms more). Unlike Abort it returns and ends
+  // no process, and it is scoped to this communicator (not its Dups or Splits), so an engine notifies
+  // each communicator it owns and the job's other engines are untouched. Only the first call sends; any
+  // thread may call it. The host back-ends implement it (MPI: a message on a reserved tag that every wait
+  // polls for); the default sends nothing, and the peers learn at their deadline.
+  virtual void NotifyFailure(const absl::Status& cause) { static_cast<void>(cause); }
 };
+
+// The payload that marks a status made from a peer's notice (Note [Failure notices]), so that a rank which
+// fails because a peer did passes the notice on to no one.
+inline constexpr char kPeerFailurePayload[] = "strata.comm/peer_failure";
+bool IsPeerFailure(const absl::Status& s);
+// The status a wait returns when `sender` (a rank of the world) sent `cause_message`; `what` is the
+// collective, as in the back-end's other errors.
+absl::Status PeerFailure(const std::string& what, int sender, const std::string& cause_message);
 
 // Raw bytes through a collective (records, fingerprints, ids, text): the one place they are given an
 // element type. They travel as 16-bit elements, which every back-end moves without arithmetic; `bytes`

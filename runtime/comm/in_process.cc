@@ -65,6 +65,7 @@ struct Rendezvous {
   std::vector<int> dups;                               // Dup() calls made by each rank
   std::vector<int> splits;                             // Split() calls made by each rank
   std::map<int, PendingSplit> pending_splits;          // keyed by the call's index
+  std::map<int, absl::Status> notices;                 // Note [Failure notices], by channel: the first one
 };
 
 class InProcessCommunicator final : public HostCommunicator {
@@ -101,6 +102,16 @@ class InProcessCommunicator final : public HostCommunicator {
     rv_->job->cv.notify_all();
   }
 
+  void NotifyFailure(const absl::Status& cause) override {
+    {
+      std::lock_guard<std::mutex> lock(rv_->job->mu);
+      if (rv_->notices.count(channel_) > 0) return;
+      rv_->notices[channel_] = PeerFailure(absl::StrCat("a collective on '", options_.name, "'"), rank_,
+                                           std::string(cause.message()));
+    }
+    rv_->job->cv.notify_all();
+  }
+
  protected:
   absl::Status RunAllGather(const void* send, void* recv, size_t count, DType dtype, uint64_t seq) override;
   absl::Status RunReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
@@ -115,6 +126,11 @@ class InProcessCommunicator final : public HostCommunicator {
   absl::Status Arrive(uint64_t seq, const OpDesc& desc, const void* send, void* recv, PendingOp** op);
   // Waits until every rank finished reading the peers' buffers; the last one out erases the entry.
   absl::Status Depart(uint64_t seq, const OpDesc& desc);
+  // A peer's notice on this channel (Note [Failure notices]), else OK. Called with the job's lock held.
+  absl::Status Noticed() const {
+    auto it = rv_->notices.find(channel_);
+    return it == rv_->notices.end() ? absl::OkStatus() : it->second;
+  }
   std::string Label(uint64_t seq, const OpDesc& desc) const {
     return absl::StrCat(desc.kind, " #", seq, " on '", options_.name, "' (rank ", rank_, ")");
   }
@@ -145,10 +161,11 @@ absl::Status InProcessCommunicator::Arrive(uint64_t seq, const OpDesc& desc, con
   rv_->job->cv.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
   const bool all = rv_->job->cv.wait_until(lock, deadline, [&] {
-    return op.num_arrived == rv_->world || !rv_->job->aborted.ok() || !op.failed.ok();
+    return op.num_arrived == rv_->world || !rv_->job->aborted.ok() || !op.failed.ok() || !Noticed().ok();
   });
   if (!rv_->job->aborted.ok()) return rv_->job->aborted;
   if (!op.failed.ok()) return op.failed;
+  if (op.num_arrived < rv_->world && !Noticed().ok()) return Noticed();
   if (!all) {
     std::vector<int> missing, present;
     for (int r = 0; r < rv_->world; ++r) (op.arrived[r] ? present : missing).push_back(r);

@@ -3,8 +3,10 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -51,6 +53,9 @@ constexpr int kDiagTag = 7001;
 constexpr int kReduceTag = 7002;                  // the reduce-scatter's transfers (Note [Reduce-scatter ...])
 constexpr size_t kReduceChunkBytes = 1u << 20;  // per peer and transfer
 constexpr int kMaxDirectRanks = 8;                // above it: 2 (size - 1) MiB of buffers is too much
+constexpr int kNoticeTag = 7003;                  // Note [Failure notices]: "<world rank>\n<cause>"
+constexpr int kNoticeBytes = 2048;                // a notice's longest text (below every eager limit)
+constexpr int kNoticeGraceMs = 200;               // a noticed collective is still polled this long
 
 void Bf16SumOp(void* in, void* inout, int* len, MPI_Datatype*) {
   AccumulateInto(inout, in, static_cast<size_t>(*len), DType::kBF16);
@@ -111,9 +116,54 @@ class MpiCommunicator final : public HostCommunicator {
       : ctx_(std::move(ctx)), comm_(comm), options_(std::move(options)) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    if (size_ > 1) MPI_Irecv(notice_in_, kNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE, kNoticeTag, comm_, &notice_req_);
   }
   ~MpiCommunicator() override {
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (notice_req_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&notice_req_);
+      MPI_Wait(&notice_req_, MPI_STATUS_IGNORE);
+    }
+    // A notice sent is a small eager message, done at once; one still pending after 200 ms is cancelled,
+    // and its text left to it (not freed) in case MPI still reads it.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    int done = notice_sends_.empty();
+    while (!done && std::chrono::steady_clock::now() < until) {
+      MPI_Testall(static_cast<int>(notice_sends_.size()), notice_sends_.data(), &done, MPI_STATUSES_IGNORE);
+    }
+    if (!done) {
+      for (MPI_Request& r : notice_sends_) {
+        if (r == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&r);
+        MPI_Request_free(&r);
+      }
+      static_cast<void>(notice_out_.release());
+    }
+    // Note [Failure notices]: after a failure, messages of collectives this rank or a peer abandoned may still
+    // arrive; a freed communicator's context id would be reused by the next one made, whose collectives
+    // could match them. So a communicator that saw a failure is left allocated (one per failure).
+    if (comm_ != MPI_COMM_NULL && !abandoned_) MPI_Comm_free(&comm_);
+  }
+
+  // Note [Failure notices]: the cause to every peer on kNoticeTag, once; WaitWithDeadline polls for it.
+  void NotifyFailure(const absl::Status& cause) override {
+    std::lock_guard<std::mutex> lock(notice_mu_);
+    if (notice_out_ != nullptr || size_ == 1) return;
+    abandoned_ = true;
+    std::string text = absl::StrCat(ctx_->world_rank, "\n", cause.message());
+    if (text.size() > static_cast<size_t>(kNoticeBytes)) text.resize(kNoticeBytes);
+    notice_out_ = std::make_unique<char[]>(text.size());
+    std::memcpy(notice_out_.get(), text.data(), text.size());
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (MPI_Isend(notice_out_.get(), static_cast<int>(text.size()), MPI_CHAR, p, kNoticeTag, comm_, &r) ==
+          MPI_SUCCESS) {
+        notice_sends_.push_back(r);
+      }
+    }
   }
 
   int rank() const override { return rank_; }
@@ -415,6 +465,7 @@ class MpiCommunicator final : public HostCommunicator {
       int flag = 0;
       STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, statuses)));
       if (flag) return absl::OkStatus();
+      STRATA_RETURN_IF_ERROR(AfterNotice(reqs, n, statuses, what, seq));
       const auto now = std::chrono::steady_clock::now();
       const auto gap = now - clock.last_poll;
       clock.max_gap = std::max(clock.max_gap, gap);
@@ -444,19 +495,65 @@ class MpiCommunicator final : public HostCommunicator {
       int flag = 0;
       STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, statuses)));
       if (flag) return absl::OkStatus();
+      STRATA_RETURN_IF_ERROR(AfterNotice(reqs, n, statuses, what, seq));
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     const int64_t total_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    abandoned_ = true;
     return absl::DeadlineExceededError(absl::StrCat(
         what, " #", seq, " on '", options_.name, "' (rank ", rank_, " of ", size_, ") timed out: not complete after ",
         total_ms, " ms (collective timeout ", options_.timeout_ms, " ms; the liveness check began at ", waited_ms,
         " ms): ", who));
   }
 
+  // A peer's notice (Note [Failure notices]) as the error of the collective being waited for, else OK. Only
+  // the thread that waits (the communicator's one user at a time) tests the request; a notice stays.
+  absl::Status PollNotice(const char* what, uint64_t seq) {
+    if (!noticed_.ok() || notice_req_ == MPI_REQUEST_NULL) return noticed_;
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Test(&notice_req_, &flag, &st) != MPI_SUCCESS || !flag) return absl::OkStatus();
+    int len = 0;
+    MPI_Get_count(&st, MPI_CHAR, &len);
+    const std::string text(notice_in_, static_cast<size_t>(std::max(len, 0)));
+    const size_t nl = text.find('\n');
+    int sender = st.MPI_SOURCE;
+    if (nl != std::string::npos) sender = std::atoi(text.substr(0, nl).c_str());
+    noticed_ = PeerFailure(absl::StrCat(what, " #", seq, " on '", options_.name, "' (rank ", rank_, " of ", size_, ")"),
+                           sender, nl == std::string::npos ? text : text.substr(nl + 1));
+    return noticed_;
+  }
+
+  // Called between polls of an incomplete collective: OK unless a peer's notice has come. Then the collective
+  // is still polled for up to kNoticeGraceMs: a peer that fails right after completing its part (say, on
+  // what this very collective told it) leaves a collective that completes on every live rank, and returning
+  // before MPI has written the receive buffer would let MPI write it after its owner freed it. Complete:
+  // OK (the notice fails the next collective). Else the notice's error, and the communicator is abandoned.
+  absl::Status AfterNotice(MPI_Request* reqs, int n, MPI_Status* statuses, const char* what, uint64_t seq) {
+    absl::Status notice = PollNotice(what, seq);
+    if (notice.ok()) return notice;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kNoticeGraceMs);
+    while (std::chrono::steady_clock::now() < until) {
+      int flag = 0;
+      STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Testall(n, reqs, &flag, statuses)));
+      if (flag) return absl::OkStatus();
+      std::this_thread::yield();
+    }
+    abandoned_ = true;
+    return notice;
+  }
+
   std::shared_ptr<MpiContext> ctx_;
   MPI_Comm comm_;
   const Options options_;
+  std::atomic<bool> abandoned_{false};          // a collective was given up, or a notice sent: never freed
+  MPI_Request notice_req_ = MPI_REQUEST_NULL;  // Note [Failure notices]: the posted receive
+  char notice_in_[kNoticeBytes] = {};
+  absl::Status noticed_;
+  std::mutex notice_mu_;                        // NotifyFailure may be called from any thread
+  std::unique_ptr<char[]> notice_out_;          // the text sent (set once)
+  std::vector<MPI_Request> notice_sends_;
   int rank_ = 0;
   int size_ = 1;
   uint64_t splits_ = 0;  // numbers the Split exchanges in errors

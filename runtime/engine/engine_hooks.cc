@@ -1,8 +1,10 @@
 // Per-unit hooks: gathers (stage 3, with prefetch along the recorded schedule), working gradient
 // buffers and gradient reduction on the reduce stream. See engine.h for the protocol and
 // Note [Gather buffer reuse] in shard/slot_pool.h for buffer reuse.
+#include <algorithm>
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
@@ -108,14 +110,95 @@ absl::Status Engine::Impl::SetUpReducer(const shard::SlotPlan& slots, size_t lar
   return absl::OkStatus();
 }
 
+namespace {
+// Marks a failure every rank reaches alike (Poison sends no notice for it).
+constexpr char kEveryRankFails[] = "strata.engine/every_rank_fails";
+}  // namespace
+
+void Engine::Impl::Poison(const absl::Status& cause) {
+  if (cause.ok() || !progress.failed.empty()) return;
+  progress.failed = std::string(cause.message());
+  if (comm::IsPeerFailure(cause) || cause.GetPayload(kEveryRankFails).has_value()) return;
+  const std::string text = absl::StrCat("its engine failed: ", cause.message());
+  for (comm::Communicator* c : {rt.gather_comm.get(), rt.reduce_comm.get(), rt.step_comm.get(), rt.replica_comm.get(),
+                                rt.control_comm.get(), rt.group_control_comm.get()}) {
+    if (c != nullptr) c->NotifyFailure(absl::Status(cause.code(), text));
+  }
+}
+
+// Note [Agreed schedule]. Collectives pair up by order, so every rank must use the units in the same
+// order: a rank whose forward takes another path (a task head per rank, experts routed differently, a
+// layer dropped with a per-rank seed) would otherwise gather or reduce another unit than its peers, which
+// silently swaps data between units of equal size and ends in a timeout blaming a live rank otherwise.
+// The order is agreed in two parts (docs/decisions/0024-agreed-schedule.md):
+//  - While the schedule is being recorded (the first micro-batch) and for every evaluation use at stage 3
+//    (which gathers and records nothing), each use is compared across the ranks before any collective is
+//    issued for it: an 8-byte all-gather on the control communicator. A difference fails every rank alike,
+//    naming the use, what each rank was about to do and the remedy. So the recorded schedule is the same
+//    on every rank.
+//  - From then on each rank checks its uses against that record before issuing anything (Schedule::
+//    Observe): no collective at all. A rank that deviates fails locally and its Poison tells the peers
+//    (Note [Failure notices]), whose waits end within milliseconds naming it and its cause; prefetch only
+//    ever issues gathers of the common record, so nothing mismatched is in flight.
+// Cost: 2 x units small all-gathers once per engine (and one per evaluation use at stage 3); none per
+// training micro-batch after the first.
+absl::Status Engine::Impl::AgreeOnUse(int what, int unit) {
+  comm::Communicator& c = *rt.control;
+  if (c.size() == 1) return absl::OkStatus();
+  const int64_t mine = (int64_t{what} << 32) | static_cast<uint32_t>(unit + 1);
+  std::vector<int64_t> all(c.size());
+  auto describe = [this](int64_t code) -> std::string {
+    const int kind = static_cast<int>(code >> 32), u = static_cast<int>(code & 0xffffffff) - 1;
+    if (kind == 0) return "the end of the micro-batch";
+    const std::string name = u >= 0 && u < static_cast<int>(units.size()) ? units[u].layout.name : "?";
+    const char* k = kind == 1 ? "forward" : kind == 2 ? "backward" : "evaluation forward";
+    return absl::StrCat("the ", k, " of unit '", name, "'");
+  };
+  const bool eval = what == 3;
+  absl::Status s = comm::AllGatherBytes(c, &mine, all.data(), sizeof(mine), *rt.control_stream).Wait();
+  if (!s.ok()) {
+    if (comm::IsPeerFailure(s)) return s;
+    return absl::Status(s.code(), absl::StrCat(
+        "agreeing with the other ranks on ", describe(mine), eval ?
+        " (outside a training micro-batch, a forward of a model sharded at stage 3 gathers every unit from every "
+        "rank: every rank must run the same evaluation forwards, e.g. generate() on every rank)" : "", ": ",
+        s.message()));
+  }
+  if (std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == mine; })) return absl::OkStatus();
+  std::vector<std::string> parts;
+  std::vector<int64_t> seen;
+  for (int r = 0; r < c.size(); ++r) {
+    if (std::find(seen.begin(), seen.end(), all[r]) != seen.end()) continue;
+    seen.push_back(all[r]);
+    std::vector<int> ranks;
+    for (int q = 0; q < c.size(); ++q) {
+      if (all[q] == all[r]) ranks.push_back(q);
+    }
+    parts.push_back(absl::StrCat("rank", ranks.size() > 1 ? "s " : " ", absl::StrJoin(ranks, ","), ": ", describe(all[r])));
+  }
+  absl::Status diverged = absl::FailedPreconditionError(absl::StrCat(
+      "the ranks took different paths through the model ",
+      eval ? std::string("in an evaluation forward") : absl::StrCat("at use #", schedule->position() + 1,
+                                                                    " of the first micro-batch"),
+      " (", absl::StrJoin(parts, "; "),
+      "). Every rank must use the same units in the same order, because each use gathers or reduces that unit "
+      "with every rank. Make a module that runs on some ranks only (a per-rank head, an expert, a dropped "
+      "layer) part of a unit that every rank runs, such as the root unit (strata.torch: unit_classes that "
+      "exclude it), so that a rank which skips it contributes a zero gradient; or make every rank take the "
+      "same path (docs/decisions/0024-agreed-schedule.md)"));
+  // Every rank saw the same answers and fails alike: a notice would only race the others' own errors.
+  diverged.SetPayload(kEveryRankFails, absl::Cord("1"));
+  return diverged;
+}
+
 // ---- public hooks ----
 
 namespace {
 // A failure after state may have changed (a collective, the schedule, a pool) poisons the engine, so later
-// hooks report the first cause instead of running on inconsistent state. Misuse caught before any change
-// is returned without poisoning.
+// hooks report the first cause instead of running on inconsistent state, and tells its peers (Poison).
+// Misuse caught before any change is returned without poisoning.
 absl::Status Guard(Engine::Impl& m, absl::Status s) {
-  if (!s.ok() && m.progress.failed.empty()) m.progress.failed = std::string(s.message());
+  if (!s.ok()) m.Poison(s);
   return s;
 }
 }  // namespace
@@ -149,6 +232,7 @@ absl::Status Engine::EndMicroBatch() {
                           u.backward_uses, " backward uses; every forward use needs its backward")));
     }
   }
+  if (!m.schedule->recorded()) STRATA_RETURN_IF_ERROR(Guard(m, m.AgreeOnUse(0, -1)));  // Note [Agreed schedule]
   STRATA_RETURN_IF_ERROR(Guard(m, m.schedule->EndMicroBatch()));
   m.progress.in_micro_batch = false;
   ++m.progress.micro_batch;
@@ -164,8 +248,11 @@ absl::Status Engine::BeginForward(int unit) {
       return absl::FailedPreconditionError(
           absl::StrCat("BeginForward('", u.layout.name, "') after its backward began in this micro-batch"));
     }
+    if (!m.schedule->recorded()) STRATA_RETURN_IF_ERROR(Guard(m, m.AgreeOnUse(1, unit)));  // Note [Agreed schedule]
     STRATA_RETURN_IF_ERROR(Guard(m, m.schedule->Observe(Phase::kForward, unit)));
     ++u.forward_uses;
+  } else if (m.cfg.stage == 3) {
+    STRATA_RETURN_IF_ERROR(Guard(m, m.AgreeOnUse(3, unit)));  // an evaluation gather (Note [Agreed schedule])
   }
   STRATA_RETURN_IF_ERROR(Guard(m, m.IssueGatherIfNeeded(unit)));
   m.Prefetch(unit);
@@ -203,6 +290,7 @@ absl::Status Engine::BeginBackward(int unit) {
                                                       " backward uses but only ", u.forward_uses,
                                                       " forward uses in this micro-batch"));
   }
+  if (!m.schedule->recorded()) STRATA_RETURN_IF_ERROR(Guard(m, m.AgreeOnUse(2, unit)));  // Note [Agreed schedule]
   STRATA_RETURN_IF_ERROR(Guard(m, m.schedule->Observe(Phase::kBackward, unit)));
   ++u.backward_uses;
   STRATA_RETURN_IF_ERROR(Guard(m, m.IssueGatherIfNeeded(unit)));

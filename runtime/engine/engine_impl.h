@@ -312,6 +312,14 @@ struct Engine::Impl {
 
   // engine_hooks.cc
   absl::Status CheckUnit(int unit, const char* hook) const;
+  // A failure after state may have changed: the engine refuses every later hook with the first cause, and
+  // its peers are told (Note [Failure notices]: every communicator the engine owns) so that they fail at
+  // once instead of waiting at their deadline for collectives this rank will not issue. A failure that is
+  // itself a peer's notice is passed on to no one.
+  void Poison(const absl::Status& cause);
+  // Note [Agreed schedule]: the use this rank is about to make (`what`: kForward / kBackward of `unit`, or
+  // the end of the micro-batch with unit -1), compared across ranks before any collective is issued for it.
+  absl::Status AgreeOnUse(int what, int unit);
   // With strata.optimizer_in_backward, between a step's last backward and Step() the last reduced unit's
   // update is still pending (Note [Optimizer in backward]): reading or writing the weights then would see
   // every unit updated but that one, so `what` is refused until Step().

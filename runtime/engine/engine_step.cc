@@ -257,7 +257,7 @@ absl::StatusOr<StepResult> Engine::Step() {
                                                       "gradient_accumulation_steps=", m.cfg.gradient_accumulation_steps));
   }
   auto r = m.RunStep();
-  if (!r.ok() && m.progress.failed.empty()) m.progress.failed = std::string(r.status().message());
+  if (!r.ok()) m.Poison(r.status());
   m.progress.micro_batch = 0;
   if (r.ok()) {
     r->compute_ms = 1e-6 * double(m.progress.compute_ns);

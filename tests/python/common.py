@@ -52,6 +52,13 @@ def rel_errors(state, ref_state):
     return {k: ((state[k] - v).norm() / v.norm()).item() for k, v in ref_state.items()}
 
 
+def assert_matches(state, ref_state, tol=1e-5):
+    """Every tensor of ref_state within relative L2 `tol` of state's."""
+    errors = rel_errors(state, ref_state)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= tol, f"{worst}: relative L2 error {errors[worst]:.3g}"
+
+
 def shared_dir(tmp_path):
     """One directory every rank sees: rank 0's pytest tmp_path."""
     return st.world().bcast(str(tmp_path) if st.rank() == 0 else None, root=0)

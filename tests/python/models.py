@@ -40,16 +40,21 @@ class TinyLM(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
-def tiny_lm(seed=0, **kw):
-    """Every parameter drawn at random, norms' biases too: a tensor that starts at zero has a norm of
-    about lr x steps after training, so fp32 rounding of its Adam updates would dominate its relative error."""
+def seeded(build, seed=0):
+    """build() under `seed`, with every parameter drawn at random, norms' biases too: a tensor that starts at
+    zero has a norm of about lr x steps after training, so fp32 rounding of its Adam updates would dominate
+    its relative error."""
     torch.manual_seed(seed)
-    m = TinyLM(**kw)
+    m = build()
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0.0, 0.1)
     return m
+
+
+def tiny_lm(seed=0, **kw):
+    return seeded(lambda: TinyLM(**kw), seed)
 
 
 def batches(step, micro, rank, n=2, t=8, vocab=37):

@@ -212,6 +212,14 @@ TEST(Annotate, NestsOutermostFirst) {
   EXPECT_EQ(s.message(), "loading: reading shard 3: bad crc");
 }
 
+TEST(Annotate, KeepsThePayloads) {  // what kind of failure it is (a peer's notice) survives the context
+  absl::Status inner = absl::AbortedError("rank 1 failed");
+  inner.SetPayload("strata.test/kind", absl::Cord("peer"));
+  const absl::Status s = Annotate(inner, "gradient reduction");
+  ASSERT_TRUE(s.GetPayload("strata.test/kind").has_value());
+  EXPECT_EQ(std::string(*s.GetPayload("strata.test/kind")), "peer");
+}
+
 TEST(Annotate, LeavesOkAlone) { EXPECT_TRUE(Annotate(absl::OkStatus(), "context").ok()); }
 
 }  // namespace

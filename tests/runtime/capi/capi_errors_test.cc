@@ -23,6 +23,7 @@ TEST(CApiErrors, VersionsAndStatusNames) {
   EXPECT_STREQ(strata_status_name(STRATA_OK), "STRATA_OK");
   EXPECT_STREQ(strata_status_name(STRATA_ERR_VERSION), "STRATA_ERR_VERSION");
   EXPECT_STREQ(strata_status_name(STRATA_ERR_ALREADY_EXISTS), "STRATA_ERR_ALREADY_EXISTS");
+  EXPECT_STREQ(strata_status_name(STRATA_ERR_PEER_FAILED), "STRATA_ERR_PEER_FAILED");
   EXPECT_STREQ(strata_status_name(12345), "STRATA_ERR_UNKNOWN");
 }
 

@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/capi/mpi_adopt.h"
 #include "runtime/device/host_device.h"
 #include "tests/runtime/capi/capi_test_util.h"
@@ -81,6 +84,66 @@ TEST(CApiMpi, AdoptsAHostCommunicatorByItsFortranHandle) {
   EXPECT_EQ(bias[0], first) << "world rank " << WorldRank();
   EXPECT_LT(bias[0], 0.0f) << "a positive gradient moved the zero-initialised bias down";
   EXPECT_STRATA_OK(strata_engine_destroy(e));
+  EXPECT_STRATA_OK(strata_comm_destroy(comm));
+}
+
+// One micro-batch of the test model: forward of `order`, backward in reverse; returns the first failure.
+strata_status MicroBatch(strata_engine* e, const std::vector<int>& order) {
+  strata_status s = strata_engine_begin_micro_batch(e);
+  for (size_t i = 0; s == STRATA_OK && i < order.size(); ++i) {
+    s = strata_engine_begin_forward(e, order[i], nullptr);
+    if (s == STRATA_OK) s = strata_engine_end_forward(e, order[i]);
+  }
+  for (size_t i = order.size(); s == STRATA_OK && i-- > 0;) {
+    s = strata_engine_begin_backward(e, order[i], nullptr);
+    if (s == STRATA_OK) s = strata_engine_end_backward(e, order[i]);
+  }
+  return s == STRATA_OK ? strata_engine_end_micro_batch(e) : s;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Note [Agreed schedule] through the C ABI over MPI, with a collective timeout of a minute: a planted
+// divergence fails every rank within 5 s. In the first micro-batch (the last rank runs unit b where the
+// others run a) every rank gets the same FAILED_PRECONDITION naming both; after the record (the last
+// rank skips unit a) it fails on its own check and every other rank gets PEER_FAILED naming it.
+TEST(CApiMpi, APlantedDivergenceFailsEveryRankWithinSeconds) {
+  const int rank = WorldRank(), last = WorldSize() - 1;
+  const char* json = "{\"zero_optimization\": {\"stage\": 3}, \"strata\": {\"collective_timeout_ms\": 60000}}";
+  strata_comm* comm = nullptr;
+  ASSERT_STRATA_OK(strata_comm_create_mpi_world(&comm));
+  strata_engine* e = nullptr;
+  ASSERT_STRATA_OK(MakeEngine(comm, json, true, &e));
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto start = std::chrono::steady_clock::now();
+  const strata_status first = MicroBatch(e, rank == last ? std::vector<int>{1, 0} : std::vector<int>{0, 1});
+  EXPECT_EQ(first, STRATA_ERR_FAILED_PRECONDITION) << "world rank " << rank << ": " << strata_last_error();
+  EXPECT_THAT(std::string(strata_last_error()), ::testing::HasSubstr("different paths through the model"));
+  EXPECT_THAT(std::string(strata_last_error()), ::testing::HasSubstr(absl::StrCat("rank ", last, ": the forward of unit 'b'")));
+  EXPECT_LT(SecondsSince(start), 5.0) << "world rank " << rank;
+  EXPECT_STRATA_OK(strata_engine_destroy(e));
+
+  ASSERT_STRATA_OK(MakeEngine(comm, json, true, &e));
+  ASSERT_STRATA_OK(MicroBatch(e, {0, 1}));
+  strata_step_result r = STRATA_STEP_RESULT_INIT;
+  ASSERT_STRATA_OK(strata_engine_step(e, &r));
+  MPI_Barrier(MPI_COMM_WORLD);
+  start = std::chrono::steady_clock::now();
+  const strata_status later = MicroBatch(e, rank == last ? std::vector<int>{1} : std::vector<int>{0, 1});
+  const std::string message = strata_last_error();
+  EXPECT_LT(SecondsSince(start), 5.0) << "world rank " << rank << ": " << message;
+  if (rank == last) {
+    EXPECT_EQ(later, STRATA_ERR_FAILED_PRECONDITION) << message;
+    EXPECT_THAT(message, ::testing::HasSubstr("unit order differs from the recorded one"));
+  } else {
+    EXPECT_EQ(later, STRATA_ERR_PEER_FAILED) << "world rank " << rank << ": " << message;
+    EXPECT_THAT(message, ::testing::HasSubstr(absl::StrCat("rank ", last, " failed and will not join it")));
+    EXPECT_THAT(message, ::testing::HasSubstr("unit order differs from the recorded one"));
+  }
+  EXPECT_STRATA_OK(strata_engine_destroy(e));
+  MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_STRATA_OK(strata_comm_destroy(comm));
 }
 

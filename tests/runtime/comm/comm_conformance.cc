@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -505,6 +506,38 @@ void BadRootBody(RankHarness& h) {
   RunOne(h, Op{.kind = Kind::kAllReduce, .count = 10, .salt = 4});  // the communicator itself still works
 }
 
+// Note [Failure notices]: the last rank says it failed and issues nothing; every other rank's collective on
+// that communicator (a Dup, so the notice leaves the suite's communicator alone) ends at once with an
+// AbortedError carrying the cause, long before the deadline, and so does the next one.
+void NotifyFailureBody(RankHarness& h) {
+  const int rank = h.comm.rank(), world = h.comm.size();
+  if (world == 1) return;
+  if (h.comm.device_buffers()) GTEST_SKIP() << "NCCL's communicator sends no notices (its peers time out)";
+  auto dup = h.comm.Dup("noticed", 600000);  // a deadline no test waits for
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  auto stream = h.device.CreateStream("noticed");
+  ASSERT_TRUE(stream.ok());
+  if (rank == world - 1) {
+    (*dup)->NotifyFailure(absl::InternalError("planted failure of the last rank"));
+    (*dup)->NotifyFailure(absl::InternalError("a second cause, never sent"));
+  } else {
+    HostArray send(DType::kF32, 4), recv(DType::kF32, 4 * static_cast<size_t>(world));
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status s = (*dup)->AllGather(send.data(), recv.data(), 4, DType::kF32, **stream).Wait();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << "rank " << rank << ": " << s;
+    EXPECT_TRUE(IsPeerFailure(s)) << "rank " << rank << ": " << s;
+    EXPECT_NE(s.message().find("planted failure of the last rank"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("failed and will not join it"), absl::string_view::npos) << s;
+    EXPECT_LT(secs, 5.0) << "rank " << rank << ": the notice must end the wait, not the deadline";
+    auto again = h.device.CreateStream("noticed-again");
+    ASSERT_TRUE(again.ok());
+    const absl::Status s2 = (*dup)->Barrier(**again).Wait();
+    EXPECT_EQ(s2.code(), absl::StatusCode::kAborted) << "rank " << rank << ": a later collective: " << s2;
+  }
+  RunOne(h, Op{.kind = Kind::kAllReduce, .count = 10, .salt = 5});  // the suite's communicator is untouched
+}
+
 }  // namespace
 
 const std::vector<Case>& Cases() {
@@ -527,6 +560,7 @@ const std::vector<Case>& Cases() {
       {"TrafficCountsEachCollectivesPayload", TrafficBody},
       {"WorkWaitAndStreamWait", WorkBody},
       {"BroadcastRootOutsideWorldFailsStickyOnThatStream", BadRootBody},
+      {"NotifyFailureEndsThePeersWaitsAtOnce", NotifyFailureBody},
   };
   return kCases;
 }

@@ -99,6 +99,112 @@ TEST(EngineErrors, OrderDifferentFromRecordedIsAnErrorNamingBothUnits) {
   }
 }
 
+// Note [Agreed schedule]: ranks that take different paths in the first micro-batch (a head per rank) fail
+// alike on every rank, at every stage, naming what each rank was about to use, before any collective of it.
+TEST(EngineErrors, RanksTakingDifferentPathsInTheFirstMicroBatchFailOnEveryRank) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const auto start = std::chrono::steady_clock::now();
+    auto results = testing::RunRanks(3, comm::Options{}, [stage](int rank, comm::Communicator& c) -> absl::Status {
+      device::HostDevice d;
+      EngineConfig cfg = Stage3();
+      cfg.stage = stage;
+      STRATA_ASSIGN_OR_RETURN(auto e, Build(cfg, c, d, 3));  // three units of the same size
+      return MicroBatch(*e, {0, rank == 1 ? 2 : 1});
+    });
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (int r = 0; r < 3; ++r) {
+      const std::string m(results[r].message());
+      EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << "stage " << stage << ", rank " << r << ": " << m;
+      EXPECT_THAT(m, HasSubstr("different paths through the model at use #1 of the first micro-batch")) << stage;
+      EXPECT_THAT(m, HasSubstr("ranks 0,2: the forward of unit 'u1'")) << stage;
+      EXPECT_THAT(m, HasSubstr("rank 1: the forward of unit 'u2'")) << stage;
+      EXPECT_THAT(m, HasSubstr("root unit")) << "the remedy, stage " << stage;
+    }
+    EXPECT_LT(secs, 5.0) << "stage " << stage;
+  }
+}
+
+// A rank that ends its first micro-batch while its peers use one more unit: every rank fails, naming both.
+TEST(EngineErrors, ARankEndingTheFirstMicroBatchEarlyFailsEveryRank) {
+  auto results = testing::RunRanks(2, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(), c, d, 3));
+    STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+    for (int u : rank == 0 ? std::vector<int>{0} : std::vector<int>{0, 2}) {
+      STRATA_RETURN_IF_ERROR(e->BeginForward(u));
+      STRATA_RETURN_IF_ERROR(e->EndForward(u));
+      STRATA_RETURN_IF_ERROR(e->BeginBackward(u));
+      STRATA_RETURN_IF_ERROR(e->EndBackward(u));
+    }
+    return e->EndMicroBatch();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("at use #2 of the first micro-batch")) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank 0: the end of the micro-batch")) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank 1: the forward of unit 'u2'")) << results[r];
+  }
+}
+
+// After the record, a rank that deviates fails on its own check before issuing anything, and its peers,
+// waiting in a collective it will never join, fail within seconds naming it and its cause (Note [Failure
+// notices]), at every stage, though the collective timeout is a minute.
+TEST(EngineErrors, ADeviationAfterTheRecordEndsEveryRankWithinSecondsNamingTheRank) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    comm::Options opts;
+    opts.timeout_ms = 60000;
+    const auto start = std::chrono::steady_clock::now();
+    auto results = testing::RunRanks(3, opts, [stage](int rank, comm::Communicator& c) -> absl::Status {
+      device::HostDevice d;
+      EngineConfig cfg = Stage3(60000);
+      cfg.stage = stage;
+      STRATA_ASSIGN_OR_RETURN(auto e, Build(cfg, c, d, 3));
+      STRATA_RETURN_IF_ERROR(MicroBatch(*e, {0, 1, 2}));
+      STRATA_RETURN_IF_ERROR(e->Step().status());
+      STRATA_RETURN_IF_ERROR(MicroBatch(*e, rank == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2}));  // rank 2 skips u1
+      return e->Step().status();  // stages 0-2 wait here for the reductions
+    });
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(results[2].code(), absl::StatusCode::kFailedPrecondition) << "stage " << stage << ": " << results[2];
+    EXPECT_THAT(std::string(results[2].message()), HasSubstr("forward of unit 'u2'")) << stage;
+    for (int r = 0; r < 2; ++r) {
+      const std::string m(results[r].message());
+      EXPECT_EQ(results[r].code(), absl::StatusCode::kAborted) << "stage " << stage << ", rank " << r << ": " << m;
+      EXPECT_THAT(m, HasSubstr("rank 2 failed and will not join it")) << stage << ": " << m;
+      EXPECT_THAT(m, HasSubstr("unit order differs from the recorded one")) << stage << ": " << m;
+    }
+    EXPECT_LT(secs, 5.0) << "stage " << stage << ": the peers must not wait for the 60 s timeout";
+  }
+}
+
+// Evaluation forwards at stage 3 gather and record nothing: each use is agreed, so ranks evaluating
+// different units fail alike, and one rank evaluating alone fails naming that every rank must run them.
+TEST(EngineErrors, EvaluationForwardsAtStage3AreAgreedAcrossRanks) {
+  auto results = testing::RunRanks(2, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(), c, d, 3));
+    STRATA_RETURN_IF_ERROR(e->BeginForward(0));
+    STRATA_RETURN_IF_ERROR(e->EndForward(0));
+    return e->BeginForward(rank == 0 ? 1 : 2);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("different paths through the model in an evaluation forward")) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank 1: the evaluation forward of unit 'u2'"));
+  }
+  comm::Options opts;
+  opts.timeout_ms = 300;
+  results = testing::RunRanks(2, opts, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(300), c, d));
+    if (rank == 1) return absl::OkStatus();  // rank 1 does not evaluate
+    return e->BeginForward(0);
+  });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("every rank must run the same evaluation forwards"));
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("rank(s) 1"));
+}
+
 TEST(EngineErrors, DeadPeerFailsWithinTimeoutNamingTheRank) {
   const auto start = std::chrono::steady_clock::now();
   comm::Options opts;
