@@ -165,7 +165,11 @@ absl::Status InProcessCommunicator::Arrive(uint64_t seq, const OpDesc& desc, con
   });
   if (!rv_->job->aborted.ok()) return rv_->job->aborted;
   if (!op.failed.ok()) return op.failed;
-  if (op.num_arrived < rv_->world && !Noticed().ok()) return Noticed();
+  if (op.num_arrived < rv_->world && !Noticed().ok()) {  // Note [Failure notices]
+    op.failed = Noticed();  // so that a rank arriving after us fails too instead of waiting for our departure
+    rv_->job->cv.notify_all();
+    return op.failed;
+  }
   if (!all) {
     std::vector<int> missing, present;
     for (int r = 0; r < rv_->world; ++r) (op.arrived[r] ? present : missing).push_back(r);

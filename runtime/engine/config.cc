@@ -29,6 +29,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -690,6 +691,50 @@ absl::StatusOr<EngineConfig> ParseConfigWithOverrides(std::string_view json_text
     STRATA_RETURN_IF_ERROR(ApplyOverride(override_text, &doc));
   }
   return ValidateNoThrow(doc);
+}
+
+std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfig& c) {
+  auto num = [](double v) { return absl::StrFormat("%.17g", v); };
+  auto offload = [](OffloadDevice d) {
+    return std::string(d == OffloadDevice::kNone ? "none" : d == OffloadDevice::kCpu ? "cpu" : "nvme");
+  };
+  const char* schedule = c.scheduler.type == LrScheduleType::kConstant       ? "constant"
+                         : c.scheduler.type == LrScheduleType::kWarmupLinear ? "warmup-linear"
+                                                                             : "warmup-cosine";
+  return {
+      {"zero_optimization.stage", absl::StrCat(c.stage)},
+      {"train_micro_batch_size_per_gpu", absl::StrCat(c.train_micro_batch_size_per_gpu)},
+      {"gradient_accumulation_steps", absl::StrCat(c.gradient_accumulation_steps)},
+      {"gradient_clipping", num(c.gradient_clipping)},
+      {"bf16.enabled", c.bf16 ? "true" : "false"},
+      {"fp16.enabled", c.fp16.enabled ? "true" : "false"},
+      {"fp16.initial_scale_power", num(c.fp16.initial_scale_power)},
+      {"fp16.loss_scale_window", absl::StrCat(c.fp16.loss_scale_window)},
+      {"fp16.min_loss_scale", num(c.fp16.min_loss_scale)},
+      {"fp16.loss_scale", num(c.fp16.static_loss_scale)},
+      {"optimizer.type", c.optimizer.type == OptimizerType::kAdamW ? "AdamW" : "SGD"},
+      {"optimizer.params.lr", num(c.optimizer.lr)},
+      {"optimizer.params.betas[0]", num(c.optimizer.beta1)},
+      {"optimizer.params.betas[1]", num(c.optimizer.beta2)},
+      {"optimizer.params.eps", num(c.optimizer.eps)},
+      {"optimizer.params.weight_decay", num(c.optimizer.weight_decay)},
+      {"optimizer.params.momentum", num(c.optimizer.momentum)},
+      {"scheduler.type", schedule},
+      {"scheduler.params.warmup_num_steps", absl::StrCat(c.scheduler.warmup_steps)},
+      {"scheduler.params.total_num_steps", absl::StrCat(c.scheduler.total_steps)},
+      {"scheduler.params.warmup_min_lr", num(c.scheduler.warmup_min_lr)},
+      {"scheduler.params.cos_min_ratio (the floor)", num(c.scheduler.min_lr)},
+      {"zero_optimization.offload_param.device", offload(c.offload_param.device)},
+      {"zero_optimization.offload_optimizer.device", offload(c.offload_optimizer.device)},
+      {"zero_optimization.shard_group_size", absl::StrCat(c.shard_group_size)},
+      {"strata.param_dtype", std::string(DTypeName(c.param_dtype))},
+      {"strata.reduce_dtype", std::string(DTypeName(c.reduce_dtype))},
+      {"strata.max_live_units", absl::StrCat(c.max_live_units)},
+      {"strata.prefetch_depth", absl::StrCat(c.prefetch_depth)},
+      {"strata.reshard_after_forward", c.reshard_after_forward ? "true" : "false"},
+      {"strata.seed", absl::StrCat(c.seed)},
+      {"strata.optimizer_in_backward", c.optimizer_in_backward ? "true" : "false"},
+  };
 }
 
 const std::vector<std::string>& ValidKeyPaths() {

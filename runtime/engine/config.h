@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -97,6 +98,15 @@ absl::StatusOr<EngineConfig> LoadConfigFile(const std::string& path);
 // parsed as JSON when it parses (numbers, true/false, arrays), else taken as a string.
 absl::StatusOr<EngineConfig> ParseConfigWithOverrides(std::string_view json_text,
                                                       const std::vector<std::string>& overrides);
+
+// Note [One configuration]. The settings every rank of a job must share, as (key path, exact value) in a
+// fixed order: whatever decides the collectives, the numbers or the initial values (stage, batch sizes,
+// accumulation, clipping, precision, optimizer, schedule, offload devices, shard groups, seed, live units,
+// prefetch, resharding, the update in backward). Engine::Create compares them across the ranks first. The
+// rest may differ per rank and is left out: memory budgets, optimizer threads, the collective timeout,
+// release_idle_memory, NVMe paths, pinning and tile sizes (each gives the same bits, or only this rank's
+// memory or speed differs).
+std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfig& cfg);
 
 // Every valid key path, for error messages and docs.
 const std::vector<std::string>& ValidKeyPaths();

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kernels/common/element_math.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
@@ -81,8 +82,69 @@ Engine::~Engine() {
   }
 }
 
+namespace {
+
+// Note [One configuration] (config.h): every rank's JobWideFields, compared before anything else, so that
+// ranks started with other settings (a flag on one rank, a config file that differs between nodes) fail
+// alike on every rank naming the first differing key and each rank's value, instead of training on
+// different numbers or dying in a mismatched collective. Two small all-gathers on the caller's
+// communicator, whose deadline bounds them.
+absl::Status AgreeOnConfig(const EngineConfig& cfg, comm::Communicator& world, device::Stream& stream) {
+  const int n = world.size();
+  if (n == 1) return absl::OkStatus();
+  std::string text;
+  for (const auto& [key, value] : JobWideFields(cfg)) absl::StrAppend(&text, key, "=", value, "\n");
+  if (text.size() % 2 != 0) text.push_back('\n');  // the byte collectives move 16-bit elements
+  const uint64_t len = text.size();
+  std::vector<uint64_t> lens(n);
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, &len, lens.data(), sizeof(len), stream).Wait());
+  const uint64_t width = *std::max_element(lens.begin(), lens.end());
+  if (width > (uint64_t{1} << 20)) return absl::InternalError("a rank's configuration text is over 1 MiB");
+  text.resize(width, '\0');
+  std::string all(width * n, '\0');
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, text.data(), all.data(), width, stream).Wait());
+  std::vector<std::vector<std::string>> lines(n);
+  for (int r = 0; r < n; ++r) {
+    lines[r] = absl::StrSplit(absl::string_view(all).substr(r * width, lens[r]), '\n', absl::SkipEmpty());
+  }
+  for (size_t i = 0; i < lines[0].size(); ++i) {
+    std::vector<std::pair<std::string, std::vector<int>>> values;  // each value and its ranks, in rank order
+    for (int r = 0; r < n; ++r) {
+      if (i >= lines[r].size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the engine configuration differs across ranks: rank ", r, " has fewer settings than rank 0 (different "
+            "Strata versions?); every rank must run the same build with the same configuration"));
+      }
+      auto it = std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == lines[r][i]; });
+      if (it == values.end()) values.push_back({lines[r][i], {r}});
+      else it->second.push_back(r);
+    }
+    if (values.size() == 1) continue;
+    const std::string key = lines[0][i].substr(0, lines[0][i].find('='));
+    std::vector<std::string> parts;
+    for (const auto& [line, ranks] : values) {
+      parts.push_back(absl::StrCat(line.substr(line.find('=') + 1), " on rank", ranks.size() > 1 ? "s " : " ",
+                                   absl::StrJoin(ranks, ",")));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the engine configuration differs across ranks: ", key, " is ", absl::StrJoin(parts, " but "),
+        ". Every rank must be started with the same configuration (the same config file and flags); only memory "
+        "budgets, optimizer threads, the collective timeout, release_idle_memory and NVMe paths may differ "
+        "per rank"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config, comm::Communicator& world,
                                                        device::Device& device) {
+  {  // Note [One configuration]: before any check that could fail on some ranks only
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, device.CreateStream("config"));
+    const absl::Status agreed = AgreeOnConfig(config, world, *stream);
+    STRATA_RETURN_IF_ERROR(stream->Synchronize());
+    STRATA_RETURN_IF_ERROR(agreed);
+  }
   if (config.reduce_dtype != DType::kF32) {
     return absl::UnimplementedError("strata.reduce_dtype other than fp32 is not implemented yet; use fp32");
   }

@@ -176,16 +176,23 @@ absl::Status Engine::Impl::AgreeOnUse(int what, int unit) {
     }
     parts.push_back(absl::StrCat("rank", ranks.size() > 1 ? "s " : " ", absl::StrJoin(ranks, ","), ": ", describe(all[r])));
   }
+  // Some ranks evaluating (outside a micro-batch) while others train is not a model's path but a loop's.
+  const bool mixed = std::any_of(all.begin(), all.end(), [](int64_t v) { return (v >> 32) == 3; }) &&
+                     std::any_of(all.begin(), all.end(), [](int64_t v) { return (v >> 32) != 3; });
+  const std::string remedy =
+      mixed ? "Some ranks ran a forward outside a training micro-batch (evaluation, generate()) while others "
+              "trained: at stage 3 every forward gathers each unit from every rank, so every rank must run the "
+              "same evaluation forwards at the same point of the loop (or evaluate at a lower stage)"
+            : "Every rank must use the same units in the same order, because each use gathers or reduces that "
+              "unit with every rank. Make a module that runs on some ranks only (a per-rank head, an expert, a "
+              "dropped layer) part of a unit that every rank runs, such as the root unit (strata.torch: "
+              "unit_classes that exclude it), so that a rank which skips it contributes a zero gradient; or make "
+              "every rank take the same path";
   absl::Status diverged = absl::FailedPreconditionError(absl::StrCat(
       "the ranks took different paths through the model ",
       eval ? std::string("in an evaluation forward") : absl::StrCat("at use #", schedule->position() + 1,
                                                                     " of the first micro-batch"),
-      " (", absl::StrJoin(parts, "; "),
-      "). Every rank must use the same units in the same order, because each use gathers or reduces that unit "
-      "with every rank. Make a module that runs on some ranks only (a per-rank head, an expert, a dropped "
-      "layer) part of a unit that every rank runs, such as the root unit (strata.torch: unit_classes that "
-      "exclude it), so that a rank which skips it contributes a zero gradient; or make every rank take the "
-      "same path (docs/decisions/0024-agreed-schedule.md)"));
+      " (", absl::StrJoin(parts, "; "), "). ", remedy, " (docs/decisions/0024-agreed-schedule.md)"));
   // Every rank saw the same answers and fails alike: a notice would only race the others' own errors.
   diverged.SetPayload(kEveryRankFails, absl::Cord("1"));
   return diverged;

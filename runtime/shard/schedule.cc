@@ -27,7 +27,10 @@ absl::Status Schedule::Observe(Phase phase, int unit) {
     return absl::FailedPreconditionError(absl::StrCat(
         "unit order differs from the recorded one: use #", pos_, " of micro-batch ", micro_batches_, " is the ",
         Name(phase, unit), ", but the first micro-batch had the ", Name(want.phase, want.unit),
-        " there; every micro-batch must use units in the same order on every rank"));
+        " there; every micro-batch must use units in the same order on every rank, as the first did (each use "
+        "gathers or reduces its unit with every rank). Put a module that runs in some steps or on some ranks only "
+        "into a unit that every micro-batch runs, such as the root unit (strata.torch: unit_classes that exclude "
+        "it), or make every micro-batch take the same path (docs/decisions/0024-agreed-schedule.md)"));
   }
   return absl::OkStatus();
 }

@@ -8,7 +8,8 @@
 #              directory, or a mistyped next_step, is a named error (exit 1-127) for inspect, export, --resume;
 #   failures:  one rank killed (SIGKILL) or stopped (SIGSTOP) mid-run makes every rank exit non-zero
 #              within the bound, with blocks small and large enough for both reduce-scatter paths;
-#              SIGTERM stops the job cleanly at a step boundary with no partial checkpoint.
+#              SIGTERM stops the job cleanly at a step boundary with no partial checkpoint; ranks started with
+#              different flags (MPMD) are refused at once, naming the key (Note [One configuration]).
 # usage: resilience.sh MPIRUN STRATA [section]
 set -uo pipefail
 mpirun=$1 strata=$2 only=${3:-all}
@@ -158,6 +159,21 @@ if [ "$only" = all ] || [ "$only" = failures ]; then
       python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 20 else 1)" "$elapsed"
     check "d-model $width, rank 1 stopped (SIGSTOP): named, the job exits non-zero ($rc) in ${elapsed}s (timeout 3 s)" $? \
       "$(tail -5 "$work/stop$width.log")"
+  done
+  # Ranks started with different flags (an MPMD launch): every rank fails at once naming the key and the
+  # values (Note [One configuration]), instead of training on different settings.
+  for flag in "--lr 2e-3" "--seed 6" "--stage 2" "--micro-batch 3" "--grad-clip 0.5"; do
+    key=$(case "$flag" in --lr*) echo optimizer.params.lr;; --seed*) echo strata.seed;; --stage*)
+          echo zero_optimization.stage;; --micro-batch*) echo train_micro_batch_size_per_gpu;; *) echo gradient_clipping;; esac)
+    t0=$(date +%s.%N)
+    # shellcheck disable=SC2086
+    out=$(timeout 120 "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 3 --micro-batch 2 : \
+          -n 1 "$strata" train "${small[@]}" --steps 3 --micro-batch 2 $flag 2>&1)
+    rc=$?
+    elapsed=$(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 1))" "$t0")
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "configuration differs across ranks: $key is" <<<"$out")" -ge 1 ] &&
+      python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 30 else 1)" "$elapsed"
+    check "ranks started with and without '$flag': refused naming $key (exit $rc) in ${elapsed}s" $? "$out"
   done
   start_job term --checkpoint-dir "$work/term" --checkpoint-every 1
   kill -TERM "$job"

@@ -72,6 +72,44 @@ TEST(EngineErrors, DifferentRegistrationsFailOnEveryRank) {
   }
 }
 
+// Note [One configuration]: a setting that differs on one rank fails every rank at Create, naming the key
+// and each rank's value; settings that may differ per rank (threads, budgets, the timeout) are accepted.
+TEST(EngineErrors, DifferentConfigurationsFailOnEveryRankNamingTheKey) {
+  auto results = testing::RunRanks(3, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    EngineConfig cfg = Stage3();
+    if (rank == 2) cfg.optimizer.lr = 2e-3;
+    if (rank == 1) cfg.seed = 7;  // a later key: only the first difference is named
+    return Engine::Create(cfg, c, d).status();
+  });
+  for (int r = 0; r < 3; ++r) {
+    const std::string m(results[r].message());
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << m;
+    EXPECT_THAT(m, HasSubstr("optimizer.params.lr is 0.001 on ranks 0,1 but 0.002 on rank 2")) << m;
+  }
+  results = testing::RunRanks(2, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    EngineConfig cfg = Stage3();
+    cfg.offload_param.device = rank == 0 ? OffloadDevice::kCpu : OffloadDevice::kNone;
+    cfg.stage = rank == 0 ? 3 : 2;  // rank 1's alone would be refused locally: the agreement comes first
+    return Engine::Create(cfg, c, d).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("zero_optimization.stage is 3 on rank 0 but 2 on rank 1"))
+        << results[r];
+  }
+  results = testing::RunRanks(2, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    EngineConfig cfg = Stage3(rank == 0 ? 20000 : 30000);
+    cfg.optimizer_threads = rank + 1;
+    cfg.host_budget_bytes = rank == 0 ? ~uint64_t{0} : uint64_t{1} << 30;
+    cfg.release_idle_memory = rank == 1;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(cfg, c, d));
+    return MicroBatch(*e, {0, 1});
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
 TEST(EngineErrors, DifferentUnitCountsFailOnEveryRank) {
   auto results = testing::RunRanks(2, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
     device::HostDevice d;
@@ -191,6 +229,19 @@ TEST(EngineErrors, EvaluationForwardsAtStage3AreAgreedAcrossRanks) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
     EXPECT_THAT(std::string(results[r].message()), HasSubstr("different paths through the model in an evaluation forward")) << results[r];
     EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank 1: the evaluation forward of unit 'u2'"));
+  }
+  // Rank 0 evaluates while rank 1 begins training: both fail at once, told that it is the loop, not a path.
+  results = testing::RunRanks(2, comm::Options{}, [](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice d;
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(), c, d));
+    if (rank == 0) return e->BeginForward(0);
+    STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+    return e->BeginForward(0);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank 0: the evaluation forward of unit 'u0'"));
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("Some ranks ran a forward outside a training micro-batch"));
   }
   comm::Options opts;
   opts.timeout_ms = 300;
