@@ -88,6 +88,7 @@ _SIGNATURES = {  # name: argument types (every function returns a strata_status 
     "strata_engine_end_forward": [c_void_p, c_int32],
     "strata_engine_begin_backward": [c_void_p, c_int32, _P(UnitBuffers)],
     "strata_engine_end_backward": [c_void_p, c_int32],
+    "strata_engine_mark_no_grad": [c_void_p, c_int32, c_int32],
     "strata_engine_param": [c_void_p, c_int32, c_int32, _P(c_void_p)],
     "strata_engine_grad": [c_void_p, c_int32, c_int32, _P(_P(c_float))],
     "strata_engine_num_units": [c_void_p, _P(c_int32)],

@@ -173,6 +173,12 @@ strata_status strata_engine_begin_backward(strata_engine* engine, int32_t unit, 
 strata_status strata_engine_end_backward(strata_engine* engine, int32_t unit) {
   return Call(__func__, [&] { return EndUse(engine, unit, /*backward=*/true); });
 }
+strata_status strata_engine_mark_no_grad(strata_engine* engine, int32_t unit, int32_t param) {
+  return Call(__func__, [&] {
+    STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(engine, unit));
+    return engine->engine->MarkNoGrad(unit, param);
+  });
+}
 strata_status strata_engine_param(const strata_engine* engine, int32_t unit, int32_t param, void** out) {
   return Call(__func__, [&] { return Pointer(engine, unit, param, /*grad=*/false, out); });
 }

@@ -259,6 +259,12 @@ strata_status strata_engine_end_forward(strata_engine* engine, int32_t unit);
 strata_status strata_engine_begin_backward(strata_engine* engine, int32_t unit, strata_unit_buffers* out);
 /* At the unit's last backward use, starts the reduction of its gradients (asynchronous). */
 strata_status strata_engine_end_backward(strata_engine* engine, int32_t unit);
+/* Inside a micro-batch: this rank wrote no gradient to `param` of `unit` in it (torch's .grad of None).
+ * With the config key strata.params_without_grad = "skip", a parameter that no rank wrote a gradient to in
+ * any micro-batch of a step is not updated by that step (no weight decay, its optimizer state untouched, its
+ * own step count not advanced), as torch.optim does; with "zero" (the default, DeepSpeed's rule) it is
+ * updated with a zero gradient and the mark changes nothing. A unit with no backward use needs no marks. */
+strata_status strata_engine_mark_no_grad(strata_engine* engine, int32_t unit, int32_t param);
 
 /* The same pointers as in strata_unit_buffers, one at a time; valid for the same period. param: while
  * the unit is between a begin and its end; grad: between begin_backward and end_backward.

@@ -61,6 +61,7 @@ std::string ToJson(const Manifest& m) {
       params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel},
                         {"weight_decay", p.weight_decay}});
       if (p.frozen) params.back()["frozen"] = true;
+      if (p.skipped_steps > 0) params.back()["skipped_steps"] = p.skipped_steps;
     }
     units.push_back({{"name", u.name}, {"params", params}});
   }
@@ -117,6 +118,16 @@ absl::StatusOr<ManifestParam> ParseParam(const JsonReader& in, const json& p, co
                     absl::StrCat("needs format version ", kFrozenManifestVersion, " (this is ", version, ")"));
     }
     STRATA_ASSIGN_OR_RETURN(mp.frozen, in.Bool(p, "frozen", f + ".frozen"));
+  }
+  if (p.contains("skipped_steps")) {  // format 3; optional, 0 when absent
+    if (version < kSkippedManifestVersion) {
+      return in.Bad(f + ".skipped_steps",
+                    absl::StrCat("needs format version ", kSkippedManifestVersion, " (this is ", version, ")"));
+    }
+    uint64_t skipped = 0;
+    STRATA_ASSIGN_OR_RETURN(skipped, in.Uint(p, "skipped_steps", f + ".skipped_steps"));
+    if (skipped > static_cast<uint64_t>(INT64_MAX)) return in.Bad(f + ".skipped_steps", "is out of range");
+    mp.skipped_steps = static_cast<int64_t>(skipped);
   }
   return mp;
 }

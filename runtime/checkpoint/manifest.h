@@ -19,8 +19,9 @@ namespace strata::checkpoint {
 
 // The newest format this strata reads. A manifest is written in the oldest format that holds it, so a
 // checkpoint that an older strata can load stays loadable there: format 1 unless a parameter is frozen.
-inline constexpr int kManifestVersion = 2;
-inline constexpr int kFrozenManifestVersion = 2;  // parameters may be "frozen": true
+inline constexpr int kManifestVersion = 3;
+inline constexpr int kFrozenManifestVersion = 2;   // parameters may be "frozen": true
+inline constexpr int kSkippedManifestVersion = 3;  // parameters may have "skipped_steps": N
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 inline constexpr int kMaxWorldSize = 1 << 20;
@@ -34,6 +35,9 @@ struct ManifestParam {
   // Frozen (format 2): only its "master" kind is saved, the parameter's values, never updated. Absent in
   // the JSON when false, so a manifest without frozen parameters is the format-1 document.
   bool frozen = false;
+  // Steps whose update skipped this parameter (format 3; strata.params_without_grad "skip": it had no
+  // gradient), so its own step count is step - skipped_steps. Absent in the JSON when 0.
+  int64_t skipped_steps = 0;
 };
 
 struct ManifestUnit {

@@ -85,7 +85,7 @@ const KeyNode& Schema() {
       {"strata", {{"param_dtype"}, {"reduce_dtype"}, {"max_live_units"}, {"prefetch_depth"},
                   {"reshard_after_forward"}, {"collective_timeout_ms"}, {"seed"}, {"device_budget"},
                   {"host_budget"}, {"optimizer_threads"}, {"optimizer_in_backward"},
-                  {"release_idle_memory"}}},
+                  {"release_idle_memory"}, {"params_without_grad"}}},
   }};
   // clang-format on
   return *kRoot;
@@ -539,6 +539,15 @@ absl::Status ParseStrata(const Section& root, EngineConfig* cfg, PrecisionReques
                                &cfg->optimizer_threads));
   STRATA_RETURN_IF_ERROR(s.Bool("optimizer_in_backward", &cfg->optimizer_in_backward));
   STRATA_RETURN_IF_ERROR(s.Bool("release_idle_memory", &cfg->release_idle_memory));
+  std::string no_grad;
+  STRATA_RETURN_IF_ERROR(s.String("params_without_grad", &no_grad));
+  if (s.Has("params_without_grad")) {
+    if (no_grad != "zero" && no_grad != "skip") {
+      return RangeError(s.Path("params_without_grad"), *s.Find("params_without_grad"),
+                        "\"zero\" (DeepSpeed's: updated with a zero gradient) or \"skip\" (torch's: not updated)");
+    }
+    cfg->skip_params_without_grad = no_grad == "skip";
+  }
   return s.Bytes("host_budget", &cfg->host_budget_bytes);
 }
 
@@ -734,6 +743,7 @@ std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfi
       {"strata.reshard_after_forward", c.reshard_after_forward ? "true" : "false"},
       {"strata.seed", absl::StrCat(c.seed)},
       {"strata.optimizer_in_backward", c.optimizer_in_backward ? "true" : "false"},
+      {"strata.params_without_grad", c.skip_params_without_grad ? "skip" : "zero"},
   };
 }
 

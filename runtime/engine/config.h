@@ -78,6 +78,12 @@ struct EngineConfig {
   // gives its pages back to the OS until the next backward (plain host memory only; Note [Idle pages],
   // runtime/memory/memory.cc; docs/decisions/0021-idle-pages.md). The bytes stay reserved and counted.
   bool release_idle_memory = false;
+  // strata.params_without_grad (Note [Parameters without a gradient], engine_step.cc): "zero" (false, the
+  // default, DeepSpeed's: a parameter no rank wrote a gradient to in a step is updated with a zero
+  // gradient, so it is decayed and its moments move) or "skip" (true, torch.optim's for a .grad of None:
+  // not updated at all, its moments untouched and its own step count not advanced). strata.torch asks for
+  // "skip" unless its config says otherwise. Trainers report such parameters with MarkNoGrad.
+  bool skip_params_without_grad = false;
   // Elements per tile of NVMe-resident optimizer state (not a JSON key: the pinned staging buffers are
   // 3 x lanes tiles, so this is a memory knob the engine sizes; tests shrink it to exercise tiling).
   uint64_t nvme_tile_elems = uint64_t{1} << 20;

@@ -216,6 +216,10 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
   m.units.emplace_back();
   m.units.back().layout = std::move(layout);
   m.units.back().ext = DecideExtents(m.cfg.stage, m.rt.shard_rank, m.units.back().layout);
+  const size_t n = m.units.back().layout.params.size();  // Note [Parameters without a gradient]
+  m.units.back().no_grad_micro_batches.assign(n, 0);
+  m.units.back().no_grad_marked_in.assign(n, -1);
+  m.units.back().skipped_steps.assign(n, 0);
   return static_cast<int>(m.units.size()) - 1;
 }
 

@@ -93,6 +93,12 @@ class Engine {
   absl::Status EndForward(int unit);
   absl::Status BeginBackward(int unit);
   absl::Status EndBackward(int unit);
+  // Inside a micro-batch: this rank wrote no gradient to `param` of `unit` in it (torch leaves its .grad
+  // None). With strata.params_without_grad "skip", a parameter that no rank wrote a gradient to in any
+  // micro-batch of the step is not updated (Note [Parameters without a gradient], engine_step.cc); with
+  // "zero" (the default) the mark changes nothing. Idempotent within a micro-batch; a frozen unit's is
+  // ignored. A unit with no backward use in the step needs no marks.
+  absl::Status MarkNoGrad(int unit, int param);
   absl::StatusOr<StepResult> Step();
 
   ParamView Param(int unit, int param) const;

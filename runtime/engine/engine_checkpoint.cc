@@ -14,6 +14,7 @@
 // G-rank job (manifest world_size = G) that records the replicas; each copy writing the same bytes would
 // multiply the I/O and the disk by N / G for nothing. Every rank still takes part in both collectives.
 // Loading at any N and G is then the usual resharding from G shards.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -55,8 +56,10 @@ absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
 
 ckpt::ManifestUnit ManifestUnitOf(const UnitState& u) {
   ckpt::ManifestUnit mu{u.layout.name, {}};
-  for (const shard::ParamSlot& p : u.layout.params) {
-    mu.params.push_back({p.spec.name, p.spec.shape, p.offset_elems, p.numel, p.spec.weight_decay, p.spec.frozen});
+  for (size_t i = 0; i < u.layout.params.size(); ++i) {
+    const shard::ParamSlot& p = u.layout.params[i];
+    mu.params.push_back({p.spec.name, p.spec.shape, p.offset_elems, p.numel, p.spec.weight_decay, p.spec.frozen,
+                         u.skipped_steps[i]});
   }
   return mu;
 }
@@ -107,7 +110,10 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   for (const UnitState& u : m.units) {
     man.units.push_back(ManifestUnitOf(u));
     // Frozen parameters need format 2; without them the manifest stays the format-1 document it was.
-    if (u.frozen()) man.version = ckpt::kFrozenManifestVersion;
+    if (u.frozen()) man.version = std::max(man.version, ckpt::kFrozenManifestVersion);
+    for (int64_t s : u.skipped_steps) {  // Note [Parameters without a gradient]: format 3 only when needed
+      if (s > 0) man.version = ckpt::kSkippedManifestVersion;
+    }
   }
   return man;
 }

@@ -309,6 +309,23 @@ absl::Status Engine::BeginBackward(int unit) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::MarkNoGrad(int unit, int param) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "MarkNoGrad"));
+  UnitState& u = m.units[unit];
+  if (!m.progress.in_micro_batch) {
+    return absl::FailedPreconditionError(absl::StrCat("MarkNoGrad('", u.layout.name, "') outside a micro-batch"));
+  }
+  if (param < 0 || param >= static_cast<int>(u.layout.params.size())) {
+    return absl::OutOfRangeError(absl::StrCat("MarkNoGrad('", u.layout.name, "', ", param, "): no such parameter (",
+                                              u.layout.params.size(), ")"));
+  }
+  if (u.frozen() || u.no_grad_marked_in[param] == m.progress.micro_batch) return absl::OkStatus();
+  u.no_grad_marked_in[param] = m.progress.micro_batch;
+  ++u.no_grad_micro_batches[param];
+  return absl::OkStatus();
+}
+
 absl::Status Engine::EndBackward(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "EndBackward"));

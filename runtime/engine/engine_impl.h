@@ -60,6 +60,12 @@ struct UnitState {
   int forward_uses = 0;   // in the current micro-batch
   int backward_uses = 0;  // in the current micro-batch
   int64_t compute_start_ns = 0;
+  // Note [Parameters without a gradient]: per parameter, the micro-batches of this step in which this rank
+  // wrote it no gradient (MarkNoGrad; the micro-batch last marked, to count each once), and the steps whose
+  // update skipped it (checkpointed).
+  std::vector<int> no_grad_micro_batches;
+  std::vector<int> no_grad_marked_in;
+  std::vector<int64_t> skipped_steps;
 };
 
 // engine_groups.cc: the shard groups zero_optimization.shard_group_size asks for (collective over world
@@ -140,6 +146,11 @@ struct StepState {
   std::vector<double> fused_sq;
   offload::TilePipelineStats fused_io;
   int64_t fused_update_ns = 0;
+  // Note [Parameters without a gradient]: this step's update segments per unit (empty: the unit's own) and,
+  // per unit and parameter, whether some rank wrote it a gradient.
+  std::vector<std::vector<shard::Segment>> step_segments;
+  std::vector<char> step_segments_own;  // per unit: step_segments replaces the unit's own segments
+  std::vector<std::vector<char>> had_grad;
   // Runs `wait` on the trainer's thread and charges its duration to `counter` (exposed communication
   // unless said otherwise).
   template <typename F>
@@ -335,6 +346,12 @@ struct Engine::Impl {
   absl::StatusOr<StepResult> RunStep();
   optim::StepInputs StepInputsNow();  // the step's scalars (scale, lr, step, clip) and the norm's sum
   optim::StepUnit StepUnitOf(UnitState& u, float* grad);  // grad: the update range of the gradients
+  // Note [Parameters without a gradient]: with strata.params_without_grad "skip", the units' update
+  // segments of this step (parameters no rank wrote a gradient to left out, those that skipped earlier
+  // steps with their own step count) into progress.step_segments, and whether any was left out; one small
+  // all-reduce. Without the key nothing (the units' own segments).
+  absl::StatusOr<bool> SegmentsWithGrad();
+  void CountSkippedSteps();  // after an applied update: the left-out parameters skipped one more step
   // Note [Optimizer in backward]: updates the unit whose reduction is pending, then enqueues unit's.
   absl::Status ReduceAndUpdate(int unit);
   absl::Status UpdatePending();

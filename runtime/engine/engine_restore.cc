@@ -5,6 +5,7 @@
 // The manifest and shards are read through checkpoint/consolidate.h (validated, confined to the step
 // directory) and the range arithmetic is checkpoint/reshard.h's ReadResharded; each saved shard must hold
 // the whole of its part of the range, or loading is DataLoss.
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -128,6 +129,11 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
   STRATA_RETURN_IF_ERROR(m.ReplicateParams(/*frozen_too=*/true));
   STRATA_RETURN_IF_ERROR(m.ZeroGrads());
   m.progress.step = man.step;
+  for (size_t i = 0; i < m.units.size(); ++i) {  // Note [Parameters without a gradient]
+    for (size_t p = 0; p < m.units[i].skipped_steps.size(); ++p) {
+      m.units[i].skipped_steps[p] = std::min(man.units[i].params[p].skipped_steps, man.step);
+    }
+  }
   m.progress.loss_scaler.Restore(man.loss_scale, man.clean_steps);
   return man.trainer_json;
 }

@@ -7,6 +7,7 @@
 // count, so the thread count is a speed knob only. The norm stays the sequential optim::SumSquares,
 // whose order the executor's vectorised sum does not reproduce. With strata.optimizer_in_backward the
 // units' updates run in backward instead (Note [Optimizer in backward]) and RunStep only finishes them.
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -113,7 +114,76 @@ optim::StepUnit Engine::Impl::StepUnitOf(UnitState& u, float* grad) {
   params.on_host = [this, &u](const std::function<absl::Status(char*)>& fn) { return UpdateParamStorage(u, fn); };
   // Device state updates device params in place (no param buffer with parameter shards on NVMe).
   params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
-  return optim::StepUnit{grad, update_elems(u), &u.ext.update_segments, std::move(params), UnitIndex(u)};
+  const size_t i = static_cast<size_t>(UnitIndex(u));
+  const bool own = i < progress.step_segments_own.size() && progress.step_segments_own[i];
+  return optim::StepUnit{grad, update_elems(u), own ? &progress.step_segments[i] : &u.ext.update_segments,
+                         std::move(params), UnitIndex(u)};
+}
+
+// Note [Parameters without a gradient]. torch.optim skips a parameter whose .grad is None: no weight decay,
+// no moment update, and its per-parameter step count does not advance. DeepSpeed updates it with a zero
+// gradient (decayed, its moments moving). The engine's trainer contract is "+=" into zeroed buffers, so it
+// cannot tell a zero gradient from none: the trainer says so with MarkNoGrad (strata.torch does, from
+// autograd's post-accumulate-grad hooks), and a unit with no backward use in the step has none (the agreed
+// schedule, Note [Agreed schedule]: every micro-batch and rank uses the same units). With
+// strata.params_without_grad "skip", the step sums every rank's flags (1: this rank wrote the parameter a
+// gradient in some micro-batch) in one all-reduce on the control communicator, so that every rank leaves
+// out the same parameters: their segments are dropped from the update (master, moments and parameter
+// storage untouched; stages 1-2 re-replicate the unchanged values), and skipped_steps counts the steps each
+// missed, so that its next update uses its own step count (step - skipped_steps) for Adam's bias
+// correction, as torch's per-parameter state["step"]. The gradient norm is unchanged (those gradients are
+// zero). The counts are checkpointed (manifest format 3). With strata.optimizer_in_backward the updates run
+// in the backward, before the marks are complete, so a parameter without a gradient is an error there.
+// "zero" (the default of the C++ engine and the C ABI, whose trainers write every gradient) keeps
+// DeepSpeed's rule and costs nothing.
+absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
+  progress.step_segments.assign(units.size(), {});
+  progress.step_segments_own.assign(units.size(), 0);
+  progress.had_grad.assign(units.size(), {});
+  if (!cfg.skip_params_without_grad) return false;
+  std::vector<float> flags;
+  for (UnitState& u : units) {
+    if (u.frozen()) continue;
+    const bool used = u.backward_uses > 0;  // the last micro-batch's uses: every micro-batch has the same
+    for (size_t p = 0; p < u.layout.params.size(); ++p) {
+      flags.push_back(used && u.no_grad_micro_batches[p] < cfg.gradient_accumulation_steps ? 1.0f : 0.0f);
+    }
+  }
+  if (flags.empty()) return false;
+  STRATA_RETURN_IF_ERROR(progress.TimedWait([&] {
+    return rt.control->AllReduce(flags.data(), flags.data(), flags.size(), DType::kF32, comm::ReduceOp::kSum,
+                                 *rt.control_stream)
+        .Wait();
+  }));
+  bool left_out = false;
+  size_t k = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    UnitState& u = units[i];
+    if (u.frozen()) continue;
+    std::vector<char>& had = progress.had_grad[i];
+    had.assign(u.layout.params.size(), 1);
+    bool custom = false;
+    for (size_t p = 0; p < had.size(); ++p) {
+      had[p] = flags[k++] > 0.0f;
+      custom |= !had[p] || u.skipped_steps[p] > 0;
+      left_out |= !had[p];
+    }
+    if (!custom) continue;
+    progress.step_segments_own[i] = 1;
+    for (const shard::Segment& s : u.ext.update_segments) {
+      if (!had[s.param]) continue;
+      shard::Segment t = s;
+      if (u.skipped_steps[s.param] > 0) t.step = progress.step + 1 - u.skipped_steps[s.param];
+      progress.step_segments[i].push_back(t);
+    }
+  }
+  return left_out;
+}
+
+void Engine::Impl::CountSkippedSteps() {
+  for (size_t i = 0; i < units.size() && i < progress.had_grad.size(); ++i) {
+    for (size_t p = 0; p < progress.had_grad[i].size(); ++p) units[i].skipped_steps[p] += !progress.had_grad[i][p];
+  }
 }
 
 // Note [Optimizer in backward]. With strata.optimizer_in_backward (stages 2-3, one micro-batch per step,
@@ -207,6 +277,19 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   const int64_t update_start = device::NowNs();
   int64_t waited_in_update = progress.exposed_comm_ns;
   const optim::StepInputs in = StepInputsNow();
+  STRATA_ASSIGN_OR_RETURN(const bool left_out, SegmentsWithGrad());  // Note [Parameters without a gradient]
+  if (left_out && cfg.optimizer_in_backward) {
+    for (size_t i = 0; i < units.size(); ++i) {
+      for (size_t p = 0; p < progress.had_grad[i].size(); ++p) {
+        if (progress.had_grad[i][p]) continue;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Step(): parameter '", units[i].layout.name, ".", units[i].layout.params[p].spec.name,
+            "' had no gradient on any rank in this step, but with strata.optimizer_in_backward its update already "
+            "ran in the backward as if its gradient were zero; torch would have skipped it. Turn "
+            "strata.optimizer_in_backward off, or set strata.params_without_grad to \"zero\" (DeepSpeed's rule)"));
+      }
+    }
+  }
   std::vector<optim::StepUnit> step_units;
   if (!cfg.optimizer_in_backward) {
     for (UnitState& u : units) {
@@ -236,6 +319,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
     return r;
   }
   r.clip_coef = out.clip_coef;
+  CountSkippedSteps();
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
   const int64_t update_end = device::NowNs();
@@ -259,6 +343,10 @@ absl::StatusOr<StepResult> Engine::Step() {
   auto r = m.RunStep();
   if (!r.ok()) m.Poison(r.status());
   m.progress.micro_batch = 0;
+  for (UnitState& u : m.units) {  // Note [Parameters without a gradient]: the marks are per step
+    std::fill(u.no_grad_micro_batches.begin(), u.no_grad_micro_batches.end(), 0);
+    std::fill(u.no_grad_marked_in.begin(), u.no_grad_marked_in.end(), -1);
+  }
   if (r.ok()) {
     r->compute_ms = 1e-6 * double(m.progress.compute_ns);
     r->exposed_comm_ms = 1e-6 * double(m.progress.exposed_comm_ns);

@@ -96,7 +96,12 @@ class CudaTierOps final : public TierOps {
       const kernels::AdamWStep decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step);
       const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step);
       for (const shard::Segment& seg : segs) {
-        const kernels::AdamWCoeffs<float> c = kernels::AdamWCoeffsOf(seg.weight_decay ? decay : no_decay);
+        // A parameter with a step count of its own (Note [Parameters without a gradient]).
+        const kernels::AdamWStep own =
+            kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, seg.weight_decay ? cfg.weight_decay : 0.0,
+                                   seg.step > 0 ? seg.step : step);
+        const kernels::AdamWCoeffs<float> c =
+            kernels::AdamWCoeffsOf(seg.step > 0 && seg.step != step ? own : seg.weight_decay ? decay : no_decay);
         STRATA_RETURN_IF_ERROR(
             STRATA_CUDA_CALL(kernels::cuda::LaunchAdamW(a, seg.begin, seg.end, c, grad_scale, native_)));
       }

@@ -85,7 +85,7 @@ absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const Opt
     std::vector<shard::Segment> segs;
     for (const shard::Segment& s : *up.segments) {
       const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
-      if (b < e) segs.push_back({b - lo, e - lo, s.param, s.weight_decay});
+      if (b < e) segs.push_back({b - lo, e - lo, s.param, s.weight_decay, s.step});
     }
     ShardState st{v[0].as<float>(), up.grad + lo, v[1].as<float>(), v.size() > 2 ? v[2].as<float>() : nullptr};
     UpdateOptions opts;

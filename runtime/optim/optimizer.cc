@@ -46,9 +46,19 @@ void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vec
   if (cfg.type == OptimizerType::kAdamW) {
     const kernels::AdamWStep decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step);
     const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step);
+    std::vector<kernels::AdamWStep> own;  // segments with a step of their own (reserved: stable pointers)
+    own.reserve(segs.size());
     std::vector<kc::AdamWSegment> runs;
     runs.reserve(segs.size());
-    for (const shard::Segment& seg : segs) runs.push_back({seg.begin, seg.end, seg.weight_decay ? &decay : &no_decay});
+    for (const shard::Segment& seg : segs) {
+      if (seg.step > 0 && seg.step != step) {
+        own.push_back(kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, seg.weight_decay ? cfg.weight_decay : 0.0,
+                                             seg.step));
+        runs.push_back({seg.begin, seg.end, &own.back()});
+      } else {
+        runs.push_back({seg.begin, seg.end, seg.weight_decay ? &decay : &no_decay});
+      }
+    }
     kc::AdamWSegments(k, pool, a, runs.data(), runs.size(), grad_scale);
     return;
   }

@@ -53,6 +53,10 @@ struct Segment {
   size_t end = 0;
   int param = -1;
   bool weight_decay = false;
+  // The optimizer step of this parameter when it is not the update's own (0: the update's): a parameter
+  // whose updates were skipped (Note [Parameters without a gradient], engine_step.cc) counts its own steps,
+  // as torch.optim does per parameter.
+  int64_t step = 0;
 };
 
 struct UnitLayout {

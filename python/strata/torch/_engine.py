@@ -59,6 +59,9 @@ class Engine:
         if not specs:
             raise ValueError("strata: the model has no parameters")
         self.config.setdefault("strata", {}).setdefault("max_live_units", _live_units(model, specs))
+        # torch.optim's rule for a parameter without a gradient (Note [Parameters without a gradient]), unless
+        # the config asks for DeepSpeed's ("zero")
+        self.config["strata"].setdefault("params_without_grad", "skip")
         self.device = self._start_device(model, device)
         cuda = self.device.type == "cuda"
         comm = _comm.strata_comm(cuda, self.config["strata"].get("collective_timeout_ms", 0))

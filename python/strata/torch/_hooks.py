@@ -140,10 +140,17 @@ class Tracker:
         self.failed = None
         self.recomputed = 0        # blocks run again inside a backward (activation checkpointing)
         self.late = []             # bf16 gradients that arrived after their unit's backward ended
+        # Note [Parameters without a gradient] (runtime/engine/engine_step.cc): with params_without_grad "skip",
+        # the parameters autograd accumulated a gradient into in this micro-batch; the others are marked.
+        self.mark_no_grad = engine.config.get("strata", {}).get("params_without_grad") == "skip"
+        self.touched = set()
         for u in units:
             if u.layout.dtype != _capi.DTYPE_F32 and not u.spec.frozen:
                 for i, p in enumerate(u.spec.params):
                     p.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self.add_low_precision_grad(u, i, p))
+            elif self.mark_no_grad and not u.spec.frozen:
+                for p in u.spec.params:
+                    p.register_post_accumulate_grad_hook(lambda p: self.touched.add(id(p)))
         self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
         self.blocks = {u for u in units if u not in engine.roots}  # a set: end_backward asks `u in`
         idle = engine.config.get("strata", {}).get("release_idle_memory", False)
@@ -194,6 +201,7 @@ class Tracker:
 
     def add_low_precision_grad(self, u, i, p):
         """post-accumulate-grad hook of a bf16 parameter: its gradient, in fp32, into the engine's buffer."""
+        self.touched.add(id(p))
         if not u.backward_open:
             self.late.append(f"{u.spec.name}.{u.spec.names[i]}")
             return
@@ -240,6 +248,7 @@ class Tracker:
                                f"training forward must be followed by its backward before the next")
         if torch.is_grad_enabled():
             self._call(_capi.lib.strata_engine_begin_micro_batch)
+            self.touched.clear()
             drop_grad_markers(self.engine)  # before any accumulation (Note [Gradients in the engine])
             for u in self.units:
                 u.forward_uses = u.backward_uses = u.unarmed = 0
@@ -342,6 +351,13 @@ class Tracker:
             if late:
                 raise RuntimeError(f"strata: the gradient of {', '.join(late)} arrived after its unit's backward "
                                    f"had ended (a parameter used outside its unit's forward?)")
+            if self.mark_no_grad:  # Note [Parameters without a gradient]: torch's .grad None, per parameter
+                for u in self.units:
+                    if u.spec.frozen or u.backward_uses == 0:  # a unit without a backward use needs no marks
+                        continue
+                    for i, p in enumerate(u.spec.params):
+                        if id(p) not in self.touched:
+                            self._call(_capi.lib.strata_engine_mark_no_grad, u.id, i)
             self._call(_capi.lib.strata_engine_end_micro_batch)
             self.engine.micro_batches += 1
             mark_grads(self.engine)  # Note [Gradients in the engine]

@@ -229,6 +229,27 @@ TEST(ParseManifest, FrozenParametersNeedFormat2AndOnlyTheirMasterBytes) {
   ExpectBad(j, "need 76 bytes");
 }
 
+// Skipped steps (format 3, Note [Parameters without a gradient]): written only when some parameter skipped a
+// step, round-trip, need format 3 and a non-negative integer.
+TEST(ParseManifest, SkippedStepsNeedFormat3) {
+  Manifest m = Valid();
+  EXPECT_EQ(ToJson(m).find("skipped_steps"), std::string::npos);
+  m.version = kSkippedManifestVersion;
+  m.units[0].params[1].skipped_steps = 4;
+  auto parsed = ParseManifest(ToJson(m), "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->units[0].params[0].skipped_steps, 0);
+  EXPECT_EQ(parsed->units[0].params[1].skipped_steps, 4);
+  json j = json::parse(ToJson(m));
+  j["version"] = 2;
+  ExpectBad(j, "units[0].params[1].skipped_steps");
+  j = json::parse(ToJson(m));
+  j["units"][0]["params"][1]["skipped_steps"] = -1;
+  ExpectBad(j, "units[0].params[1].skipped_steps");
+  j["units"][0]["params"][1]["skipped_steps"] = "4";
+  ExpectBad(j, "units[0].params[1].skipped_steps");
+}
+
 TEST(ParseManifest, NewerVersionAndForeignDocuments) {
   json j = ValidJson();
   j["version"] = 9;
