@@ -22,7 +22,9 @@ def shard(model, config=None, unit_classes=None, **kwargs):
     """Collective. Hands `model`'s parameters to a Strata engine configured by `config` (dict or JSON
     path, as `strata train --config`) and hooks its forward. Units: the modules of `unit_classes`, or by
     default the members of the model's largest nn.ModuleList; the remaining parameters form the root unit.
-    Rank 0's parameter values are every rank's initial values. `weight_decay=callable(name, param)`
+    Rank 0's parameter values are every rank's initial values, and rank 0's module buffers every rank's
+    buffers (kept so by strata.broadcast_buffers, default true: docs/decisions/0026-buffers.md; cast to
+    bf16 with bf16 parameters where model.to would). `weight_decay=callable(name, param)`
     says which parameters AdamW decays (default: those with 2 or more dimensions). A parameter with
     requires_grad=False is frozen (fine-tuning, adapters): gathered and checkpointed, never reduced or
     updated, no .grad and no gradient or optimizer memory. `device`: "cuda" (or "cuda:k", a torch.device)

@@ -7,8 +7,8 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _gathered, _hooks
-from strata.torch._buffers import Layout
+from strata.torch import _gathered, _hooks, _model_buffers
+from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
 
@@ -53,6 +53,7 @@ class Engine:
         if self.config.get("fp16", {}).get("enabled"):
             raise NotImplementedError("strata.torch: fp16 needs the loss scaled by the engine's loss scale "
                                       "before backward; not supported yet (use bf16 or fp32)")
+        self.broadcast_buffers = _model_buffers.take_option(self.config)  # strata.broadcast_buffers
         self.micro_batches = 0
         self.handle = None
         specs = split_units(model, unit_classes)
@@ -75,6 +76,8 @@ class Engine:
         self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
         _capi.check(_lib.strata_engine_finalize(self.handle))
         self._load_initial_values()
+        self.model_buffers = _model_buffers.ModelBuffers(model, _TORCH_DTYPE[self.units[0].layout.dtype][0],
+                                                         self.broadcast_buffers)  # rank 0's, cast as params
         self.roots = [u for u in self.units if u.spec.module is model]  # the root's trainable and frozen parts
         self.tracker = _hooks.Tracker(self, self.units)
         self._install_hooks()
@@ -155,6 +158,8 @@ class Engine:
         def forward(*args, **kwargs):  # an instance attribute: nn.Module.__call__ finds it first
             t.root_enter()
             try:
+                if t.phase == _hooks.FORWARD:  # a training forward: rank 0's buffers (strata.broadcast_buffers)
+                    self.model_buffers.before_training_forward()
                 output = inner(*args, **kwargs)
             except BaseException as e:
                 t.root_abandon(e)
@@ -181,6 +186,7 @@ class Engine:
         _capi.check(_lib.strata_engine_step(self.handle, r))
         self.micro_batches = 0
         _gathered.drop_grad_markers(self)  # the gradients are zero now: .grad None (Note [Gradients in the engine])
+        self.model_buffers.after_step()
         return {k: getattr(r, k) for k in ("step", "skipped", "clip_coef", "grad_norm", "lr", "loss_scale")}
 
     def zero_grad(self):
@@ -189,16 +195,22 @@ class Engine:
 
     # ---- state ----
     def save_checkpoint(self, root_dir, client_state=None):
-        """Collective: <root_dir>/step_<8 digits>, the layout `strata train` writes and `strata ckpt` reads."""
-        _capi.check(_lib.strata_engine_save_checkpoint(self.handle, os.fspath(root_dir).encode(),
-                                                       json.dumps(client_state or {}).encode()))
+        """Collective: <root_dir>/step_<8 digits>, the layout `strata train` writes and `strata ckpt` reads,
+        with the model's buffers (rank 0's) in it."""
+        trainer = json.dumps(client_state or {}).encode()
+        if self.mid_step() is None:  # else the engine refuses the save
+            step_dir = os.path.join(os.fspath(root_dir), f"step_{self.stats()['steps']:08d}")
+            self.model_buffers.save(step_dir)  # before the engine publishes the manifest
+        _capi.check(_lib.strata_engine_save_checkpoint(self.handle, os.fspath(root_dir).encode(), trainer))
 
     def load_checkpoint(self, path):
         """Collective: a step directory or a root (its latest step), of any world size and stage. Returns the
-        client_state saved with it."""
+        client_state saved with it. The model's buffers come from it too (on every rank, rank 0's read)."""
         _gathered.refuse_while_gathered(self, "load_checkpoint()")
         out = ctypes.c_char_p()
-        _capi.check(_lib.strata_engine_load_checkpoint(self.handle, os.fspath(path).encode(), ctypes.byref(out)))
+        step_dir, buffers = self.model_buffers.read_checkpoint(path)  # validated before anything changes
+        _capi.check(_lib.strata_engine_load_checkpoint(self.handle, step_dir.encode(), ctypes.byref(out)))
+        self.model_buffers.install(buffers)
         return json.loads(out.value.decode()) if out.value else {}
 
     def gather(self, unit, index):
@@ -210,14 +222,17 @@ class Engine:
 
     def full_state_dict(self):
         """Collective: model.state_dict()'s names, with each parameter's full fp32 master value (tied names
-        share one tensor) and the model's buffers as they are."""
+        share one tensor) and the model's buffers, rank 0's on every rank."""
         where = {id(p): (u.id, i) for u in self.units for i, p in enumerate(u.spec.params)}
+        buffers = self.model_buffers.rank0_values()
         values, out = {}, {}
         for name, t in self.model.state_dict(keep_vars=True).items():
             if id(t) in where:
                 if id(t) not in values:
                     values[id(t)] = self.gather(*where[id(t)])
                 out[name] = values[id(t)]
+            elif id(t) in buffers:
+                out[name] = buffers[id(t)]
             else:
                 out[name] = t.detach().clone()
         return out
