@@ -5,6 +5,7 @@ batch."""
 import time
 
 import pytest
+import torch
 from torch import nn
 
 import strata.torch as st
@@ -131,4 +132,72 @@ def test_a_layer_dropped_on_one_rank_ends_every_rank_within_seconds(stage):
         err = assert_fails_fast(step, f"rank {last} failed and will not join it",
                                 "unit order differs from the recorded one")
         assert err.code == "STRATA_ERR_PEER_FAILED"
+    engine.close()
+
+
+class Expert(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, h):
+        return torch.nn.functional.gelu(self.fc(h))
+
+
+class TinyMoE(nn.Module):
+    """Top-1 routing over four experts: each token goes to the expert its router picks, so which experts run
+    depends on the data (and so on the rank); expert 3's router column is pushed down so that it is
+    (almost surely) never picked anywhere."""
+
+    def __init__(self, vocab=37, d=16, experts=4):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.router = nn.Linear(d, experts)
+        self.experts = nn.ModuleList(Expert(d) for _ in range(experts))
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, x, labels):
+        h = self.emb(x)
+        logits = self.router(h)
+        logits = logits - torch.tensor([0.0, 0.0, 0.0, 1e4])
+        choice = logits.argmax(-1)
+        gate = torch.softmax(logits, -1)
+        mixed = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            mask = choice == e
+            if mask.any():  # only the experts some token of this rank picked run
+                mixed[mask] = expert(h[mask]) * gate[mask][:, e:e + 1]
+        return nn.functional.cross_entropy(self.out(h + mixed).flatten(0, 1), labels.flatten())
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_experts_routed_by_the_data(stage):
+    """Experts as units: the routing differs by rank, so the ranks' paths differ and every rank is refused
+    within seconds (on one rank the paths differ between micro-batches instead). In the root unit (the
+    default here: the experts' ModuleList is the only one): torch on the global batch, with the expert no
+    token reaches skipped as torch skips a .grad of None."""
+    model = seeded(TinyMoE)
+    engine = st.shard(model, config(stage), unit_classes=(Expert,))
+    with pytest.raises(st.StrataError, match="different paths|differs from the recorded one|will not join it"):
+        for step in range(3):
+            x, y = batches(step, 0, st.rank(), n=1, t=2)  # two tokens: at most two experts run
+            model(x, y).backward()
+            engine.step()
+    engine.close()
+    model, ref = seeded(TinyMoE), seeded(TinyMoE)
+    engine = st.shard(model, config(stage), unit_classes=())
+    opt = reference_optimizer(ref)
+    for step in range(STEPS):
+        x, y = batches(step, 0, st.rank(), n=4)
+        model(x, y).backward()
+        engine.step()
+        for r in range(st.world_size()):
+            x, y = batches(step, 0, r, n=4)
+            (ref(x, y) / st.world_size()).backward()
+        opt.step()
+        opt.zero_grad()
+    state = engine.full_state_dict()
+    assert ref.experts[3].fc.weight.grad is None  # never reached: torch skipped it
+    assert torch.equal(state["experts.3.fc.weight"], seeded(TinyMoE).experts[3].fc.weight.detach())
+    assert_matches(state, ref.state_dict())
     engine.close()
