@@ -55,6 +55,28 @@ def test_forward_twice_before_backward():
     engine.close()
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_requires_grad_changed_after_shard(stage):
+    """Frozenness is fixed at shard(): freezing a trainable parameter (or unfreezing a frozen one) afterwards
+    would be ignored (the "frozen" weight kept moving), so the next forward refuses it, naming the parameter,
+    and the engine goes on once it is set back."""
+    model = tiny_lm()
+    model.blocks[0].fc1.bias.requires_grad_(False)
+    engine = st.shard(model, config(stage))
+    x, y = batches(0, 0, st.rank())
+    model.blocks[1].fc2.weight.requires_grad_(False)
+    with pytest.raises(RuntimeError, match=r"parameter 'fc2.weight' of unit 'blocks.1' was trainable .* at shard\(\)"):
+        model(x, y)
+    model.blocks[1].fc2.weight.requires_grad_(True)
+    model.blocks[0].fc1.bias.requires_grad_(True)
+    with pytest.raises(RuntimeError, match=r"parameter 'fc1.bias' of unit 'blocks.0\[frozen\]' was frozen"):
+        model(x, y)
+    model.blocks[0].fc1.bias.requires_grad_(False)
+    model(x, y).backward()
+    assert engine.step()["step"] == 1
+    engine.close()
+
+
 def test_mismatched_models_across_ranks():
     if st.world_size() == 1:
         pytest.skip("needs two ranks")

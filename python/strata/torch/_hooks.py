@@ -184,7 +184,9 @@ class Tracker:
             return
         if u.backward_uses >= u.forward_uses:
             raise RuntimeError(f"strata: unit '{u.spec.name}' is used in this backward more often than in its "
-                               f"forward ({u.forward_uses} uses)")
+                               f"forward ({u.forward_uses} uses): each training forward takes one backward (two "
+                               f"backward calls through one graph, e.g. with retain_graph=True? sum the losses and "
+                               f"call backward once)")
         bufs = _capi.UnitBuffers.new()
         self._call(_capi.lib.strata_engine_begin_backward, u.id, bufs)
         u.backward_flat, views = u.layout.param_views(bufs)
@@ -245,7 +247,10 @@ class Tracker:
                                f"cannot go on: build a new one (or load a checkpoint into one)")
         if self.phase in (FORWARD, AWAIT_BACKWARD, BACKWARD):
             raise RuntimeError(f"strata: the model's forward was called again in phase '{self.phase}': each "
-                               f"training forward must be followed by its backward before the next")
+                               f"training forward must be followed by its backward before the next (run "
+                               f"evaluation forwards under torch.no_grad(), and put several inputs in one "
+                               f"forward or sum their losses into one backward)")
+        self._check_frozenness()
         if torch.is_grad_enabled():
             self._call(_capi.lib.strata_engine_begin_micro_batch)
             self.touched.clear()
@@ -262,6 +267,19 @@ class Tracker:
         self.guard.__enter__()
         for root in self.engine.roots:
             self.begin_forward(root)
+
+    def _check_frozenness(self):
+        """Which parameters are frozen is fixed at shard() (the engine keeps no gradient or optimizer state for
+        them): a requires_grad changed since would be ignored, so it is refused, naming the parameter."""
+        for u in self.units:
+            for n, p in zip(u.spec.names, u.spec.params):
+                if p.requires_grad == u.spec.frozen:
+                    was = "frozen (requires_grad=False)" if u.spec.frozen else "trainable (requires_grad=True)"
+                    raise RuntimeError(
+                        f"strata: parameter '{n}' of unit '{u.spec.name}' was {was} at shard() and its requires_grad "
+                        f"changed since; which parameters train is fixed when the engine is built. Set requires_grad "
+                        f"before st.shard(), or carry the weights to a new engine (engine.full_state_dict(), or "
+                        f"save_checkpoint and load_checkpoint into an engine built after the change)")
 
     def root_abandon(self, error):
         """The forward raised: undo what root_enter pushed so the process can go on (without this engine)."""
