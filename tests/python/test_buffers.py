@@ -5,8 +5,8 @@ parameters, checkpointed and restored bit for bit, returned by full_state_dict a
 What the equivalence test compares. Each rank's BatchNorm normalises with the statistics of its own
 micro-batch, so the engine is not plain torch on the global batch; it is DDP with broadcast_buffers=True:
 every training forward starts from rank 0's buffers, and rank 0's update is the one kept. The reference
-is single-process torch doing exactly that: for each micro-batch index, every rank's micro-batch is run
-from the same starting buffers (each its own BatchNorm batch statistics and loss, the gradients summed
+is single-process torch doing exactly that: for each micro-batch index, every rank's micro-batch is run,
+starting from the same buffers (each its own BatchNorm batch statistics and loss, the gradients summed
 with weight 1 / (ranks x micro-batches) as the engine averages), and the buffers after rank 0's forward
 are the next start. Centering's running mean enters the loss in training mode too, so a rank computing
 with its own drifting buffers would train differently (BatchNorm's running statistics alone only show
@@ -328,8 +328,8 @@ def checkpoint_run(root, stage, save_at=3, steps=6):
 
 
 def fresh(stage, seed=7):
-    """Another model (other initial values, other persistent buffers on each rank): all of it must come
-    from the checkpoint. Its non-persistent buffers are those the model's constructor makes (net(0)'s):
+    """Another model (other initial values, other persistent buffers on each rank): all of it must be
+    restored by the checkpoint. Its non-persistent buffers are those the model's constructor makes (net(0)'s):
     as in torch, they are not in a state dict or a checkpoint."""
     model, made = net(seed), net(0)
     with torch.no_grad():
