@@ -77,6 +77,19 @@ def test_requires_grad_changed_after_shard(stage):
     engine.close()
 
 
+def test_shard_twice_is_refused_naming_it():
+    """A model given to st.shard() once: a second shard() says so (it used to fail on the placeholders'
+    dimension 0 and leave a half-built engine that raised at exit), and the first engine trains on."""
+    model = tiny_lm()
+    engine = st.shard(model, config(3))
+    with pytest.raises(RuntimeError, match=r"already given to st.shard\(\)"):
+        st.shard(model, config(3))
+    x, y = batches(0, 0, st.rank())
+    model(x, y).backward()
+    assert engine.step()["step"] == 1
+    engine.close()
+
+
 def test_mismatched_models_across_ranks():
     if st.world_size() == 1:
         pytest.skip("needs two ranks")

@@ -47,6 +47,10 @@ class Engine:
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
     def __init__(self, model, config=None, unit_classes=None, weight_decay=_default_weight_decay, device=None):
+        if getattr(model, "_strata_sharded", False):  # its parameters are an engine's placeholders now
+            raise RuntimeError("strata: this model was already given to st.shard(); its parameters belong to that "
+                               "engine (empty placeholders outside a forward). Keep using that engine, or build a "
+                               "new model and load the weights into it (engine.full_state_dict(), or a checkpoint)")
         self.model = model
         self.config = _config(config)
         self.accumulation = int(self.config.get("gradient_accumulation_steps", 1))
@@ -74,6 +78,7 @@ class Engine:
         self.handle = handle
         _comm.track(self)
         self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
+        object.__setattr__(model, "_strata_sharded", True)  # not a module attribute: no state_dict entry
         _capi.check(_lib.strata_engine_finalize(self.handle))
         self._load_initial_values()
         self.model_buffers = _model_buffers.ModelBuffers(model, _TORCH_DTYPE[self.units[0].layout.dtype][0],
@@ -245,7 +250,7 @@ class Engine:
     def mid_step(self):
         """Why this engine is in the middle of a step (a training pass begun, or passes done and no step()
         since), or None: then its peers may be waiting for it in a collective."""
-        if self.handle is None:
+        if self.handle is None or getattr(self, "tracker", None) is None:  # closed, or never finished building
             return None
         if self.tracker.phase in (_hooks.FORWARD, _hooks.AWAIT_BACKWARD, _hooks.BACKWARD):
             return f"a training pass was in phase '{self.tracker.phase}'"
