@@ -426,6 +426,9 @@ class GatheredParameters:
             with torch._C.DisableTorchFunction():
                 o.param.data = placeholder(dtype, o.engine.units[o.unit].layout.device)
             s.gathered.pop(id(o.param), None)
+            tracker = getattr(o.engine, "tracker", None)
+            if tracker is not None:  # edits made here went through the engine (Note [Writes outside a forward])
+                tracker.versions[id(o.param)] = o.param._version
         self.mine = []
 
     def __exit__(self, kind, value, tb):

@@ -156,6 +156,8 @@ class Tracker:
         idle = engine.config.get("strata", {}).get("release_idle_memory", False)
         self.trim_heap = _heap_trimmer() if idle else None  # Note [Trimmed heap]
         self.ending = False        # in _end_of_backward: autograd is done, a trim would cut no peak
+        # Note [Writes outside a forward]: each parameter's version counter while it is a placeholder
+        self.versions = {id(p): p._version for u in units for p in u.spec.params}
 
     # ---- engine calls ----
     def _call(self, fn, *args):
@@ -251,6 +253,7 @@ class Tracker:
                                f"evaluation forwards under torch.no_grad(), and put several inputs in one "
                                f"forward or sum their losses into one backward)")
         self._check_frozenness()
+        self._check_untouched()
         if torch.is_grad_enabled():
             self._call(_capi.lib.strata_engine_begin_micro_batch)
             self.touched.clear()
@@ -280,6 +283,23 @@ class Tracker:
                         f"changed since; which parameters train is fixed when the engine is built. Set requires_grad "
                         f"before st.shard(), or carry the weights to a new engine (engine.full_state_dict(), or "
                         f"save_checkpoint and load_checkpoint into an engine built after the change)")
+
+    def _check_untouched(self):
+        """Note [Writes outside a forward]. Between uses a parameter is an empty placeholder and its values
+        live in the engine, so a write to it there (nn.init.*, an in-place op under no_grad, an assignment
+        to .data) would be lost without a word. In-place ops bump the parameter's version counter and an
+        assignment gives it elements, so the next forward refuses either, naming the parameter and the way to
+        edit it (st.GatheredParameters, whose edits reach the engine). Not seen: in-place ops on p.data (its
+        own version counter) on the empty placeholder, which change nothing."""
+        for u in self.units:
+            for n, p in zip(u.spec.names, u.spec.params):
+                if p._version != self.versions.get(id(p), p._version) or p.numel() != 0:
+                    raise RuntimeError(
+                        f"strata: parameter '{n}' of unit '{u.spec.name}' was written outside a forward (an "
+                        f"nn.init function, an in-place op or an assignment to .data); a sharded parameter's values "
+                        f"live in the engine, so the write would be lost. Edit it inside "
+                        f"`with st.GatheredParameters(params, modifier_rank=0):` (the edit then reaches every rank's "
+                        f"shard and the optimizer's fp32 copy), or set the values before st.shard()")
 
     def root_abandon(self, error):
         """The forward raised: undo what root_enter pushed so the process can go on (without this engine)."""
