@@ -635,6 +635,12 @@ MpiRuntime::~MpiRuntime() {
   MPI_Finalize();
 }
 
+void MpiRuntime::AbortJob(const std::string& reason) {
+  STRATA_LOG(Error) << "aborting the job: " << reason;
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  std::abort();  // MPI_Abort does not return; if it did, this process still must not go on
+}
+
 int MpiRuntime::world_rank() const { return ctx_->world_rank; }
 int MpiRuntime::world_size() const { return ctx_->world_size; }
 

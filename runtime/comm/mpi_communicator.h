@@ -31,6 +31,10 @@ class MpiRuntime {
 
   int world_rank() const;
   int world_size() const;
+  // Ends the whole job from this rank (MPI_Abort on MPI_COMM_WORLD) after logging `reason`: for a failure
+  // before any communicator exists, where a peer may already wait in MPI's communicator creation, which
+  // has no deadline. Does not return.
+  [[noreturn]] void AbortJob(const std::string& reason);
   // A new communicator over MPI_COMM_WORLD (duplicated, so it has its own ordering).
   absl::StatusOr<std::unique_ptr<Communicator>> World(const Options& options);
   // A new communicator over a duplicate of any MPI communicator, given by its Fortran handle

@@ -175,6 +175,16 @@ if [ "$only" = all ] || [ "$only" = failures ]; then
       python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 30 else 1)" "$elapsed"
     check "ranks started with and without '$flag': refused naming $key (exit $rc) in ${elapsed}s" $? "$out"
   done
+  # A flag only one rank has wrong: that rank names itself and ends the job, instead of leaving its peer in
+  # MPI's communicator creation, which has no deadline (it hung forever, even with --collective-timeout).
+  t0=$(date +%s.%N)
+  out=$(timeout 120 "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 3 : \
+        -n 1 "$strata" train "${small[@]}" --steps 3 --bogus 2>&1)
+  rc=$?
+  elapsed=$(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 1))" "$t0")
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "strata train: rank 1: unknown flag --bogus" <<<"$out" &&
+    python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 30 else 1)" "$elapsed"
+  check "an unknown flag on rank 1 only: named, the job ends (exit $rc) in ${elapsed}s" $? "$out"
   start_job term --checkpoint-dir "$work/term" --checkpoint-every 1
   kill -TERM "$job"
   finish_job

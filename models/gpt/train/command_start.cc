@@ -28,8 +28,13 @@ std::optional<TrainOptions> OptionsForLaunch(const std::string& command, const L
                                              const std::vector<std::string>& args) {
   auto opts = ParseTrainOptions(args, launch.size);
   if (!opts.ok()) {
+    // Every rank parses the same flags, so rank 0 speaks for them; a rank whose flags alone are wrong (an
+    // MPMD launch, a per-node config file) says so itself, naming its rank (TrainCommand then ends the job).
     if (launch.rank == 0) {
       std::fprintf(stderr, "strata %s: %s\n", command.c_str(), std::string(opts.status().message()).c_str());
+    } else {
+      std::fprintf(stderr, "strata %s: rank %d: %s\n", command.c_str(), launch.rank,
+                   std::string(opts.status().message()).c_str());
     }
     return std::nullopt;
   }

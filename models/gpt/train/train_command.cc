@@ -374,7 +374,12 @@ int TrainCommand(const std::vector<std::string>& args) {
   const Launch* launch = &start->launch;
   const int rank = launch->rank;
   const std::optional<TrainOptions> opts = OptionsForLaunch("train", *launch, args);
-  if (!opts.has_value()) return 2;
+  if (!opts.has_value()) {
+    // The peers may be valid and already inside the world's creation (no deadline there): end the job
+    // rather than leave them waiting for this rank (issue 33: an MPMD launch with a bad flag hung).
+    if (launch->size > 1) start->mpi->AbortJob(absl::StrCat("rank ", rank, ": invalid options (printed above)"));
+    return 2;
+  }
   comm::Options copts;
   copts.timeout_ms = opts->engine.collective_timeout_ms;
   auto job = StartJob(*start->mpi, *launch, *opts, copts);
