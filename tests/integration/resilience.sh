@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints and failure handling of `strata train` under real MPI processes:
-#   resume:    same world size, stages 1-3: the loss trajectory after resuming is bitwise identical;
+#   resume:    same world size, stages 1-3: the loss trajectory after resuming is bitwise identical; the
+#              same --metrics continues its file; a checkpoint at or past --steps is refused;
 #   reshard:   saved at 4 ranks, resumed at 2 and at 1; saved at 1, resumed at 4: the final weights match
 #              the uninterrupted run within fp32 tolerance (per-tensor relative L2 <= 1e-5);
 #   tools:     ckpt inspect --verify passes, then fails naming the range after a flipped byte; ckpt export
@@ -53,6 +54,33 @@ if [ "$only" = all ] || [ "$only" = resume ]; then
     rc=$?
     check "stage 3 with ${offload%% --nvme-path*}: resumed at step 5, losses of steps 6-10 $out" $rc "$out"
   done
+fi
+
+if [ "$only" = all ] || [ "$only" = resume ]; then
+  # Resuming with the same --metrics continues the file (issue 33: it was emptied): the lines up to the
+  # checkpoint are kept, the run's later lines are replaced by the resumed ones (the same bits), each step
+  # once; a checkpoint at or past --steps is refused before anything is written.
+  m="$work/m.jsonl"
+  "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --micro-batch 2 --checkpoint-dir "$work/mc" \
+    --checkpoint-every 4 --metrics "$m" > /dev/null 2>&1
+  cp "$m" "$work/m.first.jsonl"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --micro-batch 2 --resume "$work/mc/step_00000004" \
+        --metrics "$m" 2>&1) && out=$(python3 - "$work/m.first.jsonl" "$m" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+same = [r["step"] for r in b] == list(range(1, 9)) and [(r["loss"], r["grad_norm"]) for r in a] == \
+    [(r["loss"], r["grad_norm"]) for r in b]
+print("steps 1-8 once each, the same losses" if same else f"steps {[r['step'] for r in b]}")
+sys.exit(0 if same else 1)
+PY
+)
+  check "resumed at step 4 with the same --metrics: $out" $? "$out"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 3 --micro-batch 2 --resume "$work/mc" --metrics "$m" 2>&1)
+  rc=$?
+  [ $rc -ne 0 ] && grep -q "is at step 8 and --steps is 3, so there is nothing to train" <<<"$out" &&
+    [ "$(wc -l < "$m")" -eq 8 ]
+  check "resumed at step 8 with --steps 3: refused (exit $rc), the metrics kept" $? "$out"
 fi
 
 if [ "$only" = all ] || [ "$only" = reshard ]; then

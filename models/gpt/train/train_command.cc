@@ -106,8 +106,42 @@ absl::StatusOr<int64_t> Resume(const TrainOptions& o, Engine& e, int64_t global_
                         << " where the checkpoint used " << t.global_batch.value_or(0) << " and "
                         << t.seed.value_or(0) << ": the data order will differ from the original run";
   }
+  if (t.next_step >= o.steps) {  // every rank read the same step: every rank refuses alike
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--resume: checkpoint '", dir, "' is at step ", t.next_step, " and --steps is ", o.steps,
+        ", so there is nothing to train; --steps counts from the start of the run: pass more than ", t.next_step));
+  }
   if (e.rank() == 0) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(t.next_step));
   return t.next_step;
+}
+
+// Resuming with the same --metrics continues its file: the lines of the steps up to the checkpoint are kept
+// (those after it, from the run that went on past the checkpoint, are replaced by this run's), written to a
+// temporary and renamed over the file, then appended to. A file that is not there starts anew.
+absl::Status KeepMetricsUpTo(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return absl::OkStatus();
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  std::ofstream out(tmp, std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write '", tmp, "' (the metrics file's temporary)"));
+  std::string line;
+  int64_t kept = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;  // a line cut short
+    if (j["step"].get<int64_t>() > step) continue;
+    out << line << "\n";
+    ++kept;
+  }
+  out.flush();
+  if (!out) return absl::DataLossError(absl::StrCat("writing '", tmp, "' failed"));
+  out.close();
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat("renaming '", tmp, "' to '", path, "': ", ec.message()));
+  std::printf("metrics: kept the %lld lines of steps up to %lld in %s; appending\n", static_cast<long long>(kept),
+              static_cast<long long>(step), path.c_str());
+  return absl::OkStatus();
 }
 
 // Keeps the newest o.keep_last complete checkpoints; each older one loses its manifest first
@@ -257,7 +291,8 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   }
   std::ofstream metrics;
   if (rank == 0 && !o.metrics.empty()) {
-    metrics.open(o.metrics);
+    if (first_step > 0) STRATA_RETURN_IF_ERROR(KeepMetricsUpTo(o.metrics, first_step));
+    metrics.open(o.metrics, first_step > 0 ? std::ios::app : std::ios::trunc);
     if (!metrics) return absl::PermissionDeniedError(absl::StrCat("cannot write metrics file '", o.metrics, "'"));
   }
   gpt::Loader loader(&tokens, std::move(sampler), o.model.seq_len, global_batch, micro, accum, n, rank, first_step);
