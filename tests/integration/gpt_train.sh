@@ -106,6 +106,8 @@ if [ "$only" = all ] || [ "$only" = errors ]; then
     check "$name" $? "rc=$rc: $out"
   }
   expect_error "missing data file" "cannot open data file '$work/nope.bin'" --data "$work/nope.bin"
+  expect_error "two outputs naming one file" "\-\-metrics and --trace name the same file" \
+    --metrics "$work/same.out" --trace "$work/./same.out"
   python3 -c "
 import struct; h=[0]*256; h[0]=20240520; h[1]=1; h[2]=1000
 open('$work/trunc.bin','wb').write(struct.pack('<256i',*h)+b'\x01\x00'*10)

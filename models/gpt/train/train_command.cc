@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -213,6 +214,21 @@ void Report(const TrainOptions& o, const StepLog& l, const engine::MemoryStats& 
 
 // Output paths are checked before training, so a typo costs seconds, not a finished run.
 absl::Status PrepareOutputs(const TrainOptions& o) {
+  // Each output its own file (issue 33: --metrics X --trace X --save-weights X overwrote one another).
+  const std::pair<const char*, const std::string*> outs[] = {
+      {"--save-weights", &o.save_weights}, {"--metrics", &o.metrics}, {"--trace", &o.trace}};
+  for (size_t i = 0; i < std::size(outs); ++i) {
+    for (size_t j = i + 1; j < std::size(outs); ++j) {
+      if (outs[i].second->empty() || outs[j].second->empty()) continue;
+      std::error_code e1, e2;
+      const auto a = std::filesystem::weakly_canonical(*outs[i].second, e1);
+      const auto b = std::filesystem::weakly_canonical(*outs[j].second, e2);
+      if (!e1 && !e2 && a == b) {
+        return absl::InvalidArgumentError(absl::StrCat(outs[i].first, " and ", outs[j].first, " name the same file '",
+                                                       *outs[i].second, "'; give each output its own"));
+      }
+    }
+  }
   for (const std::string& path : {o.save_weights, o.metrics, o.trace}) {
     if (path.empty()) continue;
     const std::filesystem::path parent = std::filesystem::path(path).parent_path();
