@@ -106,6 +106,11 @@ if [ "$only" = all ] || [ "$only" = errors ]; then
     check "$name" $? "rc=$rc: $out"
   }
   expect_error "missing data file" "cannot open data file '$work/nope.bin'" --data "$work/nope.bin"
+  # Out of host memory is an error naming the cause (issue 33: an uncaught std::bad_alloc aborted), under an
+  # address-space limit that the model's activations for 100000 x 32 tokens exceed.
+  out=$(ulimit -v 6000000; "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 1 --micro-batch 100000 2>&1); rc=$?
+  [ $rc -ne 0 ] && grep -q "out of host memory (std::bad_alloc) on rank 0" <<<"$out" && ! grep -q "terminate called" <<<"$out"
+  check "out of host memory under ulimit -v: an error naming it, no abort" $? "rc=$rc: $out"
   expect_error "two outputs naming one file" "\-\-metrics and --trace name the same file" \
     --metrics "$work/same.out" --trace "$work/./same.out"
   python3 -c "

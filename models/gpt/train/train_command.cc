@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -434,7 +435,15 @@ int TrainCommand(const std::vector<std::string>& args) {
   comm::Options copts;
   copts.timeout_ms = opts->engine.collective_timeout_ms;
   auto job = StartJob(*start->mpi, *launch, *opts, copts);
-  absl::Status s = job.ok() ? Train(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute) : job.status();
+  absl::Status s;
+  try {  // the standard library's one exception, turned into a status at the command's boundary (as the C ABI does)
+    s = job.ok() ? Train(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute) : job.status();
+  } catch (const std::bad_alloc&) {  // issue 33: was an uncaught abort
+    s = absl::ResourceExhaustedError(absl::StrCat(
+        "out of host memory (std::bad_alloc) on rank ", rank, ": the model's activations grow with --micro-batch x "
+        "--seq-len (here ", opts->engine.train_micro_batch_size_per_gpu, " x ", opts->model.seq_len, "); lower "
+        "--micro-batch (raise --grad-accum to keep the global batch), or check the process's memory limit (ulimit -v)"));
+  }
   if (absl::IsCancelled(s)) {  // a clean stop on SIGINT / SIGTERM: every rank agreed at a step boundary
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(s.message()).c_str());
     return 128 + g_stop_signal.load();
