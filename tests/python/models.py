@@ -40,7 +40,7 @@ class TinyLM(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
-def seeded(build, seed=0):
+def seeded(build, seed=0, bias_std=0.1):
     """build() under `seed`, with every parameter drawn at random, norms' biases too: a tensor that starts at
     zero has a norm of about lr x steps after training, so fp32 rounding of its Adam updates would dominate
     its relative error."""
@@ -49,8 +49,25 @@ def seeded(build, seed=0):
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith("bias"):
-                p.normal_(0.0, 0.1)
+                p.normal_(0.0, bias_std)
     return m
+
+
+HF_VOCAB, HF_T, HF_C = 64, 12, 32  # the tests' Hugging Face GPT-2: vocabulary, sequence length, width
+
+
+def hf_gpt2(seed=0):
+    """A small transformers GPT2LMHeadModel built from its config (no download), random biases (seeded)."""
+    from transformers import GPT2Config, GPT2LMHeadModel  # only the tests that use it pay for the import
+    cfg = GPT2Config(vocab_size=HF_VOCAB, n_positions=16, n_embd=HF_C, n_layer=2, n_head=2, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
+    return seeded(lambda: GPT2LMHeadModel(cfg), seed, bias_std=0.05)
+
+
+def hf_gpt2_batch(step, rank):
+    """The token batch of `rank` at `step` for hf_gpt2: the same on every process."""
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randint(0, HF_VOCAB, (2, HF_T), generator=g)
 
 
 def tiny_lm(seed=0, **kw):

@@ -5,36 +5,17 @@ whose exact gradient is zero, is judged by the step bound instead) at stage 3, a
 checkpointing."""
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 import strata.torch as st
 from common import LR, config, reference_optimizer, rel_errors
-
-VOCAB, T, C = 64, 12, 32
-
-
-def gpt2(seed=0):
-    torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=C, n_layer=2, n_head=2, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0)
-    m = GPT2LMHeadModel(cfg)
-    with torch.no_grad():  # random biases: see models.tiny_lm
-        for name, p in m.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.05)
-    return m
-
-
-def batch(step, rank):
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randint(0, VOCAB, (2, T), generator=g)
+from models import HF_C, hf_gpt2 as gpt2, hf_gpt2_batch as batch
 
 
 def key_bias_free(state):
     out = dict(state)
     for k in state:
         if k.endswith("attn.c_attn.bias"):
-            out[k] = torch.cat([state[k][:C], state[k][2 * C:]])
+            out[k] = torch.cat([state[k][:HF_C], state[k][2 * HF_C:]])
     return out
 
 
@@ -76,5 +57,5 @@ def test_gpt2_matches_torch(reentrant):
     for k in params:
         assert not torch.equal(state[k], start[k]), f"{k} did not move"
         if k.endswith("attn.c_attn.bias"):  # the key bias: Adam moves it by at most lr per step
-            assert (state[k][C:2 * C] - start[k][C:2 * C]).abs().max() <= 10 * LR * 1.0001
+            assert (state[k][HF_C:2 * HF_C] - start[k][HF_C:2 * HF_C]).abs().max() <= 10 * LR * 1.0001
     engine.close()

@@ -11,12 +11,12 @@ import os
 import peft
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
 import strata.torch as st
 from common import config, reference_optimizer, reference_step, rel_errors, shared_dir
-from models import batches, tiny_lm
+from models import batches, hf_gpt2 as gpt2, hf_gpt2_batch as gpt2_batch, tiny_lm
 
 STAGES = [0, 1, 2, 3]
 hf_logging.set_verbosity_error()
@@ -119,24 +119,6 @@ def test_load_state_dict_writes_the_engine(stage):
 
 
 # ---- transformers and peft ----
-VOCAB, T = 64, 12
-
-
-def gpt2(seed=0):
-    torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0)
-    m = GPT2LMHeadModel(cfg)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.05)
-    return m
-
-
-def gpt2_batch(step, rank):
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randint(0, VOCAB, (2, T), generator=g)
 
 
 def train_gpt2(model, engine, steps):

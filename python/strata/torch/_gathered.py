@@ -306,24 +306,24 @@ def install(engine):
 
 
 # ---- .grad between a backward and the step (Note [Gradients in the engine]) ----
+def _marked(engine):
+    """The trainable parameters whose .grad carries a marker between a backward and the step."""
+    s = _engines.get(engine)
+    return () if s is None else s.marked
+
+
 def mark_grads(engine):
     """At the end of a backward: each trainable parameter's .grad becomes a GradInEngine marker."""
-    s = _engines.get(engine)
-    if s is None:
-        return
     with torch._C.DisableTorchFunction():
-        for p in s.marked:
+        for p in _marked(engine):
             if p.grad is None and p.numel() == 0:
                 p.grad = torch.empty(0, dtype=p.dtype, device=p.device).as_subclass(GradInEngine)
 
 
 def drop_grad_markers(engine):
     """When a training forward begins and after a step: the markers go (None again)."""
-    s = _engines.get(engine)
-    if s is None:
-        return
     with torch._C.DisableTorchFunction():
-        for p in s.marked:
+        for p in _marked(engine):
             if type(p.grad) is GradInEngine:
                 p.grad = None
 
