@@ -108,23 +108,21 @@ absl::Status AgreeOnConfig(const EngineConfig& cfg, comm::Communicator& world, d
     lines[r] = absl::StrSplit(absl::string_view(all).substr(r * width, lens[r]), '\n', absl::SkipEmpty());
   }
   for (size_t i = 0; i < lines[0].size(); ++i) {
-    std::vector<std::pair<std::string, std::vector<int>>> values;  // each value and its ranks, in rank order
+    std::vector<std::string> line_i(n);  // setting i of every rank
     for (int r = 0; r < n; ++r) {
       if (i >= lines[r].size()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "the engine configuration differs across ranks: rank ", r, " has fewer settings than rank 0 (different "
             "Strata versions?); every rank must run the same build with the same configuration"));
       }
-      auto it = std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == lines[r][i]; });
-      if (it == values.end()) values.push_back({lines[r][i], {r}});
-      else it->second.push_back(r);
+      line_i[r] = lines[r][i];
     }
+    const auto values = RanksByValue(line_i);
     if (values.size() == 1) continue;
     const std::string key = lines[0][i].substr(0, lines[0][i].find('='));
     std::vector<std::string> parts;
     for (const auto& [line, ranks] : values) {
-      parts.push_back(absl::StrCat(line.substr(line.find('=') + 1), " on rank", ranks.size() > 1 ? "s " : " ",
-                                   absl::StrJoin(ranks, ",")));
+      parts.push_back(absl::StrCat(line.substr(line.find('=') + 1), " on ", RanksText(ranks)));
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "the engine configuration differs across ranks: ", key, " is ", absl::StrJoin(parts, " but "),

@@ -166,16 +166,7 @@ absl::Status Engine::Impl::AgreeOnUse(int what, int unit) {
   }
   if (std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == mine; })) return absl::OkStatus();
   std::vector<std::string> parts;
-  std::vector<int64_t> seen;
-  for (int r = 0; r < c.size(); ++r) {
-    if (std::find(seen.begin(), seen.end(), all[r]) != seen.end()) continue;
-    seen.push_back(all[r]);
-    std::vector<int> ranks;
-    for (int q = 0; q < c.size(); ++q) {
-      if (all[q] == all[r]) ranks.push_back(q);
-    }
-    parts.push_back(absl::StrCat("rank", ranks.size() > 1 ? "s " : " ", absl::StrJoin(ranks, ","), ": ", describe(all[r])));
-  }
+  for (const auto& [code, ranks] : RanksByValue(all)) parts.push_back(absl::StrCat(RanksText(ranks), ": ", describe(code)));
   // Some ranks evaluating (outside a micro-batch) while others train is not a model's path but a loop's.
   const bool mixed = std::any_of(all.begin(), all.end(), [](int64_t v) { return (v >> 32) == 3; }) &&
                      std::any_of(all.begin(), all.end(), [](int64_t v) { return (v >> 32) != 3; });
