@@ -104,13 +104,42 @@ def _gloo_group():
     return _gloo
 
 
-def broadcast_from_0(t):
-    """Rank 0's values of a contiguous CPU tensor into every rank's (collective)."""
+def broadcast(t, root=0):
+    """Rank `root`'s values of a contiguous CPU tensor into every rank's (collective)."""
     if _torchrun() is None:
-        MPI.COMM_WORLD.Bcast(t.numpy(), root=0)
+        MPI.COMM_WORLD.Bcast(t.numpy(), root=root)
     elif world_size() > 1:
         import torch.distributed as dist
-        dist.broadcast(t, src=0, group=_gloo_group())
+        dist.broadcast(t, src=root, group=_gloo_group())
+
+
+def broadcast_from_0(t):
+    """Rank 0's values of a contiguous CPU tensor into every rank's (collective)."""
+    broadcast(t, 0)
+
+
+def broadcast_object(obj, root=0):
+    """Rank `root`'s picklable `obj` on every rank (collective; small host values: plans, verdicts)."""
+    if _torchrun() is None:
+        return MPI.COMM_WORLD.bcast(obj, root=root)
+    if world_size() == 1:
+        return obj
+    import torch.distributed as dist
+    box = [obj]
+    dist.broadcast_object_list(box, src=root, group=_gloo_group())
+    return box[0]
+
+
+def allgather_object(obj):
+    """Every rank's picklable `obj`, in rank order, on every rank (collective)."""
+    if _torchrun() is None:
+        return MPI.COMM_WORLD.allgather(obj)
+    if world_size() == 1:
+        return [obj]
+    import torch.distributed as dist
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj, group=_gloo_group())
+    return out
 
 
 def all_reduce_sum(t):

@@ -123,38 +123,6 @@ def refuse_while_gathered(engine, what):
                            f"leave the context first")
 
 
-# ---- collectives on small host values (rank r's to every rank) ----
-def _bcast_object(obj, root):
-    if _comm._torchrun() is None:
-        return _comm.world().bcast(obj, root=root)
-    if _comm.world_size() == 1:
-        return obj
-    import torch.distributed as dist  # noqa: PLC0415
-    box = [obj]
-    dist.broadcast_object_list(box, src=root, group=_comm._gloo_group())
-    return box[0]
-
-
-def _bcast_tensor(t, root):
-    """Rank root's values of a contiguous CPU tensor into every rank's."""
-    if _comm._torchrun() is None:
-        _comm.world().Bcast(t.numpy(), root=root)
-    elif _comm.world_size() > 1:
-        import torch.distributed as dist  # noqa: PLC0415
-        dist.broadcast(t, src=root, group=_comm._gloo_group())
-
-
-def _allgather_object(obj):
-    if _comm._torchrun() is None:
-        return _comm.world().allgather(obj)
-    if _comm.world_size() == 1:
-        return [obj]
-    import torch.distributed as dist  # noqa: PLC0415
-    out = [None] * _comm.world_size()
-    dist.all_gather_object(out, obj, group=_comm._gloo_group())
-    return out
-
-
 def _set(o, value):
     """Writes a full value (every rank the same) into the engine: its fp32 master and parameter storage."""
     v = value.detach().to("cpu", torch.float32).contiguous()
@@ -239,7 +207,7 @@ def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_k
                             f"the shape in current model is {torch.Size(o.shape)}.")
             else:
                 plan.append("load")
-    plan = _bcast_object(plan, 0)
+    plan = _comm.broadcast_object(plan, 0)
     handled = []
     for (key, o), what in zip(mine, plan):
         value = state_dict.pop(key, None)  # torch must not copy into the placeholder
@@ -251,7 +219,7 @@ def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_k
             continue
         full = value.detach().to("cpu", torch.float32).contiguous().clone() if _comm.rank() == 0 else \
             torch.empty(o.shape, dtype=torch.float32)
-        _bcast_tensor(full, 0)
+        _comm.broadcast(full, 0)
         _set(o, full)
     _loaded[id(module)] = handled
 
@@ -454,7 +422,7 @@ class GatheredParameters:
         return [o for o, _, digest in self.mine if _digest(o.param) != digest]
 
     def _check_unchanged(self):
-        changed = _allgather_object([o.name for o in self._changed()])
+        changed = _comm.allgather_object([o.name for o in self._changed()])
         if any(changed):
             where = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in enumerate(changed) if names)
             raise RuntimeError(f"strata: parameters changed inside st.GatheredParameters(modifier_rank=None) "
@@ -477,7 +445,7 @@ class GatheredParameters:
                     plan.append("set")
         else:
             plan = None
-        plan = _bcast_object(plan, root)
+        plan = _comm.broadcast_object(plan, root)
         errors = [what for what in plan if what not in (None, "set")]
         if errors:
             raise RuntimeError("; ".join(errors))
@@ -486,5 +454,5 @@ class GatheredParameters:
                 continue
             full = o.param.detach().to("cpu", torch.float32).contiguous().clone() if _comm.rank() == root else \
                 torch.empty(o.shape, dtype=torch.float32)
-            _bcast_tensor(full, root)
+            _comm.broadcast(full, root)
             _set(o, full)

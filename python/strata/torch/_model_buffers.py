@@ -54,18 +54,6 @@ def take_option(config):
     return value
 
 
-def _bcast_object(obj):
-    """Rank 0's picklable `obj` on every rank (collective)."""
-    if _comm._torchrun() is None:
-        return _comm.world().bcast(obj, root=0)
-    if _comm.world_size() == 1:
-        return obj
-    import torch.distributed as dist
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=_comm._gloo_group())
-    return box[0]
-
-
 def broadcast_into(tensors):
     """Rank 0's values of `tensors` (distinct tensors, any dtypes and devices) into every rank's, in place:
     one broadcast of their bytes packed into one flat uint8 tensor (collective)."""
@@ -174,7 +162,7 @@ class ModelBuffers:
                                           zip(self.persistent, self._current(self.persistent))])
             except Exception as e:  # noqa: BLE001 (every rank must learn of it, whatever it is)
                 error = f"{type(e).__name__}: {e}"
-        error = _bcast_object(error)
+        error = _comm.broadcast_object(error)
         if error is not None:
             raise RuntimeError(f"strata: checkpoint '{step_dir}' was not published: rank 0 could not write the "
                                f"model's buffers ({error})")
@@ -203,7 +191,7 @@ class ModelBuffers:
                         why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
                         verdict = (step_dir, "error", why if why.startswith("strata:") else
                                    f"strata: checkpoint buffers '{file}': {why}")
-        step_dir, status, message = _bcast_object(verdict)
+        step_dir, status, message = _comm.broadcast_object(verdict)
         if status == "error":
             raise ValueError(message)
         return step_dir, (step_dir, status, values)
