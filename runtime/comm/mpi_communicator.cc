@@ -641,6 +641,40 @@ void MpiRuntime::AbortJob(const std::string& reason) {
   std::abort();  // MPI_Abort does not return; if it did, this process still must not go on
 }
 
+// Note [Start-up agreement]. A rank that cannot start (a bad flag on one rank of an MPMD launch, a config
+// file missing on one node) used to leave its peers in the world communicator's MPI_Comm_dup, which has no
+// deadline: the job hung, and only the failing rank said why. Every command that starts a job first
+// gathers each rank's start-up error here, with a deadline, so every rank knows who failed and why, prints
+// it, and all end cleanly; a rank that never arrives makes the others end the job at the deadline.
+absl::StatusOr<std::vector<std::string>> MpiRuntime::GatherStartErrors(const std::string& mine, int64_t timeout_ms) {
+  constexpr size_t kBytes = 1024;  // one error line each, cut to fit
+  const int n = ctx_->world_size;
+  // Owned by the exchange: left allocated if it is abandoned at the deadline (MPI may still write them).
+  auto send = std::make_unique<char[]>(kBytes);
+  auto recv = std::make_unique<char[]>(kBytes * n);
+  std::memset(send.get(), 0, kBytes);
+  std::memcpy(send.get(), mine.data(), std::min(mine.size(), kBytes - 1));
+  MPI_Request req = MPI_REQUEST_NULL;
+  STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Iallgather(send.get(), static_cast<int>(kBytes), MPI_CHAR, recv.get(),
+                                                        static_cast<int>(kBytes), MPI_CHAR, ctx_->control, &req)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (int done = 0; !done;) {
+    STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Test(&req, &done, MPI_STATUS_IGNORE)));
+    if (done) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      static_cast<void>(send.release());
+      static_cast<void>(recv.release());
+      return absl::DeadlineExceededError(absl::StrCat(
+          "not every rank reached the end of start-up within ", timeout_ms / 1000.0, " s (a rank is stuck, or died "
+          "before it; its own output says why)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<std::string> out(n);
+  for (int r = 0; r < n; ++r) out[r] = std::string(recv.get() + r * kBytes, strnlen(recv.get() + r * kBytes, kBytes));
+  return out;
+}
+
 int MpiRuntime::world_rank() const { return ctx_->world_rank; }
 int MpiRuntime::world_size() const { return ctx_->world_size; }
 

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/comm/communicator.h"
@@ -35,6 +37,11 @@ class MpiRuntime {
   // before any communicator exists, where a peer may already wait in MPI's communicator creation, which
   // has no deadline. Does not return.
   [[noreturn]] void AbortJob(const std::string& reason);
+  // Note [Start-up agreement]: every rank's start-up error ("" for a rank that started), in world-rank
+  // order, gathered on the runtime's private duplicate of MPI_COMM_WORLD before any communicator is made
+  // (MPI_Comm_dup has no deadline). DeadlineExceeded when not every rank arrived within `timeout_ms`: the
+  // exchange is then still pending and the caller must end the job (AbortJob).
+  absl::StatusOr<std::vector<std::string>> GatherStartErrors(const std::string& mine, int64_t timeout_ms);
   // A new communicator over MPI_COMM_WORLD (duplicated, so it has its own ordering).
   absl::StatusOr<std::unique_ptr<Communicator>> World(const Options& options);
   // A new communicator over a duplicate of any MPI communicator, given by its Fortran handle

@@ -13,6 +13,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "runtime/comm/agree.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/accounting.h"
 #include "runtime/engine/engine_impl.h"
@@ -90,47 +91,11 @@ namespace {
 // different numbers or dying in a mismatched collective. Two small all-gathers on the caller's
 // communicator, whose deadline bounds them.
 absl::Status AgreeOnConfig(const EngineConfig& cfg, comm::Communicator& world, device::Stream& stream) {
-  const int n = world.size();
-  if (n == 1) return absl::OkStatus();
-  std::string text;
-  for (const auto& [key, value] : JobWideFields(cfg)) absl::StrAppend(&text, key, "=", value, "\n");
-  if (text.size() % 2 != 0) text.push_back('\n');  // the byte collectives move 16-bit elements
-  const uint64_t len = text.size();
-  std::vector<uint64_t> lens(n);
-  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, &len, lens.data(), sizeof(len), stream).Wait());
-  const uint64_t width = *std::max_element(lens.begin(), lens.end());
-  if (width > (uint64_t{1} << 20)) return absl::InternalError("a rank's configuration text is over 1 MiB");
-  text.resize(width, '\0');
-  std::string all(width * n, '\0');
-  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, text.data(), all.data(), width, stream).Wait());
-  std::vector<std::vector<std::string>> lines(n);
-  for (int r = 0; r < n; ++r) {
-    lines[r] = absl::StrSplit(absl::string_view(all).substr(r * width, lens[r]), '\n', absl::SkipEmpty());
-  }
-  for (size_t i = 0; i < lines[0].size(); ++i) {
-    std::vector<std::string> line_i(n);  // setting i of every rank
-    for (int r = 0; r < n; ++r) {
-      if (i >= lines[r].size()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the engine configuration differs across ranks: rank ", r, " has fewer settings than rank 0 (different "
-            "Strata versions?); every rank must run the same build with the same configuration"));
-      }
-      line_i[r] = lines[r][i];
-    }
-    const auto values = RanksByValue(line_i);
-    if (values.size() == 1) continue;
-    const std::string key = lines[0][i].substr(0, lines[0][i].find('='));
-    std::vector<std::string> parts;
-    for (const auto& [line, ranks] : values) {
-      parts.push_back(absl::StrCat(line.substr(line.find('=') + 1), " on ", RanksText(ranks)));
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the engine configuration differs across ranks: ", key, " is ", absl::StrJoin(parts, " but "),
-        ". Every rank must be started with the same configuration (the same config file and flags); only memory "
-        "budgets, optimizer threads, the collective timeout, release_idle_memory and NVMe paths may differ "
-        "per rank"));
-  }
-  return absl::OkStatus();
+  return comm::AgreeOnFields(JobWideFields(cfg), "the engine configuration",
+                             "Every rank must be started with the same configuration (the same config file and flags); "
+                             "only memory budgets, optimizer threads, the collective timeout, release_idle_memory and "
+                             "NVMe paths may differ per rank",
+                             world, stream);
 }
 
 }  // namespace

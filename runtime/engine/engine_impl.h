@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+#include "runtime/comm/agree.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/shard_groups.h"
 #include "runtime/device/timeline.h"
@@ -73,22 +74,9 @@ struct UnitState {
   std::vector<int64_t> skipped_steps;
 };
 
-// For errors about ranks that disagree (Note [Agreed schedule], Note [One configuration]): each distinct value
-// of `per_rank` (indexed by rank) with the ranks that hold it, in order of first appearance, and "rank 2" /
-// "ranks 0,1" for a list of ranks.
-template <typename T>
-std::vector<std::pair<T, std::vector<int>>> RanksByValue(const std::vector<T>& per_rank) {
-  std::vector<std::pair<T, std::vector<int>>> out;
-  for (int r = 0; r < static_cast<int>(per_rank.size()); ++r) {
-    auto it = std::find_if(out.begin(), out.end(), [&](const auto& v) { return v.first == per_rank[r]; });
-    if (it == out.end()) out.push_back({per_rank[r], {r}});
-    else it->second.push_back(r);
-  }
-  return out;
-}
-inline std::string RanksText(const std::vector<int>& ranks) {
-  return absl::StrCat(ranks.size() > 1 ? "ranks " : "rank ", absl::StrJoin(ranks, ","));
-}
+// For errors about ranks that disagree (Note [Agreed schedule], Note [One configuration]).
+using comm::RanksByValue;
+using comm::RanksText;
 
 // engine_groups.cc: the shard groups zero_optimization.shard_group_size asks for (collective over world
 // for "node").

@@ -257,7 +257,7 @@ int BenchStepCommand(const std::vector<std::string>& args) {
   bool has_steps = false;
   for (const auto& a : rest) has_steps |= a.rfind("--steps", 0) == 0;
   if (!has_steps) rest.insert(rest.end(), {"--steps", "3"});
-  const std::optional<TrainOptions> opts = OptionsForLaunch("bench step", start->launch, rest);
+  const std::optional<TrainOptions> opts = OptionsForLaunch("bench step", *start, rest);
   if (!opts.has_value()) return 2;
   auto job = StartJob(*start->mpi, start->launch, *opts, comm::Options{});
   const absl::Status s =

@@ -23,9 +23,10 @@ struct CommandLaunch {
 // MPI and the launch; nullopt after printing why, with *exit_code 1 (MPI cannot start) or 2 (a bad launch).
 std::optional<CommandLaunch> StartLaunch(const std::string& command, int* exit_code);
 
-// The options of `args` for this launch, when the launch can run their device (RefuseHostUnderTorchrun);
-// nullopt after rank 0 printed why (exit code 2).
-std::optional<TrainOptions> OptionsForLaunch(const std::string& command, const Launch& launch,
+// The options of `args` for this launch, when the launch can run their device (RefuseHostUnderTorchrun)
+// on every rank (Note [Start-up agreement]); nullopt, on every rank, when any rank's could not be read,
+// after printing why (exit code 2). Ends the job when a rank does not arrive within the collective timeout.
+std::optional<TrainOptions> OptionsForLaunch(const std::string& command, const CommandLaunch& start,
                                              const std::vector<std::string>& args);
 
 }  // namespace strata::tools
