@@ -87,6 +87,11 @@ class Engine {
   // Collective. Checks every rank registered the same units, allocates state and initialises it.
   absl::Status Finalize();
 
+  // The caller failed on this rank alone, outside the engine (its data, its output files): the peers that
+  // wait in one of the engine's collectives end at once with an error naming this rank and `cause`
+  // (Note [Failure notices]), and this engine refuses further calls.
+  void NotifyFailure(const absl::Status& cause);
+
   absl::Status BeginMicroBatch();
   absl::Status EndMicroBatch();
   absl::Status BeginForward(int unit);

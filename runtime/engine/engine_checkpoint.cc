@@ -15,6 +15,8 @@
 // multiply the I/O and the disk by N / G for nothing. Every rank still takes part in both collectives.
 // Loading at any N and G is then the usual resharding from G shards.
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -30,6 +32,7 @@
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/checkpoint/reshard.h"
 #include "runtime/checkpoint/shard_file.h"
+#include "runtime/comm/agree.h"
 #include "runtime/engine/engine_impl.h"
 
 namespace strata::engine {
@@ -148,6 +151,33 @@ struct ShardReport {
   uint32_t unused;
 };
 
+// Note [Visible shards]. Each rank writes its shard where it sees `step_dir`; rank 0 publishes the manifest
+// for all of them. When the directory is not one shared file system (node-local disks, a path mounted
+// differently per node), every save used to be reported and no checkpoint could ever load (issue 33). So
+// before publishing, rank 0 opens each shard it lists and checks its header's checksum and the file's size
+// against what the writer reported: a few KiB read per shard, never the data. The header's checksum covers
+// every range's CRC, so a stale file of the same name from another save fails too, unless its bytes are
+// the same. A shard not yet visible (a network file system's caches) is retried for up to two seconds.
+absl::Status CheckShardsVisible(const std::string& step_dir, const std::vector<ShardReport>& all) {
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    if (all[r].shard < 0) continue;
+    const std::string name = ShardName(all[r].shard);
+    absl::Status seen;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      seen = ckpt::ShardReader::Open(step_dir, name, &all[r].checksum, &all[r].bytes).status();
+      if (seen.ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!seen.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", r, " wrote its shard '", name, "' but rank 0 does not see it in '", step_dir, "' (", seen.message(),
+          "): the checkpoint directory must be one directory that every rank shares (a shared or parallel file "
+          "system), not a disk local to each node; nothing was published"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Shard group 0 writes the checkpoint (the file note says why).
 bool WritesShard(const Engine::Impl& m) { return m.rt.groups.shard_color == 0; }
 
@@ -185,31 +215,24 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
   for (int r = 0; r < m.world_size(); ++r) {
     if (!all[r].ok) failed.push_back(r);
   }
-  float published = 1;
+  absl::Status manifest;  // rank 0's publication; every rank learns its outcome, with the cause
   if (m.rank() == 0 && failed.empty()) {
     ckpt::Manifest man = BuildManifest(m, trainer_json);
     for (const ShardReport& report : all) {
       if (report.shard >= 0) man.shards.push_back({report.shard, ShardName(report.shard), report.bytes, report.checksum});
     }
-    absl::Status s = ckpt::WriteFileAtomic(manifest_path, ckpt::ToJson(man));
-    if (!s.ok()) {
-      STRATA_LOG(Error) << "writing checkpoint manifest: " << s.message();
-      published = 0;
-    }
+    manifest = CheckShardsVisible(step_dir, all);
+    if (manifest.ok()) manifest = Annotate(ckpt::WriteFileAtomic(manifest_path, ckpt::ToJson(man)), "writing the manifest");
   }
-  STRATA_RETURN_IF_ERROR(
-      m.rt.control->AllReduce(&published, &published, 1, DType::kF32, comm::ReduceOp::kSum, *m.rt.control_stream).Wait());
+  const absl::Status published =
+      comm::AgreeOnOutcome(manifest, "publishing the checkpoint", *m.rt.control, *m.rt.control_stream);
   if (!failed.empty()) {
     return absl::Status(local.ok() ? absl::StatusCode::kAborted : local.code(),
                         absl::StrCat("checkpoint '", step_dir, "' was not published: rank(s) ",
                                      absl::StrJoin(failed, ","), " could not write their shard",
                                      local.ok() ? "" : absl::StrCat(" (here: ", local.message(), ")")));
   }
-  if (published < static_cast<float>(m.world_size())) {
-    return absl::AbortedError(absl::StrCat("checkpoint '", step_dir, "' was not published: rank 0 could not "
-                                           "write the manifest (see its log)"));
-  }
-  return absl::OkStatus();
+  return Annotate(published, absl::StrCat("checkpoint '", step_dir, "' was not published"));
 }
 
 }  // namespace strata::engine

@@ -126,6 +126,8 @@ void Engine::Impl::Poison(const absl::Status& cause) {
   }
 }
 
+void Engine::NotifyFailure(const absl::Status& cause) { impl_->Poison(cause); }
+
 // Note [Agreed schedule]. Collectives pair up by order, so every rank must use the units in the same
 // order: a rank whose forward takes another path (a task head per rank, experts routed differently, a
 // layer dropped with a per-rank seed) would otherwise gather or reduce another unit than its peers, which

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <map>
 
@@ -11,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/files.h"
 
 namespace strata::engine {
 namespace {
@@ -88,11 +88,7 @@ std::string TraceRecorder::EventsJson(int64_t origin_ns) const {
 absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const TraceRecorder* rec,
                         const std::string& path, absl::Status local) {
   if (local.ok() && rec == nullptr) local = absl::FailedPreconditionError("no trace is being recorded");
-  std::ofstream f;
-  if (local.ok() && world.rank() == 0) {
-    f.open(path);
-    if (!f) local = absl::PermissionDeniedError(absl::StrCat("cannot write trace '", path, "'"));
-  }
+  if (local.ok() && world.rank() == 0) local = checkpoint::CheckReplaceable(path);
   const int n = world.size();
   // The first exchange carries each rank's start time, or kCannot: a monotonic clock is never negative.
   constexpr int64_t kCannot = std::numeric_limits<int64_t>::min();
@@ -120,11 +116,12 @@ absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const
   std::string all(max_len * n, ' ');
   STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(world, json.data(), all.data(), max_len, stream).Wait());
   if (world.rank() != 0) return absl::OkStatus();
-  f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
-  for (int r = 0; r < n; ++r) f << (r ? "," : "") << all.substr(r * max_len, lengths[r]);
-  f << "]}\n";
-  if (!f) return absl::DataLossError(absl::StrCat("writing trace '", path, "' failed"));
-  return absl::OkStatus();
+  // Written like a checkpoint file: a temporary, fsynced and renamed, so a full disk or a kill leaves no
+  // partial trace, and the error names the cause (checkpoint::WriteFileAtomic).
+  std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  for (int r = 0; r < n; ++r) absl::StrAppend(&text, r ? "," : "", absl::string_view(all).substr(r * max_len, lengths[r]));
+  text += "]}\n";
+  return Annotate(checkpoint::WriteFileAtomic(path, text), absl::StrCat("writing trace '", path, "'"));
 }
 
 }  // namespace strata::engine
