@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The files and the start and end of a `strata train` job under real MPI processes (issue 33):
+#   start:  a bad flag or a missing data file on one rank only, or ranks given different trainer options
+#           (MPMD): every rank stops within seconds, each naming the failing rank and the cause;
+#   dirs:   a checkpoint directory belongs to one run (Note [A directory per run]): a new run in another
+#           run's directory, a rollback over later steps and --resume of a directory of two runs are refused
+#           with nothing deleted; a killed save's step directory (no manifest) is removed by the next prune;
+#   shared: a checkpoint directory that is not shared between the ranks (each rank its own tmpfs, through
+#           unshare -m) is never published, and every rank says why (Note [Visible shards]);
+#   disk:   --metrics and --trace on a full disk (a tmpfs with a size limit) fail naming ENOSPC, with no
+#           half line and no partial trace left behind (Note [Run outputs]);
+#   sigterm: SIGTERM to one rank stops every rank with 128 + 15, never 128.
+# usage: run_files.sh MPIRUN STRATA [section]
+set -uo pipefail
+mpirun=$1 strata=$2 only=${3:-all}
+# shellcheck source=checks.sh
+source "$(dirname "$0")/checks.sh"
+small=(--layers 2 --d-model 64 --heads 4 --seq-len 32 --lr 1e-3 --seed 5 --print-every 1000)
+seconds_since() { python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 1))" "$1"; }
+under() { python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)" "$1" "$2"; }
+want() { section=$1; [ "$only" = all ] || [ "$only" = "$section" ]; }
+
+if want start; then
+  # Each case: rank 0 as given, rank 1 with the extra flags; every rank must name rank 1 and the cause.
+  while IFS='|' read -r extra cause; do
+    t0=$(date +%s.%N)
+    # shellcheck disable=SC2086
+    out=$(timeout 120 "$mpirun" -n 1 "$strata" train "${small[@]}" --steps 3 : \
+          -n 1 "$strata" train "${small[@]}" --steps 3 $extra 2>&1 < /dev/null)
+    rc=$? elapsed=$(seconds_since "$t0")
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 1.*$cause" <<<"$out" &&
+      grep -Eq "rank 0 (stops|failed).*rank 1 (failed|: )|differs across ranks.*on rank 1" <<<"$out" && under "$elapsed" 30
+    check "'$extra' on rank 1 only: every rank names rank 1 ($cause), exit $rc in ${elapsed}s" $? "$out"
+  done <<EOF2
+--bogus|unknown flag --bogus
+--data $work/no_such_tokens.bin|no_such_tokens
+--data-order sequential|--data-order is shuffled on rank 0 but sequential
+--steps 4|--steps is 3 on rank 0 but 4
+EOF2
+fi
+
+if want dirs; then
+  d="$work/ck"
+  "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 4 --checkpoint-dir "$d" --checkpoint-every 2 > /dev/null 2>&1
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 3 --checkpoint-dir "$d" --keep-last 1 2>&1)
+  [ $? -ne 0 ] && grep -q "holds checkpoints of another run (step_00000002, step_00000004)" <<<"$out" &&
+    [ -f "$d/step_00000002/manifest.json" ] && [ -f "$d/step_00000004/manifest.json" ]
+  check "a new run in another run's checkpoint directory is refused; its steps are kept" $? "$out"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 6 --resume "$d/step_00000002" --checkpoint-dir "$d" 2>&1)
+  [ $? -ne 0 ] && grep -q "after step 2, the one resumed (step_00000004)" <<<"$out" && [ -f "$d/step_00000004/manifest.json" ]
+  check "a rollback over this run's later steps is refused before training" $? "$out"
+  # A killed save: a step directory with a shard and no manifest. The next save of the run removes it.
+  mkdir -p "$d/step_00000005" && echo x > "$d/step_00000005/shard_00000.bin"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 6 --resume "$d" --checkpoint-dir "$d" --keep-last 1 2>&1)
+  [ $? -eq 0 ] && [ "$(ls "$d")" = step_00000006 ]
+  check "resume, save and prune: only the newest step is left, the killed save's directory is gone" $? "$out; $(ls "$d")"
+  "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 2 --checkpoint-dir "$work/other" > /dev/null 2>&1
+  cp -r "$work/other/step_00000002" "$d/"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --resume "$d" 2>&1)
+  [ $? -ne 0 ] && grep -q "holds checkpoints of 2 different runs" <<<"$out"
+  check "--resume of a directory holding two runs' steps is refused" $? "$out"
+fi
+
+if want shared; then
+  mkdir -p "$work/local"
+  t0=$(date +%s.%N)
+  out=$(timeout 120 "$mpirun" -n 2 unshare -m sh -c "mount -t tmpfs none '$work/local' && exec '$strata' train \
+        ${small[*]} --steps 2 --checkpoint-dir '$work/local'" 2>&1)
+  rc=$? elapsed=$(seconds_since "$t0")
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "rank 0 does not see it" <<<"$out")" -ge 2 ] && under "$elapsed" 30
+  check "a checkpoint directory local to each rank: never published, both ranks say why (exit $rc)" $? "$out"
+fi
+
+if want disk; then
+  mkdir -p "$work/full"
+  out=$(unshare -m sh -c "mount -t tmpfs -o size=16k none '$work/full' && '$mpirun' -n 2 '$strata' train \
+        ${small[*]} --steps 400 --metrics '$work/full/m.jsonl' 2>&1; echo \"rc=\$?\";
+        python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]; print(\"whole lines\")' '$work/full/m.jsonl'")
+  grep -q "No space left on device" <<<"$out" && grep -q "whole lines" <<<"$out" && ! grep -q "^rc=0" <<<"$out"
+  check "--metrics on a full disk: an error naming ENOSPC, whole lines only, exit non-zero" $? "$out"
+  out=$(unshare -m sh -c "mount -t tmpfs -o size=8k none '$work/full' && '$mpirun' -n 2 '$strata' train \
+        ${small[*]} --steps 3 --trace '$work/full/t.json' 2>&1; echo \"rc=\$?\"; echo left: \$(ls '$work/full')")
+  grep -q "writing trace.*No space left on device" <<<"$out" && grep -q "^left: *$" <<<"$out" && ! grep -q "^rc=0" <<<"$out"
+  check "--trace on a full disk: an error naming ENOSPC, no partial file left" $? "$out"
+fi
+
+if want sigterm; then
+  for i in 1 2 3; do
+    "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 100000 --metrics "$work/t$i.jsonl" > "$work/t$i.log" 2>&1 &
+    job=$!
+    for _ in $(seq 300); do [ -s "$work/t$i.jsonl" ] && [ "$(wc -l < "$work/t$i.jsonl")" -ge 3 ] && break; sleep 0.1; done
+    for p in $(pgrep -P "$job"); do
+      tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && kill -TERM "$p"
+    done
+    wait "$job"
+    rc=$?
+    # mpirun exits with the status of the first rank to end; with both at 143 it is 143 whichever that was.
+    [ $rc -eq 143 ] && ! grep -q "Exit code: *128" "$work/t$i.log"
+    check "SIGTERM to rank 1 only (try $i): the job exits 143" $? "rc $rc; $(tail -5 "$work/t$i.log")"
+  done
+fi
+
+echo "$((runs - fails)) passed, $fails failed"
+[ "$fails" -eq 0 ]
