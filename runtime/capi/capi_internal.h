@@ -4,6 +4,7 @@
 // Not installed; nothing outside runtime/capi includes it except the capi tests.
 #pragma once
 
+#include <new>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -38,6 +39,10 @@ template <typename F>
 strata_status Call(const char* fn, F&& body) noexcept {
   try {
     return Record(fn, body());
+  } catch (const std::bad_alloc&) {  // host memory ran out inside the call: the caller may free some and retry
+    return Record(fn, absl::ResourceExhaustedError(absl::StrCat(
+                          fn, ": out of host memory (std::bad_alloc); lower the batch or the memory budgets, or check "
+                          "the process's memory limit (ulimit -v)")));
   } catch (const std::exception& e) {
     return Record(fn, absl::InternalError(absl::StrCat("unexpected C++ exception: ", e.what())));
   } catch (...) {

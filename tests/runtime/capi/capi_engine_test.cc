@@ -117,3 +117,19 @@ TEST(ValidateUnitSpecs, FrozenIsReadFromCallersThatKnowItAndFalseForOlderOnes) {
 
 }  // namespace
 }  // namespace strata::capi
+
+namespace strata::capi {
+namespace {
+
+// Host memory that runs out inside a call is STRATA_ERR_RESOURCE_EXHAUSTED naming it (issue 33: it was
+// STRATA_ERR_INTERNAL "unexpected C++ exception"), so a caller can tell it from a bug and lower its batch.
+TEST(CallWrapper, OutOfHostMemoryIsResourceExhausted) {
+  const strata_status s = Call("strata_engine_step", []() -> absl::Status { throw std::bad_alloc(); });
+  EXPECT_EQ(s, STRATA_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_THAT(strata_last_error(), ::testing::AllOf(::testing::HasSubstr("strata_engine_step"),
+                                                    ::testing::HasSubstr("out of host memory")));
+  EXPECT_EQ(Call("strata_engine_step", []() -> absl::Status { throw std::runtime_error("x"); }), STRATA_ERR_INTERNAL);
+}
+
+}  // namespace
+}  // namespace strata::capi
