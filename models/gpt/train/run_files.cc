@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -23,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/agree.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/json_input.h"
 #include "runtime/checkpoint/manifest.h"
@@ -216,6 +219,43 @@ absl::Status CheckOutputs(const TrainOptions& o, int rank) {
   }
   for (const auto& [flag, path] : outs) STRATA_RETURN_IF_ERROR(CheckOutputFile(flag, *path));
   return absl::OkStatus();
+}
+
+absl::Status CheckSharedDir(const std::string& dir, comm::Communicator& comm, device::Stream& stream) {
+  if (comm.size() == 1) return absl::OkStatus();
+  // One name for this job's probes: rank 0's random word.
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> words,
+                          comm::AllGatherText(comm, comm.rank() == 0 ? NewRunId() : "", stream));
+  const auto probe = [&](int r) { return (fs::path(dir) / absl::StrCat(".probe.", words[0], ".rank", r)).string(); };
+  absl::Status mine;
+  if (const int fd = ::open(probe(comm.rank()).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644); fd >= 0) {
+    ::close(fd);
+  } else {
+    mine = Annotate(ErrnoAt("cannot create a file in its directory", probe(comm.rank())), "--checkpoint-dir");
+  }
+  STRATA_RETURN_IF_ERROR(comm::AgreeOnOutcome(mine, "checking --checkpoint-dir", comm, stream));
+  absl::Status seen;
+  if (comm.rank() == 0) {
+    std::vector<int> missing;
+    for (int attempt = 0; attempt < 20; ++attempt) {  // a network file system's caches: two seconds
+      missing.clear();
+      for (int r = 1; r < comm.size(); ++r) {
+        std::error_code ec;
+        if (!fs::exists(probe(r), ec)) missing.push_back(r);
+      }
+      if (missing.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!missing.empty()) {
+      seen = absl::FailedPreconditionError(absl::StrCat(
+          "--checkpoint-dir '", dir, "': rank 0 does not see the files that ", comm::RanksText(missing),
+          " created there: it must be one directory that every rank shares (a shared or parallel file system), not "
+          "a disk local to each node, or no checkpoint could be loaded"));
+    }
+  }
+  const absl::Status agreed = comm::AgreeOnOutcome(seen, "checking --checkpoint-dir", comm, stream);
+  ::unlink(probe(comm.rank()).c_str());
+  return agreed;
 }
 
 // ---------------------------------------------------------------------------------------------------

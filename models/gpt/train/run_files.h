@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/gpt/train/train_options.h"
+#include "runtime/comm/communicator.h"
 
 namespace strata::tools {
 
@@ -39,6 +40,9 @@ uint64_t TokensFingerprint(const std::vector<int32_t>& tokens);
 // Note [Run outputs]: what this rank writes, checked before training (every rank its checkpoint directory,
 // rank 0 its output files): each writable and distinct, with stale temporaries of dead writers swept.
 absl::Status CheckOutputs(const TrainOptions& o, int rank);
+// Note [Visible shards], before training: every rank leaves a probe file in `dir`, and rank 0 must see them
+// all; a directory local to each node fails here, on every rank, instead of at the first save. Collective.
+absl::Status CheckSharedDir(const std::string& dir, comm::Communicator& comm, device::Stream& stream);
 // Note [A directory per run] (rank 0): `dir` may hold only steps of run `run_id` (or, when `legacy_ok`,
 // steps without an identity) up to `first_step`; anything else is refused, naming the steps and the fix.
 absl::Status CheckCheckpointDir(const std::string& dir, const std::string& run_id, int64_t first_step, bool legacy_ok);

@@ -243,6 +243,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
       "--print-every, --diagnostics-window, --checkpoint-dir's path, --keep-last, the collective timeout and "
       "memory budgets may differ per rank",
       host, *metrics_stream));
+  if (!o.checkpoint_dir.empty()) STRATA_RETURN_IF_ERROR(CheckSharedDir(o.checkpoint_dir, host, *metrics_stream));
   const std::vector<int32_t>& tokens = start.tokens;
   const uint64_t data_fp = TokensFingerprint(tokens);
   const int64_t first_step = start.first_step;
