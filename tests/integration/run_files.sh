@@ -10,7 +10,10 @@
 #           check at each save is engine_checkpoint_test's);
 #   disk:   --metrics and --trace on a full disk (a tmpfs with a size limit) fail naming ENOSPC, with no
 #           half line and no partial trace left behind (Note [Run outputs]);
-#   sigterm: SIGTERM to one rank stops every rank with 128 + 15, never 128.
+#   sigterm: SIGTERM to one rank stops every rank with 128 + 15, never 128;
+#   kills:  SIGKILL to every rank at random moments of a run that saves and prunes every step and writes
+#           --save-weights (and a weights temporary a killed writer left): each resume continues from the newest complete step, and at the end no step
+#           directory lacks a manifest, no temporary is left and at most --keep-last steps remain.
 # usage: run_files.sh MPIRUN STRATA [section]
 set -uo pipefail
 mpirun=$1 strata=$2 only=${3:-all}
@@ -100,6 +103,33 @@ if want sigterm; then
     [ $rc -eq 143 ] && ! grep -q "Exit code: *128" "$work/t$i.log"
     check "SIGTERM to rank 1 only (try $i): the job exits 143" $? "rc $rc; $(tail -5 "$work/t$i.log")"
   done
+fi
+
+if want kills; then
+  d="$work/kills" w="$work/kills_w/w.safetensors"
+  last_step() { ls "$d" 2>/dev/null | grep -E '^step_[0-9]+$' | while read -r s; do
+                  [ -f "$d/$s/manifest.json" ] && echo "$((10#${s#step_}))"; done | sort -n | tail -1; }
+  for i in 1 2 3 4 5 6; do
+    resume=(); [ -n "$(last_step)" ] && resume=(--resume "$d")
+    "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 100000 --checkpoint-dir "$d" --checkpoint-every 1 \
+      --keep-last 2 --save-weights "$w" "${resume[@]}" > "$work/kills$i.log" 2>&1 &
+    job=$!
+    sleep "$(python3 -c "import random; print(round(random.uniform(0.8, 3.0), 2))")"
+    for p in $(pgrep -P "$job"); do kill -9 "$p"; done
+    wait "$job" 2>/dev/null
+  done
+  from=$(last_step)
+  # A --save-weights killed mid-write leaves its temporary (the pid of a process that has exited).
+  mkdir -p "$(dirname "$w")" && dead=$(sh -c 'echo $$') && echo partial > "$w.tmp.$dead"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps $((from + 2)) --checkpoint-dir "$d" --checkpoint-every 1 \
+        --keep-last 2 --save-weights "$w" --resume "$d" 2>&1)
+  rc=$?
+  incomplete=$(for s in "$d"/step_*; do [ -f "$s/manifest.json" ] || echo "$s"; done)
+  temps=$(find "$d" "$(dirname "$w")" -name '*.tmp.*')
+  [ $rc -eq 0 ] && [ -n "$from" ] && grep -q "resumed from $d/step_$(printf %08d "$from")" <<<"$out" &&
+    [ -z "$incomplete" ] && [ -z "$temps" ] && [ "$(ls "$d" | wc -l)" -le 2 ] && [ -s "$w" ]
+  check "6 SIGKILLs of every rank while saving and pruning each step: resumed from step $from, nothing left behind" $? \
+    "rc $rc; incomplete: $incomplete; temps: $temps; $(ls "$d"); $out"
 fi
 
 echo "$((runs - fails)) passed, $fails failed"
