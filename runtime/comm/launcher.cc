@@ -3,7 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/agree.h"
 #include "runtime/comm/nccl_backend.h"
+#include "runtime/device/host_device.h"
 
 namespace strata::comm {
 
@@ -72,13 +74,15 @@ absl::StatusOr<Worlds> StartWorlds(MpiRuntime& mpi, const Launch& launch, device
   if (!nccl_world) {  // MPI, or one torchrun rank on the host
     STRATA_ASSIGN_OR_RETURN(worlds.world, mpi.World(options));
   }
-  if (absl::Status started = start_device(); !started.ok()) {
-    if (worlds.world != nullptr && worlds.world->size() > 1) {
-      STRATA_LOG(Error) << "rank " << launch.rank << " failed: " << started.message();
-      worlds.world->Abort(started);  // MPI_Abort: does not return
-    }
-    return started;
+  absl::Status started = start_device();
+  if (worlds.world != nullptr && worlds.world->size() > 1) {
+    // Note [Agreed outcomes]: a device that fails on one rank (a GPU taken, a driver missing on one node)
+    // stops every rank at once, each naming that rank and its cause.
+    device::HostDevice host;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, host.CreateStream("start"));
+    started = AgreeOnOutcome(started, "starting the device", *worlds.world, *stream);
   }
+  STRATA_RETURN_IF_ERROR(started);
   if (nccl_world) STRATA_RETURN_IF_ERROR(StartNcclWorld(launch, options, worlds));
   return worlds;
 }

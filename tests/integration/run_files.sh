@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The files and the start and end of a `strata train` job under real MPI processes (issue 33):
-#   start:  a bad flag or a missing data file on one rank only, or ranks given different trainer options
-#           (MPMD): every rank stops within seconds, each naming the failing rank and the cause;
+#   start:  a bad flag, a missing data file or a device that cannot start on one rank only, or ranks given
+#           different trainer options (MPMD): every rank stops within seconds, each naming the failing rank
+#           and the cause;
 #   dirs:   a checkpoint directory belongs to one run (Note [A directory per run]): a new run in another
 #           run's directory, a rollback over later steps and --resume of a directory of two runs are refused
 #           with nothing deleted; a killed save's step directory (no manifest) is removed by the next prune;
@@ -40,6 +41,7 @@ if want start; then
 --data $work/no_such_tokens.bin|no_such_tokens
 --data-order sequential|--data-order is shuffled on rank 0 but sequential
 --steps 4|--steps is 3 on rank 0 but 4
+--device cuda|no CUDA device is visible
 EOF2
 fi
 
