@@ -2,6 +2,7 @@
 import torch
 
 import strata.torch as st
+from models import batches
 
 LR, WD = 1e-3, 0.1
 
@@ -36,6 +37,21 @@ def reference_step(model, opt, batches_of, step, world, accumulation, clip):
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
     opt.zero_grad()
+
+
+def train(model, engine, first, last, accumulation=1):
+    """Steps first..last-1 of a sharded tiny_lm on the tests' batches (models.batches)."""
+    for step in range(first, last):
+        for m in range(accumulation):
+            x, y = batches(step, m, st.rank())
+            model(x, y).backward()
+        engine.step()
+
+
+def reference_train(ref, opt, first, last, accumulation=1, clip=0.0):
+    """The same steps of plain torch (reference_step) over every rank's batches."""
+    for step in range(first, last):
+        reference_step(ref, opt, batches, step, st.world_size(), accumulation, clip)
 
 
 def strata_step(model, engine, batches_of, step, accumulation):

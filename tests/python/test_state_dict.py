@@ -15,24 +15,11 @@ from transformers import GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
 import strata.torch as st
-from common import config, reference_optimizer, reference_step, rel_errors, shared_dir
+from common import config, reference_optimizer, reference_train, rel_errors, shared_dir, train
 from models import batches, hf_gpt2 as gpt2, hf_gpt2_batch as gpt2_batch, tiny_lm
 
 STAGES = [0, 1, 2, 3]
 hf_logging.set_verbosity_error()
-
-
-def train(model, engine, first, last, accumulation=1):
-    for step in range(first, last):
-        for m in range(accumulation):
-            x, y = batches(step, m, st.rank())
-            model(x, y).backward()
-        engine.step()
-
-
-def reference_train(ref, opt, first, last, accumulation=1, clip=0.0):
-    for step in range(first, last):
-        reference_step(ref, opt, batches, step, st.world_size(), accumulation, clip)
 
 
 def assert_close(state, ref, bound=1e-5):
