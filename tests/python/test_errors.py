@@ -92,19 +92,26 @@ def test_shard_twice_is_refused_naming_it():
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_writes_outside_a_forward_are_refused(stage):
-    """Note [Writes outside a forward]: nn.init or an in-place op on a sharded parameter, or an assignment to
-    its .data, used to be lost silently (the values live in the engine); the next forward now refuses it,
-    naming the parameter and st.GatheredParameters, whose edit does reach the engine."""
+    """nn.init or an in-place op on a sharded parameter, or an assignment to its .data, used to be lost
+    silently (the values live in the engine). Each is refused where it is made (Note [Parameters between
+    uses]); one made past that (torch's __torch_function__ off) is refused by the next forward (Note [Writes
+    outside a forward]), naming the parameter and st.GatheredParameters, whose edit does reach the engine."""
     model = tiny_lm()
     engine = st.shard(model, config(stage))
     x, y = batches(0, 0, st.rank())
-    torch.nn.init.zeros_(model.blocks[2].fc2.bias)
+    with pytest.raises(RuntimeError, match=r"parameter 'blocks\.2\.fc2\.bias' is sharded.*would be lost"):
+        torch.nn.init.zeros_(model.blocks[2].fc2.bias)
+    with torch._C.DisableTorchFunction():
+        torch.nn.init.zeros_(model.blocks[2].fc2.bias)
     with pytest.raises(RuntimeError, match=r"parameter 'fc2.bias' of unit 'blocks.2' was written outside a forward"):
         model(x, y)
     engine.close()
     model = tiny_lm()
     engine = st.shard(model, config(stage))
-    model.norm.weight.data = torch.ones(16)
+    with pytest.raises(RuntimeError, match=r"parameter 'norm\.weight' is sharded.*an assignment to p\.data"):
+        model.norm.weight.data = torch.ones(16)
+    with torch._C.DisableTorchFunction():
+        model.norm.weight.data = torch.ones(16)
     with pytest.raises(RuntimeError, match=r"parameter 'norm.weight' of unit 'root' was written outside"):
         model(x, y)
     engine.close()

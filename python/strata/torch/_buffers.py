@@ -4,8 +4,9 @@ Views are made over the pointers of strata_unit_buffers: one flat tensor per gat
 parameters are packed at their offset_elems in it), so every parameter view, and every view an op takes of
 it, shares the flat tensor's storage: that is how the saved-tensor hooks recognise a parameter.
 Gradients are fp32 views of each parameter's gradient pointer. Between uses a parameter holds an empty
-tensor (numel 0; torch's set_data refuses a meta tensor for a CPU parameter), so any op reading it outside
-its unit fails on the shape instead of reading a buffer the engine has released.
+tensor (numel 0; torch's set_data refuses a meta tensor for a CPU parameter), so it holds no pointer into a
+buffer the engine has released, and _sharded refuses every op that would read or write it there (Note
+[Parameters between uses]).
 On CUDA (unverified on a GPU) the views are CUDA tensors over the engine's device pointers, made through
 __cuda_array_interface__ (torch.as_tensor, zero copy), and the placeholders are empty CUDA tensors.
 """

@@ -30,7 +30,7 @@ import weakref
 import torch
 
 from strata import _capi, _comm
-from strata.torch._buffers import placeholder
+from strata.torch._sharded import set_placeholder, set_values
 
 # Note [Gradients in the engine]. A parameter's .grad is a view of the engine's gradient buffer only
 # while its unit's backward is open; after it the gradient is reduced across ranks (sharded from stage 2)
@@ -377,8 +377,7 @@ class GatheredParameters:
                 full = o.engine.gather(o.unit, o.index)
                 digest = _digest(full) if check else None
                 dtype = o.param.dtype
-                with torch._C.DisableTorchFunction():
-                    o.param.data = full.to(engine.device)
+                set_values(o.param, full.to(engine.device))
                 s.gathered[id(o.param)] = 1
                 self.mine.append((o, dtype, digest))
         except BaseException:
@@ -391,8 +390,7 @@ class GatheredParameters:
 
     def _restore(self, s):
         for o, dtype, _ in self.mine:
-            with torch._C.DisableTorchFunction():
-                o.param.data = placeholder(dtype, o.engine.units[o.unit].layout.device)
+            set_placeholder(o.param, dtype, o.engine.units[o.unit].layout.device)
             s.gathered.pop(id(o.param), None)
             tracker = getattr(o.engine, "tracker", None)
             if tracker is not None:  # edits made here went through the engine (Note [Writes outside a forward])

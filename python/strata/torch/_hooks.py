@@ -9,7 +9,8 @@ Per micro-batch (a forward with grad enabled, then its backward):
                           checkpointed block recomputed)
   a block's input grads   end_backward(block) (a Function over the block's inputs, run once all are done)
   end of the backward     end_backward of every use still open, end_micro_batch
-Parameters are views of the gathered buffer while their unit is begun, empty placeholders otherwise.
+Parameters are views of the gathered buffer while their unit is begun, empty placeholders otherwise
+(whose every read or write is refused: Note [Parameters between uses] in _sharded).
 Autograd saves some parameters for the backward (a Linear's weight); the forward buffer is gone by then,
 so the pack hook replaces a tensor over a forward buffer by (unit, offset, size, stride) and the unpack
 hook rebuilds it over the buffer of the unit's backward use. Gradients: while a unit's backward is open
@@ -26,8 +27,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from strata import _capi
-from strata.torch._buffers import placeholder
 from strata.torch._gathered import drop_grad_markers, mark_grads
+from strata.torch._sharded import set_placeholder, set_values
 
 IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, EVAL = "idle", "forward", "await-backward", "backward", "eval"
 
@@ -120,12 +121,13 @@ class UnitState:
     def set_data(self, views):
         with torch._C.DisableTorchFunction():  # not an use of the parameters: ParamGuard must not see it
             for p, v in zip(self.spec.params, views):
-                p.data = v
+                set_values(p, v)
 
     def clear(self):
+        """The parameters become placeholders (Note [Parameters between uses] in _sharded)."""
         with torch._C.DisableTorchFunction():
             for p in self.spec.params:
-                p.data = placeholder(p.dtype, self.layout.device)
+                set_placeholder(p, p.dtype, self.layout.device)
                 p.grad = None
 
 
@@ -274,32 +276,36 @@ class Tracker:
     def _check_frozenness(self):
         """Which parameters are frozen is fixed at shard() (the engine keeps no gradient or optimizer state for
         them): a requires_grad changed since would be ignored, so it is refused, naming the parameter."""
-        for u in self.units:
-            for n, p in zip(u.spec.names, u.spec.params):
-                if p.requires_grad == u.spec.frozen:
-                    was = "frozen (requires_grad=False)" if u.spec.frozen else "trainable (requires_grad=True)"
-                    raise RuntimeError(
-                        f"strata: parameter '{n}' of unit '{u.spec.name}' was {was} at shard() and its requires_grad "
-                        f"changed since; which parameters train is fixed when the engine is built. Set requires_grad "
-                        f"before st.shard(), or carry the weights to a new engine (engine.full_state_dict(), or "
-                        f"save_checkpoint and load_checkpoint into an engine built after the change)")
+        with torch._C.DisableTorchFunction():  # the engine's own reads: not through ShardedParameter
+            for u in self.units:
+                for n, p in zip(u.spec.names, u.spec.params):
+                    if p.requires_grad == u.spec.frozen:
+                        was = "frozen (requires_grad=False)" if u.spec.frozen else "trainable (requires_grad=True)"
+                        raise RuntimeError(
+                            f"strata: parameter '{n}' of unit '{u.spec.name}' was {was} at shard() and its "
+                            f"requires_grad changed since; which parameters train is fixed when the engine is built. "
+                            f"Set requires_grad before st.shard(), or carry the weights to a new engine "
+                            f"(engine.full_state_dict(), or save_checkpoint and load_checkpoint into an engine built "
+                            f"after the change)")
 
     def _check_untouched(self):
         """Note [Writes outside a forward]. Between uses a parameter is an empty placeholder and its values
-        live in the engine, so a write to it there (nn.init.*, an in-place op under no_grad, an assignment
-        to .data) would be lost without a word. In-place ops bump the parameter's version counter and an
-        assignment gives it elements, so the next forward refuses either, naming the parameter and the way to
-        edit it (st.GatheredParameters, whose edits reach the engine). Not seen: in-place ops on p.data (its
-        own version counter) on the empty placeholder, which change nothing."""
-        for u in self.units:
-            for n, p in zip(u.spec.names, u.spec.params):
-                if p._version != self.versions.get(id(p), p._version) or p.numel() != 0:
-                    raise RuntimeError(
-                        f"strata: parameter '{n}' of unit '{u.spec.name}' was written outside a forward (an "
-                        f"nn.init function, an in-place op or an assignment to .data); a sharded parameter's values "
-                        f"live in the engine, so the write would be lost. Edit it inside "
-                        f"`with st.GatheredParameters(params, modifier_rank=0):` (the edit then reaches every rank's "
-                        f"shard and the optimizer's fp32 copy), or set the values before st.shard()")
+        live in the engine, so a write to it there would be lost without a word. Note [Parameters between
+        uses] (_sharded) refuses each write where it is made; this is the check behind it, for a write torch's
+        __torch_function__ does not see (under torch._C.DisableTorchFunction, in a C++ extension): an
+        in-place op bumps the parameter's version counter and an assignment to .data gives it elements, so
+        the next forward refuses either, naming the parameter and the way to edit it (st.GatheredParameters,
+        whose edits reach the engine)."""
+        with torch._C.DisableTorchFunction():
+            for u in self.units:
+                for n, p in zip(u.spec.names, u.spec.params):
+                    if p._version != self.versions.get(id(p), p._version) or p.numel() != 0:
+                        raise RuntimeError(
+                            f"strata: parameter '{n}' of unit '{u.spec.name}' was written outside a forward (an "
+                            f"nn.init function, an in-place op or an assignment to .data); a sharded parameter's "
+                            f"values live in the engine, so the write would be lost. Edit it inside "
+                            f"`with st.GatheredParameters(params, modifier_rank=0):` (the edit then reaches every "
+                            f"rank's shard and the optimizer's fp32 copy), or set the values before st.shard()")
 
     def root_abandon(self, error):
         """The forward raised: undo what root_enter pushed so the process can go on (without this engine)."""
@@ -383,8 +389,9 @@ class Tracker:
                 while u.backward_uses < u.forward_uses:
                     self.begin_backward(u)
                     self.end_backward(u)
-            late = self.late + [f"{u.spec.name}.{n}" for u in self.units
-                                for n, p in zip(u.spec.names, u.spec.params) if p.grad is not None]
+            with torch._C.DisableTorchFunction():  # the engine's own reads: not through ShardedParameter
+                late = self.late + [f"{u.spec.name}.{n}" for u in self.units
+                                    for n, p in zip(u.spec.names, u.spec.params) if p.grad is not None]
             self.late = []
             if late:
                 raise RuntimeError(f"strata: the gradient of {', '.join(late)} arrived after its unit's backward "

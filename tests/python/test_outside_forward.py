@@ -1,0 +1,102 @@
+"""A sharded model's parameters outside a forward (issue 33, decision 0030): between uses a parameter is an
+empty placeholder and its values live in the engine, so what torch would do to it there is refused at the
+call, naming the parameter and the way that works, instead of reading nothing or writing into nothing:
+reads (p.sum() used to be 0), writes through p.data (lost), model.zero_grad() between a backward and the step
+(the engine applied the gradients anyway) and model.to(dtype or device) / .half() / .double() (ignored).
+Metadata reads, state_dict and st.GatheredParameters keep working, and every refusal leaves the training
+exactly where it was (it then matches torch trained without the refused call)."""
+import copy
+import re
+
+import pytest
+import torch
+
+import strata.torch as st
+from common import assert_matches, config, reference_optimizer, reference_train, train
+from models import batches, tiny_lm
+
+
+def sharded(name):
+    return rf"strata: parameter '{re.escape(name)}' is sharded"
+
+
+def assert_matches_torch(engine, ref):
+    assert_matches(engine.full_state_dict(), ref.state_dict())
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_writes_through_p_data_are_refused(stage):
+    """p.data.zero_() and friends wrote into the empty placeholder (its own version counter, so no later
+    check saw them) and were lost; p.data = t and in-place ops on p were refused only at the next forward.
+    Each is now refused where it happens, naming the parameter and st.GatheredParameters; nothing changed."""
+    model, ref = tiny_lm(), tiny_lm()
+    engine = st.shard(model, config(stage))
+    opt = reference_optimizer(ref)
+    train(model, engine, 0, 1)
+    reference_train(ref, opt, 0, 1)
+    p = model.blocks[2].fc2.bias
+    version = p._version
+    writes = {
+        "p.data.zero_()": lambda: p.data.zero_(),
+        "p.data.copy_(t)": lambda: p.data.copy_(torch.ones(16)),
+        "p.data.fill_(1)": lambda: p.data.fill_(1.0),
+        "p.data[0] = 1": lambda: p.data.__setitem__(0, 1.0),
+        "p.data += 1": lambda: p.data.__iadd__(1.0),
+        "nn.init.normal_(p.data)": lambda: torch.nn.init.normal_(p.data),
+        "nn.init.uniform_(p)": lambda: torch.nn.init.uniform_(p),
+        "p.zero_() under no_grad": lambda: p.zero_(),
+        "p.detach().mul_(2)": lambda: p.detach().mul_(2.0),
+        "p.data = t": lambda: setattr(p, "data", torch.ones(16)),
+    }
+    for what, write in writes.items():
+        with torch.no_grad(), pytest.raises(RuntimeError, match=sharded("blocks.2.fc2.bias") +
+                                            r".*would be lost.*st\.GatheredParameters\(params, modifier_rank=0\)"):
+            write()
+            pytest.fail(f"{what} was not refused")
+    assert p.shape == (0,) and p._version == version
+    train(model, engine, 1, 3)  # the refusals changed nothing: the engine goes on, as torch without the writes
+    reference_train(ref, opt, 1, 3)
+    assert_matches_torch(engine, ref)
+    engine.close()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_reads_are_refused_metadata_and_gathered_reads_work(stage):
+    """p.sum() of a sharded parameter outside a forward was 0 (the empty placeholder), p.norm() 0, p.clone()
+    empty: silently wrong. Reads are now refused naming st.GatheredParameters; metadata (shape (0,) as in
+    DeepSpeed ZeRO-3, dtype, device, requires_grad), hashing, repr, state_dict and reads inside
+    st.GatheredParameters work."""
+    model = tiny_lm()
+    engine = st.shard(model, config(stage))
+    train(model, engine, 0, 1)
+    p = model.blocks[1].fc1.weight
+    reads = {
+        "p.sum()": lambda: p.sum(), "torch.sum(p)": lambda: torch.sum(p), "p.norm()": lambda: p.norm(),
+        "p.clone()": lambda: p.clone(), "p.tolist()": lambda: p.tolist(), "p + 1": lambda: p + 1,
+        "p.detach().sum()": lambda: p.detach().sum(), "p.data.mean()": lambda: p.data.mean(),
+        "p.to(float64)": lambda: p.to(torch.float64), "p.T": lambda: p.T, "p.numpy()": lambda: p.numpy(),
+        "torch.save(p)": lambda: torch.save(p, "/dev/null"), "copy.deepcopy(p)": lambda: copy.deepcopy(p),
+    }
+    for what, read in reads.items():
+        with pytest.raises(RuntimeError, match=sharded("blocks.1.fc1.weight") +
+                           r".*would read no values.*st\.GatheredParameters"):
+            read()
+            pytest.fail(f"{what} was not refused")
+    with pytest.raises(RuntimeError, match=sharded("pos")):  # the first of model.parameters()
+        torch.nn.utils.parameters_to_vector(model.parameters())
+    # metadata, identity and the state dict
+    assert isinstance(p, torch.nn.Parameter) and p.requires_grad and p.grad is None
+    assert p.shape == (0,) and p.numel() == 0 and p.dim() == 1 and p.dtype == torch.float32
+    assert p.device.type == "cpu" and p.is_leaf and len({p, model.blocks[1].fc1.bias}) == 2
+    assert "sharded" in repr(p) and "(32, 16)" in repr(p) and "blocks.1.fc1.weight" in f"{p}"
+    full = engine.full_state_dict()
+    assert torch.equal(model.state_dict()["blocks.1.fc1.weight"], full["blocks.1.fc1.weight"])
+    with st.GatheredParameters(p):
+        assert type(p) is torch.nn.Parameter and torch.equal(p.detach(), full["blocks.1.fc1.weight"])
+        assert p.sum().item() == full["blocks.1.fc1.weight"].sum().item()
+    with pytest.raises(RuntimeError, match=sharded("blocks.1.fc1.weight")):
+        p.sum()  # a placeholder again
+    train(model, engine, 1, 2)
+    engine.close()
+    with pytest.raises(RuntimeError, match=r"'blocks\.1\.fc1\.weight' belonged to an engine that was closed"):
+        p.sum()
