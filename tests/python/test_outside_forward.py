@@ -100,3 +100,48 @@ def test_reads_are_refused_metadata_and_gathered_reads_work(stage):
     engine.close()
     with pytest.raises(RuntimeError, match=r"'blocks\.1\.fc1\.weight' belonged to an engine that was closed"):
         p.sum()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_zero_grad_between_backward_and_step_is_refused(stage):
+    """model.zero_grad() (p.grad = None) between a backward and engine.step() dropped the .grad markers, and
+    the step applied the gradients the engine had already reduced: torch would have applied none. The engine
+    cannot drop them, so it is refused, naming when zero_grad works (before the forward, after the step, where
+    it is a no-op as in torch); the markers stay and training matches torch."""
+    accumulation = 2
+    model, ref = tiny_lm(), tiny_lm()
+    engine = st.shard(model, config(stage, accumulation))
+    opt = reference_optimizer(ref)
+    model.zero_grad()  # nothing accumulated: a no-op
+    message = r"model\.zero_grad\(\) \(or p\.grad = None\) between a backward and engine\.step\(\)"
+    for step in range(2):
+        for m in range(accumulation):
+            x, y = batches(step, m, st.rank())
+            model(x, y).backward()
+            with pytest.raises(RuntimeError, match=message + r".*'pos'.*after engine\.step\(\)"):
+                model.zero_grad()
+            with pytest.raises(RuntimeError, match=message):
+                model.blocks[0].fc1.weight.grad = None
+            with pytest.raises(RuntimeError, match=message):
+                torch.optim.SGD(model.blocks[2].parameters(), lr=0.1).zero_grad()
+            assert all(p.grad is not None for p in model.parameters())
+        engine.step()
+        model.zero_grad()  # after the step: a no-op, as before the first pass
+        reference_train(ref, opt, step, step + 1, accumulation)
+    # set by hand: a gradient outside the engine would not be used either
+    with pytest.raises(RuntimeError, match=sharded("norm.bias") + r".*\.grad set by hand"):
+        model.norm.bias.grad = torch.empty(0)
+    # past the refusal (a gathered parameter is a plain one): engine.step() refuses, the gradients stay
+    for m in range(accumulation):
+        x, y = batches(2, m, st.rank())
+        model(x, y).backward()
+    with st.GatheredParameters(model.norm):
+        model.norm.weight.grad = None
+    with pytest.raises(RuntimeError, match=r"the \.grad of 'norm\.weight' was cleared .*between a backward and "
+                                           r"engine\.step\(\)"):
+        engine.step()
+    assert model.norm.weight.grad is not None
+    engine.step()  # the engine's gradients were never dropped: this step applies them, as the error says
+    reference_train(ref, opt, 2, 3, accumulation)
+    assert_matches_torch(engine, ref)
+    engine.close()

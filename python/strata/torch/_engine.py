@@ -187,6 +187,7 @@ class Engine:
             raise RuntimeError(f"strata: step() after {self.micro_batches} completed backward passes (phase "
                                f"'{self.tracker.phase}'); gradient_accumulation_steps={self.accumulation} "
                                f"forward+backward passes must come first")
+        _gathered.check_markers(self)
         r = _capi.StepResult.new()
         _capi.check(_lib.strata_engine_step(self.handle, r))
         self.micro_batches = 0

@@ -42,7 +42,9 @@ from strata.torch._sharded import set_placeholder, set_values
 # `p.grad is None` is then False, as in torch after a backward. The markers are dropped when the next
 # training forward begins (before any autograd accumulation: the engine's views replace them as each
 # unit's backward begins) and after engine.step() (which zeroes the engine's gradients; None is torch's
-# zeroed .grad). Frozen parameters keep None.
+# zeroed .grad). Frozen parameters keep None. Clearing a marker (model.zero_grad(), p.grad = None) would be
+# torch's "no gradient this step", which the engine cannot honour: it is refused (Note [Parameters between
+# uses] in _sharded), and engine.step() refuses a marker cleared past that (check_markers).
 GRAD_MESSAGE = ("strata: the gradients of a sharded model live in the engine, reduced across ranks, until "
                 "engine.step(); .grad cannot be read or changed between a backward and the step. For gradient "
                 "clipping set the config key `gradient_clipping` (the engine clips by the global norm in "
@@ -286,6 +288,22 @@ def mark_grads(engine):
         for p in _marked(engine):
             if p.grad is None and p.numel() == 0:
                 p.grad = torch.empty(0, dtype=p.dtype, device=p.device).as_subclass(GradInEngine)
+
+
+def check_markers(engine):
+    """engine.step(): every trainable parameter still holds its marker. One cleared past the refusal of
+    Note [Parameters between uses] (p.grad = None on a parameter gathered by st.GatheredParameters) would be
+    torch's "no gradient this step", which the engine cannot honour: refused, the markers set again."""
+    with torch._C.DisableTorchFunction():
+        cleared = [p for p in _marked(engine) if p.grad is None]
+    if cleared:
+        mark_grads(engine)  # the gradients are still the engine's
+        name = _owners[id(cleared[0])][4]
+        raise RuntimeError(f"strata: the .grad of '{name}' was cleared (model.zero_grad() or p.grad = None, "
+                           f"{len(cleared)} parameters) between a backward and engine.step(); the engine holds this "
+                           f"step's gradients, reduced across ranks, and cannot drop them: engine.step() applies them. "
+                           f"Call zero_grad() before the forward or after engine.step() (the engine zeroes the "
+                           f"gradients there)")
 
 
 def drop_grad_markers(engine):

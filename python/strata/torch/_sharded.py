@@ -4,9 +4,10 @@ Note [Parameters between uses]. Outside its unit's forward and backward (and out
 a sharded parameter is an empty placeholder (_buffers.placeholder: shape (0,), as DeepSpeed ZeRO-3's) and its
 values live in the engine. Torch would happily compute on the placeholder: p.sum() is 0, p.norm() 0,
 p.clone() empty, p.data.zero_() or nn.init.normal_(p.data) write into nothing (p.data has its own version
-counter, so Note [Writes outside a forward] cannot see them). All of that was silently wrong. So while it
-is a placeholder the parameter's class is ShardedParameter (a subclass of its own class, made once per
-class: isinstance(p, nn.Parameter) holds) whose __torch_function__:
+counter, so Note [Writes outside a forward] cannot see them), model.zero_grad() drops the .grad markers of
+gradients the engine goes on to apply, and model.half() or model.to(device) change only placeholders. All of
+that was silently wrong. So while it is a placeholder the parameter's class is ShardedParameter (a subclass of
+its own class, made once per class: isinstance(p, nn.Parameter) holds) whose __torch_function__:
 
 - lets metadata through: attribute reads (p.shape (0,), p.dtype, p.device, p.requires_grad, p.grad, p.is_leaf),
   size/dim/numel/stride/data_ptr, hashing, requires_grad_ and hook registration, new_* constructors;
@@ -15,6 +16,8 @@ class: isinstance(p, nn.Parameter) holds) whose __torch_function__:
 - refuses an op that writes it (an in-place op, nn.init, p[i] = v, p.data = t, `out=p`), naming the
   parameter and st.GatheredParameters(params, modifier_rank=0), whose edit reaches the engine;
 - refuses any other op (a read), naming st.GatheredParameters(params) and model.state_dict();
+- refuses p.grad = None while the .grad is a marker (between a backward and engine.step(): the engine
+  cannot drop gradients it has reduced), and any .grad set by hand (the engine would not use it);
 - repr() describes the parameter (its name and real shape) instead of printing an empty tensor.
 
 A gathered parameter (inside its unit's forward or backward, or st.GatheredParameters) has its own class
@@ -76,6 +79,13 @@ def read_message(name, what):
             f"or engine.full_state_dict() (collective)")
 
 
+ZERO_GRAD_MESSAGE = (
+    "strata: model.zero_grad() (or p.grad = None) between a backward and engine.step(): the engine already "
+    "holds this step's gradients, reduced across ranks (the .grad of '{name}' says so), and cannot drop them, so "
+    "the next engine.step() would apply them anyway. Call zero_grad() before the forward or after engine.step() "
+    "(the engine zeroes the gradients there: zero_grad() is then a no-op, as in torch), or leave it out")
+
+
 def _describe(p):
     from strata.torch._gathered import owner  # noqa: PLC0415
     try:
@@ -106,6 +116,8 @@ def _handle(func, args, kwargs, p):
         attr = _attribute(func)
         if attr == "data":
             raise RuntimeError(write_message(_name_of(p), "an assignment to p.data"))
+        if attr == "grad":
+            _check_grad_assignment(args[0], args[1] if name == "__set__" else None)
         return None
     if name in ("__repr__", "__format__"):
         return _describe(p)
@@ -116,6 +128,20 @@ def _handle(func, args, kwargs, p):
     if _writes(func, args, kwargs or {}, p):
         raise RuntimeError(write_message(_name_of(p), f"'{_op_name(func)}'"))
     raise RuntimeError(read_message(_name_of(p), f"'{_op_name(func)}'"))
+
+
+def _check_grad_assignment(p, value):
+    from strata.torch._gathered import GradInEngine  # noqa: PLC0415
+    with torch._C.DisableTorchFunction():
+        current = p.grad
+    if value is current:
+        return
+    if value is None and type(current) is GradInEngine:
+        raise RuntimeError(ZERO_GRAD_MESSAGE.format(name=_name_of(p)))
+    if value is not None:
+        raise RuntimeError(f"strata: parameter '{_name_of(p)}' is sharded: its gradients live in the engine, so a "
+                           f".grad set by hand would not be used. The engine computes them in the backward and "
+                           f"applies them in engine.step()")
 
 
 def _find(obj, cls):
