@@ -145,3 +145,53 @@ def test_zero_grad_between_backward_and_step_is_refused(stage):
     reference_train(ref, opt, 2, 3, accumulation)
     assert_matches_torch(engine, ref)
     engine.close()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_dtype_and_device_changes_after_shard_are_refused(stage):
+    """model.half() / .double() / .to(dtype) / .to(device) after shard() changed the placeholders only and
+    the engine went on in its own dtype and device: ignored without a word. Refused before anything changes
+    (buffers included), naming the config keys and shard(device=); calls that change nothing still work."""
+    model, ref = tiny_lm(), tiny_lm()
+    model.register_buffer("scale", torch.ones(3))
+    engine = st.shard(model, config(stage))
+    opt = reference_optimizer(ref)
+    dtype = r"after st\.shard\(\) would change the parameters' dtype from float32 to {}.*set it in the config " \
+            r"before st\.shard\(\)"
+    device = r"after st\.shard\(\) would move the parameters from cpu to meta.*st\.shard\(model, device="
+    refused = {
+        "model.half()": (model.half, dtype.format("float16")),
+        "model.double()": (model.double, dtype.format("float64")),
+        "model.bfloat16()": (model.bfloat16, dtype.format("bfloat16")),
+        "model.to(torch.float16)": (lambda: model.to(torch.float16), dtype.format("float16")),
+        "model.blocks[0].double()": (lambda: model.blocks[0].double(), r"\(on 'blocks\.0'\) " + dtype.format("float64")),
+        "model.to('meta')": (lambda: model.to("meta"), device),
+    }
+    for what, (call, message) in refused.items():
+        with pytest.raises(RuntimeError, match=message):
+            call()
+            pytest.fail(f"{what} was not refused")
+    assert model.scale.dtype == torch.float32  # refused before any buffer was cast
+    assert all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())
+    for call in (model.float, model.cpu, lambda: model.to("cpu"), lambda: model.to(torch.float32)):
+        assert call() is model  # changes nothing: allowed, as on any model
+    x, y = batches(0, 0, st.rank())
+    model(x, y).backward()
+    assert model.to("cpu") is model and model.pos.grad is not None  # with .grad markers too
+    engine.step()
+    train(model, engine, 1, 2)
+    reference_train(ref, opt, 0, 2)
+    assert_matches_torch(engine, ref)
+    engine.close()
+
+
+def test_dtype_changes_with_bf16_parameters():
+    """With bf16 parameters the model computes in bf16: model.to(torch.bfloat16) changes nothing and works;
+    model.float() would ask for fp32 compute, which the engine would not do: refused."""
+    model = tiny_lm()
+    engine = st.shard(model, config(3, bf16={"enabled": True}))
+    model.to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"dtype from bfloat16 to float32"):
+        model.float()
+    train(model, engine, 0, 1)
+    engine.close()

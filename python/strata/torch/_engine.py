@@ -7,7 +7,7 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _gathered, _hooks, _model_buffers
+from strata.torch import _gathered, _hooks, _model_buffers, _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
@@ -87,6 +87,7 @@ class Engine:
         self.tracker = _hooks.Tracker(self, self.units)
         self._install_hooks()
         _gathered.install(self)  # model.state_dict() / load_state_dict(), GatheredParameters, .grad markers
+        _sharded.guard_apply(self)  # model.to(dtype or device) refused (Note [Parameters between uses])
 
     # ---- set-up ----
     def _start_device(self, model, requested):

@@ -30,7 +30,7 @@ import weakref
 import torch
 
 from strata import _capi, _comm
-from strata.torch._sharded import set_placeholder, set_values
+from strata.torch._sharded import applying, set_placeholder, set_values
 
 # Note [Gradients in the engine]. A parameter's .grad is a view of the engine's gradient buffer only
 # while its unit's backward is open; after it the gradient is reduced across ranks (sharded from stage 2)
@@ -61,8 +61,8 @@ class GradInEngine(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "__get__" and \
-                getattr(getattr(func, "__self__", None), "__name__", None) in _METADATA:
+        if applying() or (getattr(func, "__name__", "") == "__get__" and  # applying: a model.to() changing nothing
+                          getattr(getattr(func, "__self__", None), "__name__", None) in _METADATA):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
         raise RuntimeError(GRAD_MESSAGE)

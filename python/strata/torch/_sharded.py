@@ -21,13 +21,18 @@ its own class, made once per class: isinstance(p, nn.Parameter) holds) whose __t
 - repr() describes the parameter (its name and real shape) instead of printing an empty tensor.
 
 A gathered parameter (inside its unit's forward or backward, or st.GatheredParameters) has its own class
-back (set_values), so ops on it cost nothing extra. The engine's own code reaches the parameters under
-torch._C.DisableTorchFunction, which none of this sees.
+back (set_values), so ops on it cost nothing extra. Module._apply (model.to, .half(), .double(), .cuda(),
+...) is guarded at the module (guard_apply): it would change the placeholders only, so a change of dtype or
+device is refused before anything (buffers included) changes; a call that changes nothing runs as torch's.
+The engine's own code reaches the parameters under torch._C.DisableTorchFunction, which none of this sees.
 docs/decisions/0030-sharded-parameters-outside-a-forward.md.
 """
+import functools
+import threading
+
 import torch
 
-from strata.torch._buffers import placeholder
+from strata.torch._buffers import _TORCH_DTYPE, placeholder
 
 _VIEWS = frozenset(("data", "T", "mT", "H", "mH", "real", "imag"))  # attribute reads that are views of the values
 _METADATA = frozenset((
@@ -39,6 +44,7 @@ _METADATA = frozenset((
 _IN_PLACE_DUNDERS = frozenset(("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
                                "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
                                "__irshift__", "__imatmul__"))
+_applying = threading.local()  # inside a guarded Module._apply that changes nothing: torch's own calls go through
 
 
 def _name_of(p):
@@ -167,12 +173,13 @@ class ShardedParameter(torch.nn.Parameter):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        from strata.torch._gathered import GradInEngine  # noqa: PLC0415
-        if _find((args, kwargs), GradInEngine) is not None:
-            return NotImplemented  # an op on a gradient marker: its message (Note [Gradients in the engine])
-        handled = _handle(func, args, kwargs, _find((args, kwargs), ShardedParameter))
-        if handled is not None:
-            return handled
+        if not applying():
+            from strata.torch._gathered import GradInEngine  # noqa: PLC0415
+            if _find((args, kwargs), GradInEngine) is not None:
+                return NotImplemented  # an op on a gradient marker: its message (Note [Gradients in the engine])
+            handled = _handle(func, args, kwargs, _find((args, kwargs), ShardedParameter))
+            if handled is not None:
+                return handled
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
@@ -232,3 +239,48 @@ def set_values(p, value):
     cls = type(p)
     if issubclass(cls, ShardedParameter):
         p.__class__ = cls._strata_base
+
+
+# ---- Module._apply: model.to, .half(), .double(), .cuda(), ... ----
+def applying():
+    """Inside a Module._apply that changes neither dtype nor device of the parameters (torch's own calls on
+    placeholders and .grad markers then go through)."""
+    return getattr(_applying, "on", False)
+
+
+def guard_apply(engine):
+    """Every module of engine.model: a Module._apply that would change the dtype or the device of the engine's
+    parameters is refused before it changes anything (Note [Parameters between uses])."""
+    compute = {id(p): _TORCH_DTYPE[u.layout.dtype][0] for u in engine.units for p in u.spec.params}
+    names = {id(m): n for n, m in engine.model.named_modules()}
+    for m in engine.model.modules():
+        if "_apply" not in m.__dict__:  # once per module (a module shared by two places is met once)
+            m._apply = functools.partial(_guarded_apply, engine, m, m._apply, compute, names.get(id(m), ""))
+
+
+def _guarded_apply(engine, module, inner, compute, name, fn, recurse=True):
+    where = f" (on '{name}')" if name else ""
+    for dtype in sorted({compute[id(p)] for p in module.parameters(recurse=recurse) if id(p) in compute}, key=str):
+        probe = torch.empty(0, dtype=dtype, device=engine.device)
+        out = fn(probe)
+        if not isinstance(out, torch.Tensor):
+            continue
+        if out.dtype != dtype:
+            raise RuntimeError(
+                f"strata: a call of Module._apply (model.to(), .half(), .double(), .bfloat16(), .float()){where} after "
+                f"st.shard() would change the parameters' dtype from {str(dtype)[6:]} to {str(out.dtype)[6:]}; a "
+                f"sharded model's parameters belong to the engine, which keeps an fp32 master and computes in the "
+                f"dtype of its config, so the change would be ignored. Nothing was changed. To compute in bf16, set "
+                f"it in the config before st.shard() (\"bf16\": {{\"enabled\": true}} or strata.param_dtype) and give "
+                f"shard() the fp32 model")
+        if out.device != probe.device:
+            raise RuntimeError(
+                f"strata: a call of Module._apply (model.to(), .cuda(), .cpu()){where} after st.shard() would move the "
+                f"parameters from {probe.device} to {out.device}; a sharded model's parameters are the engine's "
+                f"buffers, which stay where st.shard() put them, so the move would be ignored. Nothing was changed. "
+                f"Move the model before st.shard(), or pass st.shard(model, device=...)")
+    was, _applying.on = getattr(_applying, "on", False), True
+    try:
+        return inner(fn, recurse)
+    finally:
+        _applying.on = was
