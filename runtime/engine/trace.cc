@@ -1,5 +1,7 @@
 #include "runtime/engine/trace.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -88,7 +90,13 @@ std::string TraceRecorder::EventsJson(int64_t origin_ns) const {
 absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const TraceRecorder* rec,
                         const std::string& path, absl::Status local) {
   if (local.ok() && rec == nullptr) local = absl::FailedPreconditionError("no trace is being recorded");
-  if (local.ok() && world.rank() == 0) local = checkpoint::CheckReplaceable(path);
+  if (local.ok() && world.rank() == 0) {  // before the exchange: a path that cannot be written fails every rank
+    local = checkpoint::CheckReplaceable(path);
+    const std::string tmp = checkpoint::TempName(path);  // the file is written through this temporary
+    if (local.ok()) local = checkpoint::OpenForWrite(tmp).status();
+    if (local.ok()) ::unlink(tmp.c_str());
+    local = Annotate(local, absl::StrCat("cannot write trace '", path, "'"));
+  }
   const int n = world.size();
   // The first exchange carries each rank's start time, or kCannot: a monotonic clock is never negative.
   constexpr int64_t kCannot = std::numeric_limits<int64_t>::min();
