@@ -29,7 +29,10 @@ def shard(model, config=None, unit_classes=None, **kwargs):
     requires_grad=False is frozen (fine-tuning, adapters): gathered and checkpointed, never reduced or
     updated, no .grad and no gradient or optimizer memory. `device`: "cuda" (or "cuda:k", a torch.device)
     or "cpu"; default: where the model's parameters are. On CUDA the engine's buffers are on the GPU of the
-    local rank and the parameter views are CUDA tensors over them (unverified on a GPU)."""
+    local rank and the parameter views are CUDA tensors over them (unverified on a GPU). Outside a forward
+    the parameters are empty placeholders whose reads and writes are refused (read or edit them inside
+    st.GatheredParameters), as are model.zero_grad() between a backward and engine.step() and a model.to()
+    that would change their dtype or device: docs/decisions/0030-sharded-parameters-outside-a-forward.md."""
     return Engine(model, config=config, unit_classes=unit_classes, **kwargs)
 
 
