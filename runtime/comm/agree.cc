@@ -56,8 +56,10 @@ absl::Status AgreeOnFields(const std::vector<std::pair<std::string, std::string>
     for (const auto& [line, ranks] : values) {
       parts.push_back(absl::StrCat(line.substr(line.find('=') + 1), " on ", RanksText(ranks)));
     }
-    return absl::FailedPreconditionError(
+    absl::Status out = absl::FailedPreconditionError(
         absl::StrCat(what, " differs across ranks: ", key, " is ", absl::StrJoin(parts, " but "), ". ", remedy));
+    out.SetPayload(kAgreedFailure, absl::Cord("1"));  // every rank returns it alike
+    return out;
   }
   return absl::OkStatus();
 }
@@ -74,7 +76,10 @@ absl::Status AgreeOnOutcome(const absl::Status& mine, absl::string_view phase, C
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherText(comm, text, stream));
   std::vector<std::string> others;
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    if (!all[r].empty() && r != comm.rank()) others.push_back(absl::StrCat("rank ", r, " failed: ", all[r]));
+    // A rank that failed as this one did adds nothing to this one's message.
+    if (!all[r].empty() && r != comm.rank() && (mine.ok() || all[r] != text)) {
+      others.push_back(absl::StrCat("rank ", r, " failed: ", all[r]));
+    }
   }
   if (mine.ok() && others.empty()) return absl::OkStatus();
   absl::Status out = !mine.ok() ? mine : absl::FailedPreconditionError(absl::StrCat(phase, ": ", absl::StrJoin(others, "; ")));

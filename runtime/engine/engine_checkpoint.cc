@@ -157,13 +157,16 @@ struct ShardReport {
 // before publishing, rank 0 opens each shard it lists and checks its header's checksum and the file's size
 // against what the writer reported: a few KiB read per shard, never the data. The header's checksum covers
 // every range's CRC, so a stale file of the same name from another save fails too, unless its bytes are
-// the same. A shard not yet visible (a network file system's caches) is retried for up to two seconds.
-absl::Status CheckShardsVisible(const std::string& step_dir, const std::vector<ShardReport>& all) {
+// the same. A shard not yet visible (a network file system's caches) is retried for up to two seconds (and a
+// quarter of the collective timeout at most).
+absl::Status CheckShardsVisible(const std::string& step_dir, const std::vector<ShardReport>& all, int64_t timeout_ms) {
+  // The retries stay well inside the peers' deadline, which they wait under meanwhile.
+  const int attempts = static_cast<int>(std::clamp<int64_t>(timeout_ms / 400, 1, 20));
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
     if (all[r].shard < 0) continue;
     const std::string name = ShardName(all[r].shard);
     absl::Status seen;
-    for (int attempt = 0; attempt < 20; ++attempt) {
+    for (int attempt = 0; attempt < attempts; ++attempt) {
       seen = ckpt::ShardReader::Open(step_dir, name, &all[r].checksum, &all[r].bytes).status();
       if (seen.ok()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -221,7 +224,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
     for (const ShardReport& report : all) {
       if (report.shard >= 0) man.shards.push_back({report.shard, ShardName(report.shard), report.bytes, report.checksum});
     }
-    manifest = CheckShardsVisible(step_dir, all);
+    manifest = CheckShardsVisible(step_dir, all, m.rt.control->options().timeout_ms);
     if (manifest.ok()) manifest = Annotate(ckpt::WriteFileAtomic(manifest_path, ckpt::ToJson(man)), "writing the manifest");
   }
   const absl::Status published =

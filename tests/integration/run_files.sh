@@ -60,6 +60,21 @@ if want dirs; then
   out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 6 --resume "$d" --checkpoint-dir "$d" --keep-last 1 2>&1)
   [ $? -eq 0 ] && [ "$(ls "$d")" = step_00000006 ]
   check "resume, save and prune: only the newest step is left, the killed save's directory is gone" $? "$out; $(ls "$d")"
+  # Checkpoints from before run identities (no trainer.run_id): the run that resumes them owns them, and so do
+  # its own later resumes.
+  l="$work/legacy"
+  "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 4 --checkpoint-dir "$l" --checkpoint-every 2 > /dev/null 2>&1
+  python3 - "$l" <<'PY'
+import glob, json, sys
+for m in glob.glob(sys.argv[1] + "/step_*/manifest.json"):
+    doc = json.load(open(m))
+    doc["trainer"] = {k: v for k, v in doc["trainer"].items() if k not in ("run_id", "data_fingerprint")}
+    json.dump(doc, open(m, "w"))
+PY
+  out=$({ "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 6 --checkpoint-dir "$l" --checkpoint-every 2 --resume "$l" &&
+          "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --checkpoint-dir "$l" --checkpoint-every 2 --resume "$l"; } 2>&1)
+  [ $? -eq 0 ] && [ -f "$l/step_00000008/manifest.json" ] && [ -f "$l/step_00000002/manifest.json" ]
+  check "a directory from before run identities is resumed, and resumed again" $? "$out"
   "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 2 --checkpoint-dir "$work/other" > /dev/null 2>&1
   cp -r "$work/other/step_00000002" "$d/"
   out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --steps 8 --resume "$d" 2>&1)
@@ -89,6 +104,10 @@ if want disk; then
         ${small[*]} --steps 3 --trace '$work/full/t.json' 2>&1; echo \"rc=\$?\"; echo left: \$(ls '$work/full')")
   grep -q "writing trace.*No space left on device" <<<"$out" && grep -q "^left: *$" <<<"$out" && ! grep -q "^rc=0" <<<"$out"
   check "--trace on a full disk: an error naming ENOSPC, no partial file left" $? "$out"
+  out=$(unshare -m sh -c "mount -t tmpfs -o size=8k none '$work/full' && '$mpirun' -n 2 '$strata' train \
+        ${small[*]} --steps 3 --trace '$work/full/t.json' --save-weights '$work/w.safetensors' 2>&1; echo \"rc=\$?\"")
+  grep -q "writing trace.*No space left on device" <<<"$out" && [ -s "$work/w.safetensors" ] && ! grep -q "^rc=0" <<<"$out"
+  check "a trace that fails to write does not cost the trained weights" $? "$out"
 fi
 
 if want sigterm; then

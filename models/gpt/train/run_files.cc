@@ -68,6 +68,7 @@ std::string TrainerStateJson(const TrainOptions& o, const TrainerState& t) {
   j["data_order"] = o.order == gpt::DataOrder::kShuffled ? "shuffled" : "sequential";
   if (t.data_fingerprint.has_value()) j["data_fingerprint"] = absl::StrFormat("%016x", *t.data_fingerprint);
   j["run_id"] = t.run_id;
+  if (t.owns_legacy) j["owns_legacy"] = true;
   return j.dump();
 }
 
@@ -91,6 +92,9 @@ absl::StatusOr<TrainerState> ParseTrainerState(const std::string& state, const s
     if (t.run_id.size() > 64 || !std::all_of(t.run_id.begin(), t.run_id.end(), absl::ascii_isxdigit)) {
       return in.Bad("trainer.run_id", "is not a run identity (at most 64 hex digits)");
     }
+  }
+  if (j->contains("owns_legacy")) {
+    STRATA_ASSIGN_OR_RETURN(t.owns_legacy, in.Bool(*j, "owns_legacy", "trainer.owns_legacy"));
   }
   if (j->contains("data_order")) {
     STRATA_ASSIGN_OR_RETURN(std::string order, in.Str(*j, "data_order", "trainer.data_order"));
@@ -137,6 +141,22 @@ uint64_t TokensFingerprint(const std::vector<int32_t>& tokens) {
   return h;
 }
 
+std::string FileFingerprint(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::StrCat("unreadable: ", std::strerror(errno));
+  struct stat st;
+  uint64_t h = 0xcbf29ce484222325ull;
+  std::vector<unsigned char> buf(1 << 20);
+  if (::fstat(fd, &st) == 0) {
+    for (off_t at : {off_t{0}, std::max<off_t>(0, st.st_size - static_cast<off_t>(buf.size()))}) {
+      const ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
+      for (ssize_t i = 0; i < n; ++i) h = (h ^ buf[i]) * 0x100000001b3ull;
+    }
+  }
+  ::close(fd);
+  return absl::StrFormat("%d bytes, fingerprint %016x", static_cast<long long>(st.st_size), h);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Note [Run outputs]. A run's outputs are checked before it trains, so a typo or a read-only directory
 // costs seconds, not a finished run (issue 33 lost trained weights to an unwritable --save-weights):
@@ -151,11 +171,8 @@ uint64_t TokensFingerprint(const std::vector<int32_t>& tokens) {
 // metrics are appended one line per step with each write checked.
 namespace {
 
-// `path`'s own stale temporaries: "<name>.tmp.<pid>" where no process `pid` runs on this machine.
-void SweepStaleTemps(const std::string& path) {
-  const fs::path p(path);
-  const std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
-  const std::string prefix = p.filename().string() + ".tmp.";
+// Temporaries "<prefix><pid>" in `dir` whose writer is gone: no process `pid` runs on this machine.
+void SweepStaleTemps(const std::string& dir, const std::string& prefix) {
   auto removed = checkpoint::RemoveTemps(dir, [&](absl::string_view name) {
     int pid = 0;
     return absl::StartsWith(name, prefix) && absl::SimpleAtoi(name.substr(prefix.size()), &pid) && pid > 0 &&
@@ -165,6 +182,11 @@ void SweepStaleTemps(const std::string& path) {
     STRATA_LOG(Warning) << "removed " << removed->size() << " temporary file(s) that an earlier, killed run left in "
                         << dir << ": " << absl::StrJoin(*removed, ", ");
   }
+}
+
+// The probe CheckSharedDir leaves in a checkpoint directory for a moment: ".probe.<word>.rank<r>.tmp.<pid>".
+std::string ProbeName(const std::string& word, int rank) {
+  return absl::StrCat(".probe.", word, ".rank", rank, ".tmp.", ::getpid());
 }
 
 absl::Status ProbeWritable(const std::string& flag, const std::string& dir, const std::string& probe) {
@@ -190,7 +212,8 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
   if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {
     return Annotate(ErrnoAt("cannot write", path), flag);
   }
-  SweepStaleTemps(path);
+  const fs::path p(path);
+  SweepStaleTemps(p.parent_path().empty() ? "." : p.parent_path().string(), p.filename().string() + ".tmp.");
   return absl::OkStatus();
 }
 
@@ -198,26 +221,36 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
 
 absl::Status CheckOutputs(const TrainOptions& o, int rank) {
   if (!o.checkpoint_dir.empty()) {
-    STRATA_RETURN_IF_ERROR(ProbeWritable(
-        "--checkpoint-dir", o.checkpoint_dir,
-        (fs::path(o.checkpoint_dir) / absl::StrCat(".probe.rank", rank, ".tmp.", ::getpid())).string()));
+    STRATA_RETURN_IF_ERROR(
+        ProbeWritable("--checkpoint-dir", o.checkpoint_dir, (fs::path(o.checkpoint_dir) / ProbeName("start", rank)).string()));
+    // Probes of a run killed during CheckSharedDir: ".probe.<word>.rank<r>.tmp.<pid>" of a dead pid.
+    auto probes = checkpoint::RemoveTemps(o.checkpoint_dir, [](absl::string_view name) {
+      const size_t at = name.rfind(".tmp.");
+      int pid = 0;
+      return absl::StartsWith(name, ".probe.") && at != absl::string_view::npos &&
+             absl::SimpleAtoi(name.substr(at + 5), &pid) && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+    });
+    static_cast<void>(probes);
   }
   if (rank != 0) return absl::OkStatus();
   const std::pair<const char*, const std::string*> outs[] = {
-      {"--save-weights", &o.save_weights}, {"--metrics", &o.metrics}, {"--trace", &o.trace}};
-  for (size_t i = 0; i < std::size(outs); ++i) {
+      {"--save-weights", &o.save_weights}, {"--metrics", &o.metrics}, {"--trace", &o.trace},
+      {"--data", &o.data}, {"--init-from", &o.init_from}};  // the inputs last: an output must not name one
+  constexpr size_t kOutputs = 3;
+  for (size_t i = 0; i < kOutputs; ++i) {
     for (size_t j = i + 1; j < std::size(outs); ++j) {
       if (outs[i].second->empty() || outs[j].second->empty()) continue;
-      std::error_code e1, e2;
-      const auto a = fs::weakly_canonical(*outs[i].second, e1);
-      const auto b = fs::weakly_canonical(*outs[j].second, e2);
+      if (j >= kOutputs && i == 0 && outs[j].first == std::string("--init-from")) continue;  // may be overwritten at the end
+      std::error_code e1, e2;  // absolute first: weakly_canonical leaves a relative path that does not exist relative
+      const auto a = fs::weakly_canonical(fs::absolute(*outs[i].second, e1), e1);
+      const auto b = fs::weakly_canonical(fs::absolute(*outs[j].second, e2), e2);
       if (!e1 && !e2 && a == b) {
         return absl::InvalidArgumentError(absl::StrCat(outs[i].first, " and ", outs[j].first, " name the same file '",
                                                        *outs[i].second, "'; give each output its own"));
       }
     }
   }
-  for (const auto& [flag, path] : outs) STRATA_RETURN_IF_ERROR(CheckOutputFile(flag, *path));
+  for (size_t i = 0; i < kOutputs; ++i) STRATA_RETURN_IF_ERROR(CheckOutputFile(outs[i].first, *outs[i].second));
   return absl::OkStatus();
 }
 
@@ -226,7 +259,10 @@ absl::Status CheckSharedDir(const std::string& dir, comm::Communicator& comm, de
   // One name for this job's probes: rank 0's random word.
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> words,
                           comm::AllGatherText(comm, comm.rank() == 0 ? NewRunId() : "", stream));
-  const auto probe = [&](int r) { return (fs::path(dir) / absl::StrCat(".probe.", words[0], ".rank", r)).string(); };
+  // Each rank's probe carries its own pid: gather the names rather than guess them.
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> names,
+                          comm::AllGatherText(comm, ProbeName(words[0], comm.rank()), stream));
+  const auto probe = [&](int r) { return (fs::path(dir) / names[r]).string(); };
   absl::Status mine;
   if (const int fd = ::open(probe(comm.rank()).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644); fd >= 0) {
     ::close(fd);
@@ -237,7 +273,9 @@ absl::Status CheckSharedDir(const std::string& dir, comm::Communicator& comm, de
   absl::Status seen;
   if (comm.rank() == 0) {
     std::vector<int> missing;
-    for (int attempt = 0; attempt < 20; ++attempt) {  // a network file system's caches: two seconds
+    // A network file system's caches: up to two seconds, and at most a quarter of the peers' deadline.
+    const int attempts = static_cast<int>(std::clamp<int64_t>(comm.options().timeout_ms / 400, 1, 20));
+    for (int attempt = 0; attempt < attempts; ++attempt) {
       missing.clear();
       for (int r = 1; r < comm.size(); ++r) {
         std::error_code ec;
@@ -285,7 +323,12 @@ absl::Status CheckCheckpointDir(const std::string& dir, const std::string& run_i
                                 bool legacy_ok) {
   std::vector<std::string> others, later;
   for (const std::string& step_dir : checkpoint::CompleteSteps(dir)) {
-    STRATA_ASSIGN_OR_RETURN(std::string id, StepRunId(step_dir));
+    absl::StatusOr<std::string> read = StepRunId(step_dir);
+    if (!read.ok()) {  // a damaged step is no run's: it never loads, and it must not block the directory
+      STRATA_LOG(Warning) << "ignoring checkpoint " << step_dir << ", which cannot be read: " << read.status().message();
+      continue;
+    }
+    const std::string& id = *read;
     if (id != run_id && !(id.empty() && legacy_ok)) {
       others.push_back(step_dir);
     } else if (checkpoint::ParseStepDirName(fs::path(step_dir).filename().string()).value_or(0) > first_step) {
@@ -312,9 +355,11 @@ absl::Status CheckOneRun(const std::string& root) {
   if (fs::exists(fs::path(root) / checkpoint::kManifestName, ec)) return absl::OkStatus();  // a step directory
   std::vector<std::string> ids, first_of;
   for (const std::string& step_dir : checkpoint::CompleteSteps(root)) {
-    STRATA_ASSIGN_OR_RETURN(std::string id, StepRunId(step_dir));
-    if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
-      ids.push_back(id);
+    absl::StatusOr<std::string> id = StepRunId(step_dir);
+    // Damaged steps and steps from before run identities (which any run resuming them owns) are no other run's.
+    if (!id.ok() || id->empty()) continue;
+    if (std::find(ids.begin(), ids.end(), *id) == ids.end()) {
+      ids.push_back(*id);
       first_of.push_back(step_dir);
     }
   }
@@ -341,7 +386,9 @@ void PruneCheckpoints(const std::string& dir, const std::string& run_id, bool le
     const fs::path p = it->path();
     if (checkpoint::ParseStepDirName(p.filename().string()) && it->is_directory(e2) &&
         !fs::exists(fs::symlink_status(p / checkpoint::kManifestName, e2)) && p != fs::path(just_saved)) {
-      remove.push_back(p.string());  // a save that failed or was killed
+      STRATA_LOG(Warning) << "removing " << p.string() << ": a step directory without a manifest (a save that "
+                          << "failed or was killed), which can never be loaded";
+      remove.push_back(p.string());
     }
   }
   for (const std::string& step_dir : remove) {
@@ -371,7 +418,9 @@ absl::Status MetricsFile::Open(const std::string& path, int64_t first_step) {
         absl::StrAppend(&kept_text, line, "\n");
         ++kept;
       }
-      STRATA_RETURN_IF_ERROR(Annotate(checkpoint::WriteFileAtomic(path, kept_text), "--metrics"));
+      std::error_code ec;  // rewrite the file a symlink names, not the link: the link must keep pointing at it
+      const fs::path target = fs::canonical(path, ec);
+      STRATA_RETURN_IF_ERROR(Annotate(checkpoint::WriteFileAtomic(ec ? path : target.string(), kept_text), "--metrics"));
       std::printf("metrics: kept the %lld lines of steps up to %lld in %s; appending\n",
                   static_cast<long long>(kept), static_cast<long long>(first_step), path.c_str());
     }

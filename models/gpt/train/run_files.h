@@ -21,6 +21,7 @@ struct TrainerState {
   std::optional<int64_t> global_batch;
   std::optional<uint64_t> seed;
   std::string run_id;                        // "" in checkpoints written before runs had identities
+  bool owns_legacy = false;                  // the run resumed such a checkpoint: steps without an id are its own
   std::optional<std::string> data_order;     // "shuffled" / "sequential"
   std::optional<uint64_t> data_fingerprint;  // TokensFingerprint of the data it trained on
 };
@@ -36,6 +37,9 @@ absl::StatusOr<TrainerState> ReadTrainerState(const std::string& path, std::stri
 std::string NewRunId();
 // A 64-bit fingerprint of the token stream, the same on every machine.
 uint64_t TokensFingerprint(const std::vector<int32_t>& tokens);
+// A file's size and a fingerprint of its first and last MiB, as text ("unreadable: <why>" when it cannot be read):
+// to compare a file that every rank reads from its own path.
+std::string FileFingerprint(const std::string& path);
 
 // Note [Run outputs]: what this rank writes, checked before training (every rank its checkpoint directory,
 // rank 0 its output files): each writable and distinct, with stale temporaries of dead writers swept.

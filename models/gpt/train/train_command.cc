@@ -1,6 +1,7 @@
 // `strata train`: the GPT-2 trainer on the engine, one process per rank under mpirun, srun or torchrun
 // (Note [Launchers] in launch.cc).
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <csignal>
 
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -71,6 +73,9 @@ absl::Status PrepareRun(const TrainOptions& o, int rank, RunStart* run) {
     return absl::InvalidArgumentError("--init-from and --resume exclude each other");
   }
   STRATA_ASSIGN_OR_RETURN(run->tokens, gpt::LoadTokens(o.data, o.model.vocab));
+  if (!o.init_from.empty() && ::access(o.init_from.c_str(), R_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("--init-from '", o.init_from, "' cannot be read: ", std::strerror(errno)));
+  }
   run->run_id = NewRunId();
   if (!o.resume.empty()) {
     STRATA_RETURN_IF_ERROR(CheckOneRun(o.resume));
@@ -82,8 +87,9 @@ absl::Status PrepareRun(const TrainOptions& o, int rank, RunStart* run) {
           ", so there is nothing to train; --steps counts from the start of the run: pass more than ",
           run->first_step));
     }
-    if (run->resumed.run_id.empty()) run->legacy_ok = true;
-    else run->run_id = run->resumed.run_id;
+    if (!run->resumed.run_id.empty()) run->run_id = run->resumed.run_id;
+    // Steps without an identity belong to the run that resumed one of them, and to its later resumes.
+    run->legacy_ok = run->resumed.run_id.empty() || run->resumed.owns_legacy;
   }
   if (rank == 0 && !o.checkpoint_dir.empty()) {
     STRATA_RETURN_IF_ERROR(CheckCheckpointDir(o.checkpoint_dir, run->run_id, run->first_step, run->legacy_ok));
@@ -98,9 +104,11 @@ std::vector<std::pair<std::string, std::string>> TrainerFields(const TrainOption
                                      TokensFingerprint(run.tokens))},
           {"--data-order", o.order == gpt::DataOrder::kShuffled ? "shuffled" : "sequential"},
           {"--steps", absl::StrCat(o.steps)},
-          {"--resume (step)", o.resume.empty() ? "none" : absl::StrCat(run.first_step)},
-          {"--init-from", o.init_from},
-          {"--checkpoint-every", absl::StrCat(o.checkpoint_every, o.checkpoint_dir.empty() ? " (no dir)" : "")},
+          {"--resume", o.resume.empty() ? "none"
+                                        : absl::StrCat("step ", run.first_step, " of run '", run.resumed.run_id, "'")},
+          {"--init-from", o.init_from.empty() ? "none" : FileFingerprint(o.init_from)},
+          {"--checkpoint-dir", o.checkpoint_dir.empty() ? "not given" : "given"},
+          {"--checkpoint-every", absl::StrCat(o.checkpoint_every)},
           {"--device", o.device},
           {"--matmul", o.matmul ? absl::StrCat(static_cast<int>(*o.matmul)) : "default"},
           {"--attention", absl::StrCat(static_cast<int>(o.attention))}};
@@ -144,6 +152,7 @@ absl::Status SaveAndPrune(const TrainOptions& o, Engine& e, const RunStart& run,
   t.next_step = done;
   t.global_batch = global_batch;
   t.run_id = run.run_id;
+  t.owns_legacy = run.legacy_ok;
   t.data_fingerprint = data_fp;
   STRATA_RETURN_IF_ERROR(e.SaveCheckpoint(dir, TrainerStateJson(o, t)));
   if (e.rank() != 0) return absl::OkStatus();
@@ -238,10 +247,11 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   RunStart start;
   STRATA_RETURN_IF_ERROR(comm::AgreeOnOutcome(PrepareRun(o, rank, &start), "before training", host, *metrics_stream));
   STRATA_RETURN_IF_ERROR(comm::AgreeOnFields(
-      TrainerFields(o, start), "the trainer's options",
+      TrainerFields(o, start), "the trainer's configuration",
       "Every rank must be started with the same flags and data; only --metrics, --trace, --save-weights, "
-      "--print-every, --diagnostics-window, --checkpoint-dir's path, --keep-last, the collective timeout and "
-      "memory budgets may differ per rank",
+      "--print-every, --diagnostics-window, the paths of --checkpoint-dir, --data and --init-from (their "
+      "contents are compared), --keep-last, --activation-checkpointing, the collective timeout and memory "
+      "budgets may differ per rank",
       host, *metrics_stream));
   if (!o.checkpoint_dir.empty()) STRATA_RETURN_IF_ERROR(CheckSharedDir(o.checkpoint_dir, host, *metrics_stream));
   const std::vector<int32_t>& tokens = start.tokens;
@@ -354,9 +364,14 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
       }
     }
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+    // The outputs after training: each is attempted whatever became of the one before (a trace on a full disk
+    // must not cost the trained weights), the first error is the run's.
+    absl::Status finish;
     if (!o.trace.empty()) {
-      STRATA_RETURN_IF_ERROR(engine::WriteTrace(host, *metrics_stream, &trace, o.trace));
-      if (rank == 0) std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
+      finish = engine::WriteTrace(host, *metrics_stream, &trace, o.trace);
+      // A failed collective leaves the ranks out of step: nothing more can be exchanged.
+      if (comm::IsPeerFailure(finish) || absl::IsDeadlineExceeded(finish)) return finish;
+      if (finish.ok() && rank == 0) std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
     }
     if (rank == 0) {
       const std::string summary = diagnostics.Summary();
@@ -365,11 +380,11 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
                   static_cast<long long>(o.steps), total, last_loss, tokens_total / total,
                   PeakText(e->memory_stats()).c_str());
     }
-    // The last outputs, then every rank waits for every other's outcome (Note [Agreed outcomes]): a rank that
-    // fails after training (its metrics or weights file) is named by every rank, none exits 0 beside it.
-    absl::Status finish = metrics.Close();
+    // Then every rank waits for every other's outcome (Note [Agreed outcomes]): a rank that fails after
+    // training (its trace, metrics or weights file) is named by every rank, none exits 0 beside it.
+    if (absl::Status closed = metrics.Close(); finish.ok()) finish = closed;
     if (!o.save_weights.empty()) {
-      absl::Status saved = gpt::SaveWeights(*e, model, o.save_weights, rank == 0);
+      absl::Status saved = Annotate(gpt::SaveWeights(*e, model, o.save_weights, rank == 0), "--save-weights");
       if (saved.ok() && rank == 0) std::printf("weights: %s\n", o.save_weights.c_str());
       if (finish.ok()) finish = saved;
     }

@@ -98,6 +98,20 @@ TEST_F(RunFiles, OutputsAreCheckedBeforeTraining) {
   o.metrics = (dir_ / "same").string();
   o.trace = (dir_ / "same").string();
   EXPECT_THAT(std::string(CheckOutputs(o, 0).message()), HasSubstr("--metrics and --trace name the same file"));
+  // Paths that do not exist yet, written differently, still name one file (weakly_canonical alone missed them).
+  const std::string cwd = fs::current_path().string();
+  fs::current_path(dir_);
+  o = TrainOptions();
+  o.metrics = "new.json";
+  o.trace = "./sub/../new.json";
+  const std::string relative = std::string(CheckOutputs(o, 0).message());
+  o = TrainOptions();
+  o.metrics = "tokens.bin";
+  o.data = (dir_ / "tokens.bin").string();  // an output over an input
+  const std::string over_input = std::string(CheckOutputs(o, 0).message());
+  fs::current_path(cwd);
+  EXPECT_THAT(relative, HasSubstr("--metrics and --trace name the same file"));
+  EXPECT_THAT(over_input, HasSubstr("--metrics and --data name the same file"));
   o = TrainOptions();
   o.save_weights = dir_.string();
   EXPECT_THAT(std::string(CheckOutputs(o, 0).message()), HasSubstr("is a directory"));
@@ -148,11 +162,31 @@ TEST_F(RunFiles, ACheckpointDirectoryBelongsToOneRun) {
 }
 
 TEST_F(RunFiles, ResumingADirectoryOfSeveralRunsIsRefused) {
+  Step(1, "");  // from before run identities: owned by whichever run resumes it, no other run's
   Step(2, "aa");
   EXPECT_TRUE(CheckOneRun(Ck()).ok());
   Step(3, "bb");
   EXPECT_THAT(std::string(CheckOneRun(Ck()).message()), AllOf(HasSubstr("2 different runs"), HasSubstr("step_00000003")));
   EXPECT_TRUE(CheckOneRun(Ck() + "/step_00000002").ok());  // a step directory names itself
+}
+
+TEST_F(RunFiles, ADamagedStepIsIgnoredNotABlock) {
+  Step(2, "aa");
+  Step(4, "aa");
+  std::ofstream(dir_ / "ck" / "step_00000002" / checkpoint::kManifestName) << "{\"format\": ";
+  EXPECT_TRUE(CheckCheckpointDir(Ck(), "aa", 4, false).ok());
+  EXPECT_TRUE(CheckOneRun(Ck()).ok());
+}
+
+TEST_F(RunFiles, FilesAreComparedByContents) {
+  std::ofstream(dir_ / "a") << std::string(3 << 20, 'x');
+  std::ofstream(dir_ / "b") << std::string(3 << 20, 'x');
+  std::string c(3 << 20, 'x');
+  c[(3 << 20) - 5] = 'y';  // in the last MiB
+  std::ofstream(dir_ / "c") << c;
+  EXPECT_EQ(FileFingerprint((dir_ / "a").string()), FileFingerprint((dir_ / "b").string()));
+  EXPECT_NE(FileFingerprint((dir_ / "a").string()), FileFingerprint((dir_ / "c").string()));
+  EXPECT_THAT(FileFingerprint((dir_ / "none").string()), HasSubstr("unreadable"));
 }
 
 TEST_F(RunFiles, PruningKeepsOtherRunsAndRemovesIncompleteSteps) {
@@ -177,11 +211,13 @@ TEST_F(RunFiles, TrainerStateRoundTripsItsIdentityAndData) {
   t.global_batch = 8;
   t.run_id = NewRunId();
   t.data_fingerprint = TokensFingerprint({1, 2, 3});
+  t.owns_legacy = true;
   auto back = ParseTrainerState(TrainerStateJson(o, t), "x/step_00000007");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->run_id, t.run_id);
   EXPECT_EQ(back->data_fingerprint, t.data_fingerprint);
   EXPECT_EQ(back->data_order, "shuffled");
+  EXPECT_TRUE(back->owns_legacy);
   EXPECT_NE(TokensFingerprint({1, 2, 3}), TokensFingerprint({1, 3, 2}));
   EXPECT_EQ(t.run_id.size(), 32u);
   EXPECT_NE(NewRunId(), NewRunId());
