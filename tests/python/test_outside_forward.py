@@ -195,3 +195,15 @@ def test_dtype_changes_with_bf16_parameters():
         model.float()
     train(model, engine, 0, 1)
     engine.close()
+
+
+def test_a_parameter_replaced_after_shard_is_refused():
+    """`module.bias = nn.Parameter(t)` after shard() trained without a word, and the new bias was never
+    updated (the engine holds the sharded one). The next forward refuses it, naming the parameter."""
+    model = tiny_lm()
+    engine = st.shard(model, config(3))
+    train(model, engine, 0, 1)
+    model.blocks[2].fc2.bias = torch.nn.Parameter(torch.zeros(16))
+    with pytest.raises(RuntimeError, match=r"parameter 'fc2\.bias' of unit .* was replaced"):
+        train(model, engine, 1, 2)
+    engine.close()

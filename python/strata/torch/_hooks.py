@@ -256,6 +256,7 @@ class Tracker:
                                f"forward or sum their losses into one backward)")
         self._check_frozenness()
         self._check_untouched()
+        self._check_parameters_kept()
         if torch.is_grad_enabled():
             self._call(_capi.lib.strata_engine_begin_micro_batch)
             self.touched.clear()
@@ -306,6 +307,23 @@ class Tracker:
                             f"values live in the engine, so the write would be lost. Edit it inside "
                             f"`with st.GatheredParameters(params, modifier_rank=0):` (the edit then reaches every "
                             f"rank's shard and the optimizer's fp32 copy), or set the values before st.shard()")
+
+    def _check_parameters_kept(self):
+        """A parameter object replaced after shard() (`module.bias = nn.Parameter(t)`, a module swapped for a new
+        one) is not the engine's: the forward would compute with the new tensor and nothing would ever train it,
+        nor would a checkpoint hold it. Refused at the next forward, naming it."""
+        for u in self.units:
+            for n, p in zip(u.spec.names, u.spec.params):
+                try:
+                    now = u.spec.module.get_parameter(n)
+                except AttributeError:
+                    now = None
+                if now is not p:
+                    raise RuntimeError(
+                        f"strata: parameter '{n}' of unit '{u.spec.name}' was replaced (or removed) after st.shard(); "
+                        f"the engine holds the one that was sharded, and a new tensor would never be trained. Change "
+                        f"a parameter's values inside `with st.GatheredParameters(params, modifier_rank=0):`, or "
+                        f"change the model's structure before st.shard()")
 
     def root_abandon(self, error):
         """The forward raised: undo what root_enter pushed so the process can go on (without this engine)."""
