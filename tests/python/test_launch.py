@@ -4,6 +4,7 @@ mpirun. A CUDA model's ranks under torchrun are torchrun's (NCCL, bootstrapped b
 docs/decisions/0020): on this GPU-less host its bootstrap exchange runs for real and then every rank fails
 naming the missing GPU."""
 import os
+import random
 import re
 import socket
 import subprocess
@@ -26,10 +27,25 @@ def test_refusal_decision():
     assert torchrun_refusal({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, 1) is None  # leftovers
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports():
+    """Two consecutive ports for torchrun's store and the bootstrap exchange, free now. Not from the kernel's
+    ephemeral range (what binding port 0 returns): every outgoing connection on the machine takes ports from
+    there, and one did take the bootstrap's port between this test's check and rank 0's bind (issue 35). Below
+    it, only a process that binds that exact number could. Reserving the port for good needs a bootstrap over
+    torchrun's own store (issue 35)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, ephemeral_low - 2)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port, port + 1
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports below the ephemeral range")
 
 
 def _torchrun_probe(mode):
@@ -39,10 +55,11 @@ def _torchrun_probe(mode):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_"))}
     env.pop("WORLD_SIZE", None)
-    env["STRATA_BOOTSTRAP_PORT"] = str(_free_port())
+    master_port, bootstrap_port = _free_ports()
+    env["STRATA_BOOTSTRAP_PORT"] = str(bootstrap_port)
     start = time.monotonic()
     p = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                        str(_free_port()), script, mode], env=env, capture_output=True, text=True, timeout=600)
+                        str(master_port), script, mode], env=env, capture_output=True, text=True, timeout=600)
     return p.returncode, p.stdout + p.stderr, time.monotonic() - start
 
 
