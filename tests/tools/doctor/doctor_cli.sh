@@ -105,17 +105,19 @@ fi
 
 # Under torchrun every rank runs the doctor and the launch check tries rank 0's id exchange for real
 # (on MASTER_PORT + 1: torchrun's agent holds MASTER_PORT, so a listener stands in for it here).
+# Two free consecutive ports below the kernel's ephemeral range, where outgoing connections cannot take them
+# between this check and the binds (test_launch.py's _free_ports says why).
 port=$(python3 -c "
-import socket
-for _ in range(50):
-    s = socket.socket(); s.bind(('127.0.0.1', 0)); p = s.getsockname()[1]
-    t = socket.socket()
+import random, socket
+low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
+for _ in range(200):
+    p = random.randrange(10000, low - 2)
     try:
-        t.bind(('127.0.0.1', p + 1)); t.close(); print(p); break
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(('127.0.0.1', p)); b.bind(('127.0.0.1', p + 1))
+        print(p); break
     except OSError:
-        pass
-    finally:
-        s.close()")
+        pass")
 python3 -c "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',int(sys.argv[1]))); s.listen(); time.sleep(30)" "$port" &
 store=$!
 sleep 0.3
