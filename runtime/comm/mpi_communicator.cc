@@ -50,7 +50,7 @@ struct MpiContext {
 namespace {
 
 constexpr int kDiagTag = 7001;
-constexpr int kReduceTag = 7002;                  // the reduce-scatter's transfers (Note [Reduce-scatter ...])
+constexpr int kReduceTag = 7002;                  // the reduce-scatter's transfers (Note [Reduce-scatter over point to point])
 constexpr size_t kReduceChunkBytes = 1u << 20;  // per peer and transfer
 constexpr int kMaxDirectRanks = 8;                // above it: 2 (size - 1) MiB of buffers is too much
 constexpr int kNoticeTag = 7003;                  // Note [Failure notices]: "<world rank>\n<cause>"

@@ -1,6 +1,6 @@
 // The stage-3 parameter gather: a pool of gathered buffers (SlotPool, Note [Gather buffer reuse]), the
 // gather communicator and stream, and a ParamSource that says where each shard comes from. The engine
-// owns the protocol (which unit is gathered when, Note [Schedule] in schedule.h); the Gatherer owns the
+// owns the protocol (which unit is gathered when, from the order schedule.h records); the Gatherer owns the
 // mechanics, the same for every placement.
 //
 //   Issue(u, demand)  takes a free slot, has the source prepare the shard and enqueues the all-gather;
