@@ -111,3 +111,25 @@ def test_a_strata_torch_checkpoint_loads_by_tag(tmp_path):
     state = engine.strata.full_state_dict()
     assert all(torch.equal(state[k], v) for k, v in saved.items())
     engine.destroy()
+
+
+def test_save_16bit_model_writes_the_full_weights(tmp_path):
+    root = shared_dir(tmp_path)
+    model = tiny_lm()
+    model.emb.weight.requires_grad_(False)  # frozen (and tied to the head)
+    cfg = config(3, 1, train_micro_batch_size_per_gpu=2, bf16={"enabled": True})
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                      config=cfg)
+    x, y = batches(0, 0, st.rank())
+    engine.backward(engine(x, y))
+    engine.step()
+    assert engine.save_16bit_model(root) is True
+    assert engine.save_16bit_model(root, "trainable.bin", exclude_frozen_parameters=True) is True
+    full = engine.module.state_dict()
+    engine.destroy()
+    saved = torch.load(os.path.join(root, "pytorch_model.bin"), weights_only=True)
+    assert saved.keys() == full.keys()
+    bad = [k for k, v in saved.items() if v.dtype != torch.bfloat16 or not torch.equal(v, full[k].to(v.dtype))]
+    assert not bad
+    trainable = torch.load(os.path.join(root, "trainable.bin"), weights_only=True)
+    assert set(full) - set(trainable) == {"emb.weight", "head.weight"}

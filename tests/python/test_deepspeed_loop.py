@@ -241,3 +241,15 @@ def test_a_parameter_without_a_gradient_is_updated_as_deepspeed_does():
         if rule is None:
             assert torch.allclose(after, start * (1 - LR * WD))  # only the decay moved it
         engine.destroy()
+
+
+def test_batch_sizes_from_the_config():
+    cfg = ds_config(accumulation=2)
+    del cfg["train_micro_batch_size_per_gpu"]
+    cfg["train_batch_size"] = 3 * 2 * st.world_size()
+    engine, *_ = make(cfg)
+    assert engine.train_micro_batch_size_per_gpu() == 3 and engine.train_batch_size() == 6 * st.world_size()
+    engine.config["train_batch_size"] = "auto"  # as a config filled in by no one
+    with pytest.raises(ValueError, match=r"the config's train_batch_size is 'auto'; give a positive integer"):
+        engine.train_batch_size()
+    engine.destroy()

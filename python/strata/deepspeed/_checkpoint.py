@@ -122,3 +122,26 @@ def resolve_tag(load_dir, tag):
     if status == "missing":
         raise FileNotFoundError(value)
     return value
+
+
+def save_weights(engine, save_dir, save_filename, exclude_frozen_parameters):
+    """Collective: the model's full state dict in the engine's parameter dtype (fp32, or bf16 with bf16
+    parameters), written by rank 0 with torch.save to save_dir/save_filename (a temporary name, then renamed)."""
+    from strata.torch._buffers import _TORCH_DTYPE  # noqa: PLC0415
+    dtype = _TORCH_DTYPE[engine.strata.units[0].layout.dtype][0]
+    params = dict(engine.module.named_parameters(remove_duplicate=False))  # tied names each
+    state = engine.module.state_dict()  # every rank takes part in the gathers
+    state = {k: (v.to(dtype) if k in params else v) for k, v in state.items()
+             if not (exclude_frozen_parameters and k in params and not params[k].requires_grad)}
+    error = None
+    if _comm.rank() == 0:
+        path = os.path.join(os.fspath(save_dir), save_filename)
+        try:
+            os.makedirs(os.fspath(save_dir), exist_ok=True)
+            torch.save(state, f"{path}.tmp.{os.getpid()}")
+            os.replace(f"{path}.tmp.{os.getpid()}", path)
+        except OSError as e:
+            error = f"strata.deepspeed.save_16bit_model: writing {path}: {e}"
+    error = _comm.broadcast_object(error)
+    if error:
+        raise OSError(error)

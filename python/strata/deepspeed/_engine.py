@@ -14,8 +14,14 @@ from strata.deepspeed._optim import EngineOptimizer, EngineScheduler
 
 
 def _positive_int(config, key):
+    """The config's value of `key`, or None when absent; anything but a positive int (such as "auto", which
+    this layer cannot resolve) is an error naming it."""
     v = config.get(key)
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ValueError(f"strata.deepspeed: the config's {key} is {v!r}; give a positive integer")
+    return v
 
 
 class DeepSpeedEngine(torch.nn.Module):
@@ -228,6 +234,14 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.optimizer is not None:
             self.optimizer.set_lr(self.strata.lr())
         return path, client_state
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """Collective: the full weights (model.state_dict() names) in the parameter dtype, torch.save'd by rank 0.
+        Always saves (DeepSpeed's ZeRO-3 needs stage3_gather_16bit_weights_on_model_save); returns True."""
+        _checkpoint.save_weights(self, save_dir, save_filename, exclude_frozen_parameters)
+        return True
+
+    save_fp16_model = save_16bit_model  # DeepSpeed's older name
 
     def destroy(self):
         self.strata.close()
