@@ -96,6 +96,7 @@ _SIGNATURES = {  # name: argument types (every function returns a strata_status 
     "strata_engine_zero_grad": [c_void_p],
     "strata_engine_step": [c_void_p, _P(StepResult)],
     "strata_engine_loss_scale": [c_void_p, _P(c_float)],
+    "strata_engine_lr": [c_void_p, _P(c_double)],
     "strata_engine_gather_param": [c_void_p, c_int32, c_int32, c_void_p, c_size_t],
     "strata_engine_set_param": [c_void_p, c_int32, c_int32, c_void_p, c_size_t],
     "strata_engine_save_checkpoint": [c_void_p, c_char_p, c_char_p],

@@ -347,6 +347,15 @@ strata_status strata_engine_loss_scale(const strata_engine* engine, float* out) 
   });
 }
 
+strata_status strata_engine_lr(const strata_engine* engine, double* out) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    if (out == nullptr) return NullArgument("out");
+    *out = engine->engine->next_lr();
+    return absl::OkStatus();
+  });
+}
+
 strata_status strata_engine_destroy(strata_engine* engine) {
   return Call(__func__, [&]() -> absl::Status {
     if (engine == nullptr) return absl::OkStatus();

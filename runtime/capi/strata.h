@@ -299,6 +299,10 @@ strata_status strata_engine_step(strata_engine* engine, strata_step_result* out)
 /* The loss scale the next micro-batches should use (fp16 dynamic loss scaling; 1 otherwise). */
 strata_status strata_engine_loss_scale(const strata_engine* engine, float* out);
 
+/* The learning rate the next strata_engine_step will use (the config's `scheduler` at the current step),
+ * what that step's strata_step_result.lr will say; the same for every parameter. */
+strata_status strata_engine_lr(const strata_engine* engine, double* out);
+
 /* Collective, blocking, after finalize: the full fp32 master value of one parameter, `count` (= numel)
  * floats into caller memory. For export, checksums and tests. */
 strata_status strata_engine_gather_param(strata_engine* engine, int32_t unit, int32_t param, float* out,

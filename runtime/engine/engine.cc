@@ -439,6 +439,7 @@ int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world_size(); }
 int64_t Engine::step() const { return impl_->progress.step; }
 float Engine::loss_scale() const { return impl_->progress.loss_scaler.scale(); }
+double Engine::next_lr() const { return impl_->NextLr(); }
 device::Timeline& Engine::timeline() { return impl_->progress.timeline; }
 void Engine::ResetPeakMemory() { impl_->rt.tracker.ResetPeaks(); }
 

@@ -148,6 +148,8 @@ class Engine {
   // The engine divides it out of the gradients at Step(); an overflow (non-finite global gradient norm)
   // skips the update on every rank and halves it; loss_scale_window clean steps double it.
   float loss_scale() const;
+  // The learning rate the next Step() will use: the scheduler at step(), the same for every parameter.
+  double next_lr() const;
   MemoryStats memory_stats() const;
   // Threads of the host optimizer update (strata.optimizer_threads, resolved). SetOptimizerThreads
   // replaces the pool between steps (0 = the default); the results are the same bits for every count,

@@ -355,6 +355,7 @@ struct Engine::Impl {
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
   optim::StepInputs StepInputsNow();  // the step's scalars (scale, lr, step, clip) and the norm's sum
+  double NextLr() const;              // the scheduler's lr for the next step
   optim::StepUnit StepUnitOf(UnitState& u, float* grad);  // grad: the update range of the gradients
   // Note [Parameters without a gradient]: with strata.params_without_grad "skip", the units' update
   // segments of this step (parameters no rank wrote a gradient to left out, those that skipped earlier

@@ -44,9 +44,16 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
     for (size_t p = 0; p < here.params.size(); ++p) {
       const auto& a = there.params[p];
       const auto& b = here.params[p];
-      if (a.name != b.spec.name || a.shape != b.spec.shape || a.weight_decay != b.spec.weight_decay) {
+      if (a.name != b.spec.name || a.shape != b.spec.shape) {
         return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ", Shape(b.spec.shape),
                                    " here is '", there.name, ".", a.name, "' ", Shape(a.shape), " there"));
+      }
+      if (a.weight_decay != b.spec.weight_decay) {  // the trainer's choice (param groups, weight_decay=)
+        return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ",
+                                   b.spec.weight_decay ? "decays" : "does not decay", " here but ",
+                                   a.weight_decay ? "decayed" : "did not decay",
+                                   " in the checkpoint (its weight-decay flag: give it the same param group or "
+                                   "weight_decay choice as the run that saved it)"));
       }
       if (a.frozen != b.spec.frozen) {  // the saved kinds differ (Note [Frozen units])
         return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' is ", b.spec.frozen ? "frozen" : "trainable",

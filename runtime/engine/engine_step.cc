@@ -87,11 +87,13 @@ optim::GradOps GradOpsOf(TierOps& t) {
 }
 }  // namespace
 
+double Engine::Impl::NextLr() const { return optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, progress.step); }
+
 optim::StepInputs Engine::Impl::StepInputsNow() {
   optim::StepInputs in;
   in.grad_scale =
       1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * progress.loss_scaler.scale());
-  in.lr = optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, progress.step);
+  in.lr = NextLr();
   in.step = progress.step + 1;
   in.max_norm = cfg.gradient_clipping;
   in.param_dtype = cfg.param_dtype;

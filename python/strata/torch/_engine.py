@@ -196,6 +196,13 @@ class Engine:
         self.model_buffers.after_step()
         return {k: getattr(r, k) for k in ("step", "skipped", "clip_coef", "grad_norm", "lr", "loss_scale")}
 
+    def lr(self):
+        """The learning rate the next step() will use: the config's scheduler at the current step (what that
+        step's result will report as 'lr'), the same for every parameter."""
+        out = ctypes.c_double()
+        _capi.check(_lib.strata_engine_lr(self.handle, ctypes.byref(out)))
+        return out.value
+
     def zero_grad(self):
         """A no-op where allowed: the engine zeroes gradients at each step; refuses once a pass began."""
         _capi.check(_lib.strata_engine_zero_grad(self.handle))

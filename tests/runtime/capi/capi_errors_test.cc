@@ -56,6 +56,8 @@ TEST(CApiErrors, NullHandlesAreInvalidArgument) {
   EXPECT_STRATA_ERROR(strata_engine_zero_grad(e), kInvalid, "engine is NULL");
   EXPECT_STRATA_ERROR(strata_engine_step(e, nullptr), kInvalid, "engine is NULL");
   EXPECT_STRATA_ERROR(strata_engine_loss_scale(e, &f), kInvalid, "engine is NULL");
+  double d = 0;
+  EXPECT_STRATA_ERROR(strata_engine_lr(e, &d), kInvalid, "engine is NULL");
   EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 0, &f, 1), kInvalid, "engine is NULL");
   EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, 0, &f, 1), kInvalid, "engine is NULL");
   EXPECT_STRATA_ERROR(strata_engine_save_checkpoint(e, "/tmp/x", nullptr), kInvalid, "engine is NULL");
@@ -85,6 +87,7 @@ TEST(CApiErrors, NullOutputsAndBadArgumentsOnALiveEngine) {
     EXPECT_STRATA_ERROR(strata_engine_param_info(e, 0, 0, nullptr), kInvalid, "out is NULL");
     EXPECT_STRATA_ERROR(strata_engine_get_stats(e, nullptr), kInvalid, "out is NULL");
     EXPECT_STRATA_ERROR(strata_engine_loss_scale(e, nullptr), kInvalid, "out is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_lr(e, nullptr), kInvalid, "out is NULL");
     EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 0, nullptr, 32), kInvalid, "out is NULL");
     EXPECT_STRATA_ERROR(strata_engine_gather_param(e, 0, 0, buf, 31), kInvalid, "has 32 elements, count is 31");
     EXPECT_STRATA_ERROR(strata_engine_set_param(e, 0, 1, buf, 32), kInvalid, "has 8 elements, count is 32");

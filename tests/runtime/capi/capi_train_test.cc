@@ -323,6 +323,33 @@ TEST(CApiStats, MemoryPerTierAndTheStepTimeSplit) {
   });
 }
 
+// strata_engine_lr is the lr the next step uses (strata.deepspeed's get_lr() before and between steps).
+TEST(CApiLr, IsTheLrTheNextStepUses) {
+  RunCRanks(kWorld, [&](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm,
+                                "{\"zero_optimization\": {\"stage\": 3}, \"optimizer\": {\"type\": \"AdamW\", "
+                                "\"params\": {\"lr\": 0.01}}, \"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+                                "{\"warmup_num_steps\": 3, \"warmup_min_lr\": 0}}}",
+                                true, &e));
+    std::vector<double> used;
+    for (int s = 0; s < 4; ++s) {
+      double next = -1;
+      ASSERT_STRATA_OK(strata_engine_lr(e, &next));
+      ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+      UseUnits(e, 0.1f);
+      ASSERT_STRATA_OK(strata_engine_end_micro_batch(e));
+      strata_step_result r = STRATA_STEP_RESULT_INIT;
+      ASSERT_STRATA_OK(strata_engine_step(e, &r));
+      EXPECT_EQ(r.lr, next) << "step " << s;
+      used.push_back(r.lr);
+    }
+    EXPECT_LT(used[0], used[3]) << "the warm-up moves the lr";
+    EXPECT_EQ(used[3], 0.01) << "at the peak after the warm-up";
+    ASSERT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
 // The trace through the C ABI: the runtime's writer over the engine's timeline, every rank in rank 0's file.
 TEST(CApiTrace, RecordsEachRanksGathersUsesAndStepsIntoOneFile) {
   const std::string path = ::testing::TempDir() + "/capi_trace.json";
