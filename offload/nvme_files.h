@@ -104,7 +104,8 @@ class NvmeFileSet {
 };
 
 // Removes every "strata-*.swap" regular file of this user in `dir` that no live process holds locked and
-// whose creator has ended (Note [Swap files leave nothing behind]); returns how many bytes it freed. Logs each file it removes.
+// whose creator has ended (Note [Swap files leave nothing behind]); returns how many bytes it freed. Logs each file it
+// removes.
 uint64_t ReclaimStaleSwapFiles(const std::string& dir);
 
 // The file-system type of `path` ("ext4", "tmpfs", "xfs", ... or the magic number in hex).

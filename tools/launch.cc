@@ -12,7 +12,8 @@ std::optional<std::string> RefuseHostUnderTorchrun(const Launch& launch, device:
 
 absl::StatusOr<Job> StartJob(comm::MpiRuntime& mpi, const Launch& launch, const TrainOptions& o,
                              const comm::Options& options) {
-  const std::optional<int> local_rank = launch.torchrun ? std::optional<int>(launch.torchrun->local_rank) : std::nullopt;
+  const std::optional<int> local_rank =
+      launch.torchrun ? std::optional<int>(launch.torchrun->local_rank) : std::nullopt;
   absl::StatusOr<Compute> compute = absl::UnknownError("the device was not started");
   STRATA_ASSIGN_OR_RETURN(Worlds worlds, comm::StartWorlds(mpi, launch, DeviceKindFor(o.device), options, [&] {
     compute = MakeCompute(o.device, o.matmul, o.attention, o.engine.param_dtype, local_rank);

@@ -29,7 +29,8 @@ class Mlp {
 
   // One micro-batch on samples [first, first + count): forward, loss, backward through the hooks.
   // Returns the micro-batch's mean loss.
-  absl::StatusOr<double> TrainMicroBatch(engine::Engine& engine, int64_t first, int count, int64_t compute_delay_us = 0);
+  absl::StatusOr<double> TrainMicroBatch(engine::Engine& engine, int64_t first, int count,
+                                         int64_t compute_delay_us = 0);
 
   // Deterministic sample `index`: input x (shape.in) and target t (shape.out).
   void Sample(int64_t index, float* x, float* t) const;

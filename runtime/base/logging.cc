@@ -36,8 +36,9 @@ bool LogEnabled(LogSeverity s) { return static_cast<int>(s) >= MinSeverity().loa
 void LogLine(LogSeverity s, absl::string_view msg) {
   static constexpr char kLetters[] = {'D', 'I', 'W', 'E'};
   const int rank = g_rank.load();
-  std::string line = rank >= 0 ? absl::StrCat("[strata r", rank, " ", std::string(1, kLetters[static_cast<int>(s)]), "] ")
-                               : absl::StrCat("[strata ", std::string(1, kLetters[static_cast<int>(s)]), "] ");
+  std::string line = rank >= 0
+                         ? absl::StrCat("[strata r", rank, " ", std::string(1, kLetters[static_cast<int>(s)]), "] ")
+                         : absl::StrCat("[strata ", std::string(1, kLetters[static_cast<int>(s)]), "] ");
   absl::StrAppend(&line, msg, "\n");
   // One write per line: atomic for pipes up to PIPE_BUF, good enough for terminals and files.
   ssize_t unused = ::write(STDERR_FILENO, line.data(), line.size());

@@ -15,7 +15,8 @@ inline absl::Status MpiError(const char* call, int code, const char* file, int l
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
   return absl::InternalError(absl::StrCat(call, " failed at ", file, ":", line, ": ",
-                                          absl::string_view(text, static_cast<size_t>(len)), " (MPI error ", code, ")"));
+                                          absl::string_view(text, static_cast<size_t>(len)), " (MPI error ", code,
+                                          ")"));
 }
 
 }  // namespace strata

@@ -41,9 +41,13 @@ absl::Status MpiUnavailable() {
 absl::Status RefuseTorchrunWorld(int mpi_rank, int mpi_size) {
   STRATA_ASSIGN_OR_RETURN(const comm::Launch launch, comm::DetectLaunch(mpi_rank, mpi_size));
   if (!launch.torchrun || launch.size == 1) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "started by torchrun (WORLD_SIZE=", launch.size, "), where MPI's world is this process alone: launch with "
-      "`mpirun -n ", launch.size, "` (or srun), or pass torchrun's NCCL communicator to strata_comm_create_nccl, or on GPUs use strata_comm_create_torchrun"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("started by torchrun (WORLD_SIZE=", launch.size,
+                   "), where MPI's world is this process alone: launch with "
+                   "`mpirun -n ",
+                   launch.size,
+                   "` (or srun), or pass torchrun's NCCL communicator to strata_comm_create_nccl, or on GPUs use "
+                   "strata_comm_create_torchrun"));
 }
 #endif
 

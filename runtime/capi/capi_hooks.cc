@@ -74,9 +74,9 @@ absl::Status EndUse(strata_engine* e, int32_t unit, bool backward) {
   strata_unit_state& u = e->units[unit];
   int& open = backward ? u.open_backward : u.open_forward;
   if (open == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("unit '", e->engine->layout(unit).name, "' has no open ",
-                                                      backward ? "backward" : "forward", " use (call strata_engine_begin_",
-                                                      backward ? "backward" : "forward", " first)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("unit '", e->engine->layout(unit).name, "' has no open ", backward ? "backward" : "forward",
+                     " use (call strata_engine_begin_", backward ? "backward" : "forward", " first)"));
   }
   const absl::Status s = backward ? e->engine->EndBackward(unit) : e->engine->EndForward(unit);
   // The engine closed the use before anything in it could fail (a later failure poisons the engine).

@@ -48,7 +48,8 @@ absl::Status ReadResharded(ShardReaders& shards, const std::string& unit, const 
     if (range == nullptr || range->begin > b || range->begin + range->count < e) {
       return absl::DataLossError(absl::StrCat(
           "checkpoint shard of rank ", s, " lacks ", unit, ".", param, " ", kind, " elements [", b, ", ", e,
-          range == nullptr ? ")" : absl::StrCat(") (it holds [", range->begin, ", ", range->begin + range->count, "))")));
+          range == nullptr ? ")"
+                           : absl::StrCat(") (it holds [", range->begin, ", ", range->begin + range->count, "))")));
     }
     STRATA_RETURN_IF_ERROR(r->Read(*range, &buf));
     CopyOverlap(*range, buf, b, e, dst + (b - lo));

@@ -156,7 +156,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header
 
 absl::Status ValidateSafetensorsHeader(std::string_view file_bytes) {
   const std::string path = "<memory>";
-  if (file_bytes.size() < 8) return Corrupt(path, absl::StrCat("only ", file_bytes.size(), " bytes: too short for a header"));
+  if (file_bytes.size() < 8)
+    return Corrupt(path, absl::StrCat("only ", file_bytes.size(), " bytes: too short for a header"));
   const uint64_t header_len = ReadLength(reinterpret_cast<const unsigned char*>(file_bytes.data()));
   STRATA_RETURN_IF_ERROR(CheckHeaderLength(path, header_len, file_bytes.size()));
   return ParseSafetensorsHeader(file_bytes.substr(8, header_len), file_bytes.size() - 8 - header_len, path).status();

@@ -184,7 +184,8 @@ absl::StatusOr<ShardReader> ShardReader::Open(const std::string& dir, const std:
   std::string header(len, '\0');
   STRATA_RETURN_IF_ERROR(ReadAt(r.fd_.get(), header.data(), len, 16, path));
   if (expected_checksum != nullptr && Crc32(header.data(), header.size()) != *expected_checksum) {
-    return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': header checksum differs from the manifest"));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint shard '", path, "': header checksum differs from the manifest"));
   }
   STRATA_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(header, size, path));
   r.rank_ = h.rank;

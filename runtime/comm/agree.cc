@@ -82,7 +82,8 @@ absl::Status AgreeOnOutcome(const absl::Status& mine, absl::string_view phase, C
     }
   }
   if (mine.ok() && others.empty()) return absl::OkStatus();
-  absl::Status out = !mine.ok() ? mine : absl::FailedPreconditionError(absl::StrCat(phase, ": ", absl::StrJoin(others, "; ")));
+  absl::Status out =
+      !mine.ok() ? mine : absl::FailedPreconditionError(absl::StrCat(phase, ": ", absl::StrJoin(others, "; ")));
   if (!mine.ok() && !others.empty()) {
     out = absl::Status(mine.code(), absl::StrCat(mine.message(), " (also ", absl::StrJoin(others, "; "), ")"));
   }

@@ -38,8 +38,8 @@ absl::StatusOr<std::vector<std::string>> AllGatherText(Communicator& comm, const
                                                        device::Stream& stream);
 
 // Note [One configuration]: `fields` are (key, value) in an order every rank shares. OK when every rank
-// has the same values; otherwise FailedPrecondition (IsAgreedFailure) on every rank alike: "<what> differs across ranks: KEY
-// is V on rank 0 but W on rank 1. <remedy>", for the first key that differs.
+// has the same values; otherwise FailedPrecondition (IsAgreedFailure) on every rank alike: "<what> differs across
+// ranks: KEY is V on rank 0 but W on rank 1. <remedy>", for the first key that differs.
 absl::Status AgreeOnFields(const std::vector<std::pair<std::string, std::string>>& fields, absl::string_view what,
                            absl::string_view remedy, Communicator& comm, device::Stream& stream);
 

@@ -145,7 +145,8 @@ absl::StatusOr<std::string> Join(const TorchrunEnv& env, const sockaddr_in& addr
       uint32_t hello[3] = {kMagic, static_cast<uint32_t>(env.rank), static_cast<uint32_t>(env.world_size)};
       STRATA_RETURN_IF_ERROR(Transfer(s.get(), hello, sizeof(hello), true, deadline, "sending the hello"));
       uint32_t len = 0;
-      STRATA_RETURN_IF_ERROR(Transfer(s.get(), &len, 4, false, deadline, absl::StrCat("waiting for rank 0 on ", Where(env))));
+      STRATA_RETURN_IF_ERROR(
+          Transfer(s.get(), &len, 4, false, deadline, absl::StrCat("waiting for rank 0 on ", Where(env))));
       std::string blob(len, '\0');
       STRATA_RETURN_IF_ERROR(Transfer(s.get(), blob.data(), len, false, deadline, "receiving the id"));
       return blob;

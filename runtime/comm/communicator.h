@@ -130,11 +130,11 @@ class Communicator {
   // not issue the collectives they may be waiting for: their waits on this communicator for a collective
   // this rank does not join, the one in flight and every later one, end within milliseconds with an
   // AbortedError that names this rank and carries `cause` (and IsPeerFailure), instead of at their
-  // deadline. A collective this rank did join still completes (MPI polls a noticed one for 200 ms more). Unlike Abort it returns and ends
-  // no process, and it is scoped to this communicator (not its Dups or Splits), so an engine notifies
-  // each communicator it owns and the job's other engines are untouched. Only the first call sends; any
-  // thread may call it. The host back-ends implement it (MPI: a message on a reserved tag that every wait
-  // polls for); the default sends nothing, and the peers learn at their deadline.
+  // deadline. A collective this rank did join still completes (MPI polls a noticed one for 200 ms more). Unlike Abort
+  // it returns and ends no process, and it is scoped to this communicator (not its Dups or Splits), so an engine
+  // notifies each communicator it owns and the job's other engines are untouched. Only the first call sends; any thread
+  // may call it. The host back-ends implement it (MPI: a message on a reserved tag that every wait polls for); the
+  // default sends nothing, and the peers learn at their deadline.
   virtual void NotifyFailure(const absl::Status& cause) { static_cast<void>(cause); }
 };
 

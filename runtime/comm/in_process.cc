@@ -198,7 +198,8 @@ absl::Status InProcessCommunicator::Depart(uint64_t seq, const OpDesc& desc) {
   ++op.num_departed;
   rv_->job->cv.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
-  const bool all = rv_->job->cv.wait_until(lock, deadline, [&] { return op.num_departed >= rv_->world || !rv_->job->aborted.ok(); });
+  const bool all =
+      rv_->job->cv.wait_until(lock, deadline, [&] { return op.num_departed >= rv_->world || !rv_->job->aborted.ok(); });
   if (!rv_->job->aborted.ok()) return rv_->job->aborted;
   if (!all) return absl::DeadlineExceededError(absl::StrCat(Label(seq, desc), " timed out while peers read buffers"));
   // The last rank to see everyone departed erases the entry.
@@ -225,7 +226,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> InProcessCommunicator::Split(int c
   call.arrived[rank_] = true;
   ++call.num_arrived;
   job.cv.notify_all();
-  const std::string label = absl::StrCat("split #", index, " of '", options_.name, "' into '", name, "' (rank ", rank_, ")");
+  const std::string label =
+      absl::StrCat("split #", index, " of '", options_.name, "' into '", name, "' (rank ", rank_, ")");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
   const bool all = job.cv.wait_until(lock, deadline, [&] {
     return call.num_arrived == n || !job.aborted.ok() || !call.failed.ok();

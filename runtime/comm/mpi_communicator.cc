@@ -50,7 +50,7 @@ struct MpiContext {
 namespace {
 
 constexpr int kDiagTag = 7001;
-constexpr int kReduceTag = 7002;                  // the reduce-scatter's transfers (Note [Reduce-scatter over point to point])
+constexpr int kReduceTag = 7002;  // the reduce-scatter's transfers (Note [Reduce-scatter over point to point])
 constexpr size_t kReduceChunkBytes = 1u << 20;  // per peer and transfer
 constexpr int kMaxDirectRanks = 8;                // above it: 2 (size - 1) MiB of buffers is too much
 constexpr int kNoticeTag = 7003;                  // Note [Failure notices]: "<world rank>\n<cause>"
@@ -396,7 +396,9 @@ class MpiCommunicator final : public HostCommunicator {
     for (size_t c = 0; s.ok() && c < chunks; ++c) {
       if (c + 1 < chunks) s = post(c + 1);
       const int set = static_cast<int>(c % 2);
-      if (s.ok()) s = WaitWithDeadline(reqs.data() + static_cast<size_t>(set) * 2 * peers, 2 * peers, statuses.data(), what, seq, clock);
+      if (s.ok())
+        s = WaitWithDeadline(reqs.data() + static_cast<size_t>(set) * 2 * peers, 2 * peers, statuses.data(), what, seq,
+                             clock);
       if (!s.ok()) break;
       const size_t n = piece(rank_, c), first = c * chunk;
       if (n == 0) continue;
@@ -404,9 +406,10 @@ class MpiCommunicator final : public HostCommunicator {
         int got = 0;
         MPI_Get_count(&statuses[i], MpiType(dtype), &got);
         if (static_cast<size_t>(got) != n) {
-          s = absl::InvalidArgumentError(absl::StrCat(
-              what, " #", seq, " on '", options_.name, "' (rank ", rank_, " of ", size_, "): rank ", peer(i), " sent ", got,
-              " elements at element ", first, " of the block where this rank expects ", n, ": the ranks disagree on the count"));
+          s = absl::InvalidArgumentError(
+              absl::StrCat(what, " #", seq, " on '", options_.name, "' (rank ", rank_, " of ", size_, "): rank ",
+                           peer(i), " sent ", got, " elements at element ", first,
+                           " of the block where this rank expects ", n, ": the ranks disagree on the count"));
         }
       }
       if (!s.ok()) break;
@@ -595,7 +598,8 @@ absl::StatusOr<bool> MpiRuntime::IsInitialized() {
   int initialized = 0, finalized = 0;
   STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Initialized(&initialized)));
   STRATA_RETURN_IF_ERROR(STRATA_MPI_CALL(MPI_Finalized(&finalized)));
-  if (finalized) return absl::FailedPreconditionError("MPI was already finalised in this process; it cannot be used again");
+  if (finalized)
+    return absl::FailedPreconditionError("MPI was already finalised in this process; it cannot be used again");
   return initialized != 0;
 }
 

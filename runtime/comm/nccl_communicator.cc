@@ -88,7 +88,8 @@ class NcclHandle {
   template <typename Call>
   absl::Status Issue(Call&& call, const std::string& what, int64_t timeout_ms) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (aborted_) return absl::AbortedError(absl::StrCat(what, ": the communicator was aborted after an earlier failure"));
+    if (aborted_)
+      return absl::AbortedError(absl::StrCat(what, ": the communicator was aborted after an earlier failure"));
     absl::Status st = Settle(comm_, call(comm_), what, timeout_ms);
     if (!st.ok()) AbortLocked();
     return st;
@@ -171,7 +172,8 @@ absl::StatusOr<ncclComm_t> SplitNccl(int color, int key, SettleParent&& settle_p
     }
     return st;
   }
-  if (*slot == nullptr) return absl::InternalError(absl::StrCat(what, ": ncclCommSplit settled without a communicator"));
+  if (*slot == nullptr)
+    return absl::InternalError(absl::StrCat(what, ": ncclCommSplit settled without a communicator"));
   STRATA_RETURN_IF_ERROR(SettleNew(*slot, ncclInProgress, what, timeout_ms));
   return *slot;
 }
@@ -196,10 +198,11 @@ class NcclDone final : public device::Event {
       const ncclResult_t async = comm_->AsyncError();  // ncclInProgress: another call is settling
       if ((async != ncclSuccess && async != ncclInProgress) || std::chrono::steady_clock::now() > deadline) {
         comm_->Abort();
-        failed_ = async != ncclSuccess && async != ncclInProgress
-                      ? absl::InternalError(absl::StrCat(what_, ": NCCL asynchronous error: ", ncclGetErrorString(async)))
-                      : absl::DeadlineExceededError(absl::StrCat(what_, " timed out after ", timeout_ms_,
-                                                                 " ms (a peer is dead or stuck); communicator aborted"));
+        failed_ =
+            async != ncclSuccess && async != ncclInProgress
+                ? absl::InternalError(absl::StrCat(what_, ": NCCL asynchronous error: ", ncclGetErrorString(async)))
+                : absl::DeadlineExceededError(absl::StrCat(what_, " timed out after ", timeout_ms_,
+                                                           " ms (a peer is dead or stuck); communicator aborted"));
         return failed_;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -277,7 +280,8 @@ class NcclCommunicator final : public Communicator {
     Options o = options_;
     o.name = name;
     if (timeout_ms > 0) o.timeout_ms = timeout_ms;
-    const std::string what = absl::StrCat("Dup('", name, "') of '", options_.name, "' (rank ", rank_, ", ncclCommSplit)");
+    const std::string what =
+        absl::StrCat("Dup('", name, "') of '", options_.name, "' (rank ", rank_, ", ncclCommSplit)");
     // Issue aborts the parent when the split does not settle, which ends its job: the slot is then final.
     STRATA_ASSIGN_OR_RETURN(
         ncclComm_t c, SplitNccl(0, rank_, [&](auto&& call) { return handle_->Issue(call, what, o.timeout_ms); },
@@ -297,8 +301,8 @@ class NcclCommunicator final : public Communicator {
     Options o = options_;
     o.name = name;
     if (timeout_ms > 0) o.timeout_ms = timeout_ms;
-    const std::string what =
-        absl::StrCat("Split('", name, "') of '", options_.name, "' (rank ", rank_, ", color ", color, ", ncclCommSplit)");
+    const std::string what = absl::StrCat("Split('", name, "') of '", options_.name, "' (rank ", rank_, ", color ",
+                                          color, ", ncclCommSplit)");
     STRATA_ASSIGN_OR_RETURN(
         ncclComm_t c, SplitNccl(color, key, [&](auto&& call) { return handle_->Issue(call, what, o.timeout_ms); },
                                   /*aborts_parent=*/true, what, o.timeout_ms));
@@ -335,7 +339,8 @@ class NcclCommunicator final : public Communicator {
   Work Run(const char* what, device::Stream& s, F&& call) {
     const std::string label = Label(what);
     if (handle_->aborted()) {
-      return Work(std::make_shared<NcclDone>(absl::AbortedError(absl::StrCat(label, ": the communicator was aborted"))));
+      return Work(
+          std::make_shared<NcclDone>(absl::AbortedError(absl::StrCat(label, ": the communicator was aborted"))));
     }
     auto* cuda = dynamic_cast<device::CudaStream*>(&s);
     if (cuda == nullptr) {
@@ -526,7 +531,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromTorchrun(const Torch
   // rank 0's id, whose first bytes are a random magic of this job) and only the device is missing.
   if (device::CudaDeviceCount() == 0) {
     std::string magic;
-    for (size_t i = 0; i < 8 && i < id.size(); ++i) absl::StrAppend(&magic, absl::Hex(static_cast<uint8_t>(id[i]), absl::kZeroPad2));
+    for (size_t i = 0; i < 8 && i < id.size(); ++i)
+      absl::StrAppend(&magic, absl::Hex(static_cast<uint8_t>(id[i]), absl::kZeroPad2));
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", env.rank, " of ", env.world_size, " (torchrun, LOCAL_RANK ", env.local_rank,
         "): no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); NCCL needs one per rank. The "

@@ -1,9 +1,9 @@
 // The NCCL back-end for device buffers (DESIGN "Communication"). Built with STRATA_WITH_CUDA when NCCL
-// is found, into the CUDA back-end module (the core reaches it through nccl_backend.h). Collectives are enqueued on the CudaStream passed to them; the returned Work's Wait() polls
-// the stream's progress and ncclCommGetAsyncError against the communicator's deadline, and on a timeout
-// or an asynchronous error aborts the communicator (ncclCommAbort) and fails naming the collective and
-// the rank, so a dead peer never becomes a hang. One communicator per stream: Dup() is ncclCommSplit.
-// Every NCCL communicator Strata makes is nonblocking, so initialisation and splits are deadline-bounded
+// is found, into the CUDA back-end module (the core reaches it through nccl_backend.h). Collectives are enqueued on the
+// CudaStream passed to them; the returned Work's Wait() polls the stream's progress and ncclCommGetAsyncError against
+// the communicator's deadline, and on a timeout or an asynchronous error aborts the communicator (ncclCommAbort) and
+// fails naming the collective and the rank, so a dead peer never becomes a hang. One communicator per stream: Dup() is
+// ncclCommSplit. Every NCCL communicator Strata makes is nonblocking, so initialisation and splits are deadline-bounded
 // too (Note [Nonblocking NCCL] in the .cc).
 // Bootstrap: rank 0 makes the id (NewNcclId) and hands it to the others, through MPI (a host
 // Communicator's Broadcast) or the torchrun-style TCP exchange (bootstrap.h).

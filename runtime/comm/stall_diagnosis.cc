@@ -31,8 +31,9 @@ std::string DescribeLiveness(const std::vector<int64_t>& answer_ms, int me, int6
   }
   std::vector<std::string> parts;
   if (!missing.empty()) {
-    parts.push_back(absl::StrCat("rank(s) ", absl::StrJoin(missing, ","), " did not respond to a liveness check within ",
-                                 waited_ms, " ms (dead, stopped or stuck outside collectives)"));
+    parts.push_back(absl::StrCat("rank(s) ", absl::StrJoin(missing, ","),
+                                 " did not respond to a liveness check within ", waited_ms,
+                                 " ms (dead, stopped or stuck outside collectives)"));
   }
   if (!late.empty()) {
     parts.push_back(absl::StrCat(absl::StrJoin(late_text, "; "),

@@ -94,9 +94,10 @@ void CudaStream::WaitFor(Event& event) {
   if (cuda == nullptr) {
     // Nothing on the device to wait for: an operation that failed before it got there (its status
     // becomes this stream's), or a host-side event, which the device cannot wait for.
-    absl::Status s = event.Query() ? event.Synchronize()
-                                   : absl::InvalidArgumentError(absl::StrCat(
-                                         "CUDA stream '", name_, "' cannot wait on the device for a pending host event"));
+    absl::Status s = event.Query()
+                         ? event.Synchronize()
+                         : absl::InvalidArgumentError(absl::StrCat(
+                               "CUDA stream '", name_, "' cannot wait on the device for a pending host event"));
     if (!s.ok()) Fail(std::move(s));
     return;
   }

@@ -23,11 +23,12 @@ absl::Status CudaError(const char* call, cudaError_t err, const char* file, int 
 
 }  // namespace strata::device
 
-#define STRATA_CUDA_CALL(call)                                                                  \
-  ([&]() -> ::absl::Status {                                                                    \
-    const cudaError_t strata_cuda_err_ = (call);                                                \
-    if (strata_cuda_err_ != cudaSuccess) return ::strata::device::CudaError(#call, strata_cuda_err_, __FILE__, __LINE__); \
-    return ::absl::OkStatus();                                                                  \
+#define STRATA_CUDA_CALL(call)                                                         \
+  ([&]() -> ::absl::Status {                                                           \
+    const cudaError_t strata_cuda_err_ = (call);                                       \
+    if (strata_cuda_err_ != cudaSuccess)                                               \
+      return ::strata::device::CudaError(#call, strata_cuda_err_, __FILE__, __LINE__); \
+    return ::absl::OkStatus();                                                         \
   }())
 
 namespace strata::device {

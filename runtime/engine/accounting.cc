@@ -31,7 +31,8 @@ SharedSizes SharedSizesOf(const EngineConfig& cfg, int live, const PoolPlans& po
 
 }  // namespace
 
-PoolPlans PlanPools(const EngineConfig& cfg, int live, const std::vector<size_t>& elems, const std::vector<bool>& frozen) {
+PoolPlans PlanPools(const EngineConfig& cfg, int live, const std::vector<size_t>& elems,
+                    const std::vector<bool>& frozen) {
   std::vector<shard::SlotUnit> all, trained;
   for (size_t i = 0; i < elems.size(); ++i) {
     all.push_back({static_cast<int>(i), elems[i]});

@@ -45,7 +45,8 @@ struct AccountingTarget {
 struct PoolPlans {
   shard::SlotPlan gathered, grads;
 };
-PoolPlans PlanPools(const EngineConfig& cfg, int live, const std::vector<size_t>& elems, const std::vector<bool>& frozen);
+PoolPlans PlanPools(const EngineConfig& cfg, int live, const std::vector<size_t>& elems,
+                    const std::vector<bool>& frozen);
 
 // The units as the engine lays them out (layouts built for the shard group's size) and what this rank
 // holds of each (DecideExtents). `extents[i]` belongs to `layouts[i]`.

@@ -23,8 +23,8 @@ absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, com
     // and this runs before SetUpCuda has a host communicator beside it.
     if (world.device_buffers()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          key, " is \"node\", which compares host names over the world communicator; this one (",
-          world.options().name, ") takes device buffers only: give the shard group size as a number (the ranks per node)"));
+          key, " is \"node\", which compares host names over the world communicator; this one (", world.options().name,
+          ") takes device buffers only: give the shard group size as a number (the ranks per node)"));
     }
     // Over a Dup of its own, so that the caller's communicator carries none of the engine's collectives.
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> probe,
@@ -52,7 +52,8 @@ absl::Status Engine::Impl::SplitStreamComms(comm::Communicator& base) {
       STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, base.Dup("reduce", t));
     } else {
       STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, shard("reduce"));
-      STRATA_ASSIGN_OR_RETURN(rt.replica_comm, base.Split(rt.groups.replica_color, rt.groups.replica_key, "replica", t));
+      STRATA_ASSIGN_OR_RETURN(rt.replica_comm,
+                              base.Split(rt.groups.replica_color, rt.groups.replica_key, "replica", t));
     }
     STRATA_ASSIGN_OR_RETURN(rt.step_comm, shard("step"));
   }
@@ -65,8 +66,8 @@ absl::Status Engine::Impl::SetUpGroupControl() {
     rt.group_control = rt.control;
     return absl::OkStatus();
   }
-  STRATA_ASSIGN_OR_RETURN(rt.group_control_comm, rt.control->Split(rt.groups.shard_color, rt.groups.shard_key, "group-control",
-                                                             cfg.collective_timeout_ms));
+  STRATA_ASSIGN_OR_RETURN(rt.group_control_comm, rt.control->Split(rt.groups.shard_color, rt.groups.shard_key,
+                                                                   "group-control", cfg.collective_timeout_ms));
   rt.group_control = rt.group_control_comm.get();
   return absl::OkStatus();
 }

@@ -31,7 +31,8 @@ absl::Status Engine::Impl::CheckUnit(int unit, const char* hook) const {
 // Where the shards come from is decided here, once (shard/param_source.h).
 std::unique_ptr<shard::ParamSource> Engine::Impl::HostParamSource(shard::SourceEnv env) {
   if (nvme_params()) {
-    return shard::MakeCachedSource(pstore.param_cache.get(), static_cast<int>(pstore.param_buffers->buffer_count()), std::move(env));
+    return shard::MakeCachedSource(pstore.param_cache.get(), static_cast<int>(pstore.param_buffers->buffer_count()),
+                                   std::move(env));
   }
   return shard::MakeMemorySource([this](int unit) -> const void* { return units[unit].params.data(); });
 }
@@ -57,8 +58,8 @@ absl::Status Engine::Impl::SetUpGatherer(const shard::SlotPlan& slots) {
   }
   gatherer = std::make_unique<shard::Gatherer>(
       std::move(pool), std::move(gathered), std::move(source),
-      shard::GathererOptions{rt.gather_comm.get(), rt.gather_stream.get(), cfg.param_dtype, rt.shard_rank, &progress.timeline,
-                             &progress.exposed_comm_ns});
+      shard::GathererOptions{rt.gather_comm.get(), rt.gather_stream.get(), cfg.param_dtype, rt.shard_rank,
+                             &progress.timeline, &progress.exposed_comm_ns});
   return absl::OkStatus();
 }
 
@@ -84,16 +85,17 @@ absl::Status Engine::Impl::SetUpReducer(const shard::SlotPlan& slots, size_t lar
   for (UnitState& u : units) {
     reduced.push_back({u.layout.name, u.layout.total_elems, u.layout.shard_elems, u.grads.as<float>()});
   }
-  const shard::ReducerEnv env{rt.reduce_comm.get(), rt.reduce_stream.get(), rt.device, &progress.timeline, &progress.exposed_comm_ns,
-                              rt.replica_comm.get()};
+  const shard::ReducerEnv env{rt.reduce_comm.get(), rt.reduce_stream.get(),    rt.device,
+                              &progress.timeline,   &progress.exposed_comm_ns, rt.replica_comm.get()};
   if (cfg.stage <= 1) {  // full gradients accumulate locally; one all-reduce on the last micro-batch
     reducer = shard::MakeAllReduceReducer(std::move(reduced), env);
     return absl::OkStatus();
   }
-  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(*rt.device_alloc, slots, 4, memory::Kind::kGradWorking,
-                                                                      GradAlignment(rt.device_alloc.get())));
-  STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch,
-                          rt.device_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch, GradAlignment(rt.device_alloc.get())));
+  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool,
+                          shard::SlotPool::Create(*rt.device_alloc, slots, 4, memory::Kind::kGradWorking,
+                                                  GradAlignment(rt.device_alloc.get())));
+  STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch, rt.device_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch,
+                                                                            GradAlignment(rt.device_alloc.get())));
   memory::Buffer staging;
   if (GradStagingNeeded()) {
     STRATA_ASSIGN_OR_RETURN(staging, rt.host_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
@@ -103,10 +105,12 @@ absl::Status Engine::Impl::SetUpReducer(const shard::SlotPlan& slots, size_t lar
       [shards = &OptimizerOps()](device::Stream& s, float* grads, const float* src, size_t n) {  // the shards' tier
         shards->AccumulateOn(s, grads, src, n);
       },
-      [this](device::Stream& s, void* host, const void* dev, size_t bytes) { rt.device_ops->ToHostOn(s, host, dev, bytes); }};
+      [this](device::Stream& s, void* host, const void* dev, size_t bytes) {
+        rt.device_ops->ToHostOn(s, host, dev, bytes);
+      }};
   if (!place.grad_shards) ops.accumulate = nullptr;  // the update in backward reads the reduced shard itself
-  reducer = shard::MakeReduceScatterReducer(std::move(reduced), env, std::move(ops), std::move(pool), std::move(scratch),
-                                            std::move(staging));
+  reducer = shard::MakeReduceScatterReducer(std::move(reduced), env, std::move(ops), std::move(pool),
+                                            std::move(scratch), std::move(staging));
   return absl::OkStatus();
 }
 
@@ -168,7 +172,8 @@ absl::Status Engine::Impl::AgreeOnUse(int what, int unit) {
   }
   if (std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == mine; })) return absl::OkStatus();
   std::vector<std::string> parts;
-  for (const auto& [code, ranks] : RanksByValue(all)) parts.push_back(absl::StrCat(RanksText(ranks), ": ", describe(code)));
+  for (const auto& [code, ranks] : RanksByValue(all))
+    parts.push_back(absl::StrCat(RanksText(ranks), ": ", describe(code)));
   // Some ranks evaluating (outside a micro-batch) while others train is not a model's path but a loop's.
   const bool mixed = std::any_of(all.begin(), all.end(), [](int64_t v) { return (v >> 32) == 3; }) &&
                      std::any_of(all.begin(), all.end(), [](int64_t v) { return (v >> 32) != 3; });
@@ -208,9 +213,10 @@ absl::Status Engine::BeginMicroBatch() {
   STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "BeginMicroBatch"));
   if (m.progress.in_micro_batch) return absl::FailedPreconditionError("BeginMicroBatch() inside an open micro-batch");
   if (m.progress.micro_batch >= m.cfg.gradient_accumulation_steps) {
-    return absl::FailedPreconditionError(absl::StrCat("BeginMicroBatch(): ", m.progress.micro_batch, " micro-batches done and "
-                                                      "gradient_accumulation_steps=", m.cfg.gradient_accumulation_steps,
-                                                      "; call Step() first"));
+    return absl::FailedPreconditionError(absl::StrCat("BeginMicroBatch(): ", m.progress.micro_batch,
+                                                      " micro-batches done and "
+                                                      "gradient_accumulation_steps=",
+                                                      m.cfg.gradient_accumulation_steps, "; call Step() first"));
   }
   for (UnitState& u : m.units) u.forward_uses = u.backward_uses = 0;
   m.progress.in_micro_batch = true;

@@ -70,8 +70,9 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
                                                                   memory::Kind::kParamShard,
                                                                   cfg.offload_param.pin_memory),
                                                       rt.host_alloc.get()));
-  STRATA_ASSIGN_OR_RETURN(pstore.param_cache, offload::ShardCache::Create(pstore.param_store.get(), pstore.param_buffers.get(),
-                                                                   std::move(bytes), memory::Kind::kParamShard));
+  STRATA_ASSIGN_OR_RETURN(pstore.param_cache,
+                          offload::ShardCache::Create(pstore.param_store.get(), pstore.param_buffers.get(),
+                                                      std::move(bytes), memory::Kind::kParamShard));
   return absl::OkStatus();
 }
 
@@ -81,7 +82,8 @@ absl::Status Engine::Impl::ParamStorage(UnitState& u, size_t offset, size_t byte
   if (nvme_params()) {  // the cache writes whole shards: a part of one keeps the rest
     const int unit = static_cast<int>(&u - units.data());
     const bool whole = offset == 0 && bytes == u.layout.shard_elems * param_bytes();
-    return pstore.param_cache->Write(unit, [&](void* dst) { return fn(static_cast<char*>(dst) + offset); }, keep || !whole);
+    return pstore.param_cache->Write(
+        unit, [&](void* dst) { return fn(static_cast<char*>(dst) + offset); }, keep || !whole);
   }
   if (ParamOps().host_visible()) return fn(u.params.as<char>() + offset);
   // Device memory: through a host copy of the range.

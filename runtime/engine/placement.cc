@@ -9,7 +9,8 @@ Placement DecidePlacement(const EngineConfig& cfg, memory::Allocator* device, me
   const bool nvme_state = cfg.offload_optimizer.device == OffloadDevice::kNvme;
   memory::Allocator* optimizer = cfg.offload_optimizer.device == OffloadDevice::kNone ? device : host;
   Placement p;
-  p.master_apart = cfg.param_dtype != DType::kF32 || cfg.offload_optimizer.device != OffloadDevice::kNone || nvme_params;
+  p.master_apart =
+      cfg.param_dtype != DType::kF32 || cfg.offload_optimizer.device != OffloadDevice::kNone || nvme_params;
   p.params = nvme_params ? nullptr : cfg.offload_param.device == OffloadDevice::kNone ? device : host;
   p.master = p.master_apart && !nvme_state ? optimizer : nullptr;
   p.grads = optimizer;

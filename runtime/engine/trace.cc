@@ -68,7 +68,8 @@ std::string TraceRecorder::EventsJson(int64_t origin_ns) const {
   std::string out = absl::StrFormat(
       "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
   for (const char* stream : {"compute", "gather", "reduce", "step", "data", "io", "h2d"}) {
-    absl::StrAppendFormat(&out, ",{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+    absl::StrAppendFormat(&out,
+                          ",{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
                           rank_, StreamTid(stream), stream);
   }
   for (const Event& e : events_) {
@@ -127,7 +128,8 @@ absl::Status WriteTrace(comm::Communicator& world, device::Stream& stream, const
   // Written like a checkpoint file: a temporary, fsynced and renamed, so a full disk or a kill leaves no
   // partial trace, and the error names the cause (checkpoint::WriteFileAtomic).
   std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
-  for (int r = 0; r < n; ++r) absl::StrAppend(&text, r ? "," : "", absl::string_view(all).substr(r * max_len, lengths[r]));
+  for (int r = 0; r < n; ++r)
+    absl::StrAppend(&text, r ? "," : "", absl::string_view(all).substr(r * max_len, lengths[r]));
   text += "]}\n";
   return Annotate(checkpoint::WriteFileAtomic(path, text), absl::StrCat("writing trace '", path, "'"));
 }

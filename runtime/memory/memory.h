@@ -118,8 +118,8 @@ class Allocator {
   // Note [Idle pages]. Makes [p, p + bytes) read as zero by handing its whole pages back to the OS (the
   // partial pages at either end are zeroed in place), and returns true; the bytes stay allocated and
   // counted. Where the tier cannot (device and pinned memory), or the OS refuses, it touches nothing and
-  // returns false, and the caller keeps the bytes as they are or zeroes them itself. Thread-safe; no other thread may be using
-  // the range.
+  // returns false, and the caller keeps the bytes as they are or zeroes them itself. Thread-safe; no other thread may
+  // be using the range.
   bool DiscardToZero(void* p, size_t bytes) { return bytes == 0 || RawDiscardToZero(p, bytes); }
   // Whether DiscardToZero hands pages back on this tier.
   virtual bool hands_back_pages() const { return false; }

@@ -100,7 +100,8 @@ class ReduceScatterReducer final : public GradReducer {
     }
     AddSpan(*env_.timeline, rs, span, unit, start);
     auto fence = std::shared_ptr<device::Event>(env_.device->CreateEvent());
-    if (fence == nullptr) return absl::InternalError(absl::StrCat("creating the gradient fence of unit '", u.name, "' failed"));
+    if (fence == nullptr)
+      return absl::InternalError(absl::StrCat("creating the gradient fence of unit '", u.name, "' failed"));
     rs.Record(*fence);
     pool_.Release(slot_[unit], std::move(fence));
     slot_[unit] = -1;

@@ -40,14 +40,16 @@ std::vector<Segment> Intersect(const std::vector<ParamSlot>& params, size_t lo, 
 constexpr size_t kMaxUnitElems = size_t{1} << 48;
 
 absl::Status TooLarge(const std::string& unit, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("unit '", unit, "': ", what, " exceeds 2^48 elements, the most a unit can hold"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unit '", unit, "': ", what, " exceeds 2^48 elements, the most a unit can hold"));
 }
 
 // Unit and parameter names are written into checkpoint manifests and shard headers (JSON) and error
 // messages, so they must be text: well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates), no
 // control characters, at most 1024 bytes. A name from the C ABI may hold any bytes.
 absl::Status CheckName(const std::string& name, absl::string_view what) {
-  if (name.size() > 1024) return absl::InvalidArgumentError(absl::StrCat(what, " is ", name.size(), " bytes long; at most 1024"));
+  if (name.size() > 1024)
+    return absl::InvalidArgumentError(absl::StrCat(what, " is ", name.size(), " bytes long; at most 1024"));
   for (size_t i = 0; i < name.size();) {
     const unsigned char c = name[i];
     const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
@@ -83,8 +85,10 @@ absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<Param
   std::set<std::string> seen;
   size_t offset = 0;
   for (ParamSpec& s : specs) {
-    if (s.name.empty()) return absl::InvalidArgumentError(absl::StrCat("unit '", l.name, "' has a parameter with no name"));
-    if (absl::Status st = CheckName(s.name, absl::StrCat("unit '", l.name, "': a parameter's name")); !st.ok()) return st;
+    if (s.name.empty())
+      return absl::InvalidArgumentError(absl::StrCat("unit '", l.name, "' has a parameter with no name"));
+    if (absl::Status st = CheckName(s.name, absl::StrCat("unit '", l.name, "': a parameter's name")); !st.ok())
+      return st;
     if (!seen.insert(s.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("unit '", l.name, "' registers parameter '", s.name, "' twice"));
     }
@@ -101,7 +105,8 @@ absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<Param
     offset = RoundUp(offset, kAlignElems);
     l.params.push_back(ParamSlot{std::move(s), offset, numel});
     offset += numel;  // both terms <= kMaxUnitElems: no wrap
-    if (offset > kMaxUnitElems) return TooLarge(l.name, absl::StrCat("the sum of its ", l.params.size(), " parameters"));
+    if (offset > kMaxUnitElems)
+      return TooLarge(l.name, absl::StrCat("the sum of its ", l.params.size(), " parameters"));
   }
   l.used_elems = offset;
   l.total_elems = RoundUp(std::max<size_t>(offset, 1), static_cast<size_t>(world_size) * kAlignElems);

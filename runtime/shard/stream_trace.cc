@@ -14,7 +14,8 @@ std::shared_ptr<int64_t> Stamp(device::Timeline& timeline, device::Stream& s) {
   return start;
 }
 
-void AddSpan(device::Timeline& timeline, device::Stream& s, const char* kind, int unit, std::shared_ptr<int64_t> start) {
+void AddSpan(device::Timeline& timeline, device::Stream& s, const char* kind, int unit,
+             std::shared_ptr<int64_t> start) {
   if (start == nullptr) return;
   s.Enqueue([&timeline, kind, unit, start, name = std::string(s.name())]() {
     timeline.Add(device::Span{name, kind, unit, *start, device::NowNs()});

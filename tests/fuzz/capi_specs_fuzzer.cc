@@ -70,7 +70,8 @@ Param DecodeParam(FuzzedDataProvider& in, bool first, uint32_t stride) {
   p.spec.init_value = in.ConsumeFloatingPoint<float>();
   if (stride > sizeof(strata_param_spec)) {
     p.trailing.assign(stride - sizeof(strata_param_spec), 0);
-    if (in.ConsumeIntegralInRange(0, 3) == 0) p.trailing[in.ConsumeIntegralInRange<size_t>(0, p.trailing.size() - 1)] = 1;
+    if (in.ConsumeIntegralInRange(0, 3) == 0)
+      p.trailing[in.ConsumeIntegralInRange<size_t>(0, p.trailing.size() - 1)] = 1;
   }
   return p;
 }
@@ -126,8 +127,8 @@ void CheckRegistered(strata_engine* e, int32_t id, const Unit& u, uint64_t* tota
     STRATA_FUZZ_EXPECT(fits && info.numel == exact, "unit '%s' param %d accepted with %llu elements for its shape",
                        u.name.c_str(), i, static_cast<unsigned long long>(info.numel));
     STRATA_FUZZ_EXPECT(info.offset_elems % strata::shard::kAlignElems == 0 && info.offset_elems >= end,
-                       "param %d offset %llu (previous end %llu)", i, static_cast<unsigned long long>(info.offset_elems),
-                       static_cast<unsigned long long>(end));
+                       "param %d offset %llu (previous end %llu)", i,
+                       static_cast<unsigned long long>(info.offset_elems), static_cast<unsigned long long>(end));
     STRATA_FUZZ_EXPECT(!__builtin_add_overflow(info.offset_elems, info.numel, &end), "offset + numel wraps");
     STRATA_FUZZ_EXPECT(!__builtin_add_overflow(*total, exact, total), "model size wraps");
   }

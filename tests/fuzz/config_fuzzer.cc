@@ -44,7 +44,8 @@ void ExpectInvariants(const EngineConfig& c) {
   STRATA_FUZZ_EXPECT(c.fp16.enabled == (c.param_dtype == DType::kF16), "fp16.enabled disagrees with param_dtype");
   STRATA_FUZZ_EXPECT(c.reduce_dtype != DType::kF16, "reduce_dtype fp16");
   STRATA_FUZZ_EXPECT(c.offload_param.device == OffloadDevice::kNone || c.stage == 3, "offload_param below stage 3");
-  STRATA_FUZZ_EXPECT(c.offload_optimizer.device == OffloadDevice::kNone || c.stage >= 1, "offload_optimizer at stage 0");
+  STRATA_FUZZ_EXPECT(c.offload_optimizer.device == OffloadDevice::kNone || c.stage >= 1,
+                     "offload_optimizer at stage 0");
   for (const auto* o : {&c.offload_param, &c.offload_optimizer}) {
     STRATA_FUZZ_EXPECT(o->device != OffloadDevice::kNvme || !o->nvme_path.empty(), "nvme offload without a path");
   }

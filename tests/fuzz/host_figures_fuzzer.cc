@@ -39,9 +39,10 @@ void ExpectNamedError(const absl::Status& s, std::initializer_list<absl::StatusC
 void ExpectSameRate(const nlohmann::json& h, const char* key, double parsed) {
   STRATA_FUZZ_EXPECT(std::isfinite(parsed) && parsed >= 0 && parsed < 1e9, "%s = %g accepted", key, parsed);
   const auto it = h.find(key);
-  STRATA_FUZZ_EXPECT(it != h.end() && it->is_number() && it->get<double>() == parsed,
-                     "accepted %s = %.17g, but the document says %s", key, parsed,
-                     it == h.end() ? "nothing" : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  STRATA_FUZZ_EXPECT(
+      it != h.end() && it->is_number() && it->get<double>() == parsed, "accepted %s = %.17g, but the document says %s",
+      key, parsed,
+      it == h.end() ? "nothing" : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 // An accepted report against the document itself (parsed again here, trusting nothing of the reader's).

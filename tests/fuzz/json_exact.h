@@ -36,9 +36,10 @@ bool SameNumber(const nlohmann::json& v, T parsed) {
 template <typename T>
 void ExpectExact(const nlohmann::json& obj, const char* key, T parsed, const std::string& what) {
   const auto it = obj.find(key);
-  STRATA_FUZZ_EXPECT(it != obj.end() && SameNumber(*it, parsed), "accepted %s.%s = %lld, but the document says %s",
-                     what.c_str(), key, static_cast<long long>(parsed),
-                     it == obj.end() ? "nothing" : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  STRATA_FUZZ_EXPECT(
+      it != obj.end() && SameNumber(*it, parsed), "accepted %s.%s = %lld, but the document says %s", what.c_str(), key,
+      static_cast<long long>(parsed),
+      it == obj.end() ? "nothing" : it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 // A CRC-32 written as hex text (the writers print "%08x"): the parsed value must be that of a text of one

@@ -79,7 +79,8 @@ TEST(PinnedPool, LargePoolsAskForTransparentHugePages) {
   const auto fields = SmapsOf((*pool)->buffers()[0].data);
   ASSERT_TRUE(fields.count("VmFlags")) << "no smaps entry for the pool";
   EXPECT_THAT(fields.at("VmFlags"), HasSubstr("hg"));
-  std::printf("pool mapping: AnonHugePages %s\n", fields.count("AnonHugePages") ? fields.at("AnonHugePages").c_str() : "?");
+  std::printf("pool mapping: AnonHugePages %s\n",
+              fields.count("AnonHugePages") ? fields.at("AnonHugePages").c_str() : "?");
 }
 
 TEST(PinnedPool, BuffersAreAlignedLockedAndCharged) {

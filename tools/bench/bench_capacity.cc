@@ -116,8 +116,8 @@ nlohmann::json ToJson(const Attempt& a) {
 }
 
 void PrintTable(const std::vector<Attempt>& all) {
-  std::printf("candidates (in the order tried):\n  %6s %8s %14s  %-5s %10s  %s\n", "layers", "d_model", "params", "fits",
-              "step ms", "peaks, or why not");
+  std::printf("candidates (in the order tried):\n  %6s %8s %14s  %-5s %10s  %s\n", "layers", "d_model", "params",
+              "fits", "step ms", "peaks, or why not");
   for (const Attempt& a : all) {
     char step[32] = "-";
     if (a.fits) std::snprintf(step, sizeof step, "%.1f", a.step_ms);
@@ -167,22 +167,26 @@ void PrintOutcome(const Attempt& a) {
   if (!a.fits) {
     std::printf("  does not fit (%.1f s): %s\n", a.seconds, a.why.c_str());
   } else {
-    std::printf("  fits (%.1f s): step %.1f ms (compute %.1f, exposed I/O %.1f, optimizer %.1f); peaks: %s; "
-                "NVMe per step %s read, %s written\n",
-                a.seconds, a.step_ms, a.last.compute_ms, a.last.exposed_io_ms, a.last.optimizer_ms, Peaks(a.mem).c_str(),
-                FormatBytes(a.last.nvme_read_bytes).c_str(), FormatBytes(a.last.nvme_write_bytes).c_str());
+    std::printf(
+        "  fits (%.1f s): step %.1f ms (compute %.1f, exposed I/O %.1f, optimizer %.1f); peaks: %s; "
+        "NVMe per step %s read, %s written\n",
+        a.seconds, a.step_ms, a.last.compute_ms, a.last.exposed_io_ms, a.last.optimizer_ms, Peaks(a.mem).c_str(),
+        FormatBytes(a.last.nvme_read_bytes).c_str(), FormatBytes(a.last.nvme_write_bytes).c_str());
   }
   std::fflush(stdout);
 }
 
 // Runs one candidate of size k unless a bound stops it: *ran tells which. Rank 0 reports and records it.
-absl::Status Candidate(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world, device::Stream& stream,
-                       double elapsed, CapacityResults& results, Attempt a, Search& s, bool* ran) {
+absl::Status Candidate(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world,
+                       device::Stream& stream, double elapsed, CapacityResults& results, Attempt a, Search& s,
+                       bool* ran) {
   *ran = false;
   const bool rank0 = world.rank() == 0;
-  const std::string name = absl::StrCat("candidate ", s.all.size() + 1, ": ", Shape(a.model), ", ", a.params, " parameters");
+  const std::string name =
+      absl::StrCat("candidate ", s.all.size() + 1, ": ", Shape(a.model), ", ", a.params, " parameters");
   if (so.max_params > 0 && a.params > so.max_params) {
-    if (rank0) std::printf("%s: over --max-params %lld, not tried\n", name.c_str(), static_cast<long long>(so.max_params));
+    if (rank0)
+      std::printf("%s: over --max-params %lld, not tried\n", name.c_str(), static_cast<long long>(so.max_params));
     return absl::OkStatus();
   }
   const double est = Estimate(s, a.params);
@@ -194,8 +198,9 @@ absl::Status Candidate(const TrainOptions& o, const SearchOptions& so, comm::Com
     return absl::OkStatus();
   }
   if (rank0) {
-    std::printf("%s, %s\n", name.c_str(), est > 0 ? absl::StrCat("estimated ", static_cast<int64_t>(est + 0.5), " s").c_str()
-                                                  : "no estimate yet");
+    std::printf(
+        "%s, %s\n", name.c_str(),
+        est > 0 ? absl::StrCat("estimated ", static_cast<int64_t>(est + 0.5), " s").c_str() : "no estimate yet");
     std::fflush(stdout);
   }
   const auto t0 = Clock::now();
@@ -262,7 +267,8 @@ absl::StatusOr<Search> RunSearch(const TrainOptions& o, const SearchOptions& so,
     }
     if (!NextCandidate(st, fitted)) break;
   }
-  if (s.best < 0) return absl::DeadlineExceededError(absl::StrCat("no candidate fitted before the search ended: ", s.stopped));
+  if (s.best < 0)
+    return absl::DeadlineExceededError(absl::StrCat("no candidate fitted before the search ended: ", s.stopped));
   return s;
 }
 
@@ -294,8 +300,8 @@ absl::Status Capacity(const TrainOptions& o, const SearchOptions& so, comm::Comm
 absl::Status ParseSearchFlags(const std::vector<std::string>& args, SearchOptions* so, std::vector<std::string>* rest) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    const bool ours = a == "--vary" || a == "--max-params" || a == "--time-limit" || a == "--results" || a == "--probe-bytes" ||
-                      a == "--disk-reserve";
+    const bool ours = a == "--vary" || a == "--max-params" || a == "--time-limit" || a == "--results" ||
+                      a == "--probe-bytes" || a == "--disk-reserve";
     if (!ours) {
       rest->push_back(a);
       continue;

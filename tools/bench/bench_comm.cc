@@ -53,9 +53,11 @@ absl::Status Bench(comm::Communicator& world, size_t bytes, int iters, bool json
       return world.AllGather(send.data(), recv.data(), block, DType::kF32, *s).Wait();
     }));
     STRATA_ASSIGN_OR_RETURN(double raw, BestSeconds(iters, world, *s, [&] {
-      return MPI_Allgather(send.data(), int(block), MPI_FLOAT, recv.data(), int(block), MPI_FLOAT, MPI_COMM_WORLD) == MPI_SUCCESS
-                 ? absl::OkStatus() : absl::InternalError("MPI_Allgather failed");
-    }));
+                              return MPI_Allgather(send.data(), int(block), MPI_FLOAT, recv.data(), int(block),
+                                                   MPI_FLOAT, MPI_COMM_WORLD) == MPI_SUCCESS
+                                         ? absl::OkStatus()
+                                         : absl::InternalError("MPI_Allgather failed");
+                            }));
     rows.push_back({"all_gather", rate(ours, 1), rate(raw, 1)});
   }
   {
@@ -63,9 +65,11 @@ absl::Status Bench(comm::Communicator& world, size_t bytes, int iters, bool json
       return world.ReduceScatter(send.data(), out.data(), block, DType::kF32, comm::ReduceOp::kSum, *s).Wait();
     }));
     STRATA_ASSIGN_OR_RETURN(double raw, BestSeconds(iters, world, *s, [&] {
-      return MPI_Reduce_scatter_block(send.data(), out.data(), int(block), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS
-                 ? absl::OkStatus() : absl::InternalError("MPI_Reduce_scatter_block failed");
-    }));
+                              return MPI_Reduce_scatter_block(send.data(), out.data(), int(block), MPI_FLOAT, MPI_SUM,
+                                                              MPI_COMM_WORLD) == MPI_SUCCESS
+                                         ? absl::OkStatus()
+                                         : absl::InternalError("MPI_Reduce_scatter_block failed");
+                            }));
     rows.push_back({"reduce_scatter", rate(ours, 1), rate(raw, 1)});
   }
   {

@@ -35,16 +35,17 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 std::vector<FlagDef> NvmeBenchFlagDefs() {
-  return {{"path", false, "DIR[,DIR...]: directories for the store's files (several: striped); fio runs on those files"},
-          {"block-bytes", false, "bytes per I/O, a multiple of 4096 (suffixes: 1MiB)"},
-          {"queue-depth", false, "I/Os in flight"},
-          {"backend", false, "auto|uring|threads (default auto)"},
-          {"total-bytes", false, "bytes written then read per run (default 256MiB)"},
-          {"repeat", false, "alternating store/fio rounds; the median of each is reported (default 5)"},
-          {"no-fio", true, "skip the fio reference"},
-          {"sqpoll", true, "ask io_uring for a kernel SQ polling thread (IORING_SETUP_SQPOLL)"},
-          {"no-register", true, "do not register the staging buffers (plain READ / WRITE instead of *_FIXED)"},
-          {"json", true, "print one JSON object"}};
+  return {
+      {"path", false, "DIR[,DIR...]: directories for the store's files (several: striped); fio runs on those files"},
+      {"block-bytes", false, "bytes per I/O, a multiple of 4096 (suffixes: 1MiB)"},
+      {"queue-depth", false, "I/Os in flight"},
+      {"backend", false, "auto|uring|threads (default auto)"},
+      {"total-bytes", false, "bytes written then read per run (default 256MiB)"},
+      {"repeat", false, "alternating store/fio rounds; the median of each is reported (default 5)"},
+      {"no-fio", true, "skip the fio reference"},
+      {"sqpoll", true, "ask io_uring for a kernel SQ polling thread (IORING_SETUP_SQPOLL)"},
+      {"no-register", true, "do not register the staging buffers (plain READ / WRITE instead of *_FIXED)"},
+      {"json", true, "print one JSON object"}};
 }
 
 // The store side: one extent per block, `depth` pinned buffers cycling through them.
@@ -232,7 +233,8 @@ absl::StatusOr<json> RunNvmeBench(const NvmeBenchOptions& o) {
   Samples s;
   STRATA_RETURN_IF_ERROR(RunRounds(o, store, engine, direct, &s));
   const offload::IoQueueStats qs = store.queue_stats();
-  out["queue_stats"] = {{"requests", qs.requests}, {"fixed_buffer_ios", qs.fixed_buffer_ios}, {"resubmits", qs.resubmits}};
+  out["queue_stats"] = {
+      {"requests", qs.requests}, {"fixed_buffer_ios", qs.fixed_buffer_ios}, {"resubmits", qs.resubmits}};
   out["write_bytes_per_s"] = Median(s.write);
   out["read_bytes_per_s"] = Median(s.read);
   out["samples"] = {{"write", s.write}, {"read", s.read}};

@@ -37,7 +37,8 @@ absl::StatusOr<ScalingOptions> ParseScalingOptions(const std::vector<std::string
   const std::vector<FlagDef> train = TrainFlagDefs();
   all.insert(all.end(), train.begin(), train.end());
   STRATA_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, all));  // catch typos before launching anything
-  if (!f.positional().empty()) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", f.positional()[0], "'"));
+  if (!f.positional().empty())
+    return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", f.positional()[0], "'"));
   ScalingOptions o;
   STRATA_ASSIGN_OR_RETURN(int64_t ranks, f.Int("ranks", 0));
   if (ranks < 2 || ranks > 4096) return absl::InvalidArgumentError("--ranks N is required, with 2 <= N <= 4096");
@@ -55,7 +56,9 @@ absl::StatusOr<ScalingOptions> ParseScalingOptions(const std::vector<std::string
   return o;
 }
 
-double Field(const json& j, const char* name) { return j.contains(name) && j[name].is_number() ? j[name].get<double>() : -1; }
+double Field(const json& j, const char* name) {
+  return j.contains(name) && j[name].is_number() ? j[name].get<double>() : -1;
+}
 
 // Runs `bench step --json` on n ranks and returns its JSON line (rank 0 prints exactly one).
 absl::StatusOr<json> RunStep(const ScalingOptions& o, int n, const std::string& self) {
@@ -81,7 +84,8 @@ void PrintTable(const json& one, const json& many, const ScalingSummary& s) {
     std::printf("%5.0f  %9.1f  %10.1f  %15.1f  %18.2f\n", ranks, Field(*j, "step_ms"), samples, samples / ranks,
                 Field(*j, "sgemm_gflops_per_rank"));
   }
-  std::printf("scaling efficiency at %d ranks: %.1f%% (samples/s per rank against 1 rank)\n", s.ranks, 100 * s.efficiency);
+  std::printf("scaling efficiency at %d ranks: %.1f%% (samples/s per rank against 1 rank)\n", s.ranks,
+              100 * s.efficiency);
   if (s.sgemm_ratio > 0) {
     // How much raw compute rate each rank keeps when all run at once: below 100%, ranks compete for cores
     // or memory bandwidth, and that part of the loss is not the step's. Below the ratio is the step's own.

@@ -66,19 +66,20 @@ CommSplit SplitOf(const std::vector<device::Span>& spans, const engine::CommTraf
 }
 
 std::string CommJson(const CommSplit& c, int group) {
-  return absl::StrFormat("\"shard_group_size\":%d,\"gather_ms\":%.3f,\"reduce_ms\":%.3f,\"replica_all_reduce_ms\":%.3f,"
-                         "\"exposed_comm_ms\":%.3f,\"gather_bytes\":%llu,\"reduce_bytes\":%llu,"
-                         "\"replica_bytes\":%llu",
-                         group, c.gather_ms, c.reduce_ms, c.replica_ms, c.exposed_ms,
-                         static_cast<unsigned long long>(c.gather_bytes), static_cast<unsigned long long>(c.reduce_bytes),
-                         static_cast<unsigned long long>(c.replica_bytes));
+  return absl::StrFormat(
+      "\"shard_group_size\":%d,\"gather_ms\":%.3f,\"reduce_ms\":%.3f,\"replica_all_reduce_ms\":%.3f,"
+      "\"exposed_comm_ms\":%.3f,\"gather_bytes\":%llu,\"reduce_bytes\":%llu,"
+      "\"replica_bytes\":%llu",
+      group, c.gather_ms, c.reduce_ms, c.replica_ms, c.exposed_ms, static_cast<unsigned long long>(c.gather_bytes),
+      static_cast<unsigned long long>(c.reduce_bytes), static_cast<unsigned long long>(c.replica_bytes));
 }
 
 std::string CommText(const CommSplit& c, int group, int world) {
-  return absl::StrFormat("  collectives per step (stream time, rank 0): gather %.1f ms (%s), reduce %.1f ms (%s), "
-                         "replica all-reduce %.1f ms (%s); exposed %.1f ms; shard groups of %d (%d replicas)",
-                         c.gather_ms, FormatBytes(c.gather_bytes), c.reduce_ms, FormatBytes(c.reduce_bytes), c.replica_ms,
-                         FormatBytes(c.replica_bytes), c.exposed_ms, group, world / group);
+  return absl::StrFormat(
+      "  collectives per step (stream time, rank 0): gather %.1f ms (%s), reduce %.1f ms (%s), "
+      "replica all-reduce %.1f ms (%s); exposed %.1f ms; shard groups of %d (%d replicas)",
+      c.gather_ms, FormatBytes(c.gather_bytes), c.reduce_ms, FormatBytes(c.reduce_bytes), c.replica_ms,
+      FormatBytes(c.replica_bytes), c.exposed_ms, group, world / group);
 }
 
 double Median(std::vector<double> v) {
@@ -155,8 +156,12 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const engine::CommTraffic issued_after = e->comm_traffic();
-  const engine::CommTraffic issued{issued_after.gather - issued_before.gather, issued_after.reduce - issued_before.reduce,
-                                   issued_after.replica - issued_before.replica, {}, {}, {}};
+  const engine::CommTraffic issued{issued_after.gather - issued_before.gather,
+                                   issued_after.reduce - issued_before.reduce,
+                                   issued_after.replica - issued_before.replica,
+                                   {},
+                                   {},
+                                   {}};
   e->timeline().SetEnabled(false);
   const CommSplit comm_split = SplitOf(e->timeline().Take(), issued, exposed_comm_ms, steps);
   const int threads = e->optimizer_threads();
@@ -190,17 +195,18 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   if (gpu) {  // MFU against the bf16 rate measured in this run (fp32 / TF32 products run below it)
     const double mfu = gflops_per_rank * 1e9 / bf16_flops;
     if (json) {
-      std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
-                  "\"device\":\"%s\",\"matmul\":\"%s\",\"attention\":\"%s\",\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,"
-                  "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
-                  "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
-                  "\"peak_device_bytes\":%llu,%s}\n",
-                  shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(),
-                  o.engine.stage, B, T, compute.name.c_str(), gpt::ProductsName(compute.products), attention.c_str(), secs / steps * 1e3,
-                  tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3,
-                  threads, upd[0], upd[1],
-                  static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes),
-                  CommJson(comm_split, e->shard_group_size()).c_str());
+      std::printf(
+          "{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
+          "\"device\":\"%s\",\"matmul\":\"%s\",\"attention\":\"%s\",\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_"
+          "per_rank\":%.2f,"
+          "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
+          "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
+          "\"peak_device_bytes\":%llu,%s}\n",
+          shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(), o.engine.stage, B, T,
+          compute.name.c_str(), gpt::ProductsName(compute.products), attention.c_str(), secs / steps * 1e3,
+          tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, threads,
+          upd[0], upd[1], static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes),
+          CommJson(comm_split, e->shard_group_size()).c_str());
     } else {
       std::printf("%s, %d ranks on %s, stage %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s per rank, MFU %.1f%% "
                   "of the bf16 matmul rate (%.1f TFLOP/s in the same run); update %.2f ms on 1 thread, %.2f ms on %d\n",
@@ -223,12 +229,12 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
                 static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib,
                 CommJson(comm_split, e->shard_group_size()).c_str());
   } else {
-    std::printf("%s, %d ranks, stage %d: %.1f ms/step (forward+backward %.1f, Step() %.1f), %.0f tokens/s, "
-                "%.2f GFLOP/s per rank = %.1f%% of sgemm (%.2f GFLOP/s per rank in the same run); "
-                "update %.2f ms on 1 thread, %.2f ms on %d\n",
-                shape.c_str(), world.size(), o.engine.stage, secs / steps * 1e3, fwd_bwd_s / steps * 1e3,
-                opt_s / steps * 1e3, tokens / secs, gflops_per_rank, 100 * gflops_per_rank / sgemm, sgemm, upd[0], upd[1],
-                threads);
+    std::printf(
+        "%s, %d ranks, stage %d: %.1f ms/step (forward+backward %.1f, Step() %.1f), %.0f tokens/s, "
+        "%.2f GFLOP/s per rank = %.1f%% of sgemm (%.2f GFLOP/s per rank in the same run); "
+        "update %.2f ms on 1 thread, %.2f ms on %d\n",
+        shape.c_str(), world.size(), o.engine.stage, secs / steps * 1e3, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3,
+        tokens / secs, gflops_per_rank, 100 * gflops_per_rank / sgemm, sgemm, upd[0], upd[1], threads);
     std::printf("%s\n", CommText(comm_split, e->shard_group_size(), world.size()).c_str());
   }
   return absl::OkStatus();

@@ -107,11 +107,12 @@ double PrintCapacityBound(const engine::EngineConfig& cfg, uint64_t free_disk, c
               "per parameter\n");
   bool unlimited = false;
   const double room = PrintRoom(cfg, free_disk, bpp, ranks, &unlimited);
-  std::printf("  bytes/param   %.2f: the least this config keeps (param dtype, fp32 master unless the params are fp32,\n"
-              "                optimizer state%s); the engine's accounting of the largest model's parameter, gradient,\n"
-              "                master and optimizer state: %.2f (device %.2f, pinned_host %.2f, nvme %.2f)\n",
-              bpp.formula, cfg.optimizer_in_backward ? "; no gradient: --optimizer-in-backward" : ", fp32 gradient",
-              bpp.total, bpp.tier[0], bpp.tier[1], bpp.tier[2]);
+  std::printf(
+      "  bytes/param   %.2f: the least this config keeps (param dtype, fp32 master unless the params are fp32,\n"
+      "                optimizer state%s); the engine's accounting of the largest model's parameter, gradient,\n"
+      "                master and optimizer state: %.2f (device %.2f, pinned_host %.2f, nvme %.2f)\n",
+      bpp.formula, cfg.optimizer_in_backward ? "; no gradient: --optimizer-in-backward" : ", fp32 gradient", bpp.total,
+      bpp.tier[0], bpp.tier[1], bpp.tier[2]);
   if (unlimited || bpp.formula <= 0) {
     std::printf("  no bound: a budget of a tier that holds state is unlimited\n");
     return 0;
@@ -151,7 +152,8 @@ absl::Status PrintIoFloor(const std::vector<std::string>& paths, uint64_t probe_
               t.last.compute_ms, t.last.exposed_io_ms, t.last.optimizer_ms, t.last.exposed_comm_ms);
   // The engine's optimizer time is the whole update, less its collective waits only: the tiled update's
   // waits for NVMe are in it and in exposed I/O both.
-  std::printf("  (the optimizer's waits for its NVMe tiles count in exposed I/O too, so the parts can sum past the step)\n");
+  std::printf(
+      "  (the optimizer's waits for its NVMe tiles count in exposed I/O too, so the parts can sum past the step)\n");
   return absl::OkStatus();
 }
 

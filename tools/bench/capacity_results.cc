@@ -60,7 +60,8 @@ absl::Status CapacityResults::Open(const std::string& path) {
   path_ = path;
   if (!path.empty()) {
     const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot append to '", path, "': ", std::strerror(errno)));
+    if (fd < 0)
+      return absl::PermissionDeniedError(absl::StrCat("cannot append to '", path, "': ", std::strerror(errno)));
     g_fd.store(fd);
   }
   const std::string where = path.empty() ? std::string(" (no --results file)") : absl::StrCat(", in ", path);
@@ -82,7 +83,8 @@ absl::Status CapacityResults::Append(const nlohmann::json& line) {
     const std::string text = line.dump() + "\n";
     const ssize_t w = write(fd, text.data(), text.size());  // one write: O_APPEND keeps it whole
     if (w != static_cast<ssize_t>(text.size())) {
-      status = absl::DataLossError(absl::StrCat("writing '", path_, "': ", w < 0 ? std::strerror(errno) : "short write"));
+      status =
+          absl::DataLossError(absl::StrCat("writing '", path_, "': ", w < 0 ? std::strerror(errno) : "short write"));
     } else {
       fdatasync(fd);
     }

@@ -79,7 +79,8 @@ absl::StatusOr<std::string> PredictedShortfall(const PredictInput& in, int64_t k
       {"device", e.need.tier[0], in.engine.device_budget_bytes, "--device-budget"},
       {"pinned_host", e.need.tier[1], in.engine.host_budget_bytes, "--host-budget"},
       {"nvme", nvme, disk,
-       absl::StrCat("the free disk ", FormatBytes(in.free_disk), " less --disk-reserve ", FormatBytes(in.disk_reserve))},
+       absl::StrCat("the free disk ", FormatBytes(in.free_disk), " less --disk-reserve ",
+                    FormatBytes(in.disk_reserve))},
   };
   for (const auto& c : checks) {
     if (c.need > c.room) {

@@ -85,10 +85,12 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, int stdout_fd,
 absl::StatusOr<std::string> Verdict(const std::vector<std::string>& argv, int status, std::string out) {
   const std::string cmd = absl::StrJoin(argv, " ");
   if (WIFSIGNALED(status)) {
-    return absl::AbortedError(absl::StrCat("'", cmd, "' was killed by signal ", WTERMSIG(status), "; output: ", Tail(out, 800)));
+    return absl::AbortedError(
+        absl::StrCat("'", cmd, "' was killed by signal ", WTERMSIG(status), "; output: ", Tail(out, 800)));
   }
   if (WEXITSTATUS(status) != 0) {
-    return absl::AbortedError(absl::StrCat("'", cmd, "' exited with status ", WEXITSTATUS(status), "; output: ", Tail(out, 800)));
+    return absl::AbortedError(
+        absl::StrCat("'", cmd, "' exited with status ", WEXITSTATUS(status), "; output: ", Tail(out, 800)));
   }
   return out;
 }
@@ -242,9 +244,9 @@ absl::StatusOr<std::string> RunWithDeadline(const std::vector<std::string>& argv
   }  // forwarding ends: a signal that came meanwhile is raised here
   STRATA_RETURN_IF_ERROR(failure);
   if (expired) {
-    return absl::DeadlineExceededError(absl::StrCat("'", absl::StrJoin(argv, " "), "' did not finish within ",
-                                                    Seconds(timeout), " (timeout): killed its process group; output so far: ",
-                                                    Tail(out, 800)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("'", absl::StrJoin(argv, " "), "' did not finish within ", Seconds(timeout),
+                     " (timeout): killed its process group; output so far: ", Tail(out, 800)));
   }
   return Verdict(argv, status, std::move(out));
 }
@@ -256,7 +258,8 @@ absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv,
   if (argv.empty()) return absl::InvalidArgumentError("RunAndCapture: empty command");
   if (timeout.has_value()) {
     if (timeout->count() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("RunAndCapture: timeout must be positive (got ", timeout->count(), " ms)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("RunAndCapture: timeout must be positive (got ", timeout->count(), " ms)"));
     }
     return RunWithDeadline(argv, *timeout);
   }

@@ -33,8 +33,9 @@ absl::Status Inspect(const std::string& dir, bool verify) {
   }
   params += frozen;
   for (const auto& s : m.shards) bytes += s.bytes;
-  const std::string replicas =
-      m.replicas > 1 ? absl::StrCat(" (shard groups of ", m.world_size, " ranks, ", m.replicas, " replicas: ", m.world_size * m.replicas, " ranks)") : "";
+  const std::string replicas = m.replicas > 1 ? absl::StrCat(" (shard groups of ", m.world_size, " ranks, ", m.replicas,
+                                                             " replicas: ", m.world_size * m.replicas, " ranks)")
+                                              : "";
   std::printf("checkpoint %s\n  format version %d, step %lld, world size %d%s, ZeRO stage %d, param dtype %s, "
               "optimizer %s, loss scale %g\n  %zu units, %llu parameters%s, %zu shard files, %s\n  trainer state: %s\n",
               step_dir.c_str(), m.version, static_cast<long long>(m.step), m.world_size, replicas.c_str(), m.stage,
@@ -67,8 +68,8 @@ absl::Status Export(const std::string& dir, const std::string& out) {
                          [&m, step_dir, u, p]() { return checkpoint::ReadMasterParam(step_dir, m, u, p); }});
     }
   }
-  STRATA_RETURN_IF_ERROR(checkpoint::WriteSafetensors(out, tensors, {{"format", "pt"}, {"producer", "strata ckpt export"},
-                                                                     {"step", absl::StrCat(m.step)}}));
+  STRATA_RETURN_IF_ERROR(checkpoint::WriteSafetensors(
+      out, tensors, {{"format", "pt"}, {"producer", "strata ckpt export"}, {"step", absl::StrCat(m.step)}}));
   std::printf("exported %zu tensors of step %lld to %s%s\n", tensors.size(), static_cast<long long>(m.step),
               out.c_str(), gpt ? " (Hugging Face GPT-2 names)" : "");
   return absl::OkStatus();

@@ -111,7 +111,8 @@ CheckResult CheckGpus(const DoctorFacts& f) {
   if (f.cuda_visible_devices) {
     const std::string& cvd = *f.cuda_visible_devices;
     if (cvd.empty() || cvd == "-1" || cvd == "none") {
-      return Make("gpus", Verdict::kWarn, absl::StrCat(detail, ", but CUDA_VISIBLE_DEVICES='", cvd, "' hides them all"));
+      return Make("gpus", Verdict::kWarn,
+                  absl::StrCat(detail, ", but CUDA_VISIBLE_DEVICES='", cvd, "' hides them all"));
     }
     absl::StrAppend(&detail, "; CUDA_VISIBLE_DEVICES=", cvd, " (NVML lists every GPU regardless)");
   }
@@ -123,14 +124,17 @@ CheckResult CheckGpus(const DoctorFacts& f) {
 //       NCCL missing, or older than the first release built for the runtime's CUDA major.
 CheckResult CheckVersions(const DoctorFacts& f) {
   const VersionFacts& v = f.versions;
-  const std::string driver = v.driver.empty() ? "no NVIDIA driver"
-                                               : absl::StrCat("driver ", v.driver, " (CUDA ", CudaVersionText(v.driver_cuda), ")");
+  const std::string driver = v.driver.empty()
+                                 ? "no NVIDIA driver"
+                                 : absl::StrCat("driver ", v.driver, " (CUDA ", CudaVersionText(v.driver_cuda), ")");
   const std::string found = absl::StrCat(driver, ", runtime ", CudaVersionText(v.cuda_runtime), ", NCCL ",
                                          NcclVersionText(v.nccl));
   if (f.gpus.empty()) return Make("versions", Verdict::kOk, absl::StrCat(found, ": nothing to match without a GPU"));
-  if (v.driver_cuda <= 0) return Make("versions", Verdict::kWarn, absl::StrCat(found, ": the driver's CUDA level is unknown"));
+  if (v.driver_cuda <= 0)
+    return Make("versions", Verdict::kWarn, absl::StrCat(found, ": the driver's CUDA level is unknown"));
   if (v.cuda_runtime <= 0) {
-    return Make("versions", Verdict::kWarn, absl::StrCat(found, ": libcudart not loadable (", v.cuda_runtime_error, ")"));
+    return Make("versions", Verdict::kWarn,
+                absl::StrCat(found, ": libcudart not loadable (", v.cuda_runtime_error, ")"));
   }
   const int rt_major = v.cuda_runtime / 1000, drv_major = v.driver_cuda / 1000;
   if (rt_major > drv_major) {
@@ -179,7 +183,8 @@ CheckResult CheckInterconnect(const DoctorFacts& f) {
                              " cross the CPU socket: collectives run at socket-link speed"));
   }
   if (!unknown.empty()) {
-    return Make("interconnect", Verdict::kWarn, absl::StrCat(summary, "; pairs ", absl::StrJoin(unknown, " "), " unreadable"));
+    return Make("interconnect", Verdict::kWarn,
+                absl::StrCat(summary, "; pairs ", absl::StrJoin(unknown, " "), " unreadable"));
   }
   return Make("interconnect", Verdict::kOk, summary);
 }
@@ -215,7 +220,8 @@ CheckResult CheckClocks(const DoctorFacts& f) {
     const std::string clocks = absl::StrCat("SM ", g.sm_clock_mhz, "/", g.sm_max_clock_mhz, " MHz");
     all.push_back(absl::StrCat(g.index, ": ", clocks, " ", ThrottleText(g.throttle_reasons)));
     if (g.throttle_reasons & kBadThrottle) {
-      bad.push_back(absl::StrCat("GPU ", g.index, " ", ThrottleText(g.throttle_reasons & kBadThrottle), " (", clocks, ")"));
+      bad.push_back(
+          absl::StrCat("GPU ", g.index, " ", ThrottleText(g.throttle_reasons & kBadThrottle), " (", clocks, ")"));
     }
   }
   if (!bad.empty()) {
@@ -230,7 +236,8 @@ CheckResult CheckCpuCores(const DoctorFacts& f) {
   if (f.cpu_cores <= 0) return Make("cpu_cores", Verdict::kWarn, "usable CPU count not readable");
   if (f.gpus.empty()) return Make("cpu_cores", Verdict::kOk, absl::StrCat(f.cpu_cores, " cores usable (no GPU)"));
   const double per = double(f.cpu_cores) / double(f.gpus.size());
-  const std::string text = absl::StrFormat("%.1f cores per GPU (%d cores / %d GPUs)", per, f.cpu_cores, int(f.gpus.size()));
+  const std::string text =
+      absl::StrFormat("%.1f cores per GPU (%d cores / %d GPUs)", per, f.cpu_cores, int(f.gpus.size()));
   if (per < 4) return Make("cpu_cores", Verdict::kWarn, text + ": 4-8 recommended; data loading may stall the GPUs");
   return Make("cpu_cores", Verdict::kOk, text + (per > 8 ? ": more than the 4-8 needed" : ": within 4-8"));
 }
@@ -262,8 +269,9 @@ CheckResult CheckNvme(const DoctorFacts& f) {
   const NvmeFacts& n = f.nvme;
   if (n.path.empty()) return Make("nvme", Verdict::kOk, absl::StrCat("not tested: ", n.skipped_reason));
   if (!n.error.empty()) return Make("nvme", Verdict::kFail, absl::StrCat(n.path, ": ", n.error));
-  const std::string text = absl::StrCat(n.path, ": write ", Gbps(n.write_bytes_per_s), ", read ", Gbps(n.read_bytes_per_s),
-                                        " (", FormatBytes(n.test_bytes), ", ", n.direct_io ? "O_DIRECT" : "buffered", ")");
+  const std::string text =
+      absl::StrCat(n.path, ": write ", Gbps(n.write_bytes_per_s), ", read ", Gbps(n.read_bytes_per_s), " (",
+                   FormatBytes(n.test_bytes), ", ", n.direct_io ? "O_DIRECT" : "buffered", ")");
   if (!n.direct_io) return Make("nvme", Verdict::kWarn, text + ": O_DIRECT refused (tmpfs or overlay?)");
   if (n.read_bytes_per_s < 1e9 || n.write_bytes_per_s < 0.5e9) {
     return Make("nvme", Verdict::kWarn, text + ": slower than a typical NVMe drive; offload will be I/O-bound");
@@ -274,13 +282,15 @@ CheckResult CheckNvme(const DoctorFacts& f) {
 // warn: built without MPI, or no launcher on PATH and not started by one (multi-rank runs cannot start).
 CheckResult CheckMpi(const DoctorFacts& f) {
   const MpiFacts& m = f.mpi;
-  if (!m.built_with_mpi) return Make("mpi", Verdict::kWarn, "built without MPI (STRATA_WITH_MPI=OFF): one process only");
+  if (!m.built_with_mpi)
+    return Make("mpi", Verdict::kWarn, "built without MPI (STRATA_WITH_MPI=OFF): one process only");
   if (f.launch.torchrun) {
     return Make("mpi", Verdict::kOk, absl::StrCat(m.library_version, "; under torchrun each process is a 1-rank MPI "
                                                   "singleton (see launch)"));
   }
   if (m.launcher_world_size > 0) {
-    return Make("mpi", Verdict::kOk, absl::StrCat(m.library_version, "; started by a launcher, ", m.launcher_world_size, " processes"));
+    return Make("mpi", Verdict::kOk,
+                absl::StrCat(m.library_version, "; started by a launcher, ", m.launcher_world_size, " processes"));
   }
   if (m.launcher_path.empty()) {
     return Make("mpi", Verdict::kWarn, absl::StrCat(m.library_version, "; no mpirun, mpiexec or srun on PATH"));
@@ -311,7 +321,8 @@ CheckResult CheckMemlock(const DoctorFacts& f) {
   const PinnedFacts& p = f.pinned;
   const std::string limit = LimitText(f.memlock_limit_bytes);
   if (!p.offloaded) {
-    return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, "; nothing is offloaded, so no pinned buffers are needed"));
+    return Make("memlock", Verdict::kOk,
+                absl::StrCat("limit ", limit, "; nothing is offloaded, so no pinned buffers are needed"));
   }
   if (!p.pinned) {
     return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, "; offload with pin_memory=false pins nothing"));

@@ -36,14 +36,17 @@ std::vector<FlagDef> DoctorFlagDefs() {
   return {{"json", true, "print one JSON object (checks and the raw facts) instead of the table"},
           {"nvme-path", false, "directory to bandwidth-test (default: the config's offload nvme_path)"},
           {"nvme-test-size", false, "bytes written then read back (default 256MiB, at most 1GiB)"},
-          {"ranks", false, "ranks the pinned-memory estimate shards over (default: launcher size, GPUs, or 1); "
-                           "--measure: the ranks that share this node"},
-          {"measure", true, "measure the host's sgemm, AdamW and MPI collective rates (takes seconds; for strata plan --host-figures)"},
+          {"ranks", false,
+           "ranks the pinned-memory estimate shards over (default: launcher size, GPUs, or 1); "
+           "--measure: the ranks that share this node"},
+          {"measure", true,
+           "measure the host's sgemm, AdamW and MPI collective rates (takes seconds; for strata plan --host-figures)"},
           {"launcher", false, "--measure: the MPI launcher for the collectives (default: the one found on PATH)"},
           {"comm-bytes", false, "--measure: the collectives' buffer (default 4MiB)"},
           {"adam-elems", false, "--measure: elements of the AdamW stream test (default 16777216)"},
-          {"measure-timeout", false, "--measure: seconds each child (bench adam, each collectives launch) may take "
-                                     "before its process group is killed (default 120)"},
+          {"measure-timeout", false,
+           "--measure: seconds each child (bench adam, each collectives launch) may take "
+           "before its process group is killed (default 120)"},
           {"help", true, "this text"}};
 }
 
@@ -104,7 +107,8 @@ absl::StatusOr<DoctorOptions> ParseDoctorOptions(const std::vector<std::string>&
   STRATA_ASSIGN_OR_RETURN(const int64_t elems, f.IntIn("adam-elems", int64_t(o.adam_elems), 1024, int64_t{1} << 30));
   o.adam_elems = uint64_t(elems);
   STRATA_ASSIGN_OR_RETURN(o.measure_timeout_s, f.IntIn("measure-timeout", o.measure_timeout_s, 1, 86400));
-  STRATA_ASSIGN_OR_RETURN(o.train, ParseTrainOptions(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
+  STRATA_ASSIGN_OR_RETURN(o.train,
+                          ParseTrainOptions(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
   return o;
 }
 

@@ -81,7 +81,8 @@ absl::Status MeasureComm(const MeasureOptions& o, const std::string& self, HostF
     return absl::FailedPreconditionError("the doctor was started by a launcher: run `strata doctor --measure` alone, "
                                          "it launches the collectives itself");
   }
-  if (o.launcher.empty()) return absl::NotFoundError("no MPI launcher (mpirun, mpiexec, srun) on PATH; give --launcher");
+  if (o.launcher.empty())
+    return absl::NotFoundError("no MPI launcher (mpirun, mpiexec, srun) on PATH; give --launcher");
   STRATA_ASSIGN_OR_RETURN(const auto big, BenchComm(o, self, o.comm_bytes, o.comm_iters));
   STRATA_ASSIGN_OR_RETURN(const auto small, BenchComm(o, self, o.alpha_bytes, o.alpha_iters));
   const std::string what = "strata bench comm";

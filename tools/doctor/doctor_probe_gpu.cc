@@ -80,7 +80,8 @@ struct Nvml {
     }
   }
   std::string Error(int code) const {
-    return error_string != nullptr ? absl::StrCat(error_string(code), " (", code, ")") : absl::StrCat("NVML error ", code);
+    return error_string != nullptr ? absl::StrCat(error_string(code), " (", code, ")")
+                                   : absl::StrCat("NVML error ", code);
   }
 
   int (*init)();
@@ -122,7 +123,8 @@ GpuFacts ReadGpu(const Nvml& nvml, unsigned index, NvmlDevice d) {
   ReadUnsigned(nvml.pcie_max_width, d, &g.pcie_max_width);
   unsigned mhz = 0;
   if (nvml.clock != nullptr && nvml.clock(d, kNvmlClockSm, &mhz) == 0) g.sm_clock_mhz = static_cast<int>(mhz);
-  if (nvml.max_clock != nullptr && nvml.max_clock(d, kNvmlClockSm, &mhz) == 0) g.sm_max_clock_mhz = static_cast<int>(mhz);
+  if (nvml.max_clock != nullptr && nvml.max_clock(d, kNvmlClockSm, &mhz) == 0)
+    g.sm_max_clock_mhz = static_cast<int>(mhz);
   unsigned long long reasons = 0;
   if (nvml.throttle != nullptr && nvml.throttle(d, &reasons) == 0) g.throttle_reasons = reasons;
   return g;

@@ -58,7 +58,8 @@ absl::Status Transfer(bool write, int fd, char* block, uint64_t offset, const st
   uint64_t done = 0;
   while (done < kBlockBytes) {
     const off_t at = static_cast<off_t>(offset + done);
-    const ssize_t n = write ? pwrite(fd, block + done, kBlockBytes - done, at) : pread(fd, block + done, kBlockBytes - done, at);
+    const ssize_t n =
+        write ? pwrite(fd, block + done, kBlockBytes - done, at) : pread(fd, block + done, kBlockBytes - done, at);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Errno(write ? "pwrite" : "pread", dir);
     if (n == 0) return absl::DataLossError(absl::StrCat(dir, ": scratch file ended at offset ", offset + done));

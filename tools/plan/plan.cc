@@ -17,7 +17,8 @@ constexpr int kMaxMicroBatch = 1 << 16;  // a search bound, far past any device'
 absl::Status Validate(const PlanInput& in) {
   STRATA_RETURN_IF_ERROR(gpt::Validate(in.model));
   if (in.ranks < 1 || in.ranks > shard::kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("--ranks ", in.ranks, " is out of range [1, ", shard::kMaxWorldSize, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ranks ", in.ranks, " is out of range [1, ", shard::kMaxWorldSize, "]"));
   }
   if (in.ranks_per_node < 1 || in.ranks_per_node > in.ranks || in.ranks % in.ranks_per_node != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--ranks-per-node ", in.ranks_per_node,
@@ -40,7 +41,8 @@ absl::Status Validate(const PlanInput& in) {
                                                    in.engine.stage, "), as the engine on CUDA requires"));
   }
   if (!(in.compute_efficiency > 0 && in.compute_efficiency <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("--compute-efficiency ", in.compute_efficiency, " is not in (0, 1]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compute-efficiency ", in.compute_efficiency, " is not in (0, 1]"));
   }
   if (!(in.link_efficiency > 0 && in.link_efficiency <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--link-efficiency ", in.link_efficiency, " is not in (0, 1]"));
@@ -58,7 +60,8 @@ absl::Status Validate(const PlanInput& in) {
         "--reduce-scatter-gbps and --allreduce-gbps, or --host-figures (`strata doctor --measure` measures them)"));
   }
   if (in.ranks > in.ranks_per_node && !(d.inter.all_gather_bytes_per_s > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("device '", d.name, "' has no inter-node bandwidth: give --inter-gbps"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device '", d.name, "' has no inter-node bandwidth: give --inter-gbps"));
   }
   return absl::OkStatus();
 }

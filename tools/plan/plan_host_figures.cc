@@ -16,7 +16,8 @@ constexpr const char* kPrefix = "facts.host_figures.";
 // A rate in [0, kMaxRate) (0 = not measured) at h[key], named by its path.
 absl::StatusOr<double> Rate(const checkpoint::JsonReader& r, const nlohmann::json& h, const char* key) {
   STRATA_ASSIGN_OR_RETURN(const double v, r.Number(h, key, absl::StrCat(kPrefix, key)));
-  if (!(v >= 0 && v < kMaxRate)) return r.Bad(absl::StrCat(kPrefix, key), absl::StrCat("must be in [0, 1e9) (got ", v, ")"));
+  if (!(v >= 0 && v < kMaxRate))
+    return r.Bad(absl::StrCat(kPrefix, key), absl::StrCat("must be in [0, 1e9) (got ", v, ")"));
   return v;
 }
 
@@ -89,11 +90,12 @@ absl::Status ApplyHostFigures(const HostFigures& h, const std::string& where, in
     if (!d->gpu) d->memory_bytes_per_s = d->host_memory_bytes_per_s;
   }
   if (ranks <= 1 || ranks_per_node <= 1) return absl::OkStatus();  // no intra-node collective
-  const std::string not_measured =
-      h.comm_error.empty() ? std::string("is 0 (not measured)") : absl::StrCat("is 0 (not measured: ", h.comm_error, ")");
-  const std::string why = ranks_per_node == h.ranks ? not_measured
-                                                    : absl::StrCat("was measured over ", h.ranks,
-                                                                   " ranks, the plan has ", ranks_per_node, " per node");
+  const std::string not_measured = h.comm_error.empty() ? std::string("is 0 (not measured)")
+                                                        : absl::StrCat("is 0 (not measured: ", h.comm_error, ")");
+  const std::string why =
+      ranks_per_node == h.ranks
+          ? not_measured
+          : absl::StrCat("was measured over ", h.ranks, " ranks, the plan has ", ranks_per_node, " per node");
   const bool same = ranks_per_node == h.ranks;
   const bool all = flags.Has("intra-gbps");
   struct Item {

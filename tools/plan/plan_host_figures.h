@@ -31,9 +31,9 @@ absl::StatusOr<HostFigures> ReadHostFigures(const std::string& path);
 
 // Sets `d`'s rates from `h` for a job of `ranks` ranks, `ranks_per_node` per node: the sgemm rate measured
 // with that many ranks sharing the node (the doctor's `ranks`, or 1), the update rate, the intra-node
-// collectives and alpha, and the node's cores (facts.cpu_cores). A rate that `flags` gives (--matmul-gflops, --allgather-gbps, --intra-gbps, ...)
-// is left to the flag; a needed one that is neither measured for this shape nor given is an error naming
-// `where`, the key and how to get it.
+// collectives and alpha, and the node's cores (facts.cpu_cores). A rate that `flags` gives (--matmul-gflops,
+// --allgather-gbps, --intra-gbps, ...) is left to the flag; a needed one that is neither measured for this shape nor
+// given is an error naming `where`, the key and how to get it.
 absl::Status ApplyHostFigures(const HostFigures& h, const std::string& where, int ranks, int ranks_per_node,
                               const Flags& flags, DeviceSpec* d);
 

@@ -40,7 +40,8 @@ void Split(const std::vector<std::string>& args, const std::vector<FlagDef>& own
 absl::StatusOr<double> Rate(const Flags& f, const char* name, double fallback, double unit) {
   if (!f.Has(name)) return fallback;
   STRATA_ASSIGN_OR_RETURN(const double v, f.Double(name, 0));
-  if (!(v > 0 && v < 1e9)) return absl::InvalidArgumentError(absl::StrCat("--", name, " ", f.Str(name), " must be > 0"));
+  if (!(v > 0 && v < 1e9))
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " ", f.Str(name), " must be > 0"));
   return v * unit;
 }
 
@@ -95,8 +96,9 @@ std::vector<FlagDef> PlanFlagDefs() {
       {"alpha-us", false, "latency per ring step inside a node, microseconds"},
       {"update-gbps", false, "memory bandwidth of the host optimizer update, GB/s"},
       {"nvme-gbps", false, "NVMe bandwidth per rank, GB/s"},
-      {"cores-per-node", false, "host: cores a node's ranks share (default: the doctor's cpu_cores with --host-figures, "
-                                "else 0 = enough for compute and communication to overlap)"},
+      {"cores-per-node", false,
+       "host: cores a node's ranks share (default: the doctor's cpu_cores with --host-figures, "
+       "else 0 = enough for compute and communication to overlap)"},
       {"device-memory-gb", false, "device memory per rank, GB (overrides the preset)"},
       {"host-memory-gb", false, "host memory per node, GB (overrides the preset)"},
       {"search", true, "recommend stage, shard group size and micro-batch (keeps micro-batch x accumulation)"},

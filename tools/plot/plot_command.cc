@@ -1,6 +1,6 @@
 // `strata plot METRICS.jsonl -o loss.svg [--log-y] [--title T]`: the loss curves of a `strata train
-// --metrics` file as an SVG (docs/decisions/0008-fresh-machine-plots-and-diagnostics.md): text stays text, crisp at any size, and
-// nothing is encoded by hand. The training loss is a line; the evaluation loss, where lines carry
+// --metrics` file as an SVG (docs/decisions/0008-fresh-machine-plots-and-diagnostics.md): text stays text, crisp at any
+// size, and nothing is encoded by hand. The training loss is a line; the evaluation loss, where lines carry
 // `eval_loss`, is a second line with markers. Ticks are 1-2-5 multiples of a power of ten; on --log-y,
 // the 1, 2, 5 of each decade (the decades alone when they are many). Lines may hold either loss or both.
 #include <algorithm>
@@ -45,7 +45,8 @@ absl::StatusOr<Metrics> ReadMetrics(const std::string& in, bool log_y) {
       return absl::InvalidArgumentError(absl::StrCat(in, ":", n, ": not a metrics line with step and loss"));
     }
     const double step = j["step"].get<double>();
-    for (auto [has, key, series] : {std::tuple{has_loss, "loss", &m.train}, std::tuple{has_eval, "eval_loss", &m.eval}}) {
+    for (auto [has, key, series] :
+         {std::tuple{has_loss, "loss", &m.train}, std::tuple{has_eval, "eval_loss", &m.eval}}) {
       if (!has) continue;
       const double v = j[key].get<double>();
       if (!std::isfinite(v) || (log_y && v <= 0)) continue;  // a skipped step's loss is not a point
@@ -88,7 +89,8 @@ Axis LinearAxis(double lo, double hi, int target) {
 // A log axis from the 1-2-5 value at or below lo to the one at or above hi.
 Axis LogAxis(double lo, double hi) {
   std::vector<double> all;
-  for (int e = static_cast<int>(std::floor(std::log10(lo))) - 1; e <= static_cast<int>(std::ceil(std::log10(hi))); ++e) {
+  for (int e = static_cast<int>(std::floor(std::log10(lo))) - 1; e <= static_cast<int>(std::ceil(std::log10(hi)));
+       ++e) {
     for (double m : {1.0, 2.0, 5.0}) all.push_back(m * std::pow(10.0, e));
   }
   size_t first = 0, last = all.size() - 1;
@@ -116,7 +118,8 @@ std::string RenderSvg(const Metrics& m, const std::string& title, bool log_y) {
   const int W = 900, H = 540, L = 80, R = 30, T = 50, B = 60;
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const Series* s : {&m.train, &m.eval}) {
-    for (const auto& [x, y] : *s) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+    for (const auto& [x, y] : *s)
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
   }
   const Axis xa = LinearAxis(x0, x1, 8), ya = log_y ? LogAxis(y0, y1) : LinearAxis(y0, y1, 6);
   auto X = [&](double x) { return L + xa.Frac(x) * (W - L - R); };
@@ -152,7 +155,8 @@ std::string RenderSvg(const Metrics& m, const std::string& title, bool log_y) {
     if (s->empty()) continue;
     std::string points;
     for (const auto& [x, y] : *s) absl::StrAppendFormat(&points, "%s%.2f,%.2f", points.empty() ? "" : " ", X(x), Y(y));
-    absl::StrAppendFormat(&svg, "<polyline class=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n",
+    absl::StrAppendFormat(&svg,
+                          "<polyline class=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n",
                           cls, colour, points);
     if (s == &m.eval) {
       for (const auto& [x, y] : *s) {

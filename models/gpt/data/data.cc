@@ -81,9 +81,9 @@ absl::StatusOr<std::vector<int32_t>> DecodeTokens(std::string_view bytes, int vo
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("data file '", name, "': token ", tokens[i], " at position ", i,
-                                                     " is outside the model's vocabulary of ", vocab,
-                                                     llmc ? "" : " (plain text is read as bytes: use --vocab 256 or more)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data file '", name, "': token ", tokens[i], " at position ", i, " is outside the model's vocabulary of ",
+          vocab, llmc ? "" : " (plain text is read as bytes: use --vocab 256 or more)"));
     }
   }
   return tokens;

@@ -61,7 +61,9 @@ class HostNn final : public NnBackend {
     nn::LayerNormBackward(dout, x, w, mean, rstd, dx, dw, db, N, C);
   }
   void GeluForward(const float* x, float* out, size_t n) override { nn::GeluForward(x, out, n); }
-  void GeluBackward(const float* x, const float* dout, float* dx, size_t n) override { nn::GeluBackward(x, dout, dx, n); }
+  void GeluBackward(const float* x, const float* dout, float* dx, size_t n) override {
+    nn::GeluBackward(x, dout, dx, n);
+  }
   void AttentionForward(const float* qkv, float* out, float* att, int B, int T, int C, int NH) override {
     nn::AttentionForward(qkv, out, att, B, T, C, NH);
   }

@@ -290,8 +290,9 @@ class CudaNn final : public NnBackend {
     return y;
   }
   uint16_t* Bf16Scratch(int slot, size_t n) {
-    return Check(scratch_[slot].Ensure(AlignUp(n * 2), stream_), "bf16 scratch") ? static_cast<uint16_t*>(scratch_[slot].p)
-                                                                                  : nullptr;
+    return Check(scratch_[slot].Ensure(AlignUp(n * 2), stream_), "bf16 scratch")
+               ? static_cast<uint16_t*>(scratch_[slot].p)
+               : nullptr;
   }
 #if STRATA_GPT_CUDNN
   using ShapeKey = std::tuple<int, int, int, int>;

@@ -192,7 +192,8 @@ std::string ProbeName(const std::string& word, int rank) {
 absl::Status ProbeWritable(const std::string& flag, const std::string& dir, const std::string& probe) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(flag, ": cannot create directory '", dir, "': ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat(flag, ": cannot create directory '", dir, "': ", ec.message()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);  // this process's name: no one else's
   if (fd < 0) return Annotate(ErrnoAt("cannot create a file in its directory", probe), flag);
   ::close(fd);
@@ -221,8 +222,8 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
 
 absl::Status CheckOutputs(const TrainOptions& o, int rank) {
   if (!o.checkpoint_dir.empty()) {
-    STRATA_RETURN_IF_ERROR(
-        ProbeWritable("--checkpoint-dir", o.checkpoint_dir, (fs::path(o.checkpoint_dir) / ProbeName("start", rank)).string()));
+    STRATA_RETURN_IF_ERROR(ProbeWritable("--checkpoint-dir", o.checkpoint_dir,
+                                         (fs::path(o.checkpoint_dir) / ProbeName("start", rank)).string()));
     // Probes of a run killed during CheckSharedDir: ".probe.<word>.rank<r>.tmp.<pid>" of a dead pid.
     auto probes = checkpoint::RemoveTemps(o.checkpoint_dir, [](absl::string_view name) {
       const size_t at = name.rfind(".tmp.");
@@ -240,7 +241,8 @@ absl::Status CheckOutputs(const TrainOptions& o, int rank) {
   for (size_t i = 0; i < kOutputs; ++i) {
     for (size_t j = i + 1; j < std::size(outs); ++j) {
       if (outs[i].second->empty() || outs[j].second->empty()) continue;
-      if (j >= kOutputs && i == 0 && outs[j].first == std::string("--init-from")) continue;  // may be overwritten at the end
+      if (j >= kOutputs && i == 0 && outs[j].first == std::string("--init-from"))
+        continue;              // may be overwritten at the end
       std::error_code e1, e2;  // absolute first: weakly_canonical leaves a relative path that does not exist relative
       const auto a = fs::weakly_canonical(fs::absolute(*outs[i].second, e1), e1);
       const auto b = fs::weakly_canonical(fs::absolute(*outs[j].second, e2), e2);
@@ -325,7 +327,8 @@ absl::Status CheckCheckpointDir(const std::string& dir, const std::string& run_i
   for (const std::string& step_dir : checkpoint::CompleteSteps(dir)) {
     absl::StatusOr<std::string> read = StepRunId(step_dir);
     if (!read.ok()) {  // a damaged step is no run's: it never loads, and it must not block the directory
-      STRATA_LOG(Warning) << "ignoring checkpoint " << step_dir << ", which cannot be read: " << read.status().message();
+      STRATA_LOG(Warning) << "ignoring checkpoint " << step_dir
+                          << ", which cannot be read: " << read.status().message();
       continue;
     }
     const std::string& id = *read;
@@ -420,7 +423,8 @@ absl::Status MetricsFile::Open(const std::string& path, int64_t first_step) {
       }
       std::error_code ec;  // rewrite the file a symlink names, not the link: the link must keep pointing at it
       const fs::path target = fs::canonical(path, ec);
-      STRATA_RETURN_IF_ERROR(Annotate(checkpoint::WriteFileAtomic(ec ? path : target.string(), kept_text), "--metrics"));
+      STRATA_RETURN_IF_ERROR(
+          Annotate(checkpoint::WriteFileAtomic(ec ? path : target.string(), kept_text), "--metrics"));
       std::printf("metrics: kept the %lld lines of steps up to %lld in %s; appending\n",
                   static_cast<long long>(kept), static_cast<long long>(first_step), path.c_str());
     }
@@ -448,7 +452,8 @@ absl::Status MetricsFile::Append(const std::string& line) {
       absl::Status s = Annotate(ErrnoAt("writing", path_), "--metrics");
       // No half line stays behind: a reader of the file sees whole steps only.
       struct stat st;
-      if (done > 0 && ::fstat(fd_, &st) == 0) static_cast<void>(::ftruncate(fd_, st.st_size - static_cast<off_t>(done)));
+      if (done > 0 && ::fstat(fd_, &st) == 0)
+        static_cast<void>(::ftruncate(fd_, st.st_size - static_cast<off_t>(done)));
       return s;
     }
     done += static_cast<size_t>(w);

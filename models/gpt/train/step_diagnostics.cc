@@ -71,8 +71,9 @@ HostShare CrowdedHost(const std::vector<HostRecord>& ranks) {
     for (uint64_t w : entry.second.cpus) cores += std::popcount(w);
     const HostShare h{entry.first, cores};
     // ranks/cores > worst.ranks/worst.cores, in integers; an unknown core count (0) never wins.
-    const bool worse = h.cores > 0 && (worst.cores == 0 || int64_t{h.ranks} * worst.cores > int64_t{worst.ranks} * h.cores ||
-                                       (int64_t{h.ranks} * worst.cores == int64_t{worst.ranks} * h.cores && h.ranks > worst.ranks));
+    const bool worse =
+        h.cores > 0 && (worst.cores == 0 || int64_t{h.ranks} * worst.cores > int64_t{worst.ranks} * h.cores ||
+                        (int64_t{h.ranks} * worst.cores == int64_t{worst.ranks} * h.cores && h.ranks > worst.ranks));
     if (worse) worst = h;
   }
   return worst;

@@ -3,7 +3,8 @@
 // cause and the knob to turn. Each condition is said once; it is said again only when its verdict changes
 // (it clears, or comes back) or its cause changes, so a persistent bottleneck is one line, not one per window.
 // A condition clears below 3/4 of its threshold, and "descheduled" as a cause holds until the CPU share
-// is 0.1 above its threshold (hysteresis), so a value hovering at a threshold does not flap. At the end of the run, Summary() is the one line of where the step time went.
+// is 0.1 above its threshold (hysteresis), so a value hovering at a threshold does not flap. At the end of the run,
+// Summary() is the one line of where the step time went.
 //
 // Exposed communication has three causes, told apart by what the ranks could see of their host:
 //   - more ranks on a host than the cores they may run on: ranks wait for peers the OS has not scheduled;

@@ -176,7 +176,8 @@ std::string Num(double v) { return std::isfinite(v) ? absl::StrFormat("%.9g", v)
 std::string PeakJson(const engine::MemoryStats& m) {
   std::string s = "{";
   for (int t = 0; t < memory::kNumTiers; ++t) {
-    absl::StrAppend(&s, t ? "," : "", "\"", memory::TierName(static_cast<memory::Tier>(t)), "\":", m.tier[t].peak_bytes);
+    absl::StrAppend(&s, t ? "," : "", "\"", memory::TierName(static_cast<memory::Tier>(t)),
+                    "\":", m.tier[t].peak_bytes);
   }
   return s + "}";
 }
@@ -184,7 +185,8 @@ std::string PeakJson(const engine::MemoryStats& m) {
 std::string PeakText(const engine::MemoryStats& m) {
   std::string s;
   for (int t = 0; t < memory::kNumTiers; ++t) {
-    absl::StrAppend(&s, t ? "  " : "", memory::TierName(static_cast<memory::Tier>(t)), " ", FormatBytes(m.tier[t].peak_bytes));
+    absl::StrAppend(&s, t ? "  " : "", memory::TierName(static_cast<memory::Tier>(t)), " ",
+                    FormatBytes(m.tier[t].peak_bytes));
   }
   return s;
 }
@@ -199,13 +201,13 @@ absl::Status Report(const TrainOptions& o, const StepLog& l, const engine::Memor
   }
   if (metrics == nullptr || !metrics->is_open()) return absl::OkStatus();
   return metrics->Append(absl::StrFormat(
-        "{\"step\":%d,\"loss\":%s,\"lr\":%.6g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"grad_norm\":%s,"
-        "\"loss_scale\":%g,\"skipped\":%s,\"data_wait_ms\":%.3f,\"compute_ms\":%.3f,\"exposed_comm_ms\":%.3f,"
-        "\"exposed_io_ms\":%.3f,\"optimizer_ms\":%.3f,\"nvme_read_bytes\":%d,\"nvme_write_bytes\":%d,"
-        "\"peak_bytes\":%s}\n",
-        l.step, Num(l.loss), l.lr, l.tokens_per_s, l.step_ms, Num(l.grad_norm), l.loss_scale, l.skipped ? "true" : "false",
-        l.data_wait_ms, l.r->compute_ms, l.r->exposed_comm_ms, l.r->exposed_io_ms, l.r->optimizer_ms,
-        l.r->nvme_read_bytes, l.r->nvme_write_bytes, PeakJson(mem)));
+      "{\"step\":%d,\"loss\":%s,\"lr\":%.6g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"grad_norm\":%s,"
+      "\"loss_scale\":%g,\"skipped\":%s,\"data_wait_ms\":%.3f,\"compute_ms\":%.3f,\"exposed_comm_ms\":%.3f,"
+      "\"exposed_io_ms\":%.3f,\"optimizer_ms\":%.3f,\"nvme_read_bytes\":%d,\"nvme_write_bytes\":%d,"
+      "\"peak_bytes\":%s}\n",
+      l.step, Num(l.loss), l.lr, l.tokens_per_s, l.step_ms, Num(l.grad_norm), l.loss_scale,
+      l.skipped ? "true" : "false", l.data_wait_ms, l.r->compute_ms, l.r->exposed_comm_ms, l.r->exposed_io_ms,
+      l.r->optimizer_ms, l.r->nvme_read_bytes, l.r->nvme_write_bytes, PeakJson(mem)));
 }
 
 // This process's CPU time (every thread), in seconds.
@@ -348,9 +350,10 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
       last_loss = mean_loss;
       if (rank == 0) {
         const bool print = step % o.print_every == 0 || step + 1 == o.steps || r.skipped;
-        STRATA_RETURN_IF_ERROR(Report(o, StepLog{step + 1, mean_loss, r.lr, double(global_batch) * o.model.seq_len / secs, secs * 1e3,
-                          r.grad_norm, wait_ms, r.loss_scale, r.skipped, &r},
-               e->memory_stats(), print, &metrics));
+        STRATA_RETURN_IF_ERROR(Report(o,
+                                      StepLog{step + 1, mean_loss, r.lr, double(global_batch) * o.model.seq_len / secs,
+                                              secs * 1e3, r.grad_norm, wait_ms, r.loss_scale, r.skipped, &r},
+                                      e->memory_stats(), print, &metrics));
       }
       if (stop > 0) {
         g_stop_signal.store(static_cast<int>(stop));
@@ -371,7 +374,8 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
       finish = engine::WriteTrace(host, *metrics_stream, &trace, o.trace);
       // A failed collective leaves the ranks out of step: nothing more can be exchanged.
       if (comm::IsPeerFailure(finish) || absl::IsDeadlineExceeded(finish)) return finish;
-      if (finish.ok() && rank == 0) std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
+      if (finish.ok() && rank == 0)
+        std::printf("trace: %s (open in chrome://tracing or ui.perfetto.dev)\n", o.trace.c_str());
     }
     if (rank == 0) {
       const std::string summary = diagnostics.Summary();
@@ -413,10 +417,14 @@ int TrainCommand(const std::vector<std::string>& args) {
   try {  // the standard library's one exception, turned into a status at the command's boundary (as the C ABI does)
     s = job.ok() ? Train(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute) : job.status();
   } catch (const std::bad_alloc&) {  // issue 33: was an uncaught abort
-    s = absl::ResourceExhaustedError(absl::StrCat(
-        "out of host memory (std::bad_alloc) on rank ", rank, ": the model's activations grow with --micro-batch x "
-        "--seq-len (here ", opts->engine.train_micro_batch_size_per_gpu, " x ", opts->model.seq_len, "); lower "
-        "--micro-batch (raise --grad-accum to keep the global batch), or check the process's memory limit (ulimit -v)"));
+    s = absl::ResourceExhaustedError(absl::StrCat("out of host memory (std::bad_alloc) on rank ", rank,
+                                                  ": the model's activations grow with --micro-batch x "
+                                                  "--seq-len (here ",
+                                                  opts->engine.train_micro_batch_size_per_gpu, " x ",
+                                                  opts->model.seq_len,
+                                                  "); lower "
+                                                  "--micro-batch (raise --grad-accum to keep the global batch), or "
+                                                  "check the process's memory limit (ulimit -v)"));
   }
   if (absl::IsCancelled(s)) {  // a clean stop on SIGINT / SIGTERM: every rank agreed at a step boundary
     if (rank == 0) std::fprintf(stderr, "strata train: %s\n", std::string(s.message()).c_str());

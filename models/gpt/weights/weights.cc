@@ -97,9 +97,9 @@ absl::Status LoadWeights(engine::Engine& e, const GptModel& model, const std::st
     }
     const checkpoint::TensorInfo& t = *it->second;
     if (t.shape != p.shape) {
-      return absl::InvalidArgumentError(absl::StrCat("weights file '", path, "': tensor '", p.name, "' has shape [",
-                                                     absl::StrJoin(t.shape, ","), "] but the model needs [",
-                                                     absl::StrJoin(p.shape, ","), "] (", Describe(model.config()), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights file '", path, "': tensor '", p.name, "' has shape [", absl::StrJoin(t.shape, ","),
+                       "] but the model needs [", absl::StrJoin(p.shape, ","), "] (", Describe(model.config()), ")"));
     }
     STRATA_ASSIGN_OR_RETURN(std::vector<float> v, r.ReadF32(t));
     // A NaN or Inf would surface steps later as "training diverged", or as garbage from generate.

@@ -1,6 +1,6 @@
 // The pooled tensor kernels: casts, scale and accumulate (and the 16-bit forms) equal the scalar element
-// math for every variant and thread count; SumSquares gives the same bits for every variant and thread count and stays within its stated
-// bound of an exact (long double) sum; CountNonFinite counts exactly.
+// math for every variant and thread count; SumSquares gives the same bits for every variant and thread count and stays
+// within its stated bound of an exact (long double) sum; CountNonFinite counts exactly.
 #include "kernels/cpu/tensor_ops.h"
 
 #include <cmath>

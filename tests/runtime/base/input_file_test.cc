@@ -50,7 +50,8 @@ TEST(ReadInputFile, ADeviceIsNotARegularFile) {
     auto r = ReadInputFile(dev, "data file", MaxTokenFileBytes(), InputKind::kRegularFileOrFifo);
     ASSERT_FALSE(r.ok()) << dev;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr("data file '" + std::string(dev) + "' is not a regular file"));
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("data file '" + std::string(dev) + "' is not a regular file"));
   }
   const std::string link = ::testing::TempDir() + "/strata_input_zero_link";
   ::unlink(link.c_str());

@@ -121,7 +121,8 @@ TEST(CApiMpi, APlantedDivergenceFailsEveryRankWithinSeconds) {
   const strata_status first = MicroBatch(e, rank == last ? std::vector<int>{1, 0} : std::vector<int>{0, 1});
   EXPECT_EQ(first, STRATA_ERR_FAILED_PRECONDITION) << "world rank " << rank << ": " << strata_last_error();
   EXPECT_THAT(std::string(strata_last_error()), ::testing::HasSubstr("different paths through the model"));
-  EXPECT_THAT(std::string(strata_last_error()), ::testing::HasSubstr(absl::StrCat("rank ", last, ": the forward of unit 'b'")));
+  EXPECT_THAT(std::string(strata_last_error()),
+              ::testing::HasSubstr(absl::StrCat("rank ", last, ": the forward of unit 'b'")));
   EXPECT_LT(SecondsSince(start), 5.0) << "world rank " << rank;
   EXPECT_STRATA_OK(strata_engine_destroy(e));
 

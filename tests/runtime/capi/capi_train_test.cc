@@ -104,10 +104,11 @@ absl::Status TrainCxx(int rank, comm::Communicator& world, int stage, Result* ou
   STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseConfig(Config(stage, group)));
   STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(cfg, world, dev));
   using shard::Init;
-  STRATA_RETURN_IF_ERROR(e->RegisterUnit("a", {{"w", {8, 4}, true, Init::Uniform(0.5f)}, {"b", {8}, false, Init::Zeros()}})
-                             .status());
   STRATA_RETURN_IF_ERROR(
-      e->RegisterUnit("b", {{"w", {2, 8}, true, Init::Normal(0.3f)}, {"b", {2}, false, Init::Constant(0.1f)}}).status());
+      e->RegisterUnit("a", {{"w", {8, 4}, true, Init::Uniform(0.5f)}, {"b", {8}, false, Init::Zeros()}}).status());
+  STRATA_RETURN_IF_ERROR(
+      e->RegisterUnit("b", {{"w", {2, 8}, true, Init::Normal(0.3f)}, {"b", {2}, false, Init::Constant(0.1f)}})
+          .status());
   STRATA_RETURN_IF_ERROR(e->Finalize());
   for (int step = 0; step < kSteps; ++step) {
     for (int mb = 0; mb < 2; ++mb) {
@@ -170,7 +171,8 @@ TEST(CApiTrain, ShardGroupSizeInTheConfigJsonShardsLikeTheCxxEngine) {
       EXPECT_EQ(c[r].params, cxx[r].params) << "rank " << r << ", stage " << stage;
       EXPECT_EQ(c[r].grad_norms, cxx[r].grad_norms) << "rank " << r << ", stage " << stage;
       EXPECT_EQ(c[r].device_bytes, cxx[r].device_bytes) << "rank " << r << ", stage " << stage;
-      EXPECT_GT(c[r].device_bytes, whole[r].device_bytes) << "rank " << r << ", stage " << stage << ": G = 1 holds more";
+      EXPECT_GT(c[r].device_bytes, whole[r].device_bytes)
+          << "rank " << r << ", stage " << stage << ": G = 1 holds more";
     }
   }
 }

@@ -129,7 +129,8 @@ TEST(Safetensors, EveryFieldHasItsType) {
       {R"({"w":)", "malformed header JSON"},
   };
   int i = 0;
-  for (const auto& [header, what] : cases) ExpectCorrupt("type" + std::to_string(i++) + ".safetensors", FileBytes(header, 8), what);
+  for (const auto& [header, what] : cases)
+    ExpectCorrupt("type" + std::to_string(i++) + ".safetensors", FileBytes(header, 8), what);
 }
 
 TEST(Safetensors, NestingAndTheLengthFieldAreBounded) {

@@ -66,8 +66,10 @@ TEST(ParseTorchrunEnv, ReadsAndValidatesTheVariables) {
   EXPECT_EQ(ParseTorchrunEnv({}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(ParseTorchrunEnv({"4", "4", "0", "h", "1"}).status().message()), HasSubstr("RANK='4'"));
   EXPECT_THAT(std::string(ParseTorchrunEnv({"0", "x", "0", "h", "1"}).status().message()), HasSubstr("WORLD_SIZE='x'"));
-  EXPECT_THAT(std::string(ParseTorchrunEnv({"0", "2", "0", "h", "70000"}).status().message()), HasSubstr("MASTER_PORT"));
-  EXPECT_THAT(std::string(ParseTorchrunEnv({"0", "2", "0", std::nullopt, "1"}).status().message()), HasSubstr("MASTER_ADDR"));
+  EXPECT_THAT(std::string(ParseTorchrunEnv({"0", "2", "0", "h", "70000"}).status().message()),
+              HasSubstr("MASTER_PORT"));
+  EXPECT_THAT(std::string(ParseTorchrunEnv({"0", "2", "0", std::nullopt, "1"}).status().message()),
+              HasSubstr("MASTER_ADDR"));
 }
 
 TEST(ExchangeBlob, EveryRankReceivesRankZerosBlobEvenWhenRankZeroStartsLate) {

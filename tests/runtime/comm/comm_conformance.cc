@@ -213,7 +213,8 @@ constexpr ReduceOp kReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg};
 
 void AllGatherBody(RankHarness& h, bool in_place) {
   for (DType dtype : kDTypes) {
-    for (size_t count : kCounts) RunOne(h, Op{.kind = Kind::kAllGather, .dtype = dtype, .in_place = in_place, .count = count});
+    for (size_t count : kCounts)
+      RunOne(h, Op{.kind = Kind::kAllGather, .dtype = dtype, .in_place = in_place, .count = count});
   }
 }
 
@@ -248,7 +249,8 @@ void LargeAllReduceBody(RankHarness& h) {
 void BroadcastBody(RankHarness& h) {
   for (int root = 0; root < h.comm.size(); ++root) {
     for (DType dtype : kDTypes) {
-      for (size_t count : kCounts) RunOne(h, Op{.kind = Kind::kBroadcast, .dtype = dtype, .count = count, .root = root});
+      for (size_t count : kCounts)
+        RunOne(h, Op{.kind = Kind::kBroadcast, .dtype = dtype, .count = count, .root = root});
     }
   }
 }

@@ -114,7 +114,8 @@ TEST(InProcessCommunicator, SplitWithAMissingRankFailsWithDeadlineExceededNaming
   RunRanks(3, WithTimeout(kShortTimeoutMs), [&](RankHarness& h) {
     if (h.comm.rank() == 2) return;  // never splits
     auto part = h.comm.Split(0, h.comm.rank(), "part");
-    EXPECT_EQ(part.status().code(), absl::StatusCode::kDeadlineExceeded) << "rank " << h.comm.rank() << ": " << part.status();
+    EXPECT_EQ(part.status().code(), absl::StatusCode::kDeadlineExceeded)
+        << "rank " << h.comm.rank() << ": " << part.status();
     EXPECT_THAT(MissingRanks(part.status().message()), ::testing::ElementsAre("2")) << part.status();
     EXPECT_THAT(std::string(part.status().message()), HasSubstr("split #0 of 'test' into 'part'"));
     EXPECT_GE(ElapsedMs(start), kShortTimeoutMs);
@@ -176,7 +177,8 @@ TEST(InProcessCommunicator, FailedCollectiveMakesTheStreamStickyAndLateArrivalsF
     EXPECT_THAT(MissingRanks(first.message()), ::testing::ElementsAre("1")) << first;
     // Later collectives on the failed stream return the first error at once, without waiting again.
     const auto start = std::chrono::steady_clock::now();
-    const absl::Status later = h.comm.AllReduce(buf.data(), buf.data(), 4, DType::kF32, ReduceOp::kSum, h.stream).Wait();
+    const absl::Status later =
+        h.comm.AllReduce(buf.data(), buf.data(), 4, DType::kF32, ReduceOp::kSum, h.stream).Wait();
     EXPECT_EQ(later, first) << "a later collective on the failed stream must return the first error";
     EXPECT_LT(ElapsedMs(start), kTimeoutMs) << "the skipped collective waited for peers";
     EXPECT_EQ(h.stream.Synchronize(), first);

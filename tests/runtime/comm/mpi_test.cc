@@ -111,7 +111,8 @@ TEST(MpiReduceScatter, NeedsNoTemporaryOfTheInputsSize) {
   for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>((i + rank) % 7);
   ASSERT_NO_FATAL_FAILURE(ResetHighWater());
   const long before = HighWaterKib();
-  const absl::Status st = w.comm->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
+  const absl::Status st =
+      w.comm->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   const long grown_kib = HighWaterKib() - before;
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_LT(grown_kib, static_cast<long>(kBlock * 4 / 2 / 1024)) << "rank " << rank << " of " << world;
@@ -123,7 +124,8 @@ TEST(MpiReduceScatter, NeedsNoTemporaryOfTheInputsSize) {
   // The all-reduce in place over the same buffer (Note [All-reduce over point to point]).
   ASSERT_NO_FATAL_FAILURE(ResetHighWater());
   const long before_ar = HighWaterKib();
-  const absl::Status ar = w.comm->AllReduce(send.data(), send.data(), send.size(), DType::kF32, ReduceOp::kSum, *w.stream).Wait();
+  const absl::Status ar =
+      w.comm->AllReduce(send.data(), send.data(), send.size(), DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   const long grown_ar_kib = HighWaterKib() - before_ar;
   ASSERT_TRUE(ar.ok()) << ar;
   EXPECT_LT(grown_ar_kib, static_cast<long>(kBlock * 4 / 2 / 1024)) << "all_reduce, rank " << rank << " of " << world;
@@ -152,7 +154,8 @@ TEST(MpiReduceScatter, SumsInRankOrder) {
   constexpr size_t kBlock = (size_t{5} << 20) / 8;  // 2.5 MiB of fp32: three transfers, the last partial
   std::vector<float> send(kBlock * world), recv(kBlock);
   for (size_t i = 0; i < send.size(); ++i) send[i] = Spread(rank, i);
-  const absl::Status st = w.comm->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
+  const absl::Status st =
+      w.comm->ReduceScatter(send.data(), recv.data(), kBlock, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   ASSERT_TRUE(st.ok()) << st;
   size_t wrong = 0;
   for (size_t i = 0; i < kBlock; ++i) {
@@ -164,7 +167,8 @@ TEST(MpiReduceScatter, SumsInRankOrder) {
   // The all-reduce: every rank ends with the rank-order sums of every element.
   std::vector<float> all(kBlock * world + 3);
   for (size_t i = 0; i < all.size(); ++i) all[i] = Spread(rank, i);
-  const absl::Status ar = w.comm->AllReduce(all.data(), all.data(), all.size(), DType::kF32, ReduceOp::kSum, *w.stream).Wait();
+  const absl::Status ar =
+      w.comm->AllReduce(all.data(), all.data(), all.size(), DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   ASSERT_TRUE(ar.ok()) << ar;
   wrong = 0;
   for (size_t i = 0; i < all.size(); ++i) {
@@ -186,7 +190,8 @@ TEST(MpiReduceScatter, CountMismatchFailsOnBothRanks) {
   ASSERT_NO_FATAL_FAILURE(OpenWorld(&w));
   const size_t count = (size_t{1} << 18) + (rank == 0 ? 10 : 5);  // 1 MiB and a few: two transfers each
   std::vector<float> send(count * world, 1.0f), recv(count);
-  const absl::Status st = w.comm->ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
+  const absl::Status st =
+      w.comm->ReduceScatter(send.data(), recv.data(), count, DType::kF32, ReduceOp::kSum, *w.stream).Wait();
   EXPECT_FALSE(st.ok()) << "rank " << rank;
   if (rank == 0) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;

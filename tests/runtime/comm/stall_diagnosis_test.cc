@@ -69,7 +69,8 @@ TEST(DescribeOwnStop, AStopLongerThanTheTimeoutIsMeasuredWholeAndNotReadAsDisord
   const StallBudget b = SplitTimeout(2000);
   const int64_t gap = 2293;
   ASSERT_TRUE(WasStopped(gap, b.late_ms));
-  const std::string s = DescribeOwnStop(gap, b.late_ms) + DescribeLiveness({0, -1}, 1, 0, b.late_ms, WasStopped(gap, b.late_ms));
+  const std::string s =
+      DescribeOwnStop(gap, b.late_ms) + DescribeLiveness({0, -1}, 1, 0, b.late_ms, WasStopped(gap, b.late_ms));
   EXPECT_THAT(s, HasSubstr("this rank itself did not run for at least 2293 ms"));
   EXPECT_THAT(s, Not(HasSubstr("807")));
   EXPECT_THAT(s, Not(HasSubstr("every rank answered")));

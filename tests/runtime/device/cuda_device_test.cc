@@ -44,7 +44,11 @@ TEST(CudaStream, EventsOrderAnotherStream) {
   auto e = (*dev)->CreateEvent();
   ASSERT_TRUE(a.ok() && b.ok() && e != nullptr);
   std::atomic<int> stage{0};
-  (*a)->Enqueue([&] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); stage = 1; return absl::OkStatus(); });
+  (*a)->Enqueue([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    stage = 1;
+    return absl::OkStatus();
+  });
   (*a)->Record(*e);
   (*b)->WaitFor(*e);
   int seen = -1;

@@ -65,7 +65,8 @@ absl::StatusOr<std::vector<float>> Train(const Plan& plan) {
     }
     if (!plan.save.empty()) {
       const std::string* where = rank == 1 && !plan.save_rank1.empty() ? &plan.save_rank1 : &plan.save;
-      STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(*where, absl::StrCat("{\"next_step\":", plan.first_step + plan.steps, "}")));
+      STRATA_RETURN_IF_ERROR(
+          e->SaveCheckpoint(*where, absl::StrCat("{\"next_step\":", plan.first_step + plan.steps, "}")));
     }
     STRATA_ASSIGN_OR_RETURN(std::vector<float> all, e->GatherAllParams());
     if (rank == 0) {
@@ -237,7 +238,8 @@ TEST_F(Checkpoint, ResumeRefusesShardFilesOutsideTheStepDirectory) {
     EXPECT_THAT(std::string(s.message()), HasSubstr("shards[1].file")) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(name)) << s;
   }
-  EditManifest(Step(1), absl::StrCat("\"", outside.string(), "\""), "\"shard_00001.bin\"");  // StrCat: GCC 12 -Wrestrict false positive
+  EditManifest(Step(1), absl::StrCat("\"", outside.string(), "\""),
+               "\"shard_00001.bin\"");  // StrCat: GCC 12 -Wrestrict false positive
   fs::create_symlink("../outside.bin", fs::path(Step(1)) / "shard_00001.bin");
   auto s = Train({2, 3, 1, 0, Step(1)}).status();
   EXPECT_THAT(std::string(s.message()), HasSubstr("shards[1].file")) << s;
@@ -299,7 +301,8 @@ TEST_F(Checkpoint, ShardsRankZeroCannotSeeAreNeverPublished) {
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0: checkpoint")) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1: checkpoint")) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 wrote its shard 'shard_00001.bin' but rank 0 does not see it"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1 wrote its shard 'shard_00001.bin' but rank 0 does not see it"));
   EXPECT_FALSE(fs::exists(fs::path(Step(2)) / checkpoint::kManifestName));
   // A shard of that name from an earlier save, in rank 0's view: its checksum is not the one rank 1 reported.
   ASSERT_TRUE(Train({2, 3, 0, 1, "", Step(1)}).ok());

@@ -54,9 +54,11 @@ absl::StatusOr<std::vector<float>> Train(const EngineConfig& cfg, device::Device
           for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * float(i) + 1.3f * float(s) + 0.11f * float(k + u + p));
           float* dst = e->Grad(u, p);
           if (cuda) {  // gradients accumulate, as a backward kernel would
-            if (cudaMemcpy(cur.data(), dst, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess) return absl::InternalError("D2H");
+            if (cudaMemcpy(cur.data(), dst, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+              return absl::InternalError("D2H");
             for (size_t i = 0; i < n; ++i) cur[i] += g[i];
-            if (cudaMemcpy(dst, cur.data(), n * 4, cudaMemcpyHostToDevice) != cudaSuccess) return absl::InternalError("H2D");
+            if (cudaMemcpy(dst, cur.data(), n * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+              return absl::InternalError("H2D");
           } else {
             for (size_t i = 0; i < n; ++i) dst[i] += g[i];
           }

@@ -152,7 +152,8 @@ TEST(EngineErrors, RanksTakingDifferentPathsInTheFirstMicroBatchFailOnEveryRank)
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     for (int r = 0; r < 3; ++r) {
       const std::string m(results[r].message());
-      EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << "stage " << stage << ", rank " << r << ": " << m;
+      EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition)
+          << "stage " << stage << ", rank " << r << ": " << m;
       EXPECT_THAT(m, HasSubstr("different paths through the model at use #1 of the first micro-batch")) << stage;
       EXPECT_THAT(m, HasSubstr("ranks 0,2: the forward of unit 'u1'")) << stage;
       EXPECT_THAT(m, HasSubstr("rank 1: the forward of unit 'u2'")) << stage;
@@ -199,7 +200,8 @@ TEST(EngineErrors, ADeviationAfterTheRecordEndsEveryRankWithinSecondsNamingTheRa
       STRATA_ASSIGN_OR_RETURN(auto e, Build(cfg, c, d, 3));
       STRATA_RETURN_IF_ERROR(MicroBatch(*e, {0, 1, 2}));
       STRATA_RETURN_IF_ERROR(e->Step().status());
-      STRATA_RETURN_IF_ERROR(MicroBatch(*e, rank == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2}));  // rank 2 skips u1
+      STRATA_RETURN_IF_ERROR(
+          MicroBatch(*e, rank == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2}));  // rank 2 skips u1
       return e->Step().status();  // stages 0-2 wait here for the reductions
     });
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -227,7 +229,9 @@ TEST(EngineErrors, EvaluationForwardsAtStage3AreAgreedAcrossRanks) {
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
-    EXPECT_THAT(std::string(results[r].message()), HasSubstr("different paths through the model in an evaluation forward")) << results[r];
+    EXPECT_THAT(std::string(results[r].message()),
+                HasSubstr("different paths through the model in an evaluation forward"))
+        << results[r];
     EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank 1: the evaluation forward of unit 'u2'"));
   }
   // Rank 0 evaluates while rank 1 begins training: both fail at once, told that it is the loop, not a path.
@@ -241,7 +245,8 @@ TEST(EngineErrors, EvaluationForwardsAtStage3AreAgreedAcrossRanks) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
     EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank 0: the evaluation forward of unit 'u0'"));
-    EXPECT_THAT(std::string(results[r].message()), HasSubstr("Some ranks ran a forward outside a training micro-batch"));
+    EXPECT_THAT(std::string(results[r].message()),
+                HasSubstr("Some ranks ran a forward outside a training micro-batch"));
   }
   comm::Options opts;
   opts.timeout_ms = 300;

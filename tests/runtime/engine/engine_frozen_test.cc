@@ -142,7 +142,8 @@ absl::StatusOr<Result> Train(const Plan& r, const std::vector<std::vector<float>
         STRATA_RETURN_IF_ERROR(e->EndBackward(train[k]));
         if (r.with_frozen) {
           STRATA_RETURN_IF_ERROR(e->BeginBackward(frozen[k]));
-          if (e->Param(frozen[k], 0).data == nullptr) return absl::InternalError("frozen params not gathered in backward");
+          if (e->Param(frozen[k], 0).data == nullptr)
+            return absl::InternalError("frozen params not gathered in backward");
           for (int p = 0; p < 2; ++p) {
             if (e->Grad(frozen[k], p) != nullptr) return absl::InternalError("a frozen unit has a gradient buffer");
           }
@@ -174,7 +175,8 @@ absl::StatusOr<Result> Train(const Plan& r, const std::vector<std::vector<float>
 
 std::string Name(const Plan& r) {
   return absl::StrCat("stage ", r.stage, ", ", r.world, " rank(s), ", DTypeName(r.dtype),
-                      r.offload == OffloadDevice::kCpu ? ", offload_optimizer cpu" : "", r.nvme.empty() ? "" : ", nvme");
+                      r.offload == OffloadDevice::kCpu ? ", offload_optimizer cpu" : "",
+                      r.nvme.empty() ? "" : ", nvme");
 }
 
 // Every stage from `first_stage`, 1 and 2 ranks, fp32 and bf16, offload none and cpu.

@@ -196,7 +196,8 @@ void ExpectEquivalent(const Outcome& got, const Outcome& want, const std::string
       }
     }
   }
-  if (g_report) std::printf("%s: worst per-tensor relative L2 %.2e, element-wise %.2e\n", what.c_str(), worst_l2, worst_elem);
+  if (g_report)
+    std::printf("%s: worst per-tensor relative L2 %.2e, element-wise %.2e\n", what.c_str(), worst_l2, worst_elem);
 }
 
 void ExpectBitwise(const Outcome& got, const Outcome& want, const std::string& what) {

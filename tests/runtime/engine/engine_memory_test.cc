@@ -113,7 +113,8 @@ TEST(EngineMemory, AnOutsizedRootIsHeldOnceBesideTheBlockSlots) {
   cfg.stage = 3;
   cfg.max_live_units = 2;
   auto train = [&](Engine& e) -> absl::Status {
-    STRATA_RETURN_IF_ERROR(e.RegisterUnit("root", {ParamSpec{"wte", {8 * kWidth, kWidth}, true, Init::Normal(0.02f)}}).status());
+    STRATA_RETURN_IF_ERROR(
+        e.RegisterUnit("root", {ParamSpec{"wte", {8 * kWidth, kWidth}, true, Init::Normal(0.02f)}}).status());
     for (int u = 0; u < kBlocks; ++u) {
       STRATA_RETURN_IF_ERROR(e.RegisterUnit(absl::StrCat("block", u),
                                             {ParamSpec{"w", {kWidth, kWidth}, true, Init::Normal(0.02f)},

@@ -44,9 +44,9 @@ absl::StatusOr<std::vector<std::vector<float>>> Train(const Plan& run) {
   auto results = testing::RunRanks(run.world, comm::Options{}, [&](int rank, comm::Communicator& comm) -> absl::Status {
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(Config(run.stage, run.skip), comm, dev));
-    STRATA_RETURN_IF_ERROR(
-        e->RegisterUnit("a", {ParamSpec{"w", {4, 3}, true, Init::Normal(0.5f)}, ParamSpec{"b", {3}, false, Init::Uniform(0.3f)}})
-            .status());
+    STRATA_RETURN_IF_ERROR(e->RegisterUnit("a", {ParamSpec{"w", {4, 3}, true, Init::Normal(0.5f)},
+                                                 ParamSpec{"b", {3}, false, Init::Uniform(0.3f)}})
+                               .status());
     STRATA_RETURN_IF_ERROR(e->RegisterUnit("c", {ParamSpec{"w", {5}, true, Init::Normal(0.5f)}}).status());
     STRATA_RETURN_IF_ERROR(e->Finalize());
     std::vector<int> order = run.use_c ? std::vector<int>{0, 1} : std::vector<int>{0};

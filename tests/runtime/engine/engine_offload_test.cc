@@ -90,38 +90,41 @@ absl::StatusOr<Outcome> TrainMlp(EngineConfig cfg, int world, int steps = 6, con
                                  const std::string& save = "", StagingProbe* probe = nullptr) {
   Outcome out;
   std::mutex mu;
-  auto results = testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& world_comm) -> absl::Status {
-    DeviceBuffersComm staged(&world_comm, nullptr, probe);
-    comm::Communicator& c = probe != nullptr ? static_cast<comm::Communicator&>(staged) : world_comm;
-    device::HostDevice dev;
-    STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-    STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{}));
-    STRATA_RETURN_IF_ERROR(e->Finalize());
-    if (!load.empty()) STRATA_RETURN_IF_ERROR(e->LoadCheckpoint(load).status());
-    const int micro = 8 / world;
-    std::vector<StepResult> results;
-    for (int s = 0; s < steps; ++s) {
-      STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
-      STRATA_RETURN_IF_ERROR(mlp.TrainMicroBatch(*e, int64_t{s} * 8 + rank * micro, micro).status());
-      STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
-      STRATA_ASSIGN_OR_RETURN(StepResult r, e->Step());
-      results.push_back(r);
-    }
-    if (!save.empty()) STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(save, "{}"));
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> all, e->GatherAllParams());
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      out.params = std::move(all);
-      out.mem = e->memory_stats();
-      out.steps = std::move(results);
-    }
-    return absl::OkStatus();
-  });
+  auto results =
+      testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& world_comm) -> absl::Status {
+        DeviceBuffersComm staged(&world_comm, nullptr, probe);
+        comm::Communicator& c = probe != nullptr ? static_cast<comm::Communicator&>(staged) : world_comm;
+        device::HostDevice dev;
+        STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
+        STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{}));
+        STRATA_RETURN_IF_ERROR(e->Finalize());
+        if (!load.empty()) STRATA_RETURN_IF_ERROR(e->LoadCheckpoint(load).status());
+        const int micro = 8 / world;
+        std::vector<StepResult> results;
+        for (int s = 0; s < steps; ++s) {
+          STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+          STRATA_RETURN_IF_ERROR(mlp.TrainMicroBatch(*e, int64_t{s} * 8 + rank * micro, micro).status());
+          STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
+          STRATA_ASSIGN_OR_RETURN(StepResult r, e->Step());
+          results.push_back(r);
+        }
+        if (!save.empty()) STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(save, "{}"));
+        STRATA_ASSIGN_OR_RETURN(std::vector<float> all, e->GatherAllParams());
+        if (rank == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          out.params = std::move(all);
+          out.mem = e->memory_stats();
+          out.steps = std::move(results);
+        }
+        return absl::OkStatus();
+      });
   for (const auto& s : results) STRATA_RETURN_IF_ERROR(s);
   return out;
 }
 
-uint64_t Peak(const MemoryStats& m, Tier t, Kind k) { return m.kind[static_cast<int>(t)][static_cast<int>(k)].peak_bytes; }
+uint64_t Peak(const MemoryStats& m, Tier t, Kind k) {
+  return m.kind[static_cast<int>(t)][static_cast<int>(k)].peak_bytes;
+}
 
 TEST(EngineOffload, CpuOffloadGivesTheSameWeightsBitForBit) {
   struct Case {
@@ -306,7 +309,8 @@ TEST_F(NvmeOffload, HostShardsAreStagedForADeviceBufferCommunicator) {
         off.offload_param.device = params;
         off.offload_optimizer.device = OffloadDevice::kCpu;
         off.param_dtype = dtype;
-        const std::string what = absl::StrCat("params ", static_cast<int>(params), " ", DTypeName(dtype), " world ", world);
+        const std::string what =
+            absl::StrCat("params ", static_cast<int>(params), " ", DTypeName(dtype), " world ", world);
         StagingProbe staged;
         auto b = TrainMlp(off, world, 6, "", "", &staged);
         ASSERT_TRUE(b.ok()) << b.status();

@@ -97,7 +97,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(double(got[i]) - want[i]) / std::max(std::fabs(double(want[i])), rms);
     if (!(err <= rtol) && reported++ < 5) {
-      ADD_FAILURE() << what << ": index " << i << " expected " << want[i] << " actual " << got[i] << " (rel " << err << ")";
+      ADD_FAILURE() << what << ": index " << i << " expected " << want[i] << " actual " << got[i] << " (rel " << err
+                    << ")";
     }
   }
 }

@@ -79,7 +79,8 @@ TEST(WriteTrace, GathersEveryRankIntoOneFileOnOneTimeAxis) {
     if (!stream.ok()) return stream.status();
     TraceRecorder rec(rank, {"unit_" + std::string(rank + 1, 'x')});
     for (int i = 0; i <= rank; ++i) {
-      rec.Add(device::Span{"compute", "forward", 0, 10000 * (rank + 1) + 1000 * i, 10000 * (rank + 1) + 1000 * i + 500});
+      rec.Add(
+          device::Span{"compute", "forward", 0, 10000 * (rank + 1) + 1000 * i, 10000 * (rank + 1) + 1000 * i + 500});
     }
     return WriteTrace(world, **stream, &rec, rank == 0 ? path : "/nonexistent/dir/only-rank-0-writes");
   });

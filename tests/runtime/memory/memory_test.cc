@@ -207,7 +207,8 @@ TEST(Allocator, DiscardToZeroOnATierThatCannotTouchesNothing) {
   Buffer b = AllocOk(alloc, size_t{1} << 20, Kind::kScratch);
   std::fill(b.as<unsigned char>(), b.as<unsigned char>() + b.bytes(), 0x11);
   EXPECT_FALSE(b.DiscardToZero());
-  EXPECT_TRUE(std::all_of(b.as<unsigned char>(), b.as<unsigned char>() + b.bytes(), [](unsigned char c) { return c == 0x11; }));
+  EXPECT_TRUE(
+      std::all_of(b.as<unsigned char>(), b.as<unsigned char>() + b.bytes(), [](unsigned char c) { return c == 0x11; }));
 }
 
 TEST(BufferView, SliceKeepsTierAndOffsets) {

@@ -33,8 +33,9 @@ struct Rank {
     EXPECT_TRUE(pool.ok()) << pool.status();
     stream = std::make_unique<device::HostStream>("gather");
     timeline.SetEnabled(true);
-    gatherer = std::make_unique<Gatherer>(*std::move(pool), meta, source(*this),
-                                          GathererOptions{c, stream.get(), DType::kF32, c->rank(), &timeline, &comm_ns});
+    gatherer =
+        std::make_unique<Gatherer>(*std::move(pool), meta, source(*this),
+                                   GathererOptions{c, stream.get(), DType::kF32, c->rank(), &timeline, &comm_ns});
   }
   std::unique_ptr<ParamSource> Memory() {
     return MakeMemorySource([this](int u) -> const void* { return shards[u].data(); });
@@ -152,8 +153,8 @@ TEST(Gatherer, CachedShardsAreSentFromTheCacheAndAnUnreadableOneNamesItsUnit) {
   std::unique_ptr<offload::NvmeStore> store;
   offload::testing::MakeQueueAndStore(offload::IoBackend::kThreads, dir.path(), 1 << 20, &queue, &store);
   memory::HostAllocator pinned{memory::Tier::kPinnedHost, memory::kUnlimited, nullptr};
-  auto pool = offload::PinnedPool::Create({.buffer_count = 2, .buffer_bytes = kShard * 4, .pin = offload::PinMethod::kNone},
-                                          &pinned);
+  auto pool = offload::PinnedPool::Create(
+      {.buffer_count = 2, .buffer_bytes = kShard * 4, .pin = offload::PinMethod::kNone}, &pinned);
   ASSERT_TRUE(pool.ok()) << pool.status();
   auto cache = offload::ShardCache::Create(store.get(), pool->get(), {kShard * 4, kShard * 4, kShard * 4},
                                            memory::Kind::kParamShard);

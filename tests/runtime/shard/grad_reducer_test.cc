@@ -24,7 +24,9 @@ constexpr size_t kTotal = 8, kShardElems = 4;  // one unit per test, two ranks
 struct Rank {
   explicit Rank(comm::Communicator* c, size_t grad_elems) : comm(c), grads(grad_elems, 1.0f) {}
   ReducerEnv Env() { return {comm, &stream, &device, &timeline, &comm_ns}; }
-  std::vector<ReduceUnit> Units() { return {{"u", kTotal, kShardElems, grads.data()}, {"v", kTotal, kShardElems, other}}; }
+  std::vector<ReduceUnit> Units() {
+    return {{"u", kTotal, kShardElems, grads.data()}, {"v", kTotal, kShardElems, other}};
+  }
   std::unique_ptr<GradReducer> ReduceScatter(int slots, bool staged) {
     auto pool = SlotPool::Create(alloc, slots, kTotal * 4, memory::Kind::kGradWorking);
     auto scratch = alloc.Allocate(kShardElems * 4, memory::Kind::kScratch);
@@ -140,8 +142,9 @@ TEST(GradReducer, WithoutShardsReleaseIdleHandsTheReadScratchBack) {
                   return absl::OkStatus();
                 },
                 nullptr, nullptr};
-  auto reducer = MakeReduceScatterReducer({{"u", kElems, kElems, nullptr}}, {comms[0].get(), &stream, &device, &timeline, &comm_ns},
-                                          ops, *std::move(pool), *std::move(scratch), memory::Buffer{});
+  auto reducer = MakeReduceScatterReducer({{"u", kElems, kElems, nullptr}},
+                                          {comms[0].get(), &stream, &device, &timeline, &comm_ns}, ops,
+                                          *std::move(pool), *std::move(scratch), memory::Buffer{});
   for (float value : {3.0f, 5.0f}) {
     ASSERT_TRUE(reducer->Acquire(0).ok());
     float* w = reducer->working(0);

@@ -94,15 +94,20 @@ TEST(InitValue, DeterministicAndIndependentOfEverythingButItsKey) {
 // Shapes come from callers: an element product that overflows (it once wrapped to a tiny unit) or a unit past
 // 2^48 elements is refused naming the unit and the parameter.
 TEST(UnitLayout, SizesThatOverflowAreErrors) {
-  auto wraps = UnitLayout::Build("u", {ParamSpec{"w", {int64_t{1} << 32, int64_t{1} << 32, 2}, false, Init::Zeros()}}, 1);
+  auto wraps =
+      UnitLayout::Build("u", {ParamSpec{"w", {int64_t{1} << 32, int64_t{1} << 32, 2}, false, Init::Zeros()}}, 1);
   ASSERT_FALSE(wraps.ok());
   EXPECT_NE(wraps.status().message().find("unit 'u': parameter 'w' (shape [4294967296,4294967296,2]) exceeds 2^48"),
             absl::string_view::npos) << wraps.status();
   const int64_t half = int64_t{1} << 47;
-  auto sum = UnitLayout::Build("u", {ParamSpec{"a", {half}, false, Init::Zeros()}, ParamSpec{"b", {half}, false, Init::Zeros()},
-                                     ParamSpec{"c", {16}, false, Init::Zeros()}}, 1);
+  auto sum =
+      UnitLayout::Build("u",
+                        {ParamSpec{"a", {half}, false, Init::Zeros()}, ParamSpec{"b", {half}, false, Init::Zeros()},
+                         ParamSpec{"c", {16}, false, Init::Zeros()}},
+                        1);
   ASSERT_FALSE(sum.ok());
-  EXPECT_NE(sum.status().message().find("the sum of its 3 parameters exceeds 2^48"), absl::string_view::npos) << sum.status();
+  EXPECT_NE(sum.status().message().find("the sum of its 3 parameters exceeds 2^48"), absl::string_view::npos)
+      << sum.status();
   auto at_limit = UnitLayout::Build("u", {ParamSpec{"a", {int64_t{1} << 48}, false, Init::Zeros()}}, 4);
   ASSERT_TRUE(at_limit.ok()) << at_limit.status();
   EXPECT_EQ(at_limit->total_elems, size_t{1} << 48);
@@ -116,10 +121,11 @@ TEST(UnitLayout, NamesMustBePrintableUtf8) {
   };
   EXPECT_TRUE(with("h.0", "attn.w").ok());
   EXPECT_TRUE(with("caf\xc3\xa9", "\xe2\x86\x92\xf0\x9f\x98\x80").ok()) << "two-, three- and four-byte forms";
-  for (const std::string& bad : {std::string("\x8b"), std::string("a\xc3"), std::string("\xc0\xaf"),  // stray, cut, overlong
-                                std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"),    // surrogate, > U+10FFFF
-                                std::string("a\nb"), std::string("\x7f"), std::string("\xc2\x85"),    // controls
-                                std::string(1025, 'x')}) {
+  for (const std::string& bad :
+       {std::string("\x8b"), std::string("a\xc3"), std::string("\xc0\xaf"),  // stray, cut, overlong
+        std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"),        // surrogate, > U+10FFFF
+        std::string("a\nb"), std::string("\x7f"), std::string("\xc2\x85"),   // controls
+        std::string(1025, 'x')}) {
     auto param = with("u", bad);
     ASSERT_FALSE(param.ok()) << bad;
     EXPECT_EQ(param.status().code(), absl::StatusCode::kInvalidArgument);

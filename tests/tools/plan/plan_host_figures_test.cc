@@ -164,7 +164,8 @@ TEST_F(HostFiguresFile, BadFilesAreRefusedNamingTheFileAndTheKey) {
     EXPECT_NE(e.find(path), std::string::npos) << e;
     EXPECT_NE(e.find(words), std::string::npos) << "want '" << words << "' in: " << e;
   };
-  EXPECT_NE(ErrorOf(With(kJob, {"--host-figures", (dir_ / "none.json").string()})).find("none.json"), std::string::npos);
+  EXPECT_NE(ErrorOf(With(kJob, {"--host-figures", (dir_ / "none.json").string()})).find("none.json"),
+            std::string::npos);
   expect("{\"facts\": ", {}, "is not valid JSON");
   expect("[1, 2]", {}, "field 'the document' must be an object");
   expect("{}", {}, "field 'facts' is missing");
@@ -191,7 +192,8 @@ TEST_F(HostFiguresFile, BadFilesAreRefusedNamingTheFileAndTheKey) {
   expect(j.dump(), {}, "field 'facts.host_figures.ranks'");
   // The collectives not measured (no launcher): the doctor's reason is passed on, and a flag is the way out.
   j = Report();
-  for (const char* k : {"allgather_gbps", "reduce_scatter_gbps", "allreduce_gbps", "alpha_us"}) j["facts"]["host_figures"][k] = 0;
+  for (const char* k : {"allgather_gbps", "reduce_scatter_gbps", "allreduce_gbps", "alpha_us"})
+    j["facts"]["host_figures"][k] = 0;
   j["facts"]["host_figures"]["comm_error"] = "no MPI launcher (mpirun, mpiexec, srun) on PATH; give --launcher";
   expect(j.dump(), {}, "facts.host_figures.allgather_gbps is 0 (not measured: no MPI launcher");
   expect(j.dump(), {"--allgather-gbps", "1"}, "facts.host_figures.reduce_scatter_gbps is 0");
@@ -210,7 +212,8 @@ TEST_F(HostFiguresFile, BadFilesAreRefusedNamingTheFileAndTheKey) {
                                                                      "over 2 ranks"),
             std::string::npos);
   // A GPU preset has its own figures.
-  EXPECT_NE(ErrorOf({"--device-preset", "h100-sxm", "--host-figures", good}).find("--host-figures is for --device-preset host"),
+  EXPECT_NE(ErrorOf({"--device-preset", "h100-sxm", "--host-figures", good})
+                .find("--host-figures is for --device-preset host"),
             std::string::npos);
 }
 

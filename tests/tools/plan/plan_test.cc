@@ -119,20 +119,20 @@ TEST_P(PlanMatchesEngine, PeakBytesPerTierAndWorkspaceAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, PlanMatchesEngine,
-    ::testing::Values(Case{"stage0_fp32", 2, 0, DType::kF32}, Case{"stage1_fp32", 2, 1, DType::kF32},
-                      Case{"stage2_bf16", 2, 2, DType::kBF16}, Case{"stage3_fp32", 3, 3, DType::kF32},
-                      Case{"stage3_bf16_ckpt", 2, 3, DType::kBF16, OffloadDevice::kNone, OffloadDevice::kNone, true},
-                      Case{"stage2_cpu_optimizer", 2, 2, DType::kF32, OffloadDevice::kCpu},
-                      Case{"stage3_cpu_both", 2, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kCpu},
-                      Case{"stage3_nvme_optimizer", 2, 3, DType::kF32, OffloadDevice::kNvme},
-                      Case{"stage3_nvme_params", 2, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kNvme},
-                      Case{"stage1_single_rank", 1, 1, DType::kBF16},
-                      // Hybrid sharding: shard groups of 2 in a world of 4.
-                      Case{"stage1_g2", 4, 1, DType::kF32, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
-                      Case{"stage2_g2_bf16", 4, 2, DType::kBF16, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
-                      Case{"stage3_g2", 4, 3, DType::kF32, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
-                      Case{"stage3_g2_cpu_optimizer", 4, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kNone, false,
-                           2, 2}),
+    ::testing::Values(
+        Case{"stage0_fp32", 2, 0, DType::kF32}, Case{"stage1_fp32", 2, 1, DType::kF32},
+        Case{"stage2_bf16", 2, 2, DType::kBF16}, Case{"stage3_fp32", 3, 3, DType::kF32},
+        Case{"stage3_bf16_ckpt", 2, 3, DType::kBF16, OffloadDevice::kNone, OffloadDevice::kNone, true},
+        Case{"stage2_cpu_optimizer", 2, 2, DType::kF32, OffloadDevice::kCpu},
+        Case{"stage3_cpu_both", 2, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kCpu},
+        Case{"stage3_nvme_optimizer", 2, 3, DType::kF32, OffloadDevice::kNvme},
+        Case{"stage3_nvme_params", 2, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kNvme},
+        Case{"stage1_single_rank", 1, 1, DType::kBF16},
+        // Hybrid sharding: shard groups of 2 in a world of 4.
+        Case{"stage1_g2", 4, 1, DType::kF32, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
+        Case{"stage2_g2_bf16", 4, 2, DType::kBF16, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
+        Case{"stage3_g2", 4, 3, DType::kF32, OffloadDevice::kNone, OffloadDevice::kNone, false, 2, 2},
+        Case{"stage3_g2_cpu_optimizer", 4, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kNone, false, 2, 2}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(PlanMemory, ShardGroupLaysOutAsAWorldOfG) {
@@ -233,7 +233,8 @@ TEST(PlanJson, HasTheDocumentedSchema) {
   absl::StatusOr<Plan> p = Evaluate(GpuInput(16, 3));
   ASSERT_TRUE(p.ok()) << p.status();
   const nlohmann::json j = nlohmann::json::parse(PlanJson(*p));
-  for (const char* k : {"model", "cluster", "config", "memory", "time", "max_micro_batch"}) EXPECT_TRUE(j.contains(k)) << k;
+  for (const char* k : {"model", "cluster", "config", "memory", "time", "max_micro_batch"})
+    EXPECT_TRUE(j.contains(k)) << k;
   for (const char* k : {"device_bytes", "pinned_host_bytes", "nvme_bytes", "engine", "activations_bytes",
                         "unit_copy_bytes", "host_resident_bytes", "items", "fits", "why_not"}) {
     EXPECT_TRUE(j["memory"].contains(k)) << k;
@@ -315,9 +316,9 @@ TEST(PlanOptions, BadInputGetsClearErrors) {
 }
 
 TEST(PlanOptions, TrainFlagsMeanWhatTheyMeanToTrain) {
-  absl::StatusOr<PlanRequest> r = ParsePlanArgs({"--model", "gpt2", "--ranks", "16", "--ranks-per-node", "8", "--stage",
-                                                 "2", "--micro-batch", "3", "--grad-accum", "2", "--param-dtype", "bf16",
-                                                 "--shard-group-size=8", "--activation-checkpointing", "--json"});
+  absl::StatusOr<PlanRequest> r = ParsePlanArgs(
+      {"--model", "gpt2", "--ranks", "16", "--ranks-per-node", "8", "--stage", "2", "--micro-batch", "3",
+       "--grad-accum", "2", "--param-dtype", "bf16", "--shard-group-size=8", "--activation-checkpointing", "--json"});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->in.model.layers, 12);
   EXPECT_EQ(r->in.ranks, 16);

@@ -2,13 +2,13 @@
 // nn_attention.cc) and their CUDA twins (kernels/cuda/{gelu,layernorm,cross_entropy,attention}.cu).
 //
 // Every function is __host__ __device__ under nvcc and plain inline otherwise (STRATA_HD, element_math.h),
-// so the host tests (tests/models/gpt/nn/common/nn_math_test.cc, tests/models/gpt/nn/cpu/nn_test.cc) cover the arithmetic
-// the device runs. The functions are written as the exact float operation sequence both sides execute;
-// with contraction off on both (the host library builds in ISO mode, GCC's -ffp-contract=off default, and
-// without FMA flags; the CUDA library with --fmad=false), IEEE division and sqrt, and denormals kept, an
-// element computed by the same function gives the same bits on host and device. Row reductions (sums,
-// maxima) are the callers' own: their order differs between back-ends, so those results agree only to
-// rounding. No Abseil, no runtime/, no std:: calls that are host-only.
+// so the host tests (tests/models/gpt/nn/common/nn_math_test.cc, tests/models/gpt/nn/cpu/nn_test.cc) cover the
+// arithmetic the device runs. The functions are written as the exact float operation sequence both sides execute; with
+// contraction off on both (the host library builds in ISO mode, GCC's -ffp-contract=off default, and without FMA flags;
+// the CUDA library with --fmad=false), IEEE division and sqrt, and denormals kept, an element computed by the same
+// function gives the same bits on host and device. Row reductions (sums, maxima) are the callers' own: their order
+// differs between back-ends, so those results agree only to rounding. No Abseil, no runtime/, no std:: calls that are
+// host-only.
 #pragma once
 
 #include <cstdint>

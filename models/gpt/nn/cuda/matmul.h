@@ -57,9 +57,10 @@ inline constexpr size_t kMatmulRecommendedWorkspaceBytes = size_t{32} << 20;
 
 class MatmulContext {
  public:
-  // Creates the cuBLASLt handle on the current device (the context serves that device only). `workspace` (device memory, 256-byte aligned, or
-  // nullptr with 0 bytes) is lent for the context's lifetime: cuBLASLt's scratch and the bias gradient's
-  // partial sums. Larger workspaces let cuBLASLt choose split-K algorithms; any size (0 included) works.
+  // Creates the cuBLASLt handle on the current device (the context serves that device only). `workspace` (device
+  // memory, 256-byte aligned, or nullptr with 0 bytes) is lent for the context's lifetime: cuBLASLt's scratch and the
+  // bias gradient's partial sums. Larger workspaces let cuBLASLt choose split-K algorithms; any size (0 included)
+  // works.
   static MatmulStatus Create(void* workspace, size_t workspace_bytes, const MatmulOptions& options,
                              std::unique_ptr<MatmulContext>* out);
   ~MatmulContext();

@@ -38,9 +38,9 @@
 // whose plans then stop only at run-time compilation, for want of libcuda on that machine. A graph with P
 // left in fp32 is, by contrast, rejected by the pattern check. The backward used to subtract Stats before
 // masking (the same numbers: both orders give exp(...) = 0 where masked); cuDNN proposed engines 6 and 7
-// for either order, and the frontend's order is kept since it is the one known to run. Whether a plan finalizes, what it
-// computes and how fast, only a GPU run shows: a rejected graph comes back as kUnsupported with cuDNN's
-// per-engine reasons (cudnn_graph_util.h), and the trainer falls back to the reference kernel.
+// for either order, and the frontend's order is kept since it is the one known to run. Whether a plan finalizes, what
+// it computes and how fast, only a GPU run shows: a rejected graph comes back as kUnsupported with cuDNN's per-engine
+// reasons (cudnn_graph_util.h), and the trainer falls back to the reference kernel.
 #include "models/gpt/nn/cuda/sdpa_cudnn_graph.h"
 
 #include <cmath>

@@ -68,7 +68,8 @@ TEST(LoadTokens, TheLlmcHeaderIsValidatedAgainstTheSize) {
   EXPECT_NE(odd.status().message().find("odd byte"), absl::string_view::npos) << odd.status();
   auto cut = LoadTokens(TempFile("cut.bin", Llmc(1, 1, {1}).substr(0, 100)), 256);
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << "a header cut short is not text";
-  EXPECT_NE(cut.status().message().find("header cut short: 100 bytes of 1024"), absl::string_view::npos) << cut.status();
+  EXPECT_NE(cut.status().message().find("header cut short: 100 bytes of 1024"), absl::string_view::npos)
+      << cut.status();
   auto dir = LoadTokens(::testing::TempDir(), 256);
   EXPECT_NE(dir.status().message().find("is a directory"), absl::string_view::npos) << dir.status();
 }

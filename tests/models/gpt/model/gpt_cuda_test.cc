@@ -84,7 +84,8 @@ TEST_F(GptOnCuda, ForwardBackwardAndStepsMatchTheHost) {
     // (2^-8 relative) propagates, so the bound is wider.
     const double tol = dtype == DType::kF32 ? 2e-5 : 2e-2;
     for (size_t s = 0; s < want->losses.size(); ++s) {
-      EXPECT_NEAR(got->losses[s], want->losses[s], tol * std::fabs(want->losses[s])) << DTypeName(dtype) << " step " << s;
+      EXPECT_NEAR(got->losses[s], want->losses[s], tol * std::fabs(want->losses[s]))
+          << DTypeName(dtype) << " step " << s;
     }
     EXPECT_LT(MaxScaledDiff(got->logits, want->logits), tol) << DTypeName(dtype) << " logits";
     EXPECT_LT(MaxScaledDiff(got->weights, want->weights), tol) << DTypeName(dtype) << " weights";

@@ -166,7 +166,8 @@ TEST_F(RunFiles, ResumingADirectoryOfSeveralRunsIsRefused) {
   Step(2, "aa");
   EXPECT_TRUE(CheckOneRun(Ck()).ok());
   Step(3, "bb");
-  EXPECT_THAT(std::string(CheckOneRun(Ck()).message()), AllOf(HasSubstr("2 different runs"), HasSubstr("step_00000003")));
+  EXPECT_THAT(std::string(CheckOneRun(Ck()).message()),
+              AllOf(HasSubstr("2 different runs"), HasSubstr("step_00000003")));
   EXPECT_TRUE(CheckOneRun(Ck() + "/step_00000002").ok());  // a step directory names itself
 }
 

@@ -22,8 +22,9 @@ std::string Error(const std::vector<std::string>& args) {
 }
 
 TEST(ParseTrainOptions, IntegerFlagsAreNeverNarrowed) {
-  EXPECT_THAT(Error({"--micro-batch", "4294967297"}),
-              AllOf(HasSubstr("--micro-batch"), HasSubstr("train_micro_batch_size_per_gpu"), HasSubstr("<= 2147483647")));
+  EXPECT_THAT(
+      Error({"--micro-batch", "4294967297"}),
+      AllOf(HasSubstr("--micro-batch"), HasSubstr("train_micro_batch_size_per_gpu"), HasSubstr("<= 2147483647")));
   EXPECT_THAT(Error({"--grad-accum", "4294967297"}), AllOf(HasSubstr("--grad-accum"), HasSubstr("<= 2147483647")));
   EXPECT_THAT(Error({"--max-live-units", "4294967296"}), HasSubstr("--max-live-units"));
   EXPECT_THAT(Error({"--prefetch", "-4294967295"}), HasSubstr("--prefetch"));

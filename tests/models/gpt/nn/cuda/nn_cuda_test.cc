@@ -1,7 +1,8 @@
 // Each CUDA NN kernel (kernels/cuda: layernorm, gelu, add, cross_entropy, embedding, attention) against
-// its host twin in models/gpt/nn/cpu/nn.h (itself checked against double references in tests/models/gpt/nn/cpu/nn_test.cc)
-// on random inputs of awkward shapes: odd channel counts (C = 65), short and block-straddling sequences
-// (T = 1, 7, 131), vocabularies of 5 (repeated tokens), 1003 and GPT-2's 50257, and empty inputs.
+// its host twin in models/gpt/nn/cpu/nn.h (itself checked against double references in
+// tests/models/gpt/nn/cpu/nn_test.cc) on random inputs of awkward shapes: odd channel counts (C = 65), short and
+// block-straddling sequences (T = 1, 7, 131), vocabularies of 5 (repeated tokens), 1003 and GPT-2's 50257, and empty
+// inputs.
 //
 // Tolerances, by what the two sides share (models/gpt/nn/common/nn_math.h):
 // - Bit for bit (NaN matching any NaN: the GPU's NaN is canonical): GELU, adds, embeddings and the
