@@ -62,6 +62,12 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 ok = [r["skipped"] for r in rows] == [False, True, False, False] and {r["loss_scale"] for r in rows} == {65536}
 print("ok" if ok else f"bad: {rows}"); sys.exit(0 if ok else 1)' "$work/f.jsonl" 2>&1)
 check "fp16 hysteresis 2: an overflow skips its step and keeps the scale ($out)" $? "$out"
-[ "$runs" -eq $(($(wc -l < "$work/cases") + 3)) ] || { echo "FAIL: only $runs checks ran"; fails=$((fails + 1)); }
+# An overflow with the scale already at min_loss_scale ends the run, as DeepSpeed's raise does.
+echo '{"fp16": {"enabled": true, "initial_scale_power": 0, "hysteresis": 1}}' > "$work/floor.json"
+out=$("$mpirun" -n 1 "$strata" train "${small[@]}" --steps 4 --config "$work/floor.json" \
+      --inject-nonfinite-step 1 --inject-nonfinite-rank 0 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "already at fp16.min_loss_scale (1)" <<<"$out"
+check "fp16: an overflow at the minimum scale ends the run (exit $rc)" $? "$out"
+[ "$runs" -eq $(($(wc -l < "$work/cases") + 4)) ] || { echo "FAIL: only $runs checks ran"; fails=$((fails + 1)); }
 echo "$runs checks, $fails failed"
 [ "$fails" -eq 0 ]
