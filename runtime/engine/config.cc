@@ -1,9 +1,10 @@
 // Engine configuration parsing: JSON text -> validated EngineConfig.
 //
 // One schema tree (Schema()) lists every valid key; it drives the unknown-key check at each level (with
-// a Levenshtein "did you mean") and ValidKeyPaths(). Each section is then read by typed getters that
-// name the full key path in type and range errors. Every error is InvalidArgument (NotFound for a
-// missing file); nlohmann exceptions never escape.
+// a Levenshtein "did you mean", or the judgement of config_deepspeed.cc for DeepSpeed's other keys) and
+// ValidKeyPaths(). Each section is then read by typed getters that name the full key path in type and range
+// errors. Every problem is collected and the config refused once (Note [One pass, every problem]). Every
+// error is InvalidArgument (NotFound for a missing file); nlohmann exceptions never escape.
 //
 // Decisions beyond DeepSpeed's documentation (docs/decisions/0028-deepspeed-config-semantics.md):
 //  - Missing keys have DeepSpeed's defaults (JsonDefaults(), Note [Two sets of defaults]); "Adam" follows
