@@ -102,7 +102,7 @@ def decay_groups(model):
 def strata_config(a):
     cfg = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": a.micro_batch,
            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
-           "strata": {"optimizer_threads": 1}}
+           "strata": {"optimizer_threads": 1, "weight_decay_1d": False}}  # as the torch groups above
     if a.strata_live:
         cfg["strata"]["max_live_units"] = a.strata_live
     if a.nvme_path:

@@ -152,7 +152,8 @@ void PrintMemory(engine::Engine& e) {
 }
 
 absl::Status Train(const Args& a, comm::Communicator& world, device::HostDevice& dev) {
-  std::string text = "{}";
+  // Without --config, stage 3 as --stage documents; a config file's absent keys have DeepSpeed's defaults.
+  std::string text = R"({"zero_optimization": {"stage": 3}})";
   if (!a.config_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(text, ReadFile(a.config_path));
   }

@@ -64,7 +64,7 @@ def config(a, steps, weight_decay):
             "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": weight_decay, "betas": [0.9, 0.95]}},
             "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": min(20, steps // 10),
                                                                "total_num_steps": max(steps, 1), "cos_min_ratio": 0.1}},
-            "strata": {"optimizer_threads": 1}}
+            "strata": {"optimizer_threads": 1, "weight_decay_1d": False}}
 
 
 def train(model, engine, tokens, steps, a, what):

@@ -75,7 +75,7 @@ def main():
         "scheduler": {"type": "WarmupCosineLR",
                       "params": {"warmup_num_steps": min(30, a.steps // 10), "total_num_steps": a.steps,
                                  "cos_min_ratio": 0.1}},
-        "strata": {"optimizer_threads": 1}})
+        "strata": {"optimizer_threads": 1, "weight_decay_1d": False}})  # GPT-2's rule: no decay on biases, norms
     if st.rank() == 0:
         print(f"GPT2LMHeadModel {n_params / 1e6:.2f}M parameters, {len(engine.units)} units, "
               f"{st.world_size()} ranks, ZeRO-{a.stage}, {a.steps} steps of {st.world_size() * a.micro_batch} "

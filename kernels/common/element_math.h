@@ -91,10 +91,14 @@ struct AdamWStep {
   float weight_decay;
   float step_size;              // lr / (1 - beta1^t)
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  bool decoupled = true;        // AdamW; false: Adam with L2 (the decay added to the gradient)
 };
 
-inline AdamWStep MakeAdamWStep(double lr, double beta1, double beta2, double eps, double weight_decay, long step) {
+// decoupled: DeepSpeed's adam_w_mode. false is torch.optim.Adam's weight_decay: g += wd * p first.
+inline AdamWStep MakeAdamWStep(double lr, double beta1, double beta2, double eps, double weight_decay, long step,
+                               bool decoupled = true) {
   AdamWStep s;
+  s.decoupled = decoupled;
   s.lr = static_cast<float>(lr);
   s.beta1 = static_cast<float>(beta1);
   s.beta2 = static_cast<float>(beta2);
@@ -125,17 +129,26 @@ struct AdamWCoeffs {
   F bias_correction2_sqrt;  // sqrt(1 - beta2^t)
   F eps;
   F step_size;              // lr / (1 - beta1^t)
+  F l2;                     // wd with L2 (Adam, adam_w_mode false), else 0
 };
 
 STRATA_HD AdamWCoeffs<float> AdamWCoeffsOf(const AdamWStep& s) {
-  return AdamWCoeffs<float>{1.0f - s.lr * s.weight_decay, 1.0f - s.beta1, s.beta2, 1.0f - s.beta2,
-                            s.bias_correction2_sqrt, s.eps, s.step_size};
+  return AdamWCoeffs<float>{s.decoupled ? 1.0f - s.lr * s.weight_decay : 1.0f,
+                            1.0f - s.beta1,
+                            s.beta2,
+                            1.0f - s.beta2,
+                            s.bias_correction2_sqrt,
+                            s.eps,
+                            s.step_size,
+                            s.decoupled ? 0.0f : s.weight_decay};
 }
 
-// One element of decoupled-weight-decay Adam, in the order torch.optim.AdamW computes it:
-//   p *= 1 - lr*wd;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;  p -= step_size * m / (sqrt(v)/bc2 + eps)
+// One element of Adam, in the order torch.optim.AdamW (decoupled decay) or torch.optim.Adam (L2) computes it:
+//   g += l2 p;  p *= 1 - lr*wd;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;  p -= step_size * m / (sqrt(v)/bc2 + eps)
+// with l2 = 0 for AdamW and decay = 1 for Adam. g + 0 p is g for a finite p, so AdamW's bits are unchanged.
 template <class F>
 STRATA_HD void AdamWUpdate(F g, F& p, F& m, F& v, const AdamWCoeffs<F>& c) {
+  g = g + c.l2 * p;
   p = p * c.decay;
   m = m + c.one_minus_beta1 * (g - m);
   v = c.beta2 * v + c.one_minus_beta2 * g * g;

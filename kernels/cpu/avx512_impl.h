@@ -138,7 +138,7 @@ template <ParamCopy kCopy>
 void AdamWRange(const OptimizerArrays& a, size_t begin, size_t end, const AdamWCoeffs<float>& cf, float grad_scale) {
   const AdamWCoeffs<V16> c = {Splat(cf.decay),           Splat(cf.one_minus_beta1),
                               Splat(cf.beta2),           Splat(cf.one_minus_beta2),
-                              Splat(cf.bias_correction2_sqrt), Splat(cf.eps), Splat(cf.step_size)};
+                              Splat(cf.bias_correction2_sqrt), Splat(cf.eps), Splat(cf.step_size), Splat(cf.l2)};
   const V16 gs = Splat(grad_scale);
   ForBlocks<kCopy>(begin, end, a.param_copy, [&]<Mem kMem>(size_t i, __mmask16 k) {
     Prefetch<kMem>(a.grad + i);

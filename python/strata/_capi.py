@@ -35,7 +35,8 @@ class _Versioned(ctypes.Structure):
 
 
 class EngineOptions(_Versioned):
-    _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("config_json", c_char_p), ("device", c_int32)]
+    _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("config_json", c_char_p), ("device", c_int32),
+                ("reserved", c_int32), ("hidden_size", c_int64)]
 
 
 class ParamSpec(_Versioned):
@@ -97,6 +98,7 @@ _SIGNATURES = {  # name: argument types (every function returns a strata_status 
     "strata_engine_step": [c_void_p, _P(StepResult)],
     "strata_engine_loss_scale": [c_void_p, _P(c_float)],
     "strata_engine_lr": [c_void_p, _P(c_double)],
+    "strata_engine_config_json": [c_void_p, _P(c_char_p)],
     "strata_engine_gather_param": [c_void_p, c_int32, c_int32, c_void_p, c_size_t],
     "strata_engine_set_param": [c_void_p, c_int32, c_int32, c_void_p, c_size_t],
     "strata_engine_save_checkpoint": [c_void_p, c_char_p, c_char_p],

@@ -1,5 +1,6 @@
 // strata_engine_*: creation from a JSON config, unit registration, finalize, introspection, whole-parameter
 // gather / set, stats, checkpoints and destruction. The per-step hooks are in capi_hooks.cc.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <filesystem>
@@ -95,7 +96,10 @@ absl::Status CreateEngine(strata_comm* comm, const strata_engine_options* option
     return absl::InvalidArgumentError(absl::StrCat("options.device is ", o.device, ", not a strata_device_kind"));
   }
   const std::string json = o.config_json == nullptr || o.config_json[0] == '\0' ? "{}" : o.config_json;
-  absl::StatusOr<engine::EngineConfig> config = engine::ParseConfig(json);
+  engine::ConfigFacts facts;  // Note ["auto"], runtime/engine/config_deepspeed.h
+  facts.world_size = comm->comm->size();
+  facts.hidden_size = std::max<int64_t>(o.hidden_size, 0);
+  absl::StatusOr<engine::EngineConfig> config = engine::ParseConfigWithOverrides(json, {}, facts);
   if (!config.ok()) return Annotate(config.status(), "options.config_json");
   auto e = std::make_unique<strata_engine>();
   if (o.device == STRATA_DEVICE_CUDA) {
@@ -352,6 +356,21 @@ strata_status strata_engine_lr(const strata_engine* engine, double* out) {
     STRATA_RETURN_IF_ERROR(CheckEngine(engine));
     if (out == nullptr) return NullArgument("out");
     *out = engine->engine->next_lr();
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_config_json(const strata_engine* engine, const char** out) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    if (out == nullptr) return NullArgument("out");
+    auto* e = const_cast<strata_engine*>(engine);  // the cached text only
+    if (e->config_json.empty()) {
+      nlohmann::json j = nlohmann::json::object();
+      for (const auto& [key, value] : strata::engine::JobWideFields(e->engine->config())) j[key] = value;
+      e->config_json = j.dump();
+    }
+    *out = e->config_json.c_str();
     return absl::OkStatus();
   });
 }

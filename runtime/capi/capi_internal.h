@@ -128,6 +128,7 @@ struct strata_engine {
   std::vector<strata_unit_state> units;
   strata_step_clock clock;
   std::string loaded_trainer_json;  // from the last load_checkpoint (strata.h states its lifetime)
+  std::string config_json;          // strata_engine_config_json's, made once
   // strata_engine_trace_enable: the recording (null when off) and the host stream its collectives run on.
   std::unique_ptr<strata::engine::TraceRecorder> trace;
   std::unique_ptr<strata::device::Stream> trace_stream;

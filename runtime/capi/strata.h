@@ -165,9 +165,13 @@ typedef struct strata_engine_options {
    * start reducing the gradients on its own streams. STRATA_ERR_FAILED_PRECONDITION when no GPU is
    * visible, STRATA_ERR_UNIMPLEMENTED in a build without CUDA. */
   int32_t device;
+  /* Appended (a caller built before it passes the smaller struct_size and gets 0): */
+  int32_t reserved;     /* 0 (keeps the struct free of padding) */
+  int64_t hidden_size;  /* the model's hidden size, 0 if unknown: a config's "auto" ZeRO bucket sizes are
+                           resolved from it as Hugging Face's integration does (hidden^2, ...) */
 } strata_engine_options;
 #define STRATA_ENGINE_OPTIONS_INIT \
-  { (uint32_t)sizeof(strata_engine_options), STRATA_ABI_VERSION, NULL, STRATA_DEVICE_HOST }
+  { (uint32_t)sizeof(strata_engine_options), STRATA_ABI_VERSION, NULL, STRATA_DEVICE_HOST, 0, 0 }
 
 /* Collective: duplicates `comm` into one communicator per internal stream. `options` may be NULL
  * (defaults). `comm` must outlive the engine (strata_comm_destroy refuses otherwise). */
@@ -302,6 +306,11 @@ strata_status strata_engine_loss_scale(const strata_engine* engine, float* out);
 /* The learning rate the next strata_engine_step will use (the config's `scheduler` at the current step),
  * what that step's strata_step_result.lr will say; the same for every parameter. */
 strata_status strata_engine_lr(const strata_engine* engine, double* out);
+
+/* The configuration the engine runs, resolved (the batch sizes derived, "auto" filled in, the defaults of
+ * absent keys): a JSON object from key path to its value as text, e.g. {"gradient_accumulation_steps": "4",
+ * "strata.weight_decay_1d": "true", ...}. *out is owned by the engine and valid until it is destroyed. */
+strata_status strata_engine_config_json(const strata_engine* engine, const char** out);
 
 /* Collective, blocking, after finalize: the full fp32 master value of one parameter, `count` (= numel)
  * floats into caller memory. For export, checksums and tests. */

@@ -54,6 +54,7 @@ std::string ToJson(const Manifest& m) {
   j["optimizer"] = m.optimizer;
   j["loss_scale"] = m.loss_scale;
   j["clean_steps"] = m.clean_steps;
+  if (m.loss_scale_hysteresis > 0) j["loss_scale_hysteresis"] = m.loss_scale_hysteresis;
   auto units = ordered_json::array();
   for (const ManifestUnit& u : m.units) {
     auto params = ordered_json::array();
@@ -244,6 +245,11 @@ absl::Status ParseScalars(const JsonReader& in, const json& j, const std::string
   m->loss_scale = static_cast<float>(scale);
   STRATA_ASSIGN_OR_RETURN(const int64_t clean, in.Int(j, "clean_steps", "clean_steps", 0, INT_MAX));
   m->clean_steps = static_cast<int>(clean);
+  if (j.contains("loss_scale_hysteresis")) {
+    STRATA_ASSIGN_OR_RETURN(const int64_t left,
+                            in.Int(j, "loss_scale_hysteresis", "loss_scale_hysteresis", 1, INT_MAX));
+    m->loss_scale_hysteresis = static_cast<int>(left);
+  }
   return absl::OkStatus();
 }
 

@@ -63,6 +63,8 @@ struct Manifest {
   std::string optimizer;    // "adamw" / "sgd"
   float loss_scale = 1;
   int clean_steps = 0;
+  // fp16 hysteresis left (Note [Dynamic loss scale]); 0 = not recorded (older checkpoints): the configured one.
+  int loss_scale_hysteresis = 0;
   std::vector<ManifestUnit> units;
   std::vector<ManifestShard> shards;
   std::string trainer_json = "{}";  // the trainer's own state (data position, model shape, ...), opaque here

@@ -1,20 +1,23 @@
 // Engine configuration parsing: JSON text -> validated EngineConfig.
 //
 // One schema tree (Schema()) lists every valid key; it drives the unknown-key check at each level (with
-// a Levenshtein "did you mean") and ValidKeyPaths(). Each section is then read by typed getters that
-// name the full key path in type and range errors. Every error is InvalidArgument (NotFound for a
-// missing file); nlohmann exceptions never escape.
+// a Levenshtein "did you mean", or the judgement of config_deepspeed.cc for DeepSpeed's other keys) and
+// ValidKeyPaths(). Each section is then read by typed getters that name the full key path in type and range
+// errors. Every problem is collected and the config refused once (Note [One pass, every problem]). Every
+// error is InvalidArgument (NotFound for a missing file); nlohmann exceptions never escape.
 //
-// Decisions beyond DeepSpeed's documentation:
-//  - "Adam" maps to kAdamW: decoupled weight decay, as DeepSpeed's default adam_w_mode=true.
-//  - train_batch_size is checked (>= 1) but not stored: it equals micro * accumulation * world size,
-//    and the world size is not known here.
+// Decisions beyond DeepSpeed's documentation (docs/decisions/0028-deepspeed-config-semantics.md):
+//  - Missing keys have DeepSpeed's defaults (JsonDefaults(), Note [Two sets of defaults]); "Adam" follows
+//    adam_w_mode (default true: decoupled decay), "AdamW" is always decoupled, as DeepSpeed.
+//  - train_batch_size is stored and the batch triangle resolved where the world size is known
+//    (ResolveBatchSizes, config_deepspeed.cc). Without train_batch_size and the micro-batch, the micro-batch
+//    is 1 (DeepSpeed refuses that config).
 //  - Precision: bf16.enabled / fp16.enabled set param_dtype; strata.param_dtype may restate it but not
 //    contradict it (including an explicit "enabled": false). strata.param_dtype "fp16" needs
 //    fp16.enabled (loss scaling lives there). After parsing, bf16 == (param_dtype == bf16) and
 //    fp16.enabled == (param_dtype == fp16).
-//  - Warm-up schedules default warmup_num_steps to 1000 and cos_min_ratio to 1e-4 (DeepSpeed's
-//    defaults); only warmup_type "linear" is implemented, and it is also the default (DeepSpeed: "log").
+//  - The scheduler block is DeepSpeed's lr_schedules with their parameters and defaults (warmup_type "log");
+//    total_num_steps <= warmup_num_steps is refused (DeepSpeed only warns: the schedule would never decay).
 //  - offload_param needs stage 3 and offload_optimizer needs stage >= 1, as in DeepSpeed.
 //  - Integer keys accept integral floats (DeepSpeed configs often say 1e5) and are range-checked against
 //    their field, never narrowed; duplicate keys are an error (DeepSpeed rejects them too), and so is
@@ -39,6 +42,7 @@
 #include "runtime/base/nearest.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "runtime/engine/config_deepspeed.h"
 #include "runtime/optim/optimizer.h"
 
 namespace strata::engine {
@@ -60,32 +64,30 @@ struct KeyNode {
 };
 
 KeyNode OffloadNode(const char* name) {
-  return {name, {{"device"}, {"nvme_path"}, {"pin_memory"}, {"buffer_count"}, {"buffer_size"}}};
+  return {name, {{"device"}, {"nvme_path"}, {"pin_memory"}, {"buffer_count"}}};
 }
 
 const KeyNode& Schema() {
   // clang-format off
   static const KeyNode* const kRoot = new KeyNode{"", {
       {"train_micro_batch_size_per_gpu"}, {"gradient_accumulation_steps"}, {"gradient_clipping"},
-      {"train_batch_size"}, {"steps_per_print"}, {"wall_clock_breakdown"},
+      {"train_batch_size"},
       {"bf16", {{"enabled"}}},
       {"fp16", {{"enabled"}, {"loss_scale"}, {"initial_scale_power"}, {"loss_scale_window"},
-                {"hysteresis"}, {"min_loss_scale"}}},
-      {"optimizer", {{"type"}, {"params", {{"lr"}, {"betas"}, {"eps"}, {"weight_decay"}, {"momentum"}}}}},
+                {"hysteresis"}, {"consecutive_hysteresis"}, {"min_loss_scale"}}},
+      {"optimizer", {{"type"}, {"params", {{"lr"}, {"betas"}, {"eps"}, {"weight_decay"}, {"momentum"},
+                                           {"adam_w_mode"}, {"torch_adam"}}}}},
       {"scheduler", {{"type"}, {"params", {{"warmup_min_lr"}, {"warmup_max_lr"}, {"warmup_num_steps"},
-                                           {"total_num_steps"}, {"warmup_type"}, {"cos_min_ratio"}}}}},
+                                           {"total_num_steps"}, {"warmup_type"}, {"cos_min_ratio"},
+                                           {"warmup_min_ratio"}}}}},
+      // DeepSpeed's tuning keys are not here: config_deepspeed.cc judges them (Note [DeepSpeed keys Strata
+      // does not read]).
       {"zero_optimization", {
-          {"stage"}, OffloadNode("offload_param"), OffloadNode("offload_optimizer"), {"shard_group_size"},
-          // Accepted and ignored DeepSpeed tuning keys (any value).
-          {"overlap_comm"}, {"contiguous_gradients"}, {"reduce_scatter"}, {"reduce_bucket_size"},
-          {"allgather_bucket_size"}, {"allgather_partitions"}, {"stage3_prefetch_bucket_size"},
-          {"stage3_param_persistence_threshold"}, {"stage3_max_live_parameters"},
-          {"stage3_max_reuse_distance"}, {"sub_group_size"}, {"stage3_gather_16bit_weights_on_model_save"},
-          {"round_robin_gradients"}}},
+          {"stage"}, OffloadNode("offload_param"), OffloadNode("offload_optimizer"), {"shard_group_size"}}},
       {"strata", {{"param_dtype"}, {"reduce_dtype"}, {"max_live_units"}, {"prefetch_depth"},
                   {"reshard_after_forward"}, {"collective_timeout_ms"}, {"seed"}, {"device_budget"},
                   {"host_budget"}, {"optimizer_threads"}, {"optimizer_in_backward"},
-                  {"release_idle_memory"}, {"params_without_grad"}}},
+                  {"release_idle_memory"}, {"params_without_grad"}, {"weight_decay_1d"}}},
   }};
   // clang-format on
   return *kRoot;
@@ -132,6 +134,10 @@ std::string Shown(const json& v) {
 }
 
 absl::Status TypeError(const std::string& path, absl::string_view expected, const json& v) {
+  if (v.is_string() && v.get<std::string>() == "auto") {  // Note ["auto"], config_deepspeed.h
+    return absl::InvalidArgumentError(absl::StrCat("config key '", path, "' is \"auto\", which Strata does not "
+                                                   "resolve for this key: set it to ", expected));
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("config key '", path, "' must be ", expected, ", got ", v.type_name(), " ", Shown(v)));
 }
@@ -194,22 +200,58 @@ absl::StatusOr<uint64_t> AsUint64(const json& v, const std::string& path) {
 // Section: one JSON object at a key path, checked against its schema node. An absent section has no
 // object; every getter then leaves its output unchanged.
 
+// Note [One pass, every problem]: every problem of a config is collected, not just the first: each unknown
+// key at every level, each getter's type or range error, and the first cross-key error of each section.
+// The config is refused once, with all of them.
+class Problems {
+ public:
+  void Add(const absl::Status& s) {
+    if (!s.ok()) messages_.emplace_back(s.message());
+  }
+  void Add(std::string message) { messages_.push_back(std::move(message)); }
+  // A problem with the key at `path`: checks that read it with others are then skipped (no second,
+  // derived complaint about a value the config never had).
+  void Add(const std::string& path, const absl::Status& s) {
+    if (s.ok()) return;
+    failed_.push_back(path);
+    Add(s);
+  }
+  bool Failed(const std::string& path) const {
+    return std::find(failed_.begin(), failed_.end(), path) != failed_.end();
+  }
+  void NoEffect(std::string path) { no_effect_.push_back(std::move(path)); }
+  bool empty() const { return messages_.empty(); }
+  const std::vector<std::string>& no_effect() const { return no_effect_; }
+  absl::Status Error() const {
+    if (messages_.size() == 1) return absl::InvalidArgumentError(messages_[0]);
+    return absl::InvalidArgumentError(absl::StrCat("the config has ", messages_.size(), " problems:\n  ",
+                                                   absl::StrJoin(messages_, "\n  ")));
+  }
+
+ private:
+  std::vector<std::string> messages_;
+  std::vector<std::string> failed_;
+  std::vector<std::string> no_effect_;
+};
+
 class Section {
  public:
-  static absl::StatusOr<Section> Open(const json* value, std::string path, const KeyNode* node) {
-    if (value == nullptr) return Section(nullptr, std::move(path), node);
+  // Always a section: a value that is not an object is a problem, and the section is then absent. Keys
+  // outside the schema are problems, or DeepSpeed keys judged by config_deepspeed.cc.
+  static Section Open(const json* value, std::string path, const KeyNode* node, Problems* problems) {
+    if (value == nullptr) return Section(nullptr, std::move(path), node, problems);
     if (!value->is_object()) {
-      if (!path.empty()) return TypeError(path, "an object", *value);
-      return absl::InvalidArgumentError(
-          absl::StrCat("config must be a JSON object, got ", value->type_name()));
-      return TypeError(path, "an object", *value);
+      problems->Add(path.empty() ? absl::InvalidArgumentError(
+                                       absl::StrCat("config must be a JSON object, got ", value->type_name()))
+                                 : TypeError(path, "an object", *value));
+      return Section(nullptr, std::move(path), node, problems);
     }
     for (const auto& item : value->items()) {
       const bool known = std::any_of(node->children.begin(), node->children.end(),
                                      [&](const KeyNode& c) { return item.key() == c.name; });
-      if (!known) return UnknownKeyError(path, item.key(), *node);
+      if (!known) Unknown(path, item.key(), item.value(), *node, problems);
     }
-    return Section(value, std::move(path), node);
+    return Section(value, std::move(path), node, problems);
   }
 
   bool present() const { return obj_ != nullptr; }
@@ -225,13 +267,55 @@ class Section {
 
   absl::StatusOr<Section> Sub(const std::string& key) const {
     for (const KeyNode& child : node_->children) {
-      if (key == child.name) return Open(Find(key), Path(key), &child);
+      if (key == child.name) return Open(Find(key), Path(key), &child, problems_);
     }
     return absl::InternalError(absl::StrCat("config schema has no key '", Path(key), "'"));
   }
 
+  // The getters below record a bad value as a problem and leave their output unchanged.
   template <typename T>
   absl::Status Int(const std::string& key, Range range, T* out) const {
+    return Report(key, IntOrError(key, range, out));
+  }
+  absl::Status Double(const std::string& key, Range range, double* out) const {
+    return Report(key, DoubleOrError(key, range, out));
+  }
+  absl::Status Bool(const std::string& key, bool* out) const { return Report(key, BoolOrError(key, out)); }
+  absl::Status String(const std::string& key, std::string* out) const {
+    return Report(key, StringOrError(key, out));
+  }
+  absl::Status Uint64(const std::string& key, uint64_t* out) const { return Report(key, Uint64OrError(key, out)); }
+  absl::Status Bytes(const std::string& key, uint64_t* out) const { return Report(key, BytesOrError(key, out)); }
+  // Whether the key (or, with "auto" unresolved, its value) was already reported as a problem.
+  bool Failed(const std::string& key) const { return problems_->Failed(Path(key)); }
+
+ private:
+  Section(const json* obj, std::string path, const KeyNode* node, Problems* problems)
+      : obj_(obj), path_(std::move(path)), node_(node), problems_(problems) {}
+
+  static void Unknown(const std::string& prefix, const std::string& key, const json& v, const KeyNode& node,
+                      Problems* problems) {
+    const std::string path = JoinPath(prefix, key);
+    const deepspeed::KeyInfo* ds = deepspeed::FindKey(path);
+    if (ds == nullptr && v.is_object() && deepspeed::HasKeysUnder(path)) {  // a DeepSpeed block: key by key
+      for (const auto& item : v.items()) Unknown(path, item.key(), item.value(), KeyNode{""}, problems);
+      return;
+    }
+    if (ds == nullptr) return problems->Add(UnknownKeyError(prefix, key, node));
+    std::string problem;
+    bool no_effect = false;
+    deepspeed::Judge(*ds, path, v, &problem, &no_effect);
+    if (no_effect) return problems->NoEffect(path);
+    problems->Add(std::move(problem));
+  }
+
+  absl::Status Report(const std::string& key, absl::Status s) const {
+    problems_->Add(Path(key), s);
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  absl::Status IntOrError(const std::string& key, Range range, T* out) const {
     const json* v = Find(key);
     if (v == nullptr) return absl::OkStatus();
     STRATA_ASSIGN_OR_RETURN(const int64_t x, AsInt64(*v, Path(key)));
@@ -243,7 +327,7 @@ class Section {
     return absl::OkStatus();
   }
 
-  absl::Status Double(const std::string& key, Range range, double* out) const {
+  absl::Status DoubleOrError(const std::string& key, Range range, double* out) const {
     const json* v = Find(key);
     if (v == nullptr) return absl::OkStatus();
     if (!v->is_number()) return TypeError(Path(key), "a number", *v);
@@ -252,7 +336,7 @@ class Section {
     return absl::OkStatus();
   }
 
-  absl::Status Bool(const std::string& key, bool* out) const {
+  absl::Status BoolOrError(const std::string& key, bool* out) const {
     const json* v = Find(key);
     if (v == nullptr) return absl::OkStatus();
     if (!v->is_boolean()) return TypeError(Path(key), "a boolean", *v);
@@ -260,7 +344,7 @@ class Section {
     return absl::OkStatus();
   }
 
-  absl::Status String(const std::string& key, std::string* out) const {
+  absl::Status StringOrError(const std::string& key, std::string* out) const {
     const json* v = Find(key);
     if (v == nullptr) return absl::OkStatus();
     if (!v->is_string()) return TypeError(Path(key), "a string", *v);
@@ -268,7 +352,7 @@ class Section {
     return absl::OkStatus();
   }
 
-  absl::Status Uint64(const std::string& key, uint64_t* out) const {
+  absl::Status Uint64OrError(const std::string& key, uint64_t* out) const {
     const json* v = Find(key);
     if (v == nullptr) return absl::OkStatus();
     STRATA_ASSIGN_OR_RETURN(*out, AsUint64(*v, Path(key)));
@@ -276,7 +360,7 @@ class Section {
   }
 
   // A byte budget: a non-negative integer or a size string ("512MiB"); must be >= 1.
-  absl::Status Bytes(const std::string& key, uint64_t* out) const {
+  absl::Status BytesOrError(const std::string& key, uint64_t* out) const {
     const json* v = Find(key);
     if (v == nullptr) return absl::OkStatus();
     uint64_t bytes = 0;
@@ -285,7 +369,7 @@ class Section {
       if (!parsed.ok()) return Annotate(parsed.status(), absl::StrCat("config key '", Path(key), "'"));
       bytes = *parsed;
     } else if (v->is_number()) {
-      STRATA_RETURN_IF_ERROR(Uint64(key, &bytes));
+      STRATA_RETURN_IF_ERROR(Uint64OrError(key, &bytes));
     } else {
       return TypeError(Path(key), "a byte count or a size string like \"512MiB\"", *v);
     }
@@ -294,13 +378,10 @@ class Section {
     return absl::OkStatus();
   }
 
- private:
-  Section(const json* obj, std::string path, const KeyNode* node)
-      : obj_(obj), path_(std::move(path)), node_(node) {}
-
   const json* obj_;
   std::string path_;
   const KeyNode* node_;
+  Problems* problems_;
 };
 
 // Error unless `key` is absent: it does not apply in the current context (`why`).
@@ -327,8 +408,9 @@ absl::Status ParseTopLevel(const Section& root, EngineConfig* cfg) {
   STRATA_RETURN_IF_ERROR(
       root.Int("gradient_accumulation_steps", AtLeast(1), &cfg->gradient_accumulation_steps));
   STRATA_RETURN_IF_ERROR(root.Double("gradient_clipping", AtLeast(0), &cfg->gradient_clipping));
-  int64_t train_batch_size = 0;  // validated only; see the file comment
-  return root.Int("train_batch_size", AtLeast(1), &train_batch_size);
+  cfg->micro_batch_given = root.Has("train_micro_batch_size_per_gpu");
+  cfg->accumulation_given = root.Has("gradient_accumulation_steps");
+  return root.Int("train_batch_size", AtLeast(1), &cfg->train_batch_size);  // Note [The batch triangle]
 }
 
 absl::Status ParseHalfPrecision(const Section& root, EngineConfig* cfg, PrecisionRequest* req) {
@@ -342,6 +424,8 @@ absl::Status ParseHalfPrecision(const Section& root, EngineConfig* cfg, Precisio
   STRATA_RETURN_IF_ERROR(fp16.Double("loss_scale", AtLeast(0), &f.static_loss_scale));
   STRATA_RETURN_IF_ERROR(fp16.Double("initial_scale_power", Closed(0, 127), &f.initial_scale_power));
   STRATA_RETURN_IF_ERROR(fp16.Int("loss_scale_window", AtLeast(1), &f.loss_scale_window));
+  STRATA_RETURN_IF_ERROR(fp16.Int("hysteresis", AtLeast(1), &f.hysteresis));
+  STRATA_RETURN_IF_ERROR(fp16.Bool("consecutive_hysteresis", &f.consecutive_hysteresis));
   return fp16.Double("min_loss_scale", Above(0), &f.min_loss_scale);
 }
 
@@ -378,8 +462,9 @@ absl::Status ParseOptimizer(const Section& root, OptimizerConfig* opt) {
   STRATA_ASSIGN_OR_RETURN(const Section p, s.Sub("params"));
   const std::string why = absl::StrCat("does not apply to optimizer type '", type, "'");
   if (opt->type == OptimizerType::kSgd) {
-    STRATA_RETURN_IF_ERROR(RejectKey(p, "betas", why + " (Adam/AdamW only)"));
-    STRATA_RETURN_IF_ERROR(RejectKey(p, "eps", why + " (Adam/AdamW only)"));
+    for (const char* key : {"betas", "eps", "adam_w_mode", "torch_adam"}) {
+      STRATA_RETURN_IF_ERROR(RejectKey(p, key, why + " (Adam/AdamW only)"));
+    }
   } else {
     STRATA_RETURN_IF_ERROR(RejectKey(p, "momentum", why + " (SGD only)"));
   }
@@ -387,25 +472,43 @@ absl::Status ParseOptimizer(const Section& root, OptimizerConfig* opt) {
   STRATA_RETURN_IF_ERROR(p.Double("eps", Above(0), &opt->eps));
   STRATA_RETURN_IF_ERROR(p.Double("weight_decay", AtLeast(0), &opt->weight_decay));
   STRATA_RETURN_IF_ERROR(p.Double("momentum", HalfOpen(0, 1), &opt->momentum));
+  // DeepSpeed: "AdamW" is always decoupled; "Adam" follows adam_w_mode (default true). torch_adam picks
+  // torch's implementation of the same rule, so it changes nothing here.
+  bool adam_w_mode = true, torch_adam = false;
+  STRATA_RETURN_IF_ERROR(p.Bool("adam_w_mode", &adam_w_mode));
+  STRATA_RETURN_IF_ERROR(p.Bool("torch_adam", &torch_adam));
+  opt->adam_w_mode = lower == "adamw" || adam_w_mode;
   return ParseBetas(p, opt);
 }
 
-// Warm-up parameters shared by WarmupLR, WarmupDecayLR and WarmupCosineLR (DeepSpeed defaults).
-absl::Status ParseWarmupParams(const Section& p, EngineConfig* cfg) {
+// Note [DeepSpeed's schedules] (optimizer.cc) has the formulas. DeepSpeed's constructors take exactly these
+// parameters: WarmupLR (warmup_min_lr 0, warmup_max_lr the optimizer's lr, warmup_num_steps 1000, warmup_type
+// "log"), WarmupDecayLR (the same, but warmup_max_lr 0.001, plus total_num_steps), WarmupCosineLR
+// (total_num_steps, warmup_min_ratio 0, warmup_num_steps 1000, cos_min_ratio 1e-4, warmup_type "log"; its
+// peak is the optimizer's lr). warmup_num_steps must be >= 1 (DeepSpeed raises otherwise). The peak of
+// WarmupLR / WarmupDecayLR is kept as optimizer.lr, which the scheduler replaces in DeepSpeed too.
+absl::Status ParseWarmupParams(const Section& p, bool cosine, EngineConfig* cfg) {
   SchedulerConfig& sc = cfg->scheduler;
   sc.warmup_steps = 1000;
-  STRATA_RETURN_IF_ERROR(p.Int("warmup_num_steps", AtLeast(0), &sc.warmup_steps));
+  STRATA_RETURN_IF_ERROR(p.Int("warmup_num_steps", AtLeast(1), &sc.warmup_steps));
+  std::string warmup_type = "log";
+  STRATA_RETURN_IF_ERROR(p.String("warmup_type", &warmup_type));
+  if (warmup_type != "log" && warmup_type != "linear") {
+    return KeyError(p.Path("warmup_type"), absl::StrCat("is '", warmup_type, "'; use 'log' (the default) or 'linear'"));
+  }
+  sc.log_warmup = warmup_type == "log";
+  if (cosine) {
+    const std::string why = " does not apply to WarmupCosineLR, whose peak is optimizer.params.lr";
+    STRATA_RETURN_IF_ERROR(RejectKey(p, "warmup_max_lr", why));
+    STRATA_RETURN_IF_ERROR(RejectKey(p, "warmup_min_lr", absl::StrCat(why, "; use warmup_min_ratio")));
+    return p.Double("warmup_min_ratio", Closed(0, 1), &sc.warmup_min_ratio);
+  }
+  STRATA_RETURN_IF_ERROR(RejectKey(p, "warmup_min_ratio", "applies to WarmupCosineLR only; use warmup_min_lr"));
   STRATA_RETURN_IF_ERROR(p.Double("warmup_max_lr", Above(0), &cfg->optimizer.lr));
   STRATA_RETURN_IF_ERROR(p.Double("warmup_min_lr", AtLeast(0), &sc.warmup_min_lr));
-  if (sc.warmup_min_lr > cfg->optimizer.lr) {
+  if (sc.warmup_min_lr > cfg->optimizer.lr && !p.Failed("warmup_max_lr")) {
     return KeyError(p.Path("warmup_min_lr"),
                     absl::StrCat("is ", sc.warmup_min_lr, ", above the peak lr ", cfg->optimizer.lr));
-  }
-  std::string warmup_type = "linear";
-  STRATA_RETURN_IF_ERROR(p.String("warmup_type", &warmup_type));
-  if (warmup_type != "linear") {
-    return KeyError(p.Path("warmup_type"),
-                    absl::StrCat("is '", warmup_type, "'; only 'linear' is supported"));
   }
   return absl::OkStatus();
 }
@@ -413,10 +516,11 @@ absl::Status ParseWarmupParams(const Section& p, EngineConfig* cfg) {
 // total_num_steps: required for the decaying schedules, and past the warm-up.
 absl::Status ParseDecayHorizon(const Section& p, absl::string_view type, SchedulerConfig* sc) {
   const std::string path = p.Path("total_num_steps");
-  if (!p.Has("total_num_steps")) {
+  if (!p.Has("total_num_steps") && !p.Failed("total_num_steps")) {
     return KeyError(path, absl::StrCat("is required for scheduler type '", type, "'"));
   }
   STRATA_RETURN_IF_ERROR(p.Int("total_num_steps", AtLeast(1), &sc->total_steps));
+  if (p.Failed("total_num_steps") || p.Failed("warmup_num_steps")) return absl::OkStatus();
   if (sc->total_steps <= sc->warmup_steps) {
     return KeyError(path, absl::StrCat("is ", sc->total_steps, ", but must be > warmup_num_steps (",
                                        sc->warmup_steps, ")"));
@@ -439,18 +543,21 @@ absl::Status ParseScheduler(const Section& root, EngineConfig* cfg) {
   if (lower != "warmuplr" && lower != "warmupdecaylr" && lower != "warmupcosinelr") {
     return KeyError(s.Path("type"), absl::StrCat("is '", type,
                                                  "'; supported types: WarmupLR, WarmupDecayLR, "
-                                                 "WarmupCosineLR, constant"));
+                                                 "WarmupCosineLR, constant (DeepSpeed's OneCycle and "
+                                                 "LRRangeTest are schedules Strata does not have)"));
   }
-  STRATA_RETURN_IF_ERROR(ParseWarmupParams(p, cfg));
-  if (lower != "warmupcosinelr") STRATA_RETURN_IF_ERROR(RejectKey(p, "cos_min_ratio", why));
+  const bool cosine = lower == "warmupcosinelr";
+  if (lower == "warmupdecaylr") cfg->optimizer.lr = 0.001;  // DeepSpeed's warmup_max_lr default here
+  STRATA_RETURN_IF_ERROR(ParseWarmupParams(p, cosine, cfg));
+  if (!cosine) STRATA_RETURN_IF_ERROR(RejectKey(p, "cos_min_ratio", why));
   sc.min_lr = sc.warmup_min_lr;
-  sc.type = lower == "warmupcosinelr" ? LrScheduleType::kWarmupCosine : LrScheduleType::kWarmupLinear;
+  sc.type = cosine ? LrScheduleType::kWarmupCosineLR
+                   : lower == "warmuplr" ? LrScheduleType::kWarmupLR : LrScheduleType::kWarmupDecayLR;
   if (lower == "warmuplr") return RejectKey(p, "total_num_steps", why + " (warm-up, then constant)");
   STRATA_RETURN_IF_ERROR(ParseDecayHorizon(p, type, &sc));
-  if (lower == "warmupdecaylr") return absl::OkStatus();
-  double cos_min_ratio = 1e-4;
-  STRATA_RETURN_IF_ERROR(p.Double("cos_min_ratio", Closed(0, 1), &cos_min_ratio));
-  sc.min_lr = cos_min_ratio * cfg->optimizer.lr;
+  if (!cosine) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(p.Double("cos_min_ratio", Closed(0, 1), &sc.cos_min_ratio));
+  sc.min_lr = sc.cos_min_ratio * cfg->optimizer.lr;
   return absl::OkStatus();
 }
 
@@ -496,6 +603,7 @@ absl::Status ParseShardGroupSize(const Section& z, EngineConfig* cfg) {
 absl::Status ParseZero(const Section& root, EngineConfig* cfg) {
   STRATA_ASSIGN_OR_RETURN(const Section z, root.Sub("zero_optimization"));
   STRATA_RETURN_IF_ERROR(z.Int("stage", Closed(0, 3), &cfg->stage));
+  if (z.Failed("stage")) return absl::OkStatus();  // the offload and shard-group checks need a stage
   STRATA_RETURN_IF_ERROR(ParseOffload(z, "offload_param", &cfg->offload_param));
   STRATA_RETURN_IF_ERROR(ParseOffload(z, "offload_optimizer", &cfg->offload_optimizer));
   if (cfg->offload_param.device != OffloadDevice::kNone && cfg->stage != 3) {
@@ -510,7 +618,7 @@ absl::Status ParseZero(const Section& root, EngineConfig* cfg) {
 absl::Status ParseDTypeKey(const Section& s, const std::string& key, bool* given, DType* out) {
   std::string name;
   STRATA_RETURN_IF_ERROR(s.String(key, &name));
-  if (!s.Has(key)) return absl::OkStatus();
+  if (!s.Has(key) || !s.Find(key)->is_string()) return absl::OkStatus();  // a wrong type is reported already
   auto dtype = ParseDType(absl::AsciiStrToLower(name));
   if (!dtype.ok()) return Annotate(dtype.status(), absl::StrCat("config key '", s.Path(key), "'"));
   *given = true;
@@ -548,6 +656,7 @@ absl::Status ParseStrata(const Section& root, EngineConfig* cfg, PrecisionReques
     }
     cfg->skip_params_without_grad = no_grad == "skip";
   }
+  STRATA_RETURN_IF_ERROR(s.Bool("weight_decay_1d", &cfg->weight_decay_1d));
   return s.Bytes("host_budget", &cfg->host_budget_bytes);
 }
 
@@ -577,24 +686,38 @@ absl::Status ResolvePrecision(const PrecisionRequest& req, EngineConfig* cfg) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<EngineConfig> Validate(const json& doc) {
-  EngineConfig cfg;
+// Note [One pass, every problem]: each section is parsed even after another failed.
+absl::StatusOr<EngineConfig> Validate(json doc, const ConfigFacts& facts) {
+  EngineConfig cfg = JsonDefaults();
+  Problems problems;
+  std::vector<std::pair<std::string, std::string>> auto_problems;
+  std::vector<std::string> resolved;
+  if (doc.is_object()) deepspeed::ResolveAuto(facts, &doc, &auto_problems, &resolved);
+  for (const auto& [path, message] : auto_problems) problems.Add(path, absl::InvalidArgumentError(message));
   PrecisionRequest req;
-  STRATA_ASSIGN_OR_RETURN(const Section root, Section::Open(&doc, "", &Schema()));
-  STRATA_RETURN_IF_ERROR(ParseTopLevel(root, &cfg));
-  STRATA_RETURN_IF_ERROR(ParseHalfPrecision(root, &cfg, &req));
-  STRATA_RETURN_IF_ERROR(ParseOptimizer(root, &cfg.optimizer));
-  STRATA_RETURN_IF_ERROR(ParseScheduler(root, &cfg));  // after the optimizer: may override its lr
-  STRATA_RETURN_IF_ERROR(ParseZero(root, &cfg));
-  STRATA_RETURN_IF_ERROR(ParseStrata(root, &cfg, &req));
-  STRATA_RETURN_IF_ERROR(ResolvePrecision(req, &cfg));
-  STRATA_RETURN_IF_ERROR(CheckOptimizerInBackward(cfg));
+  const Section root = Section::Open(&doc, "", &Schema(), &problems);
+  problems.Add(ParseTopLevel(root, &cfg));
+  problems.Add(ParseHalfPrecision(root, &cfg, &req));
+  problems.Add(ParseOptimizer(root, &cfg.optimizer));
+  problems.Add(ParseScheduler(root, &cfg));  // after the optimizer: may override its lr
+  problems.Add(ParseZero(root, &cfg));
+  problems.Add(ParseStrata(root, &cfg, &req));
+  problems.Add(ResolvePrecision(req, &cfg));
+  problems.Add(CheckOptimizerInBackward(cfg));
+  if (!problems.empty()) return problems.Error();
+  cfg.auto_resolved = std::move(resolved);
+  if (!problems.no_effect().empty()) {
+    cfg.notes.push_back(absl::StrCat("config: DeepSpeed keys with no effect in Strata (it gathers and reduces per "
+                                     "unit on its own streams, and logs its own metrics): ",
+                                     absl::StrJoin(problems.no_effect(), ", ")));
+  }
+  if (facts.world_size > 0) STRATA_RETURN_IF_ERROR(ResolveBatchSizes(facts.world_size, &cfg));
   return cfg;
 }
 
-absl::StatusOr<EngineConfig> ValidateNoThrow(const json& doc) {
+absl::StatusOr<EngineConfig> ValidateNoThrow(const json& doc, const ConfigFacts& facts) {
   try {
-    return Validate(doc);
+    return Validate(doc, facts);
   } catch (const json::exception& e) {  // type checks precede every access; this is a bug guard
     return absl::InternalError(absl::StrCat("config validation failed unexpectedly: ", e.what()));
   }
@@ -649,36 +772,44 @@ absl::Status ApplyOverride(const std::string& override_text, json* doc) {
 
 }  // namespace
 
-// Each refusal says why the fused step cannot do it (docs/decisions/0018-step-in-backward.md).
+// Each refusal says why the fused step cannot do it (docs/decisions/0018-step-in-backward.md); every conflict
+// is named at once (Note [One pass, every problem]).
 absl::Status CheckOptimizerInBackward(const EngineConfig& cfg) {
   if (!cfg.optimizer_in_backward) return absl::OkStatus();
-  auto refuse = [](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("config key 'strata.optimizer_in_backward' is true, but ", why));
-  };
+  std::vector<std::string> why;
   if (cfg.stage < 2) {
-    return refuse(absl::StrCat("zero_optimization.stage is ", cfg.stage,
+    why.push_back(absl::StrCat("zero_optimization.stage is ", cfg.stage,
                                "; it needs stage 2 or 3 (at stages 0-1 the all-reduced gradient is the full gradient "
                                "buffer itself, so updating in backward would save no memory)"));
   }
   if (cfg.gradient_accumulation_steps != 1) {
-    return refuse(absl::StrCat("gradient_accumulation_steps is ", cfg.gradient_accumulation_steps,
+    why.push_back(absl::StrCat("gradient_accumulation_steps is ", cfg.gradient_accumulation_steps,
                                "; it needs 1 (accumulating micro-batches needs the gradient shard kept between them)"));
   }
   if (cfg.gradient_clipping != 0) {
-    return refuse(absl::StrCat("gradient_clipping is ", cfg.gradient_clipping,
+    why.push_back(absl::StrCat("gradient_clipping is ", cfg.gradient_clipping,
                                "; clipping by the global norm needs the norm before the first update, and the norm "
                                "is known only when backward ends; set gradient_clipping to 0"));
   }
   if (cfg.fp16.enabled) {
-    return refuse("fp16.enabled is true; an fp16 overflow must skip the whole step, and the units are updated before "
+    why.push_back("fp16.enabled is true; an fp16 overflow must skip the whole step, and the units are updated before "
                   "it is known; use bf16");
   }
-  return absl::OkStatus();
+  if (why.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("config key 'strata.optimizer_in_backward' is true, but ", absl::StrJoin(why, "; and ")));
+}
+
+EngineConfig JsonDefaults() {
+  EngineConfig cfg;
+  cfg.stage = 0;               // DeepSpeed's ZeroStageEnum default
+  cfg.weight_decay_1d = true;  // DeepSpeed decays every parameter of the group
+  return cfg;
 }
 
 absl::StatusOr<EngineConfig> ParseConfig(std::string_view json_text) {
   STRATA_ASSIGN_OR_RETURN(const json doc, ParseJsonText(ToAbsl(json_text)));
-  return ValidateNoThrow(doc);
+  return ValidateNoThrow(doc, ConfigFacts{});
 }
 
 absl::StatusOr<EngineConfig> LoadConfigFile(const std::string& path) {
@@ -689,7 +820,8 @@ absl::StatusOr<EngineConfig> LoadConfigFile(const std::string& path) {
 }
 
 absl::StatusOr<EngineConfig> ParseConfigWithOverrides(std::string_view json_text,
-                                                      const std::vector<std::string>& overrides) {
+                                                      const std::vector<std::string>& overrides,
+                                                      const ConfigFacts& facts) {
   const absl::string_view text = ToAbsl(json_text);
   const bool empty = absl::StripAsciiWhitespace(text).empty();
   STRATA_ASSIGN_OR_RETURN(json doc, empty ? absl::StatusOr<json>(json::object()) : ParseJsonText(text));
@@ -699,7 +831,7 @@ absl::StatusOr<EngineConfig> ParseConfigWithOverrides(std::string_view json_text
   for (const std::string& override_text : overrides) {
     STRATA_RETURN_IF_ERROR(ApplyOverride(override_text, &doc));
   }
-  return ValidateNoThrow(doc);
+  return ValidateNoThrow(doc, facts);
 }
 
 std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfig& c) {
@@ -707,13 +839,14 @@ std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfi
   auto offload = [](OffloadDevice d) {
     return std::string(d == OffloadDevice::kNone ? "none" : d == OffloadDevice::kCpu ? "cpu" : "nvme");
   };
-  const char* schedule = c.scheduler.type == LrScheduleType::kConstant       ? "constant"
-                         : c.scheduler.type == LrScheduleType::kWarmupLinear ? "warmup-linear"
-                                                                             : "warmup-cosine";
+  const char* const kSchedules[] = {"constant", "warmup-linear", "warmup-cosine", "WarmupLR", "WarmupDecayLR",
+                                    "WarmupCosineLR"};
+  const char* schedule = kSchedules[static_cast<int>(c.scheduler.type)];
   return {
       {"zero_optimization.stage", absl::StrCat(c.stage)},
       {"train_micro_batch_size_per_gpu", absl::StrCat(c.train_micro_batch_size_per_gpu)},
       {"gradient_accumulation_steps", absl::StrCat(c.gradient_accumulation_steps)},
+      {"train_batch_size", absl::StrCat(c.train_batch_size)},
       {"gradient_clipping", num(c.gradient_clipping)},
       {"bf16.enabled", c.bf16 ? "true" : "false"},
       {"fp16.enabled", c.fp16.enabled ? "true" : "false"},
@@ -721,6 +854,8 @@ std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfi
       {"fp16.loss_scale_window", absl::StrCat(c.fp16.loss_scale_window)},
       {"fp16.min_loss_scale", num(c.fp16.min_loss_scale)},
       {"fp16.loss_scale", num(c.fp16.static_loss_scale)},
+      {"fp16.hysteresis", absl::StrCat(c.fp16.hysteresis)},
+      {"fp16.consecutive_hysteresis", c.fp16.consecutive_hysteresis ? "true" : "false"},
       {"optimizer.type", c.optimizer.type == OptimizerType::kAdamW ? "AdamW" : "SGD"},
       {"optimizer.params.lr", num(c.optimizer.lr)},
       {"optimizer.params.betas[0]", num(c.optimizer.beta1)},
@@ -728,11 +863,15 @@ std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfi
       {"optimizer.params.eps", num(c.optimizer.eps)},
       {"optimizer.params.weight_decay", num(c.optimizer.weight_decay)},
       {"optimizer.params.momentum", num(c.optimizer.momentum)},
+      {"optimizer.params.adam_w_mode", c.optimizer.adam_w_mode ? "true" : "false"},
       {"scheduler.type", schedule},
       {"scheduler.params.warmup_num_steps", absl::StrCat(c.scheduler.warmup_steps)},
       {"scheduler.params.total_num_steps", absl::StrCat(c.scheduler.total_steps)},
       {"scheduler.params.warmup_min_lr", num(c.scheduler.warmup_min_lr)},
       {"scheduler.params.cos_min_ratio (the floor)", num(c.scheduler.min_lr)},
+      {"scheduler.params.warmup_type", c.scheduler.log_warmup ? "log" : "linear"},
+      {"scheduler.params.warmup_min_ratio", num(c.scheduler.warmup_min_ratio)},
+      {"scheduler.params.cos_min_ratio", num(c.scheduler.cos_min_ratio)},
       {"zero_optimization.offload_param.device", offload(c.offload_param.device)},
       {"zero_optimization.offload_optimizer.device", offload(c.offload_optimizer.device)},
       {"zero_optimization.shard_group_size", absl::StrCat(c.shard_group_size)},
@@ -744,7 +883,20 @@ std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfi
       {"strata.seed", absl::StrCat(c.seed)},
       {"strata.optimizer_in_backward", c.optimizer_in_backward ? "true" : "false"},
       {"strata.params_without_grad", c.skip_params_without_grad ? "skip" : "zero"},
+      {"strata.weight_decay_1d", c.weight_decay_1d ? "true" : "false"},
   };
+}
+
+std::string ResolvedAutoLine(const EngineConfig& cfg) {
+  if (cfg.auto_resolved.empty()) return "";
+  std::vector<std::pair<std::string, std::string>> fields = JobWideFields(cfg);
+  fields.emplace_back("optimizer.params.betas", absl::StrFormat("[%g, %g]", cfg.optimizer.beta1, cfg.optimizer.beta2));
+  std::vector<std::string> parts;
+  for (const std::string& entry : cfg.auto_resolved) {
+    auto it = std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return f.first == entry; });
+    parts.push_back(it == fields.end() ? entry : absl::StrCat(entry, " = ", it->second));
+  }
+  return absl::StrCat("config: \"auto\" resolved: ", absl::StrJoin(parts, ", "));
 }
 
 const std::vector<std::string>& ValidKeyPaths() {

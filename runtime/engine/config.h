@@ -36,16 +36,27 @@ struct Fp16Config {
   int loss_scale_window = 1000;     // grow after this many clean steps
   double min_loss_scale = 1;
   double static_loss_scale = 0;     // DeepSpeed "loss_scale": 0 = dynamic
+  int hysteresis = 2;               // overflows in a row before the scale halves (Note [Dynamic loss scale])
+  bool consecutive_hysteresis = false;  // a clean step refills the hysteresis (else only a growth does)
 };
 
 inline constexpr int kShardGroupWorld = 0;
 inline constexpr int kShardGroupNode = -1;
 
+// Note [Two sets of defaults]. The member initialisers below are the C++ API's defaults (what a trainer
+// building an EngineConfig by hand gets: stage 3, weight decay as its ParamSpecs say). A JSON config means
+// what DeepSpeed means, so ParseConfig starts from JsonDefaults() instead, which differs in DeepSpeed's
+// stage 0 and in decaying 1-D parameters too (weight_decay_1d). docs/decisions/0028.
 struct EngineConfig {
   // DeepSpeed keys.
   int stage = 3;                                // zero_optimization.stage, 0..3
   int train_micro_batch_size_per_gpu = 1;      // >= 1; an int: every consumer indexes with it
   int gradient_accumulation_steps = 1;
+  // Note [The batch triangle]: train_batch_size = micro-batch x accumulation x data-parallel ranks. 0 = not
+  // given; ResolveBatchSizes derives what the config left out (DeepSpeed's rules) and checks the three.
+  int64_t train_batch_size = 0;
+  bool micro_batch_given = true;    // false: train_micro_batch_size_per_gpu may be derived
+  bool accumulation_given = true;   // false: gradient_accumulation_steps may be derived
   double gradient_clipping = 0.0;               // 0 = off
   bool bf16 = false;                            // bf16.enabled: param_dtype bf16
   Fp16Config fp16;                              // fp16.enabled: param_dtype fp16 + loss scaling
@@ -84,6 +95,16 @@ struct EngineConfig {
   // not updated at all, its moments untouched and its own step count not advanced). strata.torch asks for
   // "skip" unless its config says otherwise. Trainers report such parameters with MarkNoGrad.
   bool skip_params_without_grad = false;
+  // strata.weight_decay_1d: whether parameters of fewer than 2 dimensions (biases, norm gains) decay.
+  // DeepSpeed decays every parameter of the optimizer's group (true, the JSON default); false is the GPT
+  // convention `strata train` (without --config) and many recipes use. Applied by the trainers (the GPT,
+  // strata.torch) when they choose each ParamSpec's weight_decay; the engine itself honours ParamSpecs.
+  bool weight_decay_1d = false;
+  // Lines for the log (rank 0, once, at Engine::Create): "auto" values resolved, the batch sizes derived,
+  // DeepSpeed keys accepted without effect. Not part of the job's identity.
+  std::vector<std::string> notes;
+  // The keys whose "auto" was resolved (Note ["auto"]), "path" or "path = value"; logged by ResolvedAutoLine.
+  std::vector<std::string> auto_resolved;
   // Elements per tile of NVMe-resident optimizer state (not a JSON key: the pinned staging buffers are
   // 3 x lanes tiles, so this is a memory knob the engine sizes; tests shrink it to exercise tiling).
   uint64_t nvme_tile_elems = uint64_t{1} << 20;
@@ -93,7 +114,19 @@ struct EngineConfig {
 // InvalidArgument naming the key and the conflicting one otherwise.
 absl::Status CheckOptimizerInBackward(const EngineConfig& cfg);
 
-// Parses and validates a JSON document (the whole text). Missing keys keep their defaults.
+// The defaults of a JSON config: DeepSpeed's (Note [Two sets of defaults]).
+EngineConfig JsonDefaults();
+
+// What a front end knows that a config's "auto" values and its batch triangle are resolved from (Note
+// ["auto"], config_deepspeed.h). Zero = not known.
+struct ConfigFacts {
+  int world_size = 0;        // data-parallel ranks; unknown: Engine::Create resolves the batch sizes
+  int64_t hidden_size = 0;   // the model's hidden size (the ZeRO bucket sizes' "auto")
+  int64_t total_steps = 0;   // optimizer steps the run takes (scheduler.params.total_num_steps "auto")
+};
+
+// Parses and validates a JSON document (the whole text). Missing keys keep JsonDefaults(). Every problem
+// of the document is reported at once, in one InvalidArgument (Note [One pass, every problem]).
 absl::StatusOr<EngineConfig> ParseConfig(std::string_view json_text);
 
 // Reads a file and parses it; errors name the file.
@@ -103,7 +136,19 @@ absl::StatusOr<EngineConfig> LoadConfigFile(const std::string& path);
 // {"zero_optimization.stage=2", "strata.max_live_units=3", "optimizer.params.lr=3e-4"}. The value is
 // parsed as JSON when it parses (numbers, true/false, arrays), else taken as a string.
 absl::StatusOr<EngineConfig> ParseConfigWithOverrides(std::string_view json_text,
-                                                      const std::vector<std::string>& overrides);
+                                                      const std::vector<std::string>& overrides,
+                                                      const ConfigFacts& facts = {});
+
+// The log line of the "auto" values as resolved ("config: \"auto\" resolved: train_batch_size = 8, ..."),
+// after ResolveBatchSizes; "" when the config had none.
+std::string ResolvedAutoLine(const EngineConfig& cfg);
+
+// Note [The batch triangle]: DeepSpeed's _set_batch_related_parameters and _batch_assertion over
+// `world_size` data-parallel ranks. With train_batch_size given, the one of micro-batch and accumulation
+// that the config left out is derived (floor divisions, as DeepSpeed; accumulation 1 when both are left
+// out); without it, it is micro x accumulation x ranks. An inconsistent set is InvalidArgument naming the
+// three numbers and the world size. Idempotent: Engine::Create calls it again with its world.
+absl::Status ResolveBatchSizes(int world_size, EngineConfig* cfg);
 
 // Note [One configuration]. The settings every rank of a job must share, as (key path, exact value) in a
 // fixed order: whatever decides the collectives, the numbers or the initial values (stage, batch sizes,

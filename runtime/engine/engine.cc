@@ -100,13 +100,21 @@ absl::Status AgreeOnConfig(const EngineConfig& cfg, comm::Communicator& world, d
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config, comm::Communicator& world,
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& given, comm::Communicator& world,
                                                        device::Device& device) {
   {  // Note [One configuration]: before any check that could fail on some ranks only
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, device.CreateStream("config"));
-    const absl::Status agreed = AgreeOnConfig(config, world, *stream);
+    const absl::Status agreed = AgreeOnConfig(given, world, *stream);
     STRATA_RETURN_IF_ERROR(stream->Synchronize());
     STRATA_RETURN_IF_ERROR(agreed);
+  }
+  EngineConfig config = given;
+  STRATA_RETURN_IF_ERROR(ResolveBatchSizes(world.size(), &config));  // Note [The batch triangle]
+  if (world.rank() == 0) {  // once: what the config resolved to, and what it asked for in vain
+    if (const std::string line = ResolvedAutoLine(config); !line.empty()) {
+      STRATA_LOG(Info) << line;
+    }
+    for (const std::string& note : config.notes) STRATA_LOG(Info) << note;
   }
   if (config.reduce_dtype != DType::kF32) {
     return absl::UnimplementedError("strata.reduce_dtype other than fp32 is not implemented yet; use fp32");
@@ -125,8 +133,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   impl->cfg = config;
   impl->rt.world = &world;
   if (config.fp16.enabled) {
-    impl->progress.loss_scaler = optim::LossScaler(config.fp16.static_loss_scale, config.fp16.initial_scale_power,
-                                          config.fp16.loss_scale_window, config.fp16.min_loss_scale);
+    const Fp16Config& f = config.fp16;
+    impl->progress.loss_scaler = optim::LossScaler(
+        f.static_loss_scale, {f.initial_scale_power, f.loss_scale_window, f.min_loss_scale, f.hysteresis,
+                              f.consecutive_hysteresis});
   }
   impl->rt.device = &device;
   STRATA_ASSIGN_OR_RETURN(impl->rt.gather_stream, device.CreateStream("gather"));

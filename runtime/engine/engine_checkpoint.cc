@@ -109,6 +109,7 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   man.optimizer = m.cfg.optimizer.type == OptimizerType::kAdamW ? "adamw" : "sgd";
   man.loss_scale = m.progress.loss_scaler.scale();
   man.clean_steps = m.progress.loss_scaler.clean_steps();
+  if (m.progress.loss_scaler.dynamic()) man.loss_scale_hysteresis = m.progress.loss_scaler.hysteresis_left();
   man.trainer_json = trainer_json;
   for (const UnitState& u : m.units) {
     man.units.push_back(ManifestUnitOf(u));

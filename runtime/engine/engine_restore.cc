@@ -141,7 +141,8 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
       m.units[i].skipped_steps[p] = std::min(man.units[i].params[p].skipped_steps, man.step);
     }
   }
-  m.progress.loss_scaler.Restore(man.loss_scale, man.clean_steps);
+  m.progress.loss_scaler.Restore(man.loss_scale, man.clean_steps,
+                                 man.loss_scale_hysteresis > 0 ? man.loss_scale_hysteresis : m.cfg.fp16.hysteresis);
   return man.trainer_json;
 }
 

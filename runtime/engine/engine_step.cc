@@ -311,7 +311,14 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   r.lr = in.lr;
   if (out.skipped) {
     r.skipped = true;
-    progress.loss_scaler.Overflow();
+    if (!progress.loss_scaler.Overflow()) {  // Note [Dynamic loss scale]: DeepSpeed ends the run here too
+      STRATA_RETURN_IF_ERROR(ZeroGrads());
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", progress.step + 1, ": non-finite gradient norm with the fp16 loss scale already at "
+          "fp16.min_loss_scale (", progress.loss_scaler.scale(), "); the update is skipped and training cannot "
+          "go on (DeepSpeed stops here too: \"Current loss scale already at minimum\"). Lower the learning rate, "
+          "set gradient_clipping, or use bf16"));
+    }
     STRATA_LOG(Warning) << "step " << progress.step + 1 << ": non-finite gradient norm; the update is skipped on every rank"
                         << (progress.loss_scaler.dynamic() ? absl::StrCat(", loss scale now ", progress.loss_scaler.scale())
                                                   : std::string());

@@ -93,13 +93,15 @@ class CudaTierOps final : public TierOps {
     }
     // The same per-segment coefficients as the host (runtime/optim/optimizer.cc, kernels/cpu).
     if (cfg.type == optim::OptimizerType::kAdamW) {
-      const kernels::AdamWStep decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step);
-      const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step);
+      const bool w = cfg.adam_w_mode;
+      const kernels::AdamWStep decay =
+          kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step, w);
+      const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step, w);
       for (const shard::Segment& seg : segs) {
         // A parameter with a step count of its own (Note [Parameters without a gradient]).
         const kernels::AdamWStep own =
             kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, seg.weight_decay ? cfg.weight_decay : 0.0,
-                                   seg.step > 0 ? seg.step : step);
+                                   seg.step > 0 ? seg.step : step, w);
         const kernels::AdamWCoeffs<float> c =
             kernels::AdamWCoeffsOf(seg.step > 0 && seg.step != step ? own : seg.weight_decay ? decay : no_decay);
         STRATA_RETURN_IF_ERROR(

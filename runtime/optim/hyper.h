@@ -7,7 +7,10 @@
 namespace strata::optim {
 
 enum class OptimizerType { kAdamW, kSgd };
-enum class LrScheduleType { kConstant, kWarmupLinear, kWarmupCosine };
+// kWarmupLinear / kWarmupCosine are `strata train`'s own schedules (--warmup, --lr-schedule). The kWarmupLR,
+// kWarmupDecayLR and kWarmupCosineLR are DeepSpeed's lr_schedules of those names, formula for formula
+// (Note [DeepSpeed's schedules], optimizer.cc): the config's "scheduler" block always means those.
+enum class LrScheduleType { kConstant, kWarmupLinear, kWarmupCosine, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
 
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
@@ -17,6 +20,9 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.0;  // SGD only
+  // DeepSpeed's adam_w_mode (Adam / AdamW): true = decoupled weight decay (AdamW); false = L2, the decay
+  // added to the gradient before the moments (torch.optim.Adam's weight_decay).
+  bool adam_w_mode = true;
 };
 
 struct SchedulerConfig {
@@ -25,6 +31,10 @@ struct SchedulerConfig {
   int64_t total_steps = 0;    // decay horizon for linear / cosine; 0 = no decay
   double warmup_min_lr = 0;   // lr at step 0 of the warm-up
   double min_lr = 0;          // floor after decay
+  // DeepSpeed's schedules only:
+  bool log_warmup = true;         // warmup_type "log" (DeepSpeed's default) or "linear"
+  double warmup_min_ratio = 0;    // WarmupCosineLR: the warm-up starts at this fraction of the lr
+  double cos_min_ratio = 1e-4;    // WarmupCosineLR: the floor, as a fraction of the lr
 };
 
 }  // namespace strata::optim

@@ -44,8 +44,10 @@ void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vec
   kc::ThreadPool* pool = options.executor ? options.executor->pool() : nullptr;
   const kc::OptimizerArrays a = Arrays(s, options);
   if (cfg.type == OptimizerType::kAdamW) {
-    const kernels::AdamWStep decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step);
-    const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step);
+    const bool w = cfg.adam_w_mode;
+    const kernels::AdamWStep decay =
+        kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step, w);
+    const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step, w);
     std::vector<kernels::AdamWStep> own;  // segments with a step of their own (reserved: stable pointers)
     own.reserve(segs.size());
     std::vector<kc::AdamWSegment> runs;
@@ -53,7 +55,7 @@ void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vec
     for (const shard::Segment& seg : segs) {
       if (seg.step > 0 && seg.step != step) {
         own.push_back(kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, seg.weight_decay ? cfg.weight_decay : 0.0,
-                                             seg.step));
+                                             seg.step, w));
         runs.push_back({seg.begin, seg.end, &own.back()});
       } else {
         runs.push_back({seg.begin, seg.end, seg.weight_decay ? &decay : &no_decay});
@@ -78,9 +80,47 @@ float ClipCoefficient(double total_norm, double max_norm) {
   return static_cast<float>(max_norm / (total_norm + 1e-6));
 }
 
-double ScheduledLr(const SchedulerConfig& sched, double base_lr, int64_t step) {
+namespace {
 
+// Note [DeepSpeed's schedules]
+// deepspeed/runtime/lr_schedules.py, read as the DeepSpeed engine drives it: the scheduler is built with
+// last_batch_iteration -1, which sets the lr the first update uses (WarmupLR / WarmupDecayLR: warmup_min_lr;
+// WarmupCosineLR: 0), and steps once after every applied update (never after a skipped fp16 step). So the
+// update that follows `step` applied ones runs at DeepSpeed's lr for iteration i = step - 1. With
+// W = max(2, warmup_num_steps) and T = total_num_steps, during the warm-up (i < W) the fraction is
+// ln(i + 1) / ln(W) ("log", the default) or i / W ("linear"); then WarmupLR stays at the peak, WarmupDecayLR
+// falls as max(0, (T - i) / max(1, T - W)), and WarmupCosineLR follows
+// cos_min_ratio + (1 - cos_min_ratio)(1 + cos(pi min(1, (i - W + 1) / max(1, T - W)))) / 2 of the lr.
+// WarmupLR / WarmupDecayLR go from warmup_min_lr to the peak (`base_lr`, the config's warmup_max_lr);
+// WarmupCosineLR multiplies the lr by warmup_min_ratio + fraction (1 - warmup_min_ratio) while warming up.
+double DeepSpeedLr(const SchedulerConfig& s, double base_lr, int64_t step) {
+  const int64_t i = step - 1;
+  const bool cosine = s.type == LrScheduleType::kWarmupCosineLR;
+  if (i < 0) return cosine ? 0.0 : s.warmup_min_lr;
+  const double w = static_cast<double>(std::max<int64_t>(2, s.warmup_steps));
+  const double it = static_cast<double>(i);
+  double gamma = 1.0;
+  if (it < w) {
+    gamma = s.log_warmup ? (1.0 / std::log(w)) * std::log(it + 1) : it / w;
+    if (cosine) return base_lr * (s.warmup_min_ratio + gamma * (1.0 - s.warmup_min_ratio));
+  } else if (cosine) {
+    const double progress = std::min(1.0, (it - w + 1) / std::max(1.0, static_cast<double>(s.total_steps) - w));
+    const double ratio = (1 + std::cos(M_PI * progress)) / 2;
+    return base_lr * std::max(0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * ratio);
+  } else if (s.type == LrScheduleType::kWarmupDecayLR) {
+    const double t = static_cast<double>(s.total_steps);
+    gamma = std::max(0.0, (t - it) / std::max(1.0, t - w));
+  }
+  return s.warmup_min_lr + (base_lr - s.warmup_min_lr) * gamma;
+}
+
+}  // namespace
+
+double ScheduledLr(const SchedulerConfig& sched, double base_lr, int64_t step) {
   if (sched.type == LrScheduleType::kConstant) return base_lr;
+  if (sched.type != LrScheduleType::kWarmupLinear && sched.type != LrScheduleType::kWarmupCosine) {
+    return DeepSpeedLr(sched, base_lr, step);
+  }
   if (step < sched.warmup_steps) {
     const double frac = static_cast<double>(step + 1) / static_cast<double>(sched.warmup_steps);
     return sched.warmup_min_lr + (base_lr - sched.warmup_min_lr) * frac;

@@ -133,7 +133,7 @@ def configs():
             "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
                                                       "weight_decay": 0.1}},
             "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10, "total_num_steps": 100,
-                                                               "warmup_min_lr": 0, "cos_min_ratio": 0.1}},
+                                                               "warmup_min_ratio": 0, "cos_min_ratio": 0.1}},
             "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x"},
                                   "offload_param": {"device": "cpu", "pin_memory": True}},
             "strata": {"param_dtype": "bf16", "max_live_units": 3, "prefetch_depth": 2,
@@ -152,6 +152,25 @@ def configs():
                                      'strata.device_budget=2GiB\noptimizer.params.betas=[0.9,0.99]\n'
                                      'bf16.enabled=true\n')
     write("config", "bad_overrides.txt", '\0zero_optimization..stage=2\nstage\nstrata=3\nstrata.seed=1\n')
+    # DeepSpeed configs as Hugging Face writes them ("auto", no-effect keys) and one with a problem of every
+    # kind (decision 0028); the real ones are tests/configs/deepspeed.
+    write("config", "deepspeed_auto.json", dump({
+        "fp16": {"enabled": "auto", "loss_scale": 0, "hysteresis": 2, "consecutive_hysteresis": False},
+        "optimizer": {"type": "Adam", "params": {"lr": "auto", "betas": "auto", "adam_w_mode": False}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                          "warmup_num_steps": 10, "total_num_steps": "auto",
+                                                          "warmup_type": "log"}},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                              "overlap_comm": True, "zero_quantized_weights": False},
+        "train_batch_size": 16, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 4,
+        "steps_per_print": 100, "wall_clock_breakdown": False, "strata": {"weight_decay_1d": False}}))
+    write("config", "deepspeed_problems.json", dump({
+        "bfloat16": {"enabled": True}, "activation_checkpointing": {"partition_activations": True},
+        "zero_optimization": {"stage": "3", "zero_hpz_partition_size": 8, "zero_quantized_gradients": True,
+                              "offload_param": {"device": "cpu"}},
+        "data_types": {"grad_accum_dtype": "bf16"}, "scheduler": {"type": "WarmupCosineLR", "params": {
+            "warmup_max_lr": 1, "warmup_num_steps": "auto"}}, "train_batch_size": 10,
+        "train_micro_batch_size_per_gpu": 4}))
 
 
 def tokens():

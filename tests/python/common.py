@@ -12,13 +12,13 @@ def config(stage, accumulation=1, clip=0.0, **extra):
            "gradient_clipping": clip,
            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD, "betas": [0.9, 0.999],
                                                      "eps": 1e-8}},
-           "strata": {"optimizer_threads": 1, "collective_timeout_ms": 20000}}
+           "strata": {"optimizer_threads": 1, "collective_timeout_ms": 20000, "weight_decay_1d": False}}
     cfg.update(extra)
     return cfg
 
 
 def reference_optimizer(model):
-    """torch.optim.AdamW with Strata's semantics: decay on 2-D weights only (shard's default), the same
+    """torch.optim.AdamW with Strata's semantics: decay on 2-D weights only (strata.weight_decay_1d false), the same
     betas, eps and lr; the tied weight is one parameter, as in the engine."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]

@@ -249,7 +249,11 @@ def test_batch_sizes_from_the_config():
     cfg["train_batch_size"] = 3 * 2 * st.world_size()
     engine, *_ = make(cfg)
     assert engine.train_micro_batch_size_per_gpu() == 3 and engine.train_batch_size() == 6 * st.world_size()
-    engine.config["train_batch_size"] = "auto"  # as a config filled in by no one
-    with pytest.raises(ValueError, match=r"the config's train_batch_size is 'auto'; give a positive integer"):
-        engine.train_batch_size()
+    engine.destroy()
+    cfg = ds_config(accumulation=2)  # "auto", as Hugging Face's Trainer leaves it: the engine resolves it
+    cfg["train_batch_size"] = "auto"
+    engine, *_ = make(cfg)
+    micro = engine.train_micro_batch_size_per_gpu()
+    assert engine.train_batch_size() == micro * 2 * st.world_size()
+    assert engine.train_batch_size() == int(engine.strata.resolved["train_batch_size"])
     engine.destroy()

@@ -206,6 +206,8 @@ absl::StatusOr<GptModel> GptModel::Register(Engine& e, const GptConfig& cfg, std
   // UnitSpecs' order: the embeddings, the blocks, the final LayerNorm.
   std::vector<UnitSpec> units = UnitSpecs(cfg);
   for (size_t i = 0; i < units.size(); ++i) {
+    // strata.weight_decay_1d (DeepSpeed's rule, the JSON default): the biases and LayerNorms decay too.
+    for (ParamSpec& p : units[i].params) p.weight_decay = p.weight_decay || e.config().weight_decay_1d;
     STRATA_ASSIGN_OR_RETURN(int id, e.RegisterUnit(std::move(units[i].name), std::move(units[i].params)));
     if (i == 0) m.embed_ = id;
     else if (i + 1 == units.size()) m.ln_f_ = id;

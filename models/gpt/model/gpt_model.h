@@ -3,7 +3,8 @@
 //
 // Units: "embed" {wte.weight [V,C], wpe.weight [T,C]} used twice per pass (lookup, then the LM head),
 // "h.{i}" one per block with Hugging Face's parameter names and Conv1D layouts ([in, out]), and "ln_f".
-// Weight decay applies to the 2-D matrices (embeddings included), not to biases or LayerNorm.
+// Weight decay applies to the 2-D matrices (embeddings included), not to biases or LayerNorm, unless the
+// engine's strata.weight_decay_1d says every parameter decays (DeepSpeed's rule, a JSON config's default).
 // Forward and backward are hand-written over an NnBackend (models/gpt/nn/cpu/nn.h, or their CUDA twins); with
 // activation checkpointing each block keeps only its input and recomputes its forward inside its backward
 // use (same gradients).

@@ -121,8 +121,14 @@ absl::Status ApplyLrScaling(const Flags& f, int world, engine::EngineConfig* c) 
   return absl::OkStatus();
 }
 
+// Without --config, the flags' own defaults (--help, docs/configuration.md): stage 3, an fp16 scale that
+// halves on the first overflow, weight decay on the 2-D weights only. With --config, a key the file leaves out
+// has DeepSpeed's default (Note [Two sets of defaults], runtime/engine/config.h).
+constexpr char kFlagDefaults[] =
+    R"({"zero_optimization": {"stage": 3}, "fp16": {"hysteresis": 1}, "strata": {"weight_decay_1d": false}})";
+
 absl::StatusOr<std::string> ReadConfigText(const Flags& f) {
-  if (!f.Has("config")) return std::string("{}");
+  if (!f.Has("config")) return std::string(kFlagDefaults);
   auto text = ReadConfigFile(f.Str("config"));
   if (!text.ok()) return Annotate(text.status(), "--config");
   return text;
@@ -136,7 +142,7 @@ std::vector<FlagDef> TrainFlagDefs() {
   d.insert(d.end(), model.begin(), model.end());
   const std::vector<FlagDef> more = {
       {"config", false, "JSON config (DeepSpeed keys + \"strata\"); flags override it"},
-      {"stage", false, "ZeRO stage 0-3 (default 3)"},
+      {"stage", false, "ZeRO stage 0-3 (default 3; with --config, the file's, DeepSpeed's 0 when absent)"},
       {"micro-batch", false, "sequences per rank per micro-batch"},
       {"grad-accum", false, "micro-batches per step"},
       {"steps", false, "optimizer steps (default 200)"},
@@ -149,7 +155,7 @@ std::vector<FlagDef> TrainFlagDefs() {
       {"beta1", false, "AdamW beta1"},
       {"beta2", false, "AdamW beta2"},
       {"eps", false, "AdamW epsilon"},
-      {"weight-decay", false, "decoupled weight decay (2-D weights only)"},
+      {"weight-decay", false, "decoupled weight decay (2-D weights only, unless --config: every parameter)"},
       {"grad-clip", false, "global gradient-norm clip (0 = off)"},
       {"seed", false, "initialisation and data-order seed"},
       {"param-dtype", false, "fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)"},
@@ -204,7 +210,11 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   if (o.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadConfigText(f));
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> overrides, Overrides(f, text));
-  auto engine = engine::ParseConfigWithOverrides(text, overrides);
+  engine::ConfigFacts facts;  // Note ["auto"], runtime/engine/config_deepspeed.h
+  facts.world_size = world_size;
+  facts.hidden_size = o.model.d_model;
+  facts.total_steps = o.steps;
+  auto engine = engine::ParseConfigWithOverrides(text, overrides, facts);
   if (!engine.ok()) return NameTheFlag(f, engine.status());
   o.engine = *std::move(engine);
   STRATA_RETURN_IF_ERROR(ApplySchedule(f, o.steps, &o.engine));

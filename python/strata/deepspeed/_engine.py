@@ -13,17 +13,6 @@ from strata.deepspeed import _checkpoint
 from strata.deepspeed._optim import EngineOptimizer, EngineScheduler
 
 
-def _positive_int(config, key):
-    """The config's value of `key`, or None when absent; anything but a positive int (such as "auto", which
-    this layer cannot resolve) is an error naming it."""
-    v = config.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"strata.deepspeed: the config's {key} is {v!r}; give a positive integer")
-    return v
-
-
 class DeepSpeedEngine(torch.nn.Module):
     """Made by strata.deepspeed.initialize. `engine.module` is the model (its forward hooked by strata.torch);
     `engine.strata` the strata.torch engine under it."""
@@ -72,7 +61,8 @@ class DeepSpeedEngine(torch.nn.Module):
             raise TypeError(f"strata.deepspeed: backward() takes the scalar loss tensor, got "
                             f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
         gas = self.gradient_accumulation_steps()
-        (loss if scale_wrt_gas else loss * gas).backward(retain_graph=retain_graph)
+        # strata.torch's backward: with fp16 the loss is multiplied by the loss scale first, as DeepSpeed's is
+        self.strata.backward(loss if scale_wrt_gas else loss * gas, retain_graph=retain_graph)
         return loss.detach() / gas if scale_wrt_gas else loss.detach()
 
     def is_gradient_accumulation_boundary(self):
@@ -136,20 +126,11 @@ class DeepSpeedEngine(torch.nn.Module):
         return self.strata.accumulation
 
     def train_micro_batch_size_per_gpu(self):
-        micro = _positive_int(self.config, "train_micro_batch_size_per_gpu")
-        total = _positive_int(self.config, "train_batch_size")
-        if micro is None and total is not None:
-            micro = total // (self.gradient_accumulation_steps() * self.world_size)
-        if micro is None:
-            raise ValueError("strata.deepspeed: the config gives neither train_micro_batch_size_per_gpu nor "
-                             "train_batch_size")
-        return micro
+        """The engine's resolved value: derived from train_batch_size as DeepSpeed derives it, "auto" filled in."""
+        return int(self.strata.resolved["train_micro_batch_size_per_gpu"])
 
     def train_batch_size(self):
-        total = _positive_int(self.config, "train_batch_size")
-        if total is not None:
-            return total
-        return self.train_micro_batch_size_per_gpu() * self.gradient_accumulation_steps() * self.world_size
+        return int(self.strata.resolved["train_batch_size"])
 
     def get_lr(self):
         """The lr the next optimizer step uses, one per param group (DeepSpeed reads its optimizer's groups)."""

@@ -38,25 +38,27 @@ def _live_units(model, specs):
     return max(3, roots + 2 * max(parts.values(), default=1))
 
 
-def _default_weight_decay(name, param):
-    return param.ndim >= 2  # as the GPT of `strata train`: 2-D weights decay, biases and norms do not
+def _hidden_size(model):
+    """The model's hidden size for a config's "auto" ZeRO bucket sizes (Hugging Face's rule), 0 if unknown."""
+    cfg = getattr(model, "config", None)
+    for name in ("hidden_size", "d_model", "n_embd"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
 
 
 class Engine:
     """Made by strata.torch.shard. The model's parameters are the engine's from then on: views of its
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
-    def __init__(self, model, config=None, unit_classes=None, weight_decay=_default_weight_decay, device=None):
+    def __init__(self, model, config=None, unit_classes=None, weight_decay=None, device=None):
         if getattr(model, "_strata_sharded", False):  # its parameters are an engine's placeholders now
             raise RuntimeError("strata: this model was already given to st.shard(); its parameters belong to that "
                                "engine (empty placeholders outside a forward). Keep using that engine, or build a "
                                "new model and load the weights into it (engine.full_state_dict(), or a checkpoint)")
         self.model = model
         self.config = _config(config)
-        self.accumulation = int(self.config.get("gradient_accumulation_steps", 1))
-        if self.config.get("fp16", {}).get("enabled"):
-            raise NotImplementedError("strata.torch: fp16 needs the loss scaled by the engine's loss scale "
-                                      "before backward; not supported yet (use bf16 or fp32)")
         self.broadcast_buffers = _model_buffers.take_option(self.config)  # strata.broadcast_buffers
         self.micro_batches = 0
         self.handle = None
@@ -72,11 +74,18 @@ class Engine:
         comm = _comm.strata_comm(cuda, self.config["strata"].get("collective_timeout_ms", 0))
         if cuda:
             self._torch_on_cuda()
-        opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode(), device=int(cuda))
+        opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode(), device=int(cuda),
+                                       hidden_size=_hidden_size(model))
         handle = ctypes.c_void_p()
         _capi.check(_lib.strata_engine_create(comm, opts, ctypes.byref(handle)))
         self.handle = handle
         _comm.track(self)
+        self.resolved = self._resolved_config()  # the engine's reading of the config: batch sizes, defaults
+        self.accumulation = int(self.resolved["gradient_accumulation_steps"])
+        self.fp16 = self.resolved["fp16.enabled"] == "true"  # then engine.backward(loss) scales the loss
+        if weight_decay is None:  # strata.weight_decay_1d: DeepSpeed's rule (every parameter) unless false
+            decay_1d = self.resolved["strata.weight_decay_1d"] == "true"
+            weight_decay = lambda name, p: decay_1d or p.ndim >= 2  # noqa: E731
         self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
         object.__setattr__(model, "_strata_sharded", True)  # not a module attribute: no state_dict entry
         _capi.check(_lib.strata_engine_finalize(self.handle))
@@ -90,6 +99,11 @@ class Engine:
         _sharded.guard_apply(self)  # model.to(dtype or device) refused (Note [Parameters between uses])
 
     # ---- set-up ----
+    def _resolved_config(self):
+        out = ctypes.c_char_p()
+        _capi.check(_lib.strata_engine_config_json(self.handle, ctypes.byref(out)))
+        return json.loads(out.value.decode())
+
     def _start_device(self, model, requested):
         """The engine's device (_device.choose_device); on CUDA it becomes torch's current device, the
         one strata_comm_create_torchrun and the engine take (unverified on a GPU)."""
@@ -180,6 +194,23 @@ class Engine:
             u.spec.module.register_forward_hook(lambda m, a, o, u=u: t.block_post(u, o))
 
     # ---- training ----
+    def loss_scale(self):
+        """The factor the loss is multiplied by before backward: the fp16 loss scale (1 without fp16)."""
+        out = ctypes.c_float()
+        _capi.check(_lib.strata_engine_loss_scale(self.handle, ctypes.byref(out)))
+        return out.value
+
+    def backward(self, loss, retain_graph=False):
+        """loss.backward() with the loss multiplied by the loss scale first, as DeepSpeed's engine.backward: with
+        fp16 the engine divides the gradients by it again, skips a step whose gradients overflowed and adjusts
+        the scale (fp16.hysteresis, loss_scale_window, ...). Without fp16 it is loss.backward()."""
+        scale = self.loss_scale()
+        self.tracker.scaled_backward = True
+        try:
+            (loss * scale if scale != 1 else loss).backward(retain_graph=retain_graph)
+        finally:
+            self.tracker.scaled_backward = False
+
     def step(self):
         """The optimizer step (collective), after gradient_accumulation_steps forward+backward passes.
         Returns the engine's step result: step, skipped, clip_coef, grad_norm, lr, loss_scale."""

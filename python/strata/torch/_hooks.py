@@ -142,6 +142,7 @@ class Tracker:
         self.failed = None
         self.recomputed = 0        # blocks run again inside a backward (activation checkpointing)
         self.late = []             # bf16 gradients that arrived after their unit's backward ended
+        self.scaled_backward = False  # inside Engine.backward (fp16: the loss was multiplied by the loss scale)
         # Note [Parameters without a gradient] (runtime/engine/engine_step.cc): with params_without_grad "skip",
         # the parameters autograd accumulated a gradient into in this micro-batch; the others are marked.
         self.mark_no_grad = engine.config.get("strata", {}).get("params_without_grad") == "skip"
@@ -353,6 +354,9 @@ class Tracker:
         return output
 
     def _backward_event(self, grad):
+        if self.phase == AWAIT_BACKWARD and self.engine.fp16 and not self.scaled_backward:
+            raise RuntimeError("strata: with fp16 the loss must be multiplied by the loss scale before backward: "
+                               "call engine.backward(loss) instead of loss.backward() (DeepSpeed's engine.backward)")
         if self.phase == AWAIT_BACKWARD:
             self.phase = BACKWARD
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)

@@ -53,6 +53,25 @@ TEST(ParseManifest, RoundTripsAndSortsShardsByRank) {
   EXPECT_EQ(json::parse(m->trainer_json), json::parse(Valid().trainer_json));
 }
 
+// fp16 hysteresis left (Note [Dynamic loss scale]): written when recorded, read back; absent is 0 (the restore
+// then uses the configured hysteresis); below 1 is refused.
+TEST(ParseManifest, LossScaleHysteresisRoundTripsAndIsOptional) {
+  EXPECT_FALSE(ValidJson().contains("loss_scale_hysteresis"));
+  auto plain = ParseManifest(ToJson(Valid()), "m.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->loss_scale_hysteresis, 0);
+  Manifest m = Valid();
+  m.loss_scale_hysteresis = 1;
+  auto back = ParseManifest(ToJson(m), "m.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->loss_scale_hysteresis, 1);
+  json j = ValidJson();
+  j["loss_scale_hysteresis"] = 0;
+  ExpectBad(j, "loss_scale_hysteresis");
+  j["loss_scale_hysteresis"] = "two";
+  ExpectBad(j, "loss_scale_hysteresis");
+}
+
 // Hybrid sharding (docs/decisions/0016): "replicas" is written only when > 1 and read back; absent is 1.
 TEST(ParseManifest, ReplicasRoundTripAndDefaultToOne) {
   EXPECT_FALSE(ValidJson().contains("replicas")) << "a manifest without replicas is as before";

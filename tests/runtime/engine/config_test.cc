@@ -15,6 +15,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Expects `text` to be rejected with InvalidArgument whose message contains every fragment.
 void ExpectInvalid(const std::string& text, const std::vector<std::string>& fragments) {
@@ -32,10 +33,18 @@ EngineConfig ParseOk(const std::string& text) {
   return cfg.ok() ? *cfg : EngineConfig{};
 }
 
+// A JSON config's defaults are DeepSpeed's (Note [Two sets of defaults]): stage 0 without zero_optimization.
 TEST(Config, EmptyObjectKeepsDefaults) {
   const EngineConfig cfg = ParseOk("{}");
   const EngineConfig def;
-  EXPECT_EQ(cfg.stage, 3);
+  EXPECT_EQ(cfg.stage, 0);
+  EXPECT_EQ(def.stage, 3);  // the C++ API's default stays
+  EXPECT_TRUE(cfg.weight_decay_1d);
+  EXPECT_FALSE(def.weight_decay_1d);
+  EXPECT_EQ(cfg.fp16.hysteresis, 2);
+  EXPECT_FALSE(cfg.fp16.consecutive_hysteresis);
+  EXPECT_TRUE(cfg.optimizer.adam_w_mode);
+  EXPECT_EQ(cfg.train_batch_size, 0);
   EXPECT_EQ(cfg.train_micro_batch_size_per_gpu, 1);
   EXPECT_EQ(cfg.gradient_accumulation_steps, 1);
   EXPECT_EQ(cfg.gradient_clipping, 0.0);
@@ -102,7 +111,9 @@ TEST(Config, FullDeepSpeedExampleFillsTheStruct) {
   EXPECT_DOUBLE_EQ(cfg.optimizer.beta2, 0.95);
   EXPECT_DOUBLE_EQ(cfg.optimizer.eps, 1e-6);
   EXPECT_DOUBLE_EQ(cfg.optimizer.weight_decay, 0.1);
-  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupLinear);
+  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupDecayLR);
+  EXPECT_FALSE(cfg.scheduler.log_warmup);
+  EXPECT_EQ(cfg.train_batch_size, 64);
   EXPECT_EQ(cfg.scheduler.warmup_steps, 100);
   EXPECT_EQ(cfg.scheduler.total_steps, 10000);
   EXPECT_DOUBLE_EQ(cfg.scheduler.warmup_min_lr, 1e-5);
@@ -126,7 +137,9 @@ TEST(Config, FullDeepSpeedExampleFillsTheStruct) {
 
 TEST(Config, Fp16BlockSetsLossScaling) {
   const EngineConfig cfg = ParseOk(R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
-      "loss_scale_window": 500, "hysteresis": "whatever", "min_loss_scale": 0.5}})");
+      "loss_scale_window": 500, "hysteresis": 4, "consecutive_hysteresis": true, "min_loss_scale": 0.5}})");
+  EXPECT_EQ(cfg.fp16.hysteresis, 4);
+  EXPECT_TRUE(cfg.fp16.consecutive_hysteresis);
   EXPECT_TRUE(cfg.fp16.enabled);
   EXPECT_FALSE(cfg.bf16);
   EXPECT_EQ(cfg.param_dtype, DType::kF16);
@@ -158,7 +171,8 @@ TEST(Config, OptimizerParamsOnlyForTheirOptimizer) {
 TEST(Config, WarmupLRWarmsUpThenStaysConstant) {
   const EngineConfig cfg = ParseOk(R"({"optimizer": {"params": {"lr": 1e-3}},
       "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_num_steps": 50}}})");
-  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupLinear);
+  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupLR);
+  EXPECT_TRUE(cfg.scheduler.log_warmup);  // DeepSpeed's default warmup_type
   EXPECT_EQ(cfg.scheduler.warmup_steps, 50);
   EXPECT_EQ(cfg.scheduler.total_steps, 0);
   EXPECT_DOUBLE_EQ(cfg.optimizer.lr, 1e-3);
@@ -173,7 +187,8 @@ TEST(Config, WarmupLRDefaultsToDeepSpeedWarmupSteps) {
 TEST(Config, WarmupDecayLRNeedsAHorizonPastTheWarmup) {
   const EngineConfig cfg = ParseOk(R"({"scheduler": {"type": "WarmupDecayLR",
       "params": {"warmup_num_steps": 10, "total_num_steps": 100}}})");
-  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupLinear);
+  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupDecayLR);
+  EXPECT_DOUBLE_EQ(cfg.optimizer.lr, 0.001);  // DeepSpeed's warmup_max_lr default for WarmupDecayLR
   EXPECT_EQ(cfg.scheduler.total_steps, 100);
   ExpectInvalid(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})",
                 {"scheduler.params.total_num_steps", "required"});
@@ -186,7 +201,7 @@ TEST(Config, WarmupCosineLRSetsTheFloorFromTheRatio) {
   const EngineConfig cfg = ParseOk(R"({"optimizer": {"params": {"lr": 2e-4}},
       "scheduler": {"type": "WarmupCosineLR",
                     "params": {"warmup_num_steps": 20, "total_num_steps": 200, "cos_min_ratio": 0.1}}})");
-  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupCosine);
+  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupCosineLR);
   EXPECT_EQ(cfg.scheduler.warmup_steps, 20);
   EXPECT_EQ(cfg.scheduler.total_steps, 200);
   EXPECT_DOUBLE_EQ(cfg.scheduler.min_lr, 2e-5);
@@ -204,8 +219,8 @@ TEST(Config, ConstantSchedulerTakesNoParams) {
 
 TEST(Config, SchedulerRejectsUnsupportedTypesAndWarmupShapes) {
   ExpectInvalid(R"({"scheduler": {"type": "OneCycle"}})", {"scheduler.type", "OneCycle", "WarmupLR"});
-  ExpectInvalid(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "log"}}})",
-                {"scheduler.params.warmup_type", "linear"});
+  ExpectInvalid(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}})",
+                {"scheduler.params.warmup_type", "'log'", "'linear'"});
   ExpectInvalid(
       R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 1, "warmup_max_lr": 0.1}}})",
       {"scheduler.params.warmup_min_lr", "peak lr"});
@@ -236,7 +251,7 @@ TEST(Config, TypeErrorsNameThePathAndTheExpectedType) {
                 {"zero_optimization.stage", "an integer", "string"});
   ExpectInvalid(R"({"zero_optimization": {"stage": 2.5}})", {"zero_optimization.stage", "an integer"});
   ExpectInvalid(R"({"gradient_clipping": "1.0"})", {"gradient_clipping", "a number"});
-  ExpectInvalid(R"({"bf16": {"enabled": "auto"}})", {"bf16.enabled", "a boolean"});
+  ExpectInvalid(R"({"bf16": {"enabled": "yes"}})", {"bf16.enabled", "a boolean"});
   ExpectInvalid(R"({"bf16": true})", {"'bf16'", "an object"});
   ExpectInvalid(R"({"optimizer": {"type": 3}})", {"optimizer.type", "a string"});
   ExpectInvalid(R"({"optimizer": {"params": {"betas": 0.9}}})",
@@ -284,7 +299,7 @@ TEST(Config, RangeChecksNameTheKeyValueAndRange) {
   ExpectInvalid(R"({"fp16": {"loss_scale": -1}})", {"fp16.loss_scale", ">= 0"});
   ExpectInvalid(R"({"fp16": {"initial_scale_power": 200}})", {"fp16.initial_scale_power", "[0, 127]"});
   ExpectInvalid(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -5}}})",
-                {"scheduler.params.warmup_num_steps", ">= 0"});
+                {"scheduler.params.warmup_num_steps", ">= 1"});
   ExpectInvalid(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 2000,
                     "cos_min_ratio": 1.5}}})",
                 {"scheduler.params.cos_min_ratio", "[0, 1]"});
@@ -310,15 +325,16 @@ TEST(Config, OffloadDevicesAndTheirRequirements) {
 
 TEST(Config, ShardGroupSizeIsAPositiveIntegerOrNodeAtStagesOneToThree) {
   EXPECT_EQ(ParseOk("{}").shard_group_size, kShardGroupWorld);
-  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"shard_group_size": 2}})").shard_group_size, 2);
-  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"shard_group_size": "node"}})").shard_group_size, kShardGroupNode);
+  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"stage": 3, "shard_group_size": 2}})").shard_group_size, 2);
+  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"stage": 2, "shard_group_size": "node"}})").shard_group_size,
+            kShardGroupNode);
   EXPECT_EQ(ParseOk(R"({"zero_optimization": {"stage": 1, "shard_group_size": 1}})").shard_group_size, 1);
   ExpectInvalid(R"({"zero_optimization": {"shard_group_size": 0}})", {"zero_optimization.shard_group_size", ">= 1"});
   ExpectInvalid(R"({"zero_optimization": {"shard_group_size": "host"}})",
                 {"zero_optimization.shard_group_size", "\"node\""});
   ExpectInvalid(R"({"zero_optimization": {"stage": 0, "shard_group_size": 2}})",
                 {"zero_optimization.shard_group_size", "stage 0 shards nothing"});
-  auto over = ParseConfigWithOverrides("{}", {"zero_optimization.shard_group_size=node"});
+  auto over = ParseConfigWithOverrides("{}", {"zero_optimization.stage=3", "zero_optimization.shard_group_size=node"});
   ASSERT_TRUE(over.ok()) << over.status();
   EXPECT_EQ(over->shard_group_size, kShardGroupNode);
 }
@@ -506,6 +522,157 @@ TEST(Config, LoadConfigFileMissingIsNotFound) {
   ASSERT_FALSE(cfg.ok());
   EXPECT_EQ(cfg.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(path));
+}
+
+// Note [The batch triangle]: DeepSpeed's rules, with the numbers and the world size in the refusal.
+absl::StatusOr<EngineConfig> OnRanks(const std::string& text, int world) {
+  ConfigFacts facts;
+  facts.world_size = world;
+  return ParseConfigWithOverrides(text, {}, facts);
+}
+
+TEST(Config, TrainBatchSizeDerivesTheAccumulationAsDeepSpeedDoes) {
+  auto one = OnRanks(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4})", 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->gradient_accumulation_steps, 4);  // DeepSpeed: 16 / 4 / 1
+  EXPECT_EQ(one->train_batch_size, 16);
+  EXPECT_FALSE(one->notes.empty());
+  auto two = OnRanks(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4})", 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->gradient_accumulation_steps, 2);
+  auto micro = OnRanks(R"({"train_batch_size": 48, "gradient_accumulation_steps": 3})", 4);
+  ASSERT_TRUE(micro.ok()) << micro.status();
+  EXPECT_EQ(micro->train_micro_batch_size_per_gpu, 4);  // 48 / 4 / 3
+  auto only = OnRanks(R"({"train_batch_size": 32})", 4);
+  ASSERT_TRUE(only.ok()) << only.status();
+  EXPECT_EQ(only->train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(only->gradient_accumulation_steps, 1);
+  auto none = OnRanks(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 4);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->train_batch_size, 24);
+  // Without the world size, train_batch_size is kept for Engine::Create.
+  const EngineConfig later = ParseOk(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4})");
+  EXPECT_EQ(later.train_batch_size, 16);
+  EXPECT_EQ(later.gradient_accumulation_steps, 1);
+  EngineConfig resolved = later;
+  ASSERT_TRUE(ResolveBatchSizes(1, &resolved).ok());
+  EXPECT_EQ(resolved.gradient_accumulation_steps, 4);
+}
+
+TEST(Config, AnInconsistentBatchTriangleNamesTheThreeNumbersAndTheRanks) {
+  auto bad = OnRanks(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+                         "gradient_accumulation_steps": 2})", 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(bad.status().message());
+  for (const char* part : {"train_batch_size (64)", "train_micro_batch_size_per_gpu (4)",
+                           "gradient_accumulation_steps (2)", "over 1 data-parallel ranks", "4 x 2 x 1 = 8"}) {
+    EXPECT_THAT(m, HasSubstr(part));
+  }
+  // 10 on 1 rank with micro 4: DeepSpeed derives accumulation 2 and then refuses 8 != 10.
+  auto floor = OnRanks(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})", 1);
+  ASSERT_FALSE(floor.ok());
+  EXPECT_THAT(std::string(floor.status().message()), HasSubstr("rounding down"));
+  auto tiny = OnRanks(R"({"train_batch_size": 2})", 4);
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_THAT(std::string(tiny.status().message()), HasSubstr("over 4 data-parallel ranks"));
+}
+
+// Note ["auto"]: Hugging Face's ZeRO-3 template resolves from the front end's facts.
+TEST(Config, AutoValuesResolveAsHuggingFaceDoes) {
+  const std::string hf = R"({
+    "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "hysteresis": 2},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                  "warmup_num_steps": 10, "total_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto"},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": false})";
+  ConfigFacts facts;
+  facts.world_size = 2;
+  facts.hidden_size = 768;
+  facts.total_steps = 300;
+  auto cfg = ParseConfigWithOverrides(hf, {"optimizer.params.lr=3e-4"}, facts);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->stage, 3);
+  EXPECT_FALSE(cfg->fp16.enabled);
+  EXPECT_DOUBLE_EQ(cfg->optimizer.lr, 3e-4);  // warmup_max_lr "auto" = the optimizer's lr
+  EXPECT_EQ(cfg->scheduler.warmup_min_lr, 0);
+  EXPECT_EQ(cfg->scheduler.total_steps, 300);
+  EXPECT_EQ(cfg->train_batch_size, 2);
+  std::string notes = ResolvedAutoLine(*cfg) + "\n";
+  for (const std::string& n : cfg->notes) notes += n + "\n";
+  EXPECT_THAT(notes, HasSubstr("train_batch_size = 2, train_micro_batch_size_per_gpu = 1"));
+  EXPECT_THAT(notes, HasSubstr("optimizer.params.betas = [0.9, 0.999]"));
+  EXPECT_THAT(notes, HasSubstr("scheduler.params.warmup_max_lr = 0.0003"));
+  EXPECT_THAT(notes, HasSubstr("zero_optimization.reduce_bucket_size = 589824"));
+  EXPECT_THAT(notes, HasSubstr("zero_optimization.stage3_prefetch_bucket_size = 530841"));
+  EXPECT_THAT(notes, HasSubstr("zero_optimization.stage3_param_persistence_threshold = 7680"));
+  EXPECT_THAT(notes, HasSubstr("no effect"));
+  EXPECT_THAT(notes, HasSubstr("steps_per_print"));
+  // Without the run's length, total_num_steps cannot be resolved; the error names the key and the fix.
+  ExpectInvalid(hf, {"scheduler.params.total_num_steps", "\"auto\"", "number of optimizer steps"});
+  ExpectInvalid(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}})",
+                {"scheduler.params.warmup_num_steps", "\"auto\""});
+  ExpectInvalid(R"({"strata": {"seed": "auto"}})", {"strata.seed", "\"auto\"", "set it to"});
+}
+
+// Note [One pass, every problem]: every problem at once, each with its key path and its fix.
+TEST(Config, EveryProblemIsReportedInOnePass) {
+  auto cfg = ParseConfig(R"({
+    "zero_optimization": {"stage": 5, "stag": 1, "zero_hpz_partition_size": 8, "overlap_comm": true,
+                          "zero_quantized_weights": true, "zero_quantized_gradients": false},
+    "bfloat16": {"enabled": true},
+    "activation_checkpointing": {"partition_activations": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": -1}},
+    "gradient_clipping": "big"})");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(cfg.status().message());
+  EXPECT_THAT(m, HasSubstr("the config has 8 problems"));
+  for (const char* part : {"'zero_optimization.stage' is 5", "did you mean 'zero_optimization.stage'",
+                           "'zero_optimization.zero_hpz_partition_size' is DeepSpeed's; Strata's equivalent is "
+                           "'zero_optimization.shard_group_size'",
+                           "'zero_optimization.zero_quantized_weights' is a DeepSpeed feature Strata does not have",
+                           "'bfloat16' is DeepSpeed's; Strata's equivalent is 'bf16'",
+                           "'activation_checkpointing' is DeepSpeed's", "--activation-checkpointing",
+                           "'optimizer.params.lr' is -1", "'gradient_clipping' must be a number"}) {
+    EXPECT_THAT(m, HasSubstr(part));
+  }
+  EXPECT_THAT(m, Not(HasSubstr("overlap_comm")));           // no effect: accepted
+  EXPECT_THAT(m, Not(HasSubstr("zero_quantized_gradients")));  // false asks for nothing
+}
+
+TEST(Config, AdamFollowsAdamWModeAndAdamWIsAlwaysDecoupled) {
+  EXPECT_TRUE(ParseOk(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode);
+  EXPECT_FALSE(ParseOk(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
+  EXPECT_TRUE(ParseOk(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
+  EXPECT_TRUE(ParseOk(R"({"optimizer": {"type": "Adam", "params": {"torch_adam": true}}})").optimizer.adam_w_mode);
+  ExpectInvalid(R"({"optimizer": {"type": "SGD", "params": {"adam_w_mode": false}}})",
+                {"optimizer.params.adam_w_mode", "Adam/AdamW only"});
+}
+
+TEST(Config, WeightDecayOfOneDimensionalParametersIsAStrataKey) {
+  EXPECT_TRUE(ParseOk("{}").weight_decay_1d);
+  EXPECT_FALSE(ParseOk(R"({"strata": {"weight_decay_1d": false}})").weight_decay_1d);
+  ExpectInvalid(R"({"strata": {"weight_decay_1d": 1}})", {"strata.weight_decay_1d", "a boolean"});
+}
+
+TEST(Config, WarmupCosineLRTakesDeepSpeedsParameters) {
+  const EngineConfig cfg = ParseOk(R"({"optimizer": {"params": {"lr": 1e-3}}, "scheduler": {"type": "WarmupCosineLR",
+      "params": {"total_num_steps": 100, "warmup_num_steps": 10, "warmup_min_ratio": 0.2, "warmup_type": "linear"}}})");
+  EXPECT_EQ(cfg.scheduler.type, LrScheduleType::kWarmupCosineLR);
+  EXPECT_DOUBLE_EQ(cfg.scheduler.warmup_min_ratio, 0.2);
+  EXPECT_DOUBLE_EQ(cfg.scheduler.cos_min_ratio, 1e-4);
+  EXPECT_FALSE(cfg.scheduler.log_warmup);
+  ExpectInvalid(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100,
+                    "warmup_max_lr": 1e-3}}})", {"scheduler.params.warmup_max_lr", "optimizer.params.lr"});
+  ExpectInvalid(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_ratio": 0.1}}})",
+                {"scheduler.params.warmup_min_ratio", "WarmupCosineLR only"});
+  const EngineConfig warmup = ParseOk(R"({"optimizer": {"params": {"lr": 5e-4}}, "scheduler": {"type": "WarmupLR"}})");
+  EXPECT_DOUBLE_EQ(warmup.optimizer.lr, 5e-4);  // WarmupLR's warmup_max_lr defaults to the optimizer's lr
 }
 
 TEST(Config, ValidKeyPathsCoverEveryLevel) {

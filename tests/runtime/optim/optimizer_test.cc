@@ -2,9 +2,11 @@
 // their defining points, and clipping.
 #include "runtime/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/common/element_math.h"
@@ -12,10 +14,15 @@
 namespace strata::optim {
 namespace {
 
-// torch.optim.AdamW for one element, in double.
+// torch.optim.AdamW for one element, in double; with decoupled false, torch.optim.Adam with weight_decay (L2:
+// the decay joins the gradient), DeepSpeed's Adam with adam_w_mode false.
 void AdamWRef(double g, double& p, double& m, double& v, double lr, double b1, double b2, double eps, double wd,
-              int t) {
-  p *= 1 - lr * wd;
+              int t, bool decoupled = true) {
+  if (decoupled) {
+    p *= 1 - lr * wd;
+  } else {
+    g += wd * p;
+  }
   m = b1 * m + (1 - b1) * g;
   v = b2 * v + (1 - b2) * g * g;
   const double mhat = m / (1 - std::pow(b1, t)), vhat = v / (1 - std::pow(b2, t));
@@ -44,6 +51,29 @@ TEST(ApplyUpdate, AdamWTracksDoubleReferenceAndSkipsDecayWhereFlagged) {
     EXPECT_NEAR(p[i], pd[i], 1e-6) << "index " << i;
   }
   for (size_t i = 30; i < n; ++i) EXPECT_EQ(p[i], 0.5f - 0.03f * i) << "padding index " << i << " was updated";
+}
+
+TEST(ApplyUpdate, AdamWithoutAdamWModeAddsTheDecayToTheGradient) {
+  OptimizerConfig cfg;
+  cfg.lr = 3e-3;
+  cfg.weight_decay = 0.5;
+  cfg.adam_w_mode = false;
+  const size_t n = 30;
+  std::vector<float> p(n), g(n), m(n, 0), v(n, 0);
+  std::vector<double> pd(n), md(n, 0), vd(n, 0), pw(n);
+  for (size_t i = 0; i < n; ++i) pw[i] = pd[i] = p[i] = 0.5f - 0.03f * i;
+  const std::vector<shard::Segment> segs = {{0, 20, 0, true}, {20, 30, 1, false}};
+  double mw = 0, vw = 0;
+  for (int t = 1; t <= 50; ++t) {
+    for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.3f * i + 0.7f * t);
+    ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, cfg.lr, t, 1.0f);
+    for (size_t i = 0; i < n; ++i) {
+      AdamWRef(g[i], pd[i], md[i], vd[i], cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, i < 20 ? 0.5 : 0.0, t, false);
+    }
+    AdamWRef(g[0], pw[0], mw, vw, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, 0.5, t);
+  }
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(p[i], pd[i], 1e-6) << "index " << i;
+  EXPECT_GT(std::fabs(pw[0] - pd[0]), 1e-4) << "L2 and decoupled decay must differ for this test to mean anything";
 }
 
 TEST(ApplyUpdate, GradScaleMultipliesTheGradient) {
@@ -77,8 +107,10 @@ TEST(ApplyUpdate, SgdMomentumMatchesTorchRecurrence) {
 // The loop ApplyUpdate ran before the fused kernels: the scalar element math, element by element.
 void ElementLoop(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs, double lr,
                  int64_t step, float grad_scale) {
-  const kernels::AdamWStep decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step);
-  const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step);
+  const bool w = cfg.adam_w_mode;
+  const kernels::AdamWStep decay =
+      kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step, w);
+  const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step, w);
   const kernels::SgdStep sd{static_cast<float>(lr), static_cast<float>(cfg.momentum),
                             static_cast<float>(cfg.weight_decay)};
   const kernels::SgdStep snd{static_cast<float>(lr), static_cast<float>(cfg.momentum), 0.0f};
@@ -109,9 +141,11 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b, size_t* 
 TEST(ApplyUpdate, EveryVariantAndThreadCountIsBitIdenticalToTheElementLoop) {
   const size_t n = 200003;
   const std::vector<shard::Segment> segs = {{0, 70001, 0, true}, {70001, 70002, 1, false}, {70010, 199990, 2, true}};
-  for (OptimizerType type : {OptimizerType::kAdamW, OptimizerType::kSgd}) {
+  for (const int kind : {0, 1, 2}) {  // AdamW, Adam with L2 (adam_w_mode false), SGD
+    const OptimizerType type = kind == 2 ? OptimizerType::kSgd : OptimizerType::kAdamW;
     OptimizerConfig cfg;
     cfg.type = type;
+    cfg.adam_w_mode = kind != 1;
     cfg.weight_decay = 0.05;
     cfg.momentum = 0.9;
     for (const char* isa : {"scalar", "avx2", "avx512", "avx512bf16"}) {
@@ -129,7 +163,7 @@ TEST(ApplyUpdate, EveryVariantAndThreadCountIsBitIdenticalToTheElementLoop) {
           ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, 1e-2 / t, t, 0.8f, o);
         }
         const std::string what = std::string(isa) + " threads=" + std::to_string(threads) +
-                                 (type == OptimizerType::kAdamW ? " adamw" : " sgd");
+                                 (kind == 0 ? " adamw" : kind == 1 ? " adam-l2" : " sgd");
         size_t at = 0;
         EXPECT_TRUE(SameBits(pr, p, &at)) << what << ": master differs at " << at << ": " << pr[at] << " vs " << p[at];
         EXPECT_TRUE(SameBits(mr, m, &at)) << what << ": m differs at " << at;
@@ -183,6 +217,83 @@ TEST(ScheduledLr, WarmupThenDecayHitsItsEndpoints) {
   EXPECT_NEAR(ScheduledLr(s, 1e-3, 35), 1e-4 + 0.9e-3 * 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-15);
   s.total_steps = 0;
   EXPECT_DOUBLE_EQ(ScheduledLr(s, 1e-3, 1000), 1e-3) << "no horizon: warm-up then constant";
+}
+
+// DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR as its engine drives them (the oracle: the classes of
+// deepspeed/runtime/lr_schedules.py restated, with last_batch_iteration starting at -1 and step() after each
+// update). lr_of_update[k] is the lr of the k-th update (0-based).
+std::vector<double> DeepSpeedLrs(LrScheduleType type, bool log, double min_lr, double max_lr, int warmup, int total,
+                                 double warmup_min_ratio, double cos_min_ratio, int updates) {
+  const int w = std::max(2, warmup);
+  const double inverse_log_warm_up = 1.0 / std::log(double(w));
+  int last = -1;
+  auto get_lr = [&]() -> double {
+    if (type == LrScheduleType::kWarmupCosineLR) {
+      if (last < 0) return 0.0;
+      double ratio;
+      if (last < w) {
+        ratio = log ? inverse_log_warm_up * std::log(last + 1) : double(last) / w;
+        return max_lr * (warmup_min_ratio + ratio * (1. - warmup_min_ratio));
+      }
+      const double real_last_step = last - w + 1, real_total_steps = std::max(1, total - w);
+      const double progress = std::min(1.0, real_last_step / real_total_steps);
+      ratio = (1 + std::cos(M_PI * progress)) / 2;
+      return max_lr * std::max(0.0, cos_min_ratio + (1. - cos_min_ratio) * ratio);
+    }
+    if (last < 0) return min_lr;
+    double gamma = 1.0;
+    if (last < w) {
+      gamma = log ? inverse_log_warm_up * std::log(last + 1) : double(last) / w;
+    } else if (type == LrScheduleType::kWarmupDecayLR) {
+      gamma = std::max(0.0, double(total - last) / double(std::max(1, total - w)));
+    }
+    return min_lr + (max_lr - min_lr) * gamma;
+  };
+  std::vector<double> lrs;
+  for (int k = 0; k < updates; ++k) {
+    lrs.push_back(get_lr());  // the optimizer's lr for this update
+    ++last;                   // engine: lr_scheduler.step() after the update
+  }
+  return lrs;
+}
+
+TEST(ScheduledLr, DeepSpeedSchedulesMatchTheirFormulaAtEveryStep) {
+  for (const LrScheduleType type :
+       {LrScheduleType::kWarmupLR, LrScheduleType::kWarmupDecayLR, LrScheduleType::kWarmupCosineLR}) {
+    for (const bool log : {true, false}) {
+      for (const int warmup : {1, 2, 7, 50}) {
+        SchedulerConfig s;
+        s.type = type;
+        s.log_warmup = log;
+        s.warmup_steps = warmup;
+        s.total_steps = 120;
+        s.warmup_min_lr = type == LrScheduleType::kWarmupCosineLR ? 0 : 2e-5;
+        s.warmup_min_ratio = 0.1;
+        s.cos_min_ratio = 0.05;
+        const std::vector<double> want = DeepSpeedLrs(type, log, 2e-5, 3e-4, warmup, 120, 0.1, 0.05, 200);
+        for (int step = 0; step < 200; ++step) {
+          EXPECT_NEAR(ScheduledLr(s, 3e-4, step), want[step], 1e-12 * 3e-4)
+              << "type " << int(type) << " log " << log << " warmup " << warmup << " step " << step;
+        }
+      }
+    }
+  }
+}
+
+// Numbers written out from DeepSpeed's documented formula: WarmupLR with the default "log" warm-up over 10
+// steps from 0 to 1e-3. The first two updates run at warmup_min_lr, then ln(i + 1) / ln(10) of the way up.
+TEST(ScheduledLr, WarmupLRDefaultsToALogarithmicWarmUp) {
+  SchedulerConfig s;
+  s.type = LrScheduleType::kWarmupLR;
+  s.warmup_steps = 10;
+  const double expected[] = {0, 0, 1e-3 * std::log(2) / std::log(10), 1e-3 * std::log(3) / std::log(10),
+                             1e-3 * std::log(4) / std::log(10)};
+  for (int step = 0; step < 5; ++step) EXPECT_NEAR(ScheduledLr(s, 1e-3, step), expected[step], 1e-18) << step;
+  EXPECT_NEAR(ScheduledLr(s, 1e-3, 10), 1e-3 * std::log(10) / std::log(10), 1e-18);
+  EXPECT_DOUBLE_EQ(ScheduledLr(s, 1e-3, 11), 1e-3);
+  EXPECT_DOUBLE_EQ(ScheduledLr(s, 1e-3, 5000), 1e-3);
+  s.log_warmup = false;
+  EXPECT_DOUBLE_EQ(ScheduledLr(s, 1e-3, 3), 1e-3 * 2 / 10);  // linear: i / W with i = step - 1
 }
 
 TEST(SumSquares, AccumulatesInDouble) {

@@ -4,7 +4,7 @@
 // the fp32 master kept apart and as the param storage itself). The step over the store scales the
 // gradients, sums their squares in unit order, takes the norm across ranks, clips, updates last to
 // first and skips everything on a non-finite norm, bit for bit against a hand-written reference.
-// LossScaler halves, floors and grows as the engine's fp16 loss scale did.
+// LossScaler follows DeepSpeed's DynamicLossScaler (hysteresis, window, the minimum) step for step.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -283,33 +283,102 @@ TEST(RunOptimizerStep, ANonFiniteNormSkipsEveryUpdate) {
   EXPECT_EQ(out->clip_coef, 1.0f);
 }
 
-TEST(LossScaler, HalvesToTheFloorAndGrowsAfterTheWindow) {
+// DeepSpeed's DynamicLossScaler.update_scale (deepspeed/runtime/fp16/loss_scaler.py), restated literally in
+// its own terms (cur_iter, last_overflow_iter, cur_hysteresis) as the oracle; raised: it would raise at the
+// minimum scale.
+struct DeepSpeedScaler {
+  double cur_scale, min_scale;
+  int scale_window, delayed_shift, cur_hysteresis;
+  bool consecutive;
+  int cur_iter = 0, last_overflow_iter = -1;
+  bool raised = false;
+  void Update(bool overflow) {
+    raised = false;
+    if (overflow) {
+      if (delayed_shift == 1 || cur_hysteresis == 1) {
+        if (cur_scale == min_scale) {
+          raised = true;
+          return;
+        }
+        cur_scale = std::max(cur_scale / 2, min_scale);
+      } else {
+        cur_hysteresis -= 1;
+      }
+      last_overflow_iter = cur_iter;
+    } else {
+      if (consecutive) cur_hysteresis = delayed_shift;
+      const int stable_interval = cur_iter - last_overflow_iter - 1;
+      if (stable_interval > 0 && stable_interval % scale_window == 0) {
+        if (!consecutive) cur_hysteresis = delayed_shift;
+        cur_scale *= 2;
+      }
+    }
+    cur_iter += 1;
+  }
+};
+
+TEST(LossScaler, StaticAndOffScalesNeverChange) {
   LossScaler off;
   EXPECT_EQ(off.scale(), 1.0f);
-  off.Overflow();
+  EXPECT_TRUE(off.Overflow());
   off.CleanStep();
   EXPECT_EQ(off.scale(), 1.0f);
-  LossScaler fixed(128, 16, 2, 1);
-  fixed.Overflow();
+  LossScaler fixed(128, DynamicScaleConfig{16, 2, 1, 1, false});
+  EXPECT_TRUE(fixed.Overflow());
   fixed.CleanStep();
   fixed.CleanStep();
   EXPECT_EQ(fixed.scale(), 128.0f);
   EXPECT_FALSE(fixed.dynamic());
-  LossScaler dyn(0, 3, 2, 2);  // 2^3, window 2, floor 2
+}
+
+// DeepSpeed's defaults (hysteresis 2): one overflow keeps the scale, the second in a row halves it; the
+// scale first doubles on the (window + 1)-th clean step; an overflow at the minimum ends the run.
+TEST(LossScaler, FollowsDeepSpeedsHysteresisAndWindow) {
+  LossScaler dyn(0, DynamicScaleConfig{3, 2, 2, 2, false});  // 2^3, window 2, floor 2, hysteresis 2
   EXPECT_EQ(dyn.scale(), 8.0f);
-  dyn.Overflow();
+  EXPECT_TRUE(dyn.Overflow());
+  EXPECT_EQ(dyn.scale(), 8.0f);  // hysteresis used up, the scale kept
+  EXPECT_EQ(dyn.hysteresis_left(), 1);
+  EXPECT_TRUE(dyn.Overflow());
   EXPECT_EQ(dyn.scale(), 4.0f);
-  dyn.Overflow();
-  dyn.Overflow();
+  EXPECT_TRUE(dyn.Overflow());
   EXPECT_EQ(dyn.scale(), 2.0f);  // the floor
+  EXPECT_FALSE(dyn.Overflow());  // at the floor: DeepSpeed raises
+  EXPECT_EQ(dyn.scale(), 2.0f);
   dyn.CleanStep();
-  EXPECT_EQ(dyn.clean_steps(), 1);
   dyn.CleanStep();
+  EXPECT_EQ(dyn.scale(), 2.0f);
+  dyn.CleanStep();  // the third clean step: two came before it since the overflow
   EXPECT_EQ(dyn.scale(), 4.0f);
-  EXPECT_EQ(dyn.clean_steps(), 0);
-  dyn.Restore(64, 1);
+  EXPECT_EQ(dyn.hysteresis_left(), 2);  // refilled by the growth
+  dyn.Restore(64, 2, 1);
   dyn.CleanStep();
   EXPECT_EQ(dyn.scale(), 128.0f);
+}
+
+// The whole scale sequence under injected overflows, for each hysteresis rule, against the oracle.
+TEST(LossScaler, SequenceUnderInjectedOverflowsMatchesDeepSpeed) {
+  const std::string pattern = "..x.xx...x......xxx.x..x.....x.x.x......xx....";
+  for (const int hysteresis : {1, 2, 3}) {
+    for (const bool consecutive : {false, true}) {
+      for (const int window : {1, 3, 5}) {
+        LossScaler ours(0, DynamicScaleConfig{10, window, 1, hysteresis, consecutive});
+        DeepSpeedScaler ds{1024.0, 1.0, window, hysteresis, hysteresis, consecutive};
+        for (size_t i = 0; i < pattern.size(); ++i) {
+          const bool overflow = pattern[i] == 'x';
+          ds.Update(overflow);
+          if (overflow) {
+            EXPECT_EQ(ours.Overflow(), !ds.raised);
+          } else {
+            ours.CleanStep();
+          }
+          ASSERT_EQ(ours.scale(), static_cast<float>(ds.cur_scale))
+              << "step " << i << " hysteresis " << hysteresis << " consecutive " << consecutive << " window " << window;
+          ASSERT_EQ(ours.hysteresis_left(), ds.cur_hysteresis) << "step " << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -20,9 +20,10 @@ struct Harness {
   std::unique_ptr<engine::Engine> e;
   std::unique_ptr<GptModel> model;
 
-  explicit Harness(const GptConfig& c, int stage = 0) {
+  explicit Harness(const GptConfig& c, int stage = 0, bool weight_decay_1d = false) {
     engine::EngineConfig ec;
     ec.stage = stage;
+    ec.weight_decay_1d = weight_decay_1d;
     ec.optimizer.lr = 1e-3;
     e = std::move(engine::Engine::Create(ec, *comms[0], dev)).value();
     model = std::make_unique<GptModel>(std::move(GptModel::Register(*e, c)).value());
@@ -37,6 +38,20 @@ std::vector<int32_t> Tokens(int n, int vocab, int seed) {
   std::vector<int32_t> t(n);
   for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
   return t;
+}
+
+// strata.weight_decay_1d: the GPT's own rule decays the 2-D weights only; DeepSpeed's (a JSON config's
+// default) decays the biases and LayerNorms too.
+TEST(GptModel, WeightDecayOfOneDimensionalParametersFollowsTheConfig) {
+  for (const bool decay_1d : {false, true}) {
+    Harness h(Tiny(), 0, decay_1d);
+    int decayed = 0, kept = 0;
+    for (int u = 0; u < h.e->num_units(); ++u) {
+      for (const shard::Segment& seg : h.e->layout(u).FullSegments()) (seg.weight_decay ? decayed : kept)++;
+    }
+    EXPECT_EQ(kept == 0, decay_1d) << decayed << " decayed, " << kept << " kept";
+    EXPECT_GT(decayed, 0);
+  }
 }
 
 // A non-finite loss with every token in range is divergence, told apart from bad data (it once always read
