@@ -75,8 +75,9 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
     }
     if (known) continue;
     auto as_int = [&](int64_t* out) {
-      return absl::SimpleAtoi(v, out) ? absl::OkStatus()
-                                      : absl::InvalidArgumentError(absl::StrCat(flag, " needs an integer, got '", v, "'"));
+      return absl::SimpleAtoi(v, out)
+                 ? absl::OkStatus()
+                 : absl::InvalidArgumentError(absl::StrCat(flag, " needs an integer, got '", v, "'"));
     };
     auto as_rank = [&](int* out) {  // a rank id: never narrowed silently
       int64_t n = 0;
@@ -93,12 +94,17 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
     else if (flag == "--config") { a.config_path = v; }
     else if (flag == "--set") { a.overrides.push_back(v); }
     else if (flag == "--dump") { a.dump = v; }
-    else if (flag == "--compare") { a.compare = v; }
-    else if (flag == "--rtol") { if (!absl::SimpleAtod(v, &a.rtol)) return absl::InvalidArgumentError("--rtol needs a number"); }
-    else if (flag == "--inject-mismatch-rank") { STRATA_RETURN_IF_ERROR(as_rank(&a.inject_mismatch_rank)); }
-    else if (flag == "--inject-stall-rank") { STRATA_RETURN_IF_ERROR(as_rank(&a.inject_stall_rank)); }
-    else if (flag == "--compute-delay-us") { STRATA_RETURN_IF_ERROR(as_int(&a.compute_delay_us)); }
-    else return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag, "\n", kUsage));
+    else if (flag == "--compare") { a.compare = v;
+    } else if (flag == "--rtol") {
+      if (!absl::SimpleAtod(v, &a.rtol)) return absl::InvalidArgumentError("--rtol needs a number");
+    } else if (flag == "--inject-mismatch-rank") {
+      STRATA_RETURN_IF_ERROR(as_rank(&a.inject_mismatch_rank));
+    } else if (flag == "--inject-stall-rank") {
+      STRATA_RETURN_IF_ERROR(as_rank(&a.inject_stall_rank));
+    } else if (flag == "--compute-delay-us") {
+      STRATA_RETURN_IF_ERROR(as_int(&a.compute_delay_us));
+    } else
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag, "\n", kUsage));
   }
   return a;
 }
@@ -146,8 +152,8 @@ void PrintMemory(engine::Engine& e) {
     padded += e.layout(u).total_elems;
     largest = std::max(largest, e.layout(u).total_elems);
   }
-  absl::StrAppend(&line, ",\"device_peak\":", s.tier[0].peak_bytes, ",\"params\":", params, ",\"padded_elems\":", padded,
-                  ",\"largest_unit_elems\":", largest, "}");
+  absl::StrAppend(&line, ",\"device_peak\":", s.tier[0].peak_bytes, ",\"params\":", params,
+                  ",\"padded_elems\":", padded, ",\"largest_unit_elems\":", largest, "}");
   std::printf("memory: %s\n", line.c_str());
 }
 
@@ -160,8 +166,8 @@ absl::Status Train(const Args& a, comm::Communicator& world, device::HostDevice&
   STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseConfigWithOverrides(text, a.overrides));
   const int n = world.size(), accum = cfg.gradient_accumulation_steps;
   if (a.global_batch % (int64_t{n} * accum) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--global-batch ", a.global_batch, " is not a multiple of world size ",
-                                                   n, " x gradient accumulation ", accum));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global-batch ", a.global_batch, " is not a multiple of world size ", n, " x gradient accumulation ", accum));
   }
   const int64_t ranks_x_accum = int64_t{n} * accum;  // both ints: no overflow in 64 bits
   if (a.global_batch < 1 || a.global_batch / ranks_x_accum > std::numeric_limits<int>::max()) {
@@ -190,7 +196,8 @@ absl::Status Train(const Args& a, comm::Communicator& world, device::HostDevice&
     }
     STRATA_ASSIGN_OR_RETURN(engine::StepResult r, engine->Step());
     float mean_loss = static_cast<float>(loss);
-    STRATA_RETURN_IF_ERROR(world.AllReduce(&mean_loss, &mean_loss, 1, DType::kF32, comm::ReduceOp::kAvg, *loss_stream).Wait());
+    STRATA_RETURN_IF_ERROR(
+        world.AllReduce(&mean_loss, &mean_loss, 1, DType::kF32, comm::ReduceOp::kAvg, *loss_stream).Wait());
     if (world.rank() == 0) {
       std::printf("step %3lld  loss %.6f  grad_norm %.4f  lr %.3g%s\n", static_cast<long long>(r.step), mean_loss,
                   r.grad_norm, r.lr, r.skipped ? "  (skipped)" : "");

@@ -229,7 +229,8 @@ size_t CountNonFinite(const float* x, size_t n) {
   return count;
 }
 
-constexpr CpuKernels kTable = {Isa::kAvx2, AdamW, Sgd, CastBf16, CastF16, Scale, Accumulate, SumSquares, CountNonFinite};
+constexpr CpuKernels kTable = {Isa::kAvx2, AdamW,      Sgd,        CastBf16,      CastF16,
+                               Scale,      Accumulate, SumSquares, CountNonFinite};
 
 }  // namespace
 

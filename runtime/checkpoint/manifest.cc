@@ -48,7 +48,8 @@ std::string ToJson(const Manifest& m) {
   j["version"] = m.version;
   j["step"] = m.step;
   j["world_size"] = m.world_size;
-  if (m.replicas != 1) j["replicas"] = m.replicas;  // written only with hybrid sharding: older manifests stay as they were
+  if (m.replicas != 1)
+    j["replicas"] = m.replicas;  // written only with hybrid sharding: older manifests stay as they were
   j["stage"] = m.stage;
   j["param_dtype"] = m.param_dtype;
   j["optimizer"] = m.optimizer;

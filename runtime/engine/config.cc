@@ -21,7 +21,8 @@
 //  - offload_param needs stage 3 and offload_optimizer needs stage >= 1, as in DeepSpeed.
 //  - Integer keys accept integral floats (DeepSpeed configs often say 1e5) and are range-checked against
 //    their field, never narrowed; duplicate keys are an error (DeepSpeed rejects them too), and so is
-//    nesting past 64 levels (runtime/base/json_text.h, docs/decisions/0010). ParseConfigWithOverrides treats empty text as {}; ParseConfig does not.
+//    nesting past 64 levels (runtime/base/json_text.h, docs/decisions/0010). ParseConfigWithOverrides treats empty text
+//    as {}; ParseConfig does not.
 #include "runtime/engine/config.h"
 
 #include <algorithm>
@@ -589,7 +590,8 @@ absl::Status ParseShardGroupSize(const Section& z, EngineConfig* cfg) {
   const json* v = z.Find("shard_group_size");
   if (v == nullptr) return absl::OkStatus();
   if (v->is_string()) {
-    if (v->get<std::string>() != "node") return TypeError(z.Path("shard_group_size"), "an integer >= 1 or \"node\"", *v);
+    if (v->get<std::string>() != "node")
+      return TypeError(z.Path("shard_group_size"), "an integer >= 1 or \"node\"", *v);
     cfg->shard_group_size = kShardGroupNode;
   } else {
     STRATA_RETURN_IF_ERROR(z.Int("shard_group_size", AtLeast(1), &cfg->shard_group_size));
@@ -742,8 +744,9 @@ absl::Status ApplyOverride(const std::string& override_text, json* doc) {
         absl::StrCat("config override '", override_text, "' is not of the form key.path=value"));
   }
   if (parts.size() > static_cast<size_t>(kMaxJsonDepth)) {
-    return absl::InvalidArgumentError(absl::StrCat("config override '", override_text.substr(0, 80), "...': its key path has ",
-                                                   parts.size(), " parts; at most ", kMaxJsonDepth));
+    return absl::InvalidArgumentError(absl::StrCat("config override '", override_text.substr(0, 80),
+                                                   "...': its key path has ", parts.size(), " parts; at most ",
+                                                   kMaxJsonDepth));
   }
   json* node = doc;
   std::string path;
@@ -765,7 +768,8 @@ absl::Status ApplyOverride(const std::string& override_text, json* doc) {
     return absl::OkStatus();
   }
   absl::StatusOr<json> parsed = ParseGuardedJson(value, "config override");
-  if (!parsed.ok()) return Annotate(parsed.status(), absl::StrCat("config override of '", JoinPath(path, parts.back()), "'"));
+  if (!parsed.ok())
+    return Annotate(parsed.status(), absl::StrCat("config override of '", JoinPath(path, parts.back()), "'"));
   (*node)[parts.back()] = *std::move(parsed);
   return absl::OkStatus();
 }

@@ -149,7 +149,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& given
                                                              &impl->rt.tracker);
   impl->DecidePlace();
   // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
-  const bool host_update = device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
+  const bool host_update =
+      device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
   STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
   impl->rt.host_ops = MakeHostTierOps(&impl->rt.host_executor);
   STRATA_ASSIGN_OR_RETURN(impl->rt.groups, ResolveShardGroups(config, world, *impl->rt.step_stream));
@@ -351,7 +352,8 @@ absl::Status Engine::Finalize() {
   std::vector<optim::MemoryUnit> held(m.units.size());
   for (size_t i = 0; i < m.units.size(); ++i) {
     UnitState& u = m.units[i];
-    STRATA_RETURN_IF_ERROR(Annotate(AllocateUnit(m, u, &held[i]), absl::StrCat("allocating unit '", u.layout.name, "'")));
+    STRATA_RETURN_IF_ERROR(
+        Annotate(AllocateUnit(m, u, &held[i]), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
   STRATA_RETURN_IF_ERROR(m.SetUpState(std::move(held)));
   for (UnitState& u : m.units) {

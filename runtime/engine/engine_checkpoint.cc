@@ -81,7 +81,8 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
       where.emplace_back(ui, s.kind);
     }
   }
-  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.rt.shard_rank, m.rt.shard_size(), ranges));
+  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w,
+                          ckpt::ShardWriter::Create(path, m.rt.shard_rank, m.rt.shard_size(), ranges));
   std::vector<std::vector<float>> staged;
   std::vector<float*> buffers;
   size_t staged_unit = SIZE_MAX;
@@ -223,10 +224,12 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
   if (m.rank() == 0 && failed.empty()) {
     ckpt::Manifest man = BuildManifest(m, trainer_json);
     for (const ShardReport& report : all) {
-      if (report.shard >= 0) man.shards.push_back({report.shard, ShardName(report.shard), report.bytes, report.checksum});
+      if (report.shard >= 0)
+        man.shards.push_back({report.shard, ShardName(report.shard), report.bytes, report.checksum});
     }
     manifest = CheckShardsVisible(step_dir, all, m.rt.control->options().timeout_ms);
-    if (manifest.ok()) manifest = Annotate(ckpt::WriteFileAtomic(manifest_path, ckpt::ToJson(man)), "writing the manifest");
+    if (manifest.ok())
+      manifest = Annotate(ckpt::WriteFileAtomic(manifest_path, ckpt::ToJson(man)), "writing the manifest");
   }
   const absl::Status published =
       comm::AgreeOnOutcome(manifest, "publishing the checkpoint", *m.rt.control, *m.rt.control_stream);

@@ -36,7 +36,8 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
   for (size_t i = 0; i < m.units.size(); ++i) {
     const auto& here = m.units[i].layout;
     const auto& there = man.units[i];
-    if (there.name != here.name) return differ(absl::StrCat("unit #", i, " is '", there.name, "' there, '", here.name, "' here"));
+    if (there.name != here.name)
+      return differ(absl::StrCat("unit #", i, " is '", there.name, "' there, '", here.name, "' here"));
     if (there.params.size() != here.params.size()) {
       return differ(absl::StrCat("unit '", here.name, "' has ", there.params.size(), " parameters there, ",
                                  here.params.size(), " here"));
@@ -56,8 +57,9 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
                                    "weight_decay choice as the run that saved it)"));
       }
       if (a.frozen != b.spec.frozen) {  // the saved kinds differ (Note [Frozen units])
-        return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' is ", b.spec.frozen ? "frozen" : "trainable",
-                                   " here but was saved ", a.frozen ? "frozen" : "trainable"));
+        return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' is ",
+                                   b.spec.frozen ? "frozen" : "trainable", " here but was saved ",
+                                   a.frozen ? "frozen" : "trainable"));
       }
     }
   }

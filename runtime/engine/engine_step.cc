@@ -37,7 +37,8 @@ absl::Status Engine::Impl::SetOptimizerThreads(int threads) {
 }
 
 absl::Status Engine::SetOptimizerThreads(int threads) {
-  if (impl_->progress.in_micro_batch) return absl::FailedPreconditionError("SetOptimizerThreads() inside an open micro-batch");
+  if (impl_->progress.in_micro_batch)
+    return absl::FailedPreconditionError("SetOptimizerThreads() inside an open micro-batch");
   return impl_->SetOptimizerThreads(threads);
 }
 
@@ -239,7 +240,8 @@ absl::Status Engine::Impl::UpdatePending() {
   progress.fused_sq[unit] = sq;
   progress.fused_done[unit] = 1;
   // A non-finite gradient is not applied; RunStep reports the step as failed (FinishStepInBackward).
-  if (std::isfinite(sq)) STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*state, cfg.optimizer, unit, su, in, 1.0f, &progress.fused_io));
+  if (std::isfinite(sq))
+    STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*state, cfg.optimizer, unit, su, in, 1.0f, &progress.fused_io));
   const int64_t t1 = device::NowNs();
   progress.fused_update_ns += t1 - t0;
   progress.timeline.Add(device::Span{"step", "optimizer", unit, t0, t1});
@@ -267,9 +269,10 @@ absl::StatusOr<optim::StepOutcome> Engine::Impl::FinishStepInBackward(const opti
   progress.fused_done.assign(units.size(), 0);
   progress.fused_io = offload::TilePipelineStats{};
   if (out.skipped) {
-    return absl::DataLossError(absl::StrCat(
-        "step ", progress.step + 1, ": non-finite gradient norm with strata.optimizer_in_backward; the units with finite "
-        "gradients were already updated in backward, so the step cannot be skipped as a whole"));
+    return absl::DataLossError(
+        absl::StrCat("step ", progress.step + 1,
+                     ": non-finite gradient norm with strata.optimizer_in_backward; the units with finite "
+                     "gradients were already updated in backward, so the step cannot be skipped as a whole"));
   }
   return out;
 }
@@ -299,10 +302,11 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
       step_units.push_back(StepUnitOf(u, GradUpdatePtr(u)));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(const optim::StepOutcome out,
-                          cfg.optimizer_in_backward
-                              ? FinishStepInBackward(in)
-                              : optim::RunOptimizerStep(*state, cfg.optimizer, GradOpsOf(OptimizerOps()), step_units, in));
+  STRATA_ASSIGN_OR_RETURN(
+      const optim::StepOutcome out,
+      cfg.optimizer_in_backward
+          ? FinishStepInBackward(in)
+          : optim::RunOptimizerStep(*state, cfg.optimizer, GradOpsOf(OptimizerOps()), step_units, in));
   progress.exposed_io_ns += out.io.read_wait_ns + out.io.write_wait_ns;
   progress.nvme_read_bytes += out.io.bytes_read;
   progress.nvme_write_bytes += out.io.bytes_written;
@@ -319,9 +323,11 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
           "go on (DeepSpeed stops here too: \"Current loss scale already at minimum\"). Lower the learning rate, "
           "set gradient_clipping, or use bf16"));
     }
-    STRATA_LOG(Warning) << "step " << progress.step + 1 << ": non-finite gradient norm; the update is skipped on every rank"
-                        << (progress.loss_scaler.dynamic() ? absl::StrCat(", loss scale now ", progress.loss_scaler.scale())
-                                                  : std::string());
+    STRATA_LOG(Warning) << "step " << progress.step + 1
+                        << ": non-finite gradient norm; the update is skipped on every rank"
+                        << (progress.loss_scaler.dynamic()
+                                ? absl::StrCat(", loss scale now ", progress.loss_scaler.scale())
+                                : std::string());
     STRATA_RETURN_IF_ERROR(ZeroGrads());
     r.step = progress.step;
     r.loss_scale = progress.loss_scaler.scale();
@@ -332,7 +338,8 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   STRATA_RETURN_IF_ERROR(ReplicateParams());
   STRATA_RETURN_IF_ERROR(ZeroGrads());
   const int64_t update_end = device::NowNs();
-  r.optimizer_ms = 1e-6 * double(update_end - update_start - (progress.exposed_comm_ns - waited_in_update) + progress.fused_update_ns);
+  r.optimizer_ms = 1e-6 * double(update_end - update_start - (progress.exposed_comm_ns - waited_in_update) +
+                                 progress.fused_update_ns);
   progress.fused_update_ns = 0;
   progress.timeline.Add(device::Span{"step", "optimizer", -1, update_start, update_end});
   progress.loss_scaler.CleanStep();
@@ -346,8 +353,10 @@ absl::StatusOr<StepResult> Engine::Step() {
   STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "Step"));
   if (m.progress.in_micro_batch) return absl::FailedPreconditionError("Step() inside an open micro-batch");
   if (m.progress.micro_batch != m.cfg.gradient_accumulation_steps) {
-    return absl::FailedPreconditionError(absl::StrCat("Step() after ", m.progress.micro_batch, " micro-batches; "
-                                                      "gradient_accumulation_steps=", m.cfg.gradient_accumulation_steps));
+    return absl::FailedPreconditionError(absl::StrCat("Step() after ", m.progress.micro_batch,
+                                                      " micro-batches; "
+                                                      "gradient_accumulation_steps=",
+                                                      m.cfg.gradient_accumulation_steps));
   }
   auto r = m.RunStep();
   if (!r.ok()) m.Poison(r.status());

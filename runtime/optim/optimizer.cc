@@ -54,8 +54,8 @@ void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vec
     runs.reserve(segs.size());
     for (const shard::Segment& seg : segs) {
       if (seg.step > 0 && seg.step != step) {
-        own.push_back(kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, seg.weight_decay ? cfg.weight_decay : 0.0,
-                                             seg.step, w));
+        own.push_back(kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps,
+                                             seg.weight_decay ? cfg.weight_decay : 0.0, seg.step, w));
         runs.push_back({seg.begin, seg.end, &own.back()});
       } else {
         runs.push_back({seg.begin, seg.end, seg.weight_decay ? &decay : &no_decay});

@@ -158,7 +158,8 @@ std::vector<UnitSpec> UnitSpecs(const GptConfig& cfg) {
   units.push_back({"embed", {ParamSpec{"wte.weight", {cfg.vocab, C}, true, Init::Normal(0.02f)},
                              ParamSpec{"wpe.weight", {cfg.seq_len, C}, true, Init::Normal(0.01f)}}});
   for (int l = 0; l < cfg.layers; ++l) units.push_back({absl::StrCat("h.", l), BlockSpecs(cfg)});
-  units.push_back({"ln_f", {ParamSpec{"weight", {C}, false, Init::Ones()}, ParamSpec{"bias", {C}, false, Init::Zeros()}}});
+  units.push_back(
+      {"ln_f", {ParamSpec{"weight", {C}, false, Init::Ones()}, ParamSpec{"bias", {C}, false, Init::Zeros()}}});
   return units;
 }
 

@@ -140,7 +140,8 @@ void ExpectStepIsApplyUpdate(StateStoreTest* t, MemoryState& s, Params& p, const
     auto stats = s.Step(0, cfg, up);
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_EQ(stats->bytes_read, 0u);
-    ShardState st{ref[0].data(), grad.data(), ref[1].data(), cfg.type == OptimizerType::kAdamW ? ref[2].data() : nullptr};
+    ShardState st{ref[0].data(), grad.data(), ref[1].data(),
+                  cfg.type == OptimizerType::kAdamW ? ref[2].data() : nullptr};
     UpdateOptions opts;
     if (dtype != DType::kF32) {
       opts.param_copy = reinterpret_cast<uint16_t*>(ref_params.data());
