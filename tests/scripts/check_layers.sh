@@ -6,10 +6,8 @@
 #   check_layers.sh SOURCE_DIR
 set -uo pipefail
 src=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fails=0 runs=0
-check() { runs=$((runs + 1)); [ "$2" -eq 0 ] || { echo "FAIL: $1: $3"; fails=$((fails + 1)); }; }
+# shellcheck source=script_checks.sh
+source "$(dirname "$0")/script_checks.sh"
 
 out=$("$src/scripts/check_layers" 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "^check_layers: ok" <<<"$out" && grep -q "^check_layers: known exceptions:" <<<"$out"

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -171,11 +172,13 @@ std::string FileFingerprint(const std::string& path) {
 // metrics are appended one line per step with each write checked.
 namespace {
 
-// Temporaries "<prefix><pid>" in `dir` whose writer is gone: no process `pid` runs on this machine.
-void SweepStaleTemps(const std::string& dir, const std::string& prefix) {
+// Temporaries in `dir` that `ours` claims whose writer is gone: no process runs here with the pid after
+// their last ".tmp." ("<output>.tmp.<pid>", ".probe.<word>.rank<r>.tmp.<pid>").
+void SweepStaleTemps(const std::string& dir, const std::function<bool(absl::string_view)>& ours) {
   auto removed = checkpoint::RemoveTemps(dir, [&](absl::string_view name) {
+    const size_t at = name.rfind(".tmp.");
     int pid = 0;
-    return absl::StartsWith(name, prefix) && absl::SimpleAtoi(name.substr(prefix.size()), &pid) && pid > 0 &&
+    return ours(name) && at != absl::string_view::npos && absl::SimpleAtoi(name.substr(at + 5), &pid) && pid > 0 &&
            ::kill(pid, 0) != 0 && errno == ESRCH;
   });
   if (removed.ok() && !removed->empty()) {
@@ -214,7 +217,9 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
     return Annotate(ErrnoAt("cannot write", path), flag);
   }
   const fs::path p(path);
-  SweepStaleTemps(p.parent_path().empty() ? "." : p.parent_path().string(), p.filename().string() + ".tmp.");
+  const std::string prefix = p.filename().string() + ".tmp.";
+  SweepStaleTemps(p.parent_path().empty() ? "." : p.parent_path().string(),
+                  [&](absl::string_view name) { return absl::StartsWith(name, prefix); });
   return absl::OkStatus();
 }
 
@@ -224,14 +229,8 @@ absl::Status CheckOutputs(const TrainOptions& o, int rank) {
   if (!o.checkpoint_dir.empty()) {
     STRATA_RETURN_IF_ERROR(ProbeWritable("--checkpoint-dir", o.checkpoint_dir,
                                          (fs::path(o.checkpoint_dir) / ProbeName("start", rank)).string()));
-    // Probes of a run killed during CheckSharedDir: ".probe.<word>.rank<r>.tmp.<pid>" of a dead pid.
-    auto probes = checkpoint::RemoveTemps(o.checkpoint_dir, [](absl::string_view name) {
-      const size_t at = name.rfind(".tmp.");
-      int pid = 0;
-      return absl::StartsWith(name, ".probe.") && at != absl::string_view::npos &&
-             absl::SimpleAtoi(name.substr(at + 5), &pid) && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
-    });
-    static_cast<void>(probes);
+    // Probes of a run killed during CheckSharedDir.
+    SweepStaleTemps(o.checkpoint_dir, [](absl::string_view name) { return absl::StartsWith(name, ".probe."); });
   }
   if (rank != 0) return absl::OkStatus();
   const std::pair<const char*, const std::string*> outs[] = {
