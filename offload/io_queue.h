@@ -1,5 +1,5 @@
 // IoQueue: asynchronous positional reads and writes (fd, buffer, bytes, offset) with batched submission
-// and checked completion (DESIGN "NVMe"). Two back-ends behind one interface:
+// and checked completion (docs/design.md "NVMe"). Two back-ends behind one interface:
 //   - io_uring (uring_queue.cc; built when STRATA_WITH_URING and liburing are found): one ring owned by
 //     one ring thread, set up with the fastest flags the kernel accepts, registered buffers used with
 //     READ_FIXED / WRITE_FIXED, up to `depth` requests in the kernel at once;

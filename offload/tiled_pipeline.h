@@ -1,5 +1,5 @@
 // RunTiledPipeline: steps NVMe-resident state tile by tile through pinned buffers, overlapping the
-// I/O of the neighbours with the work on the current tile (DESIGN "Optimizer": read tile i+1 and write
+// I/O of the neighbours with the work on the current tile (docs/design.md "Optimizer": read tile i+1 and write
 // tile i-1 while tile i updates).
 //
 // Protocol. The state is described as lanes (one per array: fp32 master, Adam m, Adam v, ...); lane l

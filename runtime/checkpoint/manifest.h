@@ -1,8 +1,8 @@
 // The checkpoint manifest: a versioned JSON file naming everything needed to continue a run exactly
-// (DESIGN "Checkpoints"). It is written last, after every shard is durable; a step directory without
+// (docs/design.md "Checkpoints"). It is written last, after every shard is durable; a step directory without
 // it is incomplete and is never loaded.
 //
-// A manifest comes from other people and machines (DESIGN "External input is hostile until validated"):
+// A manifest comes from other people and machines (docs/design.md "External input is hostile until validated"):
 // ParseManifest checks every field's presence, type and range, and the fields against each other, in one
 // pass before anything is trusted, and never throws or aborts on any input (the fuzzers call it).
 #pragma once

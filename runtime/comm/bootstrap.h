@@ -1,6 +1,6 @@
 // Bootstrap without MPI: torchrun-style environment variables, and a small TCP exchange that hands one
 // blob from rank 0 to every rank (the ncclUniqueId of the NCCL back-end). Only the id travels over this
-// socket; the data path is NCCL's (DESIGN "Communication": nothing home-made on the data path).
+// socket; the data path is NCCL's (docs/design.md "Communication": nothing home-made on the data path).
 //
 // Protocol: rank 0 listens on MASTER_ADDR at the exchange port; every other rank connects (retrying until the
 // deadline, since rank 0 may start later), sends a 12-byte hello (magic, its rank, the world size), and

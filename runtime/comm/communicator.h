@@ -1,4 +1,4 @@
-// Communicator and Work: collectives over flat buffers (DESIGN "Communication").
+// Communicator and Work: collectives over flat buffers (docs/design.md "Communication").
 //
 // Protocol. Every rank issues the same collectives in the same order on corresponding communicators.
 // A collective is enqueued on the stream passed to it and runs in that stream's order; the call returns

@@ -1,4 +1,4 @@
-// The NCCL back-end for device buffers (DESIGN "Communication"). Built with STRATA_WITH_CUDA when NCCL
+// The NCCL back-end for device buffers (docs/design.md "Communication"). Built with STRATA_WITH_CUDA when NCCL
 // is found, into the CUDA back-end module (the core reaches it through nccl_backend.h). Collectives are enqueued on the
 // CudaStream passed to them; the returned Work's Wait() polls the stream's progress and ncclCommGetAsyncError against
 // the communicator's deadline, and on a timeout or an asynchronous error aborts the communicator (ncclCommAbort) and

@@ -1,4 +1,4 @@
-// Note [Shard groups] (DESIGN "Hybrid sharding"). A world of N ranks is split into shard groups of G
+// Note [Shard groups] (docs/design.md "Hybrid sharding"). A world of N ranks is split into shard groups of G
 // ranks, replicated N / G times: state is sharded within a shard group (its gathers and reduce-scatters
 // stay there) and each shard-group rank s has a replica group, the rank s of every shard group, over
 // which its shard is all-reduced. G = N is plain ZeRO (one group, no replicas); G = 1 is data

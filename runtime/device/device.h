@@ -1,4 +1,4 @@
-// Device, Stream and Event: the ordering vocabulary of the engine (DESIGN "Streams everywhere").
+// Device, Stream and Event: the ordering vocabulary of the engine (docs/design.md "Streams everywhere").
 //
 // A Stream runs work in the order it was enqueued. An Event marks a point in a stream; another stream
 // or the host can wait for it. The host implementation (host_device.h) runs each stream on its own

@@ -1,5 +1,5 @@
 // Engine configuration: one JSON file whose DeepSpeed keys mean what they mean in DeepSpeed, plus a
-// "strata" object for Strata's own keys (DESIGN "Configuration"). Command-line flags override it.
+// "strata" object for Strata's own keys (docs/design.md "Configuration"). Command-line flags override it.
 //
 // Validation is total: an unknown key is an error naming the nearest valid key at that level; an
 // out-of-range or wrongly typed value is an error naming the key path (e.g. "zero_optimization.stage").
@@ -64,7 +64,7 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   OffloadConfig offload_param;                  // zero_optimization.offload_param
   OffloadConfig offload_optimizer;              // zero_optimization.offload_optimizer
-  // zero_optimization.shard_group_size (DESIGN "Hybrid sharding"): the ranks a shard group holds, an
+  // zero_optimization.shard_group_size (docs/design.md "Hybrid sharding"): the ranks a shard group holds, an
   // integer >= 1 dividing the world, or "node" (kShardGroupNode: the ranks sharing this host);
   // kShardGroupWorld (0, the default) is the whole world, ZeRO as it always was. Stages 1-3.
   int shard_group_size = 0;

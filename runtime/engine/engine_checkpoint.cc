@@ -1,4 +1,4 @@
-// Sharded checkpoints of the engine (DESIGN "Checkpoints"): save this rank's slice of master weights and
+// Sharded checkpoints of the engine (docs/design.md "Checkpoints"): save this rank's slice of master weights and
 // optimizer state, publish the manifest last; load at any world size by global offsets.
 //
 // Protocol of SaveCheckpoint (every rank): write and publish its shard file; all-gather (checksum,

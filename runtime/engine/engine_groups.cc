@@ -1,4 +1,4 @@
-// Hybrid sharding in the engine (DESIGN "Hybrid sharding", Note [Shard groups] in comm/shard_groups.h):
+// Hybrid sharding in the engine (docs/design.md "Hybrid sharding", Note [Shard groups] in comm/shard_groups.h):
 // the shard groups are decided and the per-stream communicators split once, at Create.
 //
 // Which communicator spans what, with G ranks per shard group and R = N / G replicas:

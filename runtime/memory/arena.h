@@ -1,4 +1,4 @@
-// A first-fit arena over one pre-reserved block (DESIGN "Memory is a contract": the CUDA device tier
+// A first-fit arena over one pre-reserved block (docs/design.md "Memory is a contract": the CUDA device tier
 // takes its memory as one cudaMalloc per budget and sub-allocates here, never the caching allocator).
 // Blocks are aligned; freed neighbours coalesce. The bookkeeping lives on the host and is independent
 // of where the block is, so it is tested on host memory and serves device memory unchanged.

@@ -1,5 +1,5 @@
 // The device tier on CUDA builds: one cudaMalloc of the whole budget, sub-allocated by an Arena (never
-// managed memory or a caching allocator: DESIGN "Memory is a contract"). Fresh blocks are zeroed with
+// managed memory or a caching allocator: docs/design.md "Memory is a contract"). Fresh blocks are zeroed with
 // cudaMemset. Built only with STRATA_WITH_CUDA, into the CUDA back-end module (the core reaches it
 // through cuda_backend.h).
 #pragma once

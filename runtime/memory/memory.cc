@@ -155,7 +155,7 @@ void* AlignedHostAlloc(size_t bytes, size_t alignment) {
 void HostAllocator::RawFree(void* p, size_t) { std::free(p); }
 
 // Note [Idle pages]
-// The engine's buffers are allocated once, for the whole run (DESIGN "Memory is a contract"), but the
+// The engine's buffers are allocated once, for the whole run (docs/design.md "Memory is a contract"), but the
 // gradient memory holds nothing from the end of one step to the next backward: the gradient shards (read
 // by the step, then zeroed), the gradient working slots and the reduce-scatter's scratch. With
 // strata.release_idle_memory the engine hands those bytes back here after each step (Impl::ZeroGrads),

@@ -1,4 +1,4 @@
-// Tiers, buffers and allocators with byte budgets (DESIGN "Memory is a contract", "Tiers are objects").
+// Tiers, buffers and allocators with byte budgets (docs/design.md "Memory is a contract", "Tiers are objects").
 //
 // Every byte the runtime holds comes from an Allocator bound to one Tier and one budget. The
 // MemoryTracker counts current and peak bytes per tier and per kind of state, so tests and stats read

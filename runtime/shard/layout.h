@@ -1,4 +1,4 @@
-// Unit layout math (DESIGN "Units and flat buffers").
+// Unit layout math (docs/design.md "Units and flat buffers").
 //
 // A unit's parameters are packed into one flat buffer in registration order; each parameter starts at
 // a multiple of kAlignElems and the total is padded to a multiple of world_size * kAlignElems, so rank r

@@ -1,6 +1,6 @@
 // A fixed pool of buffers for live units: gathered parameters (stage 3) and full-size gradient working
 // buffers (stages 2-3). The pool is allocated once, so the peak of live bytes is the pool's bytes by
-// construction (DESIGN "Memory is a contract"); nothing grows on demand.
+// construction (docs/design.md "Memory is a contract"); nothing grows on demand.
 //
 // Note [Slot sizing]
 // At most `live` units hold a slot at once (strata.max_live_units), in any combination. The pool is

@@ -2,8 +2,8 @@
 // untrusted step directory. Properties beyond "no crash, leak or UB":
 //  - a rejection is DataLoss or FailedPrecondition (the header's contract), with a message naming the file;
 //  - an accepted manifest names each shard file inside its step directory (a plain relative name: no
-//    "..", no absolute path), since the loaders join it to the directory (DESIGN "file names confined to
-//    their directory");
+//    "..", no absolute path), since the loaders join it to the directory (docs/design.md
+//    "External input is hostile until validated": file names confined to their directory);
 //  - every accepted number is the document's number exactly (no silent narrowing: json_exact.h), and each
 //    CRC-32 is the value of its hex text;
 //  - an accepted manifest survives ToJson -> ParseManifest unchanged (a checkpoint re-saved after loading

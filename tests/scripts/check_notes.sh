@@ -25,5 +25,19 @@ out=$("$src/scripts/check_notes" --root "$work/t" 2>&1); rc=$?
   grep -q "^b.py:4: Note \[Renamed away\]" <<<"$out"
 check "an abbreviated and a renamed note are named with file:line" $? "$rc $out"
 
+# Design sections: a citation resolves to a "## " heading of docs/design.md; a missing section and a
+# citation of the outside DESIGN file are named with file:line.
+mkdir -p "$work/d/docs"
+printf '%s\n' '# Design' '## Memory is a contract' 'text' > "$work/d/docs/design.md"
+printf '%s\n' '// Pools (docs/design.md "Memory is a contract").' > "$work/d/a.h"
+out=$("$src/scripts/check_notes" --root "$work/d" 2>&1); rc=$?
+[ $rc -eq 0 ]
+check "a design section citation resolves to its heading" $? "$rc $out"
+printf '%s\n' '// Tiers (docs/design.md "Tiers are objects").' '// Old (DESIGN "Communication").' >> "$work/d/a.h"
+out=$("$src/scripts/check_notes" --root "$work/d" 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q '^a.h:2: docs/design.md "Tiers are objects" is cited but' <<<"$out" &&
+  grep -q "^a.h:3: cites DESIGN, a file outside the repository" <<<"$out"
+check "a missing design section and an outside DESIGN citation are named" $? "$rc $out"
+
 echo "$((runs - fails)) passed, $fails failed"
 [ "$fails" -eq 0 ]

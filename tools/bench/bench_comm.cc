@@ -1,7 +1,7 @@
 // `strata bench comm [--bytes N] [--iters K] [--json]` (under mpirun): bus bandwidth of the MPI back-end's
 // all_gather, reduce_scatter and all_reduce (fp32 sum), each next to the raw blocking MPI collective on
 // the same buffers in the same run. The ratio shows what the stream / Work / deadline machinery costs;
-// the absolute numbers show whether the host reduce-scatter dominates a step (DESIGN "Communication").
+// the absolute numbers show whether the host reduce-scatter dominates a step (docs/design.md "Communication").
 // Bus bandwidth: all_gather and reduce_scatter move (n-1)/n of the full buffer per rank, all_reduce 2x.
 #include <mpi.h>
 

@@ -16,7 +16,7 @@
 namespace strata::tools::plan {
 
 // One link class: alpha (per message step) and bus bandwidths per collective (they differ on MPI over
-// shared memory, DESIGN "Communication"; equal on NCCL presets).
+// shared memory, docs/design.md "Communication"; equal on NCCL presets).
 struct Link {
   double alpha_s = 0;
   double all_gather_bytes_per_s = 0;

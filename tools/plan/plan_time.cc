@@ -1,5 +1,5 @@
 // `strata plan`'s step time: compute from the model's FLOPs, collectives by alpha-beta, overlapped as
-// the engine schedules them (DESIGN "The shape of one training step"; docs/decisions/0017-strata-plan.md).
+// the engine schedules them (docs/design.md "The shape of one training step"; docs/decisions/0017-strata-plan.md).
 #include <algorithm>
 #include <cmath>
 

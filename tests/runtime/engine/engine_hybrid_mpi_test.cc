@@ -1,4 +1,4 @@
-// Hybrid sharding (zero_optimization.shard_group_size, DESIGN "Hybrid sharding") under real MPI at 4
+// Hybrid sharding (zero_optimization.shard_group_size, docs/design.md "Hybrid sharding") under real MPI at 4
 // ranks: shard groups of G = 2 replicated twice, against G = 4 (ZeRO over the world) and 1 rank.
 //   equivalence  the MLP after 20 fp32 steps at stages 1-3, G = 1, 2, 4 == 1 rank: per-tensor relative
 //                L2 <= 1e-5 and element-wise 1e-5 (docs/decisions/0003); the gradient norm of every step

@@ -1,4 +1,4 @@
-// The runtime's own accounting against the analytic memory of each stage (DESIGN "Memory is a
+// The runtime's own accounting against the analytic memory of each stage (docs/design.md "Memory is a
 // contract"): per-rank sharded state of mixed-precision Adam is 16 bytes per parameter over N at stage 3,
 // and gathered bytes never exceed max_live_units x the largest unit.
 #include <atomic>

@@ -1,5 +1,5 @@
 // The result of the cuDNN attention calls (models/gpt/nn/cuda/sdpa_cudnn.h): a code and a message, since the
-// kernel libraries carry no Abseil (DESIGN.md layers). The runtime maps it onto absl::Status at its
+// kernel libraries carry no Abseil (docs/design.md "Layers"). The runtime maps it onto absl::Status at its
 // call site; the message already names the failing call, the cuDNN / CUDA status string and, for
 // cuDNN, its last-error text, so it can be passed through unchanged.
 #pragma once
