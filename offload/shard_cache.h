@@ -1,6 +1,6 @@
 // ShardCache: fixed-size shards that live on NVMe, cached write-through in the buffers of a PinnedPool.
 // The engine keeps parameter shards here with offload_param = nvme (Note [NVMe params] in
-// runtime/engine/engine_impl.h): one shard per unit, read ahead of its gather in the recorded order.
+// runtime/shard/param_source.h): one shard per unit, read ahead of its gather in the recorded order.
 //
 // Protocol. One owner thread makes every call; a Lease may be released on any thread (the engine's
 // gather stream releases it once the all-gather has read the buffer).

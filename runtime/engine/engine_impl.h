@@ -216,12 +216,8 @@ struct Engine::Impl {
   memory::Allocator& ParamTier() const {
     return cfg.offload_param.device == OffloadDevice::kNone ? *rt.device_alloc : *rt.host_alloc;
   }
-  // Note [NVMe state]. With offload_optimizer = nvme the fp32 master and the optimizer state of each unit
-  // live on NVMe in tiles of NvmeTileElems (every lane's tile i covers the same elements); the step
-  // streams them through pinned buffers with offload::RunTiledPipeline (read tile i+1 and write tile
-  // i-1 while tile i updates). Gradients stay on the pinned-host tier. Anything that needs the master in
-  // memory (export, SetParam, checkpoints) stages one unit at a time. The tiles are optim::NvmeState's
-  // (runtime/optim/nvme_state.h).
+  // offload_optimizer = nvme: the master and state in tiles on NVMe (Note [NVMe state] in
+  // optim/nvme_state.h).
   bool nvme_optimizer() const { return cfg.offload_optimizer.device == OffloadDevice::kNvme; }
   // The fp32 master and the optimizer state of every unit, wherever they live (optim/state_store.h):
   // optim::MemoryState (device or pinned-host buffers) or optim::NvmeState (the store, the staging tiles
@@ -258,14 +254,8 @@ struct Engine::Impl {
   // no other kind.
   absl::StatusOr<std::vector<float>> ReadFrozen(UnitState& u, optim::StateKind kind);
   absl::Status WriteFrozen(UnitState& u, optim::StateKind kind, const std::vector<float>& values);
-  // Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
-  // NVMe extent behind an offload::ShardCache of pinned buffers (no u.params). A gather pins the shard
-  // (reading it when not cached), the gather stream waits for the read, all-gathers from the pinned
-  // buffer and then releases it. Prefetch reads the shards of the next units of the recorded schedule
-  // ahead of their gathers, as far as free buffers allow (offload_param.buffer_count, at least one more
-  // than the gathered units that can be live). Whatever writes the shard (initialisation, the update's
-  // cast, SetParam, a restore) goes through ParamStorage, which writes the cache and NVMe through.
-  // The fp32 master is then always a separate buffer (separate_master()).
+  // offload_param = nvme: parameter shards on NVMe behind a pinned cache (Note [NVMe params] in
+  // shard/param_source.h); the fp32 master is then always a separate buffer (separate_master()).
   bool nvme_params() const { return cfg.offload_param.device == OffloadDevice::kNvme; }
   absl::Status SetUpNvmeParams(int live, size_t largest_shard);  // engine_nvme.cc; nothing without NVMe params
   // Runs fn(p) with p = bytes [offset, offset + bytes) of the rank's parameter storage (what u.params
@@ -282,16 +272,8 @@ struct Engine::Impl {
   absl::Status UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn) {
     return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), fn, /*keep=*/false);
   }
-  // Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
-  // a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
-  // shard into the rank's own block of the gathered buffer on the h2d copy stream (after the slot's
-  // fence; the cache lease is released after the copy), and the gather stream waits for that copy and all-gathers
-  // in place. Prefetched gathers copy ahead the same way, so the copy of the next unit overlaps the
-  // current unit's compute and the gather before it. An NVMe read is waited for on the host before its
-  // copy is enqueued, never inside a stream (a blocking CUDA host function holds back the host functions
-  // of every stream): a demand gather waits (exposed I/O), a read-ahead gather whose read is still running
-  // is not issued yet. A failed copy fails the copy stream, which Gatherer::Ensure checks after the gather.
-  // (shard/staged_source.cc; the copy stream is the staged source's.)
+  // offload_param (cpu or nvme) under a device-buffer communicator: Note [Staged gathers] in
+  // shard/param_source.h.
   memory::Allocator& OptimizerTier() const { return *place.grads; }  // the gradients live with the optimizer
   TierOps& ParamOps() const { return rt.OpsOf(ParamTier()); }
   TierOps& OptimizerOps() const { return rt.OpsOf(OptimizerTier()); }

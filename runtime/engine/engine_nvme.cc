@@ -1,4 +1,4 @@
-// The optimizer state's set-up (Note [NVMe state] in engine_impl.h): the NVMe tiles or the memory-resident
+// The optimizer state's set-up (Note [NVMe state] in optim/nvme_state.h): the NVMe tiles or the memory-resident
 // state (optim/state_store.h), and the NVMe parameter cache (Note [NVMe params]).
 #include <algorithm>
 #include <cstring>

@@ -2,16 +2,36 @@
 // implementation, picked once when the engine is finalized, so the gather itself never asks where the
 // shard lives:
 //   MemorySource  the shard is in memory the communicator can send from (device, or host on host devices);
-//   CachedSource  the shard lives on NVMe behind an offload::ShardCache (Note [NVMe params] in
-//                 runtime/engine/engine_impl.h): pinned for the gather, read when not cached;
+//   CachedSource  the shard lives on NVMe behind an offload::ShardCache (Note [NVMe params]
+//                 below): pinned for the gather, read when not cached;
 //   StagedSource  wraps a host source for a communicator that takes device buffers only (NCCL): the
 //                 shard is first copied into this rank's block of the gathered buffer (Note [Staged
-//                 gathers] in runtime/engine/engine_impl.h), and the all-gather runs in place.
+//                 gathers] below), and the all-gather runs in place.
 //
 // Protocol, per gather: Prepare (orders ctx.gather after whatever the send needs, the slot's fence
 // included, and returns where the all-gather sends from), the all-gather is enqueued on ctx.gather, then
 // Sent (releases what Prepare held once the gather has read it). Before compute reads the unit: Check
 // (the error of a read the gather waited for comes first), the gather's own wait, then CheckCopies.
+//
+// Note [NVMe params]. With offload_param = nvme (stage 3 only) each unit's parameter shard lives in an
+// NVMe extent behind an offload::ShardCache of pinned buffers (no u.params). A gather pins the shard
+// (reading it when not cached), the gather stream waits for the read, all-gathers from the pinned
+// buffer and then releases it. Prefetch reads the shards of the next units of the recorded schedule
+// ahead of their gathers, as far as free buffers allow (offload_param.buffer_count, at least one more
+// than the gathered units that can be live). Whatever writes the shard (initialisation, the update's
+// cast, SetParam, a restore) writes the cache and NVMe through. The fp32
+// master is then always a separate buffer.
+//
+// Note [Staged gathers]. With offload_param (cpu or nvme) the rank's parameter shard is in host memory;
+// a communicator that takes device buffers (NCCL) cannot send it. Each gather then first copies the
+// shard into the rank's own block of the gathered buffer on the h2d copy stream (after the slot's
+// fence; the cache lease is released after the copy), and the gather stream waits for that copy and
+// all-gathers in place. Prefetched gathers copy ahead the same way, so the copy of the next unit overlaps
+// the current unit's compute and the gather before it. An NVMe read is waited for on the host before its
+// copy is enqueued, never inside a stream (a blocking CUDA host function holds back the host functions
+// of every stream): a demand gather waits (exposed I/O), a read-ahead gather whose read is still running
+// is not issued yet. A failed copy fails the copy stream, which Gatherer::Ensure checks after the gather.
+// (staged_source.cc; the copy stream is the staged source's.)
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The staged parameter source (param_source.h, Note [Staged gathers] in runtime/engine/engine_impl.h): a
+// The staged parameter source (param_source.h, Note [Staged gathers] in param_source.h): a
 // host shard reaches a device-buffer communicator through its own block of the gathered buffer, copied
 // on the copy stream after the slot's fence; the gather stream waits for that copy and all-gathers in
 // place. Prefetched gathers copy ahead the same way, so the copy of the next unit overlaps the current
