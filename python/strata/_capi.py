@@ -42,7 +42,9 @@ class EngineOptions(_Versioned):
 class ParamSpec(_Versioned):
     _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("name", c_char_p),
                 ("shape", ctypes.POINTER(c_int64)), ("ndim", c_int32), ("weight_decay", c_int32),
-                ("init", c_int32), ("init_value", c_float), ("frozen", c_int32), ("reserved", c_int32)]
+                ("init", c_int32), ("init_value", c_float), ("frozen", c_int32), ("reserved", c_int32),
+                ("has_own_lr", c_int32), ("has_own_weight_decay", c_int32), ("own_lr", c_double),
+                ("own_weight_decay", c_double)]
 
 
 class ParamInfo(_Versioned):
@@ -98,6 +100,7 @@ _SIGNATURES = {  # name: argument types (every function returns a strata_status 
     "strata_engine_step": [c_void_p, _P(StepResult)],
     "strata_engine_loss_scale": [c_void_p, _P(c_float)],
     "strata_engine_lr": [c_void_p, _P(c_double)],
+    "strata_engine_group_lr": [c_void_p, c_int32, c_double, _P(c_double)],
     "strata_engine_config_json": [c_void_p, _P(c_char_p)],
     "strata_engine_gather_param": [c_void_p, c_int32, c_int32, c_void_p, c_size_t],
     "strata_engine_set_param": [c_void_p, c_int32, c_int32, c_void_p, c_size_t],

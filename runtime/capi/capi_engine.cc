@@ -63,8 +63,12 @@ absl::StatusOr<shard::ParamSpec> ReadSpec(const strata_param_spec* params, int32
   if (p.reserved != 0) {  // reserved for a later field: a caller that sets it needs a newer library
     return VersionError(absl::StrCat(where, ".reserved is ", p.reserved, "; it must be 0"));
   }
-  return shard::ParamSpec{p.name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.weight_decay != 0, init,
-                          p.frozen != 0};
+  shard::ParamSpec spec{p.name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.weight_decay != 0, init,
+                        p.frozen != 0};
+  // A param group's own lr and weight decay (Note [Param groups]); UnitLayout::Build checks the values.
+  if (p.has_own_lr != 0) spec.own_lr = p.own_lr;
+  if (p.has_own_weight_decay != 0) spec.own_weight_decay = p.own_weight_decay;
+  return spec;
 }
 
 // The calling thread's current CUDA device (cudaSetDevice before strata_engine_create picks another),
@@ -356,6 +360,18 @@ strata_status strata_engine_lr(const strata_engine* engine, double* out) {
     STRATA_RETURN_IF_ERROR(CheckEngine(engine));
     if (out == nullptr) return NullArgument("out");
     *out = engine->engine->next_lr();
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_group_lr(const strata_engine* engine, int32_t has_own_lr, double own_lr, double* out) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    if (out == nullptr) return NullArgument("out");
+    if (has_own_lr != 0 && !(std::isfinite(own_lr) && own_lr >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("own_lr is ", own_lr, "; it must be finite and >= 0"));
+    }
+    *out = has_own_lr != 0 ? engine->engine->next_lr(own_lr) : engine->engine->next_lr();
     return absl::OkStatus();
   });
 }

@@ -191,9 +191,24 @@ typedef struct strata_param_spec {
                            or updated, no gradient or optimizer memory; begin_backward gives grads = NULL.
                            A unit's parameters are all frozen or all trainable: register them as two units */
   int32_t reserved;     /* 0 (keeps the struct free of padding, whose bytes an older library checks) */
+  /* Appended (a caller built before them passes the smaller struct_size and gets the config's values): the
+   * parameter's own hyper-parameters, a torch param group's, in place of the config's optimizer.params.lr /
+   * weight_decay (docs/decisions/0032-param-groups.md). Each is used when its has_ flag is nonzero; the
+   * values must then be finite and >= 0. The lr follows the config's scheduler as DeepSpeed's schedules
+   * treat a param group's lr: as is without a scheduler, times the ratio under WarmupCosineLR, as the peak
+   * under WarmupLR without warmup_max_lr; WarmupDecayLR and WarmupLR given warmup_max_lr use that one peak
+   * for every parameter (the library logs once which own lrs that leaves unused). The weight decay is the
+   * decay of a parameter whose weight_decay is nonzero (one that does not decay cannot have its own), under
+   * the optimizer's rule (AdamW decoupled; Adam with adam_w_mode false: L2; SGD: L2). Checkpoints record both,
+   * and a load refuses a parameter whose values differ from the saved ones. */
+  int32_t has_own_lr;
+  int32_t has_own_weight_decay;
+  double own_lr;
+  double own_weight_decay;
 } strata_param_spec;
-#define STRATA_PARAM_SPEC_INIT \
-  { (uint32_t)sizeof(strata_param_spec), STRATA_ABI_VERSION, NULL, NULL, 0, 0, STRATA_INIT_ZEROS, 0.0f, 0, 0 }
+#define STRATA_PARAM_SPEC_INIT                                                                                  \
+  { (uint32_t)sizeof(strata_param_spec), STRATA_ABI_VERSION, NULL, NULL, 0, 0, STRATA_INIT_ZEROS, 0.0f, 0, 0, 0, 0, \
+    0.0, 0.0 }
 
 /* Before finalize. Registers a unit (typically a layer) whose `num_params` parameters are packed, in
  * this order, into one flat buffer. The array's stride is params[0].struct_size (every element must
@@ -303,9 +318,14 @@ strata_status strata_engine_step(strata_engine* engine, strata_step_result* out)
 /* The loss scale the next micro-batches should use (fp16 dynamic loss scaling; 1 otherwise). */
 strata_status strata_engine_loss_scale(const strata_engine* engine, float* out);
 
-/* The learning rate the next strata_engine_step will use (the config's `scheduler` at the current step),
- * what that step's strata_step_result.lr will say; the same for every parameter. */
+/* The learning rate the next strata_engine_step will use (the config's `scheduler` at the current step) for
+ * the parameters without an lr of their own (strata_param_spec.has_own_lr 0): what that step's
+ * strata_step_result.lr will say. */
 strata_status strata_engine_lr(const strata_engine* engine, double* out);
+/* The same for a parameter registered with has_own_lr / own_lr (strata_param_spec): the lr the next step
+ * gives it under the config's scheduler. has_own_lr 0 is strata_engine_lr. own_lr must then be finite and
+ * >= 0 (STRATA_ERR_INVALID_ARGUMENT). */
+strata_status strata_engine_group_lr(const strata_engine* engine, int32_t has_own_lr, double own_lr, double* out);
 
 /* The configuration the engine runs, resolved (the batch sizes derived, "auto" filled in, the defaults of
  * absent keys): a JSON object from key path to its value as text, e.g. {"gradient_accumulation_steps": "4",

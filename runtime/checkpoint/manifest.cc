@@ -5,6 +5,7 @@
 #include <climits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,8 @@ std::string ToJson(const Manifest& m) {
                         {"weight_decay", p.weight_decay}});
       if (p.frozen) params.back()["frozen"] = true;
       if (p.skipped_steps > 0) params.back()["skipped_steps"] = p.skipped_steps;
+      if (p.own_lr) params.back()["own_lr"] = *p.own_lr;
+      if (p.own_weight_decay) params.back()["own_weight_decay"] = *p.own_weight_decay;
     }
     units.push_back({{"name", u.name}, {"params", params}});
   }
@@ -130,6 +133,21 @@ absl::StatusOr<ManifestParam> ParseParam(const JsonReader& in, const json& p, co
     STRATA_ASSIGN_OR_RETURN(skipped, in.Uint(p, "skipped_steps", f + ".skipped_steps"));
     if (skipped > static_cast<uint64_t>(INT64_MAX)) return in.Bad(f + ".skipped_steps", "is out of range");
     mp.skipped_steps = static_cast<int64_t>(skipped);
+  }
+  const std::pair<const char*, std::optional<double>*> own[] = {{"own_lr", &mp.own_lr},
+                                                                {"own_weight_decay", &mp.own_weight_decay}};
+  for (const auto& [key, value] : own) {
+    if (!p.contains(key)) continue;  // format 4; optional, the config's when absent
+    const std::string field = absl::StrCat(f, ".", key);
+    if (version < kOwnHyperManifestVersion) {
+      return in.Bad(field, absl::StrCat("needs format version ", kOwnHyperManifestVersion, " (this is ", version, ")"));
+    }
+    STRATA_ASSIGN_OR_RETURN(const double x, in.Number(p, key, field));
+    if (x < 0) return in.Bad(field, absl::StrCat("is ", x, "; it must be >= 0"));
+    *value = x;
+  }
+  if (mp.own_weight_decay && !mp.weight_decay) {
+    return in.Bad(f + ".own_weight_decay", "is set on a parameter that does not decay (weight_decay false)");
   }
   return mp;
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -19,9 +20,10 @@ namespace strata::checkpoint {
 
 // The newest format this strata reads. A manifest is written in the oldest format that holds it, so a
 // checkpoint that an older strata can load stays loadable there: format 1 unless a parameter is frozen.
-inline constexpr int kManifestVersion = 3;
+inline constexpr int kManifestVersion = 4;
 inline constexpr int kFrozenManifestVersion = 2;   // parameters may be "frozen": true
 inline constexpr int kSkippedManifestVersion = 3;  // parameters may have "skipped_steps": N
+inline constexpr int kOwnHyperManifestVersion = 4;  // parameters may have "own_lr" / "own_weight_decay": x
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 inline constexpr int kMaxWorldSize = 1 << 20;
@@ -38,6 +40,11 @@ struct ManifestParam {
   // Steps whose update skipped this parameter (format 3; strata.params_without_grad "skip": it had no
   // gradient), so its own step count is step - skipped_steps. Absent in the JSON when 0.
   int64_t skipped_steps = 0;
+  // The parameter's own lr and weight decay, a param group's (format 4; shard::ParamSpec::own_lr /
+  // own_weight_decay, Note [Param groups]): absent in the JSON when unset (the config's), so a manifest without
+  // them is the document of the format before.
+  std::optional<double> own_lr;
+  std::optional<double> own_weight_decay;
 };
 
 struct ManifestUnit {

@@ -551,6 +551,9 @@ absl::Status ParseScheduler(const Section& root, EngineConfig* cfg) {
   const bool cosine = lower == "warmupcosinelr";
   if (lower == "warmupdecaylr") cfg->optimizer.lr = 0.001;  // DeepSpeed's warmup_max_lr default here
   STRATA_RETURN_IF_ERROR(ParseWarmupParams(p, cosine, cfg));
+  // Note [Param groups]: WarmupLR's warmup_max_lr defaults to each param group's own lr; a number given, or
+  // WarmupDecayLR's default 0.001, is every group's peak (DeepSpeed's _format_param).
+  sc.shared_peak = lower == "warmupdecaylr" || (lower == "warmuplr" && p.Has("warmup_max_lr"));
   if (!cosine) STRATA_RETURN_IF_ERROR(RejectKey(p, "cos_min_ratio", why));
   sc.min_lr = sc.warmup_min_lr;
   sc.type = cosine ? LrScheduleType::kWarmupCosineLR

@@ -193,7 +193,6 @@ void ResolveAuto(const ConfigFacts& facts, json* doc, std::vector<std::pair<std:
       {"train_batch_size", "micro-batch x accumulation x ranks"},
       {"train_micro_batch_size_per_gpu", "the front end's micro-batch (1 unless set)"},
       {"gradient_accumulation_steps", "derived from train_batch_size, else 1"},
-      {"gradient_clipping", "the front end's (off unless set)"},
       {"optimizer.params.lr", "the default lr 1e-3 (or --lr)"},
       {"optimizer.params.betas", "[0.9, 0.999]"},
       {"optimizer.params.eps", "1e-8"},
@@ -213,6 +212,7 @@ void ResolveAuto(const ConfigFacts& facts, json* doc, std::vector<std::pair<std:
     (*parent)[leaf] = value;
     resolved->push_back(absl::StrCat(path, " = ", value.dump()));
   };
+  set("gradient_clipping", 1.0);  // Hugging Face's TrainingArguments.max_grad_norm default
   set("scheduler.params.warmup_min_lr", 0);
   set("scheduler.params.warmup_max_lr", OptimizerLr(doc));
   if (facts.total_steps > 0) set("scheduler.params.total_num_steps", facts.total_steps);

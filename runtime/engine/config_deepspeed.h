@@ -43,7 +43,8 @@ void Judge(const KeyInfo& key, const std::string& path, const nlohmann::json& v,
 
 // Note ["auto"]. Replaces the "auto" values of `doc` the way Hugging Face's HfTrainerDeepSpeedConfig does,
 // from what the front end knows (`facts`): the batch keys and the optimizer's values become absent (the
-// batch triangle derives them, the optimizer's defaults or the flags give the rest), warmup_min_lr 0,
+// batch triangle derives them, the optimizer's defaults or the flags give the rest), gradient_clipping 1.0
+// (TrainingArguments.max_grad_norm's default, which Hugging Face fills in), warmup_min_lr 0,
 // warmup_max_lr the optimizer's lr, total_num_steps facts.total_steps, the ZeRO bucket sizes from
 // facts.hidden_size (hidden^2, 0.9 hidden^2, 10 hidden). One that cannot be resolved is a problem naming the
 // key and what to set, as (key path, message), and the key is removed. *resolved gets each resolved key's

@@ -54,6 +54,8 @@ std::vector<std::pair<std::string, std::string>> JobWideFields(const EngineConfi
       {"scheduler.params.warmup_type", c.scheduler.log_warmup ? "log" : "linear"},
       {"scheduler.params.warmup_min_ratio", num(c.scheduler.warmup_min_ratio)},
       {"scheduler.params.cos_min_ratio", num(c.scheduler.cos_min_ratio)},
+      // Note [Param groups]: whose lr a param group's schedule rises to
+      {"scheduler.peak", c.scheduler.shared_peak ? "warmup_max_lr, for every param group" : "each param group's lr"},
       {"zero_optimization.offload_param.device", offload(c.offload_param.device)},
       {"zero_optimization.offload_optimizer.device", offload(c.offload_optimizer.device)},
       {"zero_optimization.shard_group_size", absl::StrCat(c.shard_group_size)},

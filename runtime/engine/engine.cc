@@ -190,6 +190,9 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
   m.units.emplace_back();
   m.units.back().layout = std::move(layout);
   m.units.back().ext = DecideExtents(m.cfg.stage, m.rt.shard_rank, m.units.back().layout);
+  std::vector<int> groups;  // Note [Param groups]: numbered alike on every rank, whichever segments it holds
+  for (const shard::ParamSlot& p : m.units.back().layout.params) groups.push_back(m.GroupOf(p.spec));
+  for (shard::Segment& s : m.units.back().ext.update_segments) s.group = groups[s.param];
   const size_t n = m.units.back().layout.params.size();  // Note [Parameters without a gradient]
   m.units.back().no_grad_micro_batches.assign(n, 0);
   m.units.back().no_grad_marked_in.assign(n, -1);
@@ -224,7 +227,8 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
         return absl::FailedPreconditionError(absl::StrCat(
             "unit registrations differ across ranks: unit #", i, " on rank ", m.rank(), " is {",
             m.units[i].layout.Describe(), "} but rank ", r,
-            " registered something else there (name, parameter names, shapes or weight-decay flags differ)"));
+            " registered something else there (name, parameter names, shapes, weight-decay flags or own lr / weight "
+            "decay differ)"));
       }
     }
   }
@@ -318,11 +322,38 @@ absl::Status CheckBudgets(Engine::Impl& m, uint64_t* device_need) {
   return absl::OkStatus();
 }
 
+// Note [Param groups]: WarmupDecayLR, and WarmupLR given warmup_max_lr, give every parameter the schedule's
+// peak, as DeepSpeed gives every param group the one warmup_max_lr; said once where that leaves a trained
+// parameter's own lr unused.
+void LogUnusedOwnLrs(const Engine::Impl& m) {
+  if (!m.cfg.scheduler.shared_peak) return;
+  int count = 0;
+  std::string first;
+  for (const UnitState& u : m.units) {
+    if (u.frozen()) continue;
+    for (const shard::ParamSlot& p : u.layout.params) {
+      if (p.spec.own_lr.has_value() && count++ == 0) {
+        first = absl::StrCat("'", u.layout.name, ".", p.spec.name, "' lr ", *p.spec.own_lr);
+      }
+    }
+  }
+  if (count == 0) return;
+  const bool warmup_lr = m.cfg.scheduler.type == LrScheduleType::kWarmupLR;
+  STRATA_LOG(Warning) << "scheduler " << (warmup_lr ? "WarmupLR" : "WarmupDecayLR")
+                      << ": every parameter's lr rises to warmup_max_lr " << m.cfg.optimizer.lr
+                      << ", as DeepSpeed gives every param group that one value; the own lr of " << count
+                      << " parameter(s) (" << first << (count > 1 ? ", ..." : "") << ") is not used"
+                      << (warmup_lr ? "; without scheduler.params.warmup_max_lr each param group's own lr is its "
+                                      "peak, as in DeepSpeed"
+                                    : "");
+}
+
 absl::Status Engine::Finalize() {
   Impl& m = *impl_;
   if (m.progress.finalized) return absl::FailedPreconditionError("Finalize() called twice");
   if (m.units.empty()) return absl::FailedPreconditionError("Finalize() with no registered unit");
   STRATA_RETURN_IF_ERROR(CheckRegistrations(m));
+  if (m.rank() == 0) LogUnusedOwnLrs(m);
   LargestUnits largest;
   std::vector<std::string> names;
   std::vector<size_t> unit_elems;
@@ -452,6 +483,7 @@ int Engine::world_size() const { return impl_->world_size(); }
 int64_t Engine::step() const { return impl_->progress.step; }
 float Engine::loss_scale() const { return impl_->progress.loss_scaler.scale(); }
 double Engine::next_lr() const { return impl_->NextLr(); }
+double Engine::next_lr(std::optional<double> own_lr) const { return impl_->NextLr(own_lr); }
 device::Timeline& Engine::timeline() { return impl_->progress.timeline; }
 void Engine::ResetPeakMemory() { impl_->rt.tracker.ResetPeaks(); }
 

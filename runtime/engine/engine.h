@@ -23,6 +23,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -148,8 +149,10 @@ class Engine {
   // The engine divides it out of the gradients at Step(); an overflow (non-finite global gradient norm)
   // skips the update on every rank and halves it; loss_scale_window clean steps double it.
   float loss_scale() const;
-  // The learning rate the next Step() will use: the scheduler at step(), the same for every parameter.
+  // The learning rate the next Step() will use: the scheduler at step(), for the parameters without an lr of
+  // their own (shard::ParamSpec::own_lr), or for those whose own lr is `own_lr` (Note [Param groups]).
   double next_lr() const;
+  double next_lr(std::optional<double> own_lr) const;
   MemoryStats memory_stats() const;
   // Threads of the host optimizer update (strata.optimizer_threads, resolved). SetOptimizerThreads
   // replaces the pool between steps (0 = the default); the results are the same bits for every count,

@@ -62,7 +62,7 @@ ckpt::ManifestUnit ManifestUnitOf(const UnitState& u) {
   for (size_t i = 0; i < u.layout.params.size(); ++i) {
     const shard::ParamSlot& p = u.layout.params[i];
     mu.params.push_back({p.spec.name, p.spec.shape, p.offset_elems, p.numel, p.spec.weight_decay, p.spec.frozen,
-                         u.skipped_steps[i]});
+                         u.skipped_steps[i], p.spec.own_lr, p.spec.own_weight_decay});
   }
   return mu;
 }
@@ -117,7 +117,10 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
     // Frozen parameters need format 2; without them the manifest stays the format-1 document it was.
     if (u.frozen()) man.version = std::max(man.version, ckpt::kFrozenManifestVersion);
     for (int64_t s : u.skipped_steps) {  // Note [Parameters without a gradient]: format 3 only when needed
-      if (s > 0) man.version = ckpt::kSkippedManifestVersion;
+      if (s > 0) man.version = std::max(man.version, ckpt::kSkippedManifestVersion);
+    }
+    for (const shard::ParamSlot& p : u.layout.params) {  // Note [Param groups]: format 4 only when needed
+      if (p.spec.own_lr || p.spec.own_weight_decay) man.version = ckpt::kOwnHyperManifestVersion;
     }
   }
   return man;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -279,6 +280,14 @@ struct Engine::Impl {
   TierOps& OptimizerOps() const { return rt.OpsOf(OptimizerTier()); }
   TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
   std::vector<UnitState> units;
+  // Note [Param groups] (runtime/optim/optimizer.cc): the distinct own (lr, weight decay) pairs of the
+  // registered parameters, numbered in registration order; [0] is the config's (neither set). Each update
+  // segment's Segment::group indexes it, and each step turns it into the update's optim::GroupHypers.
+  struct OwnHyper {
+    std::optional<double> lr, weight_decay;
+  };
+  std::vector<OwnHyper> param_groups{OwnHyper{}};
+  int GroupOf(const shard::ParamSpec& spec);  // its index in param_groups, added when new
   std::unique_ptr<shard::Schedule> schedule;  // the recorded order of the units' first uses (prefetch)
   // Stage 3: the gathered buffers, the gather communicator and stream and where the shards come from
   // (shard/param_source.h), the source picked once in SetUpGatherer.
@@ -337,7 +346,8 @@ struct Engine::Impl {
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
   optim::StepInputs StepInputsNow();  // the step's scalars (scale, lr, step, clip) and the norm's sum
-  double NextLr() const;              // the scheduler's lr for the next step
+  // The scheduler's lr for the next step of a parameter with own lr `own_lr` (unset: the config's group).
+  double NextLr(std::optional<double> own_lr = std::nullopt) const;
   optim::StepUnit StepUnitOf(UnitState& u, float* grad);  // grad: the update range of the gradients
   // Note [Parameters without a gradient]: with strata.params_without_grad "skip", the units' update
   // segments of this step (parameters no rank wrote a gradient to left out, those that skipped earlier

@@ -124,9 +124,9 @@ optim::MemoryOps MemoryOpsOf(TierOps& t) {
   ops.to_host = [&t](void* host, const void* src, size_t bytes) { return t.ToHost(host, src, bytes); };
   ops.from_host = [&t](void* dst, const void* host, size_t bytes) { return t.FromHost(dst, host, bytes); };
   ops.update = [&t](const optim::OptimizerConfig& cfg, const optim::ShardState& s,
-                    const std::vector<shard::Segment>& segs, double lr, int64_t step, float grad_scale,
-                    uint16_t* param_copy, DType copy_dtype) {
-    return t.Update(cfg, s, segs, lr, step, grad_scale, param_copy, copy_dtype);
+                    const std::vector<shard::Segment>& segs, absl::Span<const optim::GroupHyper> groups, int64_t step,
+                    float grad_scale, uint16_t* param_copy, DType copy_dtype) {
+    return t.Update(cfg, s, segs, groups, step, grad_scale, param_copy, copy_dtype);
   };
   ops.cast = [&t](DType to, const float* src, void* dst, size_t n) { return t.Cast(to, src, dst, n); };
   return ops;

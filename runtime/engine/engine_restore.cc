@@ -7,8 +7,11 @@
 // the whole of its part of the range, or loading is DataLoss.
 #include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/consolidate.h"
@@ -24,6 +27,26 @@ namespace ckpt = checkpoint;
 namespace {
 
 std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+
+// A parameter's own lr or weight decay (Note [Param groups]) against the checkpoint's, where an unset value is
+// this run's config value (`config`): a checkpoint without own values loads into a run whose param group
+// states the config's value, and the other way round. A changed config value alone (both unset) is the run's
+// choice, as it always was. "" when the values agree, else what differs.
+std::string OwnHyperDiffers(const std::optional<double>& there, const std::optional<double>& here, double config,
+                            const char* what) {
+  const double a = there.value_or(config), b = here.value_or(config);
+  if (a == b) return "";
+  const bool close = absl::StrCat(a) == absl::StrCat(b);  // six digits, unless the two print alike then
+  auto text = [&](double v) { return close ? absl::StrFormat("%.17g", v) : absl::StrCat(v); };
+  if (here && there)
+    return absl::StrCat("has its own ", what, " ", text(b), " here but ", text(a), " in the checkpoint");
+  if (here) {
+    return absl::StrCat("has its own ", what, " ", text(b), " here but none in the checkpoint (the config's, ", text(a),
+                        " in this run)");
+  }
+  return absl::StrCat("takes the config's ", what, " ", text(b), " here but had its own ", text(a),
+                      " in the checkpoint");
+}
 
 absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, const std::string& dir) {
   auto differ = [&](const std::string& what) {
@@ -55,6 +78,18 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
                                    a.weight_decay ? "decayed" : "did not decay",
                                    " in the checkpoint (its weight-decay flag: give it the same param group or "
                                    "weight_decay choice as the run that saved it)"));
+      }
+      // The param group's own lr and weight decay (Note [Param groups]), also the trainer's choice.
+      // Frozen parameters and those that do not decay have nothing to compare.
+      const bool trained = !a.frozen && !b.spec.frozen;
+      for (const std::string& own :
+           {trained ? OwnHyperDiffers(a.own_lr, b.spec.own_lr, m.cfg.optimizer.lr, "lr") : std::string(),
+            trained && a.weight_decay ? OwnHyperDiffers(a.own_weight_decay, b.spec.own_weight_decay,
+                                                        m.cfg.optimizer.weight_decay, "weight decay")
+                                      : std::string()}) {
+        if (own.empty()) continue;
+        return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ", own,
+                                   ": give it the same param group (lr, weight_decay) as the run that saved it"));
       }
       if (a.frozen != b.spec.frozen) {  // the saved kinds differ (Note [Frozen units])
         return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' is ",

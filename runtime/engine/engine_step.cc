@@ -88,13 +88,27 @@ optim::GradOps GradOpsOf(TierOps& t) {
 }
 }  // namespace
 
-double Engine::Impl::NextLr() const { return optim::ScheduledLr(cfg.scheduler, cfg.optimizer.lr, progress.step); }
+double Engine::Impl::NextLr(std::optional<double> own_lr) const {
+  return optim::GroupLr(cfg.scheduler, cfg.optimizer.lr, own_lr, progress.step);
+}
+
+int Engine::Impl::GroupOf(const shard::ParamSpec& spec) {
+  for (size_t g = 0; g < param_groups.size(); ++g) {
+    if (param_groups[g].lr == spec.own_lr && param_groups[g].weight_decay == spec.own_weight_decay) {
+      return static_cast<int>(g);
+    }
+  }
+  param_groups.push_back(OwnHyper{spec.own_lr, spec.own_weight_decay});
+  return static_cast<int>(param_groups.size()) - 1;
+}
 
 optim::StepInputs Engine::Impl::StepInputsNow() {
   optim::StepInputs in;
   in.grad_scale =
       1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * progress.loss_scaler.scale());
-  in.lr = NextLr();
+  for (const OwnHyper& g : param_groups) {  // Note [Param groups]: [0], the config's, first
+    in.groups.push_back(optim::GroupHyper{NextLr(g.lr), g.weight_decay.value_or(cfg.optimizer.weight_decay)});
+  }
   in.step = progress.step + 1;
   in.max_norm = cfg.gradient_clipping;
   in.param_dtype = cfg.param_dtype;
@@ -312,7 +326,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   progress.nvme_write_bytes += out.io.bytes_written;
   StepResult r;
   r.grad_norm = out.grad_norm;
-  r.lr = in.lr;
+  r.lr = in.groups[0].lr;
   if (out.skipped) {
     r.skipped = true;
     if (!progress.loss_scaler.Overflow()) {  // Note [Dynamic loss scale]: DeepSpeed ends the run here too

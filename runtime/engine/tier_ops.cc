@@ -46,15 +46,15 @@ class HostTierOps final : public TierOps {
   }
   absl::StatusOr<double> SumSquares(const float* p, size_t n) override { return optim::SumSquares(p, n); }
   absl::Status Update(const optim::OptimizerConfig& cfg, const optim::ShardState& s,
-                      const std::vector<shard::Segment>& segs, double lr, int64_t step, float grad_scale,
-                      uint16_t* param_copy, DType copy_dtype) override {
+                      const std::vector<shard::Segment>& segs, absl::Span<const optim::GroupHyper> groups, int64_t step,
+                      float grad_scale, uint16_t* param_copy, DType copy_dtype) override {
     optim::UpdateOptions opts;
     opts.executor = executor_->get();
     if (param_copy != nullptr && copy_dtype != DType::kF32) {
       opts.param_copy = param_copy;
       opts.param_copy_dtype = copy_dtype;
     }
-    optim::ApplyUpdate(cfg, s, segs, lr, step, grad_scale, opts);
+    optim::ApplyUpdate(cfg, s, segs, groups, step, grad_scale, opts);
     return absl::OkStatus();
   }
   // The kernels' casts (bit-identical to the element math for every ISA and thread count), on the

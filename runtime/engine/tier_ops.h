@@ -53,8 +53,8 @@ class TierOps {
   // optim::ApplyUpdate over `segs`; `param_copy` (may be null) receives the updated master in
   // `copy_dtype` (kBF16 / kF16) in the same pass.
   virtual absl::Status Update(const optim::OptimizerConfig& cfg, const optim::ShardState& s,
-                              const std::vector<shard::Segment>& segs, double lr, int64_t step, float grad_scale,
-                              uint16_t* param_copy, DType copy_dtype) = 0;
+                              const std::vector<shard::Segment>& segs, absl::Span<const optim::GroupHyper> groups,
+                              int64_t step, float grad_scale, uint16_t* param_copy, DType copy_dtype) = 0;
   // dst[i] = src[i] in `to` (kF32: a copy; kBF16 / kF16: round to nearest even).
   virtual absl::Status Cast(DType to, const float* src, void* dst, size_t n) = 0;
 };

@@ -21,6 +21,7 @@
 #include "runtime/base/status.h"
 #include "runtime/device/cuda_device.h"
 #include "runtime/engine/tier_ops_cuda.h"
+#include "runtime/optim/optimizer.h"
 
 namespace strata::engine {
 
@@ -84,36 +85,29 @@ class CudaTierOps final : public TierOps {
     return host;
   }
   absl::Status Update(const optim::OptimizerConfig& cfg, const optim::ShardState& s,
-                      const std::vector<shard::Segment>& segs, double lr, int64_t step, float grad_scale,
-                      uint16_t* param_copy, DType copy_dtype) override {
+                      const std::vector<shard::Segment>& segs, absl::Span<const optim::GroupHyper> groups, int64_t step,
+                      float grad_scale, uint16_t* param_copy, DType copy_dtype) override {
     kernels::OptimizerArrays a{s.master, s.grad, s.m, s.v, nullptr, kernels::ParamCopy::kNone};
     if (param_copy != nullptr && copy_dtype != DType::kF32) {
       a.param_copy = param_copy;
       a.copy = copy_dtype == DType::kBF16 ? kernels::ParamCopy::kBf16 : kernels::ParamCopy::kF16;
     }
-    // The same per-segment coefficients as the host (runtime/optim/optimizer.cc, kernels/cpu).
-    if (cfg.type == optim::OptimizerType::kAdamW) {
-      const bool w = cfg.adam_w_mode;
-      const kernels::AdamWStep decay =
-          kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step, w);
-      const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step, w);
-      for (const shard::Segment& seg : segs) {
-        // A parameter with a step count of its own (Note [Parameters without a gradient]).
-        const kernels::AdamWStep own =
-            kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, seg.weight_decay ? cfg.weight_decay : 0.0,
-                                   seg.step > 0 ? seg.step : step, w);
-        const kernels::AdamWCoeffs<float> c =
-            kernels::AdamWCoeffsOf(seg.step > 0 && seg.step != step ? own : seg.weight_decay ? decay : no_decay);
+    // The same per-segment coefficients as the host: optim::SegmentAdamWStep / SegmentSgdStep, with the
+    // segment's param group (Note [Param groups]) and its own step count where it has one (Note [Parameters
+    // without a gradient]).
+    for (const shard::Segment& seg : segs) {
+      if (seg.group < 0 || static_cast<size_t>(seg.group) >= groups.size()) {
+        return absl::InternalError(
+            absl::StrCat("a segment of param group ", seg.group, " in an update of ", groups.size(), " groups"));
+      }
+      const optim::GroupHyper& g = groups[seg.group];
+      if (cfg.type == optim::OptimizerType::kAdamW) {
+        const kernels::AdamWCoeffs<float> c = kernels::AdamWCoeffsOf(optim::SegmentAdamWStep(cfg, g, seg, step));
         STRATA_RETURN_IF_ERROR(
             STRATA_CUDA_CALL(kernels::cuda::LaunchAdamW(a, seg.begin, seg.end, c, grad_scale, native_)));
-      }
-    } else {
-      const kernels::SgdStep decay{static_cast<float>(lr), static_cast<float>(cfg.momentum),
-                                   static_cast<float>(cfg.weight_decay)};
-      const kernels::SgdStep no_decay{static_cast<float>(lr), static_cast<float>(cfg.momentum), 0.0f};
-      for (const shard::Segment& seg : segs) {
+      } else {
         STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(
-            kernels::cuda::LaunchSgd(a, seg.begin, seg.end, seg.weight_decay ? decay : no_decay, grad_scale, native_)));
+            kernels::cuda::LaunchSgd(a, seg.begin, seg.end, optim::SegmentSgdStep(cfg, g, seg), grad_scale, native_)));
       }
     }
     return Sync();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace strata::optim {
 
@@ -35,6 +36,18 @@ struct SchedulerConfig {
   bool log_warmup = true;         // warmup_type "log" (DeepSpeed's default) or "linear"
   double warmup_min_ratio = 0;    // WarmupCosineLR: the warm-up starts at this fraction of the lr
   double cos_min_ratio = 1e-4;    // WarmupCosineLR: the floor, as a fraction of the lr
+  // Every parameter's peak is the config's lr (the schedule's warmup_max_lr), its own lr unused: DeepSpeed's
+  // WarmupDecayLR, and WarmupLR given warmup_max_lr (Note [Param groups], optimizer.cc).
+  bool shared_peak = false;
 };
+
+// One param group's coefficients at one update (Note [Param groups], optimizer.cc): its scheduled lr and the
+// weight decay of its parameters that decay (shard::Segment::weight_decay). An update takes one per group,
+// indexed by shard::Segment::group; group 0 is the config's (OptimizerConfig::lr scheduled, ::weight_decay).
+struct GroupHyper {
+  double lr = 0;
+  double weight_decay = 0;
+};
+using GroupHypers = std::vector<GroupHyper>;
 
 }  // namespace strata::optim

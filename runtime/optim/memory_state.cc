@@ -46,7 +46,7 @@ absl::StatusOr<offload::TilePipelineStats> MemoryState::Step(int unit, const Opt
   // storage); an fp32 master kept apart is copied.
   auto update = [&](char* params) -> absl::Status {
     const bool copy = up.param_dtype != DType::kF32;
-    STRATA_RETURN_IF_ERROR(state_ops_.update(cfg, s, *up.segments, up.lr, up.step, up.clip_coef,
+    STRATA_RETURN_IF_ERROR(state_ops_.update(cfg, s, *up.segments, up.groups, up.step, up.clip_coef,
                                              copy ? reinterpret_cast<uint16_t*>(params) : nullptr, up.param_dtype));
     if (!copy && master_apart_) return state_ops_.cast(DType::kF32, s.master, params, u.elems);
     return absl::OkStatus();

@@ -22,7 +22,8 @@ struct MemoryOps {
   std::function<absl::Status(void* dst, const void* host, size_t bytes)> from_host;
   // ApplyUpdate over segs; param_copy (may be null) receives the updated master in copy_dtype.
   std::function<absl::Status(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs,
-                             double lr, int64_t step, float grad_scale, uint16_t* param_copy, DType copy_dtype)>
+                             absl::Span<const GroupHyper> groups, int64_t step, float grad_scale, uint16_t* param_copy,
+                             DType copy_dtype)>
       update;
   // dst[i] = src[i] in `to` (kF32: a copy).
   std::function<absl::Status(DType to, const float* src, void* dst, size_t n)> cast;

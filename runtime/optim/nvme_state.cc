@@ -85,7 +85,11 @@ absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const Opt
     std::vector<shard::Segment> segs;
     for (const shard::Segment& s : *up.segments) {
       const size_t b = std::max(lo, s.begin), e = std::min(hi, s.end);
-      if (b < e) segs.push_back({b - lo, e - lo, s.param, s.weight_decay, s.step});
+      if (b >= e) continue;
+      shard::Segment in_tile = s;  // its param, flag, step and group; the run clipped to the tile
+      in_tile.begin = b - lo;
+      in_tile.end = e - lo;
+      segs.push_back(in_tile);
     }
     ShardState st{v[0].as<float>(), up.grad + lo, v[1].as<float>(), v.size() > 2 ? v[2].as<float>() : nullptr};
     UpdateOptions opts;
@@ -95,7 +99,7 @@ absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const Opt
       opts.param_copy = reinterpret_cast<uint16_t*>(dst);
       opts.param_copy_dtype = up.param_dtype;
     }
-    ApplyUpdate(cfg, st, segs, up.lr, up.step, up.clip_coef, opts);
+    ApplyUpdate(cfg, st, segs, up.groups, up.step, up.clip_coef, opts);
     if (up.param_dtype == DType::kF32) std::memcpy(dst, v[0].data, (hi - lo) * 4);
     return absl::OkStatus();
   };
@@ -105,7 +109,8 @@ absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const Opt
 absl::StatusOr<offload::TilePipelineStats> NvmeState::Step(int unit, const OptimizerConfig& cfg, const UnitStep& up) {
   offload::TilePipelineStats stats;
   STRATA_RETURN_IF_ERROR(up.params.on_host([&](char* params) -> absl::Status {
-    const TiledUpdate tiled{up.grad, up.segments, params, up.param_dtype, up.lr, up.step, up.clip_coef, up.executor};
+    const TiledUpdate tiled{up.grad,   up.segments, params,       up.param_dtype,
+                            up.groups, up.step,     up.clip_coef, up.executor};
     STRATA_ASSIGN_OR_RETURN(stats, Update(unit, cfg, tiled));
     return absl::OkStatus();
   }));

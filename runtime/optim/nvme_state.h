@@ -35,7 +35,7 @@ struct TiledUpdate {
   const std::vector<shard::Segment>* segments = nullptr;  // relative to the update range's start
   char* params = nullptr;
   DType param_dtype = DType::kF32;
-  double lr = 0;
+  absl::Span<const GroupHyper> groups;  // each param group's lr and decay (Note [Param groups]), by Segment::group
   int64_t step = 0;  // 1-based, as ApplyUpdate takes it
   float clip_coef = 1;
   HostExecutor* executor = nullptr;  // same bits for every thread count

@@ -9,6 +9,7 @@
 #include "kernels/cpu/tensor_ops.h"
 #include "runtime/base/env.h"
 #include "runtime/base/logging.h"
+#include "runtime/base/status.h"
 #include "runtime/optim/state_kind.h"
 
 namespace strata::optim {
@@ -38,39 +39,88 @@ const kc::CpuKernels& DefaultHostKernels() {
   return *k;
 }
 
+// Note [Param groups]
+// A torch param group may carry its own lr and weight_decay; DeepSpeed builds its torch optimizer from the
+// groups, so a group without the key takes the config's optimizer.params value. Strata carries them per
+// parameter (shard::ParamSpec::own_lr / own_weight_decay, strata_param_spec.own_*), unset where the group
+// takes the config's. The engine numbers the distinct (own lr, own decay) pairs as groups, 0 being the
+// config's (no own value), and stamps each segment with its group (Segment::group); an update gets one
+// GroupHyper per group: the group's scheduled lr and its decay coefficient, which applies to the segments
+// whose weight-decay flag is set. Every back-end builds a segment's coefficients with SegmentAdamWStep /
+// SegmentSgdStep below, so the host's and the device's bits agree.
+// The lr of a group follows the config's schedule as DeepSpeed's lr_schedules.py applies it to each group:
+//  - no scheduler: the group's own lr (torch's);
+//  - WarmupCosineLR: the group's lr times the schedule's ratio (DeepSpeed's org_lrs[g] * ratio);
+//  - WarmupLR: its warmup_max_lr defaults to each group's lr (`[group['lr'] for group in param_groups]`), so
+//    the group's lr is its peak; a given warmup_max_lr (a number) is every group's peak (_format_param
+//    broadcasts it), and the groups' own lrs are unused;
+//  - WarmupDecayLR: warmup_max_lr defaults to 0.001, a number, so every group's peak is the schedule's.
+// warmup_min_lr is one number for every group. Strata's own schedules (kWarmupLinear / kWarmupCosine, of
+// `strata train --warmup / --lr-schedule`) take a group's lr as its peak, as torch's schedulers do with
+// each group's base lr. SchedulerConfig::shared_peak marks the two cases where the peak is shared; the
+// engine logs once which own lrs that leaves unused.
+double GroupLr(const SchedulerConfig& sched, double config_lr, std::optional<double> own_lr, int64_t step) {
+  return ScheduledLr(sched, own_lr.has_value() && !sched.shared_peak ? *own_lr : config_lr, step);
+}
+
+kernels::AdamWStep SegmentAdamWStep(const OptimizerConfig& cfg, const GroupHyper& g, const shard::Segment& seg,
+                                    int64_t step) {
+  return kernels::MakeAdamWStep(g.lr, cfg.beta1, cfg.beta2, cfg.eps, seg.weight_decay ? g.weight_decay : 0.0,
+                                seg.step > 0 ? seg.step : step, cfg.adam_w_mode);
+}
+
+kernels::SgdStep SegmentSgdStep(const OptimizerConfig& cfg, const GroupHyper& g, const shard::Segment& seg) {
+  return kernels::SgdStep{static_cast<float>(g.lr), static_cast<float>(cfg.momentum),
+                          static_cast<float>(seg.weight_decay ? g.weight_decay : 0.0)};
+}
+
 void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs,
-                 double lr, int64_t step, float grad_scale, const UpdateOptions& options) {
+                 absl::Span<const GroupHyper> groups, int64_t step, float grad_scale, const UpdateOptions& options) {
   const kc::CpuKernels& k = options.executor ? options.executor->kernels() : DefaultHostKernels();
   kc::ThreadPool* pool = options.executor ? options.executor->pool() : nullptr;
   const kc::OptimizerArrays a = Arrays(s, options);
+  for (const shard::Segment& seg : segs) {
+    STRATA_CHECK_MSG(seg.group >= 0 && static_cast<size_t>(seg.group) < groups.size(),
+                     "a segment's group has no coefficients in the update");
+  }
+  // Each segment points at its coefficients; segments of one group and step share them. Reserved up front:
+  // the pointers stay valid.
   if (cfg.type == OptimizerType::kAdamW) {
-    const bool w = cfg.adam_w_mode;
-    const kernels::AdamWStep decay =
-        kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step, w);
-    const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step, w);
-    std::vector<kernels::AdamWStep> own;  // segments with a step of their own (reserved: stable pointers)
-    own.reserve(segs.size());
+    std::vector<kernels::AdamWStep> steps;
+    steps.reserve(2 * groups.size() + segs.size());
+    for (const GroupHyper& g : groups) {  // [2g]: decays, [2g + 1]: does not
+      for (const bool decays : {true, false}) {
+        steps.push_back(SegmentAdamWStep(cfg, g, shard::Segment{0, 0, -1, decays}, step));
+      }
+    }
     std::vector<kc::AdamWSegment> runs;
     runs.reserve(segs.size());
     for (const shard::Segment& seg : segs) {
-      if (seg.step > 0 && seg.step != step) {
-        own.push_back(kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps,
-                                             seg.weight_decay ? cfg.weight_decay : 0.0, seg.step, w));
-        runs.push_back({seg.begin, seg.end, &own.back()});
-      } else {
-        runs.push_back({seg.begin, seg.end, seg.weight_decay ? &decay : &no_decay});
+      const kernels::AdamWStep* c = &steps[2 * seg.group + (seg.weight_decay ? 0 : 1)];
+      if (seg.step > 0 && seg.step != step) {  // a step count of its own (Note [Parameters without a gradient])
+        steps.push_back(SegmentAdamWStep(cfg, groups[seg.group], seg, step));
+        c = &steps.back();
       }
+      runs.push_back({seg.begin, seg.end, c});
     }
     kc::AdamWSegments(k, pool, a, runs.data(), runs.size(), grad_scale);
     return;
   }
-  const kernels::SgdStep decay{static_cast<float>(lr), static_cast<float>(cfg.momentum),
-                               static_cast<float>(cfg.weight_decay)};
-  const kernels::SgdStep no_decay{static_cast<float>(lr), static_cast<float>(cfg.momentum), 0.0f};
+  std::vector<kernels::SgdStep> steps;
+  steps.reserve(segs.size());
   std::vector<kc::SgdSegment> runs;
   runs.reserve(segs.size());
-  for (const shard::Segment& seg : segs) runs.push_back({seg.begin, seg.end, seg.weight_decay ? &decay : &no_decay});
+  for (const shard::Segment& seg : segs) {
+    steps.push_back(SegmentSgdStep(cfg, groups[seg.group], seg));
+    runs.push_back({seg.begin, seg.end, &steps.back()});
+  }
   kc::SgdSegments(k, pool, a, runs.data(), runs.size(), grad_scale);
+}
+
+void ApplyUpdate(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs, double lr,
+                 int64_t step, float grad_scale, const UpdateOptions& options) {
+  const GroupHyper one{lr, cfg.weight_decay};
+  ApplyUpdate(cfg, s, segs, absl::MakeConstSpan(&one, 1), step, grad_scale, options);
 }
 
 int StateBuffers(const OptimizerConfig& cfg) { return static_cast<int>(StateKinds(cfg.type).size()) - 1; }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "offload/tiled_pipeline.h"
 #include "runtime/base/dtype.h"
 #include "runtime/optim/host_executor.h"
@@ -38,7 +39,7 @@ struct UnitStep {
   const std::vector<shard::Segment>* segments = nullptr;  // relative to the update range's start
   ParamsAccess params;
   DType param_dtype = DType::kF32;
-  double lr = 0;
+  absl::Span<const GroupHyper> groups;  // each param group's lr and decay (Note [Param groups]), by Segment::group
   int64_t step = 0;  // 1-based, as ApplyUpdate takes it
   float clip_coef = 1;
   HostExecutor* executor = nullptr;  // host updates that take one explicitly (NVMe tiles); same bits for any

@@ -23,7 +23,7 @@ absl::Status GlobalNorm(double local_sq, const StepInputs& in, StepOutcome* out)
 
 absl::Status UpdateUnit(StateStore& store, const OptimizerConfig& cfg, int unit, const StepUnit& u,
                         const StepInputs& in, float clip_coef, offload::TilePipelineStats* io) {
-  const UnitStep up{u.grad, u.segments, u.params, in.param_dtype, in.lr, in.step, clip_coef, in.executor};
+  const UnitStep up{u.grad, u.segments, u.params, in.param_dtype, in.groups, in.step, clip_coef, in.executor};
   STRATA_ASSIGN_OR_RETURN(const offload::TilePipelineStats s, store.Step(unit, cfg, up));
   io->tiles += s.tiles;
   io->compute_ns += s.compute_ns;

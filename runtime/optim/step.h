@@ -30,7 +30,9 @@ struct StepUnit {
 
 struct StepInputs {
   float grad_scale = 1;  // multiplies every gradient first: 1 / (ranks x accumulation steps x loss scale)
-  double lr = 0;         // the scheduled rate of this update
+  // Each param group's scheduled lr and decay for this update, by Segment::group; [0] is the config's
+  // (Note [Param groups]).
+  GroupHypers groups;
   int64_t step = 0;      // 1-based
   double max_norm = 0;   // gradient clipping (ClipCoefficient); 0 = off
   DType param_dtype = DType::kF32;

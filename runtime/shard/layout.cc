@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <set>
+#include <utility>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/units.h"
@@ -71,6 +73,24 @@ absl::Status CheckName(const std::string& name, absl::string_view what) {
   return absl::OkStatus();
 }
 
+// A parameter's own lr and weight decay (Note [Param groups] in runtime/optim/optimizer.cc): finite and >= 0,
+// as torch.optim requires; an own decay only on a parameter that decays.
+absl::Status CheckOwnHyper(const std::string& unit, const ParamSpec& s) {
+  const std::string where = absl::StrCat("parameter '", unit, ".", s.name, "'");
+  for (const auto& [value, what] : {std::pair{s.own_lr, "lr"}, std::pair{s.own_weight_decay, "weight decay"}}) {
+    if (value.has_value() && !(std::isfinite(*value) && *value >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has its own ", what, " ", *value, "; it must be finite and >= 0"));
+    }
+  }
+  if (s.own_weight_decay.has_value() && !s.weight_decay) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has its own weight decay ", *s.own_weight_decay,
+                                                   " but its weight-decay flag is off (it does not "
+                                                   "decay); set the flag, or give it no weight decay of its own"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<ParamSpec> specs, int world_size) {
@@ -102,6 +122,7 @@ absl::StatusOr<UnitLayout> UnitLayout::Build(std::string name, std::vector<Param
         return TooLarge(l.name, absl::StrCat("parameter '", s.name, "' (shape [", absl::StrJoin(s.shape, ","), "])"));
       }
     }
+    if (absl::Status st = CheckOwnHyper(l.name, s); !st.ok()) return st;
     offset = RoundUp(offset, kAlignElems);
     l.params.push_back(ParamSlot{std::move(s), offset, numel});
     offset += numel;  // both terms <= kMaxUnitElems: no wrap
@@ -127,6 +148,10 @@ uint64_t UnitLayout::Fingerprint() const {
     for (int64_t d : p.spec.shape) h = SplitMix64(h ^ static_cast<uint64_t>(d));
     h = SplitMix64(h ^ (p.spec.weight_decay ? 0x5a5a : 0xa5a5));
     if (p.spec.frozen) h = SplitMix64(h ^ 0xf207e2);  // trainable units hash as they always did
+    // Own hyper-parameters (Note [Param groups]) by their bits; parameters without any hash as before.
+    for (const auto& [value, tag] : {std::pair{p.spec.own_lr, 0x1a}, std::pair{p.spec.own_weight_decay, 0x3d}}) {
+      if (value.has_value()) h = SplitMix64(h ^ tag ^ absl::bit_cast<uint64_t>(*value));
+    }
   }
   return h;
 }
@@ -134,8 +159,10 @@ uint64_t UnitLayout::Fingerprint() const {
 std::string UnitLayout::Describe() const {
   std::vector<std::string> parts;
   for (const ParamSlot& p : params) {
-    parts.push_back(absl::StrCat(p.spec.name, "[", absl::StrJoin(p.spec.shape, ","), "]",
-                                 p.spec.weight_decay ? " decay" : "", p.spec.frozen ? " frozen" : ""));
+    parts.push_back(
+        absl::StrCat(p.spec.name, "[", absl::StrJoin(p.spec.shape, ","), "]", p.spec.weight_decay ? " decay" : "",
+                     p.spec.frozen ? " frozen" : "", p.spec.own_lr ? absl::StrCat(" lr=", *p.spec.own_lr) : "",
+                     p.spec.own_weight_decay ? absl::StrCat(" weight_decay=", *p.spec.own_weight_decay) : ""));
   }
   return absl::StrCat(name, ": ", absl::StrJoin(parts, ", "));
 }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,12 @@ struct ParamSpec {
   // updated, with no gradient or optimizer state (Note [Frozen units] in engine/engine_impl.h). A unit's
   // parameters are all frozen or all trainable.
   bool frozen = false;
+  // The parameter's own hyper-parameters, a torch param group's, where they differ from the config's
+  // (Note [Param groups] in runtime/optim/optimizer.cc): unset = the config's. own_weight_decay is the
+  // decay coefficient of a parameter whose weight_decay flag is set (a parameter that does not decay has
+  // no own decay). Both finite and >= 0.
+  std::optional<double> own_lr;
+  std::optional<double> own_weight_decay;
 };
 
 struct ParamSlot {
@@ -57,6 +64,9 @@ struct Segment {
   // whose updates were skipped (Note [Parameters without a gradient], engine_step.cc) counts its own steps,
   // as torch.optim does per parameter.
   int64_t step = 0;
+  // The parameter's param group: the index of its coefficients in the update's optim::GroupHypers (0: the
+  // config's). The engine numbers the groups (Note [Param groups]); the layout leaves 0.
+  int group = 0;
 };
 
 struct UnitLayout {
@@ -79,10 +89,10 @@ struct UnitLayout {
   // mixes frozen and trainable parameters): its first parameter's flag.
   bool frozen() const { return !params.empty() && params[0].spec.frozen; }
 
-  // A hash of the name, parameter names, shapes, weight-decay and frozen flags: equal on every rank or
-  // the registrations differ. Independent of world size.
+  // A hash of the name, parameter names, shapes, weight-decay and frozen flags and own hyper-parameters:
+  // equal on every rank or the registrations differ. Independent of world size.
   uint64_t Fingerprint() const;
-  // "block1: w[64,64] decay, b[64]" for error messages.
+  // "block1: w[64,64] decay, b[64] lr=0.01" for error messages.
   std::string Describe() const;
 };
 

@@ -68,6 +68,10 @@ Param DecodeParam(FuzzedDataProvider& in, bool first, uint32_t stride) {
   p.spec.weight_decay = in.ConsumeIntegral<int8_t>();
   p.spec.init = in.ConsumeIntegralInRange<int32_t>(-1, 5);
   p.spec.init_value = in.ConsumeFloatingPoint<float>();
+  p.spec.has_own_lr = in.ConsumeIntegral<int8_t>();  // a param group's own values (Note [Param groups])
+  p.spec.own_lr = in.ConsumeFloatingPoint<double>();
+  p.spec.has_own_weight_decay = in.ConsumeIntegral<int8_t>();
+  p.spec.own_weight_decay = in.ConsumeFloatingPoint<double>();
   if (stride > sizeof(strata_param_spec)) {
     p.trailing.assign(stride - sizeof(strata_param_spec), 0);
     if (in.ConsumeIntegralInRange(0, 3) == 0)
@@ -152,7 +156,11 @@ void RunEngine(strata_comm* comm, const std::vector<Unit>& units) {
 
 void CheckLayout(const Unit& u, int world) {
   std::vector<strata::shard::ParamSpec> specs;
-  for (const Param& p : u.params) specs.push_back({p.name, p.shape, p.spec.weight_decay != 0, {}});
+  for (const Param& p : u.params) {
+    specs.push_back({p.name, p.shape, p.spec.weight_decay != 0, {}});
+    if (p.spec.has_own_lr != 0) specs.back().own_lr = p.spec.own_lr;
+    if (p.spec.has_own_weight_decay != 0) specs.back().own_weight_decay = p.spec.own_weight_decay;
+  }
   auto layout = strata::shard::UnitLayout::Build(u.name, specs, world);
   if (!layout.ok()) {
     STRATA_FUZZ_EXPECT(layout.status().code() == absl::StatusCode::kInvalidArgument, "Build: %s",

@@ -44,7 +44,7 @@ def manifest(world=1, **over):
 def manifests():
     write("manifest", "valid_world1.json", dump(manifest()))
     write("manifest", "valid_world2.json", dump(manifest(2, stage=2, param_dtype="bf16")))
-    write("manifest", "newer_version.json", dump(manifest(version=2)))
+    write("manifest", "newer_version.json", dump(manifest(version=99)))
     write("manifest", "shard_count_mismatch.json", dump(manifest(world_size=3)))
     m = manifest()
     m["shards"][0]["crc32"] = "not-hex"
@@ -54,6 +54,10 @@ def manifests():
     write("manifest", "odd_shape.json", dump(m))
     write("manifest", "wrong_type.json", dump(manifest(step="20", loss_scale=1e300)))
     write("manifest", "not_object.json", "[1, 2, 3]")
+    m = manifest(version=4)  # a param group's own lr and weight decay (Note [Param groups])
+    m["units"][0]["params"][0].update(own_lr=0.003, own_weight_decay=0.05)
+    m["units"][0]["params"][1]["own_lr"] = 0.003
+    write("manifest", "own_hyper.json", dump(m))
 
 
 def shard_file(ranges, pad_to=0, corrupt=False):

@@ -55,7 +55,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     """Collective: shards `model` with strata.torch (the config passed through unchanged) and returns
     (engine, optimizer, training_dataloader, lr_scheduler) as deepspeed.initialize does: the optimizer when the
     config has one (else None), the dataloader when training_data is given, the scheduler when the config has
-    one. Param groups in model_parameters may set weight_decay 0 or the config's value (others are refused)."""
+    one. Param groups in model_parameters may set their own lr and weight_decay, as DeepSpeed takes them (a group
+    without the key has the config's); betas / eps / momentum must be the config's."""
     if model is None:
         raise ValueError("strata.deepspeed.initialize requires a model")
     if optimizer is not None:
@@ -72,9 +73,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     cfg.setdefault("strata", {}).setdefault("params_without_grad", "zero")
     optimizer_params = dict(cfg.get("optimizer", {}).get("params", {}))
     groups = _groups.normalize(model, model_parameters)
-    decays = _groups.decay_flags(model, groups, optimizer_params)
-    engine = DeepSpeedEngine(model, st.shard(model, cfg, weight_decay=lambda name, p: decays[id(p)]), cfg, groups,
-                             optimizer_params)
+    hyper = _groups.param_hyper(model, groups, optimizer_params)
+    strata_engine = st.shard(model, cfg, weight_decay=lambda name, p: hyper[id(p)][0],
+                             lr=lambda name, p: hyper[id(p)][1])
+    engine = DeepSpeedEngine(model, strata_engine, cfg, groups, optimizer_params)
     if training_data is not None:
         engine.training_dataloader = _dataloader(engine, training_data, collate_fn, cfg)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

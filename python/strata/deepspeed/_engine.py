@@ -99,7 +99,7 @@ class DeepSpeedEngine(torch.nn.Module):
             self.skipped_steps += int(bool(r["skipped"]))
             self._step_applied = not r["skipped"]
             self._global_grad_norm = r["grad_norm"]
-            self.optimizer.set_lr(self.strata.lr())
+            self.optimizer.update_lrs()
         self.micro_steps += 1
 
     def zero_grad(self):
@@ -133,9 +133,9 @@ class DeepSpeedEngine(torch.nn.Module):
         return int(self.strata.resolved["train_batch_size"])
 
     def get_lr(self):
-        """The lr the next optimizer step uses, one per param group (DeepSpeed reads its optimizer's groups)."""
-        lr = self.strata.lr()
-        return [lr] * (len(self.optimizer.param_groups) if self.optimizer is not None else 1)
+        """The lr the next optimizer step uses, one per param group (DeepSpeed reads its optimizer's groups): each
+        group's own lr or the config's, under the config's schedule."""
+        return self.optimizer.lrs() if self.optimizer is not None else [self.strata.lr()]
 
     def get_global_grad_norm(self):
         return self._global_grad_norm
@@ -213,7 +213,7 @@ class DeepSpeedEngine(torch.nn.Module):
             client_state = _checkpoint.decode_client_state(ours["client_state"])
         self.micro_steps = self.global_steps * self.gradient_accumulation_steps()
         if self.optimizer is not None:
-            self.optimizer.set_lr(self.strata.lr())
+            self.optimizer.update_lrs()
         return path, client_state
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):

@@ -1,14 +1,19 @@
 """DeepSpeed's `model_parameters` (an iterable of tensors, or of dicts with "params" and per-group options, as a
-torch optimizer takes them) mapped onto what the engine can do: one optimizer from the config, and per parameter
-a flag saying whether it decays by the config's `optimizer.params.weight_decay` (ParamSpec::weight_decay).
+torch optimizer takes them) mapped onto what the engine does per parameter (Note [Param groups] in
+runtime/optim/optimizer.cc, docs/decisions/0032-param-groups.md).
 
-A group's option is honoured when that flag can express it exactly: weight_decay 0 (no decay) or the config's
-value (decay), and lr / betas / eps / momentum equal to the config's. Anything else is refused, naming the group,
-the key and what to write instead, rather than trained with another value."""
+DeepSpeed builds its torch optimizer from the groups with the config's optimizer.params as the defaults, so a
+group without "lr" or "weight_decay" takes the config's value. A group's own lr and weight_decay become each of
+its parameters' own (strata.torch.shard's lr= and weight_decay=); weight_decay 0 is no decay. betas / eps /
+momentum are one per engine: a group's value must equal the config's. Anything else is refused, naming the
+group, the key and what to write instead, rather than trained with another value."""
+import math
+import numbers
+
 import torch
 
-# Group keys that are optimizer hyperparameters: a group's value must equal the config's optimizer.params.
-_HYPER = ("lr", "betas", "eps", "momentum")
+# Group keys that are optimizer hyperparameters the engine has once: a group's value must equal the config's.
+_SHARED = ("betas", "eps", "momentum")
 _METADATA = ("name",)  # carried by some trainers (transformers' param group names); no effect on the update
 
 
@@ -46,53 +51,61 @@ def normalize(model, model_parameters):
     return [{"params": items}]
 
 
-def decay_flags(model, groups, optimizer_params):
-    """{id(param): decays} for every parameter of `model`, from the groups and the config's optimizer.params;
-    raises naming what the engine cannot honour exactly."""
+def _own_value(i, key, value):
+    """A group's own lr / weight_decay: a finite number >= 0, as torch.optim requires."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"strata.deepspeed.initialize: param group {i} has {key} {value!r}; it must be a finite "
+                         f"number >= 0")
+    return float(value)
+
+
+def group_own_lr(i, group):
+    """The group's own lr (None: it takes the config's)."""
+    return _own_value(i, "lr", group["lr"]) if "lr" in group else None
+
+
+def param_hyper(model, groups, optimizer_params):
+    """{id(param): (weight_decay, own lr)} for every parameter of `model`: weight_decay as strata.torch.shard's
+    weight_decay= takes it (True: the config's, False: none, a float: the group's own), the lr None or the group's
+    own. Raises naming what the engine cannot honour exactly."""
     names = {}
     for n, p in model.named_parameters():
         names.setdefault(id(p), n)
-    config_wd = optimizer_params.get("weight_decay")
-    flags, where = {}, {}
+    hyper, where = {}, {}
     for i, g in enumerate(groups):
         for key, value in g.items():
-            if key == "params" or key in _METADATA:
+            if key in ("params", "lr", "weight_decay") or key in _METADATA:
                 continue
-            if key == "weight_decay":
-                if float(value) == 0.0 or (config_wd is not None and _same(value, config_wd)):
-                    continue
-                have = (f"the config's optimizer.params.weight_decay is {config_wd}" if config_wd is not None
-                        else "the config sets no optimizer.params.weight_decay")
-                raise ValueError(
-                    f"strata.deepspeed.initialize: param group {i} has weight_decay {value}, and {have}. The "
-                    f"engine decays each parameter by the config's value or not at all: set "
-                    f"optimizer.params.weight_decay to {value} in the config, or give this group weight_decay 0.0")
-            if key in _HYPER:
+            if key in _SHARED:
                 if key in optimizer_params and _same(value, optimizer_params[key]):
                     continue
                 raise ValueError(
                     f"strata.deepspeed.initialize: param group {i} has its own {key} ({value}); the engine has one "
                     f"{key} for every parameter, the config's optimizer.params.{key} "
-                    f"({optimizer_params.get(key, 'not set')}). Per-group {key} is not supported: set it in the "
-                    f"config and drop it from the group")
-            else:
-                raise ValueError(f"strata.deepspeed.initialize: param group {i} has the key '{key}', which the engine "
-                                 f"cannot apply per group (it takes 'params', 'weight_decay' and the config's own "
-                                 f"{', '.join(_HYPER)}); move it to the config's optimizer.params")
-        decays = "weight_decay" not in g or float(g["weight_decay"]) != 0.0
+                    f"({optimizer_params.get(key, 'not set')}). Per-group {key} is not supported (per-group lr and "
+                    f"weight_decay are): set it in the config and drop it from the group")
+            raise ValueError(f"strata.deepspeed.initialize: param group {i} has the key '{key}', which the engine "
+                             f"cannot apply per group (it takes 'params', 'lr', 'weight_decay' and the config's own "
+                             f"{', '.join(_SHARED)}); move it to the config's optimizer.params")
+        own_lr = group_own_lr(i, g)
+        if "weight_decay" in g:
+            wd = _own_value(i, "weight_decay", g["weight_decay"])
+            decay = wd if wd != 0.0 else False
+        else:
+            decay = True  # the config's optimizer.params.weight_decay, DeepSpeed's default for a group
         for p in g["params"]:
             if id(p) not in names:
                 raise ValueError(f"strata.deepspeed.initialize: param group {i} holds a tensor of shape "
                                  f"{tuple(p.shape)} that is not a parameter of the model")
-            if id(p) in flags:
+            if id(p) in hyper:
                 raise ValueError(f"strata.deepspeed.initialize: parameter '{names[id(p)]}' is in param groups "
                                  f"{where[id(p)]} and {i}; a parameter belongs to one group")
-            flags[id(p)], where[id(p)] = decays, i
+            hyper[id(p)], where[id(p)] = (decay, own_lr), i
     for p in model.parameters():
-        if p.requires_grad and id(p) not in flags:
+        if p.requires_grad and id(p) not in hyper:
             raise ValueError(f"strata.deepspeed.initialize: parameter '{names[id(p)]}' requires grad but is in no "
                              f"group of model_parameters, so nothing would update it; the engine trains every "
                              f"parameter that requires grad. Add it to model_parameters, or set "
                              f"requires_grad=False on it before initialize (then it is frozen)")
-        flags.setdefault(id(p), False)  # frozen: never updated, the flag has no effect
-    return flags
+        hyper.setdefault(id(p), (False, None))  # frozen: never updated, the values have no effect
+    return hyper

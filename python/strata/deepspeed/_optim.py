@@ -3,14 +3,16 @@ the optimizer (its state sharded over the ranks) and applies the config's schedu
 
 They carry what training scripts read (optimizer.param_groups[i]["lr"], scheduler.get_last_lr()) and turn what
 they would change behind the engine's back into errors naming the config key to use instead."""
+from strata.deepspeed import _groups
 
 _OWNED = ("strata.deepspeed: the optimizer's state lives in the engine, sharded over the ranks; "
           "engine.save_checkpoint() / load_checkpoint() save and restore it")
 
 
 class EngineOptimizer:
-    """engine.optimizer. param_groups are the groups given to initialize, each with the config's lr (updated after
-    every optimizer step), betas, eps and weight_decay (0 for a group that does not decay)."""
+    """engine.optimizer. param_groups are the groups given to initialize, each with its lr as the engine's schedule
+    gives it (updated after every optimizer step), betas, eps and weight_decay: the group's own, else the
+    config's."""
 
     def __init__(self, engine, groups, optimizer_params):
         self._engine = engine
@@ -19,13 +21,19 @@ class EngineOptimizer:
             group = {k: v for k, v in optimizer_params.items() if k in ("betas", "eps", "momentum", "weight_decay")}
             group.update({k: v for k, v in g.items() if k != "lr"})
             self.param_groups.append(group)
+        self._own_lrs = [_groups.group_own_lr(i, g) for i, g in enumerate(groups)]  # None: the config's
         self._lrs = None
-        self.set_lr(engine.strata.lr())
+        self.update_lrs()
 
-    def set_lr(self, lr):
-        for g in self.param_groups:
+    def lrs(self):
+        """Each group's lr for the next optimizer step: the engine's schedule applied to the group's own lr or the
+        config's, by DeepSpeed's rule (Note [Param groups], strata_engine_group_lr)."""
+        return [self._engine.strata.group_lr(own) for own in self._own_lrs]
+
+    def update_lrs(self):
+        self._lrs = self.lrs()
+        for g, lr in zip(self.param_groups, self._lrs):
             g["lr"] = lr
-        self._lrs = [lr] * len(self.param_groups)
 
     def check_lr_untouched(self):
         """Before an optimizer step: a script that wrote param_groups[i]["lr"] (its own schedule) would train

@@ -25,8 +25,12 @@ def shard(model, config=None, unit_classes=None, **kwargs):
     Rank 0's parameter values are every rank's initial values, and rank 0's module buffers every rank's
     buffers (kept so by strata.broadcast_buffers, default true: docs/decisions/0026-buffers.md; cast to
     bf16 with bf16 parameters where model.to would). `weight_decay=callable(name, param)`
-    says which parameters AdamW decays (default: every parameter, DeepSpeed's rule; with the config's
-    "strata": {"weight_decay_1d": false}, those with 2 or more dimensions). A parameter with
+    says which parameters decay (default: every parameter, DeepSpeed's rule; with the config's
+    "strata": {"weight_decay_1d": false}, those with 2 or more dimensions): True / False for the config's
+    optimizer.params.weight_decay or none, or a float, that parameter's own weight decay (0.0: none).
+    `lr=callable(name, param)` gives a parameter its own lr (a number; None: the config's), as a torch param
+    group's lr: it follows the config's scheduler as DeepSpeed's schedules treat a group's lr
+    (docs/decisions/0032-param-groups.md); engine.lr(param) is the lr its next step uses. A parameter with
     requires_grad=False is frozen (fine-tuning, adapters): gathered and checkpointed, never reduced or
     updated, no .grad and no gradient or optimizer memory. `device`: "cuda" (or "cuda:k", a torch.device)
     or "cpu"; default: where the model's parameters are. On CUDA the engine's buffers are on the GPU of the

@@ -2,6 +2,8 @@
 import ctypes
 import functools
 import json
+import math
+import numbers
 import os
 
 import torch
@@ -48,11 +50,39 @@ def _hidden_size(model):
     return 0
 
 
+def _param_hyper(weight_decay, lr):
+    """(qualified name, param) -> (decays, own weight decay or None, own lr or None), from shard()'s callables
+    (Note [Param groups] in runtime/optim/optimizer.cc). weight_decay: a float is the parameter's own decay
+    (0.0: none); anything else says whether it decays by the config's optimizer.params.weight_decay. lr: None
+    for the config's lr, or a number, the parameter's own."""
+    def number(value, what, name):
+        v = float(value)
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"strata: {what} gives parameter '{name}' {value!r}; it must be a finite number >= 0")
+        return v
+
+    def hyper(name, p):
+        wd = weight_decay(name, p)
+        if isinstance(wd, float):
+            own_wd = number(wd, "weight_decay=", name)
+            decays, own_wd = own_wd != 0.0, (own_wd if own_wd != 0.0 else None)
+        else:
+            decays, own_wd = bool(wd), None
+        own_lr = None if lr is None else lr(name, p)
+        if own_lr is not None:
+            if isinstance(own_lr, bool) or not isinstance(own_lr, numbers.Real):
+                raise TypeError(f"strata: lr= gives parameter '{name}' {own_lr!r}; return a number (its own lr) or "
+                                f"None (the config's optimizer.params.lr)")
+            own_lr = number(own_lr, "lr=", name)
+        return decays, own_wd, own_lr
+    return hyper
+
+
 class Engine:
     """Made by strata.torch.shard. The model's parameters are the engine's from then on: views of its
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
-    def __init__(self, model, config=None, unit_classes=None, weight_decay=None, device=None):
+    def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None):
         if getattr(model, "_strata_sharded", False):  # its parameters are an engine's placeholders now
             raise RuntimeError("strata: this model was already given to st.shard(); its parameters belong to that "
                                "engine (empty placeholders outside a forward). Keep using that engine, or build a "
@@ -86,7 +116,8 @@ class Engine:
         if weight_decay is None:  # strata.weight_decay_1d: DeepSpeed's rule (every parameter) unless false
             decay_1d = self.resolved["strata.weight_decay_1d"] == "true"
             weight_decay = lambda name, p: decay_1d or p.ndim >= 2  # noqa: E731
-        self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
+        self._own_lr = {}  # id(param): its own lr (Note [Param groups]), for lr(param)
+        self.units = [self._register(i, s, _param_hyper(weight_decay, lr)) for i, s in enumerate(specs)]
         object.__setattr__(model, "_strata_sharded", True)  # not a module attribute: no state_dict entry
         _capi.check(_lib.strata_engine_finalize(self.handle))
         self._load_initial_values()
@@ -133,7 +164,7 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
-    def _register(self, uid, spec, weight_decay):
+    def _register(self, uid, spec, hyper):
         keep = []  # the specs' strings and shapes live until the call returns
         arr = (_capi.ParamSpec * len(spec.params))()
         for i, (n, p) in enumerate(zip(spec.names, spec.params)):
@@ -143,8 +174,12 @@ class Engine:
                                 f"parameters (the engine keeps the fp32 master and casts per strata.param_dtype)")
             shape = (ctypes.c_int64 * max(p.ndim, 1))(*(p.shape if p.ndim else (1,)))
             keep.append(shape)
-            arr[i] = _capi.ParamSpec.new(name=n.encode(), shape=shape, ndim=max(p.ndim, 1),
-                                         weight_decay=int(bool(weight_decay(qual, p))), frozen=int(spec.frozen))
+            decays, own_wd, own_lr = hyper(qual, p)
+            arr[i] = _capi.ParamSpec.new(name=n.encode(), shape=shape, ndim=max(p.ndim, 1), weight_decay=int(decays),
+                                         frozen=int(spec.frozen), has_own_lr=int(own_lr is not None),
+                                         own_lr=own_lr or 0.0, has_own_weight_decay=int(own_wd is not None),
+                                         own_weight_decay=own_wd or 0.0)
+            self._own_lr[id(p)] = own_lr
         out = ctypes.c_int32()
         _capi.check(_lib.strata_engine_register_unit(self.handle, spec.name.encode(), arr, len(spec.params),
                                                      ctypes.byref(out)))
@@ -227,11 +262,22 @@ class Engine:
         self.model_buffers.after_step()
         return {k: getattr(r, k) for k in ("step", "skipped", "clip_coef", "grad_norm", "lr", "loss_scale")}
 
-    def lr(self):
+    def lr(self, param=None):
         """The learning rate the next step() will use: the config's scheduler at the current step (what that
-        step's result will report as 'lr'), the same for every parameter."""
+        step's result will report as 'lr'), for the parameters without an lr of their own; lr(param) for one
+        parameter of the model (its own lr, shard(lr=...), under the config's scheduler)."""
+        if param is None:
+            return self.group_lr(None)
+        if id(param) not in self._own_lr:
+            raise ValueError("strata: lr(param): the tensor is not a parameter of this engine's model")
+        return self.group_lr(self._own_lr[id(param)])
+
+    def group_lr(self, own_lr):
+        """The learning rate the next step() gives the parameters whose own lr is `own_lr` (None: the config's
+        lr), under the config's scheduler: DeepSpeed's rule for a param group's lr (docs/decisions/0032)."""
         out = ctypes.c_double()
-        _capi.check(_lib.strata_engine_lr(self.handle, ctypes.byref(out)))
+        _capi.check(_lib.strata_engine_group_lr(self.handle, int(own_lr is not None),
+                                                float(own_lr) if own_lr is not None else 0.0, ctypes.byref(out)))
         return out.value
 
     def zero_grad(self):

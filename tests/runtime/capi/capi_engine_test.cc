@@ -112,7 +112,41 @@ TEST(ValidateUnitSpecs, FrozenIsReadFromCallersThatKnowItAndFalseForOlderOnes) {
   reserved.reserved = 7;
   ExpectInvalid("base", &reserved, 1, 1, "params[0].reserved is 7; it must be 0");
   // The struct has no padding an older library would scan as unknown bytes.
-  EXPECT_EQ(sizeof(strata_param_spec), offsetof(strata_param_spec, reserved) + sizeof(int32_t));
+  EXPECT_EQ(sizeof(strata_param_spec), offsetof(strata_param_spec, own_weight_decay) + sizeof(double));
+  EXPECT_EQ(offsetof(strata_param_spec, has_own_lr), offsetof(strata_param_spec, reserved) + sizeof(int32_t));
+}
+
+// The own lr and weight decay (Note [Param groups]) were appended: read from a caller that knows them, each when
+// its has_ flag is set; a caller built before them (struct_size ending at `reserved`) gets the config's values
+// whatever lies beyond; bad values are named.
+TEST(ValidateUnitSpecs, OwnLrAndWeightDecayAreReadWhenFlaggedAndAbsentForOlderCallers) {
+  const int64_t w[] = {4};
+  strata_param_spec specs[2] = {Spec("w", w, 1), Spec("b", w, 1)};
+  specs[0].weight_decay = 1;
+  specs[0].has_own_lr = specs[0].has_own_weight_decay = 1;
+  specs[0].own_lr = 0.03;
+  specs[0].own_weight_decay = 0.25;
+  specs[1].own_lr = 0.5;  // without its flag: not read
+  auto r = ValidateUnitSpecs("u", specs, 2, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].own_lr, 0.03);
+  EXPECT_EQ((*r)[0].own_weight_decay, 0.25);
+  EXPECT_FALSE((*r)[1].own_lr.has_value());
+  EXPECT_FALSE((*r)[1].own_weight_decay.has_value());
+  const uint32_t before = offsetof(strata_param_spec, reserved) + sizeof(int32_t);
+  strata_param_spec old = specs[0];
+  old.struct_size = before;
+  r = ValidateUnitSpecs("u", &old, 1, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE((*r)[0].own_lr.has_value()) << "read past an old caller's struct";
+  EXPECT_FALSE((*r)[0].own_weight_decay.has_value());
+  strata_param_spec bad = specs[0];
+  bad.own_lr = -1;
+  ExpectInvalid("u", &bad, 1, 1, "parameter 'u.w' has its own lr -1; it must be finite and >= 0");
+  bad = specs[1];
+  bad.has_own_weight_decay = 1;
+  bad.own_weight_decay = 0.1;
+  ExpectInvalid("u", &bad, 1, 1, "parameter 'u.b' has its own weight decay 0.1 but its weight-decay flag is off");
 }
 
 }  // namespace

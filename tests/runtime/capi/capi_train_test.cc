@@ -325,15 +325,22 @@ TEST(CApiStats, MemoryPerTierAndTheStepTimeSplit) {
   });
 }
 
+// A ZeRO-3 AdamW engine with lr 0.01 and the scheduler `scheduler` (its JSON).
+void MakeScheduledEngine(strata_comm* comm, const std::string& scheduler, strata_engine** e) {
+  const std::string config =
+      "{\"zero_optimization\": {\"stage\": 3}, \"optimizer\": {\"type\": \"AdamW\", "
+      "\"params\": {\"lr\": 0.01}}, \"scheduler\": " +
+      scheduler + "}";
+  ASSERT_STRATA_OK(MakeEngine(comm, config.c_str(), true, e));
+}
+
 // strata_engine_lr is the lr the next step uses (strata.deepspeed's get_lr() before and between steps).
 TEST(CApiLr, IsTheLrTheNextStepUses) {
   RunCRanks(kWorld, [&](int, strata_comm* comm) {
     strata_engine* e = nullptr;
-    ASSERT_STRATA_OK(MakeEngine(comm,
-                                "{\"zero_optimization\": {\"stage\": 3}, \"optimizer\": {\"type\": \"AdamW\", "
-                                "\"params\": {\"lr\": 0.01}}, \"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
-                                "{\"warmup_num_steps\": 3, \"warmup_min_lr\": 0}}}",
-                                true, &e));
+    MakeScheduledEngine(comm, "{\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 3, \"warmup_min_lr\": 0}}",
+                        &e);
+    ASSERT_NE(e, nullptr);
     std::vector<double> used;
     for (int s = 0; s < 4; ++s) {
       double next = -1;
@@ -348,6 +355,35 @@ TEST(CApiLr, IsTheLrTheNextStepUses) {
     }
     EXPECT_LT(used[0], used[3]) << "the warm-up moves the lr";
     EXPECT_EQ(used[3], 0.01) << "at the peak after the warm-up";
+    ASSERT_STRATA_OK(strata_engine_destroy(e));
+  });
+}
+
+// strata_engine_group_lr is the lr the next step gives a parameter with its own lr: under WarmupCosineLR the
+// group's lr times the schedule's ratio (DeepSpeed's org_lr * ratio); has_own_lr 0 is strata_engine_lr.
+TEST(CApiLr, AGroupsLrFollowsTheSchedule) {
+  RunCRanks(kWorld, [&](int, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    MakeScheduledEngine(
+        comm, "{\"type\": \"WarmupCosineLR\", \"params\": {\"warmup_num_steps\": 2, \"total_num_steps\": 6}}", &e);
+    ASSERT_NE(e, nullptr);
+    for (int s = 0; s < 4; ++s) {
+      double config = -1, same = -1, group = -1;
+      ASSERT_STRATA_OK(strata_engine_lr(e, &config));
+      ASSERT_STRATA_OK(strata_engine_group_lr(e, 0, 123.0, &same));
+      ASSERT_STRATA_OK(strata_engine_group_lr(e, 1, 0.04, &group));
+      EXPECT_EQ(same, config) << s;
+      EXPECT_NEAR(group, 4 * config, 1e-15) << s;
+      if (s > 1) {  // the log warm-up starts at 0 for two updates
+        EXPECT_GT(group, 0) << s;
+      }
+      OneStep(e, 0.1f);
+    }
+    double out = 0;
+    EXPECT_STRATA_ERROR(strata_engine_group_lr(e, 1, -0.5, &out), STRATA_ERR_INVALID_ARGUMENT,
+                        "own_lr is -0.5; it must be finite and >= 0");
+    EXPECT_STRATA_ERROR(strata_engine_group_lr(e, 1, 0.1, nullptr), STRATA_ERR_INVALID_ARGUMENT, "out is NULL");
+    EXPECT_STRATA_ERROR(strata_engine_group_lr(nullptr, 1, 0.1, &out), STRATA_ERR_INVALID_ARGUMENT, "engine is NULL");
     ASSERT_STRATA_OK(strata_engine_destroy(e));
   });
 }

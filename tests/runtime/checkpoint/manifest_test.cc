@@ -269,6 +269,36 @@ TEST(ParseManifest, SkippedStepsNeedFormat3) {
   ExpectBad(j, "units[0].params[1].skipped_steps");
 }
 
+// A param group's own lr and weight decay (format 4, Note [Param groups]): written only when set, round-trip
+// exactly, need format 4, a finite number >= 0, and an own decay only on a parameter that decays.
+TEST(ParseManifest, OwnLrAndWeightDecayNeedFormat4) {
+  Manifest m = Valid();
+  EXPECT_EQ(ToJson(m).find("own_"), std::string::npos);
+  m.version = kOwnHyperManifestVersion;
+  m.units[0].params[0].own_lr = 0.1 + 0.2;  // not a short decimal: the text must round-trip the bits
+  m.units[0].params[0].own_weight_decay = 0.05;
+  m.units[0].params[1].own_lr = 0.0;
+  auto parsed = ParseManifest(ToJson(m), "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->units[0].params[0].own_lr, 0.1 + 0.2);
+  EXPECT_EQ(parsed->units[0].params[0].own_weight_decay, 0.05);
+  EXPECT_EQ(parsed->units[0].params[1].own_lr, 0.0);
+  EXPECT_FALSE(parsed->units[0].params[1].own_weight_decay.has_value());
+  json j = json::parse(ToJson(m));
+  j["version"] = 3;
+  ExpectBad(j, "units[0].params[0].own_lr");
+  for (const char* key : {"own_lr", "own_weight_decay"}) {
+    j = json::parse(ToJson(m));
+    j["units"][0]["params"][0][key] = -0.5;
+    ExpectBad(j, std::string("units[0].params[0].") + key);
+    j["units"][0]["params"][0][key] = "0.1";
+    ExpectBad(j, std::string("units[0].params[0].") + key);
+  }
+  j = json::parse(ToJson(m));
+  j["units"][0]["params"][1]["own_weight_decay"] = 0.1;  // b does not decay
+  ExpectBad(j, "units[0].params[1].own_weight_decay");
+}
+
 TEST(ParseManifest, NewerVersionAndForeignDocuments) {
   json j = ValidJson();
   j["version"] = 9;

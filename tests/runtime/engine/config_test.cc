@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace strata::engine {
 namespace {
 
@@ -602,11 +604,14 @@ TEST(Config, AutoValuesResolveAsHuggingFaceDoes) {
   EXPECT_EQ(cfg->scheduler.warmup_min_lr, 0);
   EXPECT_EQ(cfg->scheduler.total_steps, 300);
   EXPECT_EQ(cfg->train_batch_size, 2);
+  EXPECT_EQ(cfg->gradient_clipping, 1.0);   // TrainingArguments.max_grad_norm's default, as Hugging Face fills it
+  EXPECT_TRUE(cfg->scheduler.shared_peak);  // warmup_max_lr "auto" is a number: every param group's peak
   std::string notes = ResolvedAutoLine(*cfg) + "\n";
   for (const std::string& n : cfg->notes) notes += n + "\n";
   EXPECT_THAT(notes, HasSubstr("train_batch_size = 2, train_micro_batch_size_per_gpu = 1"));
   EXPECT_THAT(notes, HasSubstr("optimizer.params.betas = [0.9, 0.999]"));
   EXPECT_THAT(notes, HasSubstr("scheduler.params.warmup_max_lr = 0.0003"));
+  EXPECT_THAT(notes, HasSubstr("gradient_clipping = 1.0"));
   EXPECT_THAT(notes, HasSubstr("zero_optimization.reduce_bucket_size = 589824"));
   EXPECT_THAT(notes, HasSubstr("zero_optimization.stage3_prefetch_bucket_size = 530841"));
   EXPECT_THAT(notes, HasSubstr("zero_optimization.stage3_param_persistence_threshold = 7680"));
@@ -617,6 +622,34 @@ TEST(Config, AutoValuesResolveAsHuggingFaceDoes) {
   ExpectInvalid(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}})",
                 {"scheduler.params.warmup_num_steps", "\"auto\""});
   ExpectInvalid(R"({"strata": {"seed": "auto"}})", {"strata.seed", "\"auto\"", "set it to"});
+  // A front end's flag (strata train --grad-clip) replaces the "auto" first.
+  auto flagged = ParseConfigWithOverrides(R"({"gradient_clipping": "auto"})", {"gradient_clipping=0.5"}, facts);
+  ASSERT_TRUE(flagged.ok()) << flagged.status();
+  EXPECT_EQ(flagged->gradient_clipping, 0.5);
+}
+
+// Note [Param groups]: whose lr each param group's schedule rises to. WarmupLR's warmup_max_lr defaults to each
+// group's own lr; given (a number), or WarmupDecayLR's default 0.001, it is every group's peak. The resolved
+// configuration says which.
+TEST(Config, WarmupMaxLrGivenIsEveryParamGroupsPeak) {
+  const auto peak = [](const std::string& text) {
+    auto cfg = ParseConfig(text);
+    EXPECT_TRUE(cfg.ok()) << cfg.status();
+    if (!cfg.ok()) return std::string();
+    for (const auto& [key, value] : JobWideFields(*cfg)) {
+      if (key == "scheduler.peak") return absl::StrCat(cfg->scheduler.shared_peak ? "shared: " : "own: ", value);
+    }
+    return std::string("missing");
+  };
+  EXPECT_EQ(peak(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}})"),
+            "own: each param group's lr");
+  EXPECT_EQ(peak(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01}}})"),
+            "shared: warmup_max_lr, for every param group");
+  EXPECT_EQ(peak(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 5000}}})"),
+            "shared: warmup_max_lr, for every param group");
+  EXPECT_EQ(peak(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 5000}}})"),
+            "own: each param group's lr");
+  EXPECT_EQ(peak("{}"), "own: each param group's lr");
 }
 
 // Note [One pass, every problem]: every problem at once, each with its key path and its fix.

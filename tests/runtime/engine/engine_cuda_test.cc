@@ -2,13 +2,16 @@
 // synthetic gradients written into Grad() each micro-batch, the CUDA engine's weights equal the host
 // engine's bit for bit (the optimizer kernels share the element math; clipping is off, so the norm's
 // different summation order cannot change a coefficient), for stages 0-3, fp32 and bf16 params, and the
-// optimizer offloaded to cpu and to nvme, and parameter shards on cpu and nvme (staged gathers).
+// optimizer offloaded to cpu and to nvme, and parameter shards on cpu and nvme (staged gathers); and with
+// param groups of their own lr and weight decay, for AdamW, Adam with L2 and SGD.
 // Unsupported placements are refused with a named reason.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,17 +28,24 @@
 namespace strata::engine {
 namespace {
 
-std::vector<shard::ParamSpec> Specs(int in, int out) {
-  return {{"weight", {in, out}, true}, {"bias", {out}, false}};
+// With `groups`, unit b's parameters are in a param group of their own (Note [Param groups]): another lr, and
+// for the weight another decay.
+std::vector<shard::ParamSpec> Specs(int in, int out, bool groups) {
+  std::vector<shard::ParamSpec> specs = {{"weight", {in, out}, true}, {"bias", {out}, false}};
+  if (groups) {
+    specs[0].own_lr = specs[1].own_lr = 3e-3;
+    specs[0].own_weight_decay = 0.2;
+  }
+  return specs;
 }
 
 // Trains three units for `steps` steps of 2 micro-batches with gradient g = sin(0.37 i + 1.3 s + 0.11 k)
 // (element i, step s, micro-batch k) and returns every parameter, gathered.
-absl::StatusOr<std::vector<float>> Train(const EngineConfig& cfg, device::Device& dev, int steps) {
+absl::StatusOr<std::vector<float>> Train(const EngineConfig& cfg, device::Device& dev, int steps, bool groups = false) {
   auto group = comm::CreateInProcessGroup(1, comm::Options{});
   STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, *group[0], dev));
   for (auto [name, in, out] : {std::tuple{"a", 16, 48}, std::tuple{"b", 48, 48}, std::tuple{"c", 48, 5}}) {
-    STRATA_RETURN_IF_ERROR(e->RegisterUnit(name, Specs(in, out)).status());
+    STRATA_RETURN_IF_ERROR(e->RegisterUnit(name, Specs(in, out, groups && name == std::string("b"))).status());
   }
   STRATA_RETURN_IF_ERROR(e->Finalize());
   const bool cuda = dev.kind() == device::DeviceKind::kCuda;
@@ -117,6 +127,31 @@ TEST_F(EngineOnCuda, MatchesTheHostEngineBitForBit) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*want, *got) << "stage " << c.stage << " " << DTypeName(c.dtype) << " optimizer offload "
                            << static_cast<int>(c.optimizer) << " param offload " << static_cast<int>(c.params);
+  }
+}
+
+// Param groups (Note [Param groups]): the device kernels take each segment's group coefficients as the host's
+// do, for AdamW, Adam with L2 and SGD, on the device and with the optimizer on the host.
+TEST_F(EngineOnCuda, ParamGroupsMatchTheHostEngineBitForBit) {
+  for (const int kind : {0, 1, 2}) {
+    for (const auto& [stage, optimizer] :
+         {std::pair{0, OffloadDevice::kNone}, std::pair{3, OffloadDevice::kNone}, std::pair{3, OffloadDevice::kCpu}}) {
+      EngineConfig cfg;
+      cfg.stage = stage;
+      cfg.optimizer.type = kind == 2 ? optim::OptimizerType::kSgd : optim::OptimizerType::kAdamW;
+      cfg.optimizer.adam_w_mode = kind != 1;
+      cfg.optimizer.momentum = 0.9;
+      cfg.optimizer.weight_decay = 0.05;
+      cfg.offload_optimizer.device = optimizer;
+      auto want = Train(cfg, host_, 4, true);
+      auto got = Train(cfg, *cuda_, 4, true);
+      auto plain = Train(cfg, host_, 4, false);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      EXPECT_EQ(*want, *got) << "kind " << kind << " stage " << stage << " optimizer offload " << int(optimizer);
+      EXPECT_NE(*want, *plain) << "the groups changed nothing";
+    }
   }
 }
 

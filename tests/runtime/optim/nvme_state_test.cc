@@ -70,17 +70,20 @@ void ExpectSameAsInMemory(NvmeStateTest* t, NvmeState& state, const OptimizerCon
   std::vector<std::vector<float>> mem(3, std::vector<float>(n, 0.0f));  // StateIndex order
   mem[0] = Values(n, 0.01f, -3);
   ASSERT_TRUE(state.Write(0, StateKind::kMaster, mem[0]).ok());
-  // Two parameters, one with weight decay, and padding at the end.
-  const std::vector<shard::Segment> segs = {{0, 1300, 0, true}, {1300, 2450, 1, false}};
+  // Three parameters, two with weight decay, the last two in a second param group (Note [Param groups]) that
+  // the tiles must keep, and padding at the end.
+  std::vector<shard::Segment> segs = {{0, 1300, 0, true}, {1300, 2000, 1, true}, {2000, 2450, 2, false}};
+  segs[1].group = segs[2].group = 1;
+  const std::vector<GroupHyper> groups = {{1e-2, cfg.weight_decay}, {3e-2, 0.3}};
   const size_t pb = DTypeBytes(dtype);
   std::vector<char> tiled_params(n * pb, 0), mem_params(n * pb, 0);
   for (int64_t step = 1; step <= 2; ++step) {
     const std::vector<float> grad = Values(n, 0.001f * static_cast<float>(step), -0.5f);
-    TiledUpdate up{grad.data(), &segs, tiled_params.data(), dtype, 1e-2, step, 0.75f, nullptr};
+    TiledUpdate up{grad.data(), &segs, tiled_params.data(), dtype, groups, step, 0.75f, nullptr};
     // The second step goes through the StateStore interface (the engine's way), the first directly.
     ParamsAccess params;
     params.on_host = [&](const std::function<absl::Status(char*)>& fn) { return fn(tiled_params.data()); };
-    const UnitStep unit_step{grad.data(), &segs, params, dtype, 1e-2, step, 0.75f, nullptr};
+    const UnitStep unit_step{grad.data(), &segs, params, dtype, groups, step, 0.75f, nullptr};
     auto stats = step == 1 ? state.Update(0, cfg, up) : static_cast<StateStore&>(state).Step(0, cfg, unit_step);
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_EQ(stats->tiles, 3u);
@@ -92,7 +95,7 @@ void ExpectSameAsInMemory(NvmeStateTest* t, NvmeState& state, const OptimizerCon
       opts.param_copy = reinterpret_cast<uint16_t*>(mem_params.data());
       opts.param_copy_dtype = dtype;
     }
-    ApplyUpdate(cfg, s, segs, 1e-2, step, 0.75f, opts);
+    ApplyUpdate(cfg, s, segs, groups, step, 0.75f, opts);
     if (dtype == DType::kF32) std::memcpy(mem_params.data(), mem[0].data(), n * 4);
   }
   for (StateKind k : kinds) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,22 +105,22 @@ TEST(ApplyUpdate, SgdMomentumMatchesTorchRecurrence) {
   EXPECT_NEAR(p[0], pd, 1e-5);
 }
 
-// The loop ApplyUpdate ran before the fused kernels: the scalar element math, element by element.
-void ElementLoop(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs, double lr,
-                 int64_t step, float grad_scale) {
+// The loop ApplyUpdate ran before the fused kernels: the scalar element math, element by element, with each
+// segment's group's lr and decay (Note [Param groups]) built here from the hyper-parameters.
+void ElementLoop(const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs,
+                 const std::vector<GroupHyper>& groups, int64_t step, float grad_scale) {
   const bool w = cfg.adam_w_mode;
-  const kernels::AdamWStep decay =
-      kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, step, w);
-  const kernels::AdamWStep no_decay = kernels::MakeAdamWStep(lr, cfg.beta1, cfg.beta2, cfg.eps, 0.0, step, w);
-  const kernels::SgdStep sd{static_cast<float>(lr), static_cast<float>(cfg.momentum),
-                            static_cast<float>(cfg.weight_decay)};
-  const kernels::SgdStep snd{static_cast<float>(lr), static_cast<float>(cfg.momentum), 0.0f};
   for (const shard::Segment& seg : segs) {
+    const GroupHyper& g = groups[seg.group];
+    const double wd = seg.weight_decay ? g.weight_decay : 0.0;
+    const kernels::AdamWStep a =
+        kernels::MakeAdamWStep(g.lr, cfg.beta1, cfg.beta2, cfg.eps, wd, seg.step > 0 ? seg.step : step, w);
+    const kernels::SgdStep sgd{static_cast<float>(g.lr), static_cast<float>(cfg.momentum), static_cast<float>(wd)};
     for (size_t i = seg.begin; i < seg.end; ++i) {
       if (cfg.type == OptimizerType::kAdamW) {
-        kernels::AdamWElement(s.grad[i] * grad_scale, s.master[i], s.m[i], s.v[i], seg.weight_decay ? decay : no_decay);
+        kernels::AdamWElement(s.grad[i] * grad_scale, s.master[i], s.m[i], s.v[i], a);
       } else {
-        kernels::SgdElement(s.grad[i] * grad_scale, s.master[i], s.m[i], seg.weight_decay ? sd : snd);
+        kernels::SgdElement(s.grad[i] * grad_scale, s.master[i], s.m[i], sgd);
       }
     }
   }
@@ -140,7 +141,10 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b, size_t* 
 // therefore do not change with the fused kernels).
 TEST(ApplyUpdate, EveryVariantAndThreadCountIsBitIdenticalToTheElementLoop) {
   const size_t n = 200003;
-  const std::vector<shard::Segment> segs = {{0, 70001, 0, true}, {70001, 70002, 1, false}, {70010, 199990, 2, true}};
+  // Two param groups (Note [Param groups]); the last segment in the second, with a step count of its own.
+  std::vector<shard::Segment> segs = {{0, 70001, 0, true}, {70001, 70002, 1, false}, {70010, 199990, 2, true}};
+  segs[2].group = 1;
+  segs[2].step = 2;
   for (const int kind : {0, 1, 2}) {  // AdamW, Adam with L2 (adam_w_mode false), SGD
     const OptimizerType type = kind == 2 ? OptimizerType::kSgd : OptimizerType::kAdamW;
     OptimizerConfig cfg;
@@ -158,9 +162,10 @@ TEST(ApplyUpdate, EveryVariantAndThreadCountIsBitIdenticalToTheElementLoop) {
         pr = p, mr = m, vr = v;
         for (int t = 1; t <= 4; ++t) {
           for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * i + t);
-          ElementLoop(cfg, ShardState{pr.data(), g.data(), mr.data(), vr.data()}, segs, 1e-2 / t, t, 0.8f);
+          const std::vector<GroupHyper> groups = {{1e-2 / t, 0.05}, {3e-2 / t, 0.2}};
+          ElementLoop(cfg, ShardState{pr.data(), g.data(), mr.data(), vr.data()}, segs, groups, t, 0.8f);
           UpdateOptions o{copy.data(), DType::kBF16, exec->get()};
-          ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, 1e-2 / t, t, 0.8f, o);
+          ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, groups, t, 0.8f, o);
         }
         const std::string what = std::string(isa) + " threads=" + std::to_string(threads) +
                                  (kind == 0 ? " adamw" : kind == 1 ? " adam-l2" : " sgd");
@@ -176,6 +181,87 @@ TEST(ApplyUpdate, EveryVariantAndThreadCountIsBitIdenticalToTheElementLoop) {
         EXPECT_EQ(copy[70005], 0) << what << ": param copy written outside the segments";
       }
     }
+  }
+}
+
+// Note [Param groups]: each segment takes its group's lr and decay, for AdamW, Adam with L2 and SGD, against
+// double references of torch.optim.AdamW / Adam / SGD with those param groups. Group 0 (the config's) has a
+// decaying and a non-decaying segment, group 1 a decaying one with another lr and decay, group 2 lr 0.
+TEST(ApplyUpdate, EachSegmentTakesItsGroupsLrAndWeightDecay) {
+  const std::vector<GroupHyper> groups = {{3e-3, 0.1}, {2e-2, 0.5}, {0.0, 0.3}};
+  std::vector<shard::Segment> segs = {{0, 10, 0, true}, {10, 20, 1, false}, {20, 35, 2, true}, {40, 50, 3, true}};
+  segs[2].group = 1;
+  segs[3].group = 2;
+  auto wd_of = [&](size_t i) { return i < 10 ? 0.1 : i < 20 ? 0.0 : i < 35 ? 0.5 : i < 40 ? -1.0 : 0.3; };
+  auto lr_of = [&](size_t i) { return i < 20 ? 3e-3 : i < 35 ? 2e-2 : 0.0; };
+  for (const int kind : {0, 1, 2}) {  // AdamW, Adam with L2 (adam_w_mode false), SGD with momentum
+    OptimizerConfig cfg;
+    cfg.type = kind == 2 ? OptimizerType::kSgd : OptimizerType::kAdamW;
+    cfg.adam_w_mode = kind != 1;
+    cfg.momentum = 0.9;
+    cfg.lr = 7.0;  // not read: the groups' values are
+    cfg.weight_decay = 9.0;
+    const size_t n = 50;
+    std::vector<float> p(n), g(n), m(n, 0), v(n, 0);
+    std::vector<double> pd(n), md(n, 0), vd(n, 0);
+    for (size_t i = 0; i < n; ++i) pd[i] = p[i] = 0.5f - 0.02f * i;
+    for (int t = 1; t <= 30; ++t) {
+      for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.3f * i + 0.7f * t);
+      ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, groups, t, 1.0f);
+      for (size_t i = 0; i < n; ++i) {
+        if (wd_of(i) < 0) continue;  // [35, 40): padding
+        if (kind == 2) {             // torch.optim.SGD: g += wd p; buf = mu buf + g (buf = g at t 1); p -= lr buf
+          const double gd = g[i] + wd_of(i) * pd[i];
+          md[i] = t == 1 ? gd : 0.9 * md[i] + gd;
+          pd[i] -= lr_of(i) * md[i];
+        } else {
+          AdamWRef(g[i], pd[i], md[i], vd[i], lr_of(i), cfg.beta1, cfg.beta2, cfg.eps, wd_of(i), t, kind == 0);
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (wd_of(i) < 0) {
+        EXPECT_EQ(p[i], 0.5f - 0.02f * i) << "padding index " << i << " was updated";
+      } else {
+        EXPECT_NEAR(p[i], pd[i], 1e-5 * (1 + std::fabs(pd[i]))) << "kind " << kind << " index " << i;
+      }
+    }
+    for (size_t i = 40; i < 50; ++i) EXPECT_EQ(p[i], 0.5f - 0.02f * i) << "lr 0 moved index " << i;
+    EXPECT_GT(std::fabs(p[25] - p[5]), 0.0f);
+  }
+}
+
+// A group's segments get exactly the bits of an update with one group, the config's, whose lr and decay are
+// that group's: per-segment coefficients are the config's coefficients, built per group.
+TEST(ApplyUpdate, AGroupsSegmentsGetTheBitsOfAConfigWithItsValues) {
+  for (const int kind : {0, 1, 2}) {
+    OptimizerConfig cfg;
+    cfg.type = kind == 2 ? OptimizerType::kSgd : OptimizerType::kAdamW;
+    cfg.adam_w_mode = kind != 1;
+    cfg.momentum = 0.8;
+    const std::vector<GroupHyper> groups = {{1e-3, 0.01}, {4e-2, 0.25}};
+    std::vector<shard::Segment> segs = {{0, 300, 0, true}, {300, 700, 1, true}, {700, 900, 1, false}};
+    for (size_t k = 1; k < 3; ++k) segs[k].group = 1;
+    const size_t n = 900;
+    std::vector<float> p(n), g(n), m(n, 0), v(n, 0);
+    for (size_t i = 0; i < n; ++i) p[i] = std::cos(0.01f * i);
+    std::vector<float> pr = p, mr = m, vr = v;
+    for (int t = 1; t <= 5; ++t) {
+      for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * i + t);
+      ApplyUpdate(cfg, ShardState{p.data(), g.data(), m.data(), v.data()}, segs, groups, t, 0.5f);
+      for (size_t k = 0; k < segs.size(); ++k) {  // each segment alone, with its group's values as the config's
+        OptimizerConfig one = cfg;
+        one.lr = groups[segs[k].group].lr;
+        one.weight_decay = groups[segs[k].group].weight_decay;
+        shard::Segment alone = segs[k];
+        alone.group = 0;
+        ApplyUpdate(one, ShardState{pr.data(), g.data(), mr.data(), vr.data()}, {alone}, one.lr, t, 0.5f);
+      }
+    }
+    size_t at = 0;
+    EXPECT_TRUE(SameBits(pr, p, &at)) << "kind " << kind << ": master differs at " << at;
+    EXPECT_TRUE(SameBits(mr, m, &at)) << "kind " << kind << ": m differs at " << at;
+    EXPECT_TRUE(SameBits(vr, v, &at)) << "kind " << kind << ": v differs at " << at;
   }
 }
 
@@ -294,6 +380,52 @@ TEST(ScheduledLr, WarmupLRDefaultsToALogarithmicWarmUp) {
   EXPECT_DOUBLE_EQ(ScheduledLr(s, 1e-3, 5000), 1e-3);
   s.log_warmup = false;
   EXPECT_DOUBLE_EQ(ScheduledLr(s, 1e-3, 3), 1e-3 * 2 / 10);  // linear: i / W with i = step - 1
+}
+
+// Note [Param groups]: a param group's lr under each schedule, DeepSpeed's rule: no scheduler and Strata's
+// own schedules take the group's lr; WarmupCosineLR the group's lr times the ratio (org_lr * ratio);
+// WarmupLR the group's lr as its peak, unless warmup_max_lr is given (shared_peak), as WarmupDecayLR always
+// is: then every group follows the config's peak. Against the oracle DeepSpeedLrs with each group's values.
+TEST(GroupLr, FollowsDeepSpeedsRuleForEverySchedule) {
+  const double config_lr = 3e-4, own = 5e-3;
+  for (const LrScheduleType type : {LrScheduleType::kConstant, LrScheduleType::kWarmupLR,
+                                    LrScheduleType::kWarmupDecayLR, LrScheduleType::kWarmupCosineLR}) {
+    for (const bool shared : {false, true}) {
+      if ((type == LrScheduleType::kWarmupDecayLR) != shared && type != LrScheduleType::kWarmupLR) continue;
+      SchedulerConfig s;
+      s.type = type;
+      s.warmup_steps = 7;
+      s.total_steps = 40;
+      s.warmup_min_lr = type == LrScheduleType::kWarmupCosineLR ? 0 : 1e-5;
+      s.warmup_min_ratio = 0.1;
+      s.cos_min_ratio = 0.05;
+      s.shared_peak = shared;
+      const double peak = shared ? config_lr : own;
+      const std::vector<double> want = type == LrScheduleType::kConstant
+                                           ? std::vector<double>(60, own)
+                                           : DeepSpeedLrs(type, true, 1e-5, peak, 7, 40, 0.1, 0.05, 60);
+      const std::vector<double> config_want = type == LrScheduleType::kConstant
+                                                  ? std::vector<double>(60, config_lr)
+                                                  : DeepSpeedLrs(type, true, 1e-5, config_lr, 7, 40, 0.1, 0.05, 60);
+      for (int step = 0; step < 60; ++step) {
+        EXPECT_NEAR(GroupLr(s, config_lr, own, step), want[step], 1e-12 * own)
+            << "type " << int(type) << " shared " << shared << " step " << step;
+        EXPECT_EQ(GroupLr(s, config_lr, std::nullopt, step), ScheduledLr(s, config_lr, step));
+        EXPECT_NEAR(GroupLr(s, config_lr, std::nullopt, step), config_want[step], 1e-12 * config_lr);
+      }
+      if (!shared && type != LrScheduleType::kConstant) {
+        EXPECT_NE(GroupLr(s, config_lr, own, 20), GroupLr(s, config_lr, std::nullopt, 20)) << int(type);
+      }
+    }
+  }
+  SchedulerConfig linear;  // Strata's own: the group's lr is its peak, warmup_min_lr and min_lr shared
+  linear.type = LrScheduleType::kWarmupLinear;
+  linear.warmup_steps = 10;
+  linear.total_steps = 110;
+  linear.min_lr = 1e-4;
+  EXPECT_DOUBLE_EQ(GroupLr(linear, 1e-3, 2e-3, 9), 2e-3);
+  EXPECT_DOUBLE_EQ(GroupLr(linear, 1e-3, 2e-3, 60), 1e-4 + (2e-3 - 1e-4) * 0.5);
+  EXPECT_DOUBLE_EQ(GroupLr(linear, 1e-3, std::nullopt, 60), ScheduledLr(linear, 1e-3, 60));
 }
 
 TEST(SumSquares, AccumulatesInDouble) {

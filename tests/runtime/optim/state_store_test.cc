@@ -31,14 +31,15 @@ MemoryOps HostOps(bool visible = true) {
     if (bytes) std::memcpy(dst, host, bytes);
     return absl::OkStatus();
   };
-  ops.update = [](const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs, double lr,
-                  int64_t step, float grad_scale, uint16_t* param_copy, DType copy_dtype) {
+  ops.update = [](const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs,
+                  absl::Span<const GroupHyper> groups, int64_t step, float grad_scale, uint16_t* param_copy,
+                  DType copy_dtype) {
     UpdateOptions opts;
     if (param_copy != nullptr) {
       opts.param_copy = param_copy;
       opts.param_copy_dtype = copy_dtype;
     }
-    ApplyUpdate(cfg, s, segs, lr, step, grad_scale, opts);
+    ApplyUpdate(cfg, s, segs, groups, step, grad_scale, opts);
     return absl::OkStatus();
   };
   ops.cast = [](DType to, const float* src, void* dst, size_t n) {
@@ -128,7 +129,10 @@ TEST_F(StateStoreTest, KindsRoundTripAndEditRunsInPlaceOrStaged) {
 void ExpectStepIsApplyUpdate(StateStoreTest* t, MemoryState& s, Params& p, const OptimizerConfig& cfg, DType dtype,
                              bool apart) {
   const size_t n = 300;
-  const std::vector<shard::Segment> segs = {{0, 170, 0, true}, {170, 290, 1, false}};  // padding at the end
+  // Padding at the end; the second parameter in a param group of its own (Note [Param groups]).
+  std::vector<shard::Segment> segs = {{0, 170, 0, true}, {170, 290, 1, true}};
+  segs[1].group = 1;
+  const std::vector<GroupHyper> groups = {{1e-2, cfg.weight_decay}, {4e-2, 0.2}};
   std::vector<std::vector<float>> ref(3, std::vector<float>(n, 0.0f));  // StateIndex order
   ref[0] = Values(n, 0.01f, -3);
   ASSERT_TRUE(s.Write(0, StateKind::kMaster, ref[0]).ok());
@@ -136,7 +140,7 @@ void ExpectStepIsApplyUpdate(StateStoreTest* t, MemoryState& s, Params& p, const
   if (!apart) std::memcpy(ref_params.data(), ref[0].data(), n * 4);
   for (int64_t step = 1; step <= 2; ++step) {
     const std::vector<float> grad = Values(n, 0.001f * static_cast<float>(step), -0.5f);
-    const UnitStep up{grad.data(), &segs, p.Access(), dtype, 1e-2, step, 0.75f, nullptr};
+    const UnitStep up{grad.data(), &segs, p.Access(), dtype, groups, step, 0.75f, nullptr};
     auto stats = s.Step(0, cfg, up);
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_EQ(stats->bytes_read, 0u);
@@ -147,7 +151,7 @@ void ExpectStepIsApplyUpdate(StateStoreTest* t, MemoryState& s, Params& p, const
       opts.param_copy = reinterpret_cast<uint16_t*>(ref_params.data());
       opts.param_copy_dtype = dtype;
     }
-    ApplyUpdate(cfg, st, segs, 1e-2, step, 0.75f, opts);
+    ApplyUpdate(cfg, st, segs, groups, step, 0.75f, opts);
     if (dtype == DType::kF32) std::memcpy(ref_params.data(), ref[0].data(), n * 4);
   }
   for (StateKind k : StateKinds(cfg.type)) {
@@ -208,7 +212,7 @@ TEST_F(StateStoreTest, StepScalesNormsAcrossRanksClipsAndUpdatesEveryUnitAsTheRe
   std::vector<std::vector<float>> ref_grads = grads;
   StepInputs in;
   in.grad_scale = 0.125f;
-  in.lr = 3e-3;
+  in.groups = {{3e-3, cfg.weight_decay}};
   in.step = 1;
   in.max_norm = 1.0;
   in.param_dtype = DType::kF32;

@@ -80,6 +80,45 @@ TEST(UnitLayout, FingerprintSeesNamesShapesAndDecayButNotWorldSize) {
   EXPECT_FALSE(UnitLayout::Build("u", Specs(), 2)->frozen());
 }
 
+// Note [Param groups]: a parameter's own lr and weight decay are part of the fingerprint (ranks that register
+// other values fail at Finalize), are checked (finite, >= 0; an own decay only where the parameter decays),
+// and reach no segment: the engine numbers the groups (Segment::group stays 0 here).
+TEST(UnitLayout, OwnLrAndWeightDecayAreFingerprintedAndChecked) {
+  const uint64_t base = UnitLayout::Build("u", Specs(), 2)->Fingerprint();
+  auto changed = Specs();
+  changed[0].own_lr = 1e-3;
+  const uint64_t with_lr = UnitLayout::Build("u", changed, 2)->Fingerprint();
+  EXPECT_NE(base, with_lr);
+  changed[0].own_lr = 2e-3;
+  EXPECT_NE(with_lr, UnitLayout::Build("u", changed, 2)->Fingerprint());
+  changed = Specs();
+  changed[0].own_weight_decay = 1e-3;  // the same number as an own decay is another registration
+  EXPECT_NE(with_lr, UnitLayout::Build("u", changed, 2)->Fingerprint());
+  EXPECT_NE(base, UnitLayout::Build("u", changed, 2)->Fingerprint());
+  auto l = UnitLayout::Build("u", changed, 2);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_NE(l->Describe().find("w[5,3] decay weight_decay=0.001"), std::string::npos) << l->Describe();
+  for (const Segment& s : l->ShardSegments(0)) EXPECT_EQ(s.group, 0);
+
+  auto bad = Specs();
+  bad[1].own_weight_decay = 0.1;  // b does not decay
+  auto no_decay = UnitLayout::Build("u", bad, 1);
+  EXPECT_NE(no_decay.status().message().find("parameter 'u.b' has its own weight decay 0.1 but its weight-decay "
+                                             "flag is off"),
+            absl::string_view::npos)
+      << no_decay.status();
+  for (const double v : {-1.0, double{NAN}, double{INFINITY}}) {
+    bad = Specs();
+    bad[0].own_lr = v;
+    auto r = UnitLayout::Build("u", bad, 1);
+    EXPECT_NE(r.status().message().find("parameter 'u.w' has its own lr"), absl::string_view::npos) << r.status();
+    bad = Specs();
+    bad[0].own_weight_decay = v;
+    r = UnitLayout::Build("u", bad, 1);
+    EXPECT_NE(r.status().message().find("its own weight decay"), absl::string_view::npos) << r.status();
+  }
+}
+
 TEST(InitValue, DeterministicAndIndependentOfEverythingButItsKey) {
   const uint64_t k = ParamKey("u", "w");
   EXPECT_NE(k, ParamKey("u", "b"));
