@@ -83,14 +83,22 @@ void Delay(int64_t us) {
 
 }  // namespace
 
+std::vector<MlpUnit> MlpUnits(const MlpShape& shape) {
+  return {{"input", LinearSpecs(shape.in, shape.hidden)},
+          {"hidden", LinearSpecs(shape.hidden, shape.hidden)},
+          {"output", LinearSpecs(shape.hidden, shape.out)}};
+}
+
 absl::StatusOr<Mlp> Mlp::Register(Engine& engine, const MlpShape& shape, bool perturb_for_test) {
   Mlp m;
   m.shape_ = shape;
-  STRATA_ASSIGN_OR_RETURN(m.input_, engine.RegisterUnit("input", LinearSpecs(shape.in, shape.hidden)));
+  std::vector<MlpUnit> units = MlpUnits(shape);
   // perturb_for_test: this rank registers a different hidden width (registration mismatch test).
-  const int h = perturb_for_test ? shape.hidden + 1 : shape.hidden;
-  STRATA_ASSIGN_OR_RETURN(m.hidden_, engine.RegisterUnit("hidden", LinearSpecs(shape.hidden, h)));
-  STRATA_ASSIGN_OR_RETURN(m.output_, engine.RegisterUnit("output", LinearSpecs(shape.hidden, shape.out)));
+  if (perturb_for_test) units[1].params = LinearSpecs(shape.hidden, shape.hidden + 1);
+  int* const ids[] = {&m.input_, &m.hidden_, &m.output_};
+  for (size_t u = 0; u < units.size(); ++u) {
+    STRATA_ASSIGN_OR_RETURN(*ids[u], engine.RegisterUnit(std::move(units[u].name), std::move(units[u].params)));
+  }
   return m;
 }
 

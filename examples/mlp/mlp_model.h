@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,14 @@ struct MlpShape {
   int hidden = 48;
   int out = 4;
 };
+
+// The units Mlp::Register registers, in order: "input", "hidden", "output", each a linear layer's weight
+// [out, in] and bias (what the model's spec lays out: examples/mlp/mlp_spec.h).
+struct MlpUnit {
+  std::string name;
+  std::vector<shard::ParamSpec> params;
+};
+std::vector<MlpUnit> MlpUnits(const MlpShape& shape);
 
 class Mlp {
  public:

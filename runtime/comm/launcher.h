@@ -1,5 +1,5 @@
 // How a multi-process program finds its job and brings up its communicators: mpirun / srun, or torchrun
-// (Note [Launchers] in launcher.cc). One copy for the CLI (tools/launch.h), the C ABI
+// (Note [Launchers] in launcher.cc). One copy for the CLI (spec/launch.h), the C ABI
 // (strata_comm_create_mpi_world) and the examples (mlp_train).
 #pragma once
 

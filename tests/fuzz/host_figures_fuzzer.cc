@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "tests/fuzz/fuzz_file.h"
 #include "tests/fuzz/json_exact.h"
-#include "tools/cli/flags.h"
+#include "spec/flags.h"
 #include "tools/plan/plan_device.h"
 #include "tools/plan/plan_host_figures.h"
 
@@ -78,10 +78,10 @@ bool PositiveFinite(double v) { return std::isfinite(v) && v > 0; }
 // The plan's use of the figures, with no flag given: for each job shape, every rate it set is positive and
 // finite, or the error names the file and the key.
 void ExpectApply(const HostFigures& f, const std::string& where) {
-  static const strata::tools::Flags* const no_flags = [] {
-    auto parsed = strata::tools::Flags::Parse({}, {});
+  static const strata::spec::Flags* const no_flags = [] {
+    auto parsed = strata::spec::Flags::Parse({}, {});
     STRATA_FUZZ_EXPECT(parsed.ok(), "Flags::Parse of nothing: %s", parsed.status().ToString().c_str());
-    return new strata::tools::Flags(*parsed);
+    return new strata::spec::Flags(*parsed);
   }();
   const int shapes[][2] = {{1, 1}, {f.ranks, f.ranks}, {2 * f.ranks, f.ranks}, {4, 2}, {8, 8}};
   for (const auto& s : shapes) {

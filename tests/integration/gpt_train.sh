@@ -230,7 +230,7 @@ PY
   expect_error "bf16 products on the host" "needs --device cuda" --device host --matmul bf16
   expect_error "fused attention on the host" "needs --device cuda" --device host --attention fused
 
-  # torchrun-style launches (Note [Launchers] in tools/launch.cc): each process is a 1-rank MPI
+  # torchrun-style launches (Note [Launchers] in runtime/comm/launcher.cc): each process is a 1-rank MPI
   # singleton, so the variables define the job. More than one rank on the host back-end is refused with
   # the way to launch it (not N separate 1-rank jobs); a bad variable is named; one rank trains.
   torchrun_env() {  # torchrun_env RANK WORLD_SIZE CMD...

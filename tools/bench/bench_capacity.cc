@@ -1,8 +1,9 @@
 // `strata bench capacity --device-budget X --host-budget Y [--nvme-path P] [--vary layers|width]`: the
-// largest GPT that completes 3 steps within the budgets. Layers at fixed width (or width at fixed depth)
-// grow by doubling until a run fails, then a binary search between the last success and the first
-// failure; with NVMe offload the first candidate is the largest the engine's accounting predicts to fit
-// (Note [Capacity search], capacity_search.h).
+// largest model (the GPT's by default; any model family's through spec/family.h) that completes 3 steps
+// within the budgets. Its depth at fixed width (or width at fixed depth; ModelSpec::Grows) grows by doubling
+// until a run fails, then a binary search between the last success and the first failure; with NVMe
+// offload the first candidate is the largest the engine's accounting predicts to fit (Note [Capacity
+// search], capacity_search.h).
 //
 // Each candidate prints a line as it starts (its size and an estimate of its time, from the last one that
 // fitted, scaled by parameters) and as it ends (fits or why not, step time, peak bytes per tier), and is
@@ -10,26 +11,25 @@
 // --time-limit bound the search. At the end: a table of every candidate; for the largest model its
 // parameters, peak bytes per tier, step time and its split; the physical bound of the box and the I/O floor
 // of the step (capacity_bound.h).
+#include <array>
 #include <chrono>
 #include <cstdio>
-#include <random>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "models/gpt/model/gpt_model.h"
-#include "models/gpt/train/command_start.h"
-#include "models/gpt/train/train_options.h"
-#include "models/gpt/train/trainer.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
+#include "spec/family.h"
+#include "spec/launch.h"
+#include "spec/registry.h"
 #include "tools/bench/capacity_bound.h"
-#include "tools/bench/capacity_search.h"
 #include "tools/bench/capacity_results.h"
+#include "tools/bench/capacity_search.h"
 #include "tools/cli/commands.h"
-#include "tools/launch.h"
 
 namespace strata::tools {
 namespace {
@@ -46,8 +46,8 @@ struct SearchOptions {
 };
 
 struct Attempt {
-  int64_t k = 0;  // layers, or d_model / heads
-  gpt::GptConfig model;
+  int64_t k = 0;  // its size in the direction that grows (ModelSpec::Grows): the GPT's layers, or d_model / heads
+  std::shared_ptr<const spec::ModelSpec> model;
   bool fits = false;
   std::string why;
   int64_t params = 0;
@@ -57,25 +57,27 @@ struct Attempt {
   engine::MemoryStats mem;
 };
 
-absl::Status Try(const TrainOptions& o, comm::Communicator& world, int steps, Attempt& a) {
-  a.params = gpt::NumParams(a.model);
+// What the search runs: the family that brings the candidates up, and its setup of the base model.
+struct Base {
+  const spec::Family* family = nullptr;
+  std::unique_ptr<spec::TrainSetup> setup;
+};
+
+absl::Status Try(const Base& o, comm::Communicator& world, int steps, Attempt& a) {
+  a.params = a.model->NumParams();
   device::HostDevice dev;
-  absl::StatusOr<GptRun> run = BringUp(o.engine, a.model, world, dev);
+  absl::StatusOr<std::unique_ptr<spec::Trainer>> run =
+      o.family->BringUp(*a.model, o.setup->engine, world, dev, /*compute=*/nullptr);
   if (absl::IsResourceExhausted(run.status())) {  // Finalize found that it does not fit the budgets
     a.why = std::string(run.status().message());
     return absl::OkStatus();
   }
   STRATA_RETURN_IF_ERROR(run.status());
-  engine::Engine& e = *run->engine;
-  const int B = o.engine.train_micro_batch_size_per_gpu;
-  std::vector<int32_t> in(size_t(B) * a.model.seq_len);
-  std::mt19937 rng(7);
-  for (auto& t : in) t = static_cast<int32_t>(rng() % a.model.vocab);
+  engine::Engine& e = (*run)->engine();
+  (*run)->SynthesizeTokens(7, o.setup->engine.train_micro_batch_size_per_gpu);
   for (int i = 0; i < steps; ++i) {  // one micro-batch a step, whatever the accumulation
     const auto t0 = Clock::now();
-    STRATA_RETURN_IF_ERROR(RunMicroBatches(*run, 1, B, o.checkpointing, [&](int) -> absl::StatusOr<MicroBatchInput> {
-                             return MicroBatchInput{in.data(), in.data(), e.loss_scale()};
-                           }).status());
+    STRATA_RETURN_IF_ERROR((*run)->RunMicroBatches(1, o.setup->checkpointing).status());
     STRATA_ASSIGN_OR_RETURN(a.last, e.Step());
     a.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   }
@@ -83,9 +85,6 @@ absl::Status Try(const TrainOptions& o, comm::Communicator& world, int steps, At
   a.mem = e.memory_stats();
   return absl::OkStatus();
 }
-
-// "12 layers x d_model 64": not gpt::Describe's "layers 12, d_model 64", which names only the result.
-std::string Shape(const gpt::GptConfig& m) { return absl::StrCat(m.layers, " layers x d_model ", m.d_model); }
 
 std::string Peaks(const engine::MemoryStats& mem) {
   std::string s;
@@ -97,9 +96,8 @@ std::string Peaks(const engine::MemoryStats& mem) {
 }
 
 nlohmann::json ToJson(const Attempt& a) {
-  nlohmann::json j = {{"layers", a.model.layers}, {"d_model", a.model.d_model}, {"heads", a.model.heads},
-                      {"seq_len", a.model.seq_len}, {"vocab", a.model.vocab},  {"params", a.params},
-                      {"fits", a.fits},             {"seconds", a.seconds}};
+  nlohmann::json j = {{"params", a.params}, {"fits", a.fits}, {"seconds", a.seconds}};
+  for (const spec::Dimension& d : a.model->Dimensions()) j[d.name] = d.value;
   if (!a.fits) {
     j["why"] = a.why;
     return j;
@@ -115,19 +113,30 @@ nlohmann::json ToJson(const Attempt& a) {
   return j;
 }
 
+// The model's first two dimensions (spec::Dimension; the GPT's layers and d_model), the table's columns.
+std::array<spec::Dimension, 2> Columns(const spec::ModelSpec& m) {
+  std::array<spec::Dimension, 2> c;
+  const std::vector<spec::Dimension> d = m.Dimensions();
+  for (size_t i = 0; i < c.size() && i < d.size(); ++i) c[i] = d[i];
+  return c;
+}
+
 void PrintTable(const std::vector<Attempt>& all) {
-  std::printf("candidates (in the order tried):\n  %6s %8s %14s  %-5s %10s  %s\n", "layers", "d_model", "params",
-              "fits", "step ms", "peaks, or why not");
+  const std::array<spec::Dimension, 2> head = Columns(*all.front().model);
+  std::printf("candidates (in the order tried):\n  %6s %8s %14s  %-5s %10s  %s\n", head[0].name.c_str(),
+              head[1].name.c_str(), "params", "fits", "step ms", "peaks, or why not");
   for (const Attempt& a : all) {
     char step[32] = "-";
     if (a.fits) std::snprintf(step, sizeof step, "%.1f", a.step_ms);
-    std::printf("  %6d %8d %14lld  %-5s %10s  %s\n", a.model.layers, a.model.d_model, static_cast<long long>(a.params),
-                a.fits ? "yes" : "no", step, a.fits ? Peaks(a.mem).c_str() : a.why.substr(0, 100).c_str());
+    const std::array<spec::Dimension, 2> c = Columns(*a.model);
+    std::printf("  %6lld %8lld %14lld  %-5s %10s  %s\n", static_cast<long long>(c[0].value),
+                static_cast<long long>(c[1].value), static_cast<long long>(a.params), a.fits ? "yes" : "no", step,
+                a.fits ? Peaks(a.mem).c_str() : a.why.substr(0, 100).c_str());
   }
 }
 
 void PrintLargest(const Attempt& best) {
-  std::printf("largest model within the budgets: %s, %lld parameters\n", gpt::Describe(best.model).c_str(),
+  std::printf("largest model within the budgets: %s, %lld parameters\n", best.model->Describe().c_str(),
               static_cast<long long>(best.params));
   for (int t = 0; t < memory::kNumTiers; ++t) {
     std::printf("  peak %-12s %s\n", std::string(memory::TierName(static_cast<memory::Tier>(t))).c_str(),
@@ -177,13 +186,12 @@ void PrintOutcome(const Attempt& a) {
 }
 
 // Runs one candidate of size k unless a bound stops it: *ran tells which. Rank 0 reports and records it.
-absl::Status Candidate(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world,
-                       device::Stream& stream, double elapsed, CapacityResults& results, Attempt a, Search& s,
-                       bool* ran) {
+absl::Status Candidate(const Base& o, const SearchOptions& so, comm::Communicator& world, device::Stream& stream,
+                       double elapsed, CapacityResults& results, Attempt a, Search& s, bool* ran) {
   *ran = false;
   const bool rank0 = world.rank() == 0;
   const std::string name =
-      absl::StrCat("candidate ", s.all.size() + 1, ": ", Shape(a.model), ", ", a.params, " parameters");
+      absl::StrCat("candidate ", s.all.size() + 1, ": ", a.model->Shape(), ", ", a.params, " parameters");
   if (so.max_params > 0 && a.params > so.max_params) {
     if (rank0)
       std::printf("%s: over --max-params %lld, not tried\n", name.c_str(), static_cast<long long>(so.max_params));
@@ -216,19 +224,20 @@ absl::Status Candidate(const TrainOptions& o, const SearchOptions& so, comm::Com
   return absl::OkStatus();
 }
 
-absl::StatusOr<Search> RunSearch(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world,
-                                 uint64_t free_disk, CapacityResults& results) {
-  const gpt::GptConfig base = o.model;
+absl::StatusOr<Search> RunSearch(const Base& o, const SearchOptions& so, comm::Communicator& world, uint64_t free_disk,
+                                 CapacityResults& results) {
+  const std::shared_ptr<const spec::ModelSpec>& base = o.setup->model;
+  const engine::EngineConfig& config = o.setup->engine;
   device::HostDevice dev;
   STRATA_ASSIGN_OR_RETURN(auto stream, dev.CreateStream("capacity"));
   const auto start = Clock::now();
   Search s;
-  const int64_t base_k = so.width ? std::max(1, base.d_model / base.heads) : std::max(1, base.layers);
-  const int64_t limit = so.width ? (int64_t{1} << 30) / std::max(1, base.heads) : int64_t{1} << 30;
+  const spec::Growth grows = base->Grows(so.width);  // the base size, and the largest the model takes
+  const int64_t base_k = grows.size, limit = grows.max;
   // Note [Capacity search]: with NVMe, start at the accounting's largest fit.
-  const bool use_prediction = !NvmePaths(o.engine).empty();
+  const bool use_prediction = !NvmePaths(config).empty();
   int64_t predicted = 0;
-  PredictInput pin{base, o.engine, so.width, world.size(), free_disk, so.disk_reserve, so.max_params};
+  PredictInput pin{base, config, so.width, world.size(), free_disk, so.disk_reserve, so.max_params};
   if (use_prediction) {
     STRATA_ASSIGN_OR_RETURN(predicted, PredictLargest(pin, limit));
     if (world.size() > 1) {  // rank 0's: the ranks' free disk may differ by the moment each read it
@@ -236,26 +245,27 @@ absl::StatusOr<Search> RunSearch(const TrainOptions& o, const SearchOptions& so,
     }
     if (world.rank() == 0) {
       STRATA_ASSIGN_OR_RETURN(const std::string next, PredictedShortfall(pin, predicted + 1));
-      std::printf("the engine's accounting predicts the largest fit at %s (%lld parameters): the first candidate; "
-                  "%s does not fit: %s\n",
-                  predicted > 0 ? Shape(Scaled(base, so.width, predicted)).c_str() : "none",
-                  static_cast<long long>(predicted > 0 ? gpt::NumParams(Scaled(base, so.width, predicted)) : 0),
-                  Shape(Scaled(base, so.width, predicted + 1)).c_str(), next.c_str());
+      std::printf(
+          "the engine's accounting predicts the largest fit at %s (%lld parameters): the first candidate; "
+          "%s does not fit: %s\n",
+          predicted > 0 ? Scaled(base, so.width, predicted)->Shape().c_str() : "none",
+          static_cast<long long>(predicted > 0 ? Scaled(base, so.width, predicted)->NumParams() : 0),
+          Scaled(base, so.width, predicted + 1)->Shape().c_str(), next.c_str());
       std::fflush(stdout);
     }
   }
   CandidateState st = FirstCandidate(base_k, use_prediction, predicted);
   for (;;) {
     const int64_t k = st.k;
-    if ((so.width ? k * base.heads : k) > (int64_t{1} << 30)) {  // Scaled narrows to int; gpt dimensions stop at 2^30
-      return absl::InvalidArgumentError(absl::StrCat("the search passed ", so.width ? "d_model" : "layers",
+    if (k > grows.max) {  // past the largest the model takes (the GPT's dimensions stop at 2^30)
+      return absl::InvalidArgumentError(absl::StrCat("the search passed ", grows.what,
                                                      " 2^30 without running out of memory: set --device-budget, "
                                                      "--host-budget or --max-params"));
     }
     Attempt a;
     a.k = k;
     a.model = Scaled(base, so.width, k);
-    a.params = gpt::NumParams(a.model);
+    a.params = a.model->NumParams();
     bool ran = false;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     STRATA_RETURN_IF_ERROR(Candidate(o, so, world, *stream, elapsed, results, a, s, &ran));
@@ -272,8 +282,9 @@ absl::StatusOr<Search> RunSearch(const TrainOptions& o, const SearchOptions& so,
   return s;
 }
 
-absl::Status Capacity(const TrainOptions& o, const SearchOptions& so, comm::Communicator& world) {
-  const std::vector<std::string> nvme = NvmePaths(o.engine);
+absl::Status Capacity(const Base& base, const SearchOptions& so, comm::Communicator& world) {
+  const engine::EngineConfig& config = base.setup->engine;
+  const std::vector<std::string> nvme = NvmePaths(config);
   uint64_t free_disk = 0;
   STRATA_ASSIGN_OR_RETURN(free_disk, FreeDiskBytes(nvme));  // 0 without NVMe; before any swap file exists
   CapacityResults results;
@@ -281,14 +292,14 @@ absl::Status Capacity(const TrainOptions& o, const SearchOptions& so, comm::Comm
     STRATA_RETURN_IF_ERROR(results.Open(so.results));
     if (!so.results.empty()) std::printf("appending each finished candidate to %s\n", so.results.c_str());
   }
-  STRATA_ASSIGN_OR_RETURN(const Search s, RunSearch(o, so, world, free_disk, results));
+  STRATA_ASSIGN_OR_RETURN(const Search s, RunSearch(base, so, world, free_disk, results));
   if (world.rank() != 0) return absl::OkStatus();
   PrintTable(s.all);
   if (!s.stopped.empty()) std::printf("search stopped early: %s\n", s.stopped.c_str());
   const Attempt& best = s.all[static_cast<size_t>(s.best)];
   PrintLargest(best);
-  PrintCapacityBound(o.engine, free_disk, MeasureBytesPerParam(o.engine, best.mem, best.params, world.size()),
-                     best.params, world.size());
+  PrintCapacityBound(config, free_disk, MeasureBytesPerParam(config, best.mem, best.params, world.size()), best.params,
+                     world.size());
   if (nvme.empty() || best.last.nvme_read_bytes + best.last.nvme_write_bytes == 0) {
     std::printf("I/O floor: none (the step moves no NVMe bytes)\n");
     return absl::OkStatus();
@@ -334,7 +345,7 @@ absl::Status ParseSearchFlags(const std::vector<std::string>& args, SearchOption
 std::string BenchCapacityUsage() {
   return "usage: strata bench capacity [--vary layers|width] [--max-params N] [--time-limit S] [--results FILE]\n"
          "                             [--probe-bytes B] [--disk-reserve B] [strata train's flags]\n"
-         "  finds the largest GPT (more layers, or a wider model) whose step trains within --device-budget and\n"
+         "  finds the largest model (more layers, or a wider model) whose step trains within --device-budget and\n"
          "  --host-budget, with the offload flags given. Prints each candidate as it starts (size, estimated time)\n"
          "  and ends (fits or why not, step time, peak bytes per tier), then a table of all, the largest model,\n"
          "  the physical bound (free disk + host budget) / bytes per parameter, and with NVMe offload the step's\n"
@@ -348,28 +359,34 @@ std::string BenchCapacityUsage() {
          "  --disk-reserve B            with NVMe offload the search starts at the largest model the engine's\n"
          "                              accounting predicts to fit the budgets and the free disk less B\n"
          "                              (default 2GiB), and tries nothing larger\n" +
-         TrainUsage().substr(TrainUsage().find('\n') + 1);
+         spec::TrainFlagsUsage();
 }
 
 int BenchCapacityCommand(const std::vector<std::string>& args) {
   int code = 0;
-  std::optional<CommandLaunch> start = StartLaunch("bench capacity", &code);  // MPI, then the launch
+  std::optional<spec::CommandLaunch> start = spec::StartLaunch("bench capacity", &code);  // MPI, then the launch
   if (!start.has_value()) return code;
-  const Launch* launch = &start->launch;
+  const comm::Launch* launch = &start->launch;
   // The search runs the host back-end (Note [Launchers]): MPI's world, or one torchrun rank.
-  if (auto refused = RefuseHostUnderTorchrun(*launch, device::DeviceKind::kHost, "bench capacity")) {
+  if (auto refused = spec::RefuseHostUnderTorchrun(*launch, device::DeviceKind::kHost, "bench capacity")) {
     if (launch->rank == 0) std::fprintf(stderr, "strata bench capacity: %s\n", refused->c_str());
     return 2;
   }
   SearchOptions so;
   std::vector<std::string> rest;
   absl::Status s = ParseSearchFlags(args, &so, &rest);
-  absl::StatusOr<TrainOptions> opts = s.ok() ? ParseTrainOptions(rest, launch->size) : s;
-  s = opts.status();
+  Base base;
+  if (s.ok()) {
+    absl::StatusOr<const spec::Family*> family = spec::TakeFamily(&rest);  // --model-family, or the default
+    absl::StatusOr<std::unique_ptr<spec::TrainSetup>> setup =
+        family.ok() ? (*family)->ParseTrain(rest, launch->size) : family.status();
+    s = setup.status();
+    if (s.ok()) base = Base{*family, *std::move(setup)};
+  }
   if (s.ok()) {
     SetMinLogSeverity(LogSeverity::kError);  // failed candidates are expected; their errors are not news
     auto world = start->mpi->World(comm::Options{});
-    s = world.ok() ? Capacity(*opts, so, **world) : world.status();
+    s = world.ok() ? Capacity(base, so, **world) : world.status();
   }
   if (!s.ok()) {
     std::fprintf(stderr, "strata bench capacity: %s\n", std::string(s.message()).c_str());

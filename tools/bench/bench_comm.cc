@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
+#include "spec/flags.h"
+#include "spec/launch.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/flags.h"
-#include "tools/cli/mpi_command.h"
 
 namespace strata::tools {
 namespace {
@@ -100,25 +100,25 @@ absl::Status Bench(comm::Communicator& world, size_t bytes, int iters, bool json
   return absl::OkStatus();
 }
 
-const std::vector<FlagDef>& CommFlagDefs() {
-  static const auto* defs = new std::vector<FlagDef>{
-      {"bytes", false, "buffer size (default 128 MiB)"},
-      {"iters", false, "repetitions; the best is reported (default 5)"},
-      {"json", true, "one JSON object"}};
+const std::vector<spec::FlagDef>& CommFlagDefs() {
+  static const auto* defs =
+      new std::vector<spec::FlagDef>{{"bytes", false, "buffer size (default 128 MiB)"},
+                                     {"iters", false, "repetitions; the best is reported (default 5)"},
+                                     {"json", true, "one JSON object"}};
   return *defs;
 }
 
 }  // namespace
 
 std::string BenchCommUsage() {
-  return Flags::Usage("bench comm", CommFlagDefs()) +
+  return spec::Flags::Usage("bench comm", CommFlagDefs()) +
          "  (under mpirun: the MPI back-end's collectives against raw MPI on the same buffers)\n";
 }
 
 int BenchCommCommand(const std::vector<std::string>& args) {
-  auto mpi = StartMpi("bench comm");
+  auto mpi = spec::StartMpi("bench comm");
   if (mpi == nullptr) return 1;
-  auto f = Flags::Parse(args, CommFlagDefs());
+  auto f = spec::Flags::Parse(args, CommFlagDefs());
   absl::Status s = f.status();
   if (s.ok()) {
     auto bytes = f->Int("bytes", 128 << 20);

@@ -24,9 +24,9 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "spec/flags.h"
 #include "tools/bench/subprocess.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/flags.h"
 
 namespace strata::tools {
 namespace {
@@ -34,7 +34,7 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::vector<FlagDef> NvmeBenchFlagDefs() {
+std::vector<spec::FlagDef> NvmeBenchFlagDefs() {
   return {
       {"path", false, "DIR[,DIR...]: directories for the store's files (several: striped); fio runs on those files"},
       {"block-bytes", false, "bytes per I/O, a multiple of 4096 (suffixes: 1MiB)"},
@@ -254,7 +254,7 @@ absl::StatusOr<json> RunNvmeBench(const NvmeBenchOptions& o) {
 }
 
 absl::StatusOr<NvmeBenchOptions> ParseNvmeBenchOptions(const std::vector<std::string>& args, bool* json_out) {
-  STRATA_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, NvmeBenchFlagDefs()));
+  STRATA_ASSIGN_OR_RETURN(spec::Flags f, spec::Flags::Parse(args, NvmeBenchFlagDefs()));
   if (!f.positional().empty())
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", f.positional()[0], "'"));
   NvmeBenchOptions o;
@@ -280,14 +280,14 @@ absl::StatusOr<NvmeBenchOptions> ParseNvmeBenchOptions(const std::vector<std::st
   return o;
 }
 
-std::string BenchNvmeUsage() { return Flags::Usage("bench nvme", NvmeBenchFlagDefs()); }
+std::string BenchNvmeUsage() { return spec::Flags::Usage("bench nvme", NvmeBenchFlagDefs()); }
 
 int BenchNvmeCommand(const std::vector<std::string>& args) {
   bool as_json = false;
   auto o = ParseNvmeBenchOptions(args, &as_json);
   if (!o.ok()) {
     std::fprintf(stderr, "strata bench nvme: %s\n%s", std::string(o.status().message()).c_str(),
-                 Flags::Usage("bench nvme", NvmeBenchFlagDefs()).c_str());
+                 spec::Flags::Usage("bench nvme", NvmeBenchFlagDefs()).c_str());
     return 2;
   }
   auto result = RunNvmeBench(*o);

@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "models/gpt/train/train_options.h"
 #include "runtime/base/env.h"
 #include "runtime/base/status.h"
+#include "spec/registry.h"
 #include "tools/bench/subprocess.h"
 #include "tools/cli/commands.h"
 
@@ -19,7 +19,7 @@ namespace {
 
 using json = nlohmann::json;
 
-std::vector<FlagDef> ScalingFlagDefs() {
+std::vector<spec::FlagDef> ScalingFlagDefs() {
   return {{"ranks", false, "N: compare 1 rank against N ranks (N >= 2)"},
           {"mpirun", false, "launcher command, split on spaces (default mpirun)"},
           {"json", true, "print one JSON object"}};
@@ -33,10 +33,12 @@ struct ScalingOptions {
 };
 
 absl::StatusOr<ScalingOptions> ParseScalingOptions(const std::vector<std::string>& args) {
-  std::vector<FlagDef> all = ScalingFlagDefs();
-  const std::vector<FlagDef> train = TrainFlagDefs();
+  std::vector<std::string> checked = args;  // --model-family goes on to bench step with the rest
+  STRATA_ASSIGN_OR_RETURN(const spec::Family* family, spec::TakeFamily(&checked));
+  std::vector<spec::FlagDef> all = ScalingFlagDefs();
+  const std::vector<spec::FlagDef> train = family->TrainFlagDefs();
   all.insert(all.end(), train.begin(), train.end());
-  STRATA_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, all));  // catch typos before launching anything
+  STRATA_ASSIGN_OR_RETURN(spec::Flags f, spec::Flags::Parse(checked, all));  // catch typos before launching anything
   if (!f.positional().empty())
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", f.positional()[0], "'"));
   ScalingOptions o;
@@ -144,15 +146,16 @@ absl::StatusOr<ScalingSummary> SummariseScaling(const json& one, const json& man
 }
 
 std::string BenchScalingUsage() {
-  return Flags::Usage("bench scaling", ScalingFlagDefs()) +
-         "  (other flags go to strata bench step: --model, --layers, --micro-batch, --steps, --stage, ...)\n";
+  return spec::Flags::Usage("bench scaling", ScalingFlagDefs()) +
+         "  (other flags go to strata bench step: --model-family, --model, --layers, --micro-batch, --steps, --stage,\n"
+         "  ...)\n";
 }
 
 int BenchScalingCommand(const std::vector<std::string>& args) {
   auto opts = ParseScalingOptions(args);
   if (!opts.ok()) {
     std::fprintf(stderr, "strata bench scaling: %s\n%s", std::string(opts.status().message()).c_str(),
-                 Flags::Usage("bench scaling", ScalingFlagDefs()).c_str());
+                 spec::Flags::Usage("bench scaling", ScalingFlagDefs()).c_str());
     return 2;
   }
   const absl::Status s = RunScaling(*opts);

@@ -1,7 +1,9 @@
-// `strata bench step`: GPT training-step throughput, next to an sgemm rate measured in the same run
-// (each rank times a [B*T, C] x [C, 4C] product, the shape of the MLP's first matmul, at the same
-// moment, so contention between ranks is in both numbers). Reports tokens/s, achieved GFLOP/s per rank
-// (3 x forward FLOPs per token, 4 x with activation checkpointing) and its fraction of the sgemm rate.
+// `strata bench step`: a model's training-step throughput (the GPT's by default; any model family's through
+// spec/family.h), next to an sgemm rate measured in the same run (each rank times the model's own host
+// product, ModelSpec::HostProduct: for the GPT a [B*T, C] x [C, 4C] product, the shape of the MLP's first
+// matmul, at the same moment, so contention between ranks is in both numbers). Reports tokens/s, achieved
+// GFLOP/s per rank (3 x forward FLOPs per token, 4 x with activation checkpointing) and its fraction of the
+// sgemm rate.
 // With --device cuda the reference is the GPU's dense bf16 matrix-product rate measured in the same run
 // (the MFU denominator) instead.
 // The optimizer update's time (StepResult::optimizer_ms: norm, clip, update, casts, without waits) is
@@ -15,28 +17,22 @@
 // payload each communicator issued per step (Note [Traffic]).
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <algorithm>
-#include <limits>
 #include <functional>
-#include <random>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "models/gpt/model/gpt_model.h"
-#include "models/gpt/nn/cpu/nn.h"
-#include "models/gpt/train/command_start.h"
-#include "models/gpt/train/compute.h"
-#include "models/gpt/train/train_options.h"
-#include "models/gpt/train/trainer.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/device/host_device.h"
-#include "tools/bench/sgemm_rate.h"
+#include "spec/family.h"
+#include "spec/launch.h"
+#include "spec/registry.h"
 #include "tools/cli/commands.h"
-#include "tools/launch.h"
 
 namespace strata::tools {
 namespace {
@@ -103,33 +99,35 @@ absl::StatusOr<std::pair<double, double>> UpdateMsAtOneAndN(engine::Engine& e, i
   return std::make_pair(Median(one), Median(many));
 }
 
-// `world` carries the engine's collectives, `host` (host buffers) the bench's own (launch.h).
-absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Communicator& host, Compute& compute,
-                   bool json) {
+// "," then each fact as a JSON member: ,"matmul":"bf16","attention":"fused".
+std::string FactsJson(const spec::Facts& facts) {
+  std::string s;
+  for (const auto& [name, value] : facts) absl::StrAppend(&s, ",\"", name, "\":\"", value, "\"");
+  return s;
+}
+
+// `world` carries the engine's collectives, `host` (host buffers) the bench's own (spec/launch.h).
+absl::Status Bench(const spec::Family& family, const spec::TrainSetup& o, comm::Communicator& world,
+                   comm::Communicator& host, spec::Compute& compute, bool json) {
   // On a GPU the reference is the dense bf16 matrix-product rate (MFU); on the host, sgemm (below).
-  const bool gpu = compute.nn != nullptr;
+  const bool gpu = compute.gpu();
   double bf16_flops = 0;
   if (gpu) {
-    STRATA_ASSIGN_OR_RETURN(bf16_flops, compute.nn->Bf16MatmulFlops());
+    STRATA_ASSIGN_OR_RETURN(bf16_flops, compute.Bf16MatmulFlops());
   }
   device::HostDevice dev;  // a host stream for the bench's own collectives
-  STRATA_ASSIGN_OR_RETURN(GptRun run, BringUp(o.engine, o.model, world, *compute.device, std::move(compute.nn)));
-  std::unique_ptr<engine::Engine>& e = run.engine;
-  const int B = o.engine.train_micro_batch_size_per_gpu, T = o.model.seq_len;
-  std::vector<int32_t> in(size_t(B) * T), tgt(in.size());
-  std::mt19937 rng(1 + world.rank());
-  for (size_t i = 0; i < in.size(); ++i) in[i] = tgt[i] = static_cast<int32_t>(rng() % o.model.vocab);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<spec::Trainer> run,
+                          family.BringUp(*o.model, o.engine, world, compute.device(), &compute));
+  engine::Engine* const e = &run->engine();
+  const int B = o.engine.train_micro_batch_size_per_gpu, T = o.model->SequenceLength();
+  run->SynthesizeTokens(1 + world.rank(), B);
   STRATA_ASSIGN_OR_RETURN(auto sync, dev.CreateStream("bench"));
   double fwd_bwd_s = 0, opt_s = 0;  // time in forward + backward, and in Step() (wait for reductions + update)
   double exposed_comm_ms = 0;       // StepResult::exposed_comm_ms, summed
   std::vector<double> update_ms;    // the update itself, per timed step (StepResult::optimizer_ms)
   auto run_step = [&]() -> absl::StatusOr<double> {
     const auto t0 = Clock::now();
-    STRATA_RETURN_IF_ERROR(RunMicroBatches(run, o.engine.gradient_accumulation_steps, B, o.checkpointing,
-                                           [&](int) -> absl::StatusOr<MicroBatchInput> {
-                                             return MicroBatchInput{in.data(), tgt.data(), e->loss_scale()};
-                                           })
-                               .status());
+    STRATA_RETURN_IF_ERROR(run->RunMicroBatches(o.engine.gradient_accumulation_steps, o.checkpointing).status());
     const auto t1 = Clock::now();
     STRATA_ASSIGN_OR_RETURN(const engine::StepResult r, e->Step());
     fwd_bwd_s += std::chrono::duration<double>(t1 - t0).count();
@@ -139,7 +137,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   };
   STRATA_RETURN_IF_ERROR(run_step().status());  // warm-up: records the schedule, touches all memory
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
-  const double sgemm = gpu ? 0.0 : SgemmGflops(B * T, o.model.d_model, 4 * o.model.d_model);
+  const double sgemm = gpu ? 0.0 : o.model->HostProductGflops(o.model->HostProduct(B), 0.5);
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
   if (o.steps > std::numeric_limits<int>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, " is out of range [0, 2147483647]"));
@@ -180,7 +178,7 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
     upd[1] = std::max(upd[1], all_upd[r + 1]);
   }
   const double tokens = double(steps) * B * T * o.engine.gradient_accumulation_steps * world.size();
-  const double flops_per_token = (o.checkpointing ? 4.0 : 3.0) * gpt::ForwardFlopsPerToken(o.model);
+  const double flops_per_token = (o.checkpointing ? 4.0 : 3.0) * o.model->ForwardFlopsPerToken();
   const double gflops_per_rank = flops_per_token * tokens / secs / 1e9 / world.size();
   // Peak resident memory of the whole process (model state, activations, buffers), the largest over ranks.
   struct rusage ru;
@@ -190,44 +188,45 @@ absl::Status Bench(const TrainOptions& o, comm::Communicator& world, comm::Commu
   STRATA_RETURN_IF_ERROR(host.AllGather(&rss_mib, all_rss.data(), 1, DType::kF32, *sync).Wait());
   const double max_rss_mib = *std::max_element(all_rss.begin(), all_rss.end());
   if (world.rank() != 0) return absl::OkStatus();
-  const std::string shape = gpt::Describe(o.model);
-  const std::string attention = run.model.nn().attention_in_use();
+  const std::string shape = o.model->Describe();
+  const std::string facts = FactsJson(run->facts());
   if (gpu) {  // MFU against the bf16 rate measured in this run (fp32 / TF32 products run below it)
     const double mfu = gflops_per_rank * 1e9 / bf16_flops;
     if (json) {
       std::printf(
           "{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
-          "\"device\":\"%s\",\"matmul\":\"%s\",\"attention\":\"%s\",\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_"
+          "\"device\":\"%s\"%s,\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_"
           "per_rank\":%.2f,"
           "\"bf16_matmul_gflops\":%.1f,\"mfu\":%.4f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
           "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
           "\"peak_device_bytes\":%llu,%s}\n",
-          shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(), o.engine.stage, B, T,
-          compute.name.c_str(), gpt::ProductsName(compute.products), attention.c_str(), secs / steps * 1e3,
-          tokens / secs, gflops_per_rank, bf16_flops / 1e9, mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, threads,
-          upd[0], upd[1], static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes),
+          shape.c_str(), static_cast<long long>(o.model->NumParams()), world.size(), o.engine.stage, B, T,
+          compute.name().c_str(), facts.c_str(), secs / steps * 1e3, tokens / secs, gflops_per_rank, bf16_flops / 1e9,
+          mfu, fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, threads, upd[0], upd[1],
+          static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes),
           CommJson(comm_split, e->shard_group_size()).c_str());
     } else {
-      std::printf("%s, %d ranks on %s, stage %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s per rank, MFU %.1f%% "
-                  "of the bf16 matmul rate (%.1f TFLOP/s in the same run); update %.2f ms on 1 thread, %.2f ms on %d\n",
-                  shape.c_str(), world.size(), compute.name.c_str(), o.engine.stage,
-                  secs / steps * 1e3, tokens / secs, gflops_per_rank, 100 * mfu, bf16_flops / 1e12, upd[0], upd[1],
-                  threads);
+      std::printf(
+          "%s, %d ranks on %s, stage %d: %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s per rank, MFU %.1f%% "
+          "of the bf16 matmul rate (%.1f TFLOP/s in the same run); update %.2f ms on 1 thread, %.2f ms on %d\n",
+          shape.c_str(), world.size(), compute.name().c_str(), o.engine.stage, secs / steps * 1e3, tokens / secs,
+          gflops_per_rank, 100 * mfu, bf16_flops / 1e12, upd[0], upd[1], threads);
       std::printf("%s\n", CommText(comm_split, e->shard_group_size(), world.size()).c_str());
     }
     return absl::OkStatus();
   }
   if (json) {
-    std::printf("{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
-                "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,\"sgemm_gflops_per_rank\":%.2f,"
-                "\"fraction_of_sgemm\":%.3f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
-                "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
-                "\"peak_device_bytes\":%llu,\"max_rss_mib_per_rank\":%.1f,%s}\n",
-                shape.c_str(), static_cast<long long>(gpt::NumParams(o.model)), world.size(), o.engine.stage, B, T,
-                secs / steps * 1e3, tokens / secs, gflops_per_rank, sgemm, gflops_per_rank / sgemm,
-                fwd_bwd_s / steps * 1e3, opt_s / steps * 1e3, threads, upd[0], upd[1],
-                static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib,
-                CommJson(comm_split, e->shard_group_size()).c_str());
+    std::printf(
+        "{\"model\":\"%s\",\"params\":%lld,\"ranks\":%d,\"stage\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
+        "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops_per_rank\":%.2f,\"sgemm_gflops_per_rank\":%.2f,"
+        "\"fraction_of_sgemm\":%.3f,\"forward_backward_ms\":%.3f,\"step_call_ms\":%.3f,"
+        "\"optimizer_threads\":%d,\"update_ms_1_thread\":%.3f,\"update_ms\":%.3f,"
+        "\"peak_device_bytes\":%llu,\"max_rss_mib_per_rank\":%.1f,%s}\n",
+        shape.c_str(), static_cast<long long>(o.model->NumParams()), world.size(), o.engine.stage, B, T,
+        secs / steps * 1e3, tokens / secs, gflops_per_rank, sgemm, gflops_per_rank / sgemm, fwd_bwd_s / steps * 1e3,
+        opt_s / steps * 1e3, threads, upd[0], upd[1],
+        static_cast<unsigned long long>(e->memory_stats().tier[0].peak_bytes), max_rss_mib,
+        CommJson(comm_split, e->shard_group_size()).c_str());
   } else {
     std::printf(
         "%s, %d ranks, stage %d: %.1f ms/step (forward+backward %.1f, Step() %.1f), %.0f tokens/s, "
@@ -250,12 +249,12 @@ std::string BenchStepUsage() {
          "  collectives' split: gather, gradient reduction and, with --shard-group-size G, the replica all-reduce\n"
          "  (stream time and bytes per step). Flags:\n"
          "  --json                      one JSON object\n" +
-         TrainUsage().substr(TrainUsage().find('\n') + 1);
+         spec::TrainFlagsUsage();
 }
 
 int BenchStepCommand(const std::vector<std::string>& args) {
   int code = 0;
-  std::optional<CommandLaunch> start = StartLaunch("bench step", &code);
+  std::optional<spec::CommandLaunch> start = spec::StartLaunch("bench step", &code);
   if (!start.has_value()) return code;
   std::vector<std::string> rest;
   bool json = false;
@@ -263,11 +262,15 @@ int BenchStepCommand(const std::vector<std::string>& args) {
   bool has_steps = false;
   for (const auto& a : rest) has_steps |= a.rfind("--steps", 0) == 0;
   if (!has_steps) rest.insert(rest.end(), {"--steps", "3"});
-  const std::optional<TrainOptions> opts = OptionsForLaunch("bench step", *start, rest);
-  if (!opts.has_value()) return 2;
-  auto job = StartJob(*start->mpi, start->launch, *opts, comm::Options{});
+  const spec::Family* family = nullptr;  // --model-family, or the default
+  const std::unique_ptr<spec::TrainSetup> opts = spec::SetupForLaunch("bench step", *start, rest, &family);
+  if (opts == nullptr) return 2;
+  auto job = spec::StartJob<std::unique_ptr<spec::Compute>>(
+      *start->mpi, start->launch, opts->device_kind(), comm::Options{},
+      [&](std::optional<int> local_rank) { return opts->MakeCompute(local_rank); });
   const absl::Status s =
-      job.ok() ? Bench(*opts, *job->worlds.world, job->worlds.host_buffers(), job->compute, json) : job.status();
+      job.ok() ? Bench(*family, *opts, *job->worlds.world, job->worlds.host_buffers(), *job->compute, json)
+               : job.status();
   if (!s.ok()) {
     std::fprintf(stderr, "strata bench step: %s\n", std::string(s.message()).c_str());
     return 1;

@@ -10,13 +10,8 @@
 
 namespace strata::tools {
 
-gpt::GptConfig Scaled(gpt::GptConfig m, bool width, int64_t k) {
-  if (width) {
-    m.d_model = static_cast<int>(k * m.heads);  // keep the head count; width in multiples of it
-  } else {
-    m.layers = static_cast<int>(k);
-  }
-  return m;
+std::shared_ptr<const spec::ModelSpec> Scaled(const std::shared_ptr<const spec::ModelSpec>& m, bool width, int64_t k) {
+  return m->Scaled(width, k);
 }
 
 CandidateState FirstCandidate(int64_t base, bool use_prediction, int64_t predicted) {
@@ -60,7 +55,7 @@ absl::StatusOr<int64_t> LargestFitting(int64_t limit, const std::function<absl::
 absl::StatusOr<std::string> PredictedShortfall(const PredictInput& in, int64_t k) {
   plan::PlanInput p;
   p.model = Scaled(in.base, in.width, k);
-  const int64_t params = gpt::NumParams(p.model);
+  const int64_t params = p.model->NumParams();
   if (in.max_params > 0 && params > in.max_params) {
     return absl::StrCat(params, " parameters, over --max-params ", in.max_params);
   }

@@ -1,6 +1,7 @@
 // The candidate choice of `strata bench capacity`: the sizes it tries, in order (Note [Capacity search]).
 //
-// Note [Capacity search]: without NVMe offload the search doubles the size from the base model's until a
+// Note [Capacity search]: without NVMe offload the search doubles the size from the base model's (its size in
+// the direction that grows, spec::ModelSpec::Grows: the GPT's layers, or d_model / heads) until a
 // candidate does not fit, then bisects between the last fit and the first failure; a candidate that does
 // not fit fails at Finalize, before any step, so the walk is cheap. With NVMe a candidate costs disk I/O
 // in proportion to its size (a model near the disk's bound moves ~30 B/param a step, minutes each), so the
@@ -12,16 +13,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "models/gpt/model/gpt_config.h"
 #include "runtime/engine/config.h"
+#include "spec/model_spec.h"
 
 namespace strata::tools {
 
-// The model of size k: k layers, or d_model = k x heads (the head count kept).
-gpt::GptConfig Scaled(gpt::GptConfig m, bool width, int64_t k);
+// The model of size k in depth or width (ModelSpec::Scaled; the GPT: k layers, or d_model = k x heads).
+std::shared_ptr<const spec::ModelSpec> Scaled(const std::shared_ptr<const spec::ModelSpec>& m, bool width, int64_t k);
 
 struct CandidateState {
   int64_t good = 0;  // the largest size that fitted, 0 = none yet
@@ -41,7 +43,7 @@ bool NextCandidate(CandidateState& s, bool fitted);
 absl::StatusOr<int64_t> LargestFitting(int64_t limit, const std::function<absl::StatusOr<bool>(int64_t)>& fits);
 
 struct PredictInput {
-  gpt::GptConfig base;
+  std::shared_ptr<const spec::ModelSpec> base;
   engine::EngineConfig engine;
   bool width = false;
   int ranks = 1;

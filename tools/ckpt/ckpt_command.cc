@@ -6,22 +6,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "models/gpt/model/gpt_model.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "spec/flags.h"
+#include "spec/registry.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/flags.h"
 
 namespace strata::tools {
 namespace {
 
-bool IsGpt(const checkpoint::Manifest& m) {
+// The model family whose checkpoint this is (its trainer state's "model_kind"), nullptr for none registered.
+const spec::Family* FamilyOf(const checkpoint::Manifest& m) {
   auto j = nlohmann::json::parse(m.trainer_json, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return false;
+  if (j.is_discarded() || !j.is_object()) return nullptr;
   const auto kind = j.find("model_kind");  // the trainer state is the checkpoint's: any type may be there
-  return kind != j.end() && kind->is_string() && *kind == "gpt2";
+  return kind != j.end() && kind->is_string() ? spec::FamilyOfCheckpoint(kind->get<std::string>()) : nullptr;
 }
 
 absl::Status Inspect(const std::string& dir, bool verify) {
@@ -57,27 +58,29 @@ absl::Status Export(const std::string& dir, const std::string& out) {
   STRATA_ASSIGN_OR_RETURN(checkpoint::Manifest m, checkpoint::ReadManifest(step_dir));
   // A manifest that lists fewer parameters than its shards hold would export a partial model.
   STRATA_RETURN_IF_ERROR(checkpoint::CheckCoverage(step_dir, m));
-  const bool gpt = IsGpt(m);
+  const spec::Family* family = FamilyOf(m);  // its names (the GPT: Hugging Face's), else unit.param
   std::vector<checkpoint::TensorToWrite> tensors;
   for (size_t u = 0; u < m.units.size(); ++u) {
     for (size_t p = 0; p < m.units[u].params.size(); ++p) {
       const auto& unit = m.units[u];
-      const std::string name =
-          gpt ? gpt::HfName(unit.name, unit.params[p].name) : absl::StrCat(unit.name, ".", unit.params[p].name);
+      const std::string name = family != nullptr ? family->ExportName(unit.name, unit.params[p].name)
+                                                 : absl::StrCat(unit.name, ".", unit.params[p].name);
       tensors.push_back({name, unit.params[p].shape,
                          [&m, step_dir, u, p]() { return checkpoint::ReadMasterParam(step_dir, m, u, p); }});
     }
   }
   STRATA_RETURN_IF_ERROR(checkpoint::WriteSafetensors(
       out, tensors, {{"format", "pt"}, {"producer", "strata ckpt export"}, {"step", absl::StrCat(m.step)}}));
-  std::printf("exported %zu tensors of step %lld to %s%s\n", tensors.size(), static_cast<long long>(m.step),
-              out.c_str(), gpt ? " (Hugging Face GPT-2 names)" : "");
+  std::printf(
+      "exported %zu tensors of step %lld to %s%s\n", tensors.size(), static_cast<long long>(m.step), out.c_str(),
+      family != nullptr && !family->export_names().empty() ? absl::StrCat(" (", family->export_names(), ")").c_str()
+                                                           : "");
   return absl::OkStatus();
 }
 
-const std::vector<FlagDef>& CkptFlagDefs() {
-  static const auto* defs = new std::vector<FlagDef>{{"verify", true, "inspect: check every checksum"},
-                                                     {"o", false, "export: the output .safetensors (also -o)"}};
+const std::vector<spec::FlagDef>& CkptFlagDefs() {
+  static const auto* defs = new std::vector<spec::FlagDef>{{"verify", true, "inspect: check every checksum"},
+                                                           {"o", false, "export: the output .safetensors (also -o)"}};
   return *defs;
 }
 
@@ -87,13 +90,13 @@ std::string CkptUsage() {
   return "usage: strata ckpt inspect DIR [--verify]     what a checkpoint holds (DIR: a checkpoint directory\n"
          "                                                or one of its step_* directories)\n"
          "       strata ckpt export DIR -o FILE.safetensors   consolidated fp32 weights (GPT: Hugging Face names)\n" +
-         Flags::Usage("ckpt", CkptFlagDefs()).substr(Flags::Usage("ckpt", {}).size());
+         spec::Flags::Usage("ckpt", CkptFlagDefs()).substr(spec::Flags::Usage("ckpt", {}).size());
 }
 
 int CkptCommand(const std::vector<std::string>& args) {
   std::vector<std::string> a = args;
   for (auto& x : a) x = x == "-o" ? "--o" : x;
-  auto f = Flags::Parse(a, CkptFlagDefs());
+  auto f = spec::Flags::Parse(a, CkptFlagDefs());
   absl::Status s = f.status();
   if (s.ok()) {
     const auto& pos = f->positional();

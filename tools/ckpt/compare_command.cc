@@ -9,7 +9,6 @@
 // norm weighs by its share of the tensor. Both measures are always printed. Exit 0 when the files match.
 #include <cmath>
 #include <cstdio>
-
 #include <map>
 #include <utility>
 
@@ -18,8 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "spec/flags.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/flags.h"
 
 namespace strata::tools {
 namespace {
@@ -97,23 +96,23 @@ absl::StatusOr<bool> Compare(const std::string& a_path, const std::string& b_pat
   return ok && measure <= rtol;
 }
 
-const std::vector<FlagDef>& CompareFlagDefs() {
-  static const auto* defs = new std::vector<FlagDef>{
-      {"rtol", false, "relative tolerance (default 1e-5)"},
-      {"exclude", false, "element ranges to skip: NAME[BEGIN:END],..."},
-      {"per-tensor", true, "judge tensors by relative L2 error"}};
+const std::vector<spec::FlagDef>& CompareFlagDefs() {
+  static const auto* defs =
+      new std::vector<spec::FlagDef>{{"rtol", false, "relative tolerance (default 1e-5)"},
+                                     {"exclude", false, "element ranges to skip: NAME[BEGIN:END],..."},
+                                     {"per-tensor", true, "judge tensors by relative L2 error"}};
   return *defs;
 }
 
 }  // namespace
 
 std::string CompareUsage() {
-  return Flags::Usage("compare", CompareFlagDefs(), "A.safetensors B.safetensors") +
+  return spec::Flags::Usage("compare", CompareFlagDefs(), "A.safetensors B.safetensors") +
          "  exit status: 0 equal within the tolerance, 1 different, 2 bad usage or unreadable file\n";
 }
 
 int CompareCommand(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(args, CompareFlagDefs());
+  auto f = spec::Flags::Parse(args, CompareFlagDefs());
   if (!f.ok() || f->positional().size() != 2) {
     std::fprintf(stderr, "%s%s\n", CompareUsage().c_str(), f.ok() ? "" : std::string(f.status().message()).c_str());
     return 2;

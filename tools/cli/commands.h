@@ -1,4 +1,5 @@
-// The strata CLI's subcommands. Each takes the arguments after its name and returns the exit code.
+// The strata CLI's own commands. Each takes the arguments after its name and returns the exit code. A model
+// family's commands (the GPT's `strata train`, `strata generate`) register through spec/registry.h.
 #pragma once
 
 #include <string>
@@ -6,8 +7,6 @@
 
 namespace strata::tools {
 
-int TrainCommand(const std::vector<std::string>& args);
-int GenerateCommand(const std::vector<std::string>& args);
 int BenchStepCommand(const std::vector<std::string>& args);
 int PlotCommand(const std::vector<std::string>& args);
 int CompareCommand(const std::vector<std::string>& args);
@@ -21,8 +20,6 @@ int PlanCommand(const std::vector<std::string>& args);
 
 // Each command's usage, printed by `strata CMD --help` (tools/cli/strata.cc answers --help for every command
 // before running it, so asking for help never starts a job or a benchmark).
-std::string TrainUsage();
-std::string GenerateUsage();
 std::string BenchStepUsage();
 std::string PlotUsage();
 std::string CompareUsage();

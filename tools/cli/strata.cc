@@ -1,12 +1,16 @@
 // strata: the command-line front end. One table names every command and subcommand, what it does and its
-// usage; `strata --help`, `strata bench --help` and the usage errors are printed from it, and `--help`
-// (or -h) anywhere among a command's arguments prints that command's usage and exits 0 before anything
-// runs: no MPI start, no benchmark (tests/tools/cli/help_cli.sh walks the table).
+// usage: the model families' commands (registered through spec/registry.h: the GPT's train and generate)
+// first, then the CLI's own; `strata --help`, `strata bench --help` and the usage errors are printed from
+// it, and `--help` (or -h) anywhere among a command's arguments prints that command's usage and exits 0
+// before anything runs: no MPI start, no benchmark (tests/tools/cli/help_cli.sh walks the table).
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "spec/command.h"
+#include "spec/registry.h"
 #include "tools/bench/bench_adam.h"
 #include "tools/cli/commands.h"
 
@@ -14,13 +18,7 @@ namespace strata::tools {
 namespace {
 
 using Args = std::vector<std::string>;
-
-struct Command {
-  const char* name;
-  const char* summary;
-  int (*run)(const Args& args);
-  std::string (*usage)();
-};
+using spec::Command;
 
 // `strata bench adam` parses argv after its command name (it is also a standalone binary).
 int BenchAdam(const Args& args) {
@@ -44,21 +42,26 @@ const Command kBench[] = {
 std::string BenchUsage();
 int Bench(const Args& args);
 
-const Command kCommands[] = {
-    {"train", "train a GPT-2 on the engine (under mpirun for several ranks)", TrainCommand, TrainUsage},
-    {"generate", "sample text from trained weights", GenerateCommand, GenerateUsage},
+const Command kOwn[] = {
     {"bench", "benchmarks: step, scaling, nvme, capacity, adam, comm", Bench, BenchUsage},
     {"doctor", "check GPUs, interconnect, versions, host, NVMe, MPI and limits before training", DoctorCommand,
      DoctorUsage},
-    {"plan", "will a GPT fit a cluster, and how fast: per-rank memory by tier and the step time", PlanCommand,
+    {"plan", "will a model fit a cluster, and how fast: per-rank memory by tier and the step time", PlanCommand,
      PlanUsage},
     {"plot", "draw the loss curves of a metrics file as an SVG", PlotCommand, PlotUsage},
     {"compare", "compare two weight files within a relative tolerance", CompareCommand, CompareUsage},
     {"ckpt", "inspect [--verify] or export a checkpoint", CkptCommand, CkptUsage},
 };
 
-template <size_t N>
-std::string List(const char* head, const Command (&table)[N], const char* tail) {
+// The model families' commands, then the CLI's own.
+std::vector<Command> Commands() {
+  std::vector<Command> all = spec::RegisteredCommands();
+  all.insert(all.end(), std::begin(kOwn), std::end(kOwn));
+  return all;
+}
+
+template <typename Table>
+std::string List(const char* head, const Table& table, const char* tail) {
   std::string out = head;
   for (const Command& c : table) {
     std::string name = c.name;
@@ -68,7 +71,7 @@ std::string List(const char* head, const Command (&table)[N], const char* tail) 
 }
 
 std::string Usage() {
-  return List("usage: strata <command> [flags]\n", kCommands, "strata <command> --help prints a command's flags.\n");
+  return List("usage: strata <command> [flags]\n", Commands(), "strata <command> --help prints a command's flags.\n");
 }
 
 std::string BenchUsage() {
@@ -83,8 +86,8 @@ bool WantsHelp(const Args& args) {
   return false;
 }
 
-template <size_t N>
-int Dispatch(const char* what, const Command (&table)[N], const Args& args, std::string (*usage)()) {
+template <typename Table>
+int Dispatch(const char* what, const Table& table, const Args& args, std::string (*usage)()) {
   if (args.empty()) {
     std::fputs(usage().c_str(), stderr);
     return 2;
@@ -113,5 +116,5 @@ int Bench(const Args& args) { return Dispatch("benchmark", kBench, args, BenchUs
 
 int main(int argc, char** argv) {
   using namespace strata::tools;
-  return Dispatch("command", kCommands, Args(argv + 1, argv + argc), Usage);
+  return Dispatch("command", Commands(), Args(argv + 1, argv + argc), Usage);
 }

@@ -382,15 +382,24 @@ Verdict Worst(const std::vector<CheckResult>& checks) {
 //    elements stream master, m, v (engine Note [NVMe state]).
 //  - offload_param cpu: the param shard in param_dtype; nvme: engine::NvmeParamBuffers buffers of one
 //    unit's shard, 4 KiB-rounded (engine Note [NVMe params]).
-// A kind with pin_memory=false pins nothing. The largest unit of the GPT is the embedding (V + T) x C
-// or a block (12 C^2 + 13 C), whichever is bigger.
-PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const gpt::GptConfig& model, int ranks) {
+// A kind with pin_memory=false pins nothing. The largest unit is the model's, unpadded (for the GPT the
+// embedding (V + T) x C or a block (12 C^2 + 13 C), whichever is bigger).
+PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const spec::ModelSpec& model, int ranks) {
   using engine::OffloadDevice;
   PinnedFacts p;
   const uint64_t n = static_cast<uint64_t>(std::max(1, ranks));
-  const uint64_t params = static_cast<uint64_t>(gpt::NumParams(model));
-  const uint64_t C = model.d_model;
-  const uint64_t unit = std::max<uint64_t>((uint64_t(model.vocab) + model.seq_len) * C, 12 * C * C + 13 * C);
+  const uint64_t params = static_cast<uint64_t>(model.NumParams());
+  const std::vector<spec::UnitSpec> units = model.Units();
+  uint64_t unit = 0;
+  for (const spec::UnitSpec& u : units) {
+    uint64_t elems = 0;
+    for (const shard::ParamSpec& s : u.params) {
+      uint64_t numel = 1;
+      for (const int64_t d : s.shape) numel *= static_cast<uint64_t>(d);
+      elems += numel;
+    }
+    unit = std::max(unit, elems);
+  }
   const uint64_t shard = (params + n - 1) / n, unit_shard = (unit + n - 1) / n;
   const uint64_t dtype = DTypeBytes(cfg.param_dtype);
   std::vector<std::string> parts;
@@ -402,10 +411,11 @@ PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const gpt::GptConfig
     p.bytes_per_rank += b;
     parts.push_back(absl::StrCat(what, o.device == OffloadDevice::kCpu ? " on cpu " : " via nvme ", FormatBytes(b)));
   };
-  // The engine's own sizing (engine/config.h); the GPT registers an embedding, its blocks and ln_f.
+  // The engine's own sizing (engine/config.h) over the units the model registers.
   const uint64_t tile = engine::NvmeTileElems(cfg, unit_shard);
   add(cfg.offload_optimizer, "optimizer", 16 * shard, 4 * shard + engine::NvmeStagingTiles(cfg) * 4 * tile);
-  const uint64_t param_buffers = engine::NvmeParamBuffers(cfg, engine::LiveGatheredUnits(cfg, model.layers + 2));
+  const uint64_t param_buffers =
+      engine::NvmeParamBuffers(cfg, engine::LiveGatheredUnits(cfg, static_cast<int>(units.size())));
   add(cfg.offload_param, "params", dtype * shard, param_buffers * ((dtype * unit_shard + 4095) / 4096 * 4096));
   p.pinned = p.bytes_per_rank > 0;
   p.breakdown = absl::StrCat(absl::StrJoin(parts, " + "), "; ", params, " params over ", n, " ranks");

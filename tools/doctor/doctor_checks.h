@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "models/gpt/model/gpt_config.h"
 #include "runtime/engine/config.h"
+#include "spec/model_spec.h"
 #include "tools/doctor/doctor_facts.h"
 
 namespace strata::tools::doctor {
@@ -43,7 +43,7 @@ Verdict Worst(const std::vector<CheckResult>& checks);
 
 // The pinned host bytes one rank needs for `cfg`'s offload settings on `model` over `ranks` ranks
 // (Note [Pinned estimate] in doctor_checks.cc).
-PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const gpt::GptConfig& model, int ranks);
+PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const spec::ModelSpec& model, int ranks);
 
 // "12.4" from 12040 (CUDA encoding); "2.19.3" from an NCCL version code; "not found" for 0.
 std::string CudaVersionText(int v);

@@ -1,10 +1,10 @@
 // `strata doctor [--json] [--nvme-path DIR] [--nvme-test-size BYTES] [--ranks N] [--measure ...] [train flags]`:
 // checks this machine before training. Probes fill the facts (doctor_probe.h), pure functions give the
-// verdicts (doctor_checks.h), doctor_report.h prints them. `strata train`'s model and config flags
-// (--config, --stage, --model, ...) are accepted so the locked-memory check sees the same offload
-// settings the job will use. Exit code: 0 unless a check fails (1); 2 for a usage error. MPI is never
-// initialised: the doctor is one process, run on each node (or under the launcher) as wanted. Under
-// torchrun every rank runs it and the launch check tries the id exchange with rank 0 for real.
+// verdicts (doctor_checks.h), doctor_report.h prints them. A model family's trainer flags (`strata train`'s
+// for the GPT, the default; --model-family for another: --config, --stage, --model, ...) are accepted so the
+// locked-memory check sees the same model and offload settings the job will use. Exit code: 0 unless a check fails (1);
+// 2 for a usage error. MPI is never initialised: the doctor is one process, run on each node (or under the launcher) as
+// wanted. Under torchrun every rank runs it and the launch check tries the id exchange with rank 0 for real.
 // --measure (seconds) also measures the host's rates for `strata plan --host-figures` (doctor_measure.h):
 // the collectives through children the found launcher starts, so the doctor itself still has no MPI.
 #include <unistd.h>
@@ -14,11 +14,11 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "models/gpt/train/train_options.h"
 #include "runtime/base/env.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/comm/bootstrap.h"
+#include "spec/registry.h"
 #include "tools/cli/commands.h"
 #include "tools/doctor/doctor_checks.h"
 #include "tools/doctor/doctor_measure.h"
@@ -32,7 +32,7 @@ constexpr uint64_t kDefaultNvmeTestBytes = uint64_t{256} << 20;
 constexpr uint64_t kMaxNvmeTestBytes = uint64_t{1} << 30;
 constexpr double kNvmeSecondsPerDirection = 5;
 
-std::vector<FlagDef> DoctorFlagDefs() {
+std::vector<spec::FlagDef> DoctorFlagDefs() {
   return {{"json", true, "print one JSON object (checks and the raw facts) instead of the table"},
           {"nvme-path", false, "directory to bandwidth-test (default: the config's offload nvme_path)"},
           {"nvme-test-size", false, "bytes written then read back (default 256MiB, at most 1GiB)"},
@@ -60,15 +60,15 @@ struct DoctorOptions {
   uint64_t comm_bytes = uint64_t{4} << 20;
   uint64_t adam_elems = uint64_t{1} << 24;
   int64_t measure_timeout_s = 120;
-  TrainOptions train;
+  std::shared_ptr<const spec::TrainSetup> train;  // the family's setup of the rest of the flags
 };
 
-// The arguments that are not the doctor's own, for ParseTrainOptions.
-std::vector<std::string> TrainArgs(const std::vector<std::string>& args, const std::vector<FlagDef>& mine) {
+// The arguments that are not the doctor's own, for the family's ParseTrain.
+std::vector<std::string> TrainArgs(const std::vector<std::string>& args, const std::vector<spec::FlagDef>& mine) {
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
-    const FlagDef* own = nullptr;
-    for (const FlagDef& d : mine) {
+    const spec::FlagDef* own = nullptr;
+    for (const spec::FlagDef& d : mine) {
       const std::string flag = "--" + d.name;
       if (args[i] == flag || args[i].rfind(flag + "=", 0) == 0) own = &d;
     }
@@ -78,11 +78,12 @@ std::vector<std::string> TrainArgs(const std::vector<std::string>& args, const s
   return rest;
 }
 
-absl::StatusOr<DoctorOptions> ParseDoctorOptions(const std::vector<std::string>& args) {
-  std::vector<FlagDef> all = DoctorFlagDefs();
-  const std::vector<FlagDef> train = TrainFlagDefs();
+absl::StatusOr<DoctorOptions> ParseDoctorOptions(std::vector<std::string> args) {
+  STRATA_ASSIGN_OR_RETURN(const spec::Family* family, spec::TakeFamily(&args));  // --model-family
+  std::vector<spec::FlagDef> all = DoctorFlagDefs();
+  const std::vector<spec::FlagDef> train = family->TrainFlagDefs();
   all.insert(all.end(), train.begin(), train.end());
-  STRATA_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, all));  // unknown flags: nearest of either set
+  STRATA_ASSIGN_OR_RETURN(spec::Flags f, spec::Flags::Parse(args, all));  // unknown flags: nearest of either set
   DoctorOptions o;
   o.json = f.Bool("json");
   o.nvme_path = f.Str("nvme-path");
@@ -108,15 +109,15 @@ absl::StatusOr<DoctorOptions> ParseDoctorOptions(const std::vector<std::string>&
   o.adam_elems = uint64_t(elems);
   STRATA_ASSIGN_OR_RETURN(o.measure_timeout_s, f.IntIn("measure-timeout", o.measure_timeout_s, 1, 86400));
   STRATA_ASSIGN_OR_RETURN(o.train,
-                          ParseTrainOptions(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
+                          family->ParseTrain(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
   return o;
 }
 
 // The NVMe path to test: the flag, else the config's offload path, else none (and why).
 void ProbeNvmeFor(const DoctorOptions& o, doctor::DoctorFacts* f) {
   std::string path = o.nvme_path;
-  if (path.empty()) path = o.train.engine.offload_optimizer.nvme_path;
-  if (path.empty()) path = o.train.engine.offload_param.nvme_path;
+  if (path.empty()) path = o.train->engine.offload_optimizer.nvme_path;
+  if (path.empty()) path = o.train->engine.offload_param.nvme_path;
   if (path.empty()) {
     f->nvme.skipped_reason = "no --nvme-path given and the config offloads nothing to NVMe";
     return;
@@ -124,7 +125,7 @@ void ProbeNvmeFor(const DoctorOptions& o, doctor::DoctorFacts* f) {
   f->nvme = doctor::ProbeNvme(path, o.nvme_test_bytes, kNvmeSecondsPerDirection);
 }
 
-// Under torchrun (Note [Launchers] in launch.cc), the variables and rank 0's id exchange, for real:
+// Under torchrun (Note [Launchers] in runtime/comm/launcher.cc), the variables and rank 0's id exchange, for real:
 // rank 0 sends its host name, within the collective timeout.
 void ProbeLaunch(const DoctorOptions& o, doctor::LaunchFacts* l) {
   auto t = comm::TorchrunLaunch();
@@ -140,7 +141,7 @@ void ProbeLaunch(const DoctorOptions& o, doctor::LaunchFacts* l) {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   const auto start = std::chrono::steady_clock::now();
-  auto got = comm::ExchangeBlob(*t, t->rank == 0 ? std::string(host) : "", o.train.engine.collective_timeout_ms);
+  auto got = comm::ExchangeBlob(*t, t->rank == 0 ? std::string(host) : "", o.train->engine.collective_timeout_ms);
   l->exchange_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (got.ok()) {
     l->rank0_host = *got;
@@ -158,13 +159,16 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
   ProbeLaunch(o, &f.launch);
   int ranks = static_cast<int>(o.ranks);
   if (ranks == 0) ranks = f.mpi.launcher_world_size > 0 ? f.mpi.launcher_world_size : std::max<int>(1, f.gpus.size());
-  f.pinned = doctor::EstimatePinned(o.train.engine, o.train.model, ranks);
+  const spec::ModelSpec& model = *o.train->model;
+  f.pinned = doctor::EstimatePinned(o.train->engine, model, ranks);
   if (o.measure) {
     doctor::MeasureOptions m;
     m.ranks = ranks;
-    m.sgemm_m = int(o.train.engine.train_micro_batch_size_per_gpu * o.train.model.seq_len);
-    m.sgemm_k = int(o.train.model.d_model);
-    m.sgemm_n = 4 * m.sgemm_k;
+    const spec::Product product = model.HostProduct(o.train->engine.train_micro_batch_size_per_gpu);
+    m.sgemm_m = product.m;
+    m.sgemm_k = product.k;
+    m.sgemm_n = product.n;
+    m.sgemm = [&model](int mm, int k, int n, double seconds) { return model.HostProductGflops({mm, k, n}, seconds); };
     m.adam_elems = o.adam_elems;
     m.comm_bytes = o.comm_bytes;
     m.launcher = o.launcher.empty() ? f.mpi.launcher_path : o.launcher;
@@ -178,8 +182,8 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
 }  // namespace
 
 std::string DoctorUsage() {
-  return Flags::Usage("doctor", DoctorFlagDefs()) +
-         "  (also accepts strata train's model and config flags: --config, --stage, --model, ...)\n";
+  return spec::Flags::Usage("doctor", DoctorFlagDefs()) + spec::FamilyFlagUsage() +
+         "  (also accepts the family's model and config flags, strata train's: --config, --stage, --model, ...)\n";
 }
 
 int DoctorCommand(const std::vector<std::string>& args) {

@@ -75,7 +75,7 @@ struct MpiFacts {
   int launcher_world_size = 0;  // set when this process was started by a launcher (0: not)
 };
 
-// A torchrun launch (tools/launch.cc, Note [Launchers]) and its id exchange, tried for real.
+// A torchrun launch (runtime/comm/launcher.cc, Note [Launchers]) and its id exchange, tried for real.
 struct LaunchFacts {
   bool torchrun = false;       // WORLD_SIZE set and no MPI launcher around this process
   int rank = 0, size = 1;

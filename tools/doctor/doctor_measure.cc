@@ -5,15 +5,13 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/status.h"
-#include "tools/bench/sgemm_rate.h"
 #include "tools/bench/subprocess.h"
 
 namespace strata::tools::doctor {
@@ -35,7 +33,7 @@ double ConcurrentSgemm(const MeasureOptions& o, int threads) {
         if (++ready == threads) cv.notify_all();
         cv.wait(lock, [&] { return ready == threads; });
       }
-      rates[t] = SgemmGflops(o.sgemm_m, o.sgemm_k, o.sgemm_n, o.sgemm_seconds);
+      rates[t] = o.sgemm(o.sgemm_m, o.sgemm_k, o.sgemm_n, o.sgemm_seconds);
     });
   }
   for (std::thread& t : pool) t.join();

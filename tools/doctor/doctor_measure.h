@@ -2,9 +2,10 @@
 // --host-figures FILE` predicts a step from (docs/decisions/0017-strata-plan.md, "Amendment: measured
 // host figures").
 //
-//   sgemm:  kernels::cpu::MatmulForward on the model's [B*T, C] x [C, 4C] (tools/bench/sgemm_rate.h, the
-//           call `strata bench step` reports as sgemm_gflops_per_rank), once alone and once on R threads at
-//           the same moment (R ranks share the node: each gets what one of the R gets; their mean).
+//   sgemm:  the model's own host product (spec::ModelSpec::HostProduct; the GPT's kernels::cpu::MatmulForward
+//           on [B*T, C] x [C, 4C], the call `strata bench step` reports as sgemm_gflops_per_rank), once alone
+//           and once on R threads at the same moment (R ranks share the node: each gets what one of the R
+//           gets; their mean).
 //   update: `strata bench adam --json --threads 1` as a child (the engine's host AdamW, best rep).
 //   comm:   `LAUNCHER -n R strata bench comm --json` as a child, twice: at comm_bytes for the bus
 //           bandwidths (the MPI back-end's, not raw MPI's), and at alpha_bytes with more repetitions for
@@ -16,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "tools/doctor/doctor_facts.h"
@@ -26,6 +28,8 @@ struct MeasureOptions {
   int ranks = 1;                 // R
   int sgemm_m = 0, sgemm_k = 0, sgemm_n = 0;
   double sgemm_seconds = 0.5;    // per sample
+  // GFLOP/s of the model's host product on [m, k] x [k, n] for `seconds` (ModelSpec::HostProductGflops).
+  std::function<double(int m, int k, int n, double seconds)> sgemm;
   uint64_t adam_elems = uint64_t{1} << 24;
   uint64_t comm_bytes = uint64_t{4} << 20;
   uint64_t alpha_bytes = 4096;

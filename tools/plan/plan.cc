@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "models/gpt/model/gpt_model.h"
 #include "runtime/base/status.h"
 #include "tools/plan/plan_units.h"
 
@@ -15,7 +14,8 @@ constexpr int kMaxMicroBatch = 1 << 16;  // a search bound, far past any device'
 }  // namespace
 
 absl::Status Validate(const PlanInput& in) {
-  STRATA_RETURN_IF_ERROR(gpt::Validate(in.model));
+  if (in.model == nullptr) return absl::InvalidArgumentError("no model to plan");
+  STRATA_RETURN_IF_ERROR(in.model->Validate());
   if (in.ranks < 1 || in.ranks > shard::kMaxWorldSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("--ranks ", in.ranks, " is out of range [1, ", shard::kMaxWorldSize, "]"));
@@ -71,7 +71,7 @@ absl::StatusOr<Plan> Evaluate(const PlanInput& in) {
   Plan p;
   p.in = in;
   p.shard_group = ShardGroup(in);
-  p.params = gpt::NumParams(in.model);
+  p.params = in.model->NumParams();
   STRATA_ASSIGN_OR_RETURN(p.memory, PlanMemory(in));
   STRATA_ASSIGN_OR_RETURN(p.time, PlanTime(in));
   // Only the trainer's workspace grows with the micro-batch, so the engine is laid out once and the

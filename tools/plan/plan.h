@@ -1,32 +1,34 @@
-// `strata plan`: will a GPT fit a cluster under a Strata config, and how fast will a step be.
+// `strata plan`: will a model fit a cluster under a Strata config, and how fast will a step be. The model
+// is any that implements the model interface (spec/model_spec.h; the GPT by default).
 //
 // Memory is the engine's own accounting (Note [Memory accounting], runtime/engine/accounting.h) over the
-// units the GPT registers (gpt::UnitSpecs), laid out for the shard group by shard::UnitLayout::Build and
-// DecideExtents, plus the trainer's activations as the model sizes its workspace (gpt::WorkspaceBytes):
+// units the model registers (ModelSpec::Units), laid out for the shard group by shard::UnitLayout::Build and
+// DecideExtents, plus the trainer's activations as the model sizes its workspace (ModelSpec::ActivationBytes):
 // nothing is allocated and no formula is restated here. A shard group of G ranks lays out exactly as a
 // world of G ranks does.
 //
 // Time is a model (docs/decisions/0017-strata-plan.md): compute at a stated fraction of the matmul
 // rate from the model's FLOPs, each collective by alpha-beta over the link its group spans (inside a
-// node or across), overlapped as the engine schedules it (the gather of unit i+1 under the compute of
-// unit i; reductions under the backward of the unit before), the update at the rate its tier streams,
-// and the offload copies and NVMe traffic.
+// node or across), overlapped as the engine schedules the model's uses of its units (ModelSpec::Uses: the
+// gather of use i+1 under the compute of use i; reductions under the backward of the use before), the
+// update at the rate its tier streams, and the offload copies and NVMe traffic.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "models/gpt/model/gpt_config.h"
 #include "runtime/engine/accounting.h"
 #include "runtime/engine/config.h"
+#include "spec/model_spec.h"
 #include "tools/plan/plan_device.h"
 
 namespace strata::tools::plan {
 
 struct PlanInput {
-  gpt::GptConfig model;
+  std::shared_ptr<const spec::ModelSpec> model;
   engine::EngineConfig engine;
   bool checkpointing = false;
   int ranks = 1;

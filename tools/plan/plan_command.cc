@@ -12,7 +12,7 @@ std::string PlanUsage() {
       "  per-rank memory by tier (the engine's own accounting, nothing allocated), the step time split and the\n"
       "  largest micro-batch that fits, for a GPT (--model or its dimensions) on --ranks ranks of a device\n"
       "  preset under a Strata config (--config and strata train's flags). Plan flags:\n";
-  for (const FlagDef& d : plan::PlanFlagDefs()) {
+  for (const spec::FlagDef& d : plan::PlanFlagDefs()) {
     s += "  --" + d.name + std::string(d.name.size() < 22 ? 22 - d.name.size() : 1, ' ') + d.help + "\n";
   }
   return s + "  strata train --help lists the rest (--model, --stage, --micro-batch, --param-dtype, ...).\n";

@@ -59,7 +59,7 @@ absl::StatusOr<HostFigures> ReadHostFigures(const std::string& path) {
 }
 
 absl::Status ApplyHostFigures(const HostFigures& h, const std::string& where, int ranks, int ranks_per_node,
-                              const Flags& flags, DeviceSpec* d) {
+                              const spec::Flags& flags, DeviceSpec* d) {
   // A measured figure, or an error saying what is missing and how to get it.
   auto need = [&](double v, const char* key, const char* flag, const std::string& why) -> absl::StatusOr<double> {
     if (v > 0) return v;

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "tools/cli/flags.h"
+#include "spec/flags.h"
 #include "tools/plan/plan_device.h"
 
 namespace strata::tools::plan {
@@ -35,6 +35,6 @@ absl::StatusOr<HostFigures> ReadHostFigures(const std::string& path);
 // --allgather-gbps, --intra-gbps, ...) is left to the flag; a needed one that is neither measured for this shape nor
 // given is an error naming `where`, the key and how to get it.
 absl::Status ApplyHostFigures(const HostFigures& h, const std::string& where, int ranks, int ranks_per_node,
-                              const Flags& flags, DeviceSpec* d);
+                              const spec::Flags& flags, DeviceSpec* d);
 
 }  // namespace strata::tools::plan

@@ -1,8 +1,7 @@
-// `strata plan`'s memory: the engine's accounting over the GPT's units, and the trainer's workspace.
+// `strata plan`'s memory: the engine's accounting over the model's units, and the trainer's workspace.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "models/gpt/model/gpt_model.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/shard/layout.h"
@@ -15,22 +14,12 @@ int ShardGroup(const PlanInput& in) { return in.shard_group > 0 ? in.shard_group
 
 absl::StatusOr<std::vector<shard::UnitLayout>> Layouts(const PlanInput& in) {
   std::vector<shard::UnitLayout> layouts;
-  for (gpt::UnitSpec& u : gpt::UnitSpecs(in.model)) {
+  for (spec::UnitSpec& u : in.model->Units()) {
     STRATA_ASSIGN_OR_RETURN(shard::UnitLayout l,
                             shard::UnitLayout::Build(std::move(u.name), std::move(u.params), ShardGroup(in)));
     layouts.push_back(std::move(l));
   }
   return layouts;
-}
-
-gpt::AttentionBuffers Attention(const PlanInput& in, int micro_batch) {
-  const gpt::GptConfig& m = in.model;
-  // On a GPU, bf16 parameters compute in bf16 products, where the trainer picks cuDNN's fused attention
-  // (--attention auto); fp32 runs the reference kernel, as the host always does.
-  if (in.device.gpu && in.engine.param_dtype == DType::kBF16) {
-    return gpt::FusedAttentionBuffers(micro_batch, m.seq_len, m.d_model, m.heads);
-  }
-  return gpt::ReferenceAttentionBuffers(micro_batch, m.seq_len, m.heads);
 }
 
 absl::StatusOr<EngineLayout> LayOutEngine(const PlanInput& in) {
@@ -54,8 +43,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanInput& in) {
 MemoryPlan MemoryAt(const PlanInput& in, const EngineLayout& e, int B) {
   MemoryPlan p;
   p.engine = e.need;
-  p.activations = gpt::WorkspaceBytes(in.model, B, in.model.seq_len, in.checkpointing, Attention(in, B));
-  p.unit_copy = uint64_t(gpt::UnitCopyFloats(in.engine.param_dtype, e.largest_unit_elems)) * sizeof(float);
+  p.activations =
+      in.model->ActivationBytes(B, in.checkpointing, spec::ComputeTarget{in.device.gpu, in.engine.param_dtype});
+  p.unit_copy = in.model->UnitCopyBytes(in.engine.param_dtype, e.largest_unit_elems);
   for (int t = 0; t < memory::kNumTiers; ++t) p.tier[t] = p.engine.tier[t];
   const uint64_t trainer = p.activations + p.unit_copy;
   if (in.device.gpu) {

@@ -4,8 +4,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "models/gpt/train/train_options.h"
 #include "runtime/base/status.h"
+#include "spec/registry.h"
 #include "tools/plan/plan_host_figures.h"
 
 namespace strata::tools::plan {
@@ -16,10 +16,10 @@ constexpr double kGB = 1e9;
 
 // Splits `args` into the plan's own flags and the rest (strata train's), keeping "--name value" pairs
 // together. Both lists were checked by one parse over both flag sets before.
-void Split(const std::vector<std::string>& args, const std::vector<FlagDef>& own, std::vector<std::string>* mine,
+void Split(const std::vector<std::string>& args, const std::vector<spec::FlagDef>& own, std::vector<std::string>* mine,
            std::vector<std::string>* rest) {
   std::set<std::string> names, booleans;
-  for (const FlagDef& d : own) {
+  for (const spec::FlagDef& d : own) {
     names.insert(d.name);
     if (d.boolean) booleans.insert(d.name);
   }
@@ -37,7 +37,7 @@ void Split(const std::vector<std::string>& args, const std::vector<FlagDef>& own
 }
 
 // A flag in `unit`s (GB/s, GFLOP/s, GB), > 0, times `unit`; or the fallback (already in base units) when absent.
-absl::StatusOr<double> Rate(const Flags& f, const char* name, double fallback, double unit) {
+absl::StatusOr<double> Rate(const spec::Flags& f, const char* name, double fallback, double unit) {
   if (!f.Has(name)) return fallback;
   STRATA_ASSIGN_OR_RETURN(const double v, f.Double(name, 0));
   if (!(v > 0 && v < 1e9))
@@ -45,7 +45,7 @@ absl::StatusOr<double> Rate(const Flags& f, const char* name, double fallback, d
   return v * unit;
 }
 
-absl::Status ApplyDeviceFlags(const Flags& f, DeviceSpec* d) {
+absl::Status ApplyDeviceFlags(const spec::Flags& f, DeviceSpec* d) {
   STRATA_ASSIGN_OR_RETURN(d->matmul_flops, Rate(f, "matmul-gflops", d->matmul_flops, 1e9));
   Link& in = d->intra;
   // --intra-gbps sets every collective's bandwidth; the per-collective flags override it.
@@ -78,7 +78,7 @@ absl::Status ApplyDeviceFlags(const Flags& f, DeviceSpec* d) {
 
 }  // namespace
 
-std::vector<FlagDef> PlanFlagDefs() {
+std::vector<spec::FlagDef> PlanFlagDefs() {
   return {
       {"ranks", false, "ranks of the job (default 1)"},
       {"ranks-per-node", false, "ranks that share a node (default: min(ranks, 8))"},
@@ -106,18 +106,19 @@ std::vector<FlagDef> PlanFlagDefs() {
   };
 }
 
-absl::StatusOr<PlanRequest> ParsePlanArgs(const std::vector<std::string>& args) {
-  const std::vector<FlagDef> own = PlanFlagDefs();
-  std::vector<FlagDef> all = own;
-  const std::vector<FlagDef> train = TrainFlagDefs();
+absl::StatusOr<PlanRequest> ParsePlanArgs(std::vector<std::string> args) {
+  STRATA_ASSIGN_OR_RETURN(const spec::Family* family, spec::TakeFamily(&args));  // --model-family
+  const std::vector<spec::FlagDef> own = PlanFlagDefs();
+  std::vector<spec::FlagDef> all = own;
+  const std::vector<spec::FlagDef> train = family->TrainFlagDefs();
   all.insert(all.end(), train.begin(), train.end());
-  STRATA_ASSIGN_OR_RETURN(Flags every, Flags::Parse(args, all));  // unknown flags: the nearest of both sets
+  STRATA_ASSIGN_OR_RETURN(spec::Flags every, spec::Flags::Parse(args, all));  // unknown flags: the nearest of both sets
   if (!every.positional().empty()) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", every.positional()[0], "'"));
   }
   std::vector<std::string> mine, rest;
   Split(args, own, &mine, &rest);
-  STRATA_ASSIGN_OR_RETURN(Flags f, Flags::Parse(mine, own));
+  STRATA_ASSIGN_OR_RETURN(spec::Flags f, spec::Flags::Parse(mine, own));
   PlanRequest r;
   PlanInput& in = r.in;
   STRATA_ASSIGN_OR_RETURN(const int64_t ranks, f.IntIn("ranks", 1, 1, shard::kMaxWorldSize));
@@ -139,11 +140,11 @@ absl::StatusOr<PlanRequest> ParsePlanArgs(const std::vector<std::string>& args) 
   const bool host = !in.device.gpu;
   STRATA_ASSIGN_OR_RETURN(in.compute_efficiency, f.Double("compute-efficiency", host ? 1.0 : 0.5));
   STRATA_ASSIGN_OR_RETURN(in.link_efficiency, f.Double("link-efficiency", host ? 1.0 : 0.8));
-  auto options = ParseTrainOptions(rest, in.ranks);
-  if (!options.ok()) return Annotate(options.status(), "strata train's flags");
-  in.model = options->model;
-  in.engine = options->engine;
-  in.checkpointing = options->checkpointing;
+  auto setup = family->ParseTrain(rest, in.ranks);
+  if (!setup.ok()) return Annotate(setup.status(), "strata train's flags");
+  in.model = (*setup)->model;
+  in.engine = (*setup)->engine;
+  in.checkpointing = (*setup)->checkpointing;
   // G is the engine's own key (zero_optimization.shard_group_size, or strata train's --shard-group-size):
   // "node" is the ranks that share a node; 0 the world.
   const int g = in.engine.shard_group_size;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "tools/cli/flags.h"
+#include "spec/flags.h"
 #include "tools/plan/plan.h"
 
 namespace strata::tools::plan {
@@ -17,8 +17,9 @@ struct PlanRequest {
   bool json = false;
 };
 
-std::vector<FlagDef> PlanFlagDefs();  // the plan's own (not strata train's)
-absl::StatusOr<PlanRequest> ParsePlanArgs(const std::vector<std::string>& args);
+std::vector<spec::FlagDef> PlanFlagDefs();  // the plan's own (not strata train's)
+// --model-family NAME (spec/registry.h; default: the default family) chooses whose trainer flags these are.
+absl::StatusOr<PlanRequest> ParsePlanArgs(std::vector<std::string> args);
 
 // One JSON object per plan (schema in docs/decisions/0017-strata-plan.md); --search: {"candidates": [...]}.
 std::string PlanJson(const Plan& p);

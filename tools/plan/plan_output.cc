@@ -1,7 +1,6 @@
 // `strata plan`'s output: JSON for tools, text for people. Both print the same numbers.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "models/gpt/model/gpt_config.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/units.h"
 #include "tools/plan/plan_options.h"
@@ -34,29 +33,51 @@ nlohmann::json ToJson(const Plan& p) {
     items.push_back({{"tier", std::string(memory::TierName(i.tier))}, {"what", i.what}, {"bytes", i.bytes}});
   }
   const TimePlan& t = p.time;
+  nlohmann::json model = {{"params", p.params}};
+  for (const spec::Dimension& d : in.model->Dimensions()) model[d.name] = d.value;
   return {
-      {"model", {{"layers", in.model.layers}, {"d_model", in.model.d_model}, {"heads", in.model.heads},
-                 {"seq_len", in.model.seq_len}, {"vocab", in.model.vocab}, {"params", p.params}}},
-      {"cluster", {{"ranks", in.ranks}, {"ranks_per_node", in.ranks_per_node}, {"shard_group_size", p.shard_group},
-                   {"replicas", in.ranks / p.shard_group}, {"device", in.device.name},
-                   {"cores_per_node", in.device.cores_per_node}}},
-      {"config", {{"stage", c.stage}, {"micro_batch", c.train_micro_batch_size_per_gpu},
-                  {"grad_accum", c.gradient_accumulation_steps}, {"param_dtype", DTypeText(c.param_dtype)},
-                  {"offload_param", OffloadName(c.offload_param.device)},
-                  {"offload_optimizer", OffloadName(c.offload_optimizer.device)},
-                  {"activation_checkpointing", in.checkpointing}}},
-      {"memory", {{"device_bytes", p.memory.tier[0]}, {"pinned_host_bytes", p.memory.tier[1]},
-                  {"nvme_bytes", p.memory.tier[2]},
-                  {"engine", {{"device", p.memory.engine.tier[0]}, {"pinned_host", p.memory.engine.tier[1]},
-                              {"nvme", p.memory.engine.tier[2]}}},
-                  {"activations_bytes", p.memory.activations}, {"unit_copy_bytes", p.memory.unit_copy},
-                  {"host_resident_bytes", p.memory.host_resident}, {"items", items},
-                  {"fits", p.memory.fits}, {"why_not", p.memory.why_not}}},
-      {"time", {{"step_ms", t.step_s * 1e3}, {"compute_ms", t.compute_s * 1e3}, {"gather_ms", t.gather_s * 1e3},
-                {"reduce_ms", t.reduce_s * 1e3}, {"exposed_comm_ms", t.exposed_comm_s * 1e3},
-                {"optimizer_ms", t.optimizer_s * 1e3}, {"io_ms", t.io_s * 1e3}, {"tokens_per_s", t.tokens_per_s},
-                {"mfu", t.mfu}, {"compute_efficiency", in.compute_efficiency},
-                {"link_efficiency", in.link_efficiency}}},
+      {"model", model},
+      {"cluster",
+       {{"ranks", in.ranks},
+        {"ranks_per_node", in.ranks_per_node},
+        {"shard_group_size", p.shard_group},
+        {"replicas", in.ranks / p.shard_group},
+        {"device", in.device.name},
+        {"cores_per_node", in.device.cores_per_node}}},
+      {"config",
+       {{"stage", c.stage},
+        {"micro_batch", c.train_micro_batch_size_per_gpu},
+        {"grad_accum", c.gradient_accumulation_steps},
+        {"param_dtype", DTypeText(c.param_dtype)},
+        {"offload_param", OffloadName(c.offload_param.device)},
+        {"offload_optimizer", OffloadName(c.offload_optimizer.device)},
+        {"activation_checkpointing", in.checkpointing}}},
+      {"memory",
+       {{"device_bytes", p.memory.tier[0]},
+        {"pinned_host_bytes", p.memory.tier[1]},
+        {"nvme_bytes", p.memory.tier[2]},
+        {"engine",
+         {{"device", p.memory.engine.tier[0]},
+          {"pinned_host", p.memory.engine.tier[1]},
+          {"nvme", p.memory.engine.tier[2]}}},
+        {"activations_bytes", p.memory.activations},
+        {"unit_copy_bytes", p.memory.unit_copy},
+        {"host_resident_bytes", p.memory.host_resident},
+        {"items", items},
+        {"fits", p.memory.fits},
+        {"why_not", p.memory.why_not}}},
+      {"time",
+       {{"step_ms", t.step_s * 1e3},
+        {"compute_ms", t.compute_s * 1e3},
+        {"gather_ms", t.gather_s * 1e3},
+        {"reduce_ms", t.reduce_s * 1e3},
+        {"exposed_comm_ms", t.exposed_comm_s * 1e3},
+        {"optimizer_ms", t.optimizer_s * 1e3},
+        {"io_ms", t.io_s * 1e3},
+        {"tokens_per_s", t.tokens_per_s},
+        {"mfu", t.mfu},
+        {"compute_efficiency", in.compute_efficiency},
+        {"link_efficiency", in.link_efficiency}}},
       {"max_micro_batch", p.max_micro_batch},
   };
 }
@@ -78,7 +99,7 @@ std::string PlanText(const Plan& p) {
   std::string s = absl::StrFormat(
       "%s (%.3g B params) on %d x %s (%d per node), stage %d, shard groups of %d (%d replicas), micro-batch %d x %d, "
       "%s%s%s%s\n",
-      gpt::Describe(in.model), p.params / 1e9, in.ranks, in.device.name, in.ranks_per_node, c.stage, p.shard_group,
+      in.model->Describe(), p.params / 1e9, in.ranks, in.device.name, in.ranks_per_node, c.stage, p.shard_group,
       in.ranks / p.shard_group, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
       DTypeText(c.param_dtype), in.checkpointing ? ", activation checkpointing" : "",
       Where(", params on ", c.offload_param.device), Where(", optimizer on ", c.offload_optimizer.device));

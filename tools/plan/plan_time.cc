@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/engine/placement.h"
 #include "tools/plan/plan.h"
@@ -89,18 +90,23 @@ double AllReduceSeconds(uint64_t bytes, int p, const Link& link) {
 absl::StatusOr<TimePlan> PlanTime(const PlanInput& in) {
   STRATA_ASSIGN_OR_RETURN(std::vector<shard::UnitLayout> layouts, Layouts(in));
   const engine::EngineConfig& c = in.engine;
-  const int G = ShardGroup(in), R = in.ranks / G, stage = c.stage, L = in.model.layers;
+  const int G = ShardGroup(in), R = in.ranks / G, stage = c.stage;
   const int M = c.gradient_accumulation_steps;
-  const double tokens = double(c.train_micro_batch_size_per_gpu) * in.model.seq_len;  // per micro-batch
+  const double tokens = double(c.train_micro_batch_size_per_gpu) * in.model->SequenceLength();  // per micro-batch
   const double pb = DTypeBytes(c.param_dtype);
   const Link shard_link = GroupLink(in, G, true), replica_link = GroupLink(in, R, false);
   const Link world_link = GroupLink(in, in.ranks, true);
   const double rate = in.device.matmul_flops * in.compute_efficiency;
-  // The model's own FLOPs: the head is what a model without blocks computes; each block the rest over L.
-  gpt::GptConfig headless = in.model;
-  headless.layers = 0;
-  const double head_flops = gpt::ForwardFlopsPerToken(headless) * tokens;
-  const double block_flops = (gpt::ForwardFlopsPerToken(in.model) * tokens - head_flops) / L;
+  // The model's own uses of its units in a micro-batch, with their FLOPs.
+  const spec::StepUses uses = in.model->Uses(c.train_micro_batch_size_per_gpu);
+  for (const std::vector<spec::UnitUse>* pass : {&uses.forward, &uses.backward}) {
+    for (const spec::UnitUse& u : *pass) {
+      if (u.unit < 0 || u.unit >= static_cast<int>(layouts.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the model's schedule (ModelSpec::Uses) names unit ", u.unit, "; it has ", layouts.size()));
+      }
+    }
+  }
   // Offloaded parameters reach the gather through the host: a copy (GPU) or an NVMe read first.
   const bool nvme_params = c.offload_param.device == engine::OffloadDevice::kNvme;
   const bool cpu_params = c.offload_param.device == engine::OffloadDevice::kCpu;
@@ -125,27 +131,23 @@ absl::StatusOr<TimePlan> PlanTime(const PlanInput& in) {
   const double cores_per_rank = !in.device.gpu && in.device.cores_per_node > 0
                                     ? double(in.device.cores_per_node) / std::max(1, in.ranks_per_node)
                                     : 0.0;
-  const int embed = 0, ln_f = L + 1;
   TimePlan t;
   for (int mb = 0; mb < M; ++mb) {
     const bool last = mb == M - 1;
-    // The trainer's order: the embeddings, the blocks, the final LayerNorm, the head (the tied embed).
+    // In the trainer's order (for the GPT: the embeddings, the blocks, the final LayerNorm, the head, which
+    // is the tied embeddings), every use gathers its unit at stage 3.
     std::vector<Use> fwd, bwd;
-    fwd.push_back({embed, 0, gather(embed), 0});
-    for (int l = 0; l < L; ++l) fwd.push_back({1 + l, block_flops / rate, gather(1 + l), 0});
-    fwd.push_back({ln_f, 0, gather(ln_f), 0});
-    fwd.push_back({embed, head_flops / rate, gather(embed), 0});
+    for (const spec::UnitUse& u : uses.forward) fwd.push_back({u.unit, u.flops / rate, gather(u.unit), 0});
     const double recompute = in.checkpointing ? 1.0 : 0.0;
-    // The head's forward released the embeddings (reshard after forward) and the prefetch found them still
-    // gathered, so the head's backward gathers them again on demand: exposed, as the first of the pass.
-    // Without resharding after forward (strata.reshard_after_forward = false) every unit stays gathered.
+    // A unit released after its forward (reshard after forward) is gathered again for its backward; the
+    // GPT's head's forward released the embeddings and the prefetch found them still gathered, so the head's
+    // backward gathers them again on demand: exposed, as the first of the pass. Without resharding after
+    // forward (strata.reshard_after_forward = false) every unit stays gathered.
     auto regather = [&](int u) { return c.reshard_after_forward ? gather(u) : 0.0; };
-    bwd.push_back({embed, bwd_factor * head_flops / rate, regather(embed), 0});
-    bwd.push_back({ln_f, 0, regather(ln_f), reduce(ln_f, last)});
-    for (int l = L - 1; l >= 0; --l) {
-      bwd.push_back({1 + l, (bwd_factor + recompute) * block_flops / rate, regather(1 + l), reduce(1 + l, last)});
+    for (const spec::UnitUse& u : uses.backward) {
+      const double factor = bwd_factor + (u.recomputed ? recompute : 0.0);
+      bwd.push_back({u.unit, factor * u.flops / rate, regather(u.unit), u.reduces ? reduce(u.unit, last) : 0.0});
     }
-    bwd.push_back({embed, 0, regather(embed), reduce(embed, last)});  // the lookup's backward: embed reduces
     for (const std::vector<Use>* pass : {&fwd, &bwd}) {
       const auto [elapsed, exposed] = Pipeline(*pass, c.prefetch_depth, cores_per_rank);
       t.exposed_comm_s += exposed;
@@ -184,7 +186,7 @@ absl::StatusOr<TimePlan> PlanTime(const PlanInput& in) {
   t.tokens_per_s = t.step_s > 0 ? tokens * M * in.ranks / t.step_s : 0;
   // MFU counts the model's FLOPs (forward and backward, 3x forward), not the recomputation (PaLM's definition,
   // what torchtitan and the Llama reports quote).
-  const double model_flops = 3.0 * gpt::ForwardFlopsPerToken(in.model) * tokens * M;
+  const double model_flops = 3.0 * in.model->ForwardFlopsPerToken() * tokens * M;
   t.mfu = t.step_s > 0 && in.device.matmul_flops > 0 ? model_flops / (t.step_s * in.device.matmul_flops) : 0;
   return t;
 }

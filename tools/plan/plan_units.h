@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "models/gpt/model/nn_backend.h"
 #include "runtime/shard/layout.h"
 #include "tools/plan/plan.h"
 
@@ -12,7 +11,7 @@ namespace strata::tools::plan {
 
 // G, resolved (0 in the input means every rank).
 int ShardGroup(const PlanInput& in);
-// The GPT's units laid out for a shard group of G ranks (a world of G, for the layout).
+// The model's units laid out for a shard group of G ranks (a world of G, for the layout).
 absl::StatusOr<std::vector<shard::UnitLayout>> Layouts(const PlanInput& in);
 // What the engine holds (it does not depend on the micro-batch), and the largest unit.
 struct EngineLayout {
@@ -22,7 +21,5 @@ struct EngineLayout {
 absl::StatusOr<EngineLayout> LayOutEngine(const PlanInput& in);
 // The memory plan at micro-batch B over the engine's part.
 MemoryPlan MemoryAt(const PlanInput& in, const EngineLayout& e, int B);
-// The attention buffers the trainer would pick on this device for a micro-batch.
-gpt::AttentionBuffers Attention(const PlanInput& in, int micro_batch);
 
 }  // namespace strata::tools::plan

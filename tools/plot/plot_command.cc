@@ -15,8 +15,8 @@
 #include "absl/strings/str_split.h"
 #include "runtime/base/input_file.h"
 #include "runtime/base/status.h"
+#include "spec/flags.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/flags.h"
 
 namespace strata::tools {
 namespace {
@@ -172,15 +172,16 @@ std::string RenderSvg(const Metrics& m, const std::string& title, bool log_y) {
   return svg + "</svg>\n";
 }
 
-const std::vector<FlagDef>& PlotFlagDefs() {
-  static const auto* defs = new std::vector<FlagDef>{{"o", false, "output SVG (also -o; default loss.svg)"},
-                                                     {"output", false, "the same as -o"},
-                                                     {"log-y", true, "logarithmic loss axis"},
-                                                     {"title", false, "the plot's title (default: the file's name)"}};
+const std::vector<spec::FlagDef>& PlotFlagDefs() {
+  static const auto* defs =
+      new std::vector<spec::FlagDef>{{"o", false, "output SVG (also -o; default loss.svg)"},
+                                     {"output", false, "the same as -o"},
+                                     {"log-y", true, "logarithmic loss axis"},
+                                     {"title", false, "the plot's title (default: the file's name)"}};
   return *defs;
 }
 
-absl::Status Plot(const Flags& f) {
+absl::Status Plot(const spec::Flags& f) {
   if (f.positional().size() != 1) return absl::InvalidArgumentError(PlotUsage());
   const std::string in = f.positional()[0];
   const std::string out = f.Has("o") ? f.Str("o") : f.Str("output", "loss.svg");
@@ -202,12 +203,12 @@ absl::Status Plot(const Flags& f) {
 
 }  // namespace
 
-std::string PlotUsage() { return Flags::Usage("plot", PlotFlagDefs(), "METRICS.jsonl"); }
+std::string PlotUsage() { return spec::Flags::Usage("plot", PlotFlagDefs(), "METRICS.jsonl"); }
 
 int PlotCommand(const std::vector<std::string>& args) {
   std::vector<std::string> a = args;
   for (auto& x : a) x = x == "-o" ? "--o" : x;
-  auto f = Flags::Parse(a, PlotFlagDefs());
+  auto f = spec::Flags::Parse(a, PlotFlagDefs());
   const absl::Status s = f.ok() ? Plot(*f) : f.status();
   if (!s.ok()) {
     std::fprintf(stderr, "strata plot: %s\n", std::string(s.message()).c_str());

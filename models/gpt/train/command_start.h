@@ -1,32 +1,22 @@
-// The start every CLI command that runs the GPT on one process per rank shares (train, bench step, bench
-// capacity): MPI, then the launch (Note [Launchers] in tools/launch.cc); and for train and bench step the
-// options of the command line with the torchrun refusal for their device. Each failure is printed as
-// "strata <command>: <why>", with the exit code the commands have always used.
+// The job of `strata train`, the GPT's command that runs one process per rank: after its start
+// (spec/launch.h: MPI, the launch, the options agreed by every rank), the communicators with the GPT's
+// device and back-end (compute.h).
 #pragma once
 
-#include <memory>
-#include <optional>
-#include <string>
-#include <vector>
-
+#include "absl/status/statusor.h"
+#include "models/gpt/train/compute.h"
 #include "models/gpt/train/train_options.h"
+#include "runtime/comm/launcher.h"
 #include "runtime/comm/mpi_communicator.h"
-#include "tools/launch.h"
+#include "spec/launch.h"
 
 namespace strata::tools {
 
-struct CommandLaunch {
-  std::unique_ptr<comm::MpiRuntime> mpi;
-  Launch launch;
-};
+using Job = spec::Job<Compute>;
 
-// MPI and the launch; nullopt after printing why, with *exit_code 1 (MPI cannot start) or 2 (a bad launch).
-std::optional<CommandLaunch> StartLaunch(const std::string& command, int* exit_code);
-
-// The options of `args` for this launch, when the launch can run their device (RefuseHostUnderTorchrun)
-// on every rank (Note [Start-up agreement]); nullopt, on every rank, when any rank's could not be read,
-// after printing why (exit code 2). Ends the job when a rank does not arrive within the collective timeout.
-std::optional<TrainOptions> OptionsForLaunch(const std::string& command, const CommandLaunch& start,
-                                             const std::vector<std::string>& args);
+// Collective; call after spec::SetupForLaunch. spec::StartJob with the device of `o.device` (under torchrun
+// the GPU of its LOCAL_RANK) and the GPT's back-end for it.
+absl::StatusOr<Job> StartJob(comm::MpiRuntime& mpi, const comm::Launch& launch, const TrainOptions& o,
+                             const comm::Options& options);
 
 }  // namespace strata::tools

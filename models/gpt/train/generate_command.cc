@@ -8,12 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/gpt/model/gpt_model.h"
+#include "models/gpt/train/commands.h"
 #include "models/gpt/train/model_flags.h"
 #include "models/gpt/weights/weights.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/in_process.h"
 #include "runtime/device/host_device.h"
-#include "tools/cli/commands.h"
 
 namespace strata::tools {
 namespace {
@@ -36,7 +36,7 @@ int Sample(std::vector<float> logits, double temperature, int top_k, std::mt1993
   return idx[k - 1];
 }
 
-absl::Status Generate(const Flags& f) {
+absl::Status Generate(const spec::Flags& f) {
   STRATA_ASSIGN_OR_RETURN(gpt::GptConfig cfg, ModelFromFlags(f));
   const std::string weights = f.Str("init-from");
   if (weights.empty()) return absl::InvalidArgumentError("strata generate needs --init-from WEIGHTS.safetensors");
@@ -75,8 +75,8 @@ absl::Status Generate(const Flags& f) {
   return absl::OkStatus();
 }
 
-std::vector<FlagDef> GenerateFlagDefs() {
-  std::vector<FlagDef> defs = ModelFlagDefs();
+std::vector<spec::FlagDef> GenerateFlagDefs() {
+  std::vector<spec::FlagDef> defs = ModelFlagDefs();
   defs.insert(defs.end(), {{"init-from", false, "weights (.safetensors) to sample from"},
                            {"prompt", false, "text to continue (default: a newline)"},
                            {"tokens", false, "tokens to generate (default 200)"},
@@ -88,10 +88,10 @@ std::vector<FlagDef> GenerateFlagDefs() {
 
 }  // namespace
 
-std::string GenerateUsage() { return Flags::Usage("generate", GenerateFlagDefs()); }
+std::string GenerateUsage() { return spec::Flags::Usage("generate", GenerateFlagDefs()); }
 
 int GenerateCommand(const std::vector<std::string>& args) {
-  auto f = Flags::Parse(args, GenerateFlagDefs());
+  auto f = spec::Flags::Parse(args, GenerateFlagDefs());
   absl::Status s = f.ok() ? Generate(*f) : f.status();
   if (!s.ok()) {
     std::fprintf(stderr, "strata generate: %s\n", std::string(s.message()).c_str());

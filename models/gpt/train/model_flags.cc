@@ -4,7 +4,7 @@
 
 namespace strata::tools {
 
-std::vector<FlagDef> ModelFlagDefs() {
+std::vector<spec::FlagDef> ModelFlagDefs() {
   return {{"model", false, "gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default gpt2-tiny)"},
           {"layers", false, "override the preset's number of blocks"},
           {"d-model", false, "override the preset's width"},
@@ -13,7 +13,7 @@ std::vector<FlagDef> ModelFlagDefs() {
           {"vocab", false, "override the preset's vocabulary (256 = bytes)"}};
 }
 
-absl::StatusOr<gpt::GptConfig> ModelFromFlags(const Flags& f) {
+absl::StatusOr<gpt::GptConfig> ModelFromFlags(const spec::Flags& f) {
   STRATA_ASSIGN_OR_RETURN(gpt::GptConfig c, gpt::GptPreset(f.Str("model", "gpt2-tiny")));
   STRATA_ASSIGN_OR_RETURN(int64_t layers, f.Int("layers", c.layers));
   STRATA_ASSIGN_OR_RETURN(int64_t d, f.Int("d-model", c.d_model));

@@ -5,12 +5,12 @@
 
 #include "absl/status/statusor.h"
 #include "models/gpt/model/gpt_config.h"
-#include "tools/cli/flags.h"
+#include "spec/flags.h"
 
 namespace strata::tools {
 
-std::vector<FlagDef> ModelFlagDefs();
+std::vector<spec::FlagDef> ModelFlagDefs();
 // --model PRESET (default gpt2-tiny), then --layers --d-model --heads --seq-len --vocab override it.
-absl::StatusOr<gpt::GptConfig> ModelFromFlags(const Flags& f);
+absl::StatusOr<gpt::GptConfig> ModelFromFlags(const spec::Flags& f);
 
 }  // namespace strata::tools

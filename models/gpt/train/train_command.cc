@@ -1,5 +1,5 @@
 // `strata train`: the GPT-2 trainer on the engine, one process per rank under mpirun, srun or torchrun
-// (Note [Launchers] in launch.cc).
+// (Note [Launchers] in runtime/comm/launcher.cc).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -24,7 +24,9 @@
 #include "models/gpt/data/data.h"
 #include "models/gpt/model/gpt_model.h"
 #include "models/gpt/train/command_start.h"
+#include "models/gpt/train/commands.h"
 #include "models/gpt/train/compute.h"
+#include "models/gpt/train/gpt_family.h"
 #include "models/gpt/train/model_flags.h"
 #include "models/gpt/train/run_files.h"
 #include "models/gpt/train/step_diagnostics.h"
@@ -41,8 +43,7 @@
 #include "runtime/device/host_device.h"
 #include "runtime/engine/trace.h"
 #include "runtime/optim/optimizer.h"
-#include "tools/cli/commands.h"
-#include "tools/launch.h"
+#include "spec/launch.h"
 
 namespace strata::tools {
 namespace {
@@ -400,16 +401,19 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
 
 }  // namespace
 
-std::string TrainUsage() { return Flags::Usage("train", TrainFlagDefs()); }
+std::string TrainUsage() { return spec::Flags::Usage("train", TrainFlagDefs()); }
 
 int TrainCommand(const std::vector<std::string>& args) {
   int code = 0;
-  std::optional<CommandLaunch> start = StartLaunch("train", &code);
+  std::optional<spec::CommandLaunch> start = spec::StartLaunch("train", &code);
   if (!start.has_value()) return code;
-  const Launch* launch = &start->launch;
+  const comm::Launch* launch = &start->launch;
   const int rank = launch->rank;
-  const std::optional<TrainOptions> opts = OptionsForLaunch("train", *start, args);
-  if (!opts.has_value()) return 2;  // every rank, each having said why (Note [Start-up agreement])
+  const std::unique_ptr<spec::Family> own = gpt::MakeFamily();
+  const spec::Family* family = own.get();
+  const std::unique_ptr<spec::TrainSetup> setup = spec::SetupForLaunch("train", *start, args, &family);
+  if (setup == nullptr) return 2;  // every rank, each having said why (Note [Start-up agreement])
+  const TrainOptions* opts = gpt::OptionsOf(*setup);
   comm::Options copts;
   copts.timeout_ms = opts->engine.collective_timeout_ms;
   auto job = StartJob(*start->mpi, *launch, *opts, copts);

@@ -35,7 +35,7 @@ const std::pair<const char*, const char*> kConfigFlags[] = {
     {"shard-group-size", "zero_optimization.shard_group_size"},
 };
 
-absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::string& text) {
+absl::StatusOr<std::vector<std::string>> Overrides(const spec::Flags& f, const std::string& text) {
   std::vector<std::string> o;
   for (const auto& [flag, key] : kConfigFlags) {
     if (f.Has(flag)) o.push_back(absl::StrCat(key, "=", f.Str(flag)));
@@ -74,7 +74,7 @@ absl::StatusOr<std::vector<std::string>> Overrides(const Flags& f, const std::st
 }
 
 // A config error about a key that a flag set also names the flag ("--micro-batch: config key ...").
-absl::Status NameTheFlag(const Flags& f, const absl::Status& s) {
+absl::Status NameTheFlag(const spec::Flags& f, const absl::Status& s) {
   for (const auto& [flag, key] : kConfigFlags) {
     if (f.Has(flag) && absl::StrContains(s.message(), absl::StrCat("'", key, "'"))) {
       return Annotate(s, absl::StrCat("--", flag));
@@ -83,7 +83,7 @@ absl::Status NameTheFlag(const Flags& f, const absl::Status& s) {
   return s;
 }
 
-absl::Status ApplySchedule(const Flags& f, int64_t steps, engine::EngineConfig* c) {
+absl::Status ApplySchedule(const spec::Flags& f, int64_t steps, engine::EngineConfig* c) {
   if (!f.Has("lr-schedule") && !f.Has("warmup") && !f.Has("min-lr")) return absl::OkStatus();
   const std::string kind = f.Str("lr-schedule", "cosine");
   if (kind == "cosine") c->scheduler.type = engine::LrScheduleType::kWarmupCosine;
@@ -104,7 +104,7 @@ absl::Status ApplySchedule(const Flags& f, int64_t steps, engine::EngineConfig* 
 
 // --lr-scaling linear|sqrt: lr x (global batch / base batch) or its square root, the usual rule when
 // adding ranks; the warm-up then ramps to the scaled rate.
-absl::Status ApplyLrScaling(const Flags& f, int world, engine::EngineConfig* c) {
+absl::Status ApplyLrScaling(const spec::Flags& f, int world, engine::EngineConfig* c) {
   const std::string mode = f.Str("lr-scaling", "none");
   if (mode == "none") return absl::OkStatus();
   if (mode != "linear" && mode != "sqrt") {
@@ -127,7 +127,7 @@ absl::Status ApplyLrScaling(const Flags& f, int world, engine::EngineConfig* c) 
 constexpr char kFlagDefaults[] =
     R"({"zero_optimization": {"stage": 3}, "fp16": {"hysteresis": 1}, "strata": {"weight_decay_1d": false}})";
 
-absl::StatusOr<std::string> ReadConfigText(const Flags& f) {
+absl::StatusOr<std::string> ReadConfigText(const spec::Flags& f) {
   if (!f.Has("config")) return std::string(kFlagDefaults);
   auto text = ReadConfigFile(f.Str("config"));
   if (!text.ok()) return Annotate(text.status(), "--config");
@@ -136,11 +136,11 @@ absl::StatusOr<std::string> ReadConfigText(const Flags& f) {
 
 }  // namespace
 
-std::vector<FlagDef> TrainFlagDefs() {
-  std::vector<FlagDef> d = {{"help", true, "print this list and exit"}};
-  const std::vector<FlagDef> model = ModelFlagDefs();
+std::vector<spec::FlagDef> TrainFlagDefs() {
+  std::vector<spec::FlagDef> d = {{"help", true, "print this list and exit"}};
+  const std::vector<spec::FlagDef> model = ModelFlagDefs();
   d.insert(d.end(), model.begin(), model.end());
-  const std::vector<FlagDef> more = {
+  const std::vector<spec::FlagDef> more = {
       {"config", false, "JSON config (DeepSpeed keys + \"strata\"); flags override it"},
       {"stage", false, "ZeRO stage 0-3 (default 3; with --config, the file's, DeepSpeed's 0 when absent)"},
       {"micro-batch", false, "sequences per rank per micro-batch"},
@@ -201,11 +201,11 @@ std::vector<FlagDef> TrainFlagDefs() {
 }
 
 absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& args, int world_size) {
-  const std::vector<FlagDef> defs = TrainFlagDefs();
-  STRATA_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, defs));
+  const std::vector<spec::FlagDef> defs = TrainFlagDefs();
+  STRATA_ASSIGN_OR_RETURN(spec::Flags f, spec::Flags::Parse(args, defs));
   if (!f.positional().empty()) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", f.positional()[0], "'\n",
-                                                   Flags::Usage("train", defs)));
+                                                   spec::Flags::Usage("train", defs)));
   }
   TrainOptions o;
   STRATA_ASSIGN_OR_RETURN(o.model, ModelFromFlags(f));

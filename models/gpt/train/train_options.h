@@ -10,7 +10,7 @@
 #include "models/gpt/model/gpt_config.h"
 #include "models/gpt/model/nn_backend.h"
 #include "runtime/engine/config.h"
-#include "tools/cli/flags.h"
+#include "spec/flags.h"
 
 namespace strata::tools {
 
@@ -38,7 +38,7 @@ struct TrainOptions {
   int inject_nonfinite_rank = -1;
 };
 
-std::vector<FlagDef> TrainFlagDefs();
+std::vector<spec::FlagDef> TrainFlagDefs();
 absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& args, int world_size);
 
 }  // namespace strata::tools

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/gpt/model/gpt_config.h"
+#include "models/gpt/spec/gpt_spec.h"
 #include "tools/plan/plan_units.h"
 
 namespace strata::tools {
@@ -113,7 +114,7 @@ TEST(CapacitySearch, LargestFittingFindsTheEdge) {
 // free disk less the reserve, then of the host budget, then of --max-params.
 PredictInput NvmeInput() {
   PredictInput in;
-  in.base = gpt::GptConfig{1, 32, 2, 16, 64};
+  in.base = gpt::Spec(gpt::GptConfig{1, 32, 2, 16, 64});
   in.engine.stage = 3;
   in.engine.param_dtype = DType::kBF16;
   in.engine.bf16 = true;
@@ -147,7 +148,7 @@ TEST(CapacitySearch, ThePredictionIsTheAccountingsEdge) {
   EXPECT_EQ(*PredictLargest(in, 1 << 30), 21);
   EXPECT_EQ(*PredictLargest(in, 7), 7);  // the limit
   in.free_disk = 1ull << 40;
-  in.max_params = gpt::NumParams(Scaled(in.base, false, 9));
+  in.max_params = gpt::NumParams(*gpt::ConfigOf(*Scaled(in.base, false, 9)));
   EXPECT_EQ(*PredictLargest(in, 1 << 30), 9);
   EXPECT_NE(PredictedShortfall(in, 10)->find("over --max-params"), std::string::npos);
   // The host budget: the accounting's pinned-host need at 1 layer, and one byte less.

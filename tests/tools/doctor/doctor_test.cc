@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "models/gpt/model/gpt_config.h"
+#include "models/gpt/spec/gpt_spec.h"
 #include "tools/doctor/doctor_measure.h"
 #include "tools/doctor/doctor_probe.h"
 #include "tools/doctor/doctor_report.h"
@@ -273,7 +274,7 @@ TEST(DoctorChecks, LaunchUnderTorchrun) {
 }
 
 TEST(DoctorPinned, NothingOffloadedNeedsNoPinnedMemory) {
-  const PinnedFacts p = EstimatePinned(engine::EngineConfig{}, *gpt::GptPreset("gpt2"), 8);
+  const PinnedFacts p = EstimatePinned(engine::EngineConfig{}, *gpt::Spec(*gpt::GptPreset("gpt2")), 8);
   EXPECT_FALSE(p.offloaded);
   EXPECT_EQ(p.bytes_per_rank, 0u);
   DoctorFacts f = Healthy(8);
@@ -288,11 +289,11 @@ TEST(DoctorPinned, OptimizerOnCpuPinsSixteenBytesPerParamOverRanks) {
   cfg.offload_optimizer.device = engine::OffloadDevice::kCpu;
   const gpt::GptConfig model = *gpt::GptPreset("gpt2");
   const uint64_t params = static_cast<uint64_t>(gpt::NumParams(model));
-  const PinnedFacts p = EstimatePinned(cfg, model, 8);
+  const PinnedFacts p = EstimatePinned(cfg, *gpt::Spec(model), 8);
   EXPECT_TRUE(p.offloaded && p.pinned);
   EXPECT_EQ(p.bytes_per_rank, 16 * ((params + 7) / 8));
   cfg.offload_optimizer.pin_memory = false;
-  EXPECT_EQ(EstimatePinned(cfg, model, 8).bytes_per_rank, 0u);
+  EXPECT_EQ(EstimatePinned(cfg, *gpt::Spec(model), 8).bytes_per_rank, 0u);
 }
 
 TEST(DoctorPinned, NvmeOffloadPinsStagingBuffers) {
@@ -302,9 +303,9 @@ TEST(DoctorPinned, NvmeOffloadPinsStagingBuffers) {
   cfg.offload_param.buffer_count = 5;
   const gpt::GptConfig model = *gpt::GptPreset("gpt2");
   const uint64_t embed = (50257ull + 1024) * 768;  // the largest unit
-  EXPECT_EQ(EstimatePinned(cfg, model, 1).bytes_per_rank, 5 * ((2 * embed + 4095) / 4096 * 4096));
+  EXPECT_EQ(EstimatePinned(cfg, *gpt::Spec(model), 1).bytes_per_rank, 5 * ((2 * embed + 4095) / 4096 * 4096));
   cfg.offload_param.buffer_count = 1;  // at least one more than the gathered units that can be live
-  EXPECT_EQ(EstimatePinned(cfg, model, 1).bytes_per_rank, 3 * ((2 * embed + 4095) / 4096 * 4096));
+  EXPECT_EQ(EstimatePinned(cfg, *gpt::Spec(model), 1).bytes_per_rank, 3 * ((2 * embed + 4095) / 4096 * 4096));
 }
 
 TEST(DoctorPinned, MemlockTooLowForPinnedBuffersFails) {
@@ -312,7 +313,7 @@ TEST(DoctorPinned, MemlockTooLowForPinnedBuffersFails) {
   cfg.stage = 3;
   cfg.offload_optimizer.device = engine::OffloadDevice::kCpu;
   DoctorFacts f = Healthy(8);
-  f.pinned = EstimatePinned(cfg, *gpt::GptPreset("gpt2"), 8);
+  f.pinned = EstimatePinned(cfg, *gpt::Spec(*gpt::GptPreset("gpt2")), 8);
   f.memlock_limit_bytes = 8 << 20;  // Debian's default 8 MiB
   const CheckResult c = CheckMemlock(f);
   EXPECT_EQ(c.verdict, Verdict::kFail);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "models/gpt/spec/gpt_spec.h"
 #include "models/gpt/train/trainer.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
@@ -39,7 +40,7 @@ gpt::GptConfig SmallGpt() { return gpt::GptConfig{2, 32, 2, 16, 64}; }  // odd s
 
 PlanInput HostInput(const Case& c) {
   PlanInput in;
-  in.model = SmallGpt();
+  in.model = gpt::Spec(SmallGpt());
   in.engine.stage = c.stage;
   in.engine.param_dtype = c.dtype;
   in.engine.bf16 = c.dtype == DType::kBF16;
@@ -69,13 +70,14 @@ absl::StatusOr<Measured> RunSteps(const PlanInput& in, const std::string& nvme_d
   engine::EngineConfig cfg = in.engine;
   cfg.offload_optimizer.nvme_path = cfg.offload_param.nvme_path = nvme_dir;
   Measured out;
+  const gpt::GptConfig& model = *gpt::ConfigOf(*in.model);
   auto results = testing::RunRanks(in.ranks, comm::Options{}, [&](int rank, comm::Communicator& world) -> absl::Status {
     device::HostDevice dev;
-    STRATA_ASSIGN_OR_RETURN(GptRun run, BringUp(cfg, in.model, world, dev));
-    const int B = cfg.train_micro_batch_size_per_gpu, T = in.model.seq_len;
+    STRATA_ASSIGN_OR_RETURN(GptRun run, BringUp(cfg, model, world, dev));
+    const int B = cfg.train_micro_batch_size_per_gpu, T = model.seq_len;
     std::vector<int32_t> tokens(size_t(B) * T);
     std::mt19937 rng(1 + rank);
-    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % in.model.vocab);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % model.vocab);
     for (int step = 0; step < 2; ++step) {
       STRATA_RETURN_IF_ERROR(RunMicroBatches(run, cfg.gradient_accumulation_steps, B, in.checkpointing,
                                              [&](int) -> absl::StatusOr<MicroBatchInput> {
@@ -180,7 +182,7 @@ TEST(AlphaBeta, RingCostsFollowTheBusBandwidthConvention) {
 
 PlanInput GpuInput(int ranks, int stage) {
   PlanInput in;
-  in.model = *gpt::GptPreset("gpt2-xl");
+  in.model = gpt::Spec(*gpt::GptPreset("gpt2-xl"));
   in.engine.stage = stage;
   in.engine.param_dtype = DType::kBF16;
   in.engine.bf16 = true;
@@ -195,7 +197,8 @@ TEST(PlanTime, ComputeIsTheModelsFlopsAtTheStatedFraction) {
   PlanInput in = GpuInput(8, 3);
   absl::StatusOr<TimePlan> t = PlanTime(in);
   ASSERT_TRUE(t.ok());
-  const double flops = 3 * gpt::ForwardFlopsPerToken(in.model) * 4 * in.model.seq_len;
+  const gpt::GptConfig& m = *gpt::ConfigOf(*in.model);
+  const double flops = 3 * gpt::ForwardFlopsPerToken(m) * 4 * m.seq_len;
   EXPECT_NEAR(t->compute_s, flops / (989e12 * 0.5), 1e-9 * t->compute_s);
   EXPECT_GE(t->step_s, t->compute_s);
   EXPECT_LE(t->exposed_comm_s, t->gather_s + t->reduce_s + 1e-12);
@@ -254,7 +257,7 @@ TEST(PlanJson, HasTheDocumentedSchema) {
 
 TEST(PlanSearch, SeventyBillionOnAThousandRanksIsFastAndRanked) {
   PlanInput in = GpuInput(1024, 3);
-  in.model = gpt::GptConfig{80, 8192, 64, 4096, 32000};
+  in.model = gpt::Spec(gpt::GptConfig{80, 8192, 64, 4096, 32000});
   in.checkpointing = true;
   in.engine.train_micro_batch_size_per_gpu = 1;
   in.engine.gradient_accumulation_steps = 4;
@@ -278,7 +281,7 @@ TEST(PlanSearch, SeventyBillionOnAThousandRanksIsFastAndRanked) {
 
 TEST(PlanSearch, NothingFitsIsAnErrorThatSaysWhy) {
   PlanInput in = GpuInput(8, 3);
-  in.model = gpt::GptConfig{80, 8192, 64, 4096, 32000};
+  in.model = gpt::Spec(gpt::GptConfig{80, 8192, 64, 4096, 32000});
   absl::StatusOr<std::vector<Plan>> plans = Search(in);
   ASSERT_FALSE(plans.ok());
   EXPECT_EQ(plans.status().code(), absl::StatusCode::kResourceExhausted);
@@ -320,7 +323,7 @@ TEST(PlanOptions, TrainFlagsMeanWhatTheyMeanToTrain) {
       {"--model", "gpt2", "--ranks", "16", "--ranks-per-node", "8", "--stage", "2", "--micro-batch", "3",
        "--grad-accum", "2", "--param-dtype", "bf16", "--shard-group-size=8", "--activation-checkpointing", "--json"});
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->in.model.layers, 12);
+  EXPECT_EQ(gpt::ConfigOf(*r->in.model)->layers, 12);
   EXPECT_EQ(r->in.ranks, 16);
   EXPECT_EQ(r->in.shard_group, 8);
   EXPECT_EQ(r->in.engine.stage, 2);

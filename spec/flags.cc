@@ -1,10 +1,10 @@
-#include "tools/cli/flags.h"
+#include "spec/flags.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/nearest.h"
 
-namespace strata::tools {
+namespace strata::spec {
 
 absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, const std::vector<FlagDef>& defs) {
   Flags f;
@@ -88,4 +88,4 @@ std::string Flags::Usage(const std::string& command, const std::vector<FlagDef>&
   return out;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::spec

@@ -1,11 +1,11 @@
-#include "tools/bench/sgemm_rate.h"
-
+// The host rate of the GPT's own product (gpt_spec.h): the model's HostProductGflops.
 #include <chrono>
 #include <vector>
 
 #include "models/gpt/nn/cpu/nn.h"
+#include "models/gpt/spec/gpt_spec.h"
 
-namespace strata::tools {
+namespace strata::gpt {
 
 double SgemmGflops(int M, int K, int N, double seconds) {
   using Clock = std::chrono::steady_clock;
@@ -22,4 +22,4 @@ double SgemmGflops(int M, int K, int N, double seconds) {
   return 2.0 * M * K * N * reps / secs / 1e9;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::gpt

@@ -1,5 +1,6 @@
-// Command-line flags for the strata CLI: "--name value", "--name=value", boolean "--name", positional
-// arguments. Every flag must be declared; an unknown one is an error naming the nearest declared flag.
+// Command-line flags of the strata CLI and of the model families' trainers (spec/family.h): "--name value",
+// "--name=value", boolean "--name", positional arguments. Every flag must be declared; an unknown one is an
+// error naming the nearest declared flag.
 #pragma once
 
 #include <map>
@@ -9,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace strata::tools {
+namespace strata::spec {
 
 struct FlagDef {
   std::string name;  // without the dashes
@@ -38,4 +39,4 @@ class Flags {
   std::vector<std::string> positional_;
 };
 
-}  // namespace strata::tools
+}  // namespace strata::spec
