@@ -64,7 +64,9 @@ absl::StatusOr<const Family*> FindFamily(const std::string& name) {
     found = f.get();
   }
   if (found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("--model-family '", name, "': unknown (registered: ", Names(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("--model-family '", name, "': unknown (registered in this binary: ",
+                                                   Names(), "; a family is registered by linking its spec::Register "
+                                                   "call into the binary, docs/decisions/0035-model-interface.md)"));
   }
   return found;
 }

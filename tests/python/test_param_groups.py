@@ -107,6 +107,32 @@ def test_strata_torch_groups_match_torch(stage, kind):
     engine.close()
 
 
+@pytest.mark.parametrize("bad", [torch.tensor(0.5), "0.5", None])
+def test_strata_torch_refuses_a_weight_decay_that_is_no_number(bad):
+    """A weight_decay= value that is neither a flag nor a number is refused, never read as True (which would decay
+    by the config's value: a tensor, a string or None trained silently at the wrong decay before)."""
+    with pytest.raises(TypeError, match=r"weight_decay= gives parameter '[^']+' .*; return a float"):
+        st.shard(tiny_lm(), config(3), weight_decay=lambda n, p: bad)
+
+
+def test_strata_torch_numpy_weight_decay_is_the_parameters_own():
+    """numpy's floats are numbers: a parameter's own decay, the same bits as the Python float of that value."""
+    import numpy as np
+    states = []
+    for wd in (np.float32(0.5), float(np.float32(0.5)), True):
+        model = tiny_lm()
+        engine = st.shard(model, config(3), weight_decay=lambda n, p, wd=wd: wd)
+        for step in range(2):
+            x, y = batches(step, 0, st.rank())
+            model(x, y).backward()
+            engine.step()
+        states.append(engine.full_state_dict())
+        engine.close()
+    own, same, flag = states
+    assert all(torch.equal(own[k], same[k]) for k in own)
+    assert any(not torch.equal(own[k], flag[k]) for k in own)  # the config's decay (WD) differs from 0.5
+
+
 def test_strata_torch_refuses_bad_group_values():
     model = tiny_lm()
     cfg = config(3)

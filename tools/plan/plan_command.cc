@@ -10,8 +10,9 @@ std::string PlanUsage() {
   std::string s =
       "usage: strata plan [--search] [--json] [plan flags] [strata train's flags]\n"
       "  per-rank memory by tier (the engine's own accounting, nothing allocated), the step time split and the\n"
-      "  largest micro-batch that fits, for a GPT (--model or its dimensions) on --ranks ranks of a device\n"
-      "  preset under a Strata config (--config and strata train's flags). Plan flags:\n";
+      "  largest micro-batch that fits, for a registered model (--model-family NAME; the default, the GPT, is\n"
+      "  the one this binary registers: --model or its dimensions) on --ranks ranks of a device preset under a\n"
+      "  Strata config (--config and strata train's flags). Plan flags:\n";
   for (const spec::FlagDef& d : plan::PlanFlagDefs()) {
     s += "  --" + d.name + std::string(d.name.size() < 22 ? 22 - d.name.size() : 1, ' ') + d.help + "\n";
   }

@@ -52,8 +52,9 @@ def _hidden_size(model):
 
 def _param_hyper(weight_decay, lr):
     """(qualified name, param) -> (decays, own weight decay or None, own lr or None), from shard()'s callables
-    (Note [Param groups] in runtime/optim/optimizer.cc). weight_decay: a float is the parameter's own decay
-    (0.0: none); anything else says whether it decays by the config's optimizer.params.weight_decay. lr: None
+    (Note [Param groups] in runtime/optim/optimizer.cc). weight_decay: a float (or numpy float) is the
+    parameter's own decay (0.0: none); a bool (or int) says whether it decays by the config's
+    optimizer.params.weight_decay; anything else (None, a tensor, a string) is refused, naming the parameter. lr: None
     for the config's lr, or a number, the parameter's own."""
     def number(value, what, name):
         v = float(value)
@@ -63,11 +64,15 @@ def _param_hyper(weight_decay, lr):
 
     def hyper(name, p):
         wd = weight_decay(name, p)
-        if isinstance(wd, float):
+        if isinstance(wd, numbers.Integral):  # bool, int, numpy integers: the flag (as before own values)
+            decays, own_wd = bool(wd), None
+        elif isinstance(wd, numbers.Real):  # float, numpy floats: the parameter's own decay
             own_wd = number(wd, "weight_decay=", name)
             decays, own_wd = own_wd != 0.0, (own_wd if own_wd != 0.0 else None)
-        else:
-            decays, own_wd = bool(wd), None
+        else:  # a tensor, a string, None: never guessed (a truthy value would decay by the config's value)
+            raise TypeError(f"strata: weight_decay= gives parameter '{name}' {wd!r} ({type(wd).__name__}); return "
+                            f"a float (its own weight decay; 0.0 for none) or a bool (True: the config's "
+                            f"optimizer.params.weight_decay)")
         own_lr = None if lr is None else lr(name, p)
         if own_lr is not None:
             if isinstance(own_lr, bool) or not isinstance(own_lr, numbers.Real):
