@@ -159,6 +159,19 @@ def ds_micro_batch(engine, step, micro):
     engine.step()
 
 
+def test_deepspeed_param_groups_show_auto_values_resolved():
+    """optimizer.param_groups carry the values the engine runs, "auto" resolved as Hugging Face's integration
+    resolves it absent a trainer (betas 0.9, 0.999; eps 1e-8; weight_decay 0.0), never the string "auto"."""
+    opt = {"type": "AdamW", "params": {"lr": LR, "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+    model = tiny_lm()
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=ds_groups("adamw")(model),
+                                                   config=config(3, optimizer=opt))
+    for g in optimizer.param_groups:
+        assert g["betas"] == (0.9, 0.999) and g["eps"] == 1e-8
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0, 0.0, OWN_WD]
+    engine.destroy()
+
+
 @pytest.mark.parametrize("kind", ["adamw", "adam-l2"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_deepspeed_groups_match_torch(stage, kind):

@@ -12,13 +12,19 @@ _OWNED = ("strata.deepspeed: the optimizer's state lives in the engine, sharded 
 class EngineOptimizer:
     """engine.optimizer. param_groups are the groups given to initialize, each with its lr as the engine's schedule
     gives it (updated after every optimizer step), betas, eps and weight_decay: the group's own, else the
-    config's."""
+    config's as the engine resolved it ("auto" filled in)."""
 
     def __init__(self, engine, groups, optimizer_params):
         self._engine = engine
         self.param_groups = []
+        resolved = engine.strata.resolved  # the config's values with "auto" filled in, as the engine runs them
+        defaults = {"betas": (float(resolved["optimizer.params.betas[0]"]),
+                              float(resolved["optimizer.params.betas[1]"])),
+                    "eps": float(resolved["optimizer.params.eps"]),
+                    "momentum": float(resolved["optimizer.params.momentum"]),
+                    "weight_decay": float(resolved["optimizer.params.weight_decay"])}
         for g in groups:
-            group = {k: v for k, v in optimizer_params.items() if k in ("betas", "eps", "momentum", "weight_decay")}
+            group = {k: v for k, v in defaults.items() if k in optimizer_params or k != "momentum"}
             group.update({k: v for k, v in g.items() if k != "lr"})
             self.param_groups.append(group)
         self._own_lrs = [_groups.group_own_lr(i, g) for i, g in enumerate(groups)]  # None: the config's
