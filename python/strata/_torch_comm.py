@@ -95,10 +95,17 @@ class Endpoint:
         dist.all_gather_into_tensor(out, src, group=self.group)
 
     def reduce_scatter(self, send, recv, count, dtype):
-        src = view(send, self.size * count, dtype)
-        blocks = torch.empty_like(src)
-        dist.all_to_all_single(blocks, src, group=self.group)  # block q: rank q's block of this rank
-        view(recv, count, dtype).copy_(ordered_sum(blocks.view(self.size, count), _direct(count, dtype, self.size)))
+        """A chunk of at most 1 MiB of every block at a time (as the MPI back-end's direct exchange), so the
+        temporaries are 2 x size MiB, not the send buffer's size; the chunks do not change any element's sum."""
+        n, out = self.size, view(recv, count, dtype)
+        src = view(send, n * count, dtype).view(n, count)
+        direct = _direct(count, dtype, n)
+        chunk = max(_DIRECT_BYTES // element_size(dtype), 1)
+        for first in range(0, count, chunk):
+            part = src[:, first:first + chunk].contiguous()  # row q: the chunk of rank q's block
+            blocks = torch.empty_like(part)
+            dist.all_to_all_single(blocks, part, group=self.group)  # row q: rank q's chunk of this rank's block
+            out[first:first + chunk].copy_(ordered_sum(blocks, direct))
 
     def all_reduce(self, send, recv, count, dtype):
         n = self.size
