@@ -14,6 +14,8 @@ peak resident set (VmHWM of /proc/self/status: the whole process, torch included
   deepspeed deepspeed.initialize, ZeRO-3, DS_ACCELERATOR=cpu (gloo without oneCCL), torch's AdamW
             ("torch_adam": DeepSpeed's fused Adam is a CUDA op)
   strata-liveN  strata with strata.max_live_units N (e.g. strata-live2)
+  strata-torchrun  strata launched by `torchrun --standalone` instead of mpirun: the engine's collectives on
+            torch.distributed's gloo through a foreign communicator (docs/decisions/0033)
   strata-idle  strata with strata.release_idle_memory: the gradient memory gives its pages back after
             each step (docs/decisions/0021-idle-pages.md)
 Each peer is measured --repeat times, interleaved (the cores are shared: report every run). Besides
@@ -130,7 +132,7 @@ def setup_strata(a, model):
         engine.close()
         return {"engine_peak_mib": stats["device_peak_bytes"] / 2**20}
 
-    return step, st.world().Barrier, done
+    return step, lambda: st.all_reduce_mean(0.0), done  # a barrier under either launcher
 
 
 def init_gloo(rank, world):
@@ -287,8 +289,11 @@ def launch(a, mode, shape=None, nvme=None, limit=None, timeout=3600):
         mode, live = "strata", int(mode[len("strata-live"):])
     if mode == "strata-idle":  # strata whose gradient memory gives its pages back between steps
         mode, keys = "strata", json.dumps(dict(json.loads(keys), release_idle_memory=True))
-    cmd = [os.path.join(ROOT, "scripts/mpirun_local"), "-n", str(a.ranks), sys.executable, os.path.abspath(__file__),
-           "--worker", mode, "--micro-batch", str(a.micro_batch), "--seq", str(a.seq),
+    launcher = [os.path.join(ROOT, "scripts/mpirun_local"), "-n", str(a.ranks), sys.executable]
+    if mode == "strata-torchrun":  # gloo through the foreign communicator; its rendezvous binds its own port
+        mode, launcher = "strata", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                    str(a.ranks)]
+    cmd = launcher + [os.path.abspath(__file__), "--worker", mode, "--micro-batch", str(a.micro_batch), "--seq", str(a.seq),
            "--warmup", str(a.warmup), "--steps", str(a.steps)]
     if shape is None:
         cmd += ["--default-config"]

@@ -13,6 +13,7 @@ c_int32, c_int64, c_uint32, c_uint64, c_float, c_double = (ctypes.c_int32, ctype
 c_void_p, c_char_p, c_size_t = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 INIT_ZEROS = 0
+ERR_DEADLINE_EXCEEDED, ERR_INTERNAL = 5, 10
 
 
 class StrataError(RuntimeError):
@@ -73,10 +74,35 @@ class Stats(_Versioned):
                                 "last_optimizer_ms", "last_other_ms")]
 
 
+class ForeignComm(_Versioned):
+    """strata_foreign_comm: a trainer's communicator as callbacks (strata.h; strata._torch_comm fills it)."""
+    _defaults = {"size": 1}
+
+
+_S, _E = c_int32, [c_void_p, c_size_t]  # every callback's status, and its error buffer and capacity
+_BUFFERS = [c_void_p, c_void_p, c_void_p, c_size_t, c_int32]  # user, send, recv, count, dtype
+ForeignComm._fields_ = [
+    ("struct_size", c_uint32), ("version", c_uint32), ("user", c_void_p), ("rank", c_int32), ("size", c_int32),
+    ("all_gather", ctypes.CFUNCTYPE(_S, *_BUFFERS, *_E)),
+    ("reduce_scatter", ctypes.CFUNCTYPE(_S, *_BUFFERS, *_E)),
+    ("all_reduce", ctypes.CFUNCTYPE(_S, *_BUFFERS, *_E)),
+    ("broadcast", ctypes.CFUNCTYPE(_S, c_void_p, c_void_p, c_size_t, c_int32, c_int32, *_E)),
+    ("barrier", ctypes.CFUNCTYPE(_S, c_void_p, *_E)),
+    ("dup", ctypes.CFUNCTYPE(_S, c_void_p, c_int64, ctypes.POINTER(ForeignComm), *_E)),
+    ("split", ctypes.CFUNCTYPE(_S, c_void_p, ctypes.POINTER(c_int32), ctypes.POINTER(c_int32), c_int64,
+                               ctypes.POINTER(ForeignComm), *_E)),
+    ("destroy", ctypes.CFUNCTYPE(None, c_void_p)),
+    ("kv_set", ctypes.CFUNCTYPE(_S, c_void_p, c_char_p, c_void_p, c_size_t, *_E)),
+    ("kv_get", ctypes.CFUNCTYPE(_S, c_void_p, c_char_p, c_void_p, c_size_t, ctypes.POINTER(c_int64), *_E)),
+    ("abort", ctypes.CFUNCTYPE(None, c_void_p, c_char_p))]
+
+
 _P = ctypes.POINTER
 _SIGNATURES = {  # name: argument types (every function returns a strata_status unless listed in _OTHER)
     "strata_comm_create_mpi": [c_int32, _P(c_void_p)],
     "strata_comm_create_torchrun": [c_int64, _P(c_void_p)],
+    "strata_comm_create_foreign": [_P(ForeignComm), c_int64, _P(c_void_p)],
+    "strata_comm_create_in_process": [c_int32, _P(c_void_p)],
     "strata_comm_rank": [c_void_p, _P(c_int32)],
     "strata_comm_size": [c_void_p, _P(c_int32)],
     "strata_comm_abort": [c_void_p, c_char_p],

@@ -1,13 +1,20 @@
-"""The job's ranks: MPI_COMM_WORLD through mpi4py (`mpirun -n N python train.py`), or, for a model on CUDA,
-torchrun's world (`torchrun --nproc_per_node N train.py`; docs/decisions/0020).
+"""The job's ranks (docs/decisions/0014, 0020, 0033). One world per process, chosen at the first st.shard (or the
+first collective of the front end):
 
-mpi4py initialises MPI with MPI_THREAD_MULTIPLE, which Strata needs when it adopts a host-initialised MPI;
-Strata duplicates the world communicator (strata_comm_create_mpi), so its traffic never meets the
-host's. Under torchrun (each process a 1-rank MPI singleton) a CUDA engine's communicator is
-strata_comm_create_torchrun's NCCL world, and the front end's own small collectives (rank 0's initial
-values, all_reduce_mean) run on a gloo group of torch.distributed over the same ranks. One strata
-communicator serves every engine of the process; it is destroyed at exit after the engines still alive
-(Python's atexit runs before mpi4py finalises MPI).
+  mpi    mpirun / srun started the process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK) and st.shard was given no
+         process_group: MPI_COMM_WORLD through mpi4py, imported only then. mpi4py initialises MPI with
+         MPI_THREAD_MULTIPLE, which Strata needs when it adopts a host-initialised MPI; Strata duplicates the world
+         communicator (strata_comm_create_mpi), so its traffic never meets the host's.
+  torch  a process group of torch.distributed: the one st.shard was given, else the default group (under torchrun
+         initialised here as gloo from torchrun's environment when the script has not). A host engine's
+         communicator is strata_comm_create_foreign over gloo groups split off it (strata._torch_comm); a CUDA
+         engine's, torchrun's NCCL world (strata_comm_create_torchrun). The front end's own small collectives
+         (rank 0's initial values, plans, all_reduce_mean) run on a gloo group over the same ranks: the group
+         itself when it is gloo and Strata initialised it, else a gloo group beside it.
+  single neither: one process, a 1-rank in-process communicator (no MPI needed).
+
+One strata communicator serves every engine of the process; it is destroyed at exit after the engines still
+alive (Python's atexit runs before mpi4py finalises MPI).
 """
 import atexit
 import ctypes
@@ -15,102 +22,151 @@ import os
 import sys
 import weakref
 
-from mpi4py import MPI
-
 from strata import _capi
 
+_MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
-def torchrun_launch(env, mpi_size):
+
+def mpi_launch(env):
+    """Whether an MPI launcher (mpirun, srun) started this process."""
+    return any(v in env for v in _MPI_VARIABLES)
+
+
+def torchrun_launch(env, mpi_size=1):
     """(rank, world_size, local_rank) of a torchrun launch, else None (docs/decisions/0007): recognised by
-    WORLD_SIZE; MPI's world wins when it has more than one rank or mpirun started the process
-    (OMPI_COMM_WORLD_SIZE, PMI_SIZE), whatever the shell still holds."""
-    if "WORLD_SIZE" not in env or mpi_size > 1 or "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env:
+    WORLD_SIZE; MPI's world wins when it has more than one rank or an MPI launcher started the process,
+    whatever the shell still holds."""
+    if "WORLD_SIZE" not in env or mpi_size > 1 or mpi_launch(env):
         return None
     try:
         size = int(env["WORLD_SIZE"])
         rank = int(env.get("RANK", "0"))
         local = int(env.get("LOCAL_RANK", rank))
     except ValueError:
-        return None  # not torchrun's: left to strata_comm_create_torchrun, which names the variable
+        return None  # not torchrun's: left to torch.distributed / strata_comm_create_torchrun, which name it
     return rank, size, local
 
 
-def torchrun_refusal(env, mpi_size):
-    """The error for a torchrun launch of more than one rank of a host (CPU) model, else None. Under
-    torchrun each process initialises MPI as a 1-rank singleton, so it would train a model of its own;
-    the host back-end's collectives need MPI's world. A model on CUDA is not refused (NCCL's world)."""
-    launch = torchrun_launch(env, mpi_size)
-    if launch is None or launch[1] <= 1:
-        return None
-    size = launch[1]
-    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
-    return (f"strata: started by torchrun (WORLD_SIZE={size}), where each process is its own 1-rank MPI "
-            f"world and would train a model of its own; strata.torch's ranks on the host are MPI's: launch with "
-            f"`mpirun -n {size} python {script}` (or srun), or put the model on CUDA (torchrun's ranks then "
-            f"bootstrap NCCL)")
-
-
 def _torchrun():
-    return torchrun_launch(os.environ, MPI.COMM_WORLD.Get_size())
+    return torchrun_launch(os.environ)
 
 
-_comm = None
+class _World:
+    """The ranks of the job: kind "mpi", "torch" or "single" (the module's docstring)."""
+
+    def __init__(self, kind, group=None, host_group=None, owns_default=False):
+        self.kind, self.group, self.host_group, self.owns_default = kind, group, host_group, owns_default
+
+    def rank(self):
+        if self.kind == "mpi":
+            return _mpi().COMM_WORLD.Get_rank()
+        return self.group.rank() if self.kind == "torch" else 0
+
+    def size(self):
+        if self.kind == "mpi":
+            return _mpi().COMM_WORLD.Get_size()
+        return self.group.size() if self.kind == "torch" else 1
+
+
+_world = None  # the bound _World
+_comm = None   # the process's strata_comm*
+_cuda = None   # whether _comm is a CUDA engine's (torch: NCCL) or a host one's
 _engines = weakref.WeakSet()
 
 
-_kind = None  # "mpi" or "torchrun": the kind of _comm
-_gloo = None
+def _mpi():
+    from mpi4py import MPI  # only in an MPI job: neither mpi4py nor MPI is needed otherwise
+    return MPI
 
 
 def world():
-    return MPI.COMM_WORLD
+    """MPI_COMM_WORLD (mpi4py) of an MPI job."""
+    return _mpi().COMM_WORLD
 
 
-def strata_comm(cuda=False, timeout_ms=0):
-    """The process's strata_comm* (created on first use; collective then): torchrun's NCCL world for a CUDA
-    engine under torchrun, else MPI's world (on CUDA the engine bootstraps NCCL over it)."""
-    global _comm, _kind
-    kind = "torchrun" if cuda and _torchrun() is not None else "mpi"
-    if not cuda:
-        refusal = torchrun_refusal(os.environ, MPI.COMM_WORLD.Get_size())
-        if refusal:  # on every rank, before any engine or collective
-            raise RuntimeError(refusal)
+def _default_world():
+    if mpi_launch(os.environ):
+        return _World("mpi")
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        if _torchrun() is None:
+            return _World("single")
+        dist.init_process_group("gloo")  # torchrun's environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+        return _World("torch", dist.group.WORLD, dist.group.WORLD, owns_default=True)
+    return _torch_world(dist.group.WORLD)
+
+
+def _torch_world(group):
+    """A process group's world; the front end's collectives on a gloo group of its ranks (not the script's)."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        raise RuntimeError("strata: st.shard(..., process_group=...) was given a process group, but "
+                           "torch.distributed is not initialised (call torch.distributed.init_process_group first)")
+    if group is None or group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("strata: process_group is not a group this rank belongs to")
+    ranks = dist.get_process_group_ranks(group)
+    if dist.get_backend(group) == "gloo":
+        host = dist.split_group(group, [list(range(len(ranks)))])
+    else:  # NCCL, say: gloo beside it, over the same ranks (only they call this)
+        host = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+    return _World("torch", group, host)
+
+
+def bind(process_group=None):
+    """The process's world (collective the first time): `process_group`'s, else the launch's. A later call with
+    another group is refused: one communicator serves every engine of a process."""
+    global _world
+    if _world is None:
+        _world = _default_world() if process_group is None else _torch_world(process_group)
+        if _world.size() > 1:
+            _abort_on_uncaught_exception()
+    elif process_group is not None and process_group is not _world.group:
+        raise RuntimeError("strata: this process's engines already run on another set of ranks (an earlier "
+                           "st.shard, or the launch's); every st.shard of a process must name the same "
+                           "process_group")
+    return _world
+
+
+def strata_comm(cuda=False, timeout_ms=0, process_group=None):
+    """The process's strata_comm* (made on first use; collective then). mpi: MPI's world (on CUDA the engine
+    bootstraps NCCL over it); torch: a foreign communicator over gloo for a host engine, torchrun's NCCL world
+    for a CUDA one; single: one in-process rank."""
+    global _comm, _cuda
+    w = bind(process_group)
     if _comm is not None:
-        if kind != _kind:
-            raise RuntimeError(f"strata: this process's engines already run on the {_kind} world; a host and a "
-                               f"CUDA model cannot both be sharded under torchrun")
+        if w.kind == "torch" and cuda != _cuda:
+            raise RuntimeError("strata: this process's engines already run on the "
+                               f"{'NCCL' if _cuda else 'gloo'} world; a host and a CUDA model cannot both be "
+                               f"sharded over torch.distributed")
         return _comm
     out = ctypes.c_void_p()
-    if kind == "torchrun":
+    if w.kind == "mpi":
+        _capi.check(_capi.lib.strata_comm_create_mpi(world().py2f(), ctypes.byref(out)))
+    elif w.kind == "single":
+        _capi.check(_capi.lib.strata_comm_create_in_process(1, ctypes.byref(out)))
+    elif cuda:
+        import torch.distributed as dist
+        if _torchrun() is None or w.size() != dist.get_world_size():
+            raise RuntimeError("strata: a CUDA engine's ranks are torchrun's whole world (NCCL, bootstrapped by "
+                               "strata_comm_create_torchrun): launch with torchrun and give no process_group, or "
+                               "put the model on the host")
         _capi.check(_capi.lib.strata_comm_create_torchrun(int(timeout_ms), ctypes.byref(out)))
     else:
-        _capi.check(_capi.lib.strata_comm_create_mpi(MPI.COMM_WORLD.py2f(), ctypes.byref(out)))
-    _comm, _kind = out, kind
-    if kind == "mpi" and MPI.COMM_WORLD.Get_size() > 1:
-        _abort_on_uncaught_exception()
+        from strata import _torch_comm
+        import torch.distributed.distributed_c10d as c10d
+        out = _torch_comm.create(w.host_group, c10d._get_default_store(), timeout_ms)
+    _comm, _cuda = out, cuda
     return _comm
-
-
-def _gloo_group():
-    """torchrun's ranks for host-buffer collectives: torch.distributed's gloo, over torchrun's store."""
-    global _gloo
-    if _gloo is None:
-        import torch.distributed as dist
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
-            _gloo = dist.group.WORLD
-        else:  # the script's own process group (often NCCL): a gloo group beside it
-            _gloo = dist.new_group(backend="gloo")
-    return _gloo
 
 
 def broadcast(t, root=0):
     """Rank `root`'s values of a contiguous CPU tensor into every rank's (collective)."""
-    if _torchrun() is None:
-        MPI.COMM_WORLD.Bcast(t.numpy(), root=root)
-    elif world_size() > 1:
+    w = bind()
+    if w.kind == "mpi":
+        world().Bcast(t.numpy(), root=root)
+    elif w.kind == "torch" and w.size() > 1:
         import torch.distributed as dist
-        dist.broadcast(t, src=root, group=_gloo_group())
+        dist.broadcast(t, group=w.host_group, group_src=root)
 
 
 def broadcast_from_0(t):
@@ -120,40 +176,50 @@ def broadcast_from_0(t):
 
 def broadcast_object(obj, root=0):
     """Rank `root`'s picklable `obj` on every rank (collective; small host values: plans, verdicts)."""
-    if _torchrun() is None:
-        return MPI.COMM_WORLD.bcast(obj, root=root)
-    if world_size() == 1:
+    w = bind()
+    if w.kind == "mpi":
+        return world().bcast(obj, root=root)
+    if w.size() == 1:
         return obj
     import torch.distributed as dist
     box = [obj]
-    dist.broadcast_object_list(box, src=root, group=_gloo_group())
+    dist.broadcast_object_list(box, group=w.host_group, group_src=root)
     return box[0]
 
 
 def allgather_object(obj):
     """Every rank's picklable `obj`, in rank order, on every rank (collective)."""
-    if _torchrun() is None:
-        return MPI.COMM_WORLD.allgather(obj)
-    if world_size() == 1:
+    w = bind()
+    if w.kind == "mpi":
+        return world().allgather(obj)
+    if w.size() == 1:
         return [obj]
     import torch.distributed as dist
-    out = [None] * world_size()
-    dist.all_gather_object(out, obj, group=_gloo_group())
+    out = [None] * w.size()
+    dist.all_gather_object(out, obj, group=w.host_group)
     return out
 
 
 def all_reduce_sum(t):
-    """In place: the sum over ranks of a contiguous CPU float64 tensor (collective)."""
-    if _torchrun() is None:
-        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM)
-    elif world_size() > 1:
+    """In place: the sum over ranks of a contiguous CPU float64 tensor (collective). Over torch.distributed
+    every rank's values are gathered and summed pairwise, (r0 + r1) + (r2 + r3), as MPI's all-reduce of a few
+    values does (strata._torch_comm), so that both launches give the same bits."""
+    w = bind()
+    if w.kind == "mpi":
+        world().Allreduce(_mpi().IN_PLACE, t.numpy(), op=_mpi().SUM)
+    elif w.kind == "torch" and w.size() > 1:
+        import torch
         import torch.distributed as dist
-        dist.all_reduce(t, group=_gloo_group())
+        from strata._torch_comm import ordered_sum
+        flat = t.reshape(-1).contiguous()
+        every = torch.empty(w.size() * flat.numel(), dtype=t.dtype)
+        dist.all_gather_into_tensor(every, flat, group=w.host_group)
+        t.copy_(ordered_sum(every.view(w.size(), -1), direct=False).view(t.shape))
 
 
 def _abort_on_uncaught_exception():
-    """An exception that ends one rank's script ends the job at once (MPI_Abort, after the traceback),
-    instead of leaving the other ranks in a collective until strata.collective_timeout_ms."""
+    """An exception that ends one rank's script ends the job at once (after the traceback), instead of leaving
+    the other ranks in a collective until strata.collective_timeout_ms."""
     previous = sys.excepthook
 
     def hook(kind, value, tb):
@@ -172,7 +238,8 @@ def track(engine):
 def _shutdown():
     """At interpreter exit. A rank that leaves in the middle of a step (sys.exit, or a script that returns
     early) while its peers go on would leave them in a collective until its deadline: it ends the job
-    instead, naming why. Otherwise the engines are closed and the communicator destroyed."""
+    instead, naming why. Otherwise the engines are closed and the communicator destroyed (and the default
+    process group, when Strata initialised it)."""
     global _comm
     if _comm is not None and world_size() > 1:
         for e in list(_engines):
@@ -185,24 +252,40 @@ def _shutdown():
     if _comm is not None:
         _capi.lib.strata_comm_destroy(_comm)
         _comm = None
+    if _world is not None and _world.owns_default:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def rank():
+    """This rank in the job's world (before any st.shard: the launch's)."""
+    if _world is not None:
+        return _world.rank()
+    if mpi_launch(os.environ):
+        return world().Get_rank()
     t = _torchrun()
-    return MPI.COMM_WORLD.Get_rank() if t is None else t[0]
+    return 0 if t is None else t[0]
 
 
 def world_size():
+    if _world is not None:
+        return _world.size()
+    if mpi_launch(os.environ):
+        return world().Get_size()
     t = _torchrun()
-    return MPI.COMM_WORLD.Get_size() if t is None else t[1]
+    return 1 if t is None else t[1]
 
 
 def abort(reason):
-    """Ends the whole job from this rank (MPI_Abort), so the others do not wait for a deadline. Under torchrun
-    the process exits non-zero and torchrun's agent stops the other ranks."""
-    if _kind == "torchrun":
-        print(f"strata: aborting: {reason}", file=sys.stderr, flush=True)
-        os._exit(1)
-    if _comm is not None:
+    """Ends the whole job from this rank so that the others do not wait for a deadline: MPI_Abort in an MPI job;
+    otherwise the failure notice to the peers of Strata's communicator (strata_comm_abort), then exit 1 (torchrun's
+    agent stops the other ranks)."""
+    if _world is not None and _world.kind == "mpi":
+        if _comm is not None:
+            _capi.lib.strata_comm_abort(_comm, reason.encode())  # logs the reason, MPI_Abort: does not return
+        world().Abort(1)
+    print(f"strata: aborting: {reason}", file=sys.stderr, flush=True)
+    if _comm is not None and not _cuda:  # a NCCL world is left to the exit (torchrun's agent ends the job)
         _capi.lib.strata_comm_abort(_comm, reason.encode())
-    MPI.COMM_WORLD.Abort(1)
+    os._exit(1)

@@ -133,12 +133,98 @@ strata_status strata_comm_create_torchrun(int64_t timeout_ms, strata_comm** out)
  * calls of the ranks rendezvous with each other. 1 <= world_size <= 2^20. */
 strata_status strata_comm_create_in_process(int32_t world_size, strata_comm** out_comms);
 
+/* A foreign communicator: collectives the trainer already owns (torch.distributed's process groups, or any
+ * other), handed to Strata as callbacks over host buffers, for engines with STRATA_DEVICE_HOST. Strata runs its
+ * collectives through them with its own deadlines and errors (docs/decisions/0033-foreign-communicators.md).
+ *
+ * Callbacks. Each returns STRATA_OK, or an error code with a NUL-terminated message written into
+ * error[0 .. error_capacity) (Strata passes at least 1 KiB; "" is allowed). Return STRATA_ERR_DEADLINE_EXCEEDED
+ * when the peers did not all arrive in time or a peer's connection was lost: Strata then runs its liveness
+ * check and names the ranks that did not respond. Every rank calls the collectives of corresponding
+ * communicators in the same order, with the same count, dtype and root. Buffers are host memory; `count` is
+ * in elements of `dtype` (a strata_dtype); a call returns when this rank's part is done:
+ *   all_gather      send: count elements; recv: size * count, rank r's block at r * count. In place when send
+ *                   is recv's own block (send == recv + rank * count elements).
+ *   reduce_scatter  send: size * count; recv: this rank's block of the element-wise SUM over ranks (recv does
+ *                   not overlap send).
+ *   all_reduce      the element-wise SUM of count elements into recv; in place when send == recv.
+ *   broadcast       rank `root`'s count elements into every rank's buf.
+ *   barrier         returns once every rank has called it.
+ * A sum in BF16 or F16 adds in fp32 and rounds to the dtype after each addition. The order of a sum is the
+ * trainer's choice: the same bits on every rank are required, and strata.torch's order (decision 0033) is
+ * the MPI back-end's, so that a job gives the same results through either.
+ *   dup             collective: a new foreign communicator over the same ranks, with its own ordering, into
+ *                   *out (initialised by Strata with STRATA_FOREIGN_COMM_INIT); its collectives should give up
+ *                   after `timeout_ms`.
+ *   split           collective: colors[r] and keys[r] are every rank's (size of each, indexed by rank; every
+ *                   color >= 0). A new foreign communicator over the ranks whose color is this rank's, ranked by
+ *                   (key, rank), into *out; its collectives should give up after `timeout_ms`.
+ *   destroy         frees `user`; called once, when Strata is done with the communicator (may be NULL).
+ *   kv_set, kv_get  optional (both or neither): the job's key-value store, shared by every rank of every
+ *                   communicator of the job (torch.distributed's Store). kv_get does not wait: *out_length is
+ *                   the value's length, or -1 while the key is unset; at most `capacity` bytes are copied.
+ *                   Strata uses keys under "strata/<job id>/" for failure notices (a rank that fails tells its
+ *                   peers, whose waits then end at once naming it) and for the liveness check after a timeout.
+ *                   Without them a timeout cannot name the ranks that did not respond, and peers learn of a
+ *                   failure only at their deadline.
+ *   abort           optional: ends the whole job from this rank (strata_comm_abort); may not return.
+ * Threading. Strata calls a communicator's collectives, dup and split on a thread of its own for that
+ * communicator (never the trainer's calling thread), one call at a time; the callbacks of distinct
+ * communicators (a dup, a split) may run at the same time on distinct threads. kv_set and kv_get may be
+ * called from any thread, also while a collective of the same communicator runs. A thread waits for each call
+ * against the communicator's collective timeout: a call still running at the deadline (or when a peer's
+ * failure notice arrived and it did not complete within 200 ms more) fails the collective with
+ * STRATA_ERR_DEADLINE_EXCEEDED (or STRATA_ERR_PEER_FAILED), and the communicator refuses later calls; the call
+ * may still use the collective's buffers until it returns, so the trainer's collectives should give up at
+ * their timeout too. Such a communicator's `destroy` runs on Strata's thread when its call returns.
+ * Ownership. On a successful dup or split Strata owns *out (and calls its destroy). */
+typedef struct strata_foreign_comm {
+  uint32_t struct_size;
+  uint32_t version;
+  void* user;   /* passed to every callback */
+  int32_t rank; /* this rank in the trainer's communicator */
+  int32_t size; /* its ranks, >= 1 */
+  strata_status (*all_gather)(void* user, const void* send, void* recv, size_t count, int32_t dtype, char* error,
+                              size_t error_capacity);
+  strata_status (*reduce_scatter)(void* user, const void* send, void* recv, size_t count, int32_t dtype, char* error,
+                                  size_t error_capacity);
+  strata_status (*all_reduce)(void* user, const void* send, void* recv, size_t count, int32_t dtype, char* error,
+                              size_t error_capacity);
+  strata_status (*broadcast)(void* user, void* buf, size_t count, int32_t dtype, int32_t root, char* error,
+                             size_t error_capacity);
+  strata_status (*barrier)(void* user, char* error, size_t error_capacity);
+  strata_status (*dup)(void* user, int64_t timeout_ms, struct strata_foreign_comm* out, char* error,
+                       size_t error_capacity);
+  strata_status (*split)(void* user, const int32_t* colors, const int32_t* keys, int64_t timeout_ms,
+                         struct strata_foreign_comm* out, char* error, size_t error_capacity);
+  void (*destroy)(void* user);
+  strata_status (*kv_set)(void* user, const char* key, const void* value, size_t length, char* error,
+                          size_t error_capacity);
+  strata_status (*kv_get)(void* user, const char* key, void* value, size_t capacity, int64_t* out_length, char* error,
+                          size_t error_capacity);
+  void (*abort)(void* user, const char* reason);
+} strata_foreign_comm;
+#define STRATA_FOREIGN_COMM_INIT                                                                                  \
+  { (uint32_t)sizeof(strata_foreign_comm), STRATA_ABI_VERSION, NULL, 0, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+    NULL, NULL, NULL, NULL }
+
+/* Collective over the trainer's communicator `foreign` (copied; Strata owns `foreign->user` from this call on,
+ * whatever its result, and calls `destroy` when done with it; not after STRATA_ERR_VERSION or a NULL `foreign`).
+ * Rank 0's random job id reaches every rank in a broadcast, then an all-gather checks every rank's number, both
+ * bounded by `timeout_ms` (<= 0: 60000), as are the collectives of this communicator itself (an engine's own are
+ * duplicates with its strata.collective_timeout_ms). STRATA_ERR_INVALID_ARGUMENT for a missing callback (all but
+ * destroy, kv_* and abort are required), kv_set without kv_get, a rank outside [0, size), or ranks that do not
+ * number the trainer's communicator (two ranks that say the same rank); STRATA_ERR_VERSION for a bad struct_size
+ * or version. */
+strata_status strata_comm_create_foreign(const strata_foreign_comm* foreign, int64_t timeout_ms, strata_comm** out);
+
 strata_status strata_comm_rank(const strata_comm* comm, int32_t* out_rank);
 strata_status strata_comm_size(const strata_comm* comm, int32_t* out_size);
 
 /* Ends the whole job from this rank after an unrecoverable error (MPI_Abort), so that the other ranks
  * do not wait for a collective timeout. Does not return for MPI communicators; for in-process ones it
- * fails every later collective of the group and returns STRATA_OK. */
+ * fails every later collective of the group and returns STRATA_OK. A foreign one sends its failure notice
+ * (kv_set), calls its abort callback (which may not return) and then fails its own later collectives. */
 strata_status strata_comm_abort(strata_comm* comm, const char* reason);
 
 /* Destroys a communicator. STRATA_ERR_FAILED_PRECONDITION (and nothing is destroyed) while an engine

@@ -1,5 +1,4 @@
 """Run by test_launch.py under `torchrun --nproc-per-node 2` on a host without a GPU. argv[1]:
-  host  a CPU model: refused at st.shard on every rank (the host back-end's ranks are MPI's);
   cuda  st.shard(..., device="cuda"): strata_comm_create_torchrun's bootstrap exchange runs for real, then
         every rank fails naming the missing GPU and the id the ranks exchanged.
 Each rank prints its failure, then meets the others (gloo) before exiting, since torchrun stops the other

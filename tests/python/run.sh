@@ -11,6 +11,10 @@ python=$(scripts/python_env "$build" | tail -n 1)
 unset STRATA_LIBRARY  # the tests load the installed package's copy
 # test_strata_cli reads a strata.torch checkpoint with `strata ckpt` (scripts/test builds it).
 if [ -x "$build/bin/strata" ]; then export STRATA_CLI=$build/bin/strata; fi
+# test_foreign_conformance loads the conformance suite's module into torchrun's ranks.
+cmake --build "$build" --target strata_conformance_module > /tmp/strata-conformance-module.log 2>&1 ||
+  { cat /tmp/strata-conformance-module.log; exit 1; }
+export STRATA_CONFORMANCE_MODULE=$build/lib/libstrata_conformance.so
 # 2 ranks first: test_checkpoint's reshard test writes a checkpoint there that the 1- and 4-rank runs load.
 STRATA_TEST_SHARED=$(mktemp -d)
 trap 'rm -rf "$STRATA_TEST_SHARED"' EXIT

@@ -17,15 +17,18 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 HEADER = os.path.join(ROOT, "runtime", "capi", "strata.h")
 MIRRORS = {"strata_engine_options": _capi.EngineOptions, "strata_param_spec": _capi.ParamSpec,
            "strata_param_info": _capi.ParamInfo, "strata_unit_buffers": _capi.UnitBuffers,
-           "strata_step_result": _capi.StepResult, "strata_stats": _capi.Stats}
+           "strata_step_result": _capi.StepResult, "strata_stats": _capi.Stats,
+           "strata_foreign_comm": _capi.ForeignComm}
 
 
 def c_fields(text, name):
-    """The field names of `typedef struct name { ... } name;`, in order (comments removed first)."""
+    """The field names of `typedef struct name { ... } name;`, in order (comments removed first); a function
+    pointer's is the name in `(*name)(...)`."""
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (name, name), text, re.S)
     assert body, f"{name} is not a typedef'd struct in strata.h"
-    return [re.search(r"(\w+)\s*$", stmt.strip()).group(1) for stmt in body.group(1).split(";") if stmt.strip()]
+    return [(re.search(r"\(\*(\w+)\)", stmt) or re.search(r"(\w+)\s*$", stmt.strip())).group(1)
+            for stmt in body.group(1).split(";") if stmt.strip()]
 
 
 def c_layout(tmp_path, header):

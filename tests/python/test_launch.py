@@ -1,8 +1,8 @@
-"""Launchers: a host model's ranks are MPI's. A torchrun launch of more than one rank of a host model would
-be N separate 1-rank jobs (each process a singleton MPI world), so st.shard fails on every rank, naming
-mpirun. A CUDA model's ranks under torchrun are torchrun's (NCCL, bootstrapped by strata_comm_create_torchrun;
-docs/decisions/0020): on this GPU-less host its bootstrap exchange runs for real and then every rank fails
-naming the missing GPU."""
+"""Launchers (docs/decisions/0033): a host model trains under `torchrun --standalone` on torch.distributed's gloo,
+bit for bit as under mpirun on MPI, at 2 and 4 ranks, without mpi4py; a rank that raises ends a torchrun job
+within seconds. A CUDA model's ranks under torchrun are torchrun's (NCCL, bootstrapped by
+strata_comm_create_torchrun; docs/decisions/0020): on this GPU-less host its bootstrap exchange runs for real and
+then every rank fails naming the missing GPU."""
 import os
 import random
 import re
@@ -11,20 +11,102 @@ import subprocess
 import sys
 import time
 
-from strata._comm import torchrun_refusal
+import pytest
+import torch
+
+from strata._comm import mpi_launch, torchrun_launch
 
 import strata.torch as st
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
-def test_refusal_decision():
+
+def test_launch_decision():
     torchrun = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    msg = torchrun_refusal(torchrun, 1)
-    assert msg is not None and "torchrun (WORLD_SIZE=2)" in msg and "mpirun -n 2" in msg
-    assert torchrun_refusal({"WORLD_SIZE": "1"}, 1) is None                 # one rank: nothing to refuse
-    assert torchrun_refusal(torchrun, 2) is None                            # MPI's world has the ranks
-    assert torchrun_refusal(dict(torchrun, OMPI_COMM_WORLD_SIZE="1"), 1) is None  # mpirun started it
-    assert torchrun_refusal(dict(torchrun, PMI_SIZE="1"), 1) is None
-    assert torchrun_refusal({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, 1) is None  # leftovers
+    assert torchrun_launch(torchrun) == (0, 2, 0) and not mpi_launch(torchrun)
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"):  # an MPI launcher started it: MPI's ranks
+        assert mpi_launch(dict(torchrun, **{var: "2"})) and torchrun_launch(dict(torchrun, **{var: "2"})) is None
+    assert torchrun_launch({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}) is None  # shell leftovers
+
+
+def _clean_env():
+    """This test job's environment without its MPI launch (the launches below are jobs of their own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_"))}
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _run(cmd, env):
+    start = time.monotonic()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    return p.returncode, p.stdout + p.stderr, time.monotonic() - start
+
+
+def _torchrun(n, *args, env=None):
+    """`torchrun --standalone`: its rendezvous store binds a port of its own choosing and keeps it (no port
+    picked here)."""
+    return _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                 *args], env or _clean_env())
+
+
+def _mpirun(n, *args):
+    return _run([os.path.join(ROOT, "scripts", "mpirun_local"), "-n", str(n), sys.executable, *args], _clean_env())
+
+
+def _saved(out_dir, n):
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(n)]
+
+
+def _same(a, b, where):
+    assert a["losses"] == b["losses"], f"{where}: losses {a['losses']} vs {b['losses']}"
+    assert a["results"] == b["results"], f"{where}: step results {a['results']} vs {b['results']}"
+    assert a["mean_loss"] == b["mean_loss"], where
+    assert a["state"].keys() == b["state"].keys(), where
+    for k in a["state"]:
+        assert torch.equal(a["state"][k], b["state"][k]), f"{where}: {k} differs"
+
+
+@pytest.mark.parametrize("ranks,stage", [(2, 3), (4, 3), (4, 1)])
+def test_torchrun_trains_a_host_model_as_mpirun_does_bit_for_bit(tmp_path_factory, ranks, stage):
+    """The same script under both launchers: every rank's losses, step results (gradient norms, clipping) and
+    final weights are equal bit for bit. The torchrun ranks import no mpi4py (launch_train.py's run is checked
+    for it by a blocker), so neither mpi4py nor mpirun is needed there."""
+    _on_rank_0(lambda: _compare_launchers(tmp_path_factory.mktemp("launch"), ranks, stage))
+
+
+def _compare_launchers(tmp, ranks, stage):
+    script = os.path.join(HERE, "launch_train.py")
+    rc, out, _ = _mpirun(ranks, script, str(tmp / "mpi"), str(stage))
+    assert rc == 0, out
+    env = _clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "no_mpi4py"), env.get("PYTHONPATH", "")])
+    rc, out, _ = _torchrun(ranks, script, str(tmp / "torchrun"), str(stage), env=env)
+    assert rc == 0, out
+    assert f"rank {ranks - 1} of {ranks}: sharded" in out, out
+    mpi, tr = _saved(tmp / "mpi", ranks), _saved(tmp / "torchrun", ranks)
+    for r in range(ranks):
+        assert mpi[r]["world"] == tr[r]["world"] == ranks
+        _same(mpi[r], tr[r], f"rank {r} of {ranks}, stage {stage}")
+    assert mpi[0]["losses"] != mpi[1]["losses"]  # the ranks saw their own batches
+    assert mpi[0]["results"][0]["clip_coef"] < 1.0  # the clipping (the norm's all-reduce) took part
+
+
+def test_torchrun_a_rank_that_raises_ends_the_job_within_seconds(tmp_path_factory):
+    """Rank 1 raises in the middle of step 2, while rank 0 waits in the engine's collectives (whose timeout is
+    900 s): rank 1's hook sends its failure notice and exits, rank 0 stops at the notice or torchrun's agent
+    stops it, and the job ends naming the failure."""
+    _on_rank_0(lambda: _raise_ends_the_job(tmp_path_factory.mktemp("raise")))
+
+
+def _raise_ends_the_job(tmp):
+    rc, out, seconds = _torchrun(2, os.path.join(HERE, "launch_train.py"), str(tmp), "3", "raise")
+    assert rc != 0, out
+    assert "planted failure of rank 1 in step 2" in out, out
+    assert "rank 1: saved" not in out and "rank 0: saved" not in out, out
+    assert seconds < 300, f"{seconds:.0f} s: waited for a deadline?\n{out}"
 
 
 def _free_ports():
@@ -51,16 +133,11 @@ def _free_ports():
 def _torchrun_probe(mode):
     """`torchrun --nproc-per-node 2 launch_probe.py mode` outside this test's MPI job: (exit status, output,
     seconds)."""
-    script = os.path.join(os.path.dirname(__file__), "launch_probe.py")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_"))}
-    env.pop("WORLD_SIZE", None)
+    env = _clean_env()
     master_port, bootstrap_port = _free_ports()
     env["STRATA_BOOTSTRAP_PORT"] = str(bootstrap_port)
-    start = time.monotonic()
-    p = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                        str(master_port), script, mode], env=env, capture_output=True, text=True, timeout=600)
-    return p.returncode, p.stdout + p.stderr, time.monotonic() - start
+    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                 "127.0.0.1", "--master-port", str(master_port), os.path.join(HERE, "launch_probe.py"), mode], env)
 
 
 def _on_rank_0(check):
@@ -72,18 +149,22 @@ def _on_rank_0(check):
         st.world().Barrier()
 
 
-def test_torchrun_two_ranks_of_a_host_model_fail_at_shard():
-    _on_rank_0(_host_model_refused)
+def test_torchrun_a_rank_that_stops_is_named_at_the_collective_timeout(tmp_path_factory):
+    """Rank 1 sleeps for 10 minutes before its backward in step 2; rank 0's gradient reduction over gloo waits
+    for it until strata.collective_timeout_ms (4 s), and its error names the collective and rank 1 as the rank
+    that did not respond (the liveness check over torch's store); rank 0's failure then ends the job."""
+    _on_rank_0(lambda: _stall_is_named(tmp_path_factory.mktemp("stall")))
 
 
-def _host_model_refused():
-    rc, out, _ = _torchrun_probe("host")
+def _stall_is_named(tmp):
+    rc, out, seconds = _torchrun(2, os.path.join(HERE, "launch_train.py"), str(tmp), "3", "stall")
     assert rc != 0, out
-    assert out.count("started by torchrun (WORLD_SIZE=2)") >= 2, out  # both ranks say it
-    assert "mpirun -n 2 python launch_probe.py" in out, out
-    # torchrun's ranks and the front end's collectives are real before the refusal
-    assert "rank 0 of 2, mean rank 0.5" in out and "rank 1 of 2, mean rank 0.5" in out, out
-    assert "sharded" not in out, out
+    # Strata's deadline and gloo's (the same 4 s) race: either names the collective, and the check names rank 1
+    assert re.search(r"STRATA_ERR_DEADLINE_EXCEEDED: .*(reduce_scatter|all_gather) #\d+ on '\w+' \(rank 0 of 2\) "
+                     r"(timed out: the trainer's collective had not returned|failed in the trainer's collective: .*"
+                     r"Timed out)", out), out
+    assert "rank(s) 1 did not respond to a liveness check" in out, out
+    assert seconds < 300, f"{seconds:.0f} s: the stalled rank's sleep ended the job, not the timeout?\n{out}"
 
 
 def test_torchrun_two_ranks_of_a_cuda_model_without_a_gpu_fail_naming_it():

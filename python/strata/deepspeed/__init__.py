@@ -91,7 +91,8 @@ def _dataloader(engine, dataset, collate_fn, cfg):
 
 
 def init_distributed(*args, **kwargs):
-    """A no-op: Strata's ranks are MPI's (start the script with mpirun); the engine makes its communicator."""
+    """A no-op: Strata's ranks are the launch's (mpirun's MPI world, or torchrun's, over torch.distributed's
+    gloo: docs/decisions/0033); the engine makes its communicator."""
 
 
 def add_config_arguments(parser):

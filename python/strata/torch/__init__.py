@@ -4,21 +4,24 @@
     engine = st.shard(model, config="ds_config.json")   # a dict or a path: DeepSpeed-style keys
     loss = model(x, labels=y).loss; loss.backward(); engine.step()
 
-Launch with `mpirun -n N python train.py`; every rank runs the same code on its own micro-batches. A model
-on CUDA (or shard(..., device="cuda")) trains on the GPU of its local rank over NCCL, under mpirun or
-`torchrun --nproc_per_node N train.py` (unverified on a GPU: docs/decisions/0020).
+Launch with `torchrun --nproc_per_node N train.py` or `mpirun -n N python train.py`; every rank runs the same
+code on its own micro-batches. Under torchrun (or on a torch.distributed process group the script passes) the
+host collectives run on torch's gloo (docs/decisions/0033), under mpirun on MPI, with the same results. A model
+on CUDA (or shard(..., device="cuda")) trains on the GPU of its local rank over NCCL, under mpirun or torchrun
+(unverified on a GPU: docs/decisions/0020).
 """
 import torch  # noqa: F401  (before libstrata: see strata/__init__.py)
 
 from strata import StrataError
-from strata._comm import _torchrun, all_reduce_sum, rank, world_size, world
+from strata import _comm
+from strata._comm import all_reduce_sum, rank, world_size, world
 from strata.torch._engine import Engine
 from strata.torch._gathered import GatheredParameters
 
 __all__ = ["shard", "Engine", "GatheredParameters", "rank", "world_size", "all_reduce_mean", "StrataError"]
 
 
-def shard(model, config=None, unit_classes=None, **kwargs):
+def shard(model, config=None, unit_classes=None, process_group=None, **kwargs):
     """Collective. Hands `model`'s parameters to a Strata engine configured by `config` (dict or JSON
     path, as `strata train --config`) and hooks its forward. Units: the modules of `unit_classes`, or by
     default the members of the model's largest nn.ModuleList; the remaining parameters form the root unit.
@@ -37,20 +40,19 @@ def shard(model, config=None, unit_classes=None, **kwargs):
     local rank and the parameter views are CUDA tensors over them (unverified on a GPU). Outside a forward
     the parameters are empty placeholders whose reads and writes are refused (read or edit them inside
     st.GatheredParameters), as are model.zero_grad() between a backward and engine.step() and a model.to()
-    that would change their dtype or device: docs/decisions/0030-sharded-parameters-outside-a-forward.md."""
-    return Engine(model, config=config, unit_classes=unit_classes, **kwargs)
+    that would change their dtype or device: docs/decisions/0030-sharded-parameters-outside-a-forward.md.
+    `process_group`: the torch.distributed group whose ranks share the model (docs/decisions/0033); default: the
+    launch's ranks (mpirun's MPI world, else torch.distributed's default group, initialised as gloo from
+    torchrun's environment when the script has not). Every st.shard of a process names the same group."""
+    return Engine(model, config=config, unit_classes=unit_classes, process_group=process_group, **kwargs)
 
 
 def all_reduce_mean(x):
-    """The mean over ranks of a number or a tensor (collective; a CUDA tensor comes back on its device)."""
-    from mpi4py import MPI
-    if _torchrun() is not None:  # torchrun's ranks (a CUDA model): torch.distributed's gloo
-        t = torch.as_tensor(x).detach().to("cpu", torch.float64).contiguous().clone()
-        all_reduce_sum(t)
-        t = t / world_size()
-        return t.to(x.device, x.dtype) if isinstance(x, torch.Tensor) else float(t)
-    if isinstance(x, torch.Tensor):
-        t = x.detach().to(torch.float64).contiguous().clone()
-        world().Allreduce(MPI.IN_PLACE, t.numpy(), op=MPI.SUM)
-        return (t / world_size()).to(x.dtype)
-    return world().allreduce(float(x), op=MPI.SUM) / world_size()
+    """The mean over ranks of a number or a tensor (collective; a tensor comes back with its dtype and device)."""
+    if _comm.bind().kind == "mpi" and not isinstance(x, torch.Tensor):
+        from mpi4py import MPI
+        return world().allreduce(float(x), op=MPI.SUM) / world_size()
+    t = torch.as_tensor(x).detach().to("cpu", torch.float64).contiguous().clone()
+    all_reduce_sum(t)
+    t = t / world_size()
+    return t.to(x.device, x.dtype) if isinstance(x, torch.Tensor) else float(t)

@@ -87,7 +87,8 @@ class Engine:
     """Made by strata.torch.shard. The model's parameters are the engine's from then on: views of its
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
-    def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None):
+    def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None,
+                 process_group=None):
         if getattr(model, "_strata_sharded", False):  # its parameters are an engine's placeholders now
             raise RuntimeError("strata: this model was already given to st.shard(); its parameters belong to that "
                                "engine (empty placeholders outside a forward). Keep using that engine, or build a "
@@ -106,7 +107,7 @@ class Engine:
         self.config["strata"].setdefault("params_without_grad", "skip")
         self.device = self._start_device(model, device)
         cuda = self.device.type == "cuda"
-        comm = _comm.strata_comm(cuda, self.config["strata"].get("collective_timeout_ms", 0))
+        comm = _comm.strata_comm(cuda, self.config["strata"].get("collective_timeout_ms", 0), process_group)
         if cuda:
             self._torch_on_cuda()
         opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode(), device=int(cuda),

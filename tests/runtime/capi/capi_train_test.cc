@@ -18,6 +18,7 @@
 #include "runtime/engine/config.h"
 #include "runtime/engine/engine.h"
 #include "tests/runtime/capi/capi_test_util.h"
+#include "tests/runtime/capi/foreign_test_util.h"
 #include "tests/runtime/engine/rank_harness.h"
 
 namespace strata::capi_test {
@@ -173,6 +174,29 @@ TEST(CApiTrain, ShardGroupSizeInTheConfigJsonShardsLikeTheCxxEngine) {
       EXPECT_EQ(c[r].device_bytes, cxx[r].device_bytes) << "rank " << r << ", stage " << stage;
       EXPECT_GT(c[r].device_bytes, whole[r].device_bytes)
           << "rank " << r << ", stage " << stage << ": G = 1 holds more";
+    }
+  }
+}
+
+// An engine over a foreign communicator (strata_comm_create_foreign, docs/decisions/0033) whose callbacks are
+// the in-process back-end's trains to the bits of an engine over the in-process back-end itself: stages 0-3,
+// at 3 ranks (sums of 3 terms) and with hybrid sharding (G = 1: the engine's splits go through the callbacks).
+TEST(CApiTrain, OverAForeignCommunicatorMatchesTheInProcessOneBitForBit) {
+  for (int stage : {0, 1, 2, 3}) {
+    for (int group : {0, 1}) {
+      if (stage == 0 && group > 0) continue;  // stage 0 shards nothing
+      constexpr int kRanks = 3;
+      std::vector<Result> foreign(kRanks), native(kRanks);
+      RunCRanks(kRanks, [&](int rank, strata_comm* comm) { TrainC(rank, comm, stage, &native[rank], group); });
+      auto job = std::make_shared<ForeignJobState>();
+      RunForeignRanks(kRanks, 20000, job,
+                      [&](int rank, strata_comm* comm) { TrainC(rank, comm, stage, &foreign[rank], group); });
+      for (int r = 0; r < kRanks; ++r) {
+        ASSERT_EQ(foreign[r].params.size(), 58u);
+        EXPECT_EQ(foreign[r].params, native[r].params) << "rank " << r << ", stage " << stage << ", G " << group;
+        EXPECT_EQ(foreign[r].grad_norms, native[r].grad_norms) << "rank " << r << ", stage " << stage;
+      }
+      EXPECT_GT(job->made.load(), 3 * kRanks) << "the engine made its communicators through the callbacks";
     }
   }
 }

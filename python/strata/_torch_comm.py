@@ -1,0 +1,236 @@
+"""A torch.distributed process group as Strata's communicator: strata_comm_create_foreign's callbacks over gloo
+(docs/decisions/0033-foreign-communicators.md).
+
+Strata calls each communicator's callbacks on a thread of its own (never the thread that runs the script): ctypes
+takes the GIL for the callback, and torch's collectives let it go while they wait, so the script's thread runs
+meanwhile. Each communicator Strata asks for (the engine's gather, reduce and step streams, the splits of hybrid
+sharding) is a gloo group of its own, split off its parent with torch.distributed.split_group, so that the
+collectives of two threads never share a group. The groups' timeout is Strata's collective timeout, so a gloo
+call Strata gave up on ends at about the same time.
+
+The sums are the MPI back-end's, term for term, so that a job gives the same bits under torchrun as under mpirun:
+a block of 1 MiB or more (up to 8 ranks) is summed in rank order, as mpi_communicator.cc's direct reduce-scatter
+does (Note [Reduce-scatter over point to point]); a smaller one pairwise, (r0 + r1) + (r2 + r3), the binomial
+tree of Open MPI's collectives (libnbc) under it. Each rank's block arrives by all_to_all_single, is summed here,
+and an all-reduce gathers the summed blocks again (all_gather_into_tensor). bf16 and fp16 add in fp32 and round
+after each addition, as the engine's kernels do.
+"""
+import ctypes
+import datetime
+import sys
+
+import torch
+import torch.distributed as dist
+
+from strata import _capi
+
+_TORCH_DTYPE = {_capi.DTYPE_F32: torch.float32, _capi.DTYPE_BF16: torch.bfloat16, _capi.DTYPE_F16: torch.float16}
+_DIRECT_BYTES = 1 << 20  # kReduceChunkBytes of runtime/comm/mpi_communicator.cc
+_MAX_DIRECT_RANKS = 8    # kMaxDirectRanks
+_SMALL_ALL_REDUCE_BYTES = 1 << 16  # below it an all-reduce gathers every rank's whole buffer (one collective)
+
+# The callbacks and groups Strata holds, by id(user): kept alive until Strata calls destroy.
+_live = {}
+
+
+def view(ptr, count, dtype):
+    """A tensor over `count` elements of strata_dtype `dtype` at address `ptr` (no copy)."""
+    t = _TORCH_DTYPE[dtype]
+    if count == 0:
+        return torch.empty(0, dtype=t)
+    return torch.frombuffer((ctypes.c_char * (count * element_size(dtype))).from_address(ptr), dtype=t)
+
+
+def element_size(dtype):
+    return 4 if dtype == _capi.DTYPE_F32 else 2
+
+
+def ordered_sum(blocks, direct):
+    """The sum over the first dimension of `blocks` ([ranks, n]) in the MPI back-end's order: rank order when
+    `direct`, else the pairwise tree (r0 + r1) + (r2 + r3), ..."""
+    n = blocks.shape[0]
+    if direct:
+        acc = blocks[0].clone()
+        for q in range(1, n):
+            acc.add_(blocks[q])
+        return acc
+    parts = list(blocks)
+    step = 1
+    while step < n:
+        for i in range(0, n - step, 2 * step):
+            parts[i] = parts[i] + parts[i + step]
+        step *= 2
+    return parts[0].clone() if n == 1 else parts[0]
+
+
+def _direct(block_elems, dtype, ranks):
+    """Whether the MPI back-end sums a block of `block_elems` in rank order (its direct exchange)."""
+    return block_elems * element_size(dtype) >= _DIRECT_BYTES and ranks <= _MAX_DIRECT_RANKS
+
+
+def _status_of(error):
+    """A gloo failure's strata_status: a timeout or a lost peer is DEADLINE_EXCEEDED (strata.h: Strata then
+    names the ranks that did not respond), anything else INTERNAL."""
+    text = str(error).lower()
+    lost = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "connection refused")
+    return _capi.ERR_DEADLINE_EXCEEDED if any(w in text for w in lost) else _capi.ERR_INTERNAL
+
+
+class Endpoint:
+    """One rank's strata_foreign_comm over `group` (a gloo process group)."""
+
+    def __init__(self, group, store, owned):
+        self.group = group
+        self.store = store
+        self.owned = owned  # a group split off for Strata: destroyed with it
+        self.rank = group.rank()
+        self.size = group.size()
+
+    # ---- the collectives (strata.h's layouts) ----
+    def all_gather(self, send, recv, count, dtype):
+        out = view(recv, self.size * count, dtype)
+        src = view(send, count, dtype)
+        if (send or 0) == (recv or 0) + self.rank * count * element_size(dtype):  # in place: no aliased input
+            src = src.clone()
+        dist.all_gather_into_tensor(out, src, group=self.group)
+
+    def reduce_scatter(self, send, recv, count, dtype):
+        """A chunk of at most 1 MiB of every block at a time (as the MPI back-end's direct exchange), so the
+        temporaries are 2 x size MiB, not the send buffer's size; the chunks do not change any element's sum."""
+        n, out = self.size, view(recv, count, dtype)
+        src = view(send, n * count, dtype).view(n, count)
+        direct = _direct(count, dtype, n)
+        chunk = max(_DIRECT_BYTES // element_size(dtype), 1)
+        for first in range(0, count, chunk):
+            part = src[:, first:first + chunk].contiguous()  # row q: the chunk of rank q's block
+            blocks = torch.empty_like(part)
+            dist.all_to_all_single(blocks, part, group=self.group)  # row q: rank q's chunk of this rank's block
+            out[first:first + chunk].copy_(ordered_sum(blocks, direct))
+
+    def all_reduce(self, send, recv, count, dtype):
+        n = self.size
+        src, out = view(send, count, dtype), view(recv, count, dtype)
+        block = -(-count // n)
+        direct = _direct(block, dtype, n)  # mpi_communicator.cc: Note [All-reduce over point to point]
+        if count * element_size(dtype) * n <= _SMALL_ALL_REDUCE_BYTES:
+            every = torch.empty(n * count, dtype=src.dtype)
+            dist.all_gather_into_tensor(every, src.clone(), group=self.group)
+            out.copy_(ordered_sum(every.view(n, count), direct))
+            return
+        padded = torch.zeros(n * block, dtype=src.dtype)
+        padded[:count] = src
+        blocks = torch.empty_like(padded)
+        dist.all_to_all_single(blocks, padded, group=self.group)
+        mine = ordered_sum(blocks.view(n, block), direct)
+        full = torch.empty_like(padded)
+        dist.all_gather_into_tensor(full, mine, group=self.group)
+        out.copy_(full[:count])
+
+    def broadcast(self, buf, count, dtype, root):
+        dist.broadcast(view(buf, count, dtype), group=self.group, group_src=root)
+
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+    # ---- new communicators ----
+    def dup(self, timeout_ms):
+        return self._split([list(range(self.size))], timeout_ms)
+
+    def split(self, colors, keys, timeout_ms):
+        """strata.h's split: every rank's color and key; the groups by color, ranked by (key, rank)."""
+        parts = {}
+        for r in range(self.size):
+            parts.setdefault(colors[r], []).append(r)
+        ranks = [sorted(parts[c], key=lambda r: (keys[r], r)) for c in sorted(parts)]
+        return self._split(ranks, timeout_ms)
+
+    def _split(self, ranks, timeout_ms):
+        g = dist.split_group(self.group, ranks, timeout=datetime.timedelta(milliseconds=timeout_ms))
+        return Endpoint(g, self.store, owned=True)
+
+    # ---- the store ----
+    def kv_set(self, key, value):
+        self.store.set(key, value)
+
+    def kv_get(self, key):
+        return self.store.get(key) if self.store.check([key]) else None
+
+    def destroy(self):
+        """Strata is done with this group: a group split off for it goes (not while the script's own goes on)."""
+        if self.owned and dist.is_initialized():
+            try:
+                dist.destroy_process_group(self.group)
+            except ValueError:  # already gone: the script destroyed torch.distributed's groups first
+                pass
+
+
+def _guard(fn):
+    """A callback: runs `fn`, or writes its exception into Strata's error buffer (no exception crosses C)."""
+
+    def call(*args):
+        error, capacity = args[-2], args[-1]
+        try:
+            fn(*args[:-2])
+            return 0
+        except BaseException as e:  # noqa: BLE001 (the message goes back to Strata)
+            text = f"{type(e).__name__}: {e}".encode(errors="replace")[:max(capacity - 1, 0)]
+            ctypes.memmove(error, text + b"\0", len(text) + 1)
+            return _status_of(e)
+
+    return call
+
+
+def make(endpoint):
+    """A strata_foreign_comm (_capi.ForeignComm) over `endpoint`; its callbacks live until Strata destroys it."""
+    key = id(endpoint)
+    fc = _capi.ForeignComm.new(rank=endpoint.rank, size=endpoint.size, user=key)
+    prototypes = dict(_capi.ForeignComm._fields_)
+
+    def adopt(made, out):
+        out[0] = make(made)
+
+    def destroy(_user):
+        if _live.pop(key, None) is not None:
+            try:
+                endpoint.destroy()
+            except Exception as e:  # noqa: BLE001 (nothing to report it to; the group is gone either way)
+                print(f"strata: destroying a process group Strata used failed: {e}", file=sys.stderr)
+
+    callbacks = {
+        "all_gather": lambda u, s, r, n, d: endpoint.all_gather(s, r, n, d),
+        "reduce_scatter": lambda u, s, r, n, d: endpoint.reduce_scatter(s, r, n, d),
+        "all_reduce": lambda u, s, r, n, d: endpoint.all_reduce(s, r, n, d),
+        "broadcast": lambda u, b, n, d, root: endpoint.broadcast(b, n, d, root),
+        "barrier": lambda u: endpoint.barrier(),
+        "dup": lambda u, t, out: adopt(endpoint.dup(t), out),
+        "split": lambda u, c, k, t, out: adopt(endpoint.split(c[:endpoint.size], k[:endpoint.size], t), out),
+        "kv_set": lambda u, key_, v, n: endpoint.kv_set(key_.decode(), ctypes.string_at(v, n)),
+        "kv_get": lambda u, key_, v, cap, n: _kv_get(endpoint, key_.decode(), v, cap, n),
+    }
+    held = []  # the ctypes callbacks: C holds their addresses until destroy
+    for name, fn in callbacks.items():
+        held.append(prototypes[name](_guard(fn)))
+        setattr(fc, name, held[-1])
+    held.append(prototypes["destroy"](destroy))
+    fc.destroy = held[-1]
+    _live[key] = (endpoint, held)
+    return fc
+
+
+def _kv_get(endpoint, key, value, capacity, out_length):
+    got = endpoint.kv_get(key)
+    if got is None:
+        out_length[0] = -1
+        return
+    ctypes.memmove(value, got, min(capacity, len(got)))
+    out_length[0] = len(got)
+
+
+def create(group, store, timeout_ms):
+    """Collective over `group` (gloo): a strata_comm* over a group split off it for Strata alone, whose
+    collectives give up after `timeout_ms` (<= 0: 60 s), as Strata's own waits do."""
+    timeout_ms = int(timeout_ms) if timeout_ms and timeout_ms > 0 else 60000
+    own = Endpoint(group, store, owned=False).dup(timeout_ms)
+    out = ctypes.c_void_p()
+    _capi.check(_capi.lib.strata_comm_create_foreign(ctypes.byref(make(own)), timeout_ms, ctypes.byref(out)))
+    return out

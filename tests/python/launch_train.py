@@ -1,0 +1,44 @@
+"""Run by test_launch.py under `mpirun -n N` and under `torchrun --standalone --nproc-per-node N`: trains a host
+model for a few steps and saves, per rank, the losses, the step results and the final full state to
+argv[1]/rank<r>.pt. argv[2]: the ZeRO stage; argv[3] (optional): "raise" makes rank 1 raise in step 2, "stall"
+makes it sleep there for 10 minutes before its backward (with a collective timeout of 4 s).
+
+Two units of 1024 x 1024 + 1024 parameters, whose reduce-scatter blocks at 4 ranks are just over 1 MiB (summed
+in rank order by the MPI back-end's direct exchange), and a small head (summed pairwise by MPI's collective):
+both of the MPI back-end's orders of a sum, which strata._torch_comm follows."""
+import os
+import sys
+import time
+
+import torch
+
+import strata.torch as st
+
+out_dir, stage = sys.argv[1], int(sys.argv[2])
+fault = sys.argv[3] if len(sys.argv) > 3 else None
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1024),
+                            torch.nn.Tanh(), torch.nn.Linear(1024, 8))
+config = {"zero_optimization": {"stage": stage}, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+          "strata": {"collective_timeout_ms": 4000 if fault == "stall" else 900000, "optimizer_threads": 1}}
+engine = st.shard(model, config=config, unit_classes=[torch.nn.Linear])
+print(f"rank {st.rank()} of {st.world_size()}: sharded", flush=True)
+losses, results = [], []
+for step in range(3):
+    for m in range(2):
+        g = torch.Generator().manual_seed(1000 * step + 10 * m + st.rank())
+        x, y = torch.randn(16, 1024, generator=g), torch.randn(16, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if fault == "stall" and step == 2 and st.rank() == 1:
+            time.sleep(600)
+        loss.backward()
+        losses.append(loss.item())
+        if fault == "raise" and step == 2 and st.rank() == 1:
+            raise RuntimeError("planted failure of rank 1 in step 2")
+    results.append(engine.step())
+state = engine.full_state_dict()
+os.makedirs(out_dir, exist_ok=True)
+torch.save({"losses": losses, "results": results, "state": state, "world": st.world_size(),
+            "mean_loss": st.all_reduce_mean(losses[-1])}, os.path.join(out_dir, f"rank{st.rank()}.pt"))
+print(f"rank {st.rank()}: saved", flush=True)
