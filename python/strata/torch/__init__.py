@@ -2,6 +2,7 @@
 
     import strata.torch as st
     engine = st.shard(model, config="ds_config.json")   # a dict or a path: DeepSpeed-style keys
+    engine = st.shard(lambda: Model(cfg), config)        # or created sharded: never whole on any rank
     loss = model(x, labels=y).loss; loss.backward(); engine.step()
 
 Launch with `mpirun -n N python train.py`; every rank runs the same code on its own micro-batches. A model
@@ -19,21 +20,24 @@ __all__ = ["shard", "Engine", "GatheredParameters", "rank", "world_size", "all_r
 
 
 def shard(model, config=None, unit_classes=None, **kwargs):
-    """Collective. Hands `model`'s parameters to a Strata engine configured by `config` (dict or JSON
-    path, as `strata train --config`) and hooks its forward. Units: the modules of `unit_classes`, or by
-    default the members of the model's largest nn.ModuleList; the remaining parameters form the root unit.
-    Rank 0's parameter values are every rank's initial values, and rank 0's module buffers every rank's
-    buffers (kept so by strata.broadcast_buffers, default true: docs/decisions/0026-buffers.md; cast to
-    bf16 with bf16 parameters where model.to would). `weight_decay=callable(name, param)`
-    says which parameters AdamW decays (default: every parameter, DeepSpeed's rule; with the config's
-    "strata": {"weight_decay_1d": false}, those with 2 or more dimensions). A parameter with
-    requires_grad=False is frozen (fine-tuning, adapters): gathered and checkpointed, never reduced or
-    updated, no .grad and no gradient or optimizer memory. `device`: "cuda" (or "cuda:k", a torch.device)
-    or "cpu"; default: where the model's parameters are. On CUDA the engine's buffers are on the GPU of the
-    local rank and the parameter views are CUDA tensors over them (unverified on a GPU). Outside a forward
+    """Collective. Hands `model`'s parameters to a Strata engine configured by `config` (dict or JSON path, as `strata
+    train --config`) and hooks its forward. `model` may be a factory instead (a callable that builds it, e.g.
+    `lambda: GPT2LMHeadModel(cfg)`, or a model class): the model is then created sharded, its construction recorded
+    without values and replayed into the engine one tensor at a time, so no rank holds it whole; its initial values
+    are bit for bit a plain factory()'s from rank 0's generator state, and the model is engine.model
+    (docs/decisions/0034-models-created-sharded.md). Units: the modules of `unit_classes`, or by default the
+    members of the model's largest nn.ModuleList; the remaining parameters form the root unit. Rank 0's parameter
+    values are every rank's initial values, and rank 0's module buffers every rank's buffers (kept so by
+    strata.broadcast_buffers, default true: docs/decisions/0026-buffers.md; cast to bf16 with bf16 parameters where
+    model.to would). `weight_decay=callable(name, param)` says which parameters AdamW decays (default: every
+    parameter, DeepSpeed's rule; with the config's "strata": {"weight_decay_1d": false}, those with 2 or more
+    dimensions). A parameter with requires_grad=False is frozen (fine-tuning, adapters): gathered and checkpointed,
+    never reduced or updated, no .grad and no gradient or optimizer memory. `device`: "cuda" (or "cuda:k", a
+    torch.device) or "cpu"; default: where the model's parameters are. On CUDA the engine's buffers are on the GPU
+    of the local rank and the parameter views are CUDA tensors over them (unverified on a GPU). Outside a forward
     the parameters are empty placeholders whose reads and writes are refused (read or edit them inside
-    st.GatheredParameters), as are model.zero_grad() between a backward and engine.step() and a model.to()
-    that would change their dtype or device: docs/decisions/0030-sharded-parameters-outside-a-forward.md."""
+    st.GatheredParameters), as are model.zero_grad() between a backward and engine.step() and a model.to() that
+    would change their dtype or device: docs/decisions/0030-sharded-parameters-outside-a-forward.md."""
     return Engine(model, config=config, unit_classes=unit_classes, **kwargs)
 
 

@@ -7,7 +7,7 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _gathered, _hooks, _model_buffers, _sharded
+from strata.torch import _created, _gathered, _hooks, _model_buffers, _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
@@ -53,6 +53,10 @@ class Engine:
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
     def __init__(self, model, config=None, unit_classes=None, weight_decay=None, device=None):
+        created = None
+        if not isinstance(model, torch.nn.Module):  # a factory: the model is created sharded (_created)
+            created = _created.Created(model)
+            model = created.model
         if getattr(model, "_strata_sharded", False):  # its parameters are an engine's placeholders now
             raise RuntimeError("strata: this model was already given to st.shard(); its parameters belong to that "
                                "engine (empty placeholders outside a forward). Keep using that engine, or build a "
@@ -89,7 +93,14 @@ class Engine:
         self.units = [self._register(i, s, weight_decay) for i, s in enumerate(specs)]
         object.__setattr__(model, "_strata_sharded", True)  # not a module attribute: no state_dict entry
         _capi.check(_lib.strata_engine_finalize(self.handle))
-        self._load_initial_values()
+        if created is not None:
+            created.load(self)  # the recorded construction replayed into the engine, one tensor at a time
+            for u in self.units:
+                u.clear()
+        else:
+            self._load_initial_values()
+        if cuda:
+            self._buffers_to_device()
         self.model_buffers = _model_buffers.ModelBuffers(model, _TORCH_DTYPE[self.units[0].layout.dtype][0],
                                                          self.broadcast_buffers)  # rank 0's, cast as params
         self.roots = [u for u in self.units if u.spec.module is model]  # the root's trainable and frozen parts
@@ -115,12 +126,15 @@ class Engine:
         return d
 
     def _torch_on_cuda(self):
-        """After the communicator (whose bootstrap names a GPU strata cannot see): torch must see it too,
-        and the model's buffers (not parameters: those become the engine's) move to it."""
+        """After the communicator (whose bootstrap names a GPU strata cannot see): torch must see it too;
+        the model's buffers (not parameters: those become the engine's) move to it (_buffers_to_device)."""
         if not torch.cuda.is_available():
             raise RuntimeError(f"strata: rank {_comm.rank()}: the engine is on {self.device}, but torch sees no "
                                f"CUDA GPU (torch {torch.__version__}, CUDA {torch.version.cuda}; "
                                f"torch.cuda.is_available() is False)")
+
+    def _buffers_to_device(self):
+        """Once the model's buffers hold their values (a created model's are made with the initial values)."""
         for m in self.model.modules():
             for k, b in m._buffers.items():
                 if b is not None and b.device != self.device:
