@@ -7,7 +7,7 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _created, _gathered, _hooks, _model_buffers, _sharded
+from strata.torch import _created, _export, _gathered, _hooks, _model_buffers, _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
@@ -295,6 +295,17 @@ class Engine:
             else:
                 out[name] = t.detach().clone()
         return out
+
+    def save_pretrained(self, save_directory, max_shard_size="50GB", trainable_only=False, dtype=None):
+        """Collective, between steps: the model in Hugging Face's layout in `save_directory`, written one unit
+        at a time (no rank holds more than one unit's full tensors): safetensors files of at most
+        `max_shard_size` (bytes, or "5GB" / "512MiB") with model.safetensors.index.json, or one
+        model.safetensors, plus config.json for a transformers model; tied and renamed as transformers'
+        save_pretrained writes them, so from_pretrained loads it. The fp32 master values, cast to `dtype`
+        (torch.bfloat16 or float16) if given. trainable_only=True: the trainable parameters alone, the frozen
+        units never gathered (a peft model: its adapter, in peft's layout). Returns the weight files' names.
+        Note [Streaming export] in _export."""
+        return _export.save_pretrained(self, save_directory, max_shard_size, trainable_only, dtype)
 
     def stats(self):
         s = _capi.Stats.new()
