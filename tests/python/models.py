@@ -1,4 +1,6 @@
 """Tiny models and data for the strata.torch tests (every rank builds the same ones from a seed)."""
+import copy
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -79,3 +81,61 @@ def batches(step, micro, rank, n=2, t=8, vocab=37):
     g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
     x = torch.randint(0, vocab, (n, t), generator=g)
     return x, torch.roll(x, -1, 1)
+
+
+def hf_builders():
+    """Zero-argument builders of small transformers models from their configs (no download), one per family
+    strata.torch trains: the builder itself draws the initial values (the caller seeds)."""
+    import transformers as T  # noqa: N812  (only the tests that use it pay for the import)
+    small = dict(vocab_size=HF_VOCAB, hidden_size=HF_C, intermediate_size=2 * HF_C, num_hidden_layers=2,
+                 num_attention_heads=4)
+    return {
+        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=HF_VOCAB, n_positions=16, n_embd=HF_C, n_layer=2,
+                                                       n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**small, num_key_value_heads=2, max_position_embeddings=32)),
+        "mixtral": lambda: T.MixtralForCausalLM(T.MixtralConfig(**small, num_key_value_heads=2, num_local_experts=4,
+                                                                num_experts_per_tok=2, max_position_embeddings=32)),
+        "bert": lambda: T.BertForMaskedLM(T.BertConfig(**small, max_position_embeddings=32)),
+        "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=HF_VOCAB, d_model=HF_C, d_kv=8,
+                                                              d_ff=2 * HF_C, num_layers=2, num_heads=4)),
+        "vit": lambda: T.ViTForImageClassification(T.ViTConfig(image_size=16, patch_size=4, hidden_size=HF_C,
+                                                               intermediate_size=2 * HF_C, num_hidden_layers=2,
+                                                               num_attention_heads=2, num_labels=3)),
+    }
+
+
+class InitZoo(nn.Module):
+    """A plain torch model whose construction uses torch's initialisations and modules with reset_parameters
+    (Embedding with padding, Conv2d, BatchNorm, MultiheadAttention, LSTM), values read while it is built
+    (item(), any()), a parameter copied from another, a user generator, deepcopy and buffers made from data."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(50, d, padding_idx=3)
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm1d(d)
+        self.mha = nn.MultiheadAttention(d, 2)
+        self.lstm = nn.LSTM(d, d)
+        g = torch.Generator().manual_seed(7)
+        self.inits = nn.ParameterList(nn.Parameter(torch.empty(20, 30)) for _ in range(6))
+        nn.init.orthogonal_(self.inits[0])
+        nn.init.trunc_normal_(self.inits[1], std=0.02)
+        nn.init.xavier_normal_(self.inits[2])
+        nn.init.sparse_(self.inits[3], 0.5)
+        nn.init.eye_(self.inits[4])
+        nn.init.normal_(self.inits[5], generator=g)
+        self.dirac = nn.Parameter(torch.empty(4, 4, 3))
+        nn.init.dirac_(self.dirac)
+        self.scaled = nn.Parameter(torch.randn(8, d) * 0.1)
+        self.register_buffer("mask", torch.tril(torch.ones(8, 8)))
+        self.register_buffer("idx", torch.arange(10).expand(1, -1), persistent=False)
+        self.rates = [v.item() for v in torch.linspace(0, 1, 5)]
+        self.filled = nn.Parameter(torch.full((5,), self.rates[2]))
+        self.blocks = nn.ModuleList(Block(d) for _ in range(2))
+        self.blocks.append(copy.deepcopy(self.blocks[0]))
+        with torch.no_grad():
+            self.blocks[0].fc1.weight[0].fill_(1.0)
+            self.blocks[0].fc1.weight.mul_(2)
+            if (self.blocks[0].fc1.bias > 0).any():
+                self.blocks[0].fc1.bias.add_(1)
+            self.blocks[1].fc2.weight.copy_(self.blocks[0].fc1.weight.t())

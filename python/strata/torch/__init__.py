@@ -2,6 +2,7 @@
 
     import strata.torch as st
     engine = st.shard(model, config="ds_config.json")   # a dict or a path: DeepSpeed-style keys
+    engine = st.shard(lambda: Model(cfg), config)        # or created sharded: never whole on any rank
     loss = model(x, labels=y).loss; loss.backward(); engine.step()
 
 Launch with `torchrun --nproc_per_node N train.py` or `mpirun -n N python train.py`; every rank runs the same
@@ -23,7 +24,11 @@ __all__ = ["shard", "Engine", "GatheredParameters", "rank", "world_size", "all_r
 
 def shard(model, config=None, unit_classes=None, process_group=None, **kwargs):
     """Collective. Hands `model`'s parameters to a Strata engine configured by `config` (dict or JSON
-    path, as `strata train --config`) and hooks its forward. Units: the modules of `unit_classes`, or by
+    path, as `strata train --config`) and hooks its forward. `model` may be a factory instead (a callable that
+    builds it, e.g. `lambda: GPT2LMHeadModel(cfg)`, or a model class): the model is then created sharded, its
+    construction recorded without values and replayed into the engine one tensor at a time, so no rank holds it
+    whole; its initial values are bit for bit a plain factory()'s from rank 0's generator state, and the model
+    is engine.model (docs/decisions/0034-models-created-sharded.md). Units: the modules of `unit_classes`, or by
     default the members of the model's largest nn.ModuleList; the remaining parameters form the root unit.
     Rank 0's parameter values are every rank's initial values, and rank 0's module buffers every rank's
     buffers (kept so by strata.broadcast_buffers, default true: docs/decisions/0026-buffers.md; cast to

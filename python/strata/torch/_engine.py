@@ -9,7 +9,7 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _gathered, _hooks, _model_buffers, _sharded
+from strata.torch import _created, _export, _gathered, _hooks, _model_buffers, _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
@@ -89,6 +89,11 @@ class Engine:
 
     def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None,
                  process_group=None):
+        created = None
+        _comm.bind(process_group)  # the ranks first: a factory's creation broadcasts rank 0's generator on them
+        if not isinstance(model, torch.nn.Module):  # a factory: the model is created sharded (_created)
+            created = _created.Created(model)
+            model = created.model
         if getattr(model, "_strata_sharded", False):  # its parameters are an engine's placeholders now
             raise RuntimeError("strata: this model was already given to st.shard(); its parameters belong to that "
                                "engine (empty placeholders outside a forward). Keep using that engine, or build a "
@@ -126,7 +131,14 @@ class Engine:
         self.units = [self._register(i, s, _param_hyper(weight_decay, lr)) for i, s in enumerate(specs)]
         object.__setattr__(model, "_strata_sharded", True)  # not a module attribute: no state_dict entry
         _capi.check(_lib.strata_engine_finalize(self.handle))
-        self._load_initial_values()
+        if created is not None:
+            created.load(self)  # the recorded construction replayed into the engine, one tensor at a time
+            for u in self.units:
+                u.clear()
+        else:
+            self._load_initial_values()
+        if cuda:
+            self._buffers_to_device()
         self.model_buffers = _model_buffers.ModelBuffers(model, _TORCH_DTYPE[self.units[0].layout.dtype][0],
                                                          self.broadcast_buffers)  # rank 0's, cast as params
         self.roots = [u for u in self.units if u.spec.module is model]  # the root's trainable and frozen parts
@@ -152,12 +164,15 @@ class Engine:
         return d
 
     def _torch_on_cuda(self):
-        """After the communicator (whose bootstrap names a GPU strata cannot see): torch must see it too,
-        and the model's buffers (not parameters: those become the engine's) move to it."""
+        """After the communicator (whose bootstrap names a GPU strata cannot see): torch must see it too;
+        the model's buffers (not parameters: those become the engine's) move to it (_buffers_to_device)."""
         if not torch.cuda.is_available():
             raise RuntimeError(f"strata: rank {_comm.rank()}: the engine is on {self.device}, but torch sees no "
                                f"CUDA GPU (torch {torch.__version__}, CUDA {torch.version.cuda}; "
                                f"torch.cuda.is_available() is False)")
+
+    def _buffers_to_device(self):
+        """Once the model's buffers hold their values (a created model's are made with the initial values)."""
         for m in self.model.modules():
             for k, b in m._buffers.items():
                 if b is not None and b.device != self.device:
@@ -333,6 +348,17 @@ class Engine:
             else:
                 out[name] = t.detach().clone()
         return out
+
+    def save_pretrained(self, save_directory, max_shard_size="50GB", trainable_only=False, dtype=None):
+        """Collective, between steps: the model in Hugging Face's layout in `save_directory`, written one unit
+        at a time (no rank holds more than one unit's full tensors): safetensors files of at most
+        `max_shard_size` (bytes, or "5GB" / "512MiB") with model.safetensors.index.json, or one
+        model.safetensors, plus config.json for a transformers model; tied and renamed as transformers'
+        save_pretrained writes them, so from_pretrained loads it. The fp32 master values, cast to `dtype`
+        (torch.bfloat16 or float16) if given. trainable_only=True: the trainable parameters alone, the frozen
+        units never gathered (a peft model: its adapter, in peft's layout). Returns the weight files' names.
+        Note [Streaming export] in _export."""
+        return _export.save_pretrained(self, save_directory, max_shard_size, trainable_only, dtype)
 
     def stats(self):
         s = _capi.Stats.new()

@@ -1,0 +1,128 @@
+"""st.shard(factory, config): a model created sharded, its initial values bit for bit a plain factory()'s.
+
+The factory runs recorded (Note [Deferred construction] in _deferred): the model's parameters and buffers
+are tensors without values, so the engine registers its units from their shapes. After finalize, the record
+is replayed one tensor at a time into the engine (strata_engine_set_param: each rank keeps its shard of the
+full value), so no rank ever holds more than about one unit of the model's values. Then the model's
+parameters become ordinary nn.Parameter objects (the engine's placeholders from then on) and its buffers and
+tensor attributes real tensors.
+
+Ranks. Every rank runs the factory from rank 0's CPU generator state (broadcast first: ranks need not seed
+alike, as st.shard(model) takes rank 0's values) and replays the whole record, so every rank computes the
+same full values and keeps its own shard of them: no values travel between ranks. Afterwards every rank's
+CPU generator is where the construction left rank 0's. A factory whose values differ between ranks (one
+that reads a rank-dependent file, or a kernel that is not deterministic) would leave shards of different
+models: a digest of each parameter's full value is compared across ranks, and a difference is an error
+naming the parameter. docs/decisions/0034-models-created-sharded.md.
+"""
+import ctypes
+import hashlib
+
+import torch
+
+from strata import _capi, _comm
+from strata.torch import _deferred
+
+_lib = _capi.lib
+
+
+def _digest(v):
+    return hashlib.blake2b(memoryview(v.contiguous().view(torch.uint8).numpy()), digest_size=16).digest()
+
+
+class Created:
+    """The record of a factory and what st.shard does with it."""
+
+    def __init__(self, factory):
+        if not callable(factory):
+            raise TypeError(f"strata: st.shard() takes a torch.nn.Module or a factory (a callable that builds one, "
+                            f"e.g. `lambda: GPT2LMHeadModel(cfg)`), not {type(factory).__name__}")
+        state = torch.get_rng_state()
+        _comm.broadcast_from_0(state)  # rank 0's generator builds every rank's model
+        torch.set_rng_state(state)
+        self.rec = _deferred.record(factory)
+        self.model = self.rec.model
+        if not isinstance(self.model, torch.nn.Module):
+            raise TypeError(f"strata: the factory given to st.shard() returned {type(self.model).__name__}, not a "
+                            f"torch.nn.Module")
+        for n, p in self.model.named_parameters():
+            if self.rec.is_ours(p) and p.dtype != torch.float32:
+                raise TypeError(f"strata: parameter '{n}' is {p.dtype}; give the model fp32 parameters (the engine "
+                                f"keeps the fp32 master and casts per strata.param_dtype)")
+
+    def load(self, engine):
+        """After strata_engine_finalize: the initial values into the engine, one tensor at a time, and the model's
+        deferred tensors replaced by real ones."""
+        rec, wanted, real_params = self.rec, [], []
+        for u in engine.units:
+            for i, p in enumerate(u.spec.params):
+                (wanted if rec.is_ours(p) else real_params).append(((u.id, i), p))
+        tensors = {}  # id -> (module, kind, name) of the model's other deferred tensors
+        for m in self.model.modules():
+            for name, b in m._buffers.items():
+                if b is not None and rec.is_ours(b):
+                    tensors.setdefault(id(b), (b, []))[1].append((m, "buffer", name))
+            for name, v in vars(m).items():
+                if rec.is_ours(v):
+                    tensors.setdefault(id(v), (v, []))[1].append((m, "attribute", name))
+        wanted += [(("tensor", k), t) for k, (t, _) in tensors.items()]
+        digests, real = {}, {}
+
+        def deliver(key, value):
+            if key[0] == "tensor":
+                real[key[1]] = value.clone()
+                return
+            v = value.contiguous()
+            digests[key] = _digest(v)
+            _capi.check(_lib.strata_engine_set_param(engine.handle, key[0], key[1], ctypes.c_void_p(v.data_ptr()),
+                                                     v.numel()))
+
+        _deferred.materialize(rec, wanted, deliver)
+        for (uid, i), p in real_params:  # made outside the factory's record: rank 0's, as st.shard(model)
+            v = p.detach().to("cpu", torch.float32).contiguous().clone()
+            _comm.broadcast_from_0(v)
+            _capi.check(_lib.strata_engine_set_param(engine.handle, uid, i, ctypes.c_void_p(v.data_ptr()),
+                                                     v.numel()))
+        self._check_ranks(engine, digests)
+        self._install(engine, real, tensors)
+
+    def _check_ranks(self, engine, digests):
+        keys = sorted(digests)
+        mine = [digests[k] for k in keys]
+        ours = _comm.allgather_object(mine)
+        for r, theirs in enumerate(ours):
+            for k, a, b in zip(keys, ours[0], theirs):
+                if a != b:
+                    u = engine.units[k[0]]
+                    name = u.spec.names[k[1]] if u.spec.module is engine.model else \
+                        f"{u.spec.prefix}.{u.spec.names[k[1]]}"
+                    raise RuntimeError(f"strata: the factory given to st.shard() built different initial values for "
+                                       f"parameter '{name}' on rank {r} than on rank 0 (every rank runs it from rank "
+                                       f"0's generator state); make it deterministic and the same on every rank (no "
+                                       f"rank-dependent input), or build the model and call st.shard(model, ...)")
+
+    def _install(self, engine, real, tensors):
+        """Real objects in the model for its deferred ones: parameters (each an empty nn.Parameter, which the
+        engine makes a placeholder; ties kept: one new object per old one), buffers and tensor attributes."""
+        rec = self.rec
+        new = {}
+        for m in self.model.modules():
+            for name, p in list(m._parameters.items()):
+                if p is None or not rec.is_ours(p):
+                    continue
+                if id(p) not in new:
+                    q = torch.nn.Parameter(torch.empty(0, dtype=p.dtype), requires_grad=p.requires_grad)
+                    for k, v in vars(p).items():  # the model's own marks (e.g. transformers' _is_hf_initialized)
+                        if k != "_is_param":
+                            setattr(q, k, v)
+                    new[id(p)] = q
+                m._parameters[name] = new[id(p)]
+        for u in engine.units:
+            u.spec.params = [new.get(id(p), p) for p in u.spec.params]
+        for k, (_, places) in tensors.items():
+            for m, kind, name in places:
+                if kind == "buffer":
+                    m._buffers[name] = real[k]
+                else:
+                    object.__setattr__(m, name, real[k])
+        self.rec = None  # the record (its constants, generator states) is not needed any more
