@@ -1,16 +1,17 @@
 """deepspeed.zero: GatheredParameters is strata.torch's (the same contract: full values inside, rank
 modifier_rank's changes written into the engine at exit); Init (building a model already sharded) is not
-available yet and says so, unless it is disabled."""
+available here yet and says so, naming strata.torch's factory form, unless it is disabled."""
 from strata.torch import GatheredParameters
 
 __all__ = ["GatheredParameters", "Init"]
 
 INIT_MESSAGE = (
-    "strata.deepspeed.zero.Init: building a model already sharded (each rank allocating only its share of the "
-    "parameters) is not available yet; it is the issue on models bigger than one rank's memory. Build the model "
-    "normally, without `with deepspeed.zero.Init(...)`: every rank builds the whole model on the host and "
-    "strata.deepspeed.initialize() shards it (rank 0's values become every rank's), so the model must fit in one "
-    "rank's host memory until then")
+    "strata.deepspeed.zero.Init: building a model already sharded inside `with deepspeed.zero.Init(...)` is not "
+    "available in strata.deepspeed yet. strata.torch creates a model sharded from a factory, never whole on any "
+    "rank and bit for bit a plain construction: `engine = strata.torch.shard(lambda: Model(cfg), config)` "
+    "(docs/decisions/0034-models-created-sharded.md). Or build the model normally, without zero.Init: "
+    "strata.deepspeed.initialize() then shards it (rank 0's values become every rank's), and the model must fit "
+    "in one rank's host memory")
 
 
 class Init:
