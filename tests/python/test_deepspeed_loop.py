@@ -126,13 +126,20 @@ def strata_torch_two_steps(cfg, weight_decay):
     return state
 
 
-@pytest.mark.parametrize("groups", ["plain", "split"])
+@pytest.mark.parametrize("groups", ["plain", "named", "split", "named-split"])
 def test_param_groups_set_the_weight_decay_per_parameter(groups):
     """model.parameters(): every parameter decays (DeepSpeed's rule, biases and norms too); groups with
-    weight_decay 0.0 leave theirs undecayed."""
+    weight_decay 0.0 leave theirs undecayed. (name, parameter) pairs, as torch's optimizers take them since 2.5,
+    mean their parameters."""
     cfg = ds_config(accumulation=2)
     if groups == "plain":
         params, decays = None, (lambda name, p: True)
+    elif groups == "named":
+        params, decays = (lambda m: list(m.named_parameters())), (lambda name, p: True)
+    elif groups == "named-split":
+        params = lambda m: [{"params": [(n, p) for n, p in m.named_parameters() if p.ndim >= 2]},  # noqa: E731
+                            {"params": [(n, p) for n, p in m.named_parameters() if p.ndim < 2], "weight_decay": 0.0}]
+        decays = lambda name, p: p.ndim >= 2  # noqa: E731
     else:
         params = lambda m: [{"params": [p for p in m.parameters() if p.ndim >= 2], "weight_decay": WD},  # noqa: E731
                             {"params": [p for p in m.parameters() if p.ndim < 2], "weight_decay": 0.0}]

@@ -26,13 +26,20 @@ def _same(a, b):
         return a == b
 
 
+def _unnamed(items):
+    """torch's optimizers (2.5 and later) also take (name, parameter) pairs, as model.named_parameters() gives
+    them: the parameters alone."""
+    return [x[1] if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], torch.Tensor)
+            else x for x in items]
+
+
 def normalize(model, model_parameters):
     """The groups as a list of dicts with "params" a list; DeepSpeed's default (None) is model.parameters()."""
     if model_parameters is None:
         model_parameters = model.parameters()
     if isinstance(model_parameters, (torch.Tensor, dict)):
         model_parameters = [model_parameters]
-    items = list(model_parameters)
+    items = _unnamed(model_parameters)
     if not items:
         raise ValueError("strata.deepspeed.initialize: model_parameters is empty; pass model.parameters() or a "
                          "list of parameter groups")
@@ -42,7 +49,7 @@ def normalize(model, model_parameters):
             if "params" not in g:
                 raise ValueError(f"strata.deepspeed.initialize: model_parameters[{i}] has no 'params' key")
             ps = g["params"]
-            ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+            ps = [ps] if isinstance(ps, torch.Tensor) else _unnamed(ps)
             groups.append({**g, "params": ps})
         return groups
     if any(isinstance(x, dict) for x in items):
