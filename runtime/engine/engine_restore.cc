@@ -53,6 +53,11 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint '", dir, "' holds a different model: ", what));
   };
+  // The same model, trained with other per-parameter optimizer settings (the trainer's param groups).
+  auto differ_hyper = [&](const std::string& what) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", dir, "' was saved with other optimizer settings for this model: ", what));
+  };
   if (man.units.size() != m.units.size()) {
     return differ(absl::StrCat(man.units.size(), " units there, ", m.units.size(), " here"));
   }
@@ -73,11 +78,11 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
                                    " here is '", there.name, ".", a.name, "' ", Shape(a.shape), " there"));
       }
       if (a.weight_decay != b.spec.weight_decay) {  // the trainer's choice (param groups, weight_decay=)
-        return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ",
-                                   b.spec.weight_decay ? "decays" : "does not decay", " here but ",
-                                   a.weight_decay ? "decayed" : "did not decay",
-                                   " in the checkpoint (its weight-decay flag: give it the same param group or "
-                                   "weight_decay choice as the run that saved it)"));
+        return differ_hyper(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ",
+                                         b.spec.weight_decay ? "decays" : "does not decay", " here but ",
+                                         a.weight_decay ? "decayed" : "did not decay",
+                                         " in the checkpoint (its weight-decay flag: give it the same param group "
+                                         "or weight_decay choice as the run that saved it)"));
       }
       // The param group's own lr and weight decay (Note [Param groups]), also the trainer's choice.
       // Frozen parameters and those that do not decay have nothing to compare.
@@ -88,8 +93,9 @@ absl::Status CheckSameModel(const Engine::Impl& m, const ckpt::Manifest& man, co
                                                         m.cfg.optimizer.weight_decay, "weight decay")
                                       : std::string()}) {
         if (own.empty()) continue;
-        return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ", own,
-                                   ": give it the same param group (lr, weight_decay) as the run that saved it"));
+        return differ_hyper(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' ", own,
+                                         ": give it the same param group (lr, weight_decay) as the run that "
+                                         "saved it"));
       }
       if (a.frozen != b.spec.frozen) {  // the saved kinds differ (Note [Frozen units])
         return differ(absl::StrCat("parameter '", here.name, ".", b.spec.name, "' is ",

@@ -294,8 +294,8 @@ def test_resume_with_another_group_lr_is_refused(tmp_path):
     assert same.get_lr() == lrs and same.global_steps == 2
     same.destroy()
     other = make(4 * LR)
-    with pytest.raises(st.StrataError, match=r"holds a different model: parameter '[^']+' has its own lr 0.004 here "
-                                             r"but 0.003 in the checkpoint"):
+    with pytest.raises(st.StrataError, match=r"was saved with other optimizer settings for this model: "
+                       r"parameter '[^']+' has its own lr 0.004 here but 0.003 in the checkpoint"):
         other.load_checkpoint(root, tag="t")
     other.destroy()
 
