@@ -14,14 +14,10 @@ out=$("$src/scripts/check_layers" 2>&1); rc=$?
 check "the tree keeps the order of docs/layers.txt" $? "$rc $out"
 
 fresh() {  # a clean copy of a few files of the tree in $work/t
-  rm -rf "$work/t"
-  for f in docs/layers.txt README.md runtime/CMakeLists.txt runtime/device/CMakeLists.txt offload/CMakeLists.txt \
-           runtime/base/crc32.h runtime/base/crc32.cc runtime/shard/layout.h offload/io_work.cc kernels/cpu/isa.h \
-           kernels/cpu/isa.cc; do
-    mkdir -p "$work/t/$(dirname "$f")" && cp "$src/$f" "$work/t/$f"
-  done
+  copy_tree docs/layers.txt README.md runtime/CMakeLists.txt runtime/device/CMakeLists.txt offload/CMakeLists.txt \
+            runtime/base/crc32.h runtime/base/crc32.cc runtime/shard/layout.h offload/io_work.cc kernels/cpu/isa.h \
+            kernels/cpu/isa.cc
 }
-inject() { sed -i "1a $2" "$work/t/$1"; }  # inject FILE LINE: LINE becomes line 2 of FILE
 run() { out=$("$src/scripts/check_layers" --root "$work/t" 2>&1); rc=$?; }
 
 fresh; run

@@ -14,9 +14,7 @@ source "$(dirname "$0")/script_checks.sh"
 copied=(docs/layers.txt README.md runtime/CMakeLists.txt spec/CMakeLists.txt spec/flags.h spec/model_spec.h
         models/gpt/train/CMakeLists.txt models/gpt/train/trainer.h models/gpt/nn/cpu/nn.h tools/CMakeLists.txt
         tools/plan/plan.h tools/cli/commands.h examples/mlp/mlp_spec.h)
-# fresh: a clean copy of those files in $work/t; inject FILE LINE: LINE becomes line 2 of FILE; run: check it.
-fresh() { rm -rf "$work/t" && mkdir -p "$work/t" && (cd "$src" && cp --parents "${copied[@]}" "$work/t"); }
-inject() { sed -i "1a $2" "$work/t/$1"; }
+fresh() { copy_tree "${copied[@]}"; }  # a clean copy of those files in $work/t (inject: script_checks.sh)
 run() { out=$("$src/scripts/check_layers" --root "$work/t" 2>&1); rc=$?; }
 
 fresh; run
