@@ -193,6 +193,26 @@ absl::Status CheckTransfer(const strata_engine* e, int32_t unit, int32_t param, 
   return absl::OkStatus();
 }
 
+// Every value finite; the message names the first that is not by its element of the parameter.
+absl::Status CheckFinite(const strata_engine* e, int32_t unit, int32_t param, const float* values, size_t count,
+                         size_t offset) {
+  for (size_t i = 0; i < count; ++i) {
+    if (!std::isfinite(values[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", e->engine->layout(unit).name, ".",
+                                                     e->engine->layout(unit).params[param].spec.name, "': values[",
+                                                     offset + i, "] is ", values[i], "; it must be finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The elements of a unit's flat buffer up to the end of its last parameter (what strata_engine_gather_unit copies).
+size_t ParamExtent(const shard::UnitLayout& layout) {
+  size_t extent = 0;
+  for (const shard::ParamSlot& p : layout.params) extent = std::max(extent, p.offset_elems + p.numel);
+  return extent;
+}
+
 absl::Status GetStats(const strata_engine* e, strata_stats* out) {
   STRATA_RETURN_IF_ERROR(CheckEngine(e));
   STRATA_RETURN_IF_ERROR(CheckOutput(out, STRATA_V1_SIZE(strata_stats, last_other_ms), "out"));
@@ -315,14 +335,56 @@ strata_status strata_engine_set_param(strata_engine* engine, int32_t unit, int32
       return absl::FailedPreconditionError("inside a micro-batch or while a unit is begun; set parameters between "
                                            "steps");
     }
-    for (size_t i = 0; i < count; ++i) {
-      if (!std::isfinite(values[i])) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter '", engine->engine->layout(unit).name, ".",
-                                                       engine->engine->layout(unit).params[param].spec.name,
-                                                       "': values[", i, "] is ", values[i], "; it must be finite"));
-      }
-    }
+    STRATA_RETURN_IF_ERROR(CheckFinite(engine, unit, param, values, count, 0));
     return engine->engine->SetParam(unit, param, std::vector<float>(values, values + count));
+  });
+}
+
+strata_status strata_engine_gather_unit(strata_engine* engine, int32_t unit, float* out, size_t count) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(engine, unit));
+    if (out == nullptr) return NullArgument("out");
+    const size_t extent = ParamExtent(engine->engine->layout(unit));
+    if (count != extent) {
+      return absl::InvalidArgumentError(absl::StrCat("unit '", engine->engine->layout(unit).name, "' has ", extent,
+                                                     " elements up to the end of its last parameter, count is ",
+                                                     count));
+    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> full, engine->engine->GatherUnit(unit));
+    std::memcpy(out, full.data(), count * sizeof(float));
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_held_range(const strata_engine* engine, int32_t unit, uint64_t* begin, uint64_t* end) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckFinalizedUnit(engine, unit));
+    if (begin == nullptr) return NullArgument("begin");
+    if (end == nullptr) return NullArgument("end");
+    const auto [b, e] = engine->engine->HeldRange(unit);
+    *begin = b;
+    *end = e;
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_engine_set_param_range(strata_engine* engine, int32_t unit, int32_t param, uint64_t offset,
+                                            const float* values, size_t count) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckFinalizedParam(engine, unit, param));
+    if (values == nullptr && count > 0) return NullArgument("values");
+    const strata::shard::ParamSlot& p = engine->engine->layout(unit).params[param];
+    if (offset > p.numel || count > p.numel - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", engine->engine->layout(unit).name, ".", p.spec.name,
+                                                     "' has ", p.numel, " elements; [", offset, ", ", offset + count,
+                                                     ") is not within it"));
+    }
+    if (engine->in_micro_batch || engine->open_uses > 0) {
+      return absl::FailedPreconditionError(
+          "inside a micro-batch or while a unit is begun; set parameters between steps");
+    }
+    STRATA_RETURN_IF_ERROR(CheckFinite(engine, unit, param, values, count, offset));
+    return engine->engine->SetParamRange(unit, param, offset, values, count);
   });
 }
 

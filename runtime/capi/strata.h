@@ -427,6 +427,22 @@ strata_status strata_engine_gather_param(strata_engine* engine, int32_t unit, in
 strata_status strata_engine_set_param(strata_engine* engine, int32_t unit, int32_t param, const float* values,
                                       size_t count);
 
+/* Collective, blocking, after finalize, between steps: the full fp32 master of one unit's parameters at once,
+ * one gather for all of them: `count` floats into caller memory, the unit's flat buffer from element 0 up to
+ * the end of its last parameter (max of offset_elems + numel; each parameter at its offset_elems). For
+ * export, a unit at a time. */
+strata_status strata_engine_gather_unit(strata_engine* engine, int32_t unit, float* out, size_t count);
+/* After finalize: the elements [*begin, *end) of unit `unit`'s flat buffer (offset_elems counts in it) whose
+ * values this rank keeps, its part of the fp32 master and of the parameter storage: about 1/world_size of
+ * the unit at stage 3, all of it at stages 0-2 (the parameters are replicated). *begin == *end when it keeps
+ * none. A loader reads only these elements from a checkpoint (strata_engine_set_param_range). Not collective. */
+strata_status strata_engine_held_range(const strata_engine* engine, int32_t unit, uint64_t* begin, uint64_t* end);
+/* After finalize, outside micro-batches: overwrites elements [offset, offset + count) of one parameter with
+ * fp32 values (all finite). Elements outside this rank's held range are ignored, so each rank may pass only
+ * the part it keeps. Not collective. strata_engine_set_param is this with offset 0 and the whole parameter. */
+strata_status strata_engine_set_param_range(strata_engine* engine, int32_t unit, int32_t param, uint64_t offset,
+                                            const float* values, size_t count);
+
 /* ---- Checkpoints ---- */
 
 /* Collective, between steps (after strata_engine_step, or before the first micro-batch). Writes the state

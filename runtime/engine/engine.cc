@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -450,29 +451,60 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
 }
 
 absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& value) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUnit(unit, "SetParam"));
+  const shard::ParamSlot& p = impl_->units[unit].layout.params[param];
+  if (value.size() != p.numel) {
+    return absl::InvalidArgumentError(absl::StrCat("SetParam(", impl_->units[unit].layout.name, ".", p.spec.name,
+                                                   "): ", value.size(), " values for ", p.numel, " elements"));
+  }
+  return SetParamRange(unit, param, 0, value.data(), value.size());
+}
+
+std::pair<size_t, size_t> Engine::HeldRange(int unit) const {
+  const UnitState& u = impl_->units[unit];
+  size_t lo = SIZE_MAX, hi = 0;
+  for (auto [b, n] : {std::pair<size_t, size_t>{u.ext.update_begin, u.ext.update_elems},
+                      std::pair<size_t, size_t>{u.ext.param_begin, u.ext.param_elems}}) {
+    if (n == 0) continue;
+    lo = std::min(lo, b);
+    hi = std::max(hi, b + n);
+  }
+  return lo < hi ? std::pair<size_t, size_t>{lo, hi} : std::pair<size_t, size_t>{0, 0};
+}
+
+absl::Status Engine::SetParamRange(int unit, int param, size_t offset, const float* values, size_t count) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "SetParam"));
   STRATA_RETURN_IF_ERROR(m.CheckNoPendingUpdate("SetParam"));
   UnitState& u = m.units[unit];
   const shard::ParamSlot& p = u.layout.params[param];
-  if (value.size() != p.numel) {
-    return absl::InvalidArgumentError(absl::StrCat("SetParam(", u.layout.name, ".", p.spec.name, "): ", value.size(),
-                                                   " values for ", p.numel, " elements"));
+  if (offset > p.numel || count > p.numel - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("SetParam(", u.layout.name, ".", p.spec.name, "): elements [",
+                                                   offset, ", ", offset + count, ") of ", p.numel));
   }
+  // The values given cover the unit's flat elements [a, z).
+  const size_t a = p.offset_elems + offset, z = a + count;
   // Master over the update range, then the param storage over what this rank holds.
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  STRATA_RETURN_IF_ERROR(m.EditState(u, optim::StateKind::kMaster, [&](float* master) {
-    for (size_t j = std::max(lo, p.offset_elems); j < std::min(hi, p.offset_elems + p.numel); ++j) {
-      master[j - lo] = value[j - p.offset_elems];
-    }
-  }, /*write_back=*/true));
-  // The parameter's elements within what this rank holds, [b, e), from the storage's first element plo.
+  if (std::max(lo, a) < std::min(hi, z)) {
+    STRATA_RETURN_IF_ERROR(m.EditState(
+        u, optim::StateKind::kMaster,
+        [&](float* master) {
+          for (size_t j = std::max(lo, a); j < std::min(hi, z); ++j) master[j - lo] = values[j - a];
+        },
+        /*write_back=*/true));
+  }
+  // The given elements within what this rank holds, [b, e), from the storage's first element plo.
   const size_t plo = u.ext.param_begin, phi = plo + u.ext.param_elems;
-  const size_t b = std::max(plo, p.offset_elems), e = std::max(b, std::min(phi, p.offset_elems + p.numel));
-  return m.ParamStorage(u, (b - plo) * m.param_bytes(), (e - b) * m.param_bytes(), [&](char* params) {
-    for (size_t j = b; j < e; ++j) StoreAs(m.cfg.param_dtype, value[j - p.offset_elems], params, j - b);
-    return absl::OkStatus();
-  }, /*keep=*/false);
+  const size_t b = std::max(plo, a), e = std::max(b, std::min(phi, z));
+  if (b == e) return absl::OkStatus();
+  return m.ParamStorage(
+      u, (b - plo) * m.param_bytes(), (e - b) * m.param_bytes(),
+      [&](char* params) {
+        for (size_t j = b; j < e; ++j) StoreAs(m.cfg.param_dtype, values[j - a], params, j - b);
+        return absl::OkStatus();
+      },
+      /*keep=*/false);
 }
 
 int Engine::num_units() const { return static_cast<int>(impl_->units.size()); }

@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -133,6 +134,13 @@ class Engine {
   absl::StatusOr<std::vector<float>> GatherAllParams();
   // Overwrites one parameter from a full fp32 value (every rank passes the same data).
   absl::Status SetParam(int unit, int param, const std::vector<float>& value);
+  // The elements [first, second) of a unit's flat buffer whose values this rank keeps: the union's cover of
+  // its fp32 master (the update range) and its parameter storage. Empty (first == second) when it keeps none.
+  std::pair<size_t, size_t> HeldRange(int unit) const;
+  // Overwrites elements [offset, offset + count) of one parameter from fp32 values. Elements outside this
+  // rank's HeldRange are ignored, so each rank may pass only the part it keeps (a checkpoint read by byte
+  // ranges). Not collective.
+  absl::Status SetParamRange(int unit, int param, size_t offset, const float* values, size_t count);
 
   int num_units() const;
   const shard::UnitLayout& layout(int unit) const;

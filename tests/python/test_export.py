@@ -153,11 +153,11 @@ def test_lora_adapter_alone_without_gathering_the_base(tmp_path):
     torch.manual_seed(9)
     engine = st.shard(build, config(3))
     train(engine, 3, hf_gpt2_batch)
-    gathered, inner = [], engine.gather
-    engine.gather = lambda unit, index: gathered.append(unit) or inner(unit, index)
+    gathered, inner = [], engine.gather_unit
+    engine.gather_unit = lambda unit: gathered.append(unit) or inner(unit)
     out = os.path.join(shared_dir(tmp_path), "adapter")
     assert engine.save_pretrained(out, trainable_only=True) == ["adapter_model.safetensors"]
-    del engine.gather
+    del engine.gather_unit
     frozen = {u.id for u in engine.units if u.spec.frozen}
     assert gathered and not frozen & set(gathered)
     full = engine.full_state_dict()
@@ -196,19 +196,19 @@ def test_at_most_one_unit_gathered_at_a_time(tmp_path):
     tracked) are of the unit being gathered."""
     torch.manual_seed(1)
     engine = st.shard(hf_builders()["mixtral"], config(3))
-    alive, worst, inner = [], {}, engine.gather
+    alive, worst, inner = [], {}, engine.gather_unit
 
-    def gather(unit, index):
-        v = inner(unit, index)
+    def gather_unit(unit):
+        v = inner(unit)
         units = {u for u, r in alive if r() is not None}
-        worst[unit] = max(worst.get(unit, 0), len(units | {unit}))
+        worst[unit] = len(units | {unit})
         alive.append((unit, weakref.ref(v)))
         return v
 
-    engine.gather = gather
+    engine.gather_unit = gather_unit
     engine.save_pretrained(os.path.join(shared_dir(tmp_path), "m"), max_shard_size="30KB")
-    del engine.gather
-    assert worst and max(worst.values()) == 1, worst
+    del engine.gather_unit
+    assert len(worst) == len(engine.units) and max(worst.values()) == 1, worst  # each unit once, alone
     barrier()
     engine.close()
 

@@ -9,7 +9,7 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _created, _export, _gathered, _hooks, _model_buffers, _sharded
+from strata.torch import _created, _export, _gathered, _hooks, _model_buffers, _pretrained, _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
@@ -332,6 +332,14 @@ class Engine:
                                                     v.numel()))
         return v
 
+    def gather_unit(self, unit):
+        """Collective: the full fp32 master of one unit's parameters, one gather: a flat tensor in which parameter
+        i is [offsets[i], offsets[i] + numels[i]) of the unit's Layout."""
+        u = self.units[unit]
+        v = torch.empty(u.layout.total, dtype=torch.float32)
+        _capi.check(_lib.strata_engine_gather_unit(self.handle, unit, ctypes.c_void_p(v.data_ptr()), v.numel()))
+        return v
+
     def full_state_dict(self):
         """Collective: model.state_dict()'s names, with each parameter's full fp32 master value (tied names
         share one tensor) and the model's buffers, rank 0's on every rank."""
@@ -359,6 +367,15 @@ class Engine:
         units never gathered (a peft model: its adapter, in peft's layout). Returns the weight files' names.
         Note [Streaming export] in _export."""
         return _export.save_pretrained(self, save_directory, max_shard_size, trainable_only, dtype)
+
+    def load_pretrained(self, directory, strict=True):
+        """Collective, between steps: a Hugging Face checkpoint directory (model.safetensors, or
+        model.safetensors.index.json and its files; F32, BF16, F16 or F64 parameters) into the engine, each rank
+        reading only the byte ranges of the elements its shards keep. Every file is validated as untrusted input
+        (errors name the file and the tensor). strict=False loads what matches and returns {"missing_keys",
+        "unexpected_keys"}. The optimizer state is left as it is (as load_state_dict leaves a torch optimizer).
+        Typically right after st.shard(factory, config). Note [Pretrained into shards] in _pretrained."""
+        return _pretrained.load_pretrained(self, directory, strict)
 
     def stats(self):
         s = _capi.Stats.new()

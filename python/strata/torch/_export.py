@@ -15,8 +15,8 @@ PeftModel.from_pretrained loads.
 The plan comes first, from shapes alone: every output tensor's name, shape, dtype, file and offset, so each
 file's header is known before any value is. The conversion is planned on meta tensors, unit by unit, and
 checked against the whole model's (a conversion that spans two units is refused: it could not stream). Then
-the units are gathered in engine order (strata_engine_gather_param, one parameter at a time, collective),
-converted and written, and freed: no rank holds more than one unit's full tensors. The files are written
+the units are gathered in engine order (strata_engine_gather_unit: one collective per unit), converted and
+written, and freed: no rank holds more than one unit's full tensors. The files are written
 by rank (file k by rank k mod world size), each to a temporary name, fsynced and renamed; rank 0 writes the
 index and the configs last, and removes the files of an earlier export that this one does not replace (a
 stale model.safetensors beside a new index would be loaded instead of it). A failure on any rank is an error
@@ -319,9 +319,12 @@ def save_pretrained(engine, save_directory, max_shard_size="50GB", trainable_onl
     buffers = None
     for g in groups:
         values = {}
+        flat = engine.gather_unit(g.unit) if g.unit < len(engine.units) else None  # one gather for the unit
         for name, src in g.sources:
             if isinstance(src, tuple):
-                values[name] = engine.gather(*src)
+                ul = engine.units[src[0]].layout
+                o, n = ul.offsets[src[1]], ul.numels[src[1]]
+                values[name] = flat[o:o + n].view(ul.shapes[src[1]])
             else:
                 if buffers is None:  # rank 0's, on every rank (collective, once)
                     buffers = engine.model_buffers.rank0_values()
@@ -329,7 +332,7 @@ def save_pretrained(engine, save_directory, max_shard_size="50GB", trainable_onl
         converted = layout.convert(values)
         for out in g.outs:
             writer.write(out, converted[out.name])
-        del values, converted
+        del values, converted, flat
         _deferred._trim()  # the unit's freed blocks back to the OS (Note [Trimmed heap] in _hooks)
     if writer.open and writer.error is None:
         writer.error = f"rank {_comm.rank()}: files left unfinished: {sorted(writer.open)}"

@@ -2,10 +2,12 @@
 // outputs, bad JSON configs, bad parameter specs, versioned-struct mismatches, a unit used before
 // finalize, bad unit / parameter ids, non-finite values, calls out of order, unimplemented back-ends;
 // and the last-error message is per thread and cleared by a successful call.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <thread>
 
 #include "tests/runtime/capi/capi_test_util.h"
@@ -329,6 +331,55 @@ TEST(CApiErrors, NonFiniteSetParamValuesAreInvalidArgumentNamingTheParameter) {
     EXPECT_STRATA_OK(strata_engine_set_param(e, 0, 0, values, 32));
     EXPECT_STRATA_OK(strata_engine_destroy(e));
   });
+}
+
+// strata_engine_held_range, set_param_range and gather_unit at 2 ranks and stages 0-3: the held ranges cover
+// the unit (a partition at stage 3), each rank setting only its own range of a parameter gives the same
+// gathered value as set_param of the whole, and the errors name what is wrong.
+TEST(CApiErrors, HeldRangesSetParamRangeAndGatherUnit) {
+  for (int stage : {0, 1, 2, 3}) {
+    const std::string json = "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) + "}}";
+    RunCRanks(2, [&](int rank, strata_comm* comm) {
+      strata_engine* e = nullptr;
+      ASSERT_STRATA_OK(MakeEngine(comm, json.c_str(), true, &e));
+      uint64_t begin = 0, end = 0;
+      ASSERT_STRATA_OK(strata_engine_held_range(e, 0, &begin, &end));
+      if (stage == 3) {
+        EXPECT_LT(end - begin, 40u) << "stage 3 keeps a part of unit a (40 elements)";
+      } else {
+        EXPECT_EQ(begin, 0u);
+        EXPECT_GE(end, 40u);
+      }
+      float values[32], whole[32], got[32];
+      for (int i = 0; i < 32; ++i) values[i] = 0.5f + i;
+      // Only the elements of w (offset 0 in the unit) this rank keeps, the rest of the buffer garbage.
+      float mine[32];
+      for (int i = 0; i < 32; ++i)
+        mine[i] = (i >= static_cast<int>(begin) && i < static_cast<int>(end)) ? values[i] : -7;
+      const uint64_t lo = std::min<uint64_t>(begin, 32), hi = std::min<uint64_t>(end, 32);
+      for (uint64_t i = lo; i < hi; ++i) ASSERT_EQ(mine[i], values[i]);
+      ASSERT_STRATA_OK(strata_engine_set_param_range(e, 0, 0, lo, mine + lo, hi - lo));
+      ASSERT_STRATA_OK(strata_engine_gather_param(e, 0, 0, got, 32));
+      for (int i = 0; i < 32; ++i) EXPECT_EQ(got[i], values[i]) << "stage " << stage << " element " << i;
+      ASSERT_STRATA_OK(strata_engine_set_param(e, 0, 0, values, 32));
+      ASSERT_STRATA_OK(strata_engine_gather_param(e, 0, 0, whole, 32));
+      EXPECT_EQ(std::memcmp(whole, got, sizeof got), 0);
+      float unit[40];
+      ASSERT_STRATA_OK(strata_engine_gather_unit(e, 0, unit, 40));
+      EXPECT_EQ(std::memcmp(unit, got, sizeof got), 0);
+      EXPECT_STRATA_ERROR(strata_engine_gather_unit(e, 0, unit, 39), kInvalid,
+                          "unit 'a' has 40 elements up to the end of its last parameter, count is 39");
+      EXPECT_STRATA_ERROR(strata_engine_set_param_range(e, 0, 1, 6, values, 3), kInvalid,
+                          "parameter 'a.b' has 8 elements; [6, 9) is not within it");
+      values[3] = std::nanf("");
+      EXPECT_STRATA_ERROR(strata_engine_set_param_range(e, 0, 0, 4, values, 8), kInvalid,
+                          "parameter 'a.w': values[7] is nan; it must be finite");
+      EXPECT_STRATA_ERROR(strata_engine_held_range(e, 0, nullptr, &end), kInvalid, "begin is NULL");
+      EXPECT_STRATA_ERROR(strata_engine_held_range(e, 5, &begin, &end), kRange, "no unit 5");
+      (void)rank;
+      EXPECT_STRATA_OK(strata_engine_destroy(e));
+    });
+  }
 }
 
 TEST(CApiErrors, CallsOutOfOrderAreFailedPrecondition) {

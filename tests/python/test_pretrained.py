@@ -1,0 +1,273 @@
+"""engine.load_pretrained(dir): a Hugging Face checkpoint read straight into the shards (Note [Pretrained into
+shards]). A model created sharded and loaded equals transformers' from_pretrained of the same directory, bit for
+bit, from one file or from an index and its shards, in fp32, bf16 and fp16; each rank reads only the elements
+its shards keep (at stage 3 the ranks' reads partition the parameters); a missing or extra tensor, a wrong shape,
+a truncated file and a bad index are clear errors naming the file and the tensor on every rank; and random
+corruptions of a file's header are always either a valid file or such an error."""
+import json
+import os
+import random
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import strata.torch as st
+from common import config, shared_dir
+from models import TinyLM, hf_builders
+from strata.torch import _pretrained
+from strata.torch._pretrained import CheckpointError
+
+
+def barrier():
+    st.world().Barrier()
+
+
+def bits(t):
+    return t.detach().contiguous().flatten().view(torch.uint8)
+
+
+def on_rank_0(work):
+    """work() on rank 0; its failure fails every rank (no rank goes on to the next collective alone)."""
+    error = None
+    if st.rank() == 0:
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001  (raised on every rank below)
+            error = f"rank 0: {type(e).__name__}: {e}"
+    error = st.world().bcast(error, root=0)
+    assert error is None, error
+
+
+def write_checkpoint(path, name, seed, dtype=None, max_shard_size="50GB"):
+    """Rank 0 saves a plain transformers model (seed `seed`) with its save_pretrained; all ranks wait."""
+    def save():
+        torch.manual_seed(seed)
+        m = hf_builders()[name]()
+        if dtype is not None:
+            m = m.to(dtype)
+        m.save_pretrained(path, max_shard_size=max_shard_size)
+    on_rank_0(save)
+
+
+@pytest.mark.parametrize("name,shards", [("gpt2", "20KB"), ("llama", "50GB"), ("bert", "20KB"), ("t5", "20KB"),
+                                         ("vit", "20KB")])
+def test_loaded_equals_from_pretrained(name, shards, tmp_path):
+    path = os.path.join(shared_dir(tmp_path), name)
+    write_checkpoint(path, name, seed=1, max_shard_size=shards)
+    assert os.path.exists(os.path.join(path, "model.safetensors.index.json" if shards == "20KB" else
+                                       "model.safetensors"))
+    torch.manual_seed(2)  # other initial values, all overwritten
+    engine = st.shard(hf_builders()[name], config(3))
+    assert engine.load_pretrained(path) == {"missing_keys": [], "unexpected_keys": []}
+    state = engine.full_state_dict()
+    ref = type(engine.model).from_pretrained(path).state_dict()
+    assert state.keys() == ref.keys()
+    for k in ref:
+        assert torch.equal(bits(state[k]), bits(ref[k])), k
+    engine.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_checkpoints_are_converted(dtype, tmp_path):
+    path = os.path.join(shared_dir(tmp_path), "half")
+    write_checkpoint(path, "gpt2", seed=3, dtype=dtype)
+    engine = st.shard(hf_builders()["gpt2"], config(3))
+    engine.load_pretrained(path)
+    state = engine.full_state_dict()
+    ref = type(engine.model).from_pretrained(path, dtype=dtype).state_dict()
+    for k in ref:
+        assert state[k].dtype == torch.float32 and torch.equal(state[k], ref[k].float()), k
+    engine.close()
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_each_rank_reads_only_what_it_keeps(stage, tmp_path, monkeypatch):
+    """The elements read, per rank: at stage 3 the ranks' reads partition every parameter (each element read by
+    exactly one rank); at stage 1 (parameters replicated) every rank reads everything."""
+    path = os.path.join(shared_dir(tmp_path), "gpt2")
+    write_checkpoint(path, "gpt2", seed=4, max_shard_size="20KB")
+    engine = st.shard(hf_builders()["gpt2"], config(stage))
+    reads, inner = [], _pretrained._File.read
+    def read(self, e, first, count):
+        reads.append((e.name, first, count))
+        return inner(self, e, first, count)
+
+    monkeypatch.setattr(_pretrained._File, "read", read)
+    engine.load_pretrained(path)
+    monkeypatch.undo()
+    numel = {n: p.numel() for n, p in type(engine.model).from_pretrained(path).named_parameters()}
+    everyone = [r for rank_reads in st.world().allgather(reads) for r in rank_reads]
+    covered = {}
+    for name, first, count in (everyone if stage == 3 else reads):
+        covered.setdefault(name, []).extend(range(first, first + count))
+    assert covered.keys() == numel.keys()
+    for name, elements in covered.items():
+        assert sorted(elements) == list(range(numel[name])), name  # each element once
+    if stage == 3 and st.world_size() > 1:
+        mine = sum(c for _, _, c in reads)
+        assert mine < sum(numel.values()) * 0.75  # about 1/world_size, not the model
+    engine.close()
+
+
+def test_missing_extra_and_misshapen_tensors(tmp_path):
+    base = shared_dir(tmp_path)
+    path = os.path.join(base, "ok")
+    write_checkpoint(path, "gpt2", seed=5)
+
+    def variants():
+        from safetensors.torch import load_file
+        sd = load_file(os.path.join(path, "model.safetensors"))
+        for what, change in (("missing", lambda d: d.pop("transformer.h.1.mlp.c_fc.bias")),
+                             ("extra", lambda d: d.__setitem__("transformer.extra", torch.zeros(3))),
+                             ("shape", lambda d: d.__setitem__("transformer.ln_f.bias", torch.zeros(5)))):
+            d = dict(sd)
+            change(d)
+            os.makedirs(os.path.join(base, what))
+            save_file(d, os.path.join(base, what, "model.safetensors"), metadata={"format": "pt"})
+    on_rank_0(variants)
+    engine = st.shard(hf_builders()["gpt2"], config(3))
+    with pytest.raises(CheckpointError,
+                       match=r"not this model's checkpoint: missing transformer\.h\.1\.mlp\.c_fc\.bias \(strict=False"):
+        engine.load_pretrained(os.path.join(base, "missing"))
+    before = engine.full_state_dict()["transformer.h.1.mlp.c_fc.bias"]
+    result = engine.load_pretrained(os.path.join(base, "missing"), strict=False)
+    assert result == {"missing_keys": ["transformer.h.1.mlp.c_fc.bias"], "unexpected_keys": []}
+    assert torch.equal(engine.full_state_dict()["transformer.h.1.mlp.c_fc.bias"], before)  # left as it was
+    with pytest.raises(CheckpointError, match=r"unexpected transformer\.extra"):
+        engine.load_pretrained(os.path.join(base, "extra"))
+    with pytest.raises(CheckpointError, match=r"shape/model.safetensors': tensor 'transformer\.ln_f\.bias': has "
+                                              r"shape \[5\]; the model's 'transformer\.ln_f\.bias' is \[32\]"):
+        engine.load_pretrained(os.path.join(base, "shape"))
+    engine.close()
+
+
+def test_bad_directories_and_indexes(tmp_path):
+    base = shared_dir(tmp_path)
+    sharded = os.path.join(base, "sharded")
+    write_checkpoint(sharded, "gpt2", seed=6, max_shard_size="20KB")
+
+    def copy(name, keep=lambda f: True, data=lambda f, raw: raw):
+        """sharded's files into base/name: those `keep` accepts, their bytes through `data`."""
+        d = os.path.join(base, name)
+        os.makedirs(d)
+        for f in os.listdir(sharded):
+            if keep(f):
+                with open(os.path.join(sharded, f), "rb") as src, open(os.path.join(d, f), "wb") as dst:
+                    dst.write(data(f, src.read()))
+
+    def index_with(edit):
+        def data(f, raw):
+            if f != "model.safetensors.index.json":
+                return raw
+            index = json.loads(raw)
+            edit(index)
+            return json.dumps(index).encode()
+        return data
+
+    def break_them():
+        copy("escape", data=index_with(lambda i: i["weight_map"].__setitem__("lm", "../model.safetensors")))
+        copy("gone", data=index_with(lambda i: i["weight_map"].__setitem__("transformer.wte.weight",
+                                                                            "nope.safetensors")))
+        copy("json", data=lambda f, raw: b'{"weight_map": {"a": "x", "a": "y"}}' if f.endswith("index.json") else raw)
+        copy("nofile", keep=lambda f: "00002-of" not in f)
+        copy("truncated", data=lambda f, raw: raw[:-4] if f.startswith("model-00001-of") else raw)
+    on_rank_0(break_them)
+    engine = st.shard(hf_builders()["gpt2"], config(3))
+    for name, error in (
+            ("absent", r"neither model\.safetensors nor model\.safetensors\.index\.json"),
+            ("escape", r"tensor 'lm' names the file '\.\./model\.safetensors', which is not a plain file name"),
+            ("gone", r"gone/model-\d{5}-of-\d{5}\.safetensors': tensor 'transformer\.wte\.weight': the index names "
+                     r"'nope\.safetensors'"),
+            ("nofile", r"nofile/model-00002-of-\d{5}\.safetensors': No such file"),
+            ("json", r"not a readable JSON index \(key 'a' appears twice\)"),
+            ("truncated", r"truncated/model-00001-of-\d{5}\.safetensors': tensor '.*': data_offsets .* do not hold")):
+        with pytest.raises(CheckpointError, match=error):
+            engine.load_pretrained(os.path.join(base, name))
+    engine.close()
+
+
+def test_a_conversion_that_combines_tensors_is_refused(tmp_path):
+    path = os.path.join(shared_dir(tmp_path), "mixtral")
+    write_checkpoint(path, "mixtral", seed=7)
+    engine = st.shard(hf_builders()["mixtral"], config(3))
+    with pytest.raises(CheckpointError, match=r"combining them .*experts"):
+        engine.load_pretrained(path)
+    engine.close()
+
+
+def test_a_plain_torch_model_round_trips_through_its_own_export(tmp_path):
+    """engine.save_pretrained of one engine, load_pretrained into another created from another seed: the same."""
+    path = os.path.join(shared_dir(tmp_path), "tiny")
+    torch.manual_seed(8)
+    a = st.shard(TinyLM, config(3))
+    a.save_pretrained(path, max_shard_size="2KB")
+    torch.manual_seed(9)
+    b = st.shard(TinyLM, config(2))
+    b.load_pretrained(path)
+    sa, sb = a.full_state_dict(), b.full_state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert sb["head.weight"] is sb["emb.weight"]
+    a.close()
+    b.close()
+
+
+# ---- fuzz: a header corrupted at random is a valid file or a CheckpointError naming the file ----
+def _mutations(data, rng):
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    kind = rng.randrange(6)
+    if kind == 0:  # bytes of the header replaced
+        b = bytearray(data)
+        for _ in range(rng.randrange(1, 6)):
+            b[rng.randrange(8, 8 + n)] = rng.randrange(256)
+        return bytes(b)
+    if kind == 1:  # truncated anywhere
+        return data[:rng.randrange(len(data))]
+    if kind == 2:  # the header length field
+        return struct.pack("<Q", rng.choice([0, 1, n - 1, n + 1, len(data), 2 ** 63, rng.randrange(2 ** 64)])) + \
+            data[8:]
+    names = [k for k in header if k != "__metadata__"]
+    name = rng.choice(names)
+    e = header[name]
+    if kind == 3:
+        e["data_offsets"] = [rng.choice([-1, 0, e["data_offsets"][0], 10 ** 12]),
+                             rng.choice([e["data_offsets"][1] + 4, e["data_offsets"][0], 2 ** 70, "x"])]
+    elif kind == 4:
+        e["shape"] = rng.choice([[], [-1], [2 ** 40, 2 ** 40], ["a"], list(e["shape"]) + [2], [1] * 70, None])
+    else:
+        e["dtype"] = rng.choice(["F8", "", 3, "f32", "BF16", "I64", None])
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data[8 + n:]
+
+
+def test_fuzzed_headers_are_valid_or_named_errors(tmp_path):
+    """400 corruptions of a checkpoint file (header bytes, truncation, the length field, offsets, shapes,
+    dtypes), on each rank its own: open_checkpoint either accepts a file whose tensors tile its data, or raises
+    CheckpointError naming the file. No other exception, no crash."""
+    d = os.path.join(str(tmp_path), f"fuzz{st.rank()}")
+    os.makedirs(d)
+    path = os.path.join(d, "model.safetensors")
+    save_file({"a": torch.randn(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16), "c": torch.arange(6)}, path,
+              metadata={"format": "pt"})
+    with open(path, "rb") as f:
+        good = f.read()
+    rng = random.Random(1234)
+    errors = accepted = 0
+    for _ in range(400):
+        with open(path, "wb") as f:
+            f.write(_mutations(good, rng))
+        try:
+            entries, files = _pretrained.open_checkpoint(d)
+        except CheckpointError as e:
+            assert path in str(e), e
+            errors += 1
+            continue
+        for f in files:
+            covered = sorted((e.begin, e.end) for e in entries.values())
+            assert covered[0][0] == 0 and covered[-1][1] == f.data_len
+            assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
+            f.close()
+        accepted += 1
+    assert errors > 300 and accepted > 0  # most corruptions are refused; harmless ones (dtype BF16 <-> ...) are not
