@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""A model larger than each rank's memory limit, from its first line: created sharded or loaded from a Hugging
+Face checkpoint, trained 3 steps with NVMe offload, exported. Strata against FSDP2 and DeepSpeed, one run.
+
+The model: a Hugging Face LlamaForCausalLM built from a LlamaConfig (--layers, --hidden, --ffn, --heads,
+--kv-heads, --vocab; the defaults are about 1.5B parameters, 5.9 GB of fp32). Each system runs --ranks ranks,
+one thread each, each rank watched by its own RSS watchdog (torch_peers.rss_watchdog: past --rss-limit-mib the
+rank ends and the candidate fails, naming the phase). Candidates (--peers):
+  strata-created   st.shard(lambda: LlamaForCausalLM(cfg), config): parameters created sharded
+  strata-loaded    the same, then engine.load_pretrained(checkpoint): each rank reads its shards' byte ranges
+  fsdp2-meta       torch's recipe: the model on the meta device, fully_shard per decoder layer and the root,
+                   to_empty, then each rank initialises its own shards (HF _init_weights on the DTensors)
+  fsdp2-dcp        the same, then torch.distributed.checkpoint.load with HuggingFaceStorageReader
+  deepspeed-init   the model built under deepspeed.zero.Init (ZeRO-3, parameters and optimizer on NVMe)
+Strata and DeepSpeed offload parameters and optimizer state to --nvme-path; FSDP2 has no NVMe tier on the host
+(its CPUOffloadPolicy moves GPU shards to host memory), so it holds its shards, gradients and AdamW state in
+memory. Each rank reports: peak RSS (VmHWM), the seconds from the end of its imports to the end of the first
+step ("first step"), the load's seconds where it loads, and the export's where it exports. The checkpoint
+(written once by this driver, one tensor at a time, into --ckpt-dir) is read by fio in the same run: the load's
+floor is its bytes over fio's sequential read bandwidth (O_DIRECT, 1 MiB blocks, 4 jobs).
+DeepSpeed's NVMe swapper is a C++ op (async_io, needs libaio-dev) that torch JIT-compiles on first use into
+$TORCH_EXTENSIONS_DIR: build it once, outside the timed run, with --build-ops.
+
+    build/venv/bin/python benchmarks/peers/sharded_start_peers.py --nvme-path /work/nvme-bench \
+        --ckpt-dir /work/llama-ckpt --peers strata-created,strata-loaded,fsdp2-meta,fsdp2-dcp,deepspeed-init
+
+docs/perf-notes.md ("Bigger than a rank") has the table and its reading.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_peers  # noqa: E402  (rss_watchdog, status_mib, results_in, rank_env)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LR = 1e-4
+
+
+def llama_config(a):
+    from transformers import LlamaConfig
+    return LlamaConfig(hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
+                       num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
+                       max_position_embeddings=a.seq, tie_word_embeddings=False)
+
+
+# ---------------------------------------------------------------- one rank (`--worker MODE`)
+def strata_setup(a, cfg, mode, marks):
+    import strata.torch as st
+    from transformers import LlamaForCausalLM
+    nvme = os.path.join(a.nvme_path, f"strata-{torch_peers.rank_env()[0]}")
+    os.makedirs(nvme, exist_ok=True)
+    config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme},
+                                    "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
+              "train_micro_batch_size_per_gpu": a.micro_batch,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "strata": {"optimizer_threads": 1, "collective_timeout_ms": 3600000}}
+    torch_peers.PHASE[0] = "creating the model sharded"
+    engine = st.shard(lambda: LlamaForCausalLM(cfg), config)
+    model = engine.model
+    if mode == "strata-loaded":
+        torch_peers.PHASE[0] = "loading the checkpoint"
+        t = time.perf_counter()
+        engine.load_pretrained(a.ckpt_dir)
+        marks["load_s"] = time.perf_counter() - t
+
+    def step(x):
+        loss = model(x, labels=x).loss
+        loss.backward()
+        engine.step()
+        return loss
+
+    def export(path):
+        engine.save_pretrained(path, max_shard_size="1GB")
+
+    return step, export, engine.close
+
+
+def gloo(a):
+    import torch.distributed as dist
+    rank, world = torch_peers.rank_env()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    # a file rendezvous: no port to pick
+    dist.init_process_group("gloo", init_method=f"file://{a.rendezvous}", rank=rank, world_size=world)
+    return dist
+
+
+def fsdp2_setup(a, cfg, mode, marks):
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    dist = gloo(a)
+    torch_peers.PHASE[0] = "building on the meta device and sharding"
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    model.to_empty(device="cpu")
+    model.model.rotary_emb = LlamaRotaryEmbedding(cfg)  # its inv_freq is a buffer computed at construction
+    torch_peers.PHASE[0] = "initialising the shards"
+    with torch.no_grad():
+        model.apply(model._init_weights)
+    if mode == "fsdp2-dcp":
+        import torch.distributed.checkpoint as dcp
+        torch_peers.PHASE[0] = "loading the checkpoint (DCP)"
+        t = time.perf_counter()
+        dcp.load(model.state_dict(), storage_reader=dcp.HuggingFaceStorageReader(a.ckpt_dir))
+        marks["load_s"] = time.perf_counter() - t
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def step(x):
+        loss = model(x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    def export(path):
+        import torch.distributed.checkpoint as dcp
+        dcp.save(model.state_dict(), storage_writer=dcp.HuggingFaceStorageWriter(path, save_distributed=True))
+
+    return step, export, dist.destroy_process_group
+
+
+def deepspeed_setup(a, cfg, mode, marks):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    dist = gloo(a)
+    import deepspeed
+    from transformers import LlamaForCausalLM
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    nvme = os.path.join(a.nvme_path, f"ds-{torch_peers.rank_env()[0]}")
+    os.makedirs(nvme, exist_ok=True)
+    largest = a.vocab * a.hidden
+    ds = {"train_micro_batch_size_per_gpu": a.micro_batch, "gradient_accumulation_steps": 1,
+          "steps_per_print": 10**9,
+          "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},  # no cpu_adam op to build
+          "zero_optimization": {"stage": 3, "sub_group_size": 10**7, "reduce_bucket_size": largest,
+                                "stage3_max_live_parameters": largest, "stage3_prefetch_bucket_size": largest // 4,
+                                "stage3_param_persistence_threshold": 10 * a.hidden,
+                                "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": False,
+                                                  "buffer_count": 5, "buffer_size": largest, "max_in_cpu": 0},
+                                "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": False,
+                                                      "buffer_count": 4}},
+          "aio": {"block_size": 1 << 20, "queue_depth": 32, "intra_op_parallelism": 1, "single_submit": False,
+                  "overlap_events": True}}
+    torch_peers.PHASE[0] = "building under zero.Init"
+    with deepspeed.zero.Init(config_dict_or_path=ds):
+        model = LlamaForCausalLM(cfg)
+    torch_peers.PHASE[0] = "deepspeed.initialize"
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+
+    def step(x):
+        loss = engine(x, labels=x).loss
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    def export(path):
+        engine.save_16bit_model(path)
+
+    return step, export, dist.destroy_process_group
+
+
+def worker(a):
+    rank, world = torch_peers.rank_env()
+    torch_peers.rss_watchdog(a.rss_limit_mib)
+    import torch
+    from transformers.utils import logging as hf_logging
+    torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = llama_config(a)
+    t0 = time.perf_counter()
+    marks = {}
+    setup = {"strata": strata_setup, "fsdp2": fsdp2_setup, "deepspeed": deepspeed_setup}[a.worker.split("-")[0]]
+    step, export, close = setup(a, cfg, a.worker, marks)
+    marks["setup_s"] = time.perf_counter() - t0
+    losses = []
+    for s in range(a.steps):
+        torch_peers.PHASE[0] = f"training step {s}"
+        losses.append(step(torch_peers.batch(a, s, rank, a.vocab)).item())
+        if s == 0:
+            marks["first_step_s"] = time.perf_counter() - t0
+    marks["steps_s"] = time.perf_counter() - t0 - marks["first_step_s"]
+    torch_peers.PHASE[0] = "export"
+    t = time.perf_counter()
+    export(os.path.join(a.nvme_path, f"export-{a.worker}"))
+    marks["export_s"] = time.perf_counter() - t
+    close()
+    marks.update(rank=rank, world=world, losses=losses, vmhwm_mib=torch_peers.status_mib("VmHWM"))
+    print("RESULT " + json.dumps(marks), flush=True)
+
+
+# ---------------------------------------------------------------- the driver
+def write_checkpoint(a):
+    """The model's tensors in HF's sharded layout, one tensor at a time (the driver never holds the model)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+    cfg = llama_config(a)
+    with torch.device("meta"):
+        shapes = {n: tuple(t.shape) for n, t in LlamaForCausalLM(cfg).state_dict().items()}
+    os.makedirs(a.ckpt_dir, exist_ok=True)
+    g = torch.Generator().manual_seed(1)
+    files, index, part, size, limit = [], {}, {}, 0, 1 << 30
+
+    def flush():
+        name = f"model-{len(files) + 1:05d}.safetensors"
+        save_file(part, os.path.join(a.ckpt_dir, name), metadata={"format": "pt"})
+        files.append(name)
+        index.update({k: name for k in part})
+        part.clear()
+
+    for n, shape in shapes.items():
+        part[n] = (torch.randn(shape, generator=g) * 0.02).to(torch.float32)
+        size += part[n].numel() * 4
+        if sum(t.numel() * 4 for t in part.values()) >= limit:
+            flush()
+    if part:
+        flush()
+    with open(os.path.join(a.ckpt_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": size}, "weight_map": index}, f)
+    cfg.save_pretrained(a.ckpt_dir)
+
+
+def fio_read_mb_s(a):
+    files = sorted(glob.glob(os.path.join(a.ckpt_dir, "*.safetensors")))
+    cmd = ["fio", "--name=ckpt", "--rw=read", "--bs=1M", "--direct=1", "--ioengine=io_uring", "--numjobs=4",
+           "--group_reporting", "--output-format=json", "--filename=" + ":".join(files)]
+    out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    return out["jobs"][0]["read"]["bw_bytes"] / 1e6
+
+
+def launch(a, mode):
+    for d in glob.glob(os.path.join(a.nvme_path, "*")):
+        shutil.rmtree(d, ignore_errors=True)
+    rendezvous = tempfile.mktemp(prefix="strata-bench-rdzv-")
+    cmd = [os.path.join(ROOT, "scripts/mpirun_local"), "-n", str(a.ranks), sys.executable, os.path.abspath(__file__),
+           "--worker", mode, "--rendezvous", rendezvous] + [f"--{k.replace('_', '-')}={v}" for k, v in (
+               ("layers", a.layers), ("hidden", a.hidden), ("ffn", a.ffn), ("heads", a.heads),
+               ("kv_heads", a.kv_heads), ("vocab", a.vocab), ("seq", a.seq), ("micro_batch", a.micro_batch),
+               ("steps", a.steps), ("rss_limit_mib", a.rss_limit_mib), ("nvme_path", a.nvme_path),
+               ("ckpt_dir", a.ckpt_dir))]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false")
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+        text, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        text, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode(), "timeout"
+    ranks = sorted(torch_peers.results_in(text), key=lambda r: r["rank"])
+    res = {"mode": mode, "rc": rc, "wall_s": time.time() - t, "ranks": ranks}
+    over = [json.loads(l[len("RSSLIMIT "):]) for l in text.splitlines() if l.startswith("RSSLIMIT ")]
+    if over:
+        res["over_limit"] = over
+    if len(ranks) != a.ranks:
+        res["error"] = "\n".join(text.splitlines()[-30:])
+    return res
+
+
+def row(r, floor_s):
+    if "error" in r:
+        why = (f"over {r['over_limit'][0]['limit_mib']} MiB while {r['over_limit'][0]['phase']}"
+               if "over_limit" in r else f"failed (rc {r['rc']})")
+        return f"| {r['mode']} | {why} | | | | |"
+    rk = r["ranks"]
+    load = max((x.get("load_s", 0) for x in rk), default=0)
+    load_txt = f"{load:.1f} ({load / floor_s:.1f}x floor)" if load else "-"
+    return (f"| {r['mode']} | {max(x['vmhwm_mib'] for x in rk):.0f} | {max(x['first_step_s'] for x in rk):.1f} "
+            f"| {load_txt} | {max(x['steps_s'] for x in rk) / max(1, len(rk[0]['losses']) - 1):.1f} "
+            f"| {max(x['export_s'] for x in rk):.1f} |")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build-ops", action="store_true", help="JIT-compile DeepSpeed's async_io op and exit")
+    p.add_argument("--worker")
+    p.add_argument("--rendezvous")
+    p.add_argument("--peers", default="strata-created,strata-loaded,fsdp2-meta,fsdp2-dcp,deepspeed-init")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--ffn", type=int, default=5632)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--rss-limit-mib", type=int, default=3072)
+    p.add_argument("--nvme-path")
+    p.add_argument("--ckpt-dir")
+    p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--results", help="append each candidate's result here (JSON lines)")
+    a = p.parse_args()
+    if a.build_ops:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        from deepspeed.accelerator import get_accelerator
+        return get_accelerator().create_op_builder("AsyncIOBuilder").load()
+    if a.worker:
+        return worker(a)
+    if not a.nvme_path or not a.ckpt_dir:
+        p.error("give --nvme-path (a directory on the disk to offload to) and --ckpt-dir (the checkpoint's)")
+    os.makedirs(a.nvme_path, exist_ok=True)
+    if not os.path.exists(os.path.join(a.ckpt_dir, "model.safetensors.index.json")):
+        write_checkpoint(a)
+    ckpt_bytes = sum(os.path.getsize(f) for f in glob.glob(os.path.join(a.ckpt_dir, "*.safetensors")))
+    fio = fio_read_mb_s(a)
+    floor_s = ckpt_bytes / 1e6 / fio  # the ranks read disjoint parts, together the checkpoint once
+    print(f"checkpoint {ckpt_bytes / 1e9:.2f} GB; fio sequential read {fio:.0f} MB/s: the load's floor {floor_s:.1f} s")
+    results = []
+    for mode in a.peers.split(","):
+        r = launch(a, mode)
+        results.append(r)
+        if a.results:
+            with open(a.results, "a") as f:
+                f.write(json.dumps(dict(r, fio_mb_s=fio, ckpt_bytes=ckpt_bytes)) + "\n")
+        print(row(r, floor_s), flush=True)
+        if "error" in r:
+            print(r["error"], flush=True)
+    print(f"\n{a.ranks} ranks, RSS limit {a.rss_limit_mib} MiB per rank, fp32 {ckpt_bytes / 1e9:.2f} GB\n"
+          "| system | peak RSS MiB (max rank) | first step s | load s | later steps s | export s |\n"
+          "|---|---|---|---|---|---|")
+    for r in results:
+        print(row(r, floor_s))
+
+
+if __name__ == "__main__":
+    main()
