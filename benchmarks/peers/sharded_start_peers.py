@@ -239,9 +239,21 @@ def fio_read_mb_s(a):
     return out["jobs"][0]["read"]["bw_bytes"] / 1e6
 
 
+def drop_cached(a):
+    """The checkpoint's pages out of the page cache, so each load reads the disk as fio did."""
+    for name in glob.glob(os.path.join(a.ckpt_dir, "*.safetensors")):
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def launch(a, mode):
     for d in glob.glob(os.path.join(a.nvme_path, "*")):
         shutil.rmtree(d, ignore_errors=True)
+    drop_cached(a)
     rendezvous = tempfile.mktemp(prefix="strata-bench-rdzv-")
     cmd = [os.path.join(ROOT, "scripts/mpirun_local"), "-n", str(a.ranks), sys.executable, os.path.abspath(__file__),
            "--worker", mode, "--rendezvous", rendezvous] + [f"--{k.replace('_', '-')}={v}" for k, v in (
