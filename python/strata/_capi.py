@@ -74,6 +74,23 @@ class Stats(_Versioned):
                                 "last_optimizer_ms", "last_other_ms")]
 
 
+class SafetensorsTensor(_Versioned):
+    _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("name", c_char_p), ("dtype", c_char_p),
+                ("shape", ctypes.POINTER(c_int64)), ("ndim", c_int32), ("reserved", c_int32),
+                ("data_begin", c_uint64), ("data_end", c_uint64), ("file", c_char_p), ("file_data_bytes", c_uint64)]
+
+
+class LoadOptions(_Versioned):
+    _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("io_backend", c_int32), ("io_depth", c_uint32),
+                ("staging_bytes", c_uint64), ("staging_buffers", c_uint32), ("reserved", c_uint32)]
+
+
+class LoadStats(_Versioned):
+    _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("bytes_read", c_uint64), ("requests", c_uint64),
+                ("fixed_buffer_ios", c_uint64), ("elements", c_uint64), ("seconds", c_double),
+                ("backend", ctypes.c_char * 64)]
+
+
 class ForeignComm(_Versioned):
     """strata_foreign_comm: a trainer's communicator as callbacks (strata.h; strata._torch_comm fills it)."""
     _defaults = {"size": 1}
@@ -135,6 +152,13 @@ _SIGNATURES = {  # name: argument types (every function returns a strata_status 
     "strata_engine_set_param_range": [c_void_p, c_int32, c_int32, c_uint64, c_void_p, c_size_t],
     "strata_engine_save_checkpoint": [c_void_p, c_char_p, c_char_p],
     "strata_engine_load_checkpoint": [c_void_p, c_char_p, _P(c_char_p)],
+    "strata_safetensors_open": [c_char_p, _P(c_void_p)],
+    "strata_safetensors_close": [c_void_p],
+    "strata_safetensors_num_tensors": [c_void_p, _P(c_size_t)],
+    "strata_safetensors_tensor_info": [c_void_p, c_size_t, _P(SafetensorsTensor)],
+    "strata_safetensors_read": [c_void_p, c_size_t, c_uint64, c_void_p, c_size_t],
+    "strata_engine_load_safetensors": [c_void_p, c_void_p, _P(c_int32), _P(c_int32), _P(c_uint64), c_size_t,
+                                       _P(LoadOptions), _P(LoadStats)],
     "strata_engine_get_stats": [c_void_p, _P(Stats)],
     "strata_engine_reset_peak_memory": [c_void_p],
     "strata_engine_destroy": [c_void_p],
@@ -173,6 +197,7 @@ lib = _load()
 
 
 def check(status):
-    """Raises StrataError for a non-OK status, with the calling thread's last error message."""
+    """Raises StrataError for a non-OK status, with the calling thread's last error message (which may quote bytes
+    of a damaged file that are not UTF-8: they are shown as U+FFFD)."""
     if status != 0:
-        raise StrataError(lib.strata_status_name(status).decode(), lib.strata_last_error().decode())
+        raise StrataError(lib.strata_status_name(status).decode(), lib.strata_last_error().decode(errors="replace"))

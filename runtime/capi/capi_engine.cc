@@ -18,10 +18,6 @@
 namespace strata::capi {
 namespace {
 
-// The size of a struct's first (ABI version 1) layout: the end of its last version-1 field. It never
-// changes when fields are appended.
-#define STRATA_V1_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)nullptr)->last_field))
-
 // Far above any real tensor's rank; a larger ndim is a caller's bug (it once copied a million extents).
 constexpr int32_t kMaxNdim = 64;
 

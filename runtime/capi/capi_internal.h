@@ -4,12 +4,13 @@
 // Not installed; nothing outside runtime/capi includes it except the capi tests.
 #pragma once
 
-#include <new>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,10 @@
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/trace.h"
+
+// The size of a struct's first (ABI version 1) layout: the end of its last version-1 field. It never
+// changes when fields are appended.
+#define STRATA_V1_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)nullptr)->last_field))
 
 namespace strata::comm {
 class MpiRuntime;

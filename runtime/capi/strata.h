@@ -463,6 +463,93 @@ strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* r
  * next load or the engine's destruction. */
 strata_status strata_engine_load_checkpoint(strata_engine* engine, const char* dir, const char** out_trainer_json);
 
+/* ---- Pretrained weights (Hugging Face safetensors) ----
+ * docs/decisions/0037-pretrained-by-byte-ranges.md. A checkpoint is one .safetensors file, or a directory
+ * holding model.safetensors, or model.safetensors.index.json and the files its weight_map names (what
+ * transformers' save_pretrained writes). Every file is untrusted input: the index (at most 100 MB, JSON
+ * without repeated keys, a weight_map of tensor names to plain file names in the directory) and every header
+ * (length, JSON, dtypes, shapes of at most 64 dimensions, data_offsets holding exactly each tensor's bytes, the
+ * tensors tiling the data) are validated before any tensor data is read; a tensor in two files, or in a file
+ * the index does not name for it, and an index entry its file lacks are errors. Messages name the file and
+ * the tensor. Nothing here is collective. */
+
+typedef struct strata_safetensors strata_safetensors;
+
+/* Opens and validates `path` (see above); the files stay open until strata_safetensors_close.
+ * STRATA_ERR_NOT_FOUND: no such path or file, or a directory with neither file; STRATA_ERR_IO: a damaged one. */
+strata_status strata_safetensors_open(const char* path, strata_safetensors** out);
+/* NULL is a no-op returning STRATA_OK. */
+strata_status strata_safetensors_close(strata_safetensors* checkpoint);
+/* The number of tensors, over all files. */
+strata_status strata_safetensors_num_tensors(const strata_safetensors* checkpoint, size_t* out);
+
+typedef struct strata_safetensors_tensor {
+  uint32_t struct_size;
+  uint32_t version;
+  const char* name;  /* the pointers are the handle's, valid until it is closed */
+  const char* dtype; /* "F32", "BF16", "F16", "I64", ... */
+  const int64_t* shape;
+  int32_t ndim;
+  int32_t reserved;
+  uint64_t data_begin; /* its bytes [data_begin, data_end) in its file's data section */
+  uint64_t data_end;
+  const char* file;         /* the file's path */
+  uint64_t file_data_bytes; /* the size of that file's data section */
+} strata_safetensors_tensor;
+#define STRATA_SAFETENSORS_TENSOR_INIT \
+  { (uint32_t)sizeof(strata_safetensors_tensor), STRATA_ABI_VERSION, NULL, NULL, NULL, 0, 0, 0, 0, NULL, 0 }
+
+/* Tensor `index` (< num_tensors; sorted by name). */
+strata_status strata_safetensors_tensor_info(const strata_safetensors* checkpoint, size_t index,
+                                             strata_safetensors_tensor* out);
+/* Bytes [offset, offset + bytes) of tensor `index`'s data, as stored (its dtype, little-endian), into `out`
+ * (pread): for small tensors read whole, such as buffers. STRATA_ERR_OUT_OF_RANGE beyond the tensor,
+ * STRATA_ERR_IO when the file was shortened since it was opened. */
+strata_status strata_safetensors_read(const strata_safetensors* checkpoint, size_t index, uint64_t offset, void* out,
+                                      size_t bytes);
+
+typedef struct strata_load_options {
+  uint32_t struct_size;
+  uint32_t version;
+  int32_t io_backend;       /* 0: auto (io_uring when built and allowed, else a pread thread pool), 1: io_uring
+                               (STRATA_ERR_UNIMPLEMENTED when unavailable), 2: the thread pool. STRATA_IO_BACKEND
+                               overrides auto. */
+  uint32_t io_depth;        /* requests in flight; 0: 32 */
+  uint64_t staging_bytes;   /* per staging buffer (registered with io_uring); 0: 8 MiB */
+  uint32_t staging_buffers; /* buffers in flight; 0: 4 */
+  uint32_t reserved;
+} strata_load_options;
+#define STRATA_LOAD_OPTIONS_INIT \
+  { (uint32_t)sizeof(strata_load_options), STRATA_ABI_VERSION, 0, 0, 0, 0, 0 }
+
+typedef struct strata_load_stats {
+  uint32_t struct_size;
+  uint32_t version;
+  uint64_t bytes_read;       /* bytes this rank read from the files: exactly its held elements' bytes */
+  uint64_t requests;         /* read requests */
+  uint64_t fixed_buffer_ios; /* of them, io_uring READ_FIXED on the registered staging buffers */
+  uint64_t elements;         /* elements written into the engine */
+  double seconds;
+  char backend[64]; /* the reader's description, NUL-terminated ("io_uring depth=32 ...", "threads ...") */
+} strata_load_stats;
+#define STRATA_LOAD_STATS_INIT                                                      \
+  {                                                                                 \
+    (uint32_t)sizeof(strata_load_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0.0, { 0 } \
+  }
+
+/* After finalize, outside micro-batches; not collective. For i < count, parameter (units[i], params[i])
+ * takes tensor tensors[i] of `checkpoint`: this rank reads only the elements of it that it keeps
+ * (strata_engine_held_range), by their byte ranges, through the offload layer's reader (io_uring with
+ * registered staging buffers, or its pread thread pool), converts F32, BF16 and F16 to fp32 and writes them as
+ * strata_engine_set_param_range does. Refused before any I/O (STRATA_ERR_INVALID_ARGUMENT /
+ * STRATA_ERR_OUT_OF_RANGE): a unit, parameter or tensor that does not exist, a tensor whose element count is
+ * not the parameter's, another dtype. A value that is not finite, or a read that fails, is an error naming the
+ * file and the tensor; parameters written before it keep their new values. `options` may be NULL (defaults);
+ * `out` may be NULL. */
+strata_status strata_engine_load_safetensors(strata_engine* engine, const strata_safetensors* checkpoint,
+                                             const int32_t* units, const int32_t* params, const uint64_t* tensors,
+                                             size_t count, const strata_load_options* options, strata_load_stats* out);
+
 /* ---- Stats ---- */
 
 typedef struct strata_stats {

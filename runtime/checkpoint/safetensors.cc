@@ -24,6 +24,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
+constexpr size_t kMaxDims = 64;
 
 uint64_t DTypeSize(const std::string& d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;
@@ -52,6 +53,9 @@ absl::StatusOr<uint64_t> ShapeBytes(const std::string& path, const std::string& 
 
 absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& path, const std::string& name, const json& v) {
   if (!v.is_array()) return Corrupt(path, absl::StrCat("tensor '", name, "' shape is not an array"));
+  if (v.size() > kMaxDims) {
+    return Corrupt(path, absl::StrCat("tensor '", name, "' shape has ", v.size(), " dimensions, more than ", kMaxDims));
+  }
   std::vector<int64_t> shape;
   for (const json& d : v) {
     // Unsigned only: floats (2.5) and negatives are refused, not truncated or wrapped.
@@ -89,20 +93,34 @@ absl::StatusOr<TensorInfo> ParseEntry(const std::string& path, const std::string
                                       "] but its shape and ", t.dtype, " need ", need, " bytes"));
   }
   if (t.end > data_bytes) {
-    return Corrupt(path, absl::StrCat("tensor '", name, "' needs data bytes [", t.begin, ", ", t.end,
-                                      ") but the file holds only ", data_bytes, " (truncated file?)"));
+    return Corrupt(path, absl::StrCat("tensor '", name, "': data_offsets [", t.begin, ", ", t.end,
+                                      "] do not hold its bytes within the ", data_bytes,
+                                      " data bytes of the file (truncated file?)"));
   }
   return t;
 }
 
-absl::Status CheckNoOverlap(const std::string& path, const std::vector<TensorInfo>& tensors) {
+// The format's rule: the tensors tile the data section, without overlaps, gaps or trailing bytes (a reader of
+// byte ranges must never read bytes no tensor owns; docs/decisions/0037).
+absl::Status CheckTiling(const std::string& path, const std::vector<TensorInfo>& tensors, uint64_t data_bytes) {
   std::vector<const TensorInfo*> sorted;
   for (const auto& t : tensors) sorted.push_back(&t);
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    if (sorted[i]->begin < sorted[i - 1]->end) {
+  std::sort(sorted.begin(), sorted.end(),
+            [](auto* a, auto* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
+  uint64_t at = 0;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (i > 0 && sorted[i]->begin < sorted[i - 1]->end) {
       return Corrupt(path, absl::StrCat("tensors '", sorted[i - 1]->name, "' and '", sorted[i]->name, "' overlap"));
     }
+    if (sorted[i]->begin != at) {
+      return Corrupt(path, absl::StrCat("tensor '", sorted[i]->name, "' starts at data byte ", sorted[i]->begin,
+                                        ", expected ", at, " (the tensors must tile the data without gaps)"));
+    }
+    at = sorted[i]->end;
+  }
+  if (at != data_bytes) {
+    return Corrupt(path, absl::StrCat("the tensors hold ", at, " data bytes and the file has ", data_bytes,
+                                      " (the tensors must tile the data)"));
   }
   return absl::OkStatus();
 }
@@ -150,7 +168,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header
     STRATA_ASSIGN_OR_RETURN(TensorInfo t, ParseEntry(path, it.key(), it.value(), data_bytes));
     h.tensors.push_back(std::move(t));
   }
-  STRATA_RETURN_IF_ERROR(CheckNoOverlap(path, h.tensors));
+  STRATA_RETURN_IF_ERROR(CheckTiling(path, h.tensors, data_bytes));
   return h;
 }
 

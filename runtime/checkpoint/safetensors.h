@@ -4,7 +4,8 @@
 //
 // The reader validates everything before any data is used (ParseSafetensorsHeader): header size and JSON
 // (nesting, duplicate names), field types, dtypes, checked shape sizes, that each tensor's byte range
-// matches its shape and lies inside the file, and that ranges do not overlap. Every
+// matches its shape and lies inside the file, and that the ranges tile the data section (no overlap, gap or
+// trailing byte: the format's rule), shapes of at most 64 dimensions. Every
 // error names the file and the tensor. The writer streams tensors one at a time (a whole model is never
 // staged in memory), writes to a temporary name, fsyncs and renames, so a crash never leaves a partial
 // file under the final name.
@@ -38,8 +39,8 @@ struct SafetensorsHeader {
 
 // Validates a header's JSON in one pass against a data section of `data_bytes`, before anything is
 // allocated from it: nesting (<= 64) and duplicate names (json_text.h), each field's type, dtypes, shapes
-// whose byte size overflows, data_offsets that disagree with shape x dtype, lie outside the data or
-// overlap. DataLoss naming `path` and the tensor; never throws or aborts.
+// whose byte size overflows, data_offsets that disagree with shape x dtype, lie outside the data, overlap or
+// leave bytes no tensor owns. DataLoss naming `path` and the tensor; never throws or aborts.
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, uint64_t data_bytes,
                                                          const std::string& path);
 

@@ -129,6 +129,25 @@ def safetensor_seeds():
         {"a": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}}, data=b"\0"))
     write("safetensors", "header_len_huge.safetensors", struct.pack("<Q", 1 << 63) + b"{}")
     write("safetensors", "not_object.safetensors", safetensors(None, raw_header="[1,2]"))
+    write("safetensors", "gap.safetensors", safetensors(
+        {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+         "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, data=bytes(12)))
+    write("safetensors", "trailing.safetensors", safetensors(
+        {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, data=bytes(8)))
+
+
+def safetensors_index_seeds():
+    def index(weight_map, **extra):
+        return json.dumps(dict(extra, weight_map=weight_map), indent=2).encode()
+    write("safetensors_index", "valid.json", index(
+        {"transformer.wte.weight": "model-00001-of-00002.safetensors",
+         "transformer.h.0.ln_1.bias": "model-00002-of-00002.safetensors"}, metadata={"total_size": 1234}))
+    write("safetensors_index", "escape.json", index({"a": "../model.safetensors"}))
+    write("safetensors_index", "absolute.json", index({"a": "/etc/passwd"}))
+    write("safetensors_index", "not_string.json", index({"a": 3}))
+    write("safetensors_index", "empty_map.json", index({}))
+    write("safetensors_index", "duplicate.json", b'{"weight_map": {"a": "x", "a": "y"}}')
+    write("safetensors_index", "control.json", b'{"weight_map": {"a": "x\\u0001y"}}')
 
 
 def configs():
@@ -400,6 +419,7 @@ if __name__ == "__main__":
     manifests()
     shards()
     safetensor_seeds()
+    safetensors_index_seeds()
     configs()
     tokens()
     capi_specs()

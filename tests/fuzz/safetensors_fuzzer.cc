@@ -3,7 +3,8 @@
 // `strata compare`). The input is the whole file. Properties beyond "no crash, leak or UB":
 //  - a rejection of the file is DataLoss naming the file;
 //  - every accepted tensor's byte span is exactly (product of its shape, computed without wrapping) x its
-//    dtype's size, and lies inside the data section; accepted tensors do not overlap;
+//    dtype's size, and lies inside the data section; accepted tensors tile the data section (no overlap, gap or
+//    trailing byte);
 //  - every accepted shape extent and data offset is the header's number exactly (json_exact.h);
 //  - ReadF32 of an accepted F32/BF16/F16 tensor returns numel values; other dtypes are InvalidArgument.
 #include <algorithm>
@@ -88,9 +89,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (t.begin != t.end) spans.emplace_back(t.begin, t.end);
   }
   std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i) {
-    STRATA_FUZZ_EXPECT(spans[i].first >= spans[i - 1].second, "accepted tensors overlap");
+  uint64_t at = 0;  // the non-empty tensors tile the data section: no overlap, gap or trailing byte
+  for (const auto& [begin, end] : spans) {
+    STRATA_FUZZ_EXPECT(begin == at, "accepted tensors overlap or leave a gap at data byte %llu",
+                       static_cast<unsigned long long>(at));
+    at = end;
   }
+  STRATA_FUZZ_EXPECT(at == data_bytes, "accepted tensors leave %llu trailing data bytes",
+                     static_cast<unsigned long long>(data_bytes - at));
   for (const auto& t : reader->tensors()) {
     auto values = reader->ReadF32(t);
     const bool readable = t.dtype == "F32" || t.dtype == "BF16" || t.dtype == "F16";

@@ -6,7 +6,10 @@
 #                loss scale; bf16 and fp16 loss curves track fp32 (final loss within 2%);
 #   learning:    gpt2-tiny's loss on the embedded corpus falls below 2.7 within 200 steps (5.55 at start);
 #   bad input:   missing / corrupt data, bad safetensors (shape, name, truncation), seq-len beyond the
-#                data, unknown flags: each a clear error and a non-zero exit.
+#                data, unknown flags: each a clear error and a non-zero exit;
+#   init_from:   --init-from a sharded Hugging Face directory at 2 ranks (each reading its own byte ranges)
+#                gives the first-step loss of the same weights reached by training; a NaN one rank reads fails
+#                every rank.
 # usage: gpt_train.sh MPIRUN STRATA [section]
 set -uo pipefail
 mpirun=$1 strata=$2 only=${3:-all}
@@ -96,6 +99,69 @@ if [ "$only" = all ] || [ "$only" = learning ]; then
   python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 2.7 else 1)" "$loss"
   rc=$?
   check "gpt2-tiny learns the embedded corpus: mean loss of steps 191-200 is $loss < 2.7 (5.55 at start)" $rc "$out"
+fi
+
+if [ "$only" = all ] || [ "$only" = init_from ]; then
+  # --init-from a Hugging Face directory (an index and two shard files, "transformer."-prefixed names, as
+  # transformers writes GPT-2) at 2 ranks and stage 3, where each rank reads only its own byte ranges
+  # (docs/decisions/0037): its first step's loss equals the loss the same weights give when reached by training.
+  # Every window of a constant text is the same, so the batch of step 2 of a run equals step 1's of another:
+  # run A trains 1 step and saves W1; run A2 trains 2 steps (its step 2 computes with W1); run B starts from
+  # W1 re-laid as a directory and computes its step 1 with it.
+  python3 -c "import sys; open(sys.argv[1], 'w').write('a' * 4000)" "$work/same.txt"
+  same=(--layers 2 --d-model 64 --heads 4 --seq-len 32 --lr 1e-3 --seed 3 --data "$work/same.txt" --stage 3
+        --micro-batch 2 --print-every 100)
+  "$mpirun" -n 2 "$strata" train "${same[@]}" --steps 1 --save-weights "$work/w1.safetensors" > /dev/null 2>&1
+  out=$("$mpirun" -n 2 "$strata" train "${same[@]}" --steps 2 --metrics "$work/a2.jsonl" 2>&1)
+  check "2 steps from the seed" $? "$out"
+  python3 - "$work" <<'PY'
+import json, os, struct, sys
+w = sys.argv[1]
+raw = open(f"{w}/w1.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+head.pop("__metadata__", None)
+names = sorted(head)
+d = f"{w}/hfdir"
+os.makedirs(d, exist_ok=True)
+weight_map = {}
+for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+    file = f"model-{i + 1:05d}-of-00002.safetensors"
+    h, data = {"__metadata__": {"format": "pt"}}, b""
+    for k in part:
+        b, e = head[k]["data_offsets"]
+        h["transformer." + k] = dict(head[k], data_offsets=[len(data), len(data) + e - b])
+        data += raw[8 + n + b:8 + n + e]
+        weight_map["transformer." + k] = file
+    text = json.dumps(h).encode(); text += b" " * ((8 - len(text) % 8) % 8)
+    open(f"{d}/{file}", "wb").write(struct.pack("<Q", len(text)) + text + data)
+json.dump({"metadata": {}, "weight_map": weight_map}, open(f"{d}/model.safetensors.index.json", "w"))
+PY
+  out=$("$mpirun" -n 2 "$strata" train "${same[@]}" --steps 1 --init-from "$work/hfdir" --metrics "$work/b1.jsonl" \
+        --save-weights "$work/b1.safetensors" 2>&1)
+  check "2 ranks, stage 3: --init-from a sharded Hugging Face directory" $? "$out"
+  a=$(last_loss "$work/a2.jsonl") b=$(last_loss "$work/b1.jsonl")
+  [ -n "$a" ] && [ "$a" = "$b" ]
+  check "its first-step loss $b == the trained run's step-2 loss $a (the same weights)" $? "$a vs $b"
+  # A NaN in the part one rank keeps: every rank fails naming it (the ranks agree on the outcome), no hang.
+  python3 - "$work" <<'PY'
+import json, struct, sys
+w = sys.argv[1]
+f = f"{w}/hfdir/model-00002-of-00002.safetensors"
+raw = bytearray(open(f, "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+name = max((k for k in head if k != "__metadata__"), key=lambda k: head[k]["data_offsets"][1] - head[k]["data_offsets"][0])
+b, e = head[name]["data_offsets"]
+raw[8 + n + e - 4:8 + n + e] = struct.pack("<f", float("nan"))  # its last element: kept by the last rank only
+open(f"{w}/nan_name", "w").write(name)
+open(f, "wb").write(raw)
+PY
+  name=$(cat "$work/nan_name")
+  out=$(timeout 120 "$mpirun" -n 2 "$strata" train "${same[@]}" --steps 1 --init-from "$work/hfdir" 2>&1); rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "loading --init-from" <<<"$out" &&
+    grep -q "tensor '$name' holds nan at index" <<<"$out"
+  check "a NaN in one rank's part of --init-from fails the job naming the tensor (exit $rc)" $? "rc=$rc: $out"
 fi
 
 if [ "$only" = all ] || [ "$only" = errors ]; then

@@ -82,32 +82,116 @@ def test_half_precision_checkpoints_are_converted(dtype, tmp_path):
     engine.close()
 
 
+def held_elements(engine):
+    """{parameter name: (first, last) elements of it this rank keeps} (strata_engine_held_range)."""
+    import ctypes
+    from strata import _capi
+    ids = {id(p): n for n, p in engine.model.named_parameters()}
+    out = {}
+    for u in engine.units:
+        begin, end = _capi.c_uint64(), _capi.c_uint64()
+        _capi.check(_capi.lib.strata_engine_held_range(engine.handle, u.id, ctypes.byref(begin), ctypes.byref(end)))
+        for i, p in enumerate(u.spec.params):
+            offset, numel = u.layout.offsets[i], u.layout.numels[i]
+            out[ids[id(p)]] = (max(begin.value, offset) - offset, max(min(end.value, offset + numel) - offset, 0))
+    return out
+
+
 @pytest.mark.parametrize("stage", [1, 3])
-def test_each_rank_reads_only_what_it_keeps(stage, tmp_path, monkeypatch):
-    """The elements read, per rank: at stage 3 the ranks' reads partition every parameter (each element read by
-    exactly one rank); at stage 1 (parameters replicated) every rank reads everything."""
+def test_each_rank_reads_only_what_it_keeps(stage, tmp_path):
+    """The bytes each rank reads, counted by the library's reader (the I/O queue's own count): exactly the bytes
+    of the elements it keeps; at stage 3 the ranks' reads together are the parameters' bytes once (they partition
+    them), at stage 1 (parameters replicated) every rank reads all of them."""
     path = os.path.join(shared_dir(tmp_path), "gpt2")
     write_checkpoint(path, "gpt2", seed=4, max_shard_size="20KB")
     engine = st.shard(hf_builders()["gpt2"], config(stage))
-    reads, inner = [], _pretrained._File.read
-    def read(self, e, first, count):
-        reads.append((e.name, first, count))
-        return inner(self, e, first, count)
-
-    monkeypatch.setattr(_pretrained._File, "read", read)
     engine.load_pretrained(path)
-    monkeypatch.undo()
+    stats = _pretrained.last_load_stats
     numel = {n: p.numel() for n, p in type(engine.model).from_pretrained(path).named_parameters()}
-    everyone = [r for rank_reads in st.world().allgather(reads) for r in rank_reads]
-    covered = {}
-    for name, first, count in (everyone if stage == 3 else reads):
-        covered.setdefault(name, []).extend(range(first, first + count))
-    assert covered.keys() == numel.keys()
-    for name, elements in covered.items():
-        assert sorted(elements) == list(range(numel[name])), name  # each element once
+    held = held_elements(engine)
+    mine = sum(max(last - first, 0) for first, last in held.values())
+    assert stats["bytes_read"] == 4 * mine and stats["elements"] == mine, stats
+    total = st.world().allreduce(stats["bytes_read"])
+    everything = 4 * sum(numel.values())
+    assert total == (everything if stage == 3 else everything * st.world_size())
     if stage == 3 and st.world_size() > 1:
-        mine = sum(c for _, _, c in reads)
-        assert mine < sum(numel.values()) * 0.75  # about 1/world_size, not the model
+        assert stats["bytes_read"] < everything * 0.75  # about 1/world_size, not the model
+    engine.close()
+
+
+def test_other_ranks_bytes_are_never_read(tmp_path):
+    """Each rank loads its own copy of a checkpoint in which every element it does not keep is NaN (a loader that
+    read one would refuse it: weights must be finite): the model equals the unpoisoned one, bit for bit."""
+    from safetensors.torch import save_file
+    torch.manual_seed(10)
+    ref = hf_builders()["gpt2"]().state_dict()
+    engine = st.shard(hf_builders()["gpt2"], config(3))
+    held = held_elements(engine)
+    poisoned = {}
+    for k, v in ref.items():
+        v = v.clone().contiguous()
+        if k in held:
+            first, last = held[k]
+            flat = v.view(-1)
+            keep = flat[first:last].clone()
+            flat.fill_(float("nan"))
+            flat[first:last] = keep
+        poisoned[k] = v
+    poisoned.pop("lm_head.weight", None)  # tied to the embedding, as transformers writes it
+    d = os.path.join(str(tmp_path), f"poison{st.rank()}")
+    os.makedirs(d)
+    save_file(poisoned, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    engine.load_pretrained(d)
+    state = engine.full_state_dict()
+    for k in ref:
+        assert torch.equal(bits(state[k]), bits(ref[k])), k
+    engine.close()
+
+
+def test_both_io_backends_load_the_same(tmp_path, monkeypatch):
+    """The offload reader's io_uring back-end (where the kernel allows it) and its pread thread pool give the same
+    model, bit for bit; the statistics name the back-end used."""
+    path = os.path.join(shared_dir(tmp_path), "gpt2")
+    write_checkpoint(path, "gpt2", seed=11, max_shard_size="20KB")
+    states = []
+    for backend in ("threads", "auto"):
+        monkeypatch.setenv("STRATA_IO_BACKEND", backend) if backend != "auto" else monkeypatch.delenv(
+            "STRATA_IO_BACKEND", raising=False)
+        engine = st.shard(hf_builders()["gpt2"], config(3))
+        engine.load_pretrained(path)
+        if backend == "threads":
+            assert _pretrained.last_load_stats["backend"].startswith("threads"), _pretrained.last_load_stats
+        states.append(engine.full_state_dict())
+        engine.close()
+    for k in states[0]:
+        assert torch.equal(bits(states[0][k]), bits(states[1][k])), k
+
+
+def test_a_parameter_of_another_dtype_is_refused(tmp_path):
+    path = os.path.join(shared_dir(tmp_path), "f64")
+    write_checkpoint(path, "gpt2", seed=12, dtype=torch.float64)
+    engine = st.shard(hf_builders()["gpt2"], config(3))
+    with pytest.raises(CheckpointError, match=r"f64/model\.safetensors': tensor '.*': is F64; a parameter is read "
+                                              r"from F32, BF16, F16"):
+        engine.load_pretrained(path)
+    engine.close()
+
+
+def test_a_file_cut_after_it_was_opened_is_a_named_error(tmp_path, monkeypatch):
+    """The file shortened between the header checks and the reads: every rank fails, naming the file."""
+    d = os.path.join(str(tmp_path), f"cut{st.rank()}")
+    torch.manual_seed(13)
+    hf_builders()["gpt2"]().save_pretrained(d)
+    target = os.path.join(d, "model.safetensors")
+    engine = st.shard(hf_builders()["gpt2"], config(3))
+    inner = _pretrained._load_held
+
+    def cut_then_load(*args):
+        os.truncate(target, 4096)
+        return inner(*args)
+    monkeypatch.setattr(_pretrained, "_load_held", cut_then_load)
+    with pytest.raises(CheckpointError, match=r"cut\d/model\.safetensors"):
+        engine.load_pretrained(d)
     engine.close()
 
 
@@ -181,7 +265,7 @@ def test_bad_directories_and_indexes(tmp_path):
             ("gone", r"gone/model-\d{5}-of-\d{5}\.safetensors': tensor 'transformer\.wte\.weight': the index names "
                      r"'nope\.safetensors'"),
             ("nofile", r"nofile/model-00002-of-\d{5}\.safetensors': No such file"),
-            ("json", r"not a readable JSON index \(key 'a' appears twice\)"),
+            ("json", r"not a readable JSON index \(duplicate index key 'weight_map\.a'\)"),
             ("truncated", r"truncated/model-00001-of-\d{5}\.safetensors': tensor '.*': data_offsets .* do not hold")):
         with pytest.raises(CheckpointError, match=error):
             engine.load_pretrained(os.path.join(base, name))

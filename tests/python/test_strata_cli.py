@@ -1,6 +1,8 @@
 """A strata.torch checkpoint is a `strata train` checkpoint: `strata ckpt inspect --verify` reads it and
-`strata ckpt export` writes the same values full_state_dict() gives. Needs the CLI: tests/python/run.sh
-sets STRATA_CLI to BUILD_DIR/bin/strata when it was built."""
+`strata ckpt export` writes the same values full_state_dict() gives; a `strata train` checkpoint exported into
+Hugging Face's sharded layout loads in transformers and back into `strata train --init-from`. Needs the CLI:
+tests/python/run.sh sets STRATA_CLI to BUILD_DIR/bin/strata when it was built."""
+import json
 import os
 import subprocess
 
@@ -56,5 +58,73 @@ def test_checkpoint_reads_with_strata_ckpt(tmp_path, frozen):
             else:
                 bad = [k for k in params if not torch.equal(exported[k], state[k])]
                 problem = f"exported values differ: {bad}" if bad else None
+    problem = st.world().bcast(problem, root=0)
+    assert problem is None, problem
+
+
+def _losses(path):
+    """{step: loss} of a `strata train --metrics` file."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            j = json.loads(line)
+            if "step" in j and "loss" in j:
+                out[j["step"]] = j["loss"]
+    return out
+
+
+def test_export_to_a_directory_round_trips_through_transformers_and_init_from(tmp_path):
+    """`strata ckpt export CKPT -o DIR --max-shard-size` writes Hugging Face's sharded layout: transformers'
+    from_pretrained of it gives the logits of the single-file export loaded by hand, bit for bit; and
+    `strata train --init-from` of it, and of transformers' own save_pretrained of that model (its "transformer."
+    names, its shards and index), starts from those weights: its first-step loss is the loss the training run that
+    wrote the checkpoint computed with them at its next step (every window of a constant text is the same batch).
+    Decision 0037."""
+    if not os.environ.get("STRATA_CLI"):
+        pytest.skip("STRATA_CLI unset (tests/python/run.sh sets it when bin/strata is built)")
+    problem = None
+    if st.rank() == 0:
+        from transformers import GPT2Config, GPT2LMHeadModel
+        root = str(tmp_path)
+        data = os.path.join(root, "same.txt")
+        with open(data, "w") as f:
+            f.write("a" * 4000)
+        gpt = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq-len", "32", "--seed", "3", "--data", data,
+               "--micro-batch", "2", "--print-every", "100"]
+        ckpt, hf, one, theirs = (os.path.join(root, n) for n in ("ck", "hf", "one.safetensors", "theirs"))
+        runs = [run_cli("train", *gpt, "--steps", "1", "--checkpoint-dir", ckpt),
+                run_cli("train", *gpt, "--steps", "2", "--metrics", os.path.join(root, "a.jsonl")),
+                run_cli("ckpt", "export", ckpt, "-o", hf, "--max-shard-size", "40KB"),
+                run_cli("ckpt", "export", ckpt, "-o", one)]
+        failed = [r for r in runs if r.returncode]
+        if failed:
+            problem = f"{failed[0].args}: {failed[0].returncode} {failed[0].stdout} {failed[0].stderr}"
+        else:
+            files = sorted(os.listdir(hf))
+            weights = load_file(one)
+            cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32,
+                             vocab_size=weights["wte.weight"].shape[0], bos_token_id=0, eos_token_id=0)
+            cfg.save_pretrained(hf)  # the export writes weights; the model's config is the user's
+            theirs_model = GPT2LMHeadModel.from_pretrained(hf).eval()
+            by_hand = GPT2LMHeadModel(cfg).eval()
+            by_hand.transformer.load_state_dict(weights)
+            x = torch.arange(32).view(1, 32) % cfg.vocab_size
+            theirs_model.save_pretrained(theirs, max_shard_size="40KB")
+            starts = [run_cli("train", *gpt, "--steps", "1", "--init-from", d, "--metrics",
+                              os.path.join(root, f"b{i}.jsonl")) for i, d in enumerate((hf, theirs))]
+            step2 = _losses(os.path.join(root, "a.jsonl")).get(2)
+            if "model.safetensors.index.json" not in files or len(files) < 3:
+                problem = f"not a sharded export: {files}"
+            elif not torch.equal(theirs_model(x).logits, by_hand(x).logits):
+                problem = "transformers' from_pretrained of the directory gives other logits"
+            elif "model.safetensors.index.json" not in os.listdir(theirs):
+                problem = f"transformers did not shard: {os.listdir(theirs)}"
+            elif any(r.returncode for r in starts):
+                r = next(r for r in starts if r.returncode)
+                problem = f"{r.args}: {r.returncode} {r.stdout} {r.stderr}"
+            else:
+                first = [_losses(os.path.join(root, f"b{i}.jsonl")).get(1) for i in range(2)]
+                if step2 is None or first != [step2, step2]:
+                    problem = f"first-step losses {first} from the exported weights, {step2} at step 2 of training"
     problem = st.world().bcast(problem, root=0)
     assert problem is None, problem

@@ -1,7 +1,8 @@
-// `strata ckpt inspect DIR [--verify]` and `strata ckpt export DIR -o FILE.safetensors`.
+// `strata ckpt inspect DIR [--verify]` and `strata ckpt export DIR -o FILE.safetensors | OUTDIR`.
 // DIR is a step directory or a checkpoint directory (its latest complete step is used). Both read through
 // checkpoint/consolidate.h, which validates the manifest and confines every file to the step directory.
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/pretrained.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "spec/flags.h"
 #include "spec/registry.h"
@@ -53,7 +55,7 @@ absl::Status Inspect(const std::string& dir, bool verify) {
   return absl::OkStatus();
 }
 
-absl::Status Export(const std::string& dir, const std::string& out) {
+absl::Status Export(const std::string& dir, const std::string& out, const std::string& max_shard) {
   STRATA_ASSIGN_OR_RETURN(std::string step_dir, checkpoint::ResolveCheckpoint(dir));
   STRATA_ASSIGN_OR_RETURN(checkpoint::Manifest m, checkpoint::ReadManifest(step_dir));
   // A manifest that lists fewer parameters than its shards hold would export a partial model.
@@ -69,18 +71,36 @@ absl::Status Export(const std::string& dir, const std::string& out) {
                          [&m, step_dir, u, p]() { return checkpoint::ReadMasterParam(step_dir, m, u, p); }});
     }
   }
-  STRATA_RETURN_IF_ERROR(checkpoint::WriteSafetensors(
-      out, tensors, {{"format", "pt"}, {"producer", "strata ckpt export"}, {"step", absl::StrCat(m.step)}}));
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"producer", "strata ckpt export"}, {"step", absl::StrCat(m.step)}};
+  // OUT.safetensors: one file. Anything else: a directory in Hugging Face's layout, shards of at most
+  // --max-shard-size with an index (docs/decisions/0037). Either way one parameter is in memory at a time.
+  const bool one_file = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
+  std::string where = out;
+  if (one_file) {
+    if (!max_shard.empty()) {
+      return absl::InvalidArgumentError("--max-shard-size is for a directory export (-o DIR), not -o FILE.safetensors");
+    }
+    STRATA_RETURN_IF_ERROR(checkpoint::WriteSafetensors(out, tensors, metadata));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(const uint64_t max_bytes, ParseBytes(max_shard.empty() ? "50GB" : max_shard));
+    if (max_bytes == 0) return absl::InvalidArgumentError("--max-shard-size must be positive");
+    STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> files,
+                            checkpoint::WriteSafetensorsDir(out, tensors, max_bytes, metadata));
+    where = absl::StrCat(out, " (", absl::StrJoin(files, ", "), ")");
+  }
   std::printf(
-      "exported %zu tensors of step %lld to %s%s\n", tensors.size(), static_cast<long long>(m.step), out.c_str(),
+      "exported %zu tensors of step %lld to %s%s\n", tensors.size(), static_cast<long long>(m.step), where.c_str(),
       family != nullptr && !family->export_names().empty() ? absl::StrCat(" (", family->export_names(), ")").c_str()
                                                            : "");
   return absl::OkStatus();
 }
 
 const std::vector<spec::FlagDef>& CkptFlagDefs() {
-  static const auto* defs = new std::vector<spec::FlagDef>{{"verify", true, "inspect: check every checksum"},
-                                                           {"o", false, "export: the output .safetensors (also -o)"}};
+  static const auto* defs =
+      new std::vector<spec::FlagDef>{{"verify", true, "inspect: check every checksum"},
+                                     {"o", false, "export: the output .safetensors or directory (also -o)"},
+                                     {"max-shard-size", false, "export to a directory: bytes per file (default 50GB)"}};
   return *defs;
 }
 
@@ -89,7 +109,9 @@ const std::vector<spec::FlagDef>& CkptFlagDefs() {
 std::string CkptUsage() {
   return "usage: strata ckpt inspect DIR [--verify]     what a checkpoint holds (DIR: a checkpoint directory\n"
          "                                                or one of its step_* directories)\n"
-         "       strata ckpt export DIR -o FILE.safetensors   consolidated fp32 weights (GPT: Hugging Face names)\n" +
+         "       strata ckpt export DIR -o FILE.safetensors   consolidated fp32 weights (GPT: Hugging Face names)\n"
+         "       strata ckpt export DIR -o OUTDIR [--max-shard-size 5GB]   the same in Hugging Face's layout\n"
+         "                                                (model.safetensors, or shards and their index)\n" +
          spec::Flags::Usage("ckpt", CkptFlagDefs()).substr(spec::Flags::Usage("ckpt", {}).size());
 }
 
@@ -103,7 +125,7 @@ int CkptCommand(const std::vector<std::string>& args) {
     if (pos.size() == 2 && pos[0] == "inspect") {
       s = Inspect(pos[1], f->Bool("verify"));
     } else if (pos.size() == 2 && pos[0] == "export" && f->Has("o")) {
-      s = Export(pos[1], f->Str("o"));
+      s = Export(pos[1], f->Str("o"), f->Str("max-shard-size"));
     } else {
       s = absl::InvalidArgumentError(CkptUsage());
     }

@@ -143,6 +143,20 @@ uint64_t TokensFingerprint(const std::vector<int32_t>& tokens) {
 }
 
 std::string FileFingerprint(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {  // a Hugging Face checkpoint directory: its weight files
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+      const std::string n = e.path().filename().string();
+      if (absl::StartsWith(n, "model") && (absl::EndsWith(n, ".safetensors") || absl::EndsWith(n, ".index.json"))) {
+        names.push_back(n);
+      }
+    }
+    std::sort(names.begin(), names.end());
+    std::vector<std::string> parts;
+    for (const std::string& n : names) parts.push_back(absl::StrCat(n, ": ", FileFingerprint(path + "/" + n)));
+    return absl::StrCat("directory {", absl::StrJoin(parts, "; "), "}");
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::StrCat("unreadable: ", std::strerror(errno));
   struct stat st;

@@ -38,7 +38,8 @@ std::string NewRunId();
 // A 64-bit fingerprint of the token stream, the same on every machine.
 uint64_t TokensFingerprint(const std::vector<int32_t>& tokens);
 // A file's size and a fingerprint of its first and last MiB, as text ("unreadable: <why>" when it cannot be read):
-// to compare a file that every rank reads from its own path.
+// to compare a file that every rank reads from its own path. For a directory (a Hugging Face checkpoint), the same
+// of each of its model*.safetensors and model*.index.json files, by name.
 std::string FileFingerprint(const std::string& path);
 
 // Note [Run outputs]: what this rank writes, checked before training (every rank its checkpoint directory,

@@ -268,7 +268,10 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
   // From here a failure on this rank alone may leave its peers inside one of the engine's collectives: the
   // engine tells them (Note [Failure notices]), so they stop at once naming this rank, not at their timeout.
   const absl::Status s = [&]() -> absl::Status {
-    if (!o.init_from.empty()) STRATA_RETURN_IF_ERROR(gpt::LoadWeights(*e, model, o.init_from));
+    if (!o.init_from.empty()) {  // a rank reads only its own byte ranges: a bad value may strike it alone
+      STRATA_RETURN_IF_ERROR(
+          comm::AgreeOnOutcome(gpt::LoadWeights(*e, model, o.init_from), "loading --init-from", host, *metrics_stream));
+    }
     if (!o.resume.empty()) STRATA_RETURN_IF_ERROR(Resume(o, *e, start, global_batch, data_fp));
     if (rank == 0) {
       std::printf("strata train: %s (%lld params), %d ranks on %s, ZeRO stage %d, %s params, global batch %lld x %d "

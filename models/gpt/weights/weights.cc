@@ -1,13 +1,16 @@
 #include "models/gpt/weights/weights.h"
 
-#include <cmath>
+#include <map>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/pretrained.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/engine/pretrained_load.h"
 
 namespace strata::gpt {
 namespace {
@@ -77,48 +80,49 @@ absl::Status SaveWeights(engine::Engine& e, const GptModel& model, const std::st
 }
 
 absl::Status LoadWeights(engine::Engine& e, const GptModel& model, const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(checkpoint::SafetensorsReader r, checkpoint::SafetensorsReader::Open(path));
-  std::map<std::string, const checkpoint::TensorInfo*> by_name;
-  for (const auto& t : r.tensors()) {
+  // A .safetensors file or a Hugging Face directory (an index and its shards), validated as untrusted input;
+  // each rank then reads only the byte ranges of the elements it keeps (Note [Pretrained by byte ranges]).
+  STRATA_ASSIGN_OR_RETURN(const auto c, checkpoint::PretrainedCheckpoint::Open(path));
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < c->tensors().size(); ++i) {
+    const std::string& name = c->tensors()[i].info.name;
     // "wte.weight" and "transformer.wte.weight" name one parameter: a file with both is ambiguous.
-    auto [it, inserted] = by_name.emplace(Strip(t.name), &t);
+    auto [it, inserted] = by_name.emplace(Strip(name), i);
     if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat("weights file '", path, "' holds both '", it->second->name,
-                                                     "' and '", t.name, "', which name the same parameter '",
-                                                     it->first, "': keep one"));
+      return absl::InvalidArgumentError(absl::StrCat("weights file '", path, "' holds both '",
+                                                     c->tensors()[it->second].info.name, "' and '", name,
+                                                     "', which name the same parameter '", it->first, "': keep one"));
     }
   }
   std::set<std::string> used;
+  std::vector<engine::PretrainedTarget> targets;
   for (const HfParam& p : model.hf_params()) {
     auto it = by_name.find(p.name);
     if (it == by_name.end()) {
       return absl::NotFoundError(absl::StrCat("weights file '", path, "' has no tensor '", p.name,
                                               "' (the model ", Describe(model.config()), " needs it)"));
     }
-    const checkpoint::TensorInfo& t = *it->second;
+    const checkpoint::TensorInfo& t = c->tensors()[it->second].info;
     if (t.shape != p.shape) {
       return absl::InvalidArgumentError(
           absl::StrCat("weights file '", path, "': tensor '", p.name, "' has shape [", absl::StrJoin(t.shape, ","),
                        "] but the model needs [", absl::StrJoin(p.shape, ","), "] (", Describe(model.config()), ")"));
     }
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> v, r.ReadF32(t));
-    // A NaN or Inf would surface steps later as "training diverged", or as garbage from generate.
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (!std::isfinite(v[i])) {
-        return absl::InvalidArgumentError(absl::StrCat("weights file '", path, "': tensor '", t.name, "' holds ", v[i],
-                                                       " at index ", i, "; weights must be finite"));
-      }
-    }
-    STRATA_RETURN_IF_ERROR(e.SetParam(p.unit, p.param, v));
+    targets.push_back(engine::PretrainedTarget{p.unit, p.param, it->second});
     used.insert(p.name);
   }
-  for (const auto& [name, t] : by_name) {
+  for (const auto& [name, index] : by_name) {
     if (!used.count(name) && !Ignorable(name)) {
-      return absl::InvalidArgumentError(absl::StrCat("weights file '", path, "' has tensor '", t->name,
-                                                     "', which is not a parameter of GPT-2 with ",
-                                                     Describe(model.config())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights file '", path, "' has tensor '", c->tensors()[index].info.name,
+                       "', which is not a parameter of GPT-2 with ", Describe(model.config())));
     }
   }
+  // A NaN or Inf would surface steps later as "training diverged", or as garbage from generate: refused, naming
+  // the tensor and the index (engine::LoadPretrained).
+  STRATA_ASSIGN_OR_RETURN(const checkpoint::RangeReadStats stats, engine::LoadPretrained(e, *c, targets, {}));
+  STRATA_LOG(Info) << "loaded '" << path << "': " << stats.bytes_read << " bytes read by this rank in " << stats.seconds
+                   << " s (" << stats.backend << (stats.registered ? ", registered buffers" : "") << ")";
   return absl::OkStatus();
 }
 

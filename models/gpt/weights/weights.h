@@ -16,8 +16,12 @@ namespace strata::gpt {
 // failure the writer still takes part in every gather, so no rank is left waiting.
 absl::Status SaveWeights(engine::Engine& e, const GptModel& model, const std::string& path, bool write);
 
-// Every rank reads `path` and sets the parameters. Errors name the file and the tensor: a missing or
-// unexpected tensor, a wrong shape, a dtype that cannot be read, a truncated file.
+// Every rank opens `path` (a .safetensors file, or a Hugging Face checkpoint directory: model.safetensors, or an
+// index and its shards) and sets the parameters, reading only the byte ranges of the elements it keeps
+// (engine::LoadPretrained; Note [Pretrained by byte ranges]). Errors name the file and the tensor: a missing or
+// unexpected tensor, a wrong shape, a dtype that cannot be read, a truncated file, a value that is not finite.
+// Not collective: a value or read error may strike one rank only, so a caller with several ranks agrees on the
+// outcome (comm::AgreeOnOutcome) before its next collective.
 absl::Status LoadWeights(engine::Engine& e, const GptModel& model, const std::string& path);
 
 }  // namespace strata::gpt

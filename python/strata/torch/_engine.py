@@ -370,7 +370,7 @@ class Engine:
 
     def load_pretrained(self, directory, strict=True):
         """Collective, between steps: a Hugging Face checkpoint directory (model.safetensors, or
-        model.safetensors.index.json and its files; F32, BF16, F16 or F64 parameters) into the engine, each rank
+        model.safetensors.index.json and its files; F32, BF16 or F16 parameters) into the engine, each rank
         reading only the byte ranges of the elements its shards keep. Every file is validated as untrusted input
         (errors name the file and the tensor). strict=False loads what matches and returns {"missing_keys",
         "unexpected_keys"}. The optimizer state is left as it is (as load_state_dict leaves a torch optimizer).

@@ -2,16 +2,18 @@
 
 Note [Pretrained into shards]. The directory holds `model.safetensors`, or `model.safetensors.index.json`
 and the files its weight_map names (transformers' save_pretrained, and engine.save_pretrained, write
-these). Every file is untrusted input (docs/decisions/0009, 0010): the index must be a JSON object whose
-weight_map maps names to plain file names in the directory; each file's header length must fit the file and
-100 MB, its header must be a JSON object without repeated keys, each tensor a dtype this reader knows, a shape
-of at most 64 non-negative dimensions and data_offsets [begin, end] holding exactly its bytes within the data,
-the tensors tiling the data without overlaps or holes (the safetensors format's rule); every error names the
-file and the tensor. Then each rank reads, for each parameter, only the elements its shards keep
-(strata_engine_held_range: about 1/world_size of each unit at stage 3, everything at stages 0-2, where the
-parameters are replicated) with os.pread at their byte offsets, converts them to fp32 (F32, BF16, F16 and F64
-are read) and writes them with strata_engine_set_param_range. Persistent buffers are read whole by every
-rank. A first version: plain pread, not the offload layer's io_uring reader with registered buffers.
+these). The checkpoint is opened, and every file of it validated as untrusted input, by the library
+(strata_safetensors_open; Note [Pretrained by byte ranges] in runtime/checkpoint/pretrained.h,
+docs/decisions/0009, 0010, 0037): the index, each header (length, JSON without repeated keys, dtypes, shapes
+of at most 64 dimensions, data_offsets holding exactly each tensor's bytes, the tensors tiling the data), a
+tensor in two files or in a file the index does not name for it; every error names the file and the tensor.
+Here the names are matched and the shapes checked; then one strata_engine_load_safetensors call makes each
+rank read, for each parameter, only the elements its shards keep (strata_engine_held_range: about
+1/world_size of each unit at stage 3, everything at stages 0-2, where the parameters are replicated) by their
+byte ranges through the offload layer's reader (io_uring with registered staging buffers, or its pread thread
+pool), converted to fp32 (F32, BF16 and F16 parameters; another dtype is refused). Persistent buffers are
+read whole by every rank (strata_safetensors_read), in their own dtype. `last_load_stats` keeps the last
+load's reader statistics on this rank (bytes read, requests, the back-end), for tests and benchmarks.
 
 Names. A tied parameter is found under any of its names (transformers writes one). The checkpoint's names
 are the model's state-dict names, or, for a transformers model whose checkpoint format renames its modules
@@ -22,173 +24,101 @@ and returns both lists. The ranks agree on every check before any value is writt
 docs/decisions/0034-models-created-sharded.md.
 """
 import ctypes
-import json
 import os
-import stat
 
 import torch
 
 from strata import _capi, _comm
-from strata.torch._model_buffers import _DTYPES, MAX_HEADER_BYTES, MAX_NDIM, _is_int, _no_duplicates
+from strata.torch._model_buffers import _DTYPES
 
 SAFE_NAME, INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
-_FLOATS = ("F64", "F32", "BF16", "F16")
+_FLOATS = ("F32", "BF16", "F16")
+last_load_stats = None  # the last load's reader statistics on this rank (a dict), see the Note
 
 
 class CheckpointError(ValueError):
     """A checkpoint file or index that is not what it must be; the message names the file and the tensor."""
 
 
-class _Entry:
-    __slots__ = ("file", "name", "dtype", "shape", "begin", "end")
+def _message(error):
+    """The library's message of a StrataError, without the function name it starts with."""
+    text = str(error).split(": ", 1)[-1]
+    return text.split(": ", 1)[1] if text.startswith("strata_") else text
 
-    def __init__(self, file, name, dtype, shape, begin, end):
+
+class _Handle:
+    """An open strata_safetensors handle, closed once."""
+
+    def __init__(self, path):
+        self.ptr = _capi.c_void_p()
+        try:
+            _capi.check(_capi.lib.strata_safetensors_open(os.fsencode(path), ctypes.byref(self.ptr)))
+        except _capi.StrataError as e:
+            raise CheckpointError(_message(e)) from None
+
+    def close(self):
+        if self.ptr:
+            _capi.lib.strata_safetensors_close(self.ptr)
+            self.ptr = _capi.c_void_p()
+
+
+class _Entry:
+    __slots__ = ("file", "name", "dtype", "shape", "begin", "end", "index")
+
+    def __init__(self, file, name, dtype, shape, begin, end, index):
         self.file, self.name, self.dtype, self.shape, self.begin, self.end = file, name, dtype, shape, begin, end
+        self.index = index
 
 
 class _File:
-    """One safetensors file: its header read and validated; its data read by byte ranges."""
+    """One safetensors file of an open checkpoint: its path and data size; reads whole tensors' bytes."""
 
-    def __init__(self, path):
-        self.path = path
-        try:
-            self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as e:
-            raise CheckpointError(f"'{path}': {e.strerror}") from None
-        try:
-            self._read_header()
-        except BaseException:
-            os.close(self.fd)
-            raise
+    def __init__(self, handle, path, data_len):
+        self.handle, self.path, self.data_len = handle, path, data_len
 
     def bad(self, why, tensor=None):
         where = f"tensor '{tensor}': " if tensor is not None else ""
         return CheckpointError(f"'{self.path}': {where}{why}")
 
-    def _read_header(self):
-        st = os.fstat(self.fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise self.bad("not a regular file")
-        size = st.st_size
-        if size < 8:
-            raise self.bad(f"{size} bytes, shorter than the 8-byte header length")
-        n = int.from_bytes(os.pread(self.fd, 8, 0), "little")
-        if n > min(size - 8, MAX_HEADER_BYTES):
-            raise self.bad(f"header length {n} exceeds the file ({size} bytes) or {MAX_HEADER_BYTES} bytes")
-        raw = os.pread(self.fd, n, 8)
-        if len(raw) != n:
-            raise self.bad("the file ended inside its header")
-        try:
-            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise self.bad(f"the header is not a JSON document ({e})") from None
-        if not isinstance(header, dict):
-            raise self.bad("the header is not a JSON object")
-        meta = header.pop("__metadata__", {})
-        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-            raise self.bad("__metadata__ is not an object of strings")
-        self.data_start, self.data_len = 8 + n, size - 8 - n
-        self.entries = {}
-        spans = []
-        for name, e in header.items():
-            if (not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}
-                    or not isinstance(e["dtype"], str) or e["dtype"] not in _DTYPES or not isinstance(e["shape"], list)
-                    or len(e["shape"]) > MAX_NDIM or not all(_is_int(d) and d >= 0 for d in e["shape"])
-                    or not isinstance(e["data_offsets"], list) or len(e["data_offsets"]) != 2
-                    or not all(_is_int(o) for o in e["data_offsets"])):
-                raise self.bad(f"expected {{\"dtype\": one of {sorted(_DTYPES)}, \"shape\": up to {MAX_NDIM} "
-                               f"non-negative integers, \"data_offsets\": [begin, end]}}, found {e!r:.200}", name)
-            dtype, shape = _DTYPES[e["dtype"]], tuple(e["shape"])
-            begin, end = e["data_offsets"]
-            numel = 1
-            for d in shape:
-                numel *= d
-            if not 0 <= begin <= end <= self.data_len or end - begin != numel * dtype.itemsize:
-                raise self.bad(f"data_offsets [{begin}, {end}] do not hold {numel} {e['dtype']} elements within "
-                               f"the {self.data_len} data bytes", name)
-            self.entries[name] = _Entry(self, name, e["dtype"], shape, begin, end)
-            spans.append((begin, end, name))
-        spans.sort()
-        at = 0
-        for begin, end, name in spans:
-            if begin != at:
-                raise self.bad(f"starts at data byte {begin}, expected {at} (the tensors must tile the data without "
-                               f"gaps or overlaps)", name)
-            at = end
-        if at != self.data_len:
-            raise self.bad(f"the tensors hold {at} data bytes and the file has {self.data_len}")
-
     def read(self, entry, first, count):
-        """Elements [first, first + count) of a tensor, as its dtype, from their byte range."""
-        item = _DTYPES[entry.dtype].itemsize
-        offset, want = self.data_start + entry.begin + first * item, count * item
-        buf = bytearray(want)
-        view, got = memoryview(buf), 0
-        while got < want:
-            chunk = os.preadv(self.fd, [view[got:]], offset + got)
-            if chunk <= 0:
-                raise self.bad(f"the file ended at byte {offset + got} (truncated since its header was read)",
-                               entry.name)
-            got += chunk
-        return torch.frombuffer(buf, dtype=_DTYPES[entry.dtype]) if want else torch.empty(0, dtype=_DTYPES[entry.dtype])
+        """Elements [first, first + count) of a tensor, as its dtype (strata_safetensors_read)."""
+        if entry.dtype not in _DTYPES:
+            raise self.bad(f"is {entry.dtype}, which this reader does not convert to a torch dtype", entry.name)
+        dtype = _DTYPES[entry.dtype]
+        out = torch.empty(count, dtype=dtype)
+        item = out.element_size()
+        try:
+            _capi.check(_capi.lib.strata_safetensors_read(self.handle.ptr, entry.index, first * item,
+                                                          _capi.c_void_p(out.data_ptr()), count * item))
+        except _capi.StrataError as e:
+            raise CheckpointError(_message(e)) from None
+        return out
 
     def close(self):
-        os.close(self.fd)
-
-
-def _plain_name(directory, name, what):
-    if not isinstance(name, str) or not name or os.path.basename(name) != name or name in (".", ".."):
-        raise CheckpointError(f"'{os.path.join(directory, INDEX_NAME)}': {what} names the file {name!r}, which is "
-                              f"not a plain file name in the directory")
-    return name
+        self.handle.close()
 
 
 def open_checkpoint(directory):
-    """{tensor name: _Entry} of a checkpoint directory, and its open files."""
-    directory = os.fspath(directory)
-    index_path = os.path.join(directory, INDEX_NAME)
-    if os.path.exists(os.path.join(directory, SAFE_NAME)):
-        weight_map = None
-        names = [SAFE_NAME]
-    elif os.path.exists(index_path):
-        try:
-            with open(index_path, "rb") as f:
-                raw = f.read(MAX_HEADER_BYTES + 1)
-            if len(raw) > MAX_HEADER_BYTES:
-                raise ValueError(f"larger than {MAX_HEADER_BYTES} bytes")
-            index = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise CheckpointError(f"'{index_path}': not a readable JSON index ({e})") from None
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"'{index_path}': no \"weight_map\" object of tensor names to files")
-        for tensor, file in weight_map.items():
-            _plain_name(directory, file, f"tensor '{tensor}'")
-        names = sorted(set(weight_map.values()))
-    else:
-        raise CheckpointError(f"'{directory}': neither {SAFE_NAME} nor {INDEX_NAME} (a Hugging Face checkpoint "
-                              f"directory, as save_pretrained writes it)")
-    files, entries = [], {}
+    """{tensor name: _Entry} of a checkpoint directory, and its files (closing one closes the checkpoint)."""
+    handle = _Handle(os.fspath(directory))
     try:
-        for name in names:
-            f = _File(os.path.join(directory, name))
-            files.append(f)
-            for tensor, e in f.entries.items():
-                if tensor in entries:
-                    raise f.bad(f"also in '{entries[tensor].file.path}'", tensor)
-                if weight_map is not None and weight_map.get(tensor) != name:
-                    raise f.bad(f"the index names {weight_map.get(tensor)!r} for it", tensor)
-                entries[tensor] = e
-        if weight_map is not None:
-            missing = [t for t in weight_map if t not in entries]
-            if missing:
-                raise CheckpointError(f"'{index_path}': tensor '{missing[0]}' is not in '{weight_map[missing[0]]}'"
-                                      + (f" ({len(missing) - 1} more missing)" if len(missing) > 1 else ""))
+        n = _capi.c_size_t()
+        _capi.check(_capi.lib.strata_safetensors_num_tensors(handle.ptr, ctypes.byref(n)))
+        files, entries = {}, {}
+        for i in range(n.value):
+            info = _capi.SafetensorsTensor.new()
+            _capi.check(_capi.lib.strata_safetensors_tensor_info(handle.ptr, i, ctypes.byref(info)))
+            path = os.fsdecode(info.file)
+            f = files.setdefault(path, _File(handle, path, info.file_data_bytes))
+            name = info.name.decode("utf-8", "surrogateescape")
+            entries[name] = _Entry(f, name, info.dtype.decode(), tuple(info.shape[d] for d in range(info.ndim)),
+                                   info.data_begin, info.data_end, i)
     except BaseException:
-        for f in files:
-            f.close()
+        handle.close()
         raise
-    return entries, files
+    if not files:  # a checkpoint without tensors: a file to close all the same
+        files[""] = _File(handle, "", 0)
+    return entries, list(files.values())
 
 
 def _checkpoint_names(model, shapes):
@@ -270,10 +200,11 @@ def load_pretrained(engine, directory, strict=True):
                 if src is None:  # a buffer: whole, every rank
                     with torch.no_grad():
                         t.copy_(e.file.read(e, 0, t.numel()).view(t.shape).to(t.dtype))
-                    continue
-                _set_held(engine, src, e)
-        except (CheckpointError, _capi.StrataError) as e:
+            _load_held(engine, [(src, e) for _, src, e in plan if src is not None], files)
+        except CheckpointError as e:
             error = f"rank {_comm.rank()}: {e}"
+        except _capi.StrataError as e:
+            error = f"rank {_comm.rank()}: {_message(e)}"
         _agree(error)
     finally:
         for f in files:
@@ -281,16 +212,18 @@ def load_pretrained(engine, directory, strict=True):
     return {"missing_keys": missing, "unexpected_keys": unexpected}
 
 
-def _set_held(engine, src, e):
-    """The elements of one parameter this rank keeps, read by their byte range and written into the engine."""
-    unit, index = src
-    u = engine.units[unit]
-    begin, end = _capi.c_uint64(), _capi.c_uint64()
-    _capi.check(_capi.lib.strata_engine_held_range(engine.handle, unit, ctypes.byref(begin), ctypes.byref(end)))
-    offset, numel = u.layout.offsets[index], u.layout.numels[index]
-    first, last = max(begin.value, offset) - offset, min(end.value, offset + numel) - offset
-    if last <= first:
-        return
-    values = e.file.read(e, first, last - first).to(torch.float32).contiguous()
-    _capi.check(_capi.lib.strata_engine_set_param_range(engine.handle, unit, index, first,
-                                                        _capi.c_void_p(values.data_ptr()), values.numel()))
+def _load_held(engine, targets, files):
+    """The elements of each parameter this rank keeps, read by their byte ranges and written into the engine by
+    the library (strata_engine_load_safetensors); targets are ((unit, param index), _Entry)."""
+    global last_load_stats
+    n = len(targets)
+    units = (_capi.c_int32 * n)(*[u for (u, _), _ in targets])
+    params = (_capi.c_int32 * n)(*[i for (_, i), _ in targets])
+    tensors = (_capi.c_uint64 * n)(*[e.index for _, e in targets])
+    stats = _capi.LoadStats.new()
+    handle = files[0].handle if files else None
+    _capi.check(_capi.lib.strata_engine_load_safetensors(engine.handle, handle.ptr if handle else None, units, params,
+                                                         tensors, n, None, ctypes.byref(stats)))
+    last_load_stats = {"bytes_read": stats.bytes_read, "requests": stats.requests,
+                       "fixed_buffer_ios": stats.fixed_buffer_ios, "elements": stats.elements,
+                       "seconds": stats.seconds, "backend": stats.backend.decode()}

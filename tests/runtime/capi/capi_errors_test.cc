@@ -2,13 +2,18 @@
 // outputs, bad JSON configs, bad parameter specs, versioned-struct mismatches, a unit used before
 // finalize, bad unit / parameter ids, non-finite values, calls out of order, unimplemented back-ends;
 // and the last-error message is per thread and cleared by a successful call.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/runtime/capi/capi_test_util.h"
 
@@ -378,6 +383,117 @@ TEST(CApiErrors, HeldRangesSetParamRangeAndGatherUnit) {
       EXPECT_STRATA_ERROR(strata_engine_held_range(e, 5, &begin, &end), kRange, "no unit 5");
       (void)rank;
       EXPECT_STRATA_OK(strata_engine_destroy(e));
+    });
+  }
+}
+
+// strata_safetensors_* and strata_engine_load_safetensors at 2 ranks, stages 1 and 3: the loaded parameters
+// equal the file's values (BF16 and F32 converted), each rank reads exactly the bytes of the elements it keeps
+// (the reader's own count), and every bad argument is an error naming it before any I/O.
+TEST(CApiErrors, LoadSafetensorsReadsOnlyTheHeldBytes) {
+  for (int stage : {1, 3}) {
+    const std::string json = "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) + "}}";
+    RunCRanks(2, [&](int rank, strata_comm* comm) {
+      // b: F32 [8], i: I32 [8], w: BF16 [32], x: F32 [3]; each rank its own copy of the file.
+      std::vector<uint16_t> w(32);
+      std::vector<float> b(8), x(3, 1.0f);
+      for (int k = 0; k < 32; ++k) w[k] = static_cast<uint16_t>(0x3f00 + 3 * k);  // 0.5 ... in BF16
+      for (int k = 0; k < 8; ++k) b[k] = -1.25f * k;
+      const std::string header =
+          R"({"b":{"dtype":"F32","shape":[8],"data_offsets":[0,32]},"i":{"dtype":"I32","shape":[8],)"
+          R"("data_offsets":[32,64]},"w":{"dtype":"BF16","shape":[4,8],"data_offsets":[64,128]},)"
+          R"("x":{"dtype":"F32","shape":[3],"data_offsets":[128,140]}})";
+      std::string bytes(8, '\0');
+      for (int k = 0; k < 8; ++k) bytes[k] = static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * k));
+      bytes += header;
+      bytes.append(reinterpret_cast<const char*>(b.data()), 32).append(32, '\0');
+      bytes.append(reinterpret_cast<const char*>(w.data()), 64).append(reinterpret_cast<const char*>(x.data()), 12);
+      const std::string path = ::testing::TempDir() + "/capi_load_" + std::to_string(::getpid()) + "_" +
+                               std::to_string(stage) + "_" + std::to_string(rank) + ".safetensors";
+      { std::ofstream(path, std::ios::binary) << bytes; }
+      strata_safetensors* ck = nullptr;
+      ASSERT_STRATA_OK(strata_safetensors_open(path.c_str(), &ck));
+      size_t n = 0;
+      ASSERT_STRATA_OK(strata_safetensors_num_tensors(ck, &n));
+      ASSERT_EQ(n, 4u);
+      strata_safetensors_tensor t = STRATA_SAFETENSORS_TENSOR_INIT;
+      ASSERT_STRATA_OK(strata_safetensors_tensor_info(ck, 2, &t));
+      EXPECT_STREQ(t.name, "w");
+      EXPECT_STREQ(t.dtype, "BF16");
+      ASSERT_EQ(t.ndim, 2);
+      EXPECT_EQ(t.shape[0] * t.shape[1], 32);
+      EXPECT_EQ(t.data_begin, 64u);
+      EXPECT_EQ(t.file_data_bytes, 140u);
+
+      strata_engine* e = nullptr;
+      ASSERT_STRATA_OK(MakeEngine(comm, json.c_str(), true, &e));
+      const int32_t units[2] = {0, 0}, params[2] = {0, 1};
+      const uint64_t tensors[2] = {2, 0};
+      strata_load_stats stats = STRATA_LOAD_STATS_INIT;
+      ASSERT_STRATA_OK(strata_engine_load_safetensors(e, ck, units, params, tensors, 2, nullptr, &stats));
+      uint64_t begin = 0, end = 0;
+      ASSERT_STRATA_OK(strata_engine_held_range(e, 0, &begin, &end));
+      strata_param_info info = STRATA_PARAM_INFO_INIT;
+      ASSERT_STRATA_OK(strata_engine_param_info(e, 0, 1, &info));
+      auto held = [&](uint64_t offset, uint64_t numel) {
+        const uint64_t lo = std::max(begin, offset), hi = std::min(end, offset + numel);
+        return hi > lo ? hi - lo : 0;
+      };
+      EXPECT_EQ(stats.bytes_read, 2 * held(0, 32) + 4 * held(info.offset_elems, 8)) << "stage " << stage;
+      EXPECT_EQ(stats.elements, held(0, 32) + held(info.offset_elems, 8));
+      EXPECT_NE(std::string(stats.backend), "");
+      float got[32];
+      ASSERT_STRATA_OK(strata_engine_gather_param(e, 0, 0, got, 32));
+      for (int k = 0; k < 32; ++k) {
+        uint32_t bits = static_cast<uint32_t>(w[k]) << 16;
+        float want;
+        std::memcpy(&want, &bits, 4);
+        EXPECT_EQ(got[k], want) << "stage " << stage << " element " << k;
+      }
+      ASSERT_STRATA_OK(strata_engine_gather_param(e, 0, 1, got, 8));
+      EXPECT_EQ(std::memcmp(got, b.data(), 32), 0);
+
+      const uint64_t x_for_w = 3, int_for_b = 1, none = 99;
+      EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, ck, units, params, &x_for_w, 1, nullptr, nullptr), kInvalid,
+                          "tensor 'x' has 3 elements; parameter 'a.w' has 32");
+      EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, ck, units, params + 1, &int_for_b, 1, nullptr, nullptr),
+                          kInvalid, "tensor 'i' is I32; a parameter is read from F32, BF16 or F16");
+      EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, ck, units, params, &none, 1, nullptr, nullptr), kRange,
+                          "tensors[0] is 99; the checkpoint has 4");
+      const int32_t bad_unit = 7;
+      EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, ck, &bad_unit, params, tensors, 1, nullptr, nullptr),
+                          kRange, "no unit 7");
+      EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, ck, nullptr, params, tensors, 1, nullptr, nullptr),
+                          kInvalid, "units is NULL");
+      EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, nullptr, units, params, tensors, 1, nullptr, nullptr),
+                          kInvalid, "checkpoint is NULL");
+      strata_load_options o = STRATA_LOAD_OPTIONS_INIT;
+      o.io_backend = 7;
+      EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, ck, units, params, tensors, 1, &o, nullptr), kInvalid,
+                          "options.io_backend is 7");
+      o = STRATA_LOAD_OPTIONS_INIT;
+      o.struct_size = 4;
+      EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, ck, units, params, tensors, 1, &o, nullptr),
+                          STRATA_ERR_VERSION, "options");
+      o = STRATA_LOAD_OPTIONS_INIT;
+      o.io_backend = 2;  // the thread pool, asked for
+      stats = STRATA_LOAD_STATS_INIT;
+      ASSERT_STRATA_OK(strata_engine_load_safetensors(e, ck, units, params, tensors, 2, &o, &stats));
+      EXPECT_EQ(std::string(stats.backend).rfind("threads", 0), 0u) << stats.backend;
+      char raw[8];
+      EXPECT_STRATA_ERROR(strata_safetensors_read(ck, 1, 28, raw, 8), kRange, "tensor 'i' has 32 bytes");
+      ASSERT_STRATA_OK(strata_safetensors_read(ck, 0, 4, raw, 4));
+      EXPECT_EQ(std::memcmp(raw, &b[1], 4), 0);
+      EXPECT_STRATA_ERROR(strata_safetensors_tensor_info(ck, 4, &t), kRange, "tensor 4 of 4");
+      EXPECT_STRATA_ERROR(strata_safetensors_open(nullptr, &ck), kInvalid, "path is NULL");
+      strata_safetensors* missing = nullptr;
+      EXPECT_STRATA_ERROR(strata_safetensors_open("/nonexistent/w.safetensors", &missing), STRATA_ERR_NOT_FOUND,
+                          "'/nonexistent/w.safetensors': No such file");
+      EXPECT_EQ(missing, nullptr);
+      EXPECT_STRATA_OK(strata_safetensors_close(nullptr));
+      EXPECT_STRATA_OK(strata_safetensors_close(ck));
+      EXPECT_STRATA_OK(strata_engine_destroy(e));
+      std::remove(path.c_str());
     });
   }
 }

@@ -97,11 +97,36 @@ TEST(Safetensors, OffsetsMustMatchTheShapeLieInsideAndNotOverlap) {
   ExpectCorrupt("reversed.safetensors", FileBytes(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8),
                 "tensor 'w' has data_offsets [8, 0]");
   ExpectCorrupt("outside.safetensors", FileBytes(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8),
-                "tensor 'w' needs data bytes [0, 16) but the file holds only 8");
+                "tensor 'w': data_offsets [0, 16] do not hold its bytes within the 8 data bytes of the file "
+                "(truncated file?)");
   ExpectCorrupt("overlap.safetensors",
                 FileBytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                           R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
                 "tensors 'a' and 'b' overlap");
+}
+
+// The format's rule: the tensors tile the data section. A byte-range reader never reads bytes no tensor owns.
+TEST(Safetensors, TensorsMustTileTheDataWithoutGapsOrTrailingBytes) {
+  ExpectCorrupt("gap.safetensors",
+                FileBytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                          R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                          12),
+                "tensor 'b' starts at data byte 8, expected 4 (the tensors must tile the data without gaps)");
+  ExpectCorrupt("late.safetensors", FileBytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+                "tensor 'a' starts at data byte 4, expected 0");
+  ExpectCorrupt("trailing.safetensors", FileBytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 12),
+                "the tensors hold 4 data bytes and the file has 12");
+  std::string dims = "[1";
+  for (int i = 0; i < 64; ++i) dims += ",1";
+  ExpectCorrupt("dims.safetensors",
+                FileBytes(R"({"a":{"dtype":"F32","shape":)" + dims + R"(],"data_offsets":[0,4]}})", 4),
+                "tensor 'a' shape has 65 dimensions, more than 64");
+  // Empty tensors anywhere, and an empty data section, tile.
+  EXPECT_TRUE(ValidateSafetensorsHeader(FileBytes(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                                                  R"("b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                                                  4))
+                  .ok());
+  EXPECT_TRUE(ValidateSafetensorsHeader(FileBytes(R"({})", 0)).ok());
 }
 
 TEST(Safetensors, ATensorNamedTwiceIsRefusedNamingIt) {

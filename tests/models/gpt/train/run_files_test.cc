@@ -188,6 +188,17 @@ TEST_F(RunFiles, FilesAreComparedByContents) {
   EXPECT_EQ(FileFingerprint((dir_ / "a").string()), FileFingerprint((dir_ / "b").string()));
   EXPECT_NE(FileFingerprint((dir_ / "a").string()), FileFingerprint((dir_ / "c").string()));
   EXPECT_THAT(FileFingerprint((dir_ / "none").string()), HasSubstr("unreadable"));
+  // A Hugging Face directory: its weight files by name; two copies agree, a changed shard or index does not.
+  for (const char* d : {"hf1", "hf2"}) {
+    fs::create_directories(dir_ / d);
+    std::ofstream(dir_ / d / "model-00001-of-00002.safetensors") << "weights";
+    std::ofstream(dir_ / d / "model.safetensors.index.json") << "{}";
+    std::ofstream(dir_ / d / "README.md") << d;  // not a weight file
+  }
+  EXPECT_EQ(FileFingerprint((dir_ / "hf1").string()), FileFingerprint((dir_ / "hf2").string()));
+  EXPECT_THAT(FileFingerprint((dir_ / "hf1").string()), HasSubstr("model-00001-of-00002.safetensors: "));
+  std::ofstream(dir_ / "hf2" / "model.safetensors.index.json") << "{ }";
+  EXPECT_NE(FileFingerprint((dir_ / "hf1").string()), FileFingerprint((dir_ / "hf2").string()));
 }
 
 TEST_F(RunFiles, PruningKeepsOtherRunsAndRemovesIncompleteSteps) {
