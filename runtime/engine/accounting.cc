@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "offload/nvme_store.h"
+#include "runtime/offload/nvme_store.h"
 #include "runtime/optim/nvme_state.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/optim/state_kind.h"

@@ -21,10 +21,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "offload/io_queue.h"
-#include "offload/nvme_store.h"
-#include "offload/pinned_pool.h"
-#include "offload/shard_cache.h"
 #include "runtime/comm/agree.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/shard_groups.h"
@@ -33,6 +29,10 @@
 #include "runtime/engine/placement.h"
 #include "runtime/memory/memory.h"
 #include "runtime/memory/tier_ops.h"
+#include "runtime/offload/io_queue.h"
+#include "runtime/offload/nvme_store.h"
+#include "runtime/offload/pinned_pool.h"
+#include "runtime/offload/shard_cache.h"
 #include "runtime/optim/loss_scale.h"
 #include "runtime/optim/memory_state.h"
 #include "runtime/optim/state_kind.h"
@@ -311,7 +311,7 @@ struct Engine::Impl {
   size_t param_bytes() const { return DTypeBytes(cfg.param_dtype); }
   // The gradient memory's alignment on `tier`: 2 MiB with strata.release_idle_memory where the tier hands
   // pages back, so the pages faulted in again after each step are huge pages (Note [Huge pages],
-  // offload/pinned_pool.cc; Note [Idle pages]); 64 otherwise (a device arena is sized to the byte).
+  // runtime/offload/pinned_pool.cc; Note [Idle pages]); 64 otherwise (a device arena is sized to the byte).
   size_t GradAlignment(const memory::Allocator* tier) const {
     return cfg.release_idle_memory && tier != nullptr && tier->hands_back_pages() ? size_t{2} << 20 : 64;
   }

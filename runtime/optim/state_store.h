@@ -12,9 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "offload/tiled_pipeline.h"
 #include "runtime/base/dtype.h"
 #include "runtime/base/status.h"
+#include "runtime/offload/tiled_pipeline.h"
 #include "runtime/optim/host_executor.h"
 #include "runtime/optim/hyper.h"
 #include "runtime/optim/state_kind.h"

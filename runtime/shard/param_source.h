@@ -42,10 +42,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "offload/shard_cache.h"
 #include "runtime/device/device.h"
 #include "runtime/device/timeline.h"
 #include "runtime/memory/tier_ops.h"
+#include "runtime/offload/shard_cache.h"
 
 namespace strata::shard {
 

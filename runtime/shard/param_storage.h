@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "offload/shard_cache.h"
 #include "runtime/memory/tier_ops.h"
+#include "runtime/offload/shard_cache.h"
 
 namespace strata::shard {
 

@@ -2,7 +2,7 @@
 // next Pin and never evicts other read-ahead, pinned shards are never evicted or overwritten, eviction
 // waits for leases released on another thread, and failed reads / writes are reported without losing
 // the newest bytes. Runs on each I/O back-end.
-#include "offload/shard_cache.h"
+#include "runtime/offload/shard_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "offload/shard_cache.h"
+#include "runtime/offload/shard_cache.h"
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
