@@ -1,5 +1,5 @@
 // CRC-32, the one implementation of the tree: checkpoint shard files and headers (runtime/checkpoint) and
-// the NVMe store's extents (offload/) both use it.
+// the NVMe store's extents (runtime/offload) both use it.
 //
 // Parameters (zlib's crc32, gzip, PNG; "CRC-32/ISO-HDLC"): reflected polynomial 0xEDB88320 (0x04C11DB7
 // unreflected), init 0xFFFFFFFF, final xor 0xFFFFFFFF, so Crc32("123456789", 9) == 0xCBF43926 and

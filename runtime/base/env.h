@@ -51,7 +51,7 @@ std::optional<std::string> CudaVisibleDevices();
 std::optional<std::string> CudaModulePath();
 
 // STRATA_IO_BACKEND: force the offload I/O back-end when the caller asked for "auto" (uring|threads);
-// empty when unset. offload/io_queue.h validates the value.
+// empty when unset. runtime/offload/io_queue.h validates the value.
 std::string ForcedIoBackend();
 
 }  // namespace strata::env

@@ -1,6 +1,6 @@
 // The entry point of libstrata_cuda.so (runtime/base/module.h): one table per layer over the CUDA
-// implementations that stay in their layers' folders (cuda_device.h, cuda_arena_allocator.h,
-// nccl_communicator.h, tier_ops_cuda.h). Functions whose return type is an implementation's are adapted
+// implementations that stay in their layers' folders (cuda_device.h, cuda_arena_allocator.h, tier_ops_cuda.h,
+// nccl_communicator.h, tier_update_cuda.h). Functions whose return type is an implementation's are adapted
 // here to the interface the core holds.
 #include <cuda_runtime_api.h>
 
@@ -12,9 +12,10 @@
 #include "runtime/base/status.h"
 #include "runtime/device/cuda_backend.h"
 #include "runtime/device/cuda_device.h"
-#include "runtime/engine/tier_ops_cuda.h"
 #include "runtime/memory/cuda_arena_allocator.h"
 #include "runtime/memory/cuda_backend.h"
+#include "runtime/memory/tier_ops_cuda.h"
+#include "runtime/optim/tier_update_cuda.h"
 #if STRATA_WITH_NCCL
 #include "runtime/comm/nccl_backend.h"
 #include "runtime/comm/nccl_communicator.h"
@@ -56,8 +57,8 @@ std::unique_ptr<memory::Allocator> CreateHostAllocator(uint64_t budget_bytes, me
 const module::ModuleIdentity kIdentity{module::BuildId(), &SetLogRank};
 const device::CudaDeviceApi kDevice{&device::CudaDeviceCount, &CurrentOrdinal, &CreateDevice, &HostRegister,
                                     &HostUnregister};
-const memory::CudaMemoryApi kMemory{&CreateArena, &CreateHostAllocator};
-const engine::CudaTierOpsApi kTierOps{&engine::CreateCudaTierOps};
+const memory::CudaMemoryApi kMemory{&CreateArena, &CreateHostAllocator, &memory::CreateCudaTierOps};
+const optim::CudaTierUpdateApi kTierUpdate{&optim::CreateCudaTierUpdate};
 #if STRATA_WITH_NCCL
 const comm::NcclApi kNccl{&comm::AdoptNcclCommunicator, &comm::HostBuffersOverNccl, &comm::CreateNcclFromHost,
                           &comm::CreateNcclFromTorchrun};
@@ -73,7 +74,7 @@ const Part kParts[] = {
     {module::ModuleIdentity::kPart, module::ModuleIdentity::kVersion, &kIdentity},
     {device::CudaDeviceApi::kPart, device::CudaDeviceApi::kVersion, &kDevice},
     {memory::CudaMemoryApi::kPart, memory::CudaMemoryApi::kVersion, &kMemory},
-    {engine::CudaTierOpsApi::kPart, engine::CudaTierOpsApi::kVersion, &kTierOps},
+    {optim::CudaTierUpdateApi::kPart, optim::CudaTierUpdateApi::kVersion, &kTierUpdate},
 #if STRATA_WITH_NCCL
     {comm::NcclApi::kPart, comm::NcclApi::kVersion, &kNccl},
 #endif

@@ -30,7 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "offload/io_queue.h"
+#include "runtime/offload/io_queue.h"
 #include "runtime/checkpoint/safetensors.h"
 
 namespace strata::checkpoint {

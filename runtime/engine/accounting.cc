@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "offload/nvme_store.h"
+#include "runtime/offload/nvme_store.h"
 #include "runtime/optim/nvme_state.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/optim/state_kind.h"
@@ -13,7 +13,7 @@ namespace {
 
 // The sizes of the engine-wide buffers (what Finalize's SetUp* functions allocate), from the pools' plans,
 // the largest shard and the largest update range. `trained_shard` is the largest trainable shard, which
-// sizes the reduce-scatter's scratch (frozen units have none: Note [Frozen units] in engine_impl.h).
+// sizes the reduce-scatter's scratch (frozen units have none: Note [Frozen units] in placement.h).
 SharedSizes SharedSizesOf(const EngineConfig& cfg, int live, const PoolPlans& pools, size_t largest_shard,
                           size_t trained_shard, size_t tile_elems, const AccountingTarget& target) {
   const uint64_t param_bytes = DTypeBytes(cfg.param_dtype);

@@ -153,13 +153,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& given
   const bool host_update =
       device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
   STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
-  impl->rt.host_ops = MakeHostTierOps(&impl->rt.host_executor);
+  impl->rt.host_ops = memory::MakeHostTierOps(&impl->rt.host_threads);
+  impl->rt.host_update = optim::MakeHostTierUpdate(&impl->rt.host_executor);
   STRATA_ASSIGN_OR_RETURN(impl->rt.groups, ResolveShardGroups(config, world, *impl->rt.step_stream));
   if (device.kind() == device::DeviceKind::kCuda) {  // Note [Engine on CUDA]
     STRATA_RETURN_IF_ERROR(impl->SetUpCuda(world));
   } else {
     STRATA_RETURN_IF_ERROR(impl->SetUpHostComms(world));  // engine_groups.cc
-    impl->rt.device_ops = MakeHostTierOps(&impl->rt.host_executor);
+    impl->rt.device_ops = memory::MakeHostTierOps(&impl->rt.host_threads);
+    impl->rt.device_update = optim::MakeHostTierUpdate(&impl->rt.host_executor);
   }
   impl->DecidePlace();  // over the tiers SetUpCuda made
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

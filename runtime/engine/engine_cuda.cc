@@ -26,7 +26,8 @@ absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
 #if STRATA_WITH_NCCL
   STRATA_ASSIGN_OR_RETURN(const comm::NcclApi* nccl, comm::NcclBackend());
   STRATA_ASSIGN_OR_RETURN(const memory::CudaMemoryApi* cuda_memory, memory::CudaMemoryBackend());
-  STRATA_ASSIGN_OR_RETURN(rt.device_ops, MakeCudaTierOps(*rt.device));
+  STRATA_ASSIGN_OR_RETURN(rt.device_ops, memory::MakeCudaTierOps(*rt.device));
+  STRATA_ASSIGN_OR_RETURN(rt.device_update, optim::MakeCudaTierUpdate(*rt.device));
   // Offloaded state is registered host memory, so the copies to and from the GPU are asynchronous DMA.
   rt.host_alloc = cuda_memory->create_host_allocator(cfg.host_budget_bytes, &rt.tracker);
   rt.control_host_stream = std::make_unique<device::HostStream>("control");

@@ -34,7 +34,9 @@ std::unique_ptr<shard::ParamSource> Engine::Impl::HostParamSource(shard::SourceE
     return shard::MakeCachedSource(pstore.param_cache.get(), static_cast<int>(pstore.param_buffers->buffer_count()),
                                    std::move(env));
   }
-  return shard::MakeMemorySource([this](int unit) -> const void* { return units[unit].params.data(); });
+  std::vector<const void*> shards;  // the units' buffers are allocated (Finalize) and stay where they are
+  for (const UnitState& u : units) shards.push_back(u.params.data());
+  return shard::MakeMemorySource(std::move(shards));
 }
 
 absl::Status Engine::Impl::SetUpGatherer(const shard::SlotPlan& slots) {
@@ -50,11 +52,8 @@ absl::Status Engine::Impl::SetUpGatherer(const shard::SlotPlan& slots) {
   std::unique_ptr<shard::ParamSource> source = HostParamSource(std::move(env));
   if (cfg.offload_param.device != OffloadDevice::kNone && rt.gather_comm->device_buffers()) {  // Note [Staged gathers]
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> copy_stream, rt.device->CreateStream("h2d"));
-    auto copy = [this](device::Stream& s, void* dst, const void* host, size_t bytes) {
-      rt.device_ops->FromHostOn(s, dst, host, bytes);
-    };
     STRATA_ASSIGN_OR_RETURN(source, shard::MakeStagedSource(std::move(source), std::move(copy_stream), *rt.device,
-                                                            pool.size(), copy, &progress.timeline));
+                                                            pool.size(), *rt.device_ops, &progress.timeline));
   }
   gatherer = std::make_unique<shard::Gatherer>(
       std::move(pool), std::move(gathered), std::move(source),
@@ -100,15 +99,9 @@ absl::Status Engine::Impl::SetUpReducer(const shard::SlotPlan& slots, size_t lar
   if (GradStagingNeeded()) {
     STRATA_ASSIGN_OR_RETURN(staging, rt.host_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
   }
-  shard::ReduceOps ops{
-      [this](void* p, size_t bytes) { return rt.device_ops->Zero(p, bytes); },
-      [shards = &OptimizerOps()](device::Stream& s, float* grads, const float* src, size_t n) {  // the shards' tier
-        shards->AccumulateOn(s, grads, src, n);
-      },
-      [this](device::Stream& s, void* host, const void* dev, size_t bytes) {
-        rt.device_ops->ToHostOn(s, host, dev, bytes);
-      }};
-  if (!place.grad_shards) ops.accumulate = nullptr;  // the update in backward reads the reduced shard itself
+  // The working buffers are on the device tier, the gradient shards on the optimizer's; without shards the
+  // update in backward reads the reduced shard itself.
+  shard::ReduceOps ops{rt.device_ops.get(), place.grad_shards ? &OptimizerOps() : nullptr};
   reducer = shard::MakeReduceScatterReducer(std::move(reduced), env, std::move(ops), std::move(pool),
                                             std::move(scratch), std::move(staging));
   return absl::OkStatus();

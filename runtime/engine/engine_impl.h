@@ -8,15 +8,7 @@
 //   stage 2: params P,               grads S, master S*, state S        the param storage itself)
 //   stage 3: params S,               grads S, master S*, state S,  plus pooled gathered / working buffers
 //
-// Note [Frozen units]. A unit whose parameters are frozen (shard::ParamSpec::frozen; RegisterUnit refuses
-// a unit that mixes frozen and trainable ones) holds only its params, placed, sharded and gathered as a
-// trainable unit's: no grads, no master, no optimizer state, no working gradient buffer. Its backward
-// uses gather the params (the trainer still computes input gradients with them) but Grad() is nullptr
-// and EndBackward reduces nothing; the step skips it (no norm term, no update, nothing to re-replicate at
-// stages 1-2). Its update range is the range the rank owns, never updated: ReadState / WriteState of
-// kMaster read and write the param storage there, converted to and from fp32 (exact for bf16 and fp16),
-// so checkpoints, export, GatherUnit and SetParam treat it as a master that has no optimizer state.
-// Checkpoints save only its master kind and mark its parameters frozen (checkpoint/manifest.h).
+// A frozen unit holds its params alone: Note [Frozen units] in placement.h.
 #pragma once
 
 #include <algorithm>
@@ -29,26 +21,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-
 #include "runtime/comm/agree.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/shard_groups.h"
 #include "runtime/device/timeline.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/placement.h"
-#include "runtime/engine/tier_ops.h"
 #include "runtime/memory/memory.h"
+#include "runtime/memory/tier_ops.h"
+#include "runtime/offload/io_queue.h"
+#include "runtime/offload/nvme_store.h"
+#include "runtime/offload/pinned_pool.h"
+#include "runtime/offload/shard_cache.h"
 #include "runtime/optim/loss_scale.h"
 #include "runtime/optim/memory_state.h"
 #include "runtime/optim/state_kind.h"
 #include "runtime/optim/state_store.h"
 #include "runtime/optim/step.h"
-#include "offload/io_queue.h"
-#include "offload/nvme_store.h"
-#include "offload/pinned_pool.h"
-#include "offload/shard_cache.h"
+#include "runtime/optim/tier_update.h"
 #include "runtime/shard/gatherer.h"
 #include "runtime/shard/grad_reducer.h"
+#include "runtime/shard/param_storage.h"
 #include "runtime/shard/schedule.h"
 #include "runtime/shard/slot_pool.h"
 
@@ -103,14 +96,23 @@ struct EngineRuntime {
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Allocator> device_alloc;
   std::unique_ptr<memory::Allocator> host_alloc;  // the pinned-host tier (offloaded state), host budget
-  // Where host-memory optimizer updates run (HostTierOps and the NVMe tiles read this slot): a pool of
-  // strata.optimizer_threads threads, or empty for one thread. Declared before the ops that point at it.
+  // Where host-memory optimizer updates run (the host tier's update and the NVMe tiles read this slot): a
+  // pool of strata.optimizer_threads threads, or empty for one thread; host_threads is its kernels and
+  // pool as the host tier's casts read them (SetOptimizerThreads sets both). Declared before the ops that
+  // point at them.
   std::unique_ptr<optim::HostExecutor> host_executor;
-  // Note [Tier ops]: the operations on buffer contents, per tier. device_ops is HostTierOps on host
-  // devices (the device tier is host memory there) and CudaTierOps on CUDA devices.
-  std::unique_ptr<TierOps> device_ops, host_ops;
-  TierOps& OpsOf(const memory::Allocator& a) const {
+  memory::HostThreads host_threads;
+  // Note [Tier ops] (runtime/memory/tier_ops.h): the operations on buffer contents, per tier, and the
+  // optimizer's update over each (optim/tier_update.h). The device tier's are the host ones on host
+  // devices (the device tier is host memory there) and the CUDA ones on CUDA devices. The engine hands
+  // them to shard/ and optim/, which call them directly.
+  std::unique_ptr<memory::TierOps> device_ops, host_ops;
+  std::unique_ptr<optim::TierUpdate> device_update, host_update;
+  memory::TierOps& OpsOf(const memory::Allocator& a) const {
     return a.tier() == memory::Tier::kDevice ? *device_ops : *host_ops;
+  }
+  optim::TierUpdate& UpdateOf(const memory::Allocator& a) const {
+    return a.tier() == memory::Tier::kDevice ? *device_update : *host_update;
   }
   // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
   // step_comm on host devices; on CUDA devices a host communicator beside the NCCL ones.
@@ -126,14 +128,14 @@ struct EngineRuntime {
 };
 
 // The rank's parameter storage beside the units' own buffers: with offload_param = nvme the shards in an
-// NVMe store behind a cache of pinned buffers (Note [NVMe params]; all null otherwise), and
-// ParamStorage's host copy of device parameters.
+// NVMe store behind a cache of pinned buffers (Note [NVMe params]; all null otherwise), and the host
+// access to a range of it (shard/param_storage.h), which ParamStorage and the step's updates open.
 struct ParamStore {
   std::unique_ptr<offload::NvmeStore> param_store;
   std::unique_ptr<offload::PinnedPool> param_buffers;
   std::unique_ptr<offload::ShardCache> param_cache;
   offload::ShardCacheStats param_io_mark;  // cache counters when the last step ended
-  std::vector<char> param_scratch;  // ParamStorage's host copy of device parameters, reused
+  shard::ParamStorage param_access;        // holds the host copy of device parameters, reused
 };
 
 // Where the engine is in its protocol (registration, micro-batches, steps, a failed hook), the loss
@@ -204,11 +206,7 @@ struct Engine::Impl {
   absl::Status SetUpHostComms(comm::Communicator& host_world);
   absl::Status SetUpGroupControl();
 
-  // Note [Tier placement] (DeepSpeed's offload_param / offload_optimizer semantics): parameter shards
-  // live on the device unless offload_param says cpu; with offload_optimizer the fp32 master, the fp32
-  // gradient shard and Adam's m, v live on the host tier and the update runs there. The master is a
-  // separate buffer whenever it cannot be the parameter storage itself (low-precision params, or the
-  // optimizer offloaded away from the parameters). Gathered and working buffers stay on the device.
+  // Note [Tier placement] and Note [Placement] (placement.h): which tier each buffer lives on.
   Placement place;  // decided once, in Create (Note [Placement])
   // Decides `place` over the current tiers, whose pointers it holds; again whenever a tier is replaced
   // (on CUDA, SetUpCuda replaces the pinned-host tier and CreateDeviceArena the device tier).
@@ -265,6 +263,8 @@ struct Engine::Impl {
   // false: fn overwrites the whole range, so it is not read first.
   absl::Status ParamStorage(UnitState& u, size_t offset, size_t bytes, const std::function<absl::Status(char* p)>& fn,
                             bool keep);
+  // That range as the parameter storage opens it (shard/param_storage.h).
+  shard::ParamRange ParamRangeOf(UnitState& u, size_t offset, size_t bytes) const;
   // Where this rank's update range starts in its parameter storage, in bytes.
   size_t UpdateParamOffset(const UnitState& u) const {
     return (u.ext.update_begin - u.ext.param_begin) * param_bytes();
@@ -276,9 +276,10 @@ struct Engine::Impl {
   // offload_param (cpu or nvme) under a device-buffer communicator: Note [Staged gathers] in
   // shard/param_source.h.
   memory::Allocator& OptimizerTier() const { return *place.grads; }  // the gradients live with the optimizer
-  TierOps& ParamOps() const { return rt.OpsOf(ParamTier()); }
-  TierOps& OptimizerOps() const { return rt.OpsOf(OptimizerTier()); }
-  TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
+  memory::TierOps& ParamOps() const { return rt.OpsOf(ParamTier()); }
+  memory::TierOps& OptimizerOps() const { return rt.OpsOf(OptimizerTier()); }
+  memory::TierOps& MasterOps() const { return separate_master() ? OptimizerOps() : ParamOps(); }
+  optim::TierUpdate& OptimizerUpdate() const { return rt.UpdateOf(OptimizerTier()); }
   std::vector<UnitState> units;
   // Note [Param groups] (runtime/optim/optimizer.cc): the distinct own (lr, weight decay) pairs of the
   // registered parameters, numbered in registration order; [0] is the config's (neither set). Each update
@@ -310,7 +311,7 @@ struct Engine::Impl {
   size_t param_bytes() const { return DTypeBytes(cfg.param_dtype); }
   // The gradient memory's alignment on `tier`: 2 MiB with strata.release_idle_memory where the tier hands
   // pages back, so the pages faulted in again after each step are huge pages (Note [Huge pages],
-  // offload/pinned_pool.cc; Note [Idle pages]); 64 otherwise (a device arena is sized to the byte).
+  // runtime/offload/pinned_pool.cc; Note [Idle pages]); 64 otherwise (a device arena is sized to the byte).
   size_t GradAlignment(const memory::Allocator* tier) const {
     return cfg.release_idle_memory && tier != nullptr && tier->hands_back_pages() ? size_t{2} << 20 : 64;
   }

@@ -79,20 +79,22 @@ absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
 absl::Status Engine::Impl::ParamStorage(UnitState& u, size_t offset, size_t bytes,
                                          const std::function<absl::Status(char* p)>& fn, bool keep) {
   if (bytes == 0) return absl::OkStatus();
-  if (nvme_params()) {  // the cache writes whole shards: a part of one keeps the rest
-    const int unit = static_cast<int>(&u - units.data());
-    const bool whole = offset == 0 && bytes == u.layout.shard_elems * param_bytes();
-    return pstore.param_cache->Write(
-        unit, [&](void* dst) { return fn(static_cast<char*>(dst) + offset); }, keep || !whole);
-  }
-  if (ParamOps().host_visible()) return fn(u.params.as<char>() + offset);
-  // Device memory: through a host copy of the range.
-  pstore.param_scratch.resize(std::max(pstore.param_scratch.size(), bytes));
-  char* host = pstore.param_scratch.data();
-  char* dev = u.params.as<char>() + offset;
-  if (keep) STRATA_RETURN_IF_ERROR(ParamOps().ToHost(host, dev, bytes));
-  STRATA_RETURN_IF_ERROR(fn(host));
-  return ParamOps().FromHost(dev, host, bytes);
+  STRATA_ASSIGN_OR_RETURN(char* p, pstore.param_access.Open(ParamRangeOf(u, offset, bytes), keep));
+  const absl::Status s = fn(p);
+  STRATA_RETURN_IF_ERROR(pstore.param_access.Close(s.ok()));
+  return s;
+}
+
+shard::ParamRange Engine::Impl::ParamRangeOf(UnitState& u, size_t offset, size_t bytes) const {
+  shard::ParamRange r;
+  r.ops = &ParamOps();
+  r.cache = nvme_params() ? pstore.param_cache.get() : nullptr;  // then the cache holds the shards (no u.params)
+  r.unit = UnitIndex(u);
+  r.params = u.params.as<char>();
+  r.shard_bytes = u.layout.shard_elems * param_bytes();
+  r.offset = offset;
+  r.bytes = bytes;
+  return r;
 }
 
 absl::Status Engine::Impl::SetUpNvme(size_t tile_elems) {
@@ -117,23 +119,6 @@ absl::Status Engine::Impl::SetUpNvme(size_t tile_elems) {
 }
 
 namespace {
-// The tier's operations as the memory-resident state takes them (optim/memory_state.h).
-optim::MemoryOps MemoryOpsOf(TierOps& t) {
-  optim::MemoryOps ops;
-  ops.host_visible = t.host_visible();
-  ops.to_host = [&t](void* host, const void* src, size_t bytes) { return t.ToHost(host, src, bytes); };
-  ops.from_host = [&t](void* dst, const void* host, size_t bytes) { return t.FromHost(dst, host, bytes); };
-  ops.update = [&t](const optim::OptimizerConfig& cfg, const optim::ShardState& s,
-                    const std::vector<shard::Segment>& segs, absl::Span<const optim::GroupHyper> groups, int64_t step,
-                    float grad_scale, uint16_t* param_copy, DType copy_dtype) {
-    return t.Update(cfg, s, segs, groups, step, grad_scale, param_copy, copy_dtype);
-  };
-  ops.cast = [&t](DType to, const float* src, void* dst, size_t n) { return t.Cast(to, src, dst, n); };
-  return ops;
-}
-}  // namespace
-
-namespace {
 float LoadAs(DType dtype, const char* base, size_t index) {
   switch (dtype) {
     case DType::kF32: return reinterpret_cast<const float*>(base)[index];
@@ -149,9 +134,9 @@ absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
 }
 }  // namespace
 
-// Note [Frozen units]. ParamStorage hands out the range itself in host memory, or a host copy (keep: read
-// first); with NVMe params the cache writes the unchanged shard back, which only checkpoints and exports
-// pay.
+// A frozen unit's master (Note [Frozen units] in placement.h): ParamStorage hands out the range itself in
+// host memory, or a host copy (keep: read first); with NVMe params the cache writes the unchanged shard back,
+// which only checkpoints and exports pay.
 absl::StatusOr<std::vector<float>> Engine::Impl::ReadFrozen(UnitState& u, optim::StateKind kind) {
   if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
   std::vector<float> out(update_elems(u));
@@ -179,8 +164,8 @@ absl::Status Engine::Impl::EditState(UnitState& u, optim::StateKind kind, const 
 
 absl::Status Engine::Impl::SetUpState(std::vector<optim::MemoryUnit> held) {
   if (place.state == nullptr) return absl::OkStatus();  // on NVMe: SetUpNvme made it before the units' buffers
-  state = std::make_unique<optim::MemoryState>(MemoryOpsOf(MasterOps()), MemoryOpsOf(OptimizerOps()),
-                                               separate_master(), std::move(held));
+  state = std::make_unique<optim::MemoryState>(MasterOps(), OptimizerOps(), OptimizerUpdate(), separate_master(),
+                                               std::move(held));
   return absl::OkStatus();
 }
 

@@ -27,12 +27,14 @@ absl::Status Engine::Impl::SetOptimizerThreads(int threads) {
   EngineConfig resolved = cfg;
   resolved.optimizer_threads = threads;
   const int n = OptimizerThreads(resolved);
+  rt.host_threads = memory::HostThreads{};
   rt.host_executor.reset();  // before the new pool, so the two never both hold workers
   if (n == 1) return absl::OkStatus();  // the calling thread: exactly the single-threaded path
   // The variant ApplyUpdate uses without an executor (STRATA_CPU_ISA, else the widest), so that only
   // the thread count differs.
   STRATA_ASSIGN_OR_RETURN(rt.host_executor,
                           optim::HostExecutor::Create(n, kernels::cpu::IsaName(optim::DefaultHostKernels().isa)));
+  rt.host_threads = memory::HostThreads{&rt.host_executor->kernels(), rt.host_executor->pool()};
   return absl::OkStatus();
 }
 
@@ -81,13 +83,6 @@ absl::Status Engine::Impl::ZeroGrads() {
   return absl::OkStatus();
 }
 
-namespace {
-optim::GradOps GradOpsOf(TierOps& t) {
-  return optim::GradOps{[&t](float* p, size_t n, float factor) { return t.Scale(p, n, factor); },
-                        [&t](const float* p, size_t n) { return t.SumSquares(p, n); }};
-}
-}  // namespace
-
 double Engine::Impl::NextLr(std::optional<double> own_lr) const {
   return optim::GroupLr(cfg.scheduler, cfg.optimizer.lr, own_lr, progress.step);
 }
@@ -116,19 +111,17 @@ optim::StepInputs Engine::Impl::StepInputsNow() {
   // Stage 0 holds the full, already averaged gradient on every rank. Replicas of a shard group hold the
   // same shards, so the group's sum is the global one (engine_groups.cc).
   if (cfg.stage != 0) {
-    in.sum_across_ranks = [&](float* total_sq) {
-      return progress.TimedWait([&] {
-        return rt.group_control->AllReduce(total_sq, total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *rt.control_stream)
-            .Wait();
-      });
-    };
+    in.norm_comm = rt.group_control;
+    in.norm_stream = rt.control_stream;
+    in.norm_wait_ns = &progress.exposed_comm_ns;  // as TimedWait charges it
   }
   return in;
 }
 
 optim::StepUnit Engine::Impl::StepUnitOf(UnitState& u, float* grad) {
   optim::ParamsAccess params;
-  params.on_host = [this, &u](const std::function<absl::Status(char*)>& fn) { return UpdateParamStorage(u, fn); };
+  params.storage = &pstore.param_access;
+  params.range = ParamRangeOf(u, UpdateParamOffset(u), update_elems(u) * param_bytes());
   // Device state updates device params in place (no param buffer with parameter shards on NVMe).
   params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
   const size_t i = static_cast<size_t>(UnitIndex(u));
@@ -248,7 +241,7 @@ absl::Status Engine::Impl::UpdatePending() {
   UnitState& u = units[unit];
   const optim::StepInputs in = StepInputsNow();
   const optim::StepUnit su = StepUnitOf(u, reducer->reduced());
-  STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(GradOpsOf(OptimizerOps()), su, in.grad_scale));
+  STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(OptimizerOps(), su, in.grad_scale));
   progress.fused_sq.resize(units.size(), 0.0);
   progress.fused_done.resize(units.size(), 0);
   progress.fused_sq[unit] = sq;
@@ -316,11 +309,10 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
       step_units.push_back(StepUnitOf(u, GradUpdatePtr(u)));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(
-      const optim::StepOutcome out,
-      cfg.optimizer_in_backward
-          ? FinishStepInBackward(in)
-          : optim::RunOptimizerStep(*state, cfg.optimizer, GradOpsOf(OptimizerOps()), step_units, in));
+  STRATA_ASSIGN_OR_RETURN(const optim::StepOutcome out,
+                          cfg.optimizer_in_backward
+                              ? FinishStepInBackward(in)
+                              : optim::RunOptimizerStep(*state, cfg.optimizer, OptimizerOps(), step_units, in));
   progress.exposed_io_ns += out.io.read_wait_ns + out.io.write_wait_ns;
   progress.nvme_read_bytes += out.io.bytes_read;
   progress.nvme_write_bytes += out.io.bytes_written;

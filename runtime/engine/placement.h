@@ -3,7 +3,24 @@
 // (DecidePlacement, at Create) and once per unit (DecideExtents, at RegisterUnit), so the engine's
 // functions read the decision instead of testing the stage and the offload devices again (issue 16:
 // no engine function branches on stage or placement more than once). The storage table per stage is
-// in engine_impl.h; Note [Tier placement] there says why each buffer lives where it does.
+// in engine_impl.h.
+//
+// Note [Tier placement] (DeepSpeed's offload_param / offload_optimizer semantics): parameter shards
+// live on the device unless offload_param says cpu; with offload_optimizer the fp32 master, the fp32
+// gradient shard and Adam's m, v live on the host tier and the update runs there. The master is a
+// separate buffer whenever it cannot be the parameter storage itself (low-precision params, or the
+// optimizer offloaded away from the parameters). Gathered and working buffers stay on the device.
+//
+// Note [Frozen units]. A unit whose parameters are frozen (shard::ParamSpec::frozen; RegisterUnit refuses a
+// unit that mixes frozen and trainable ones) holds only its params (DecideExtents below), placed, sharded and
+// gathered as a trainable unit's: no grads, no master, no optimizer state, no working gradient buffer. Its
+// backward uses gather the params (the trainer still computes input gradients with them) but Grad() is
+// nullptr and EndBackward reduces nothing; the step skips it (no norm term, no update, nothing to
+// re-replicate at stages 1-2). Its update range is the range the rank owns, never updated: ReadState /
+// WriteState of kMaster read and write the param storage there (ReadFrozen / WriteFrozen, engine_nvme.cc),
+// converted to and from fp32 (exact for bf16 and fp16), so checkpoints, export, GatherUnit and SetParam treat
+// it as a master that has no optimizer state. Checkpoints save only its master kind and mark its parameters
+// frozen (checkpoint/manifest.h).
 #pragma once
 
 #include <cstddef>
@@ -35,7 +52,7 @@ struct Placement {
 Placement DecidePlacement(const EngineConfig& cfg, memory::Allocator* device, memory::Allocator* host);
 
 // The elements [begin, begin + elems) of a unit that each of its buffers holds on one rank.
-// A frozen unit (Note [Frozen units] in engine_impl.h) has no gradients and no update: grad_elems is 0 and
+// A frozen unit (Note [Frozen units] above) has no gradients and no update: grad_elems is 0 and
 // update_segments is empty, but its update range is still the range the rank owns (saves, restores,
 // gathers for export), exactly where a trainable unit's would be.
 struct UnitExtents {

@@ -144,7 +144,7 @@ void* HostAllocator::RawAllocate(size_t bytes, size_t alignment) { return Aligne
 void* AlignedHostAlloc(size_t bytes, size_t alignment) {
   void* p = nullptr;
   if (posix_memalign(&p, alignment < sizeof(void*) ? sizeof(void*) : alignment, bytes) != 0) return nullptr;
-  // Note [Huge pages] (offload/pinned_pool.cc): asking for 2 MiB alignment means "back me with huge
+  // Note [Huge pages] (runtime/offload/pinned_pool.cc): asking for 2 MiB alignment means "back me with huge
   // pages". With transparent_hugepage = madvise (Debian's default) that takes MADV_HUGEPAGE, before the
   // zero fill touches the pages. A hint: refused or unsupported, the pages stay 4 KiB.
   constexpr size_t kHugePage = size_t{2} << 20;

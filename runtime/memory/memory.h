@@ -156,7 +156,7 @@ class HostAllocator final : public Allocator {
 };
 
 // posix_memalign of `bytes` at `alignment` (free with std::free), with the huge-page advice for 2 MiB
-// alignment (Note [Huge pages] in offload/pinned_pool.cc); nullptr on failure. What HostAllocator hands out.
+// alignment (Note [Huge pages] in runtime/offload/pinned_pool.cc); nullptr on failure. What HostAllocator hands out.
 void* AlignedHostAlloc(size_t bytes, size_t alignment);
 
 // The resident bytes among the whole pages inside [p, p + bytes) of host memory (mincore), and how many

@@ -10,9 +10,11 @@ absl::Status StateStore::Edit(int unit, StateKind kind, const std::function<void
   return write_back ? Write(unit, kind, staged) : absl::OkStatus();
 }
 
-MemoryState::MemoryState(MemoryOps master_ops, MemoryOps state_ops, bool master_apart, std::vector<MemoryUnit> units)
-    : master_ops_(std::move(master_ops)),
-      state_ops_(std::move(state_ops)),
+MemoryState::MemoryState(memory::TierOps& master_ops, memory::TierOps& state_ops, TierUpdate& update, bool master_apart,
+                         std::vector<MemoryUnit> units)
+    : master_ops_(master_ops),
+      state_ops_(state_ops),
+      update_(update),
       master_apart_(master_apart),
       units_(std::move(units)) {}
 
@@ -24,16 +26,16 @@ float* MemoryState::Ptr(int unit, StateKind kind) {
 
 absl::StatusOr<std::vector<float>> MemoryState::Read(int unit, StateKind kind) {
   std::vector<float> out(units_[unit].elems);
-  STRATA_RETURN_IF_ERROR(OpsOf(kind).to_host(out.data(), Ptr(unit, kind), out.size() * 4));
+  STRATA_RETURN_IF_ERROR(OpsOf(kind).ToHost(out.data(), Ptr(unit, kind), out.size() * 4));
   return out;
 }
 
 absl::Status MemoryState::Write(int unit, StateKind kind, const std::vector<float>& values) {
-  return OpsOf(kind).from_host(Ptr(unit, kind), values.data(), values.size() * 4);
+  return OpsOf(kind).FromHost(Ptr(unit, kind), values.data(), values.size() * 4);
 }
 
 absl::Status MemoryState::Edit(int unit, StateKind kind, const std::function<void(float*)>& fn, bool write_back) {
-  if (!OpsOf(kind).host_visible) return StateStore::Edit(unit, kind, fn, write_back);
+  if (!OpsOf(kind).host_visible()) return StateStore::Edit(unit, kind, fn, write_back);
   fn(Ptr(unit, kind));
   return absl::OkStatus();
 }
@@ -46,13 +48,13 @@ absl::StatusOr<offload::TilePipelineStats> MemoryState::Step(int unit, const Opt
   // storage); an fp32 master kept apart is copied.
   auto update = [&](char* params) -> absl::Status {
     const bool copy = up.param_dtype != DType::kF32;
-    STRATA_RETURN_IF_ERROR(state_ops_.update(cfg, s, *up.segments, up.groups, up.step, up.clip_coef,
-                                             copy ? reinterpret_cast<uint16_t*>(params) : nullptr, up.param_dtype));
-    if (!copy && master_apart_) return state_ops_.cast(DType::kF32, s.master, params, u.elems);
+    STRATA_RETURN_IF_ERROR(update_.Update(cfg, s, *up.segments, up.groups, up.step, up.clip_coef,
+                                          copy ? reinterpret_cast<uint16_t*>(params) : nullptr, up.param_dtype));
+    if (!copy && master_apart_) return state_ops_.Cast(DType::kF32, s.master, params, u.elems);
     return absl::OkStatus();
   };
-  // Device state updates device params in place (Note [Tier ops] in runtime/engine/tier_ops.h).
-  STRATA_RETURN_IF_ERROR(state_ops_.host_visible ? up.params.on_host(update) : update(up.params.in_place));
+  // Device state updates device params in place (Note [Tier ops] in runtime/memory/tier_ops.h).
+  STRATA_RETURN_IF_ERROR(state_ops_.host_visible() ? WriteParamsOnHost(up.params, update) : update(up.params.in_place));
   return offload::TilePipelineStats{};
 }
 

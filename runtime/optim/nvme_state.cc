@@ -108,7 +108,7 @@ absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const Opt
 
 absl::StatusOr<offload::TilePipelineStats> NvmeState::Step(int unit, const OptimizerConfig& cfg, const UnitStep& up) {
   offload::TilePipelineStats stats;
-  STRATA_RETURN_IF_ERROR(up.params.on_host([&](char* params) -> absl::Status {
+  STRATA_RETURN_IF_ERROR(WriteParamsOnHost(up.params, [&](char* params) -> absl::Status {
     const TiledUpdate tiled{up.grad,   up.segments, params,       up.param_dtype,
                             up.groups, up.step,     up.clip_coef, up.executor};
     STRATA_ASSIGN_OR_RETURN(stats, Update(unit, cfg, tiled));

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "offload/nvme_store.h"
-#include "offload/pinned_pool.h"
-#include "offload/tiled_pipeline.h"
+#include "runtime/offload/nvme_store.h"
+#include "runtime/offload/pinned_pool.h"
+#include "runtime/offload/tiled_pipeline.h"
 #include "runtime/optim/host_executor.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/optim/state_kind.h"

@@ -43,7 +43,7 @@ inline std::vector<StateKind> StateKinds(OptimizerType type) {
 }
 
 // The position of `k` in its optimizer's StateKinds list: 0 master, 1 the first moment (exp_avg or
-// momentum), 2 exp_avg_sq. What orders the lanes of the NVMe tiled update (offload/tiled_pipeline.h).
+// momentum), 2 exp_avg_sq. What orders the lanes of the NVMe tiled update (runtime/offload/tiled_pipeline.h).
 constexpr int StateIndex(StateKind k) { return k == StateKind::kMomentum ? 1 : static_cast<int>(k); }
 
 }  // namespace strata::optim

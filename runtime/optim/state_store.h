@@ -1,7 +1,7 @@
 // StateStore: one run's optimizer state (the fp32 master and every StateKind of every unit) wherever it
 // lives, and the update of one unit over it (issue 16: optim/ owns the state and the step). Two
 // implementations, picked once at Finalize from the placement: MemoryState (memory_state.h: device or
-// pinned-host buffers, reached through the tier's operations as function objects) and NvmeState
+// pinned-host buffers, through the tiers' own operations, Note [Tier ops]) and NvmeState
 // (nvme_state.h: tiles on NVMe). Units are numbered as the engine registered them; each kind covers the
 // unit's update range (the rank's slice at stages 1-3, the whole unit at stage 0).
 #pragma once
@@ -12,25 +12,39 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "offload/tiled_pipeline.h"
 #include "runtime/base/dtype.h"
+#include "runtime/base/status.h"
+#include "runtime/offload/tiled_pipeline.h"
 #include "runtime/optim/host_executor.h"
 #include "runtime/optim/hyper.h"
 #include "runtime/optim/state_kind.h"
 #include "runtime/shard/layout.h"
+#include "runtime/shard/param_storage.h"
 
 namespace strata::optim {
 
 // Where one unit's update writes the updated parameters: the update range of the param storage, in the
 // param dtype. The store picks the access it can use.
 struct ParamsAccess {
-  // Runs fn with the range in host memory (in place where the CPU reaches it, else a host copy written
-  // back); fn overwrites the whole range.
-  std::function<absl::Status(const std::function<absl::Status(char* params)>& fn)> on_host;
+  // The range in host memory through the rank's parameter storage (shard/param_storage.h: in place where
+  // the CPU reaches it, else a host copy written back); the update overwrites the whole range.
+  shard::ParamStorage* storage = nullptr;
+  shard::ParamRange range;
   // The range on the param storage's own tier, for state the CPU cannot reach (device state updates
   // device params in place).
   char* in_place = nullptr;
 };
+
+// Runs write(params) with the update range of `p` in host memory (p.storage), then writes it back; an
+// empty range runs nothing. Called down, not back (docs/design.md "Calls only descend").
+template <typename F>
+absl::Status WriteParamsOnHost(const ParamsAccess& p, F&& write) {
+  STRATA_ASSIGN_OR_RETURN(char* params, p.storage->Open(p.range, /*keep=*/false));
+  if (params == nullptr) return absl::OkStatus();
+  const absl::Status s = write(params);
+  STRATA_RETURN_IF_ERROR(p.storage->Close(s.ok()));
+  return s;
+}
 
 // One unit's step: its gradients over the update range (fp32, already scaled), the parameter runs of
 // the range, where the params go and the step's scalars.

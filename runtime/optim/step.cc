@@ -7,14 +7,20 @@
 
 namespace strata::optim {
 
-absl::StatusOr<double> ScaleAndSumSquares(const GradOps& ops, const StepUnit& u, float grad_scale) {
-  STRATA_RETURN_IF_ERROR(ops.scale(u.grad, u.elems, grad_scale));
-  return ops.sum_squares(u.grad, u.elems);
+absl::StatusOr<double> ScaleAndSumSquares(memory::TierOps& grads, const StepUnit& u, float grad_scale) {
+  STRATA_RETURN_IF_ERROR(grads.Scale(u.grad, u.elems, grad_scale));
+  return grads.SumSquares(u.grad, u.elems);
 }
 
 absl::Status GlobalNorm(double local_sq, const StepInputs& in, StepOutcome* out) {
   float total_sq = static_cast<float>(local_sq);  // what crosses the ranks is fp32
-  if (in.sum_across_ranks) STRATA_RETURN_IF_ERROR(in.sum_across_ranks(&total_sq));
+  if (in.norm_comm != nullptr) {
+    const int64_t t0 = device::NowNs();
+    const absl::Status s =
+        in.norm_comm->AllReduce(&total_sq, &total_sq, 1, DType::kF32, comm::ReduceOp::kSum, *in.norm_stream).Wait();
+    if (in.norm_wait_ns != nullptr) *in.norm_wait_ns += device::NowNs() - t0;
+    STRATA_RETURN_IF_ERROR(s);
+  }
   out->grad_norm = std::sqrt(static_cast<double>(total_sq));
   out->skipped = !std::isfinite(out->grad_norm);
   if (!out->skipped) out->clip_coef = ClipCoefficient(out->grad_norm, in.max_norm);
@@ -34,11 +40,11 @@ absl::Status UpdateUnit(StateStore& store, const OptimizerConfig& cfg, int unit,
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepOutcome> RunOptimizerStep(StateStore& store, const OptimizerConfig& cfg, const GradOps& ops,
+absl::StatusOr<StepOutcome> RunOptimizerStep(StateStore& store, const OptimizerConfig& cfg, memory::TierOps& grads,
                                              const std::vector<StepUnit>& units, const StepInputs& in) {
   double local_sq = 0;
   for (const StepUnit& u : units) {
-    STRATA_ASSIGN_OR_RETURN(const double sq, ScaleAndSumSquares(ops, u, in.grad_scale));
+    STRATA_ASSIGN_OR_RETURN(const double sq, ScaleAndSumSquares(grads, u, in.grad_scale));
     local_sq += sq;
   }
   StepOutcome out;

@@ -9,15 +9,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/device/device.h"
+#include "runtime/memory/tier_ops.h"
 #include "runtime/optim/state_store.h"
 
 namespace strata::optim {
-
-// The operations of the gradients' tier (blocking; pointers on that tier).
-struct GradOps {
-  std::function<absl::Status(float* p, size_t n, float factor)> scale;
-  std::function<absl::StatusOr<double>(const float* p, size_t n)> sum_squares;
-};
 
 // One unit of the step: its gradients over the update range and where its params go.
 struct StepUnit {
@@ -37,9 +34,12 @@ struct StepInputs {
   double max_norm = 0;   // gradient clipping (ClipCoefficient); 0 = off
   DType param_dtype = DType::kF32;
   HostExecutor* executor = nullptr;
-  // Sums the local sum of squares across ranks in place; empty where it is already global (every rank
-  // holds the whole averaged gradient).
-  std::function<absl::Status(float* total_sq)> sum_across_ranks;
+  // The communicator the local sum of squares is summed across (fp32, in place), on norm_stream; null
+  // where it is already global (every rank holds the whole averaged gradient). The wait is added to
+  // *norm_wait_ns when that is set.
+  comm::Communicator* norm_comm = nullptr;
+  device::Stream* norm_stream = nullptr;
+  int64_t* norm_wait_ns = nullptr;
 };
 
 struct StepOutcome {
@@ -51,15 +51,16 @@ struct StepOutcome {
 
 // The parts of the step, which RunOptimizerStep runs in order and the update in backward
 // (strata.optimizer_in_backward) runs unit by unit as the gradients complete:
-// ScaleAndSumSquares scales one unit's gradients and returns their local sum of squares;
-absl::StatusOr<double> ScaleAndSumSquares(const GradOps& ops, const StepUnit& u, float grad_scale);
+// ScaleAndSumSquares scales one unit's gradients (on `grads`, their tier: Note [Tier ops] in
+// runtime/memory/tier_ops.h) and returns their local sum of squares;
+absl::StatusOr<double> ScaleAndSumSquares(memory::TierOps& grads, const StepUnit& u, float grad_scale);
 // GlobalNorm sums local_sq across ranks and sets grad_norm, skipped and clip_coef;
 absl::Status GlobalNorm(double local_sq, const StepInputs& in, StepOutcome* out);
 // UpdateUnit runs the store's step of one unit with clip_coef and adds its pipeline counters to `io`.
 absl::Status UpdateUnit(StateStore& store, const OptimizerConfig& cfg, int unit, const StepUnit& u,
                         const StepInputs& in, float clip_coef, offload::TilePipelineStats* io);
 
-absl::StatusOr<StepOutcome> RunOptimizerStep(StateStore& store, const OptimizerConfig& cfg, const GradOps& ops,
+absl::StatusOr<StepOutcome> RunOptimizerStep(StateStore& store, const OptimizerConfig& cfg, memory::TierOps& grads,
                                              const std::vector<StepUnit>& units, const StepInputs& in);
 
 }  // namespace strata::optim

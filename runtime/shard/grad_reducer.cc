@@ -64,7 +64,7 @@ class ReduceScatterReducer final : public GradReducer {
     slot_[unit] = slot;
     STRATA_RETURN_IF_ERROR(TimedWait(slot_reduce_[slot]));
     STRATA_RETURN_IF_ERROR(pool_.WaitFence(slot));  // the previous owner's reduce-scatter read it
-    return ops_.zero(pool_.view(slot).data, units_[unit].total_elems * 4);
+    return ops_.working->Zero(pool_.view(slot).data, units_[unit].total_elems * 4);
   }
 
   float* reduced() const override { return reduced_; }
@@ -90,11 +90,11 @@ class ReduceScatterReducer final : public GradReducer {
     }
     float* shard = scratch;
     if (!staging_.empty()) {  // device scratch, host shard (offloaded optimizer on a GPU): through pinned staging
-      ops_.to_host(rs, staging_.data(), scratch, n * 4);
+      ops_.working->ToHostOn(rs, staging_.data(), scratch, n * 4);
       shard = staging_.as<float>();
     }
-    if (ops_.accumulate) {
-      ops_.accumulate(rs, u.grads, shard, n);
+    if (ops_.shards != nullptr) {
+      ops_.shards->AccumulateOn(rs, u.grads, shard, n);
     } else {
       reduced_ = shard;  // the caller consumes it (the update in backward)
     }

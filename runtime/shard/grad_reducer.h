@@ -8,7 +8,7 @@
 //               to the gradient shard (through pinned staging when the reduction
 //               runs in device memory and the shard is in host memory), then the slot is fenced and freed.
 //
-// With ReduceOps::accumulate empty (strata.optimizer_in_backward) the reduced shard is not added to a
+// With ReduceOps::shards null (strata.optimizer_in_backward) the reduced shard is not added to a
 // gradient shard: it stays in the scratch (or its staging copy) and reduced() points at it, for the
 // caller to consume after Finish() and before the next Reduce overwrites it.
 //
@@ -30,6 +30,7 @@
 #include "runtime/device/device.h"
 #include "runtime/device/timeline.h"
 #include "runtime/memory/memory.h"
+#include "runtime/memory/tier_ops.h"
 #include "runtime/shard/slot_pool.h"
 
 namespace strata::shard {
@@ -40,15 +41,14 @@ struct ReduceUnit {
   float* grads = nullptr;  // fp32: the full gradient (stages 0-1) or this rank's shard (stages 2-3)
 };
 
-// The tier operations a reduction runs (the engine's TierOps).
+// The tiers a reduction works on (Note [Tier ops] in runtime/memory/tier_ops.h), called directly.
 struct ReduceOps {
-  // Zeroes a working buffer, on the calling thread.
-  std::function<absl::Status(void* p, size_t bytes)> zero;
-  // Enqueues grads[i] += src[i] for i < n, in the memory of the gradient shards. Empty: no gradient
-  // shards; the reduced shard is left for reduced().
-  std::function<void(device::Stream& s, float* grads, const float* src, size_t n)> accumulate;
-  // Enqueues a copy of device bytes to host memory (used only with staging).
-  std::function<void(device::Stream& s, void* host, const void* dev, size_t bytes)> to_host;
+  // The working buffers' and the scratch's tier (the communicator's memory): Zero of a working buffer on
+  // the calling thread, ToHostOn of the scratch into the staging (used only with staging).
+  memory::TierOps* working = nullptr;
+  // The gradient shards' tier: AccumulateOn(grads += the reduced shard). Null: no gradient shards; the
+  // reduced shard is left for reduced().
+  memory::TierOps* shards = nullptr;
 };
 
 struct ReducerEnv {
@@ -73,8 +73,8 @@ class GradReducer {
   // Where backward accumulates the unit's full gradient; nullptr between its Reduce and next Acquire.
   virtual float* working(int unit) const = 0;
   virtual absl::Status Reduce(int unit) = 0;
-  // The last reduction's shard (fp32, the unit's shard_elems, in the memory `accumulate` would have read)
-  // when accumulate is empty; valid after Finish() until the next Reduce or ReleaseIdle (which hands its
+  // The last reduction's shard (fp32, the unit's shard_elems, in the memory the shards' tier would have
+  // read) when ReduceOps::shards is null; valid after Finish() until the next Reduce or ReleaseIdle (which hands its
   // pages back: it then reads as zero). nullptr otherwise.
   virtual float* reduced() const { return nullptr; }
   // Waits for every reduction enqueued (the last one's deadline first, then the stream).

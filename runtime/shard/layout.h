@@ -37,7 +37,7 @@ struct ParamSpec {
   bool weight_decay = false;
   Init init;
   // Frozen (fine-tuning, adapters): gathered and checkpointed like any parameter, never reduced or
-  // updated, with no gradient or optimizer state (Note [Frozen units] in engine/engine_impl.h). A unit's
+  // updated, with no gradient or optimizer state (Note [Frozen units] in engine/placement.h). A unit's
   // parameters are all frozen or all trainable.
   bool frozen = false;
   // The parameter's own hyper-parameters, a torch param group's, where they differ from the config's

@@ -12,14 +12,14 @@ namespace {
 
 class MemorySource final : public ParamSource {
  public:
-  explicit MemorySource(std::function<const void*(int)> shard_of) : shard_of_(std::move(shard_of)) {}
+  explicit MemorySource(std::vector<const void*> shards) : shards_(std::move(shards)) {}
   absl::StatusOr<const void*> Prepare(const GatherCtx& ctx) override {
     if (ctx.fence != nullptr) ctx.stream->WaitFor(*ctx.fence);
-    return shard_of_(ctx.unit);
+    return shards_[ctx.unit];
   }
 
  private:
-  std::function<const void*(int)> shard_of_;
+  std::vector<const void*> shards_;
 };
 
 // Note [NVMe params]: the gather sends from the pinned, cached shard. Unstaged, the gather stream waits
@@ -87,8 +87,8 @@ class CachedSource final : public ParamSource {
 
 }  // namespace
 
-std::unique_ptr<ParamSource> MakeMemorySource(std::function<const void*(int unit)> shard_of) {
-  return std::make_unique<MemorySource>(std::move(shard_of));
+std::unique_ptr<ParamSource> MakeMemorySource(std::vector<const void*> shards) {
+  return std::make_unique<MemorySource>(std::move(shards));
 }
 
 std::unique_ptr<ParamSource> MakeCachedSource(offload::ShardCache* cache, int read_ahead, SourceEnv env) {

@@ -42,9 +42,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "offload/shard_cache.h"
 #include "runtime/device/device.h"
 #include "runtime/device/timeline.h"
+#include "runtime/memory/tier_ops.h"
+#include "runtime/offload/shard_cache.h"
 
 namespace strata::shard {
 
@@ -79,8 +80,8 @@ class ParamSource {
   virtual void Drain() {}
 };
 
-// Shards in memory: shard_of(unit) is where unit's shard starts.
-std::unique_ptr<ParamSource> MakeMemorySource(std::function<const void*(int unit)> shard_of);
+// Shards in memory: shards[unit] is where unit's shard starts (fixed once the buffers are allocated).
+std::unique_ptr<ParamSource> MakeMemorySource(std::vector<const void*> shards);
 
 // What a source charges the time it waits for I/O to, and how it names units in errors.
 struct SourceEnv {
@@ -91,14 +92,12 @@ struct SourceEnv {
 // Shards behind `cache` (one shard per unit); `read_ahead` buffers' worth of units are read ahead.
 std::unique_ptr<ParamSource> MakeCachedSource(offload::ShardCache* cache, int read_ahead, SourceEnv env);
 
-// Copies enqueued on a stream: FromHostOn(stream, dst, host, bytes) of the device's tier operations.
-using CopyOn = std::function<void(device::Stream& stream, void* dst, const void* host, size_t bytes)>;
-
-// `host` (whose shards are host memory) staged through `copy_stream` into the gathered buffer: one event
-// per gathered slot (`slots`), created on `device`.
+// `host` (whose shards are host memory) staged through `copy_stream` into the gathered buffer with
+// `device_ops.FromHostOn` (the gathered buffer's tier, Note [Tier ops] in runtime/memory/tier_ops.h): one
+// event per gathered slot (`slots`), created on `device`. `device_ops` must outlive the source.
 absl::StatusOr<std::unique_ptr<ParamSource>> MakeStagedSource(std::unique_ptr<ParamSource> host,
                                                               std::unique_ptr<device::Stream> copy_stream,
-                                                              device::Device& device, int slots, CopyOn copy,
-                                                              device::Timeline* timeline);
+                                                              device::Device& device, int slots,
+                                                              memory::TierOps& device_ops, device::Timeline* timeline);
 
 }  // namespace strata::shard

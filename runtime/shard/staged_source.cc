@@ -16,9 +16,13 @@ namespace {
 
 class StagedSource final : public ParamSource {
  public:
-  StagedSource(std::unique_ptr<ParamSource> host, std::unique_ptr<device::Stream> copy_stream, CopyOn copy,
-               device::Timeline* timeline, std::vector<std::unique_ptr<device::Event>> copied)
-      : host_(std::move(host)), copy_stream_(std::move(copy_stream)), copy_(std::move(copy)), timeline_(timeline),
+  StagedSource(std::unique_ptr<ParamSource> host, std::unique_ptr<device::Stream> copy_stream,
+               memory::TierOps& device_ops, device::Timeline* timeline,
+               std::vector<std::unique_ptr<device::Event>> copied)
+      : host_(std::move(host)),
+        copy_stream_(std::move(copy_stream)),
+        device_ops_(device_ops),
+        timeline_(timeline),
         copied_(std::move(copied)) {}
 
   absl::StatusOr<const void*> Prepare(const GatherCtx& ctx) override {
@@ -28,7 +32,7 @@ class StagedSource final : public ParamSource {
     STRATA_ASSIGN_OR_RETURN(const void* src, host_->Prepare(on_copy));
     if (src == nullptr) return nullptr;
     auto start = Stamp(*timeline_, *copy_stream_);
-    copy_(*copy_stream_, ctx.own, src, ctx.bytes);
+    device_ops_.FromHostOn(*copy_stream_, ctx.own, src, ctx.bytes);
     AddSpan(*timeline_, *copy_stream_, "h2d", ctx.unit, start);
     host_->Sent(on_copy);
     // The slot's own event: re-recorded only after this gather completed (the slot was released), and
@@ -53,7 +57,7 @@ class StagedSource final : public ParamSource {
  private:
   std::unique_ptr<ParamSource> host_;
   std::unique_ptr<device::Stream> copy_stream_;
-  CopyOn copy_;
+  memory::TierOps& device_ops_;  // the gathered buffer's tier
   device::Timeline* timeline_;
   std::vector<std::unique_ptr<device::Event>> copied_;  // per gathered slot: its copy is done
 };
@@ -62,14 +66,14 @@ class StagedSource final : public ParamSource {
 
 absl::StatusOr<std::unique_ptr<ParamSource>> MakeStagedSource(std::unique_ptr<ParamSource> host,
                                                               std::unique_ptr<device::Stream> copy_stream,
-                                                              device::Device& device, int slots, CopyOn copy,
-                                                              device::Timeline* timeline) {
+                                                              device::Device& device, int slots,
+                                                              memory::TierOps& device_ops, device::Timeline* timeline) {
   std::vector<std::unique_ptr<device::Event>> copied;
   for (int i = 0; i < slots; ++i) {
     copied.push_back(device.CreateEvent());
     if (copied.back() == nullptr) return absl::InternalError("creating the staged gathers' events failed");
   }
-  return std::make_unique<StagedSource>(std::move(host), std::move(copy_stream), std::move(copy), timeline,
+  return std::make_unique<StagedSource>(std::move(host), std::move(copy_stream), device_ops, timeline,
                                         std::move(copied));
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nothing left behind (Note [Swap files leave nothing behind], offload/nvme_files.h): `strata train` with
+# Nothing left behind (Note [Swap files leave nothing behind], runtime/offload/nvme_files.h): `strata train` with
 # parameters and optimizer state on NVMe, on 2 ranks, ended by a normal finish, by an error, by SIGINT,
 # SIGTERM and SIGKILL in the middle of its steps, leaves no file in the NVMe directory; and a dead run's
 # file (as a SIGKILL between a file's creation and its unlink, or an older release, leaves it) is

@@ -1,6 +1,6 @@
 // Tests for offload/extent_allocator: best fit, coalescing, alignment, errors, and a random
 // allocate/free sequence checked against an interval oracle (no overlap, accounting exact).
-#include "offload/extent_allocator.h"
+#include "runtime/offload/extent_allocator.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Tests for offload/io_queue: the same cases on both back-ends (raw requests on a buffered scratch file),
 // then back-end selection: the forced fallback is used and named in the log.
-#include "offload/io_queue.h"
+#include "runtime/offload/io_queue.h"
 
 #include <fcntl.h>
 #include <gmock/gmock.h>

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "offload/nvme_store.h"
+#include "runtime/offload/nvme_store.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace strata::offload {

@@ -2,7 +2,7 @@
 // held by the descriptors, so the kernel frees it however the process ends); keep_files keeps the names,
 // locked, and nothing else removes them while their process lives; a dead run's names, and an older
 // release's, are reclaimed by the next Open, which names them.
-#include "offload/nvme_files.h"
+#include "runtime/offload/nvme_files.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -3,8 +3,6 @@
 // fallback too). Cases: round trips of many extents at awkward sizes with exact and padded buffers,
 // requests in flight from several threads, striping across two paths, a deep queue, short transfers,
 // budgets and accounting, checksum failures, failed writes, and argument errors.
-#include "offload/nvme_store.h"
-
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/offload/nvme_store.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace strata::offload {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "offload/io_queue.h"
-#include "offload/nvme_store.h"
 #include "runtime/memory/memory.h"
+#include "runtime/offload/io_queue.h"
+#include "runtime/offload/nvme_store.h"
 
 namespace strata::offload::testing {
 

@@ -1,7 +1,7 @@
 // Tests for offload/pinned_pool: accounting and budget, locking, hand-out and reuse, the locked-memory
 // limit (checked in a child process that gives up CAP_IPC_LOCK, since root is not bound by the limit),
 // and registration of the pool with the io_uring queue.
-#include "offload/pinned_pool.h"
+#include "runtime/offload/pinned_pool.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@
 #include <string>
 #include <thread>
 
-#include "offload/io_queue.h"
+#include "runtime/offload/io_queue.h"
 
 namespace strata::offload {
 namespace {

@@ -2,7 +2,7 @@
 // next Pin and never evicts other read-ahead, pinned shards are never evicted or overwritten, eviction
 // waits for leases released on another thread, and failed reads / writes are reported without losing
 // the newest bytes. Runs on each I/O back-end.
-#include "offload/shard_cache.h"
+#include "runtime/offload/shard_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -194,6 +194,26 @@ TEST_P(ShardCacheTest, AFailingFillLeavesTheShardAsItWas) {
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(CheckSeed(0, 1), -1);
+}
+
+// BeginWrite / EndWrite are Write in two calls (shard::ParamStorage opens and closes a shard with them): a
+// filled buffer is written through to NVMe, an unfilled one leaves the shard as it was.
+TEST_P(ShardCacheTest, AWriteInTwoCallsIsWrittenThroughOrLeavesTheShard) {
+  Make(1);
+  ASSERT_TRUE(WriteSeed(0, 1).ok());
+  auto dst = cache_->BeginWrite(0, /*keep=*/true);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  EXPECT_EQ(FirstMismatch(static_cast<const char*>(*dst), kShardBytes, 1), -1);  // kept
+  std::memset(*dst, 0, 100);
+  cache_->EndWrite(0, /*filled=*/false);
+  EXPECT_EQ(CheckSeed(0, 1), -1);
+  dst = cache_->BeginWrite(0);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  FillPattern(static_cast<char*>(*dst), kShardBytes, 7);
+  cache_->EndWrite(0, /*filled=*/true);
+  ASSERT_TRUE(WriteSeed(1, 3).ok());  // evicts shard 0: it comes back from NVMe
+  EXPECT_FALSE(cache_->cached(0));
+  EXPECT_EQ(CheckSeed(0, 7), -1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ShardCacheTest, ::testing::ValuesIn(testing::Backends()),

@@ -2,7 +2,7 @@
 // back; grads read-only) gives the same bytes as the same update in memory; while tile i computes, the
 // reads of tile i+1 and the writes of tile i-1 have been issued; a failing tile stops the pipeline
 // cleanly; a pool too small is refused. Runs on each I/O back-end.
-#include "offload/tiled_pipeline.h"
+#include "runtime/offload/tiled_pipeline.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

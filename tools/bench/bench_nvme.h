@@ -1,7 +1,7 @@
 // `strata bench nvme --path DIR[,DIR2...] --block-bytes B --queue-depth Q [--backend auto|uring|threads]
 //                    [--total-bytes T] [--repeat N] [--no-fio] [--sqpoll] [--no-register] [--json]`
 //
-// Sequential write then read throughput of the NVMe store (offload/nvme_store.h: preallocated files,
+// Sequential write then read throughput of the NVMe store (runtime/offload/nvme_store.h: preallocated files,
 // O_DIRECT when the file system allows it, one extent per block, Q blocks in flight through pinned,
 // registered buffers, CRC-32 on every block), and fio's on the same files (the store's own), with the
 // same block size, depth, size and direct flag, in the same run when fio is installed (ioengine io_uring with fixedbufs
@@ -14,13 +14,12 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
-#include "offload/io_queue.h"
+#include "runtime/offload/io_queue.h"
 
 namespace strata::tools {
 

@@ -7,7 +7,7 @@
 // announces it (`busy`), and a signal that arrives meanwhile only leaves a note (`pending`) that the
 // writer acts on when its line is complete. So the file holds whole lines only, one per finished
 // candidate. Nothing else needs cleaning up: the engine's NVMe swap files are unlinked as soon as they
-// are created (offload/nvme_files.h, Note [Swap files leave nothing behind]).
+// are created (runtime/offload/nvme_files.h, Note [Swap files leave nothing behind]).
 #pragma once
 
 #include <string>

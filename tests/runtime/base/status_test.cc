@@ -144,10 +144,10 @@ TEST(ErrnoError, MapsErrnoToTheMatchingStatusCode) {
 }
 
 TEST(ErrnoError, MessageKeepsCallFileLineAndStrerrorText) {
-  const absl::Status s = ErrnoError("pwrite(fd, buf, 4096, 8192)", ENOSPC, "offload/nvme.cc", 123);
+  const absl::Status s = ErrnoError("pwrite(fd, buf, 4096, 8192)", ENOSPC, "runtime/offload/nvme.cc", 123);
   const std::string msg(s.message());
   EXPECT_THAT(msg, HasSubstr("pwrite(fd, buf, 4096, 8192)"));
-  EXPECT_THAT(msg, HasSubstr("offload/nvme.cc:123"));
+  EXPECT_THAT(msg, HasSubstr("runtime/offload/nvme.cc:123"));
   EXPECT_THAT(msg, HasSubstr(std::strerror(ENOSPC)));
   EXPECT_THAT(msg, HasSubstr(absl::StrCat("errno ", ENOSPC)));
 }

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "offload/pinned_pool.h"
 #include "runtime/memory/cuda_arena_allocator.h"
+#include "runtime/offload/pinned_pool.h"
 
 namespace strata::device {
 namespace {

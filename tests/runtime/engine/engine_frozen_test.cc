@@ -1,4 +1,4 @@
-// Frozen units (Note [Frozen units] in runtime/engine/engine_impl.h): a model whose frozen half is
+// Frozen units (Note [Frozen units] in runtime/engine/placement.h): a model whose frozen half is
 // gathered, never reduced or updated and costs only its parameter bytes. Checked at stages 0-3, 1 and 2
 // ranks, fp32 and bf16, with and without the optimizer offloaded: the frozen params are bit for bit
 // untouched after several steps; the trainable half is bit for bit the run of the same trainable units

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/memory/tier_ops.h"
+#include "runtime/shard/param_storage.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace strata::optim {
@@ -77,12 +79,15 @@ void ExpectSameAsInMemory(NvmeStateTest* t, NvmeState& state, const OptimizerCon
   const std::vector<GroupHyper> groups = {{1e-2, cfg.weight_decay}, {3e-2, 0.3}};
   const size_t pb = DTypeBytes(dtype);
   std::vector<char> tiled_params(n * pb, 0), mem_params(n * pb, 0);
+  const std::unique_ptr<memory::TierOps> host = memory::MakeHostTierOps();  // the params are host memory
+  shard::ParamStorage storage;
   for (int64_t step = 1; step <= 2; ++step) {
     const std::vector<float> grad = Values(n, 0.001f * static_cast<float>(step), -0.5f);
     TiledUpdate up{grad.data(), &segs, tiled_params.data(), dtype, groups, step, 0.75f, nullptr};
     // The second step goes through the StateStore interface (the engine's way), the first directly.
     ParamsAccess params;
-    params.on_host = [&](const std::function<absl::Status(char*)>& fn) { return fn(tiled_params.data()); };
+    params.storage = &storage;
+    params.range = shard::ParamRange{host.get(), nullptr, 0, tiled_params.data(), n * pb, 0, n * pb};
     const UnitStep unit_step{grad.data(), &segs, params, dtype, groups, step, 0.75f, nullptr};
     auto stats = step == 1 ? state.Update(0, cfg, up) : static_cast<StateStore&>(state).Step(0, cfg, unit_step);
     ASSERT_TRUE(stats.ok()) << stats.status();

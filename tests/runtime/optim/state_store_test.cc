@@ -7,51 +7,22 @@
 // LossScaler follows DeepSpeed's DynamicLossScaler (hysteresis, window, the minimum) step for step.
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/common/element_math.h"
+#include "runtime/comm/in_process.h"
+#include "runtime/device/host_device.h"
 #include "runtime/optim/loss_scale.h"
 #include "runtime/optim/memory_state.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/optim/step.h"
+#include "runtime/optim/tier_update.h"
+#include "tests/runtime/memory/hooked_tier_ops.h"
 
 namespace strata::optim {
 namespace {
-
-// Host memory as the engine's host tier ops treat it; `visible` = false makes the store stage.
-MemoryOps HostOps(bool visible = true) {
-  MemoryOps ops;
-  ops.host_visible = visible;
-  ops.to_host = [](void* host, const void* src, size_t bytes) {
-    if (bytes) std::memcpy(host, src, bytes);
-    return absl::OkStatus();
-  };
-  ops.from_host = [](void* dst, const void* host, size_t bytes) {
-    if (bytes) std::memcpy(dst, host, bytes);
-    return absl::OkStatus();
-  };
-  ops.update = [](const OptimizerConfig& cfg, const ShardState& s, const std::vector<shard::Segment>& segs,
-                  absl::Span<const GroupHyper> groups, int64_t step, float grad_scale, uint16_t* param_copy,
-                  DType copy_dtype) {
-    UpdateOptions opts;
-    if (param_copy != nullptr) {
-      opts.param_copy = param_copy;
-      opts.param_copy_dtype = copy_dtype;
-    }
-    ApplyUpdate(cfg, s, segs, groups, step, grad_scale, opts);
-    return absl::OkStatus();
-  };
-  ops.cast = [](DType to, const float* src, void* dst, size_t n) {
-    if (to == DType::kF32) {
-      std::memcpy(dst, src, n * 4);
-    } else {
-      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = kernels::FloatToBf16(src[i]);
-    }
-    return absl::OkStatus();
-  };
-  return ops;
-}
 
 std::vector<float> Values(size_t n, float scale, float offset) {
   std::vector<float> v(n);
@@ -65,12 +36,15 @@ memory::Buffer Floats(memory::Allocator& a, size_t n) {
   return b.ok() ? std::move(b).value() : memory::Buffer{};
 }
 
-// Parameter storage of one unit as host bytes; on_host hands it out in place.
+// Parameter storage of one unit as host bytes, which the storage hands out in place.
 struct Params {
   std::vector<char> bytes;
   ParamsAccess Access() {
+    static const std::unique_ptr<memory::TierOps> host = memory::MakeHostTierOps();
+    static shard::ParamStorage storage;
     ParamsAccess a;
-    a.on_host = [this](const std::function<absl::Status(char*)>& fn) { return fn(bytes.data()); };
+    a.storage = &storage;
+    a.range = shard::ParamRange{host.get(), nullptr, 0, bytes.data(), bytes.size(), 0, bytes.size()};
     a.in_place = bytes.data();
     return a;
   }
@@ -93,7 +67,9 @@ class StateStoreTest : public ::testing::Test {
       held[u].m = Floats(alloc_, n);
       if (!sgd) held[u].v = Floats(alloc_, n);
     }
-    return std::make_unique<MemoryState>(HostOps(visible), HostOps(visible), apart, std::move(held));
+    // Host memory as the engine's host tier treats it; not visible makes the store stage.
+    memory::TierOps& ops = visible ? visible_ : hidden_;
+    return std::make_unique<MemoryState>(ops, ops, *update_, apart, std::move(held));
   }
   std::vector<float> Read(StateStore& s, int unit, StateKind k) {
     auto v = s.Read(unit, k);
@@ -104,6 +80,9 @@ class StateStoreTest : public ::testing::Test {
   memory::MemoryTracker tracker_;
   memory::HostAllocator alloc_{memory::Tier::kPinnedHost, memory::kUnlimited, &tracker_};
   std::vector<Params> params_;
+  memory::testing::HookedTierOps visible_, hidden_;
+  std::unique_ptr<TierUpdate> update_ = MakeHostTierUpdate(nullptr);
+  void SetUp() override { hidden_.visible = false; }
 };
 
 TEST_F(StateStoreTest, KindsRoundTripAndEditRunsInPlaceOrStaged) {
@@ -185,14 +164,6 @@ TEST_F(StateStoreTest, StepOnTheParamStorageItselfIsApplyUpdate) {
   ExpectStepIsApplyUpdate(this, *s, params_[0], cfg, DType::kF32, false);
 }
 
-GradOps HostGradOps() {
-  return GradOps{[](float* p, size_t n, float f) {
-                   for (size_t i = 0; i < n; ++i) p[i] *= f;
-                   return absl::OkStatus();
-                 },
-                 [](const float* p, size_t n) -> absl::StatusOr<double> { return SumSquares(p, n); }};
-}
-
 TEST_F(StateStoreTest, StepScalesNormsAcrossRanksClipsAndUpdatesEveryUnitAsTheReference) {
   const size_t n = 300;
   auto s = Make(3, n, false, true);
@@ -216,21 +187,28 @@ TEST_F(StateStoreTest, StepScalesNormsAcrossRanksClipsAndUpdatesEveryUnitAsTheRe
   in.step = 1;
   in.max_norm = 1.0;
   in.param_dtype = DType::kF32;
-  float seen = 0;
-  in.sum_across_ranks = [&](float* sq) {
-    seen = *sq;
-    *sq *= 2;  // another rank with the same norm
-    return absl::OkStatus();
-  };
-  auto out = RunOptimizerStep(*s, cfg, HostGradOps(), units, in);
-  ASSERT_TRUE(out.ok()) << out.status();
   // The reference: the same operations written out.
   double local = 0;
   for (auto& g : ref_grads) {
     for (float& x : g) x *= 0.125f;
     local += SumSquares(g.data(), n);
   }
-  EXPECT_EQ(seen, static_cast<float>(local));
+  // The sum across ranks: a second in-process rank with the same norm, which sees the sum of the two.
+  auto comms = comm::CreateInProcessGroup(2, {});
+  device::HostStream stream0{"control"}, stream1{"control"};
+  in.norm_comm = comms[0].get();
+  in.norm_stream = &stream0;
+  int64_t waited = 0;
+  in.norm_wait_ns = &waited;  // the engine's exposed communication time
+  float seen = static_cast<float>(local);
+  std::thread peer([&] {
+    ASSERT_TRUE(comms[1]->AllReduce(&seen, &seen, 1, DType::kF32, comm::ReduceOp::kSum, stream1).Wait().ok());
+  });
+  memory::testing::HookedTierOps grads_tier;
+  auto out = RunOptimizerStep(*s, cfg, grads_tier, units, in);
+  peer.join();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(seen, static_cast<float>(local) * 2);  // this rank sent its local sum, in fp32
   const double norm = std::sqrt(static_cast<double>(static_cast<float>(local) * 2));
   EXPECT_EQ(out->grad_norm, norm);
   EXPECT_FALSE(out->skipped);
@@ -267,7 +245,8 @@ TEST(RunOptimizerStep, UpdatesLastToFirstAndSumsTheIoCounters) {
   OrderStore store;
   std::vector<float> g(4, 1.0f);
   std::vector<StepUnit> units(3, StepUnit{g.data(), 1, nullptr, {}});
-  auto out = RunOptimizerStep(store, OptimizerConfig{}, HostGradOps(), units, StepInputs{});
+  memory::testing::HookedTierOps grads_tier;
+  auto out = RunOptimizerStep(store, OptimizerConfig{}, grads_tier, units, StepInputs{});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(store.order, (std::vector<int>{2, 1, 0}));
   EXPECT_EQ(out->io.bytes_read, 30u);
@@ -281,7 +260,8 @@ TEST(RunOptimizerStep, ANonFiniteNormSkipsEveryUpdate) {
   std::vector<StepUnit> units(2, StepUnit{g.data(), 2, nullptr, {}});
   StepInputs in;
   in.max_norm = 1;
-  auto out = RunOptimizerStep(store, OptimizerConfig{}, HostGradOps(), units, in);
+  memory::testing::HookedTierOps grads_tier;
+  auto out = RunOptimizerStep(store, OptimizerConfig{}, grads_tier, units, in);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(out->skipped);
   EXPECT_TRUE(store.order.empty());

@@ -13,6 +13,7 @@
 #include "runtime/comm/in_process.h"
 #include "runtime/device/host_device.h"
 #include "tests/offload/offload_test_util.h"
+#include "tests/runtime/memory/hooked_tier_ops.h"
 
 namespace strata::shard {
 namespace {
@@ -38,7 +39,9 @@ struct Rank {
                                    GathererOptions{c, stream.get(), DType::kF32, c->rank(), &timeline, &comm_ns});
   }
   std::unique_ptr<ParamSource> Memory() {
-    return MakeMemorySource([this](int u) -> const void* { return shards[u].data(); });
+    std::vector<const void*> where;
+    for (const std::vector<float>& s : shards) where.push_back(s.data());
+    return MakeMemorySource(std::move(where));
   }
   std::vector<float> Gathered(int unit) const {
     const float* p = reinterpret_cast<const float*>(gatherer->data(unit));
@@ -102,11 +105,10 @@ TEST(Gatherer, ADemandGatherWithoutAFreeBufferNamesTheHoldersAReadAheadWaits) {
   EXPECT_EQ(rank.Gathered(1), Expected(1, 1));
 }
 
-// The staged source over memory shards, its copies through `copy` on its own stream.
-std::unique_ptr<ParamSource> Staged(Rank& me, CopyOn copy) {
+// The staged source over memory shards, its copies through `ops.FromHostOn` on its own stream.
+std::unique_ptr<ParamSource> Staged(Rank& me, memory::TierOps& ops) {
   device::HostDevice dev;
-  auto s = MakeStagedSource(me.Memory(), std::make_unique<device::HostStream>("h2d"), dev, 1, std::move(copy),
-                            &me.timeline);
+  auto s = MakeStagedSource(me.Memory(), std::make_unique<device::HostStream>("h2d"), dev, 1, ops, &me.timeline);
   EXPECT_TRUE(s.ok()) << s.status();
   return *std::move(s);
 }
@@ -114,15 +116,15 @@ std::unique_ptr<ParamSource> Staged(Rank& me, CopyOn copy) {
 TEST(Gatherer, StagedShardsAreCopiedIntoTheOwnBlockThenGatheredInPlace) {
   auto comms = comm::CreateInProcessGroup(1, {});
   std::vector<const void*> copied_to;
-  Rank rank(comms[0].get(), 2, 1, [&](Rank& me) {
-    return Staged(me, [&](device::Stream& s, void* dst, const void* host, size_t bytes) {
-      copied_to.push_back(dst);
-      s.Enqueue([=] {
-        std::memcpy(dst, host, bytes);
-        return absl::OkStatus();
-      });
+  memory::testing::HookedTierOps ops;
+  ops.from_host_on = [&](device::Stream& s, void* dst, const void* host, size_t bytes) {
+    copied_to.push_back(dst);
+    s.Enqueue([=] {
+      std::memcpy(dst, host, bytes);
+      return absl::OkStatus();
     });
-  });
+  };
+  Rank rank(comms[0].get(), 2, 1, [&](Rank& me) { return Staged(me, ops); });
   ASSERT_TRUE(rank.gatherer->Ensure(1).ok());
   EXPECT_EQ(rank.Gathered(1), Expected(1, 1));
   ASSERT_EQ(copied_to.size(), 1u);
@@ -137,11 +139,11 @@ TEST(Gatherer, StagedShardsAreCopiedIntoTheOwnBlockThenGatheredInPlace) {
 // not know, and CheckCopies reports it (annotated) after the gather. Either way Ensure fails with it.
 TEST(Gatherer, AFailedStagedCopyFailsTheGather) {
   auto comms = comm::CreateInProcessGroup(1, {});
-  Rank rank(comms[0].get(), 1, 1, [&](Rank& me) {
-    return Staged(me, [](device::Stream& s, void*, const void*, size_t) {
-      s.Enqueue([] { return absl::InternalError("copy engine fault"); });
-    });
-  });
+  memory::testing::HookedTierOps ops;
+  ops.from_host_on = [](device::Stream& s, void*, const void*, size_t) {
+    s.Enqueue([] { return absl::InternalError("copy engine fault"); });
+  };
+  Rank rank(comms[0].get(), 1, 1, [&](Rank& me) { return Staged(me, ops); });
   absl::Status s = rank.gatherer->Ensure(0);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(s.message()), HasSubstr("copy engine fault"));

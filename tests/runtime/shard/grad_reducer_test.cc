@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "runtime/comm/in_process.h"
 #include "runtime/device/host_device.h"
+#include "tests/runtime/memory/hooked_tier_ops.h"
 
 namespace strata::shard {
 namespace {
@@ -33,24 +34,15 @@ struct Rank {
     EXPECT_TRUE(pool.ok() && scratch.ok());
     memory::Buffer staging;
     if (staged) staging = *alloc.Allocate(kShardElems * 4, memory::Kind::kScratch);
-    ReduceOps ops{[](void* p, size_t bytes) {
-                    std::memset(p, 0, bytes);
-                    return absl::OkStatus();
-                  },
-                  [](device::Stream& s, float* g, const float* src, size_t n) {
-                    s.Enqueue([=] {
-                      for (size_t i = 0; i < n; ++i) g[i] += src[i];
-                      return absl::OkStatus();
-                    });
-                  },
-                  [this](device::Stream& s, void* host, const void* dev, size_t bytes) {
-                    ++staged_copies;
-                    s.Enqueue([=] {
-                      std::memcpy(host, dev, bytes);
-                      return absl::OkStatus();
-                    });
-                  }};
-    return MakeReduceScatterReducer(Units(), Env(), ops, *std::move(pool), *std::move(scratch), std::move(staging));
+    ops.to_host_on = [this](device::Stream& s, void* host, const void* dev, size_t bytes) {
+      ++staged_copies;
+      s.Enqueue([=] {
+        std::memcpy(host, dev, bytes);
+        return absl::OkStatus();
+      });
+    };
+    return MakeReduceScatterReducer(Units(), Env(), ReduceOps{&ops, &ops}, *std::move(pool), *std::move(scratch),
+                                    std::move(staging));
   }
 
   comm::Communicator* comm;
@@ -62,6 +54,7 @@ struct Rank {
   device::Timeline timeline;
   int64_t comm_ns = 0;
   int staged_copies = 0;
+  memory::testing::HookedTierOps ops;  // host memory; counts the staged copies
 };
 
 // Runs body(rank) on two in-process ranks.
@@ -137,11 +130,8 @@ TEST(GradReducer, WithoutShardsReleaseIdleHandsTheReadScratchBack) {
   auto pool = SlotPool::Create(alloc, 1, kElems * 4, memory::Kind::kGradWorking);
   auto scratch = alloc.Allocate(kElems * 4, memory::Kind::kScratch);
   ASSERT_TRUE(pool.ok() && scratch.ok());
-  ReduceOps ops{[](void* p, size_t bytes) {
-                  std::memset(p, 0, bytes);
-                  return absl::OkStatus();
-                },
-                nullptr, nullptr};
+  memory::testing::HookedTierOps host;
+  const ReduceOps ops{&host, nullptr};  // no gradient shards
   auto reducer = MakeReduceScatterReducer({{"u", kElems, kElems, nullptr}},
                                           {comms[0].get(), &stream, &device, &timeline, &comm_ns}, ops,
                                           *std::move(pool), *std::move(scratch), memory::Buffer{});

@@ -1,6 +1,6 @@
 // Stands in for uring_queue.cc when the build has no io_uring back-end (STRATA_WITH_URING=OFF or
 // liburing not found): CreateIoQueue then always uses the thread pool, and says why in its log line.
-#include "offload/io_queue_internal.h"
+#include "runtime/offload/io_queue_internal.h"
 
 namespace strata::offload::internal {
 

@@ -1,10 +1,10 @@
-#include "offload/io_queue.h"
+#include "runtime/offload/io_queue.h"
 
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "offload/io_queue_internal.h"
+#include "runtime/offload/io_queue_internal.h"
 #include "runtime/base/env.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"

@@ -1,29 +1,25 @@
-// CudaTierOps (Note [Tier ops]): the device tier of a CUDA engine, through the kernels/cuda twins of the
-// host kernels (same element math, so an update gives the host's bits; the norm's summation order
+// CudaTierOps (Note [Tier ops]): the device tier of a CUDA device, through the kernels/cuda twins of the
+// host kernels (same element math, so a cast or a scale gives the host's bits; the sum of squares' order
 // differs, see kernels/cuda/sum_squares.cuh). Part of the CUDA back-end module (tier_ops_cuda.h).
 //
 // Ordering. Blocking calls run on a private non-blocking stream of the engine's device and synchronise
 // it before returning, so they are ordered after everything they themselves issued; work that other
 // streams did on the same buffers must be complete first, which the engine guarantees (the step waits for
 // the reduce stream, a gradient slot is zeroed only after its fence, exports run between steps).
+// The optimizer's update over this tier is optim/tier_update_cuda.cc's, on a stream of its own.
 // "On(stream)" calls enqueue on that stream's cudaStream_t; a launch error poisons the stream.
+#include "runtime/memory/tier_ops_cuda.h"
+
 #include <cuda_runtime.h>
 
-#include "absl/strings/str_cat.h"
-#include "kernels/common/element_math.h"
-#include "kernels/common/optimizer_arrays.h"
-#include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/add.cuh"
 #include "kernels/cuda/cast.cuh"
 #include "kernels/cuda/scale.cuh"
-#include "kernels/cuda/sgd.cuh"
 #include "kernels/cuda/sum_squares.cuh"
 #include "runtime/base/status.h"
 #include "runtime/device/cuda_device.h"
-#include "runtime/engine/tier_ops_cuda.h"
-#include "runtime/optim/optimizer.h"
 
-namespace strata::engine {
+namespace strata::memory {
 
 namespace {
 
@@ -84,34 +80,6 @@ class CudaTierOps final : public TierOps {
     STRATA_RETURN_IF_ERROR(ToHost(&host, out, sizeof(host)));
     return host;
   }
-  absl::Status Update(const optim::OptimizerConfig& cfg, const optim::ShardState& s,
-                      const std::vector<shard::Segment>& segs, absl::Span<const optim::GroupHyper> groups, int64_t step,
-                      float grad_scale, uint16_t* param_copy, DType copy_dtype) override {
-    kernels::OptimizerArrays a{s.master, s.grad, s.m, s.v, nullptr, kernels::ParamCopy::kNone};
-    if (param_copy != nullptr && copy_dtype != DType::kF32) {
-      a.param_copy = param_copy;
-      a.copy = copy_dtype == DType::kBF16 ? kernels::ParamCopy::kBf16 : kernels::ParamCopy::kF16;
-    }
-    // The same per-segment coefficients as the host: optim::SegmentAdamWStep / SegmentSgdStep, with the
-    // segment's param group (Note [Param groups]) and its own step count where it has one (Note [Parameters
-    // without a gradient]).
-    for (const shard::Segment& seg : segs) {
-      if (seg.group < 0 || static_cast<size_t>(seg.group) >= groups.size()) {
-        return absl::InternalError(
-            absl::StrCat("a segment of param group ", seg.group, " in an update of ", groups.size(), " groups"));
-      }
-      const optim::GroupHyper& g = groups[seg.group];
-      if (cfg.type == optim::OptimizerType::kAdamW) {
-        const kernels::AdamWCoeffs<float> c = kernels::AdamWCoeffsOf(optim::SegmentAdamWStep(cfg, g, seg, step));
-        STRATA_RETURN_IF_ERROR(
-            STRATA_CUDA_CALL(kernels::cuda::LaunchAdamW(a, seg.begin, seg.end, c, grad_scale, native_)));
-      } else {
-        STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(
-            kernels::cuda::LaunchSgd(a, seg.begin, seg.end, optim::SegmentSgdStep(cfg, g, seg), grad_scale, native_)));
-      }
-    }
-    return Sync();
-  }
   absl::Status Cast(DType to, const float* src, void* dst, size_t n) override {
     if (n == 0) return absl::OkStatus();
     if (to == DType::kF32) {
@@ -142,9 +110,9 @@ absl::StatusOr<std::unique_ptr<TierOps>> CreateCudaTierOps(device::Device& devic
   // The norm's workspace: 8 KiB, outside the device arena (it exists before the arena's budget is
   // split among the units, and is the same for every model).
   void* workspace = nullptr;
-  STRATA_RETURN_IF_ERROR(STRATA_CUDA_CALL(
-      cudaMalloc(&workspace, kernels::cuda::SumSquaresWorkspaceBytes() + sizeof(double))));
+  STRATA_RETURN_IF_ERROR(
+      STRATA_CUDA_CALL(cudaMalloc(&workspace, kernels::cuda::SumSquaresWorkspaceBytes() + sizeof(double))));
   return std::unique_ptr<TierOps>(new CudaTierOps(std::move(stream), static_cast<double*>(workspace)));
 }
 
-}  // namespace strata::engine
+}  // namespace strata::memory

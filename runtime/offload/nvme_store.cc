@@ -1,4 +1,4 @@
-#include "offload/nvme_store.h"
+#include "runtime/offload/nvme_store.h"
 
 #include <algorithm>
 #include <cstdlib>

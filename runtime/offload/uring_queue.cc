@@ -27,7 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "offload/io_queue_internal.h"
+#include "runtime/offload/io_queue_internal.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "offload/io_queue_internal.h"
+#include "runtime/offload/io_queue_internal.h"
 
 namespace strata::offload::internal {
 namespace {

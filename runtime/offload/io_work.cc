@@ -1,4 +1,4 @@
-#include "offload/io_work.h"
+#include "runtime/offload/io_work.h"
 
 #include <utility>
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "offload/io_queue.h"
+#include "runtime/offload/io_queue.h"
 
 namespace strata::offload::internal {
 

@@ -1,4 +1,4 @@
-#include "offload/shard_cache.h"
+#include "runtime/offload/shard_cache.h"
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
@@ -136,6 +136,13 @@ absl::StatusOr<ShardCache::Lease> ShardCache::Pin(int shard) {
 }
 
 absl::Status ShardCache::Write(int shard, const std::function<absl::Status(void* dst)>& fill, bool keep) {
+  STRATA_ASSIGN_OR_RETURN(void* dst, BeginWrite(shard, keep));
+  const absl::Status s = fill(dst);
+  EndWrite(shard, s.ok());
+  return s;
+}
+
+absl::StatusOr<void*> ShardCache::BeginWrite(int shard, bool keep) {
   STRATA_RETURN_IF_ERROR(CheckShard(shard, "Write"));
   Entry& e = entries_[shard];
   {
@@ -158,9 +165,14 @@ absl::Status ShardCache::Write(int shard, const std::function<absl::Status(void*
   }
   e.last_use = ++clock_;
   e.read_ahead = false;
-  if (absl::Status s = fill(e.buffer.data()); !s.ok()) {
+  return e.buffer.data();
+}
+
+void ShardCache::EndWrite(int shard, bool filled) {
+  Entry& e = entries_[shard];
+  if (!filled) {
     e.buffer.Reset();  // possibly half-filled: the extent keeps the last written bytes
-    return s;
+    return;
   }
   memory::BufferView src = e.buffer.view();
   src.bytes = NvmeStore::IoBytes(e.extent.bytes());
@@ -169,7 +181,6 @@ absl::Status ShardCache::Write(int shard, const std::function<absl::Status(void*
   e.written = true;
   ++stats_.writes;
   stats_.write_bytes += e.extent.bytes();
-  return absl::OkStatus();
 }
 
 absl::Status ShardCache::Flush() {

@@ -1,4 +1,4 @@
-#include "offload/tiled_pipeline.h"
+#include "runtime/offload/tiled_pipeline.h"
 
 #include <array>
 

@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "offload/extent_allocator.h"
-#include "offload/io_queue.h"
-#include "offload/io_work.h"
-#include "offload/nvme_files.h"
+#include "runtime/offload/extent_allocator.h"
+#include "runtime/offload/io_queue.h"
+#include "runtime/offload/io_work.h"
+#include "runtime/offload/nvme_files.h"
 #include "runtime/memory/memory.h"
 
 namespace strata::offload {

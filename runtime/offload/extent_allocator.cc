@@ -1,4 +1,4 @@
-#include "offload/extent_allocator.h"
+#include "runtime/offload/extent_allocator.h"
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"

@@ -26,8 +26,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "offload/nvme_store.h"
-#include "offload/pinned_pool.h"
+#include "runtime/offload/nvme_store.h"
+#include "runtime/offload/pinned_pool.h"
 
 namespace strata::offload {
 

@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "offload/io_work.h"
+#include "runtime/offload/io_work.h"
 #include "runtime/memory/memory.h"
 
 namespace strata::offload {

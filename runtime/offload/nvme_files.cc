@@ -1,4 +1,4 @@
-#include "offload/nvme_files.h"
+#include "runtime/offload/nvme_files.h"
 
 #include <dirent.h>
 #include <fcntl.h>

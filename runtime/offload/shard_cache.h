@@ -39,9 +39,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "offload/io_work.h"
-#include "offload/nvme_store.h"
-#include "offload/pinned_pool.h"
+#include "runtime/offload/io_work.h"
+#include "runtime/offload/nvme_store.h"
+#include "runtime/offload/pinned_pool.h"
 
 namespace strata::offload {
 
@@ -69,6 +69,11 @@ class ShardCache {
   // (read first when not cached), for read-modify-write; otherwise its contents are undefined. The write
   // is issued when fill returns OK; a failing fill leaves the shard as it was.
   absl::Status Write(int shard, const std::function<absl::Status(void* dst)>& fill, bool keep = false);
+  // Write in two calls, for a caller that fills the buffer itself: BeginWrite returns the buffer fill would
+  // receive; EndWrite(shard, true) issues the write, EndWrite(shard, false) leaves the shard as it was (as
+  // a failing fill does). Nothing else may use the shard in between.
+  absl::StatusOr<void*> BeginWrite(int shard, bool keep = false);
+  void EndWrite(int shard, bool filled);
   absl::Status Flush();
 
   int shards() const { return static_cast<int>(entries_.size()); }

@@ -1,4 +1,4 @@
-#include "offload/pinned_pool.h"
+#include "runtime/offload/pinned_pool.h"
 
 #include <linux/capability.h>
 #include <sys/mman.h>
