@@ -14,14 +14,14 @@ import torch
 from safetensors.torch import save_file
 
 import strata.torch as st
-from common import config, shared_dir
+from common import config, shared_dir, world
 from models import TinyLM, hf_builders
 from strata.torch import _pretrained
 from strata.torch._pretrained import CheckpointError
 
 
 def barrier():
-    st.world().Barrier()
+    world().Barrier()
 
 
 def bits(t):
@@ -36,7 +36,7 @@ def on_rank_0(work):
             work()
         except Exception as e:  # noqa: BLE001  (raised on every rank below)
             error = f"rank 0: {type(e).__name__}: {e}"
-    error = st.world().bcast(error, root=0)
+    error = world().bcast(error, root=0)
     assert error is None, error
 
 
@@ -98,7 +98,7 @@ def test_each_rank_reads_only_what_it_keeps(stage, tmp_path, monkeypatch):
     engine.load_pretrained(path)
     monkeypatch.undo()
     numel = {n: p.numel() for n, p in type(engine.model).from_pretrained(path).named_parameters()}
-    everyone = [r for rank_reads in st.world().allgather(reads) for r in rank_reads]
+    everyone = [r for rank_reads in world().allgather(reads) for r in rank_reads]
     covered = {}
     for name, first, count in (everyone if stage == 3 else reads):
         covered.setdefault(name, []).extend(range(first, first + count))
