@@ -22,6 +22,11 @@ import strata.torch as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
+# The launches added for docs/decisions/0038 run once per suite, in its 1-rank run, where no other rank of the test
+# job waits (and spins a core) while they run.
+once = pytest.mark.skipif(st.world_size() != 1, reason="starts jobs of its own: run once, in the suite's 1-rank run "
+                          "(tests/python/run.sh)")
+
 
 def test_launch_decision():
     torchrun = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
@@ -118,6 +123,7 @@ def _torchrun_two_nodes(args, env):
     return [p.returncode for p in procs], "".join(outs), time.monotonic() - start
 
 
+@once
 @pytest.mark.parametrize("group", [None, "node"])
 def test_torchrun_two_nodes_train_a_host_model_as_mpirun_does_bit_for_bit(tmp_path_factory, group):
     """Two torchrun nodes of one rank each (a c10d rendezvous) train as `mpirun -n 2` does, bit for bit, held
@@ -149,6 +155,7 @@ def _compare_two_nodes(tmp, group):
     assert whole == (group == "node"), tr[0]["held"]  # a group of one holds whole units; a group of two, halves
 
 
+@once
 def test_a_2d_device_mesh_shards_as_shard_group_size_does_bit_for_bit(tmp_path_factory):
     """st.shard(..., device_mesh=init_device_mesh("cpu", (2, 2))) under torchrun at 4 ranks (each row of the mesh a
     shard group, two replicas) trains as `mpirun -n 4` with zero_optimization.shard_group_size 2 does, bit for bit,
@@ -174,6 +181,7 @@ def _compare_mesh(tmp):
     assert all(e - b < 1024 * 1024 for b, e in tr[0]["held"][:2])  # under half of a 1024 x 1024 + 1024 unit
 
 
+@once
 def test_the_mesh_example_trains_each_member_as_it_would_alone(tmp_path_factory):
     """examples/torch/mesh_ensemble.py at 4 ranks: a (member, dp) mesh of 2 x 2, Strata sharding each member over
     "dp" and the script all-reducing the members' losses over "member". Member 0 trains bit for bit as the same
@@ -270,6 +278,7 @@ def _cuda_model_fails_naming_the_gpu():
     assert seconds < 300, f"{seconds:.0f} s: waited for a deadline?\n{out}"
 
 
+@once
 def test_torchrun_a_rank_killed_in_the_bootstrap_ends_the_job_naming_it():
     """Rank 1 dies (SIGKILL) while rank 0 waits for it in the bootstrap, whose deadline is the probe's 900 s
     collective timeout: torchrun's agent sees the death and stops rank 0, and the job ends naming rank 1 and the
@@ -286,6 +295,7 @@ def _killed_rank_ends_the_job():
     assert seconds < 60, f"{seconds:.0f} s: waited for a deadline?\n{out}"
 
 
+@once
 def test_torchrun_a_taken_master_port_ends_the_launch_naming_it():
     """The bootstrap's only port is torchrun's MASTER_PORT. Taken (here by a socket this test binds and keeps
     listening), torchrun's agent cannot serve its store and the launch ends at once naming the port, before any
