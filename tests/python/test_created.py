@@ -166,7 +166,8 @@ def _probe(mode, nvme):
     and mpi4py blocker it leaves out): each rank's figures."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_", "TORCHELASTIC_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if "no_mpi4py" not in p)
+    if "PYTHONPATH" in env:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in env["PYTHONPATH"].split(os.pathsep) if "no_mpi4py" not in p)
     env["OMP_NUM_THREADS"] = "1"
     mpirun = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "mpirun_local")
     os.makedirs(nvme)
