@@ -112,6 +112,40 @@ def _torch_world(group):
     return _World("torch", group, host)
 
 
+def mesh_group(mesh, config):
+    """The process group of a torch DeviceMesh given to st.shard (docs/decisions/0038, "A mesh"). 1-D: the mesh's
+    group. 2-D (replicate, shard): a group over all of its ranks, and the config's shard_group_size set to the
+    shard dimension's size, so that each row of the mesh is one of the engine's shard groups. Those are
+    consecutive ranks of the group (runtime/comm/shard_groups.h, ContiguousGroups), so the rows must be too."""
+    import torch.distributed as dist
+    if mesh.ndim == 1:
+        return mesh.get_group()
+    if mesh.ndim != 2:
+        raise ValueError(f"strata: device_mesh has {mesh.ndim} dimensions; give a 1-D mesh (its ranks share the "
+                         f"model) or a 2-D one (replicate, shard): hybrid sharding")
+    rows = mesh.mesh.tolist()
+    ranks = [r for row in rows for r in row]
+    if ranks != sorted(ranks):
+        raise ValueError(f"strata: a 2-D device_mesh's rows are its shard groups, and Strata's are consecutive "
+                         f"ranks in order; this mesh is {rows}: lay it out as torch.arange(n).view(replicas, "
+                         f"shard_size) does (init_device_mesh's layout)")
+    zero = config.setdefault("zero_optimization", {})
+    size = mesh.size(1)
+    if zero.get("shard_group_size", size) != size:
+        raise ValueError(f"strata: the config's zero_optimization.shard_group_size is "
+                         f"{zero['shard_group_size']!r}, but the device_mesh's shard dimension has {size} ranks; "
+                         f"leave shard_group_size out (the mesh sets it)")
+    zero["shard_group_size"] = size
+    group = getattr(mesh, "_strata_group", None)
+    if group is None:  # one group per mesh: every st.shard of a process names the same one
+        if ranks == list(range(dist.get_world_size())):
+            group = dist.group.WORLD
+        else:
+            group = dist.new_group(ranks=ranks, use_local_synchronization=True)
+        mesh._strata_group = group
+    return group
+
+
 def bind(process_group=None):
     """The process's world (collective the first time): `process_group`'s, else the launch's. A later call with
     another group is refused: one communicator serves every engine of a process."""

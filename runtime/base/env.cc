@@ -51,8 +51,16 @@ std::optional<int> LauncherLocalRank() {
 }
 
 TorchrunVars Torchrun() {
-  return TorchrunVars{Get("RANK"),        Get("WORLD_SIZE"),  Get("LOCAL_RANK"),
-                      Get("MASTER_ADDR"), Get("MASTER_PORT"), Get("STRATA_BOOTSTRAP_PORT")};
+  return TorchrunVars{Get("RANK"),
+                      Get("WORLD_SIZE"),
+                      Get("LOCAL_RANK"),
+                      Get("MASTER_ADDR"),
+                      Get("MASTER_PORT"),
+                      Get("STRATA_BOOTSTRAP_PORT"),
+                      Get("TORCHELASTIC_RUN_ID"),
+                      Get("TORCHELASTIC_RESTART_COUNT"),
+                      Get("TORCHELASTIC_USE_AGENT_STORE"),
+                      Get("LOCAL_WORLD_SIZE")};
 }
 
 std::string LogLevel() { return Get("STRATA_LOG_LEVEL").value_or("info"); }

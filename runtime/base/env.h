@@ -27,10 +27,13 @@ std::optional<int> MpiLauncherWorldSize();
 // SLURM_LOCALID, then torchrun's LOCAL_RANK. nullopt when none is set.
 std::optional<int> LauncherLocalRank();
 
-// torchrun-style launch variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and Strata's
-// STRATA_BOOTSTRAP_PORT (raw text, nullopt when unset); parsed and validated by comm::ParseTorchrunEnv.
+// torchrun-style launch variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, torchrun's
+// TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE and LOCAL_WORLD_SIZE, and the
+// retired STRATA_BOOTSTRAP_PORT (refused by name); raw text, nullopt when unset; parsed and validated by
+// comm::ParseTorchrunEnv.
 struct TorchrunVars {
   std::optional<std::string> rank, world_size, local_rank, master_addr, master_port, bootstrap_port;
+  std::optional<std::string> run_id, restart_count, use_agent_store, local_world_size;
 };
 TorchrunVars Torchrun();
 

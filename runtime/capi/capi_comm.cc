@@ -81,7 +81,7 @@ absl::Status CreateMpiWorld(strata_comm** out) {
 }
 
 // The torchrun world on GPUs, as `strata train` makes it (StartWorlds in runtime/comm/launcher.cc; decision
-// 0007): rank 0's NCCL id over the TCP exchange of runtime/comm/bootstrap.h, then a nonblocking NCCL
+// 0007): rank 0's NCCL id over torchrun's store (runtime/comm/bootstrap.h), then a nonblocking NCCL
 // initialisation on the calling thread's current device, each bounded by the timeout.
 absl::Status CreateTorchrunWorld(int64_t timeout_ms, strata_comm** out) {
 #if STRATA_WITH_NCCL

@@ -115,14 +115,15 @@ strata_status strata_comm_create_mpi(int32_t mpi_comm_fortran_handle, strata_com
 strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out);
 
 /* Collective over a torchrun launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), for engines
- * with STRATA_DEVICE_CUDA; the bootstrap `strata train` uses under torchrun. Rank 0's NCCL id travels over a
- * TCP exchange that rank 0 serves on MASTER_ADDR at MASTER_PORT + 1 (STRATA_BOOTSTRAP_PORT overrides it;
- * torchrun's own store keeps MASTER_PORT), then NCCL initialises, nonblocking, on the calling thread's
- * current CUDA device (set it to the rank's GPU, e.g. LOCAL_RANK's, first). Each part is bounded by
- * `timeout_ms` (<= 0: 60000): a rank that never arrives is STRATA_ERR_DEADLINE_EXCEEDED naming the address
- * or the ranks missing. STRATA_ERR_FAILED_PRECONDITION when the process is no torchrun launch (WORLD_SIZE
- * unset, or an MPI launcher started it), when the CUDA back-end module is absent, or when no GPU is visible
- * (checked after the exchange; the message says the exchange completed). A malformed variable is
+ * with STRATA_DEVICE_CUDA; the bootstrap `strata train` uses under torchrun. Rank 0's NCCL id travels over
+ * torchrun's own key-value store on MASTER_ADDR:MASTER_PORT (the agent's, TORCHELASTIC_USE_AGENT_STORE=True, or
+ * the store of the job's torch.distributed rank 0): Strata listens on no port of its own (decision 0038). Then
+ * NCCL initialises, nonblocking, on the calling thread's current CUDA device (set it to the rank's GPU, e.g.
+ * LOCAL_RANK's, first). Each part is bounded by `timeout_ms` (<= 0: 60000): a rank that never arrives is
+ * STRATA_ERR_DEADLINE_EXCEEDED naming the ranks missing. A rank that cannot join (no GPU visible, a rank started
+ * twice, another WORLD_SIZE) fails every rank at once with STRATA_ERR_FAILED_PRECONDITION naming it.
+ * STRATA_ERR_FAILED_PRECONDITION too when the process is no torchrun launch (WORLD_SIZE unset, or an MPI
+ * launcher started it) or when the CUDA back-end module is absent. A malformed variable is
  * STRATA_ERR_INVALID_ARGUMENT naming it. STRATA_ERR_UNIMPLEMENTED in a build without CUDA and NCCL.
  * Unverified on a GPU (no session has had one to run it): the exchange and the missing-GPU error are
  * tested on a host. */

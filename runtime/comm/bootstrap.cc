@@ -1,14 +1,7 @@
 #include "runtime/comm/bootstrap.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <set>
 #include <thread>
 #include <vector>
 
@@ -16,11 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/tcp_store.h"
 
 namespace strata::comm {
 namespace {
 
-constexpr uint32_t kMagic = 0x53545241;  // "STRA"
 using Clock = std::chrono::steady_clock;
 
 absl::StatusOr<int> IntVar(const char* name, const std::optional<std::string>& v, int lo, int hi) {
@@ -33,132 +26,113 @@ absl::StatusOr<int> IntVar(const char* name, const std::optional<std::string>& v
   return out;
 }
 
-class Socket {
+// Note [Bootstrap over the store]. Every key of one exchange lies under
+// strata/bootstrap/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>/<name>/:
+//   claim/<r>    ADD 1 by the process that says it is rank r: a second claim (RANK twice) is an error.
+//   arrived/<r>  rank r's WORLD_SIZE, a newline, and its own verdict on joining ("" when it can join).
+//   id           rank 0's blob.
+//   failed       the first failure seen: every rank polls it, so one rank's failure ends every rank at once.
+//   done         set by rank 0 once every rank has arrived and agrees: the others then read the id.
+// Each rank polls every 20 ms, so a failure reaches the others within a poll; a rank that never arrives is
+// named by every rank at the deadline. Nothing listens but torchrun's store: no port of Strata's own.
+class Exchange {
  public:
-  explicit Socket(int fd = -1) : fd_(fd) {}
-  ~Socket() {
-    if (fd_ >= 0) ::close(fd_);
+  Exchange(const TorchrunEnv& env, const std::string& name, TcpStoreClient store, Clock::time_point deadline)
+      : env_(env),
+        prefix_(absl::StrCat("strata/bootstrap/", env.run_id, "/", env.restart_count, "/", name, "/")),
+        store_(std::move(store)),
+        deadline_(deadline) {}
+
+  absl::StatusOr<std::string> Run(const std::string& blob, const absl::Status& local) {
+    STRATA_ASSIGN_OR_RETURN(const int64_t claims, store_.Add(Key("claim/", env_.rank), 1, deadline_));
+    std::string verdict = local.ok() ? "" : local.ToString();
+    if (claims > 1) {
+      verdict = absl::StrCat("RANK=", env_.rank, " was started twice (two processes claim it)");
+    }
+    STRATA_RETURN_IF_ERROR(
+        store_.Set(Key("arrived/", env_.rank), absl::StrCat(env_.world_size, "\n", verdict), deadline_));
+    if (!verdict.empty()) return Fail(absl::StrCat("rank ", env_.rank, " of ", env_.world_size, ": ", verdict));
+    if (env_.rank == 0) STRATA_RETURN_IF_ERROR(store_.Set(prefix_ + "id", blob, deadline_));
+    std::vector<bool> arrived(env_.world_size, false);
+    arrived[env_.rank] = true;
+    while (true) {
+      STRATA_ASSIGN_OR_RETURN(const bool failed, store_.Check(prefix_ + "failed", deadline_));
+      if (failed) {
+        STRATA_ASSIGN_OR_RETURN(const std::string why, store_.Get(prefix_ + "failed", deadline_));
+        return Error(why);
+      }
+      if (env_.rank == 0) {
+        STRATA_ASSIGN_OR_RETURN(const bool all, CheckArrivals(arrived));
+        if (all) {
+          STRATA_RETURN_IF_ERROR(store_.Set(prefix_ + "done", "", deadline_));
+          return blob;
+        }
+      } else {
+        STRATA_ASSIGN_OR_RETURN(const bool done, store_.Check(prefix_ + "done", deadline_));
+        if (done) return store_.Get(prefix_ + "id", deadline_);
+      }
+      if (Clock::now() + std::chrono::milliseconds(20) >= deadline_) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return Missing();
   }
-  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  int get() const { return fd_; }
+
+  // A failure of this rank: posted for every rank, and returned.
+  absl::Status Fail(const std::string& why) {
+    const absl::Status posted = store_.Set(prefix_ + "failed", why, deadline_);
+    absl::Status s = Error(why);
+    if (!posted.ok()) s = Annotate(s, absl::StrCat("(could not tell the other ranks: ", posted.message(), ")"));
+    return s;
+  }
 
  private:
-  int fd_;
-};
+  std::string Key(const char* what, int rank) const { return absl::StrCat(prefix_, what, rank); }
 
-int RemainingMs(Clock::time_point deadline) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return ms < 0 ? 0 : static_cast<int>(ms);
-}
-
-// Sends or receives exactly n bytes before the deadline.
-absl::Status Transfer(int fd, void* buf, size_t n, bool send, Clock::time_point deadline, const std::string& what) {
-  char* p = static_cast<char*>(buf);
-  while (n > 0) {
-    pollfd pfd{fd, static_cast<short>(send ? POLLOUT : POLLIN), 0};
-    const int ready = ::poll(&pfd, 1, RemainingMs(deadline));
-    if (ready == 0) return absl::DeadlineExceededError(absl::StrCat("bootstrap: timed out ", what));
-    if (ready < 0) return ErrnoError("poll", errno, __FILE__, __LINE__);
-    const ssize_t k = send ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
-    if (k == 0) return absl::UnavailableError(absl::StrCat("bootstrap: peer closed the connection ", what));
-    if (k < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return Annotate(ErrnoError(send ? "send" : "recv", errno, __FILE__, __LINE__), what);
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
+  absl::Status Error(const std::string& why) const {
+    return absl::FailedPreconditionError(absl::StrCat("bootstrap over torchrun's store at ", store_.where(), " (rank ",
+                                                      env_.rank, " of ", env_.world_size, "): ", why));
   }
-  return absl::OkStatus();
-}
 
-absl::StatusOr<sockaddr_in> Resolve(const TorchrunEnv& env) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(env.master_addr.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bootstrap: cannot resolve MASTER_ADDR '", env.master_addr, "': ", ::gai_strerror(rc)));
-  }
-  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
-  ::freeaddrinfo(res);
-  addr.sin_port = htons(static_cast<uint16_t>(env.exchange_port));
-  return addr;
-}
-
-std::string Where(const TorchrunEnv& env) { return absl::StrCat(env.master_addr, ":", env.exchange_port); }
-
-absl::StatusOr<std::string> Serve(const TorchrunEnv& env, const sockaddr_in& addr, const std::string& blob,
-                                  Clock::time_point deadline) {
-  Socket listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (listener.get() < 0) return ErrnoError("socket", errno, __FILE__, __LINE__);
-  const int one = 1;
-  ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    return Annotate(ErrnoError("bind", err, __FILE__, __LINE__),
-                    absl::StrCat("bootstrap on ", Where(env),
-                                 err == EADDRINUSE ? " (the port is taken: choose another with STRATA_BOOTSTRAP_PORT, "
-                                                     "the same on every rank)"
-                                                   : ""));
-  }
-  if (::listen(listener.get(), env.world_size) != 0) return ErrnoError("listen", errno, __FILE__, __LINE__);
-  std::vector<Socket> peers;
-  std::set<int> seen;
-  while (static_cast<int>(seen.size()) < env.world_size - 1) {
-    pollfd pfd{listener.get(), POLLIN, 0};
-    if (::poll(&pfd, 1, RemainingMs(deadline)) <= 0) {
-      std::vector<int> missing;
-      for (int r = 1; r < env.world_size; ++r) {
-        if (!seen.count(r)) missing.push_back(r);
+  // Rank 0: reads the ranks not yet seen; true once all have arrived. A rank with a verdict or with another
+  // WORLD_SIZE is failed here, for every rank.
+  absl::StatusOr<bool> CheckArrivals(std::vector<bool>& arrived) {
+    for (int r = 0; r < env_.world_size; ++r) {
+      if (arrived[r]) continue;
+      STRATA_ASSIGN_OR_RETURN(const bool here, store_.Check(Key("arrived/", r), deadline_));
+      if (!here) return false;
+      STRATA_ASSIGN_OR_RETURN(const std::string a, store_.Get(Key("arrived/", r), deadline_));
+      const std::string size = a.substr(0, a.find('\n'));
+      if (size != std::to_string(env_.world_size)) {
+        return Fail(absl::StrCat("rank ", r, " has WORLD_SIZE=", size, " and rank 0 WORLD_SIZE=", env_.world_size,
+                                 ": every rank of a job needs torchrun's own WORLD_SIZE"));
       }
-      return absl::DeadlineExceededError(absl::StrCat("bootstrap: rank 0 on ", Where(env), " waited for rank(s) ",
-                                                      absl::StrJoin(missing, ","), " until the deadline"));
+      const std::string verdict = a.substr(std::min(a.size(), size.size() + 1));
+      if (!verdict.empty()) {  // its own notice may not be posted yet: the same words, from here
+        return Fail(absl::StrCat("rank ", r, " of ", env_.world_size, ": ", verdict));
+      }
+      arrived[r] = true;
     }
-    Socket peer(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (peer.get() < 0) continue;
-    uint32_t hello[3];
-    STRATA_RETURN_IF_ERROR(Transfer(peer.get(), hello, sizeof(hello), false, deadline, "reading a hello"));
-    const int r = static_cast<int>(hello[1]);
-    if (hello[0] != kMagic || static_cast<int>(hello[2]) != env.world_size || r < 1 || r >= env.world_size ||
-        !seen.insert(r).second) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "bootstrap: a peer announced rank ", r, " of world size ", hello[2], " (this job: world size ",
-          env.world_size, "; ranks 1..", env.world_size - 1, " once each)", hello[0] != kMagic ? "; bad magic" : ""));
-    }
-    peers.push_back(std::move(peer));
+    return true;
   }
-  const uint32_t len = static_cast<uint32_t>(blob.size());
-  for (const Socket& p : peers) {
-    STRATA_RETURN_IF_ERROR(Transfer(p.get(), const_cast<uint32_t*>(&len), 4, true, deadline, "sending the id"));
-    STRATA_RETURN_IF_ERROR(Transfer(p.get(), const_cast<char*>(blob.data()), len, true, deadline, "sending the id"));
-  }
-  return blob;
-}
 
-absl::StatusOr<std::string> Join(const TorchrunEnv& env, const sockaddr_in& addr, Clock::time_point deadline) {
-  while (true) {
-    Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (s.get() < 0) return ErrnoError("socket", errno, __FILE__, __LINE__);
-    if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
-      uint32_t hello[3] = {kMagic, static_cast<uint32_t>(env.rank), static_cast<uint32_t>(env.world_size)};
-      STRATA_RETURN_IF_ERROR(Transfer(s.get(), hello, sizeof(hello), true, deadline, "sending the hello"));
-      uint32_t len = 0;
-      STRATA_RETURN_IF_ERROR(
-          Transfer(s.get(), &len, 4, false, deadline, absl::StrCat("waiting for rank 0 on ", Where(env))));
-      std::string blob(len, '\0');
-      STRATA_RETURN_IF_ERROR(Transfer(s.get(), blob.data(), len, false, deadline, "receiving the id"));
-      return blob;
+  absl::Status Missing() {
+    std::vector<int> missing;
+    for (int r = 0; r < env_.world_size; ++r) {
+      auto here = store_.Check(Key("arrived/", r), Clock::now() + std::chrono::seconds(2));
+      if (here.ok() && !*here) missing.push_back(r);
     }
-    if (Clock::now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("bootstrap: rank ", env.rank, " could not reach rank 0 at ",
-                                                      Where(env), " (MASTER_ADDR, and STRATA_BOOTSTRAP_PORT or else "
-                                                      "MASTER_PORT + 1) before the deadline"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 may not be listening yet
+    return absl::DeadlineExceededError(absl::StrCat(
+        "bootstrap over torchrun's store at ", store_.where(), " (rank ", env_.rank, " of ", env_.world_size, "): ",
+        missing.empty() ? std::string("rank 0 had not completed the exchange")
+                        : absl::StrCat("rank(s) ", absl::StrJoin(missing, ","), " had not arrived"),
+        " by the deadline"));
   }
-}
+
+  const TorchrunEnv& env_;
+  const std::string prefix_;
+  TcpStoreClient store_;
+  const Clock::time_point deadline_;
+};
 
 }  // namespace
 
@@ -176,13 +150,17 @@ absl::StatusOr<TorchrunEnv> ParseTorchrunEnv(const env::TorchrunVars& v) {
   }
   e.master_addr = *v.master_addr;
   if (v.bootstrap_port) {
-    STRATA_ASSIGN_OR_RETURN(e.exchange_port, IntVar("STRATA_BOOTSTRAP_PORT", v.bootstrap_port, 1, 65535));
-  } else if (e.master_port == 65535) {
-    return absl::InvalidArgumentError("torchrun-style launch: MASTER_PORT=65535 leaves no port above it for "
-                                      "Strata's id exchange; set STRATA_BOOTSTRAP_PORT");
-  } else {
-    e.exchange_port = e.master_port + 1;
+    return absl::InvalidArgumentError(
+        "STRATA_BOOTSTRAP_PORT is set, but Strata's bootstrap no longer listens on a port of its own: it uses "
+        "torchrun's store on MASTER_ADDR:MASTER_PORT (docs/decisions/0038); unset STRATA_BOOTSTRAP_PORT");
   }
+  if (v.local_world_size) {
+    STRATA_ASSIGN_OR_RETURN(e.local_world_size,
+                            IntVar("LOCAL_WORLD_SIZE", v.local_world_size, e.local_rank + 1, e.world_size));
+  }
+  if (v.run_id && !v.run_id->empty()) e.run_id = *v.run_id;
+  if (v.restart_count && !v.restart_count->empty()) e.restart_count = *v.restart_count;
+  e.agent_store = v.use_agent_store.value_or("") == "True";
   return e;
 }
 
@@ -194,11 +172,28 @@ absl::StatusOr<TorchrunEnv> TorchrunLaunch() {
   return ParseTorchrunEnv(vars);
 }
 
-absl::StatusOr<std::string> ExchangeBlob(const TorchrunEnv& env, const std::string& blob, int64_t timeout_ms) {
-  if (env.world_size == 1) return blob;
-  STRATA_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(env));
+absl::StatusOr<std::string> ExchangeBlob(const TorchrunEnv& env, const std::string& name, const std::string& blob,
+                                         int64_t timeout_ms, const absl::Status& local) {
+  if (env.world_size == 1) {
+    STRATA_RETURN_IF_ERROR(local);
+    return blob;
+  }
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  return env.rank == 0 ? Serve(env, addr, blob, deadline) : Join(env, addr, deadline);
+  // torchrun's agent serves its store before it starts a worker, and a torch.distributed rank 0 before its
+  // init_process_group returns: a store still missing after 30 s is not coming.
+  const auto connect_by = std::min(deadline, Clock::now() + std::chrono::seconds(30));
+  absl::StatusOr<TcpStoreClient> store = TcpStoreClient::Connect(env.master_addr, env.master_port, connect_by);
+  if (!store.ok()) {
+    return Annotate(store.status(),
+                    absl::StrCat("bootstrap of rank ", env.rank, " of ", env.world_size,
+                                 " over torchrun's store (MASTER_ADDR:MASTER_PORT)",
+                                 env.agent_store ? ""
+                                                 : "; TORCHELASTIC_USE_AGENT_STORE is not True, so only a "
+                                                   "torch.distributed rank 0 of the job serves that store: launch "
+                                                   "with torchrun's c10d or static rendezvous"));
+  }
+  Exchange exchange(env, name, *std::move(store), deadline);
+  return exchange.Run(blob, local);
 }
 
 }  // namespace strata::comm

@@ -1,17 +1,14 @@
-// Bootstrap without MPI: torchrun-style environment variables, and a small TCP exchange that hands one
-// blob from rank 0 to every rank (the ncclUniqueId of the NCCL back-end). Only the id travels over this
-// socket; the data path is NCCL's (docs/design.md "Communication": nothing home-made on the data path).
-//
-// Protocol: rank 0 listens on MASTER_ADDR at the exchange port; every other rank connects (retrying until the
-// deadline, since rank 0 may start later), sends a 12-byte hello (magic, its rank, the world size), and
-// receives the blob. Rank 0 checks each hello (a wrong world size, a rank out of range or a rank seen
-// twice is an error naming it) and replies to all once every rank has arrived. Any rank that cannot
-// finish by the deadline fails with DeadlineExceeded naming the address and the ranks still missing.
+// Bootstrap without MPI: torchrun-style environment variables, and an exchange that hands one blob from rank 0
+// to every rank (the ncclUniqueId of the NCCL back-end) over torchrun's own key-value store on
+// MASTER_ADDR:MASTER_PORT (tcp_store.h). Strata listens on no port of its own, so its bootstrap cannot collide
+// with another job's (docs/decisions/0038-bootstrap-over-torchruns-store.md). Only the id travels over the store;
+// the data path is NCCL's (docs/design.md "Communication": nothing home-made on the data path).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/base/env.h"
 
@@ -22,15 +19,20 @@ struct TorchrunEnv {
   int world_size = 1;
   int local_rank = 0;
   std::string master_addr;
-  int master_port = 0;
-  // Where rank 0 serves the exchange: STRATA_BOOTSTRAP_PORT, else MASTER_PORT + 1. Not MASTER_PORT
-  // itself: torchrun's agent keeps its own rendezvous store listening there for the whole job.
-  int exchange_port = 0;
+  int master_port = 0;  // torchrun's store (the agent's, or rank 0's torch.distributed store)
+  // The job's namespace in the store: TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT ("none", "0" when unset),
+  // so that a restarted worker group never reads its predecessor's keys.
+  std::string run_id = "none";
+  std::string restart_count = "0";
+  // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves the store for the whole job. Otherwise only a
+  // torch.distributed rank 0 in the job serves it (init_process_group), and `strata train` has no store to use.
+  bool agent_store = false;
+  int local_world_size = 0;  // LOCAL_WORLD_SIZE: the ranks on this node; 0 when unset
 };
 
-// Validates the variables: all of RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT present (LOCAL_RANK
-// defaults to RANK; STRATA_BOOTSTRAP_PORT to MASTER_PORT + 1), integers in range; errors name the
-// variable and its value. NotFound when none of the torchrun variables is set (not a torchrun launch).
+// Validates the variables: all of RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT present (LOCAL_RANK defaults to
+// RANK), integers in range; errors name the variable and its value. STRATA_BOOTSTRAP_PORT, the retired exchange
+// port, is refused naming why. NotFound when none of the torchrun variables is set (not a torchrun launch).
 absl::StatusOr<TorchrunEnv> ParseTorchrunEnv(const env::TorchrunVars& vars);
 
 // The torchrun launch this process belongs to, read from the environment: NotFound unless WORLD_SIZE is
@@ -38,7 +40,12 @@ absl::StatusOr<TorchrunEnv> ParseTorchrunEnv(const env::TorchrunVars& vars);
 // runtime/comm/launcher.cc), else ParseTorchrunEnv's result.
 absl::StatusOr<TorchrunEnv> TorchrunLaunch();
 
-// Rank 0 passes the blob; the others receive it. Blocks up to `timeout_ms`.
-absl::StatusOr<std::string> ExchangeBlob(const TorchrunEnv& env, const std::string& blob, int64_t timeout_ms);
+// Note [Bootstrap over the store]. Rank 0 passes the blob; every rank receives it, once every rank has arrived.
+// `name` tells this exchange from the process's others (every rank passes the same). `local` is this rank's own
+// verdict on joining (a GPU missing, say): a rank that is not OK, a rank claimed twice or a rank with another
+// WORLD_SIZE fails every rank at once, each naming that rank and its cause. Blocks up to `timeout_ms`; at the
+// deadline every rank names the ranks that had not arrived.
+absl::StatusOr<std::string> ExchangeBlob(const TorchrunEnv& env, const std::string& name, const std::string& blob,
+                                         int64_t timeout_ms, const absl::Status& local = absl::OkStatus());
 
 }  // namespace strata::comm

@@ -41,7 +41,8 @@ using std::chrono::milliseconds;
 // caller, which makes the endpoint's calls one at a time, and the worker (or the thread calling Dup or
 // Split) waits for the call against the communicator's deadline, waking every kPoll:
 //  - the call returns: its status is the collective's. A failure is sticky on the communicator (the trainer's
-//    communicator is in an unknown state after it), and a DeadlineExceeded one is diagnosed as below;
+//    communicator is in an unknown state after it); a peer's notice that arrives within kNoticeAfterFailure
+//    replaces it (the peer closed its transport as it failed), and a DeadlineExceeded one is diagnosed as below;
 //  - a peer's failure notice appears in the store (Note [Failure notices]): the call has kNoticeGrace more
 //    to return (a peer that failed right after joining leaves a collective that completes), else the wait
 //    ends with the notice's AbortedError;
@@ -56,6 +57,7 @@ using std::chrono::milliseconds;
 // while its call runs detaches the thread, which destroys the endpoint when the call returns.
 constexpr auto kPoll = milliseconds(20);
 constexpr auto kNoticeGrace = milliseconds(200);
+constexpr auto kNoticeAfterFailure = milliseconds(1000);
 constexpr size_t kNoticeBytes = 2048;  // a notice's longest text
 
 int64_t MsSince(Clock::time_point start) {
@@ -441,6 +443,19 @@ class ForeignCommunicator final : public HostCommunicator {
     return DescribeLiveness(j.answer_ms, j.world_rank, j.waited_ms, budget.late_ms, self_stopped);
   }
 
+  // The trainer's call failed. A peer that failed first may have closed its end of the trainer's transport (gloo:
+  // "Connection closed by peer") just before its notice reached the store: its notice, when one comes within
+  // kNoticeAfterFailure, names the cause where the transport's error cannot (Note [Failure notices]).
+  absl::Status AwaitNotice(const std::string& where) {
+    if (size_ == 1 || !ep_->has_store()) return absl::OkStatus();
+    const auto until = Clock::now() + kNoticeAfterFailure;
+    for (;;) {
+      if (absl::Status notice = PollNotice(where); !notice.ok()) return notice;
+      if (Clock::now() >= until) return absl::OkStatus();
+      std::this_thread::sleep_for(kPoll);
+    }
+  }
+
   // The trainer's call failed: its message, with the liveness check when it gave up on its peers.
   absl::Status Failed(const std::string& where, const absl::Status& s, const StallBudget& budget, int64_t max_gap_ms) {
     std::string text = absl::StrCat(where, " failed in the trainer's collective: ", s.message());
@@ -482,6 +497,10 @@ class ForeignCommunicator final : public HostCommunicator {
       std::optional<absl::Status> result = WaitDone(std::min(last + kPoll, limit));
       if (result.has_value()) {
         if (result->ok()) return absl::OkStatus();
+        if (absl::Status notice = AwaitNotice(where); !notice.ok()) {
+          SetBroken(notice);
+          return notice;
+        }
         absl::Status s = Failed(where, *result, budget, gap_ms());
         SetBroken(s);
         return s;

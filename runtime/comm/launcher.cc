@@ -12,12 +12,12 @@ namespace strata::comm {
 // Note [Launchers]. A program runs one process per rank. Under mpirun or srun the MPI world is the job:
 // the engine bootstraps NCCL over it on GPUs, and the host back-end's collectives are MPI's. Under
 // torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and MPI a 1-rank singleton in each
-// process) the job is the torchrun world: on GPUs rank 0's NCCL id travels over the TCP exchange
-// (CreateNcclFromTorchrun), the engine takes that NCCL world, and the program's own small collectives
-// ride on it through a device bounce (HostBuffersOverNccl). The host back-end has no collectives without
-// MPI, so a torchrun launch of more than one rank on the host is refused with the way to launch it instead
-// of running N separate 1-rank jobs. A torchrun launch is recognised by WORLD_SIZE: MASTER_ADDR and
-// MASTER_PORT alone are often left in a shell by earlier PyTorch jobs (TorchrunLaunch).
+// process) the job is the torchrun world: on GPUs rank 0's NCCL id travels over torchrun's store
+// (CreateNcclFromTorchrun, Note [Bootstrap over the store]), the engine takes that NCCL world, and the
+// program's own small collectives ride on it through a device bounce (HostBuffersOverNccl). The host back-end has no
+// collectives without MPI, so a torchrun launch of more than one rank on the host is refused with the way to launch it
+// instead of running N separate 1-rank jobs. A torchrun launch is recognised by WORLD_SIZE: MASTER_ADDR and MASTER_PORT
+// alone are often left in a shell by earlier PyTorch jobs (TorchrunLaunch).
 
 absl::StatusOr<Launch> ChooseLaunch(int mpi_rank, int mpi_size, const absl::StatusOr<TorchrunEnv>& torchrun) {
   Launch l{mpi_rank, mpi_size, std::nullopt};

@@ -522,23 +522,24 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromHost(Communicator& h
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromTorchrun(const TorchrunEnv& env, const Options& options) {
+  // Each rank's own verdict goes into the exchange (Note [Bootstrap over the store]): a rank without a GPU, or
+  // a rank 0 without an id, fails every rank at once, each naming it, instead of leaving the others in NCCL's
+  // initialisation until the deadline.
+  absl::Status local = absl::OkStatus();
   std::string id;
-  if (env.rank == 0) {
-    STRATA_ASSIGN_OR_RETURN(id, NewNcclId());
-  }
-  STRATA_ASSIGN_OR_RETURN(id, ExchangeBlob(env, id, options.timeout_ms));
-  // After the exchange, so that a rank without a GPU says that the launch itself worked (the ranks share
-  // rank 0's id, whose first bytes are a random magic of this job) and only the device is missing.
   if (device::CudaDeviceCount() == 0) {
-    std::string magic;
-    for (size_t i = 0; i < 8 && i < id.size(); ++i)
-      absl::StrAppend(&magic, absl::Hex(static_cast<uint8_t>(id[i]), absl::kZeroPad2));
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", env.rank, " of ", env.world_size, " (torchrun, LOCAL_RANK ", env.local_rank,
-        "): no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); NCCL needs one per rank. The "
-        "bootstrap exchange with rank 0 at ", env.master_addr, ":", env.exchange_port, " had completed (NCCL id ",
-        magic, "...)"));
+    local = absl::FailedPreconditionError(absl::StrCat("torchrun LOCAL_RANK ", env.local_rank,
+                                                       ": no CUDA GPU is visible (check nvidia-smi and "
+                                                       "CUDA_VISIBLE_DEVICES); NCCL needs one per rank"));
+  } else if (env.rank == 0) {
+    absl::StatusOr<std::string> made = NewNcclId();
+    if (made.ok()) {
+      id = *std::move(made);
+    } else {
+      local = made.status();
+    }
   }
+  STRATA_ASSIGN_OR_RETURN(id, ExchangeBlob(env, "nccl", id, options.timeout_ms, local));
   return CreateNcclCommunicator(id, env.rank, env.world_size, options);
 }
 

@@ -42,9 +42,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> HostBuffersOverNccl(std::unique_pt
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromHost(Communicator& host, device::Stream& host_stream,
                                                                  const Options& options);
 
-// A torchrun-style launch (no MPI): rank 0's id travels over the TCP exchange (ExchangeBlob), then the
-// NCCL communicator of `env.world_size` ranks, on the CUDA device the caller selected. Each step gives up
-// after `options.timeout_ms`.
+// A torchrun-style launch (no MPI): rank 0's id travels over torchrun's store (ExchangeBlob, Note [Bootstrap
+// over the store]), then the NCCL communicator of `env.world_size` ranks, on the CUDA device the caller
+// selected. A rank without a GPU fails every rank at once, naming it. Each step gives up after
+// `options.timeout_ms`.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclFromTorchrun(const TorchrunEnv& env, const Options& options);
 
 }  // namespace strata::comm

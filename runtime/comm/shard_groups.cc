@@ -56,11 +56,15 @@ absl::StatusOr<GroupSplit> GroupsByName(const std::vector<std::string>& hosts, i
   return g;
 }
 
-absl::StatusOr<GroupSplit> GroupsByHost(Communicator& world, device::Stream& stream) {
+absl::StatusOr<GroupSplit> GroupsByHost(Communicator& world, device::Stream& stream, const std::string& node) {
   // A fixed-size, NUL-padded name per rank (POSIX host names are at most 255 bytes).
   constexpr size_t kNameBytes = 256;
   std::vector<char> mine(kNameBytes, 0), all(kNameBytes * static_cast<size_t>(world.size()), 0);
-  STRATA_RETURN_IF_ERROR(STRATA_SYSCALL(::gethostname(mine.data(), kNameBytes - 1)));
+  if (node.empty()) {
+    STRATA_RETURN_IF_ERROR(STRATA_SYSCALL(::gethostname(mine.data(), kNameBytes - 1)));
+  } else {
+    node.copy(mine.data(), kNameBytes - 1);
+  }
   STRATA_RETURN_IF_ERROR(AllGatherBytes(world, mine.data(), all.data(), kNameBytes, stream).Wait());
   std::vector<std::string> hosts;
   for (int r = 0; r < world.size(); ++r) {

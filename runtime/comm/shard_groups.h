@@ -32,8 +32,9 @@ absl::StatusOr<GroupSplit> ContiguousGroups(int world_size, int rank, int group_
 // FailedPrecondition naming the hosts and their rank counts when they differ.
 absl::StatusOr<GroupSplit> GroupsByName(const std::vector<std::string>& hosts, int rank);
 
-// All-gathers this process's host name (gethostname) over `world` on `stream` (collective, blocks
-// within the communicator's deadline), then GroupsByName.
-absl::StatusOr<GroupSplit> GroupsByHost(Communicator& world, device::Stream& stream);
+// All-gathers this process's node name over `world` on `stream` (collective, blocks within the communicator's
+// deadline), then GroupsByName. The name is `node` when given (torchrun's node of this rank: the engine's
+// ResolveShardGroups), else the host name (gethostname).
+absl::StatusOr<GroupSplit> GroupsByHost(Communicator& world, device::Stream& stream, const std::string& node = "");
 
 }  // namespace strata::comm

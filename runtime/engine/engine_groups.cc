@@ -11,9 +11,26 @@
 // With R = 1 (the default) the communicators are Dups of the world, exactly as before hybrid sharding.
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/bootstrap.h"
 #include "runtime/engine/engine_impl.h"
 
 namespace strata::engine {
+
+// Note [Nodes under torchrun]. torchrun says which ranks share a node: its agent starts LOCAL_WORLD_SIZE ranks per
+// node and numbers them from the node's first global rank, RANK - LOCAL_RANK. That is the node for
+// shard_group_size "node" when the engine's world is torchrun's (the same rank and size), so that torchrun's
+// nodes decide, not the host names: two torchrun "nodes" on one host (tests, or a node's GPUs split between two
+// agents) are two nodes. Anything else (MPI, a process group that is not torchrun's world) uses the host name.
+namespace {
+
+std::string TorchrunNode(const comm::Communicator& world) {
+  absl::StatusOr<comm::TorchrunEnv> t = comm::TorchrunLaunch();
+  if (!t.ok() || t->local_world_size == 0 || t->world_size != world.size() || t->rank != world.rank()) return "";
+  return absl::StrCat("torchrun node of ranks ", t->rank - t->local_rank, "..",
+                      t->rank - t->local_rank + t->local_world_size - 1);
+}
+
+}  // namespace
 
 absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, comm::Communicator& world,
                                                     device::Stream& stream) {
@@ -29,7 +46,7 @@ absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, com
     // Over a Dup of its own, so that the caller's communicator carries none of the engine's collectives.
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> probe,
                             world.Dup("host-names", cfg.collective_timeout_ms));
-    auto by_host = comm::GroupsByHost(*probe, stream);
+    auto by_host = comm::GroupsByHost(*probe, stream, TorchrunNode(world));
     if (!by_host.ok()) return Annotate(by_host.status(), key);
     return by_host;
   }

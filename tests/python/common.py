@@ -1,7 +1,11 @@
-"""Shared by the strata.torch tests: configurations, the single-process torch reference, comparisons."""
+"""Shared by the strata.torch tests: configurations, the single-process torch reference, comparisons, and the
+tests' own collectives (world()), under mpirun or torchrun."""
+import os
+
 import torch
 
 import strata.torch as st
+from strata import _comm
 from models import batches
 
 LR, WD = 1e-3, 0.1
@@ -75,6 +79,43 @@ def assert_matches(state, ref_state, tol=1e-5):
     assert errors[worst] <= tol, f"{worst}: relative L2 error {errors[worst]:.3g}"
 
 
+class _TorchWorld:
+    """The few calls of mpi4py's COMM_WORLD that the tests make for their own comparisons (bcast, allgather, Barrier,
+    Ibarrier), over the job's torch.distributed ranks (strata._comm's gloo group), under torchrun."""
+
+    def bcast(self, obj, root=0):
+        return _comm.broadcast_object(obj, root)
+
+    def allgather(self, obj):
+        return _comm.allgather_object(obj)
+
+    def _group(self):
+        return _comm.bind().host_group
+
+    def Barrier(self):  # noqa: N802 (mpi4py's name)
+        if st.world_size() > 1:
+            import torch.distributed as dist
+            dist.barrier(group=self._group())
+
+    def Ibarrier(self):  # noqa: N802
+        class Done:
+            def __init__(self, work):
+                self.work = work
+
+            def Test(self):  # noqa: N802
+                return self.work is None or self.work.is_completed()
+
+        if st.world_size() == 1:
+            return Done(None)
+        import torch.distributed as dist
+        return Done(dist.barrier(group=self._group(), async_op=True))
+
+
+def world():
+    """The tests' own collectives: MPI's world under mpirun (mpi4py), else the torch.distributed ranks."""
+    return st.world() if _comm.mpi_launch(os.environ) else _TorchWorld()
+
+
 def shared_dir(tmp_path):
     """One directory every rank sees: rank 0's pytest tmp_path."""
-    return st.world().bcast(str(tmp_path) if st.rank() == 0 else None, root=0)
+    return world().bcast(str(tmp_path) if st.rank() == 0 else None, root=0)

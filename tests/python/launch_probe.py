@@ -1,8 +1,12 @@
-"""Run by test_launch.py under `torchrun --nproc-per-node 2` on a host without a GPU. argv[1]:
-  cuda  st.shard(..., device="cuda"): strata_comm_create_torchrun's bootstrap exchange runs for real, then
-        every rank fails naming the missing GPU and the id the ranks exchanged.
+"""Run by test_launch.py under `torchrun --standalone --nproc-per-node 2` on a host without a GPU. argv[1]:
+  cuda  st.shard(..., device="cuda"): strata_comm_create_torchrun's bootstrap over torchrun's store runs for real,
+        then every rank fails naming the missing GPU. Rank 0 then reads both ranks' arrival keys from torchrun's
+        store with torch's own TCPStore client (the keys Strata's client wrote: docs/decisions/0038).
+  kill  rank 1 kills itself (SIGKILL) while rank 0 waits for it in the bootstrap.
 Each rank prints its failure, then meets the others (gloo) before exiting, since torchrun stops the other
 ranks at the first exit and would cut their output short."""
+import os
+import signal
 import sys
 
 import torch
@@ -11,11 +15,20 @@ import strata.torch as st
 
 print(f"imported: rank {st.rank()} of {st.world_size()}, mean rank {st.all_reduce_mean(st.rank())}", flush=True)
 model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+if sys.argv[1] == "kill" and st.rank() == 1:
+    print("rank 1: killing itself in the bootstrap", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 try:
-    st.shard(model, config={"strata": {"collective_timeout_ms": 900000}},
-             device="cuda" if sys.argv[1] == "cuda" else None)
+    st.shard(model, config={"strata": {"collective_timeout_ms": 900000}}, device="cuda")
 except Exception as e:  # noqa: BLE001 (printed and re-raised as an exit status)
     print(f"rank {st.rank()} failed: {type(e).__name__}: {e}", flush=True)
+    st.all_reduce_mean(0.0)
+    if st.rank() == 0:
+        import torch.distributed as dist
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        keys = f"strata/bootstrap/{os.environ['TORCHELASTIC_RUN_ID']}/{os.environ['TORCHELASTIC_RESTART_COUNT']}/nccl"
+        for r in (0, 1):
+            print(f"store: arrived/{r} = {store.get(f'{keys}/arrived/{r}')!r}", flush=True)
     st.all_reduce_mean(0.0)
     sys.exit(3)
 print("sharded", flush=True)

@@ -11,7 +11,7 @@ from models import batches, tiny_lm
 
 
 def test_rank_and_world_size():
-    assert st.world_size() == int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    assert st.world_size() == int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))  # mpirun, torchrun
     assert 0 <= st.rank() < st.world_size()
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 import strata.torch as st
 from strata.torch import _model_buffers
-from common import config, reference_optimizer, rel_errors, shared_dir
+from common import config, reference_optimizer, rel_errors, shared_dir, world
 
 STEPS = 10
 
@@ -144,7 +144,7 @@ def train(model, engine, first, last, accumulation=1):
 
 
 def from_rank0(x):
-    return st.world().bcast(x if st.rank() == 0 else None, root=0)
+    return world().bcast(x if st.rank() == 0 else None, root=0)
 
 
 def on_rank0(fn):
@@ -171,7 +171,7 @@ class Expect:
             self.failures.append(f"rank {st.rank()}: {why}")
 
     def done(self):
-        failures = sum(st.world().allgather(self.failures), [])
+        failures = sum(world().allgather(self.failures), [])
         assert not failures, "\n".join(failures)
 
 
@@ -230,7 +230,7 @@ def test_matches_torch_with_ddp_buffer_semantics(stage, variant):
     local = buffers_of(model)
     if broadcast is None:
         same_as_rank0(expect, local, "buffers")
-        losses = st.world().allgather(eval_loss(model))
+        losses = world().allgather(eval_loss(model))
         expect(len(set(losses)) == 1, f"evaluation losses differ over ranks: {losses}")
         expect(abs(losses[0] - eval_loss(ref)) <= 1e-5 * abs(losses[0]), "evaluation loss differs from torch's")
     else:  # each rank its own: its buffers follow the reference's stream of that rank
@@ -309,7 +309,7 @@ def test_bf16_batchnorm_trains():
     same_as_rank0(expect, buffers_of(model), "bf16 buffers")
     state = engine.full_state_dict()
     assert state["layers.2.bn.running_var"].dtype == torch.bfloat16
-    losses = st.world().allgather(eval_loss(model))
+    losses = world().allgather(eval_loss(model))
     expect(len(set(losses)) == 1, f"evaluation losses differ over ranks: {losses}")
     engine.close()
     expect.done()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from common import config, shared_dir
+from common import config, shared_dir, world
 from models import InitZoo, TinyLM, hf_builders, hf_gpt2_batch, tiny_lm
 from strata.torch._deferred import DeferredTensor
 
@@ -162,8 +162,12 @@ _PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rss_probe.py"
 
 
 def _probe(mode, nvme):
-    """`mpirun -n 2 python rss_probe.py mode nvme` outside this test's MPI job: each rank's figures."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_"))}
+    """`mpirun -n 2 python rss_probe.py mode nvme` outside this test's job (mpirun's or torchrun's, whose variables
+    and mpi4py blocker it leaves out): each rank's figures."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    if "PYTHONPATH" in env:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in env["PYTHONPATH"].split(os.pathsep) if "no_mpi4py" not in p)
     env["OMP_NUM_THREADS"] = "1"
     mpirun = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "mpirun_local")
     os.makedirs(nvme)
@@ -182,10 +186,10 @@ def _wait_for_rank_0(work):
             out = ("ok", work())
         except Exception as e:  # noqa: BLE001  (every rank raises it below)
             out = ("failed", f"{type(e).__name__}: {e}")
-    req = st.world().Ibarrier()
+    req = world().Ibarrier()
     while not req.Test():
         time.sleep(0.05)
-    status, value = st.world().bcast(out, root=0)
+    status, value = world().bcast(out, root=0)
     assert status == "ok", value
     return value
 

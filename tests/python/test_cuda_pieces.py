@@ -2,14 +2,18 @@
 and the launcher's local rank, the __cuda_array_interface__ of the engine's device buffers, the dtype
 mapping, and the launch decision. The CUDA views themselves (torch.as_tensor over a device pointer) need a
 GPU: scripts/gpu_check's strata.torch row (never run yet)."""
+import os
+
 import pytest
 import torch
 
 import strata.torch as st
 from strata import _capi
-from strata._comm import torchrun_launch
+from strata._comm import mpi_launch, torchrun_launch
 from strata.torch._buffers import _CUDA_TYPESTR, _TORCH_DTYPE, cuda_array_interface
 from strata.torch._device import choose_device, local_rank
+
+from common import world
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -79,9 +83,13 @@ def test_launch_decision():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: scripts/gpu_check covers it")
 def test_a_cuda_model_without_a_gpu_fails_on_every_rank_naming_it():
-    """Under mpirun (this test's launch): the engine would bootstrap NCCL over MPI's world; here torch sees
-    no GPU, and every rank says so before any engine exists."""
+    """Under mpirun: the engine would bootstrap NCCL over MPI's world; here torch sees no GPU, and every rank says
+    so before any engine exists. Under torchrun, where a CUDA engine's ranks are torchrun's NCCL world, this
+    process's earlier tests' host engines already took the gloo world: that is refused by name (a fresh torchrun
+    job's CUDA model: test_launch.py's probe)."""
     model = torch.nn.Sequential(torch.nn.Linear(3, 3))
-    with pytest.raises(RuntimeError, match=r"rank \d+: the engine is on cuda:\d+, but torch sees no CUDA GPU"):
+    expected = (r"rank \d+: the engine is on cuda:\d+, but torch sees no CUDA GPU" if mpi_launch(os.environ) else
+                r"already run on the gloo world; a host and a CUDA model cannot both be sharded over torch.distributed")
+    with pytest.raises(RuntimeError, match=expected):
         st.shard(model, device="cuda")
-    st.world().Barrier()
+    world().Barrier()

@@ -9,7 +9,7 @@ import torch
 
 import strata.deepspeed as deepspeed
 import strata.torch as st
-from common import LR, WD, config, shared_dir
+from common import LR, WD, config, shared_dir, world
 from models import batches, tiny_lm
 
 SCHEDULE = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": LR, "warmup_num_steps": 3}}
@@ -193,7 +193,7 @@ def test_config_from_args_path_or_config_params(tmp_path):
     if st.rank() == 0:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(ds_config(accumulation=3), f)
-    st.world().Barrier()
+    world().Barrier()
 
     class Args:
         deepspeed_config = path
@@ -214,7 +214,7 @@ def test_training_data_gives_each_rank_micro_batches_of_its_share():
     engine, _, loader, _ = make(training_data=data)
     seen = torch.cat([b[0] for b in loader])
     assert all(len(b[0]) == 2 for b in loader)
-    everything = torch.cat(st.world().allgather(seen))
+    everything = torch.cat(world().allgather(seen))
     assert sorted(everything.tolist()) == list(range(64))  # 64 divides over 1, 2 or 4 ranks
     engine.destroy()
 

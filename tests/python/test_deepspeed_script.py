@@ -9,7 +9,7 @@ import os
 import torch
 
 import strata.torch as st
-from common import shared_dir
+from common import shared_dir, world
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "deepspeed_style", "train.py")
@@ -72,7 +72,7 @@ def test_script_matches_strata_torch_bit_for_bit_and_resumes(tmp_path):
     assert engine.global_steps == STEPS
     # the client state is rank 0's (DeepSpeed's too: data-parallel rank 0 writes it): rank 0's history up to
     # the save, then this rank's own steps again
-    rank0 = st.world().bcast(history if st.rank() == 0 else None, root=0)
+    rank0 = world().bcast(history if st.rank() == 0 else None, root=0)
     cut = SAVE_AT * 4
     assert resumed["losses"] == rank0["losses"][:cut] + history["losses"][cut:]
     assert resumed["lrs"] == history["lrs"]

@@ -13,13 +13,13 @@ import torch
 from safetensors import safe_open
 
 import strata.torch as st
-from common import config, shared_dir
+from common import config, shared_dir, world
 from models import batches, hf_builders, hf_gpt2_batch, tiny_lm
 from strata.torch import _export
 
 
 def barrier():
-    st.world().Barrier()
+    world().Barrier()
 
 
 def read_dir(path, where=None):

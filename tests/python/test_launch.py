@@ -1,10 +1,11 @@
 """Launchers (docs/decisions/0033): a host model trains under `torchrun --standalone` on torch.distributed's gloo,
 bit for bit as under mpirun on MPI, at 2 and 4 ranks, without mpi4py; a rank that raises ends a torchrun job
 within seconds. A CUDA model's ranks under torchrun are torchrun's (NCCL, bootstrapped by
-strata_comm_create_torchrun; docs/decisions/0020): on this GPU-less host its bootstrap exchange runs for real and
-then every rank fails naming the missing GPU."""
+strata_comm_create_torchrun; docs/decisions/0020, 0038): on this GPU-less host its bootstrap over torchrun's store
+runs for real and every rank fails naming the missing GPU; a rank killed in the bootstrap and a taken MASTER_PORT end
+the job within seconds, naming it. No port is picked here: torchrun's --standalone store binds one and keeps it, and
+the taken port is a socket this test binds and holds."""
 import os
-import random
 import re
 import socket
 import subprocess
@@ -20,6 +21,11 @@ import strata.torch as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# The launches added for docs/decisions/0038 run once per suite, in its 1-rank run, where no other rank of the test
+# job waits (and spins a core) while they run.
+once = pytest.mark.skipif(st.world_size() != 1, reason="starts jobs of its own: run once, in the suite's 1-rank run "
+                          "(tests/python/run.sh)")
 
 
 def test_launch_decision():
@@ -64,6 +70,7 @@ def _same(a, b, where):
     assert a["losses"] == b["losses"], f"{where}: losses {a['losses']} vs {b['losses']}"
     assert a["results"] == b["results"], f"{where}: step results {a['results']} vs {b['results']}"
     assert a["mean_loss"] == b["mean_loss"], where
+    assert a["held"] == b["held"], f"{where}: held ranges {a['held']} vs {b['held']}"
     assert a["state"].keys() == b["state"].keys(), where
     for k in a["state"]:
         assert torch.equal(a["state"][k], b["state"][k]), f"{where}: {k} differs"
@@ -94,6 +101,114 @@ def _compare_launchers(tmp, ranks, stage):
     assert mpi[0]["results"][0]["clip_coef"] < 1.0  # the clipping (the norm's all-reduce) took part
 
 
+def _torchrun_two_nodes(args, env):
+    """`torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --node-rank i` started twice on loopback, as on
+    two nodes: (exit statuses, output, seconds). The rendezvous endpoint is a TCPStore this test serves: it binds a
+    port and keeps it for the whole job (no port picked), and both agents are its clients (is_host=0)."""
+    from torch.distributed import TCPStore
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    start = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{store.port}",
+                               "--rdzv-id", "launch-test", "--rdzv-conf", "is_host=0", "--node-rank", str(i), *args],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=900)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    del store
+    return [p.returncode for p in procs], "".join(outs), time.monotonic() - start
+
+
+@once
+@pytest.mark.parametrize("group", [None, "node"])
+def test_torchrun_two_nodes_train_a_host_model_as_mpirun_does_bit_for_bit(tmp_path_factory, group):
+    """Two torchrun nodes of one rank each (a c10d rendezvous) train as `mpirun -n 2` does, bit for bit, held
+    ranges included. With shard_group_size "node", torchrun's LOCAL_WORLD_SIZE (1) decides the node, not the host
+    name (both "nodes" are this host): each rank is its own shard group and holds whole units, as under mpirun
+    with shard_group_size 1, where mpirun's "node" (one host) would be one group of 2 holding halves."""
+    _on_rank_0(lambda: _compare_two_nodes(tmp_path_factory.mktemp("nodes"), group))
+
+
+def _compare_two_nodes(tmp, group):
+    script = os.path.join(HERE, "launch_train.py")
+    env = _clean_env()
+    if group:
+        env["LAUNCH_SHARD_GROUP"] = "1"
+    rc, out, _ = _run([os.path.join(ROOT, "scripts", "mpirun_local"), "-n", "2", sys.executable, script,
+                       str(tmp / "mpi"), "3"], env)
+    assert rc == 0, out
+    env = _clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "no_mpi4py"), env.get("PYTHONPATH", "")])
+    if group:
+        env["LAUNCH_SHARD_GROUP"] = group
+    rcs, out, _ = _torchrun_two_nodes([script, str(tmp / "torchrun"), "3"], env)
+    assert rcs == [0, 0], out
+    assert "rank 1 of 2: sharded" in out, out
+    mpi, tr = _saved(tmp / "mpi", 2), _saved(tmp / "torchrun", 2)
+    for r in range(2):
+        _same(mpi[r], tr[r], f"rank {r} of 2 on two nodes, shard_group_size {group}")
+    whole = all(b == 0 for b, _ in tr[0]["held"]) and tr[0]["held"] == tr[1]["held"]
+    assert whole == (group == "node"), tr[0]["held"]  # a group of one holds whole units; a group of two, halves
+
+
+@once
+def test_a_2d_device_mesh_shards_as_shard_group_size_does_bit_for_bit(tmp_path_factory):
+    """st.shard(..., device_mesh=init_device_mesh("cpu", (2, 2))) under torchrun at 4 ranks (each row of the mesh a
+    shard group, two replicas) trains as `mpirun -n 4` with zero_optimization.shard_group_size 2 does, bit for bit,
+    held ranges included (each rank holds half of each unit: a group of 2, not of 4)."""
+    _on_rank_0(lambda: _compare_mesh(tmp_path_factory.mktemp("mesh")))
+
+
+def _compare_mesh(tmp):
+    script = os.path.join(HERE, "launch_train.py")
+    env = _clean_env()
+    env["LAUNCH_SHARD_GROUP"] = "2"
+    rc, out, _ = _run([os.path.join(ROOT, "scripts", "mpirun_local"), "-n", "4", sys.executable, script,
+                       str(tmp / "mpi"), "3"], env)
+    assert rc == 0, out
+    env = _clean_env()
+    env["LAUNCH_MESH"] = "2x2"
+    rc, out, _ = _torchrun(4, script, str(tmp / "torchrun"), "3", env=env)
+    assert rc == 0, out
+    mpi, tr = _saved(tmp / "mpi", 4), _saved(tmp / "torchrun", 4)
+    for r in range(4):
+        _same(mpi[r], tr[r], f"rank {r} of 4, a 2 x 2 mesh")
+    assert tr[0]["held"] == tr[2]["held"] != tr[1]["held"]  # replicas hold the same half; the group's other, the other
+    assert all(e - b < 1024 * 1024 for b, e in tr[0]["held"][:2])  # under half of a 1024 x 1024 + 1024 unit
+
+
+@once
+def test_the_mesh_example_trains_each_member_as_it_would_alone(tmp_path_factory):
+    """examples/torch/mesh_ensemble.py at 4 ranks: a (member, dp) mesh of 2 x 2, Strata sharding each member over
+    "dp" and the script all-reducing the members' losses over "member". Member 0 trains bit for bit as the same
+    script with one member at 2 ranks (its own dp ranks alone), both members learn, and the ensemble mean the
+    script prints is the mean of the members' losses."""
+    _on_rank_0(lambda: _mesh_example(tmp_path_factory.mktemp("ensemble")))
+
+
+def _mesh_example(tmp):
+    example = os.path.join(ROOT, "examples", "torch", "mesh_ensemble.py")
+    rc, out, _ = _torchrun(4, example, "--members", "2", "--steps", "30", "--out", str(tmp / "mesh"))
+    assert rc == 0, out
+    rc, alone, _ = _torchrun(2, example, "--members", "1", "--steps", "30", "--out", str(tmp / "alone"))
+    assert rc == 0, alone
+    m0, m1 = (torch.load(tmp / "mesh" / f"member{m}.pt") for m in (0, 1))
+    a0 = torch.load(tmp / "alone" / "member0.pt")
+    assert m0["losses"] == a0["losses"], (m0["losses"], a0["losses"])
+    for k in a0["state"]:
+        assert torch.equal(m0["state"][k], a0["state"][k]), k
+    assert m0["losses"] != m1["losses"]
+    for m in (m0, m1):
+        assert m["losses"][-1] < m["losses"][0] / 2, m["losses"]
+    last = re.search(r"step  29  member 0 loss \S+  ensemble mean loss (\S+)", out)
+    assert last, out
+    assert float(last.group(1)) == pytest.approx((m0["losses"][-1] + m1["losses"][-1]) / 2, abs=2e-5), out
+
+
 def test_torchrun_a_rank_that_raises_ends_the_job_within_seconds(tmp_path_factory):
     """Rank 1 raises in the middle of step 2, while rank 0 waits in the engine's collectives (whose timeout is
     900 s): rank 1's hook sends its failure notice and exits, rank 0 stops at the notice or torchrun's agent
@@ -109,35 +224,10 @@ def _raise_ends_the_job(tmp):
     assert seconds < 300, f"{seconds:.0f} s: waited for a deadline?\n{out}"
 
 
-def _free_ports():
-    """Two consecutive ports for torchrun's store and the bootstrap exchange, free now. Not from the kernel's
-    ephemeral range (what binding port 0 returns): every outgoing connection on the machine takes ports from
-    there, and one did take the bootstrap's port between this test's check and rank 0's bind (issue 35). Below
-    it, only a process that binds that exact number could. Reserving the port for good needs a bootstrap over
-    torchrun's own store (issue 35)."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        ephemeral_low = int(f.read().split()[0])
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(10000, ephemeral_low - 2)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port, port + 1
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports below the ephemeral range")
-
-
 def _torchrun_probe(mode):
-    """`torchrun --nproc-per-node 2 launch_probe.py mode` outside this test's MPI job: (exit status, output,
-    seconds)."""
-    env = _clean_env()
-    master_port, bootstrap_port = _free_ports()
-    env["STRATA_BOOTSTRAP_PORT"] = str(bootstrap_port)
-    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                 "127.0.0.1", "--master-port", str(master_port), os.path.join(HERE, "launch_probe.py"), mode], env)
+    """`torchrun --standalone --nproc-per-node 2 launch_probe.py mode` outside this test's MPI job: (exit status,
+    output, seconds)."""
+    return _torchrun(2, os.path.join(HERE, "launch_probe.py"), mode)
 
 
 def _on_rank_0(check):
@@ -168,23 +258,60 @@ def _stall_is_named(tmp):
 
 
 def test_torchrun_two_ranks_of_a_cuda_model_without_a_gpu_fail_naming_it():
-    """The NCCL bootstrap of strata_comm_create_torchrun for real: rank 0's NCCL id reaches rank 1 over the
-    exchange (both name the same id, whose first 8 bytes are a random magic of the job), then each rank
-    fails naming the missing GPU, quickly: well inside the 900 s collective timeout of the probe, so no
-    deadline was waited for (about 16 s on an idle host, two imports of torch)."""
+    """The NCCL bootstrap of strata_comm_create_torchrun for real, over torchrun's store (no port of Strata's own):
+    each rank arrives in the store, then fails naming the missing GPU, quickly: well inside the 900 s collective
+    timeout of the probe, so no deadline was waited for (about 16 s on an idle host, two imports of torch). Rank 0
+    then reads both ranks' arrival keys with torch's own TCPStore client: Strata's client spoke torch's protocol
+    to torchrun's agent store."""
     _on_rank_0(_cuda_model_fails_naming_the_gpu)
 
 
 def _cuda_model_fails_naming_the_gpu():
     rc, out, seconds = _torchrun_probe("cuda")
     assert rc != 0, out
-    ids = {}
     for r in (0, 1):
-        m = re.search(rf"rank {r} failed: StrataError: STRATA_ERR_FAILED_PRECONDITION: strata_comm_create_torchrun: "
-                      rf"rank {r} of 2 \(torchrun, LOCAL_RANK {r}\): no CUDA GPU is visible .*?\. The bootstrap "
-                      rf"exchange with rank 0 at 127.0.0.1:\d+ had completed \(NCCL id ([0-9a-f]{{16}})\.\.\.\)", out)
-        assert m, out
-        ids[r] = m.group(1)
-    assert ids[0] == ids[1], out
+        assert re.search(rf"rank {r} failed: StrataError: STRATA_ERR_FAILED_PRECONDITION: strata_comm_create_torchrun: "
+                         rf"bootstrap over torchrun's store at \S+:\d+ \(rank {r} of 2\): rank {r} of 2: "
+                         rf"FAILED_PRECONDITION: torchrun LOCAL_RANK {r}: no CUDA GPU is visible", out), out
+        assert f"store: arrived/{r} = b'2\\nFAILED_PRECONDITION: torchrun LOCAL_RANK {r}: no CUDA GPU" in out, out
     assert "sharded" not in out.splitlines(), out  # the probe's line, not a path holding the word
     assert seconds < 300, f"{seconds:.0f} s: waited for a deadline?\n{out}"
+
+
+@once
+def test_torchrun_a_rank_killed_in_the_bootstrap_ends_the_job_naming_it():
+    """Rank 1 dies (SIGKILL) while rank 0 waits for it in the bootstrap, whose deadline is the probe's 900 s
+    collective timeout: torchrun's agent sees the death and stops rank 0, and the job ends naming rank 1 and the
+    signal, well before that deadline (60 s is generous: about 16 s here, two imports of torch)."""
+    _on_rank_0(_killed_rank_ends_the_job)
+
+
+def _killed_rank_ends_the_job():
+    rc, out, seconds = _torchrun_probe("kill")
+    assert rc != 0, out
+    assert "rank 1: killing itself in the bootstrap" in out, out
+    assert re.search(r"rank\s*:\s*1 .*\n.*exitcode\s*:\s*-9", out) or "Signal 9 (SIGKILL) received by PID" in out, out
+    assert "sharded" not in out.splitlines(), out
+    assert seconds < 60, f"{seconds:.0f} s: waited for a deadline?\n{out}"
+
+
+@once
+def test_torchrun_a_taken_master_port_ends_the_launch_naming_it():
+    """The bootstrap's only port is torchrun's MASTER_PORT. Taken (here by a socket this test binds and keeps
+    listening), torchrun's agent cannot serve its store and the launch ends at once naming the port, before any
+    rank starts: nothing waits for a deadline."""
+    _on_rank_0(_taken_port_ends_the_launch)
+
+
+def _taken_port_ends_the_launch():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, out, seconds = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                 "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                 os.path.join(HERE, "launch_probe.py"), "cuda"], _clean_env())
+    assert rc != 0, out
+    assert re.search(rf"port: {port}.*EADDRINUSE", out), out
+    assert "imported: rank" not in out, out
+    assert seconds < 60, f"{seconds:.0f} s: waited for a deadline?\n{out}"

@@ -14,14 +14,14 @@ import torch
 from safetensors.torch import save_file
 
 import strata.torch as st
-from common import config, shared_dir
+from common import config, shared_dir, world
 from models import TinyLM, hf_builders
 from strata.torch import _pretrained
 from strata.torch._pretrained import CheckpointError
 
 
 def barrier():
-    st.world().Barrier()
+    world().Barrier()
 
 
 def bits(t):
@@ -36,7 +36,7 @@ def on_rank_0(work):
             work()
         except Exception as e:  # noqa: BLE001  (raised on every rank below)
             error = f"rank 0: {type(e).__name__}: {e}"
-    error = st.world().bcast(error, root=0)
+    error = world().bcast(error, root=0)
     assert error is None, error
 
 
@@ -111,7 +111,7 @@ def test_each_rank_reads_only_what_it_keeps(stage, tmp_path):
     held = held_elements(engine)
     mine = sum(max(last - first, 0) for first, last in held.values())
     assert stats["bytes_read"] == 4 * mine and stats["elements"] == mine, stats
-    total = st.world().allreduce(stats["bytes_read"])
+    total = world().allreduce(stats["bytes_read"])
     everything = 4 * sum(numel.values())
     assert total == (everything if stage == 3 else everything * st.world_size())
     if stage == 3 and st.world_size() > 1:

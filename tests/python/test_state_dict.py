@@ -15,7 +15,7 @@ from transformers import GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
 import strata.torch as st
-from common import config, reference_optimizer, reference_train, rel_errors, shared_dir, train
+from common import config, reference_optimizer, reference_train, rel_errors, shared_dir, world, train
 from models import batches, hf_gpt2 as gpt2, hf_gpt2_batch as gpt2_batch, tiny_lm
 
 STAGES = [0, 1, 2, 3]
@@ -33,7 +33,7 @@ def all_placeholders(model):
 
 
 def barrier():
-    st.world().Barrier()
+    world().Barrier()
 
 
 # ---- state_dict / load_state_dict ----

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import strata.torch as st
-from common import config, shared_dir
+from common import config, shared_dir, world
 from models import batches, tiny_lm
 from strata.torch._units import FROZEN_SUFFIX
 from test_frozen import frozen_lm
@@ -58,7 +58,7 @@ def test_checkpoint_reads_with_strata_ckpt(tmp_path, frozen):
             else:
                 bad = [k for k in params if not torch.equal(exported[k], state[k])]
                 problem = f"exported values differ: {bad}" if bad else None
-    problem = st.world().bcast(problem, root=0)
+    problem = world().bcast(problem, root=0)
     assert problem is None, problem
 
 

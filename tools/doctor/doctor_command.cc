@@ -125,8 +125,8 @@ void ProbeNvmeFor(const DoctorOptions& o, doctor::DoctorFacts* f) {
   f->nvme = doctor::ProbeNvme(path, o.nvme_test_bytes, kNvmeSecondsPerDirection);
 }
 
-// Under torchrun (Note [Launchers] in runtime/comm/launcher.cc), the variables and rank 0's id exchange, for real:
-// rank 0 sends its host name, within the collective timeout.
+// Under torchrun (Note [Launchers] in runtime/comm/launcher.cc), the variables and rank 0's id exchange over
+// torchrun's store, for real: rank 0 sends its host name, within the collective timeout.
 void ProbeLaunch(const DoctorOptions& o, doctor::LaunchFacts* l) {
   auto t = comm::TorchrunLaunch();
   if (absl::IsNotFound(t.status())) return;
@@ -137,11 +137,12 @@ void ProbeLaunch(const DoctorOptions& o, doctor::LaunchFacts* l) {
   }
   l->rank = t->rank;
   l->size = t->world_size;
-  l->exchange = absl::StrCat(t->master_addr, ":", t->exchange_port);
+  l->exchange = absl::StrCat(t->master_addr, ":", t->master_port);
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   const auto start = std::chrono::steady_clock::now();
-  auto got = comm::ExchangeBlob(*t, t->rank == 0 ? std::string(host) : "", o.train->engine.collective_timeout_ms);
+  auto got =
+      comm::ExchangeBlob(*t, "doctor", t->rank == 0 ? std::string(host) : "", o.train->engine.collective_timeout_ms);
   l->exchange_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (got.ok()) {
     l->rank0_host = *got;

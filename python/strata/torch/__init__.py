@@ -22,7 +22,7 @@ from strata.torch._gathered import GatheredParameters
 __all__ = ["shard", "Engine", "GatheredParameters", "rank", "world_size", "all_reduce_mean", "StrataError"]
 
 
-def shard(model, config=None, unit_classes=None, process_group=None, **kwargs):
+def shard(model, config=None, unit_classes=None, process_group=None, device_mesh=None, **kwargs):
     """Collective. Hands `model`'s parameters to a Strata engine configured by `config` (dict or JSON
     path, as `strata train --config`) and hooks its forward. `model` may be a factory instead (a callable that
     builds it, e.g. `lambda: GPT2LMHeadModel(cfg)`, or a model class): the model is then created sharded, its
@@ -48,8 +48,12 @@ def shard(model, config=None, unit_classes=None, process_group=None, **kwargs):
     that would change their dtype or device: docs/decisions/0030-sharded-parameters-outside-a-forward.md.
     `process_group`: the torch.distributed group whose ranks share the model (docs/decisions/0033); default: the
     launch's ranks (mpirun's MPI world, else torch.distributed's default group, initialised as gloo from
-    torchrun's environment when the script has not). Every st.shard of a process names the same group."""
-    return Engine(model, config=config, unit_classes=unit_classes, process_group=process_group, **kwargs)
+    torchrun's environment when the script has not). Every st.shard of a process names the same group.
+    `device_mesh`: a torch DeviceMesh instead of a process_group. 1-D: its group. 2-D (replicate, shard): hybrid
+    sharding over its ranks, each row of the mesh one shard group, as the config's
+    zero_optimization.shard_group_size = mesh.size(1) gives (docs/decisions/0038, "A mesh")."""
+    return Engine(model, config=config, unit_classes=unit_classes, process_group=process_group,
+                  device_mesh=device_mesh, **kwargs)
 
 
 def all_reduce_mean(x):

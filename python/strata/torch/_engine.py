@@ -88,8 +88,13 @@ class Engine:
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
     def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None,
-                 process_group=None):
+                 process_group=None, device_mesh=None):
         created = None
+        config = _config(config)
+        if device_mesh is not None:
+            if process_group is not None:
+                raise ValueError("strata: give st.shard a process_group or a device_mesh, not both")
+            process_group = _comm.mesh_group(device_mesh, config)
         _comm.bind(process_group)  # the ranks first: a factory's creation broadcasts rank 0's generator on them
         if not isinstance(model, torch.nn.Module):  # a factory: the model is created sharded (_created)
             created = _created.Created(model)
@@ -99,7 +104,7 @@ class Engine:
                                "engine (empty placeholders outside a forward). Keep using that engine, or build a "
                                "new model and load the weights into it (engine.full_state_dict(), or a checkpoint)")
         self.model = model
-        self.config = _config(config)
+        self.config = config
         self.broadcast_buffers = _model_buffers.take_option(self.config)  # strata.broadcast_buffers
         self.micro_batches = 0
         self.handle = None

@@ -150,6 +150,30 @@ TEST(ForeignComm, ACallbacksErrorIsTheCollectivesAndANoticeEndsThePeersWait) {
   });
 }
 
+// Rank 1 fails on its own and leaves; rank 0's collective fails at once in the trainer's transport (planted: as
+// gloo's "Connection closed by peer" when a peer's process goes) before rank 1's notice reaches the store, 300 ms
+// later. Rank 0's error is rank 1's notice, which names the cause, not the transport's error.
+TEST(ForeignComm, ANoticeThatFollowsTheTrainersFailureNamesThePeer) {
+  auto job = std::make_shared<ForeignJobState>();
+  job->failing_rank = 0;
+  RunForeignRanks(2, 600000, job, [&](int rank, strata_comm* sc) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      Of(sc).NotifyFailure(absl::FailedPreconditionError("rank 1's own check failed"));
+      return;
+    }
+    device::HostDevice dev;
+    auto stream = dev.CreateStream("s");
+    ASSERT_TRUE(stream.ok());
+    conformance::HostArray buf(DType::kF32, 4);
+    const absl::Status s =
+        Of(sc).AllReduce(buf.data(), buf.data(), 4, DType::kF32, comm::ReduceOp::kSum, **stream).Wait();
+    EXPECT_TRUE(comm::IsPeerFailure(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 failed and will not join it"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1's own check failed"));
+  });
+}
+
 TEST(ForeignComm, ADupOfOtherRanksIsRefusedAndDestroyed) {
   auto job = std::make_shared<ForeignJobState>();
   job->wrong_dup_rank = 0;

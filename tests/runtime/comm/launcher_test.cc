@@ -13,7 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TorchrunEnv Torchrun(int rank, int world) { return TorchrunEnv{rank, world, rank % 2, "node0", 29500, 29501}; }
+TorchrunEnv Torchrun(int rank, int world) { return TorchrunEnv{rank, world, rank % 2, "node0", 29500}; }
 
 TEST(ChooseLaunch, AnMpiWorldOfSeveralRanksWinsOverTorchrunVariables) {
   absl::StatusOr<Launch> l = ChooseLaunch(2, 4, Torchrun(1, 8));

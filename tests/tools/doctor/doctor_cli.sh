@@ -9,9 +9,9 @@
 #   --measure at tiny sizes writes every host figure (the collectives over scripts/mpirun_local, really
 #   launched), and `strata plan --host-figures` reads that file; a launcher that does not exist, or one
 #   rank, leaves the collectives out saying why (a warn) and the plan refuses the file naming the key.
-# usage: doctor_cli.sh STRATA [FAKE_NVML_DIR]
+# usage: doctor_cli.sh STRATA [FAKE_NVML_DIR] [FAKE_TCP_STORE]
 set -uo pipefail
-strata=$1 fake_nvml=${2:-}
+strata=$1 fake_nvml=${2:-} fake_store=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fails=0
@@ -103,28 +103,17 @@ assert (int(os.environ["RC"]) == 1) == (d["verdict"] == "fail"), (os.environ["RC
     "$(cat "$work/out.json")"
 fi
 
-# Under torchrun every rank runs the doctor and the launch check tries rank 0's id exchange for real
-# (on MASTER_PORT + 1: torchrun's agent holds MASTER_PORT, so a listener stands in for it here).
-# Two free consecutive ports below the kernel's ephemeral range, where outgoing connections cannot take them
-# between this check and the binds (test_launch.py's _free_ports says why).
-port=$(python3 -c "
-import random, socket
-low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
-for _ in range(200):
-    p = random.randrange(10000, low - 2)
-    try:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(('127.0.0.1', p)); b.bind(('127.0.0.1', p + 1))
-        print(p); break
-    except OSError:
-        pass")
-python3 -c "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',int(sys.argv[1]))); s.listen(); time.sleep(30)" "$port" &
-store=$!
-sleep 0.3
-trun() { env RANK="$1" WORLD_SIZE="$2" LOCAL_RANK="$1" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" "$strata" doctor --json "${@:3}"; }
-trun 1 2 > "$work/r1.json" 2>&1 &
+# Under torchrun every rank runs the doctor and the launch check tries rank 0's id exchange for real, over
+# torchrun's store on MASTER_PORT (docs/decisions/0038). A stand-in of torch's TCPStore serves it here; it binds
+# its own port and keeps it (tests/runtime/comm/fake_tcp_store.h), so no port is picked by this script.
+if [ -n "$fake_store" ]; then
+coproc STORE { "$fake_store"; }
+read -r port <&"${STORE[0]}"
+trun() { env RANK="$1" WORLD_SIZE="$2" LOCAL_RANK="$1" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+  TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RUN_ID="$3" "$strata" doctor --json "${@:4}"; }
+trun 1 2 job1 > "$work/r1.json" 2>&1 &
 one=$!
-trun 0 2 > "$work/r0.json" 2>&1; rc0=$?
+trun 0 2 job1 > "$work/r0.json" 2>&1; rc0=$?
 wait $one; rc1=$?
 python3 - "$work/r0.json" "$work/r1.json" "$port" <<'PY'
 import json, sys
@@ -133,15 +122,17 @@ for r, path in enumerate(sys.argv[1:3]):
     c = [c for c in d["checks"] if c["name"] == "launch"][0]
     l = d["facts"]["launch"]
     assert l["torchrun"] and l["rank"] == r and l["size"] == 2 and not l["error"], l
-    assert l["exchange"] == "127.0.0.1:%d" % (int(sys.argv[3]) + 1), l
+    assert l["exchange"] == "127.0.0.1:%d" % int(sys.argv[3]), l
     assert c["verdict"] in ("ok", "warn") and ("rank %d of 2" % r) in c["detail"], c
 PY
-check "torchrun, 2 ranks: both reach rank 0's id exchange on MASTER_PORT + 1 beside the store (exit $rc0/$rc1)" \
+check "torchrun, 2 ranks: both exchange rank 0's id over the store on MASTER_PORT (exit $rc0/$rc1)" \
   $(( rc0 | rc1 | $? )) "$(cat "$work/r0.json" "$work/r1.json")"
-out=$(trun 0 2 --collective-timeout 1 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "waited for rank(s) 1" <<<"$out"
+out=$(trun 0 2 job2 --collective-timeout 1 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "rank(s) 1 had not arrived by the deadline" <<<"$out"
 check "torchrun, rank 1 never starts: the launch check fails naming it (exit $rc)" $? "$out"
-kill $store 2>/dev/null
+kill "$STORE_PID" 2>/dev/null
+wait "$STORE_PID" 2>/dev/null
+fi
 
 # --measure at tiny sizes: every figure, the collectives through a real launch of 2 ranks.
 mpirun_local="$(cd "$(dirname "$0")/../../../scripts" && pwd)/mpirun_local"
