@@ -1,4 +1,4 @@
-"""strata.torch on one dimension of a torch DeviceMesh, the script's own code on the other (docs/decisions/0038,
+"""strata.torch on one dimension of a torch DeviceMesh, the script's own code on the other (docs/decisions/0039,
 "A mesh"). The job trains an ensemble: the mesh is (member, dp). Each member is a model of its own, seeded by its
 index; its ranks along "dp" are data parallel, and Strata shards the member's model over them
 (st.shard(..., device_mesh=mesh["dp"])). The script's own code uses "member": every few steps it all-reduces the

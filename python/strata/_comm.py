@@ -113,7 +113,7 @@ def _torch_world(group):
 
 
 def mesh_group(mesh, config):
-    """The process group of a torch DeviceMesh given to st.shard (docs/decisions/0038, "A mesh"). 1-D: the mesh's
+    """The process group of a torch DeviceMesh given to st.shard (docs/decisions/0039, "A mesh"). 1-D: the mesh's
     group. 2-D (replicate, shard): a group over all of its ranks, and the config's shard_group_size set to the
     shard dimension's size, so that each row of the mesh is one of the engine's shard groups. Those are
     consecutive ranks of the group (runtime/comm/shard_groups.h, ContiguousGroups), so the rows must be too."""

@@ -117,7 +117,7 @@ strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out);
 /* Collective over a torchrun launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), for engines
  * with STRATA_DEVICE_CUDA; the bootstrap `strata train` uses under torchrun. Rank 0's NCCL id travels over
  * torchrun's own key-value store on MASTER_ADDR:MASTER_PORT (the agent's, TORCHELASTIC_USE_AGENT_STORE=True, or
- * the store of the job's torch.distributed rank 0): Strata listens on no port of its own (decision 0038). Then
+ * the store of the job's torch.distributed rank 0): Strata listens on no port of its own (decision 0039). Then
  * NCCL initialises, nonblocking, on the calling thread's current CUDA device (set it to the rank's GPU, e.g.
  * LOCAL_RANK's, first). Each part is bounded by `timeout_ms` (<= 0: 60000): a rank that never arrives is
  * STRATA_ERR_DEADLINE_EXCEEDED naming the ranks missing. A rank that cannot join (no GPU visible, a rank started

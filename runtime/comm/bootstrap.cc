@@ -152,7 +152,7 @@ absl::StatusOr<TorchrunEnv> ParseTorchrunEnv(const env::TorchrunVars& v) {
   if (v.bootstrap_port) {
     return absl::InvalidArgumentError(
         "STRATA_BOOTSTRAP_PORT is set, but Strata's bootstrap no longer listens on a port of its own: it uses "
-        "torchrun's store on MASTER_ADDR:MASTER_PORT (docs/decisions/0038); unset STRATA_BOOTSTRAP_PORT");
+        "torchrun's store on MASTER_ADDR:MASTER_PORT (docs/decisions/0039); unset STRATA_BOOTSTRAP_PORT");
   }
   if (v.local_world_size) {
     STRATA_ASSIGN_OR_RETURN(e.local_world_size,

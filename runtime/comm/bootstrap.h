@@ -1,7 +1,7 @@
 // Bootstrap without MPI: torchrun-style environment variables, and an exchange that hands one blob from rank 0
 // to every rank (the ncclUniqueId of the NCCL back-end) over torchrun's own key-value store on
 // MASTER_ADDR:MASTER_PORT (tcp_store.h). Strata listens on no port of its own, so its bootstrap cannot collide
-// with another job's (docs/decisions/0038-bootstrap-over-torchruns-store.md). Only the id travels over the store;
+// with another job's (docs/decisions/0039-bootstrap-over-torchruns-store.md). Only the id travels over the store;
 // the data path is NCCL's (docs/design.md "Communication": nothing home-made on the data path).
 #pragma once
 

@@ -1,6 +1,6 @@
 // A client of torch.distributed's TCPStore, the key-value store torchrun's agent serves on MASTER_ADDR:MASTER_PORT
 // for the whole job (TORCHELASTIC_USE_AGENT_STORE=True). Strata's torchrun bootstrap reads and writes its keys there
-// instead of listening on a port of its own (docs/decisions/0038-bootstrap-over-torchruns-store.md).
+// instead of listening on a port of its own (docs/decisions/0039-bootstrap-over-torchruns-store.md).
 //
 // Note [TCPStore protocol]. The subset used, as torch's own client speaks it (c10d's TCPStore.cpp; checked against
 // torch's libuv and legacy servers by tests/python/test_launch.py): a query is one byte of QueryType, then its

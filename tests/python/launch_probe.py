@@ -1,7 +1,7 @@
 """Run by test_launch.py under `torchrun --standalone --nproc-per-node 2` on a host without a GPU. argv[1]:
   cuda  st.shard(..., device="cuda"): strata_comm_create_torchrun's bootstrap over torchrun's store runs for real,
         then every rank fails naming the missing GPU. Rank 0 then reads both ranks' arrival keys from torchrun's
-        store with torch's own TCPStore client (the keys Strata's client wrote: docs/decisions/0038).
+        store with torch's own TCPStore client (the keys Strata's client wrote: docs/decisions/0039).
   kill  rank 1 kills itself (SIGKILL) while rank 0 waits for it in the bootstrap.
 Each rank prints its failure, then meets the others (gloo) before exiting, since torchrun stops the other
 ranks at the first exit and would cut their output short."""

@@ -23,7 +23,7 @@ for n in 2 1 4; do
   echo "== strata.torch tests at $n ranks"
   OMP_NUM_THREADS=1 scripts/mpirun_local -n "$n" "$python" -m pytest -q -p no:cacheprovider tests/python
 done
-# The same suite under torchrun (docs/decisions/0038), on torch.distributed's gloo, with mpi4py blocked: every
+# The same suite under torchrun (docs/decisions/0039), on torch.distributed's gloo, with mpi4py blocked: every
 # test but test_launch.py and test_foreign_conformance.py, which start their own mpirun and torchrun jobs (from
 # rank 0 of the mpirun runs above). --standalone: torchrun's store binds its own port. STRATA_TORCHRUN_TESTS=0
 # leaves it out.

@@ -1,7 +1,7 @@
 """Launchers (docs/decisions/0033): a host model trains under `torchrun --standalone` on torch.distributed's gloo,
 bit for bit as under mpirun on MPI, at 2 and 4 ranks, without mpi4py; a rank that raises ends a torchrun job
 within seconds. A CUDA model's ranks under torchrun are torchrun's (NCCL, bootstrapped by
-strata_comm_create_torchrun; docs/decisions/0020, 0038): on this GPU-less host its bootstrap over torchrun's store
+strata_comm_create_torchrun; docs/decisions/0020, 0039): on this GPU-less host its bootstrap over torchrun's store
 runs for real and every rank fails naming the missing GPU; a rank killed in the bootstrap and a taken MASTER_PORT end
 the job within seconds, naming it. No port is picked here: torchrun's --standalone store binds one and keeps it, and
 the taken port is a socket this test binds and holds."""
@@ -22,7 +22,7 @@ import strata.torch as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# The launches added for docs/decisions/0038 run once per suite, in its 1-rank run, where no other rank of the test
+# The launches added for docs/decisions/0039 run once per suite, in its 1-rank run, where no other rank of the test
 # job waits (and spins a core) while they run.
 once = pytest.mark.skipif(st.world_size() != 1, reason="starts jobs of its own: run once, in the suite's 1-rank run "
                           "(tests/python/run.sh)")

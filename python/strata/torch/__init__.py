@@ -51,7 +51,7 @@ def shard(model, config=None, unit_classes=None, process_group=None, device_mesh
     torchrun's environment when the script has not). Every st.shard of a process names the same group.
     `device_mesh`: a torch DeviceMesh instead of a process_group. 1-D: its group. 2-D (replicate, shard): hybrid
     sharding over its ranks, each row of the mesh one shard group, as the config's
-    zero_optimization.shard_group_size = mesh.size(1) gives (docs/decisions/0038, "A mesh")."""
+    zero_optimization.shard_group_size = mesh.size(1) gives (docs/decisions/0039, "A mesh")."""
     return Engine(model, config=config, unit_classes=unit_classes, process_group=process_group,
                   device_mesh=device_mesh, **kwargs)
 

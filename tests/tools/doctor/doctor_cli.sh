@@ -104,7 +104,7 @@ assert (int(os.environ["RC"]) == 1) == (d["verdict"] == "fail"), (os.environ["RC
 fi
 
 # Under torchrun every rank runs the doctor and the launch check tries rank 0's id exchange for real, over
-# torchrun's store on MASTER_PORT (docs/decisions/0038). A stand-in of torch's TCPStore serves it here; it binds
+# torchrun's store on MASTER_PORT (docs/decisions/0039). A stand-in of torch's TCPStore serves it here; it binds
 # its own port and keeps it (tests/runtime/comm/fake_tcp_store.h), so no port is picked by this script.
 if [ -n "$fake_store" ]; then
 coproc STORE { "$fake_store"; }
