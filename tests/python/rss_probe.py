@@ -1,7 +1,7 @@
 """Run by test_created.py under its own `mpirun -n 2`: st.shard() of a model of 32 blocks of 8 MiB (256 MiB of
 fp32 parameters), created from a factory (argv[1] "created") or built first ("built"), at stage 3 with the
 parameters and optimizer state on NVMe under argv[2] (so the engine's host memory is small beside the model).
-Each rank prints `rss {json}`: the bytes its peak RSS rose by over its RSS before the model was made, the
+Each rank writes argv[2]/rss-RANK.json: the bytes its peak RSS rose by over its RSS before the model was made, the
 engine's own host bytes (its accounting, peaks), the model's and the largest unit's bytes; a created model is
 then exported twice (engine.save_pretrained into argv[2]/export, files of 64 MB), and the bytes the peak
 rose by over the RSS before each export (the peak reset first: /proc/self/clear_refs) are
@@ -67,5 +67,6 @@ if mode == "created":
         before = vm_rss_bytes()
         engine.save_pretrained(f"{nvme}/export", max_shard_size="64MB")
         figures[f"{run}_export_added_bytes"] = status_bytes("VmHWM") - before
-print("rss " + json.dumps(figures), flush=True)
+with open(f"{nvme}/rss-{st.rank()}.json", "w") as f:  # a file per rank: the ranks' stdout lines can interleave
+    json.dump(figures, f)
 engine.close()

@@ -174,7 +174,11 @@ def _probe(mode, nvme):
     p = subprocess.run([mpirun, "-n", "2", sys.executable, _PROBE, mode, nvme], env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    return [json.loads(line[len("rss "):]) for line in p.stdout.splitlines() if line.startswith("rss ")]
+    figures = []
+    for r in range(2):
+        with open(os.path.join(nvme, f"rss-{r}.json")) as f:
+            figures.append(json.load(f))
+    return figures
 
 
 def _wait_for_rank_0(work):
