@@ -1,6 +1,7 @@
 #include "runtime/checkpoint/async_save.h"
 
 #include <filesystem>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -81,7 +82,10 @@ void AsyncSaver::Run(AsyncSaveJob job) {
       local = done.status();
     }
   }
-  job.snapshot = ShardSnapshot{};  // the host copy is released before the (short) publication
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spare_ = std::move(job.snapshot.buffers);  // for the next snapshot (TakeSpareBuffers)
+  }
   absl::Status outcome =
       PublishCheckpoint(*control_, *stream_, job.step_dir, mine, local, [&] { return std::move(job.manifest); });
   std::lock_guard<std::mutex> lock(mu_);
@@ -111,6 +115,11 @@ absl::Status AsyncSaver::Failure() {
   absl::Status failure = outcome_;
   failure.SetPayload(kAsyncSaveFailure, absl::Cord("1"));
   return failure;
+}
+
+std::vector<std::vector<float>> AsyncSaver::TakeSpareBuffers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(spare_, {});
 }
 
 bool AsyncSaver::in_flight() const {

@@ -83,6 +83,9 @@ class AsyncSaver {
   // IsAsyncSaveFailure), else OK.
   absl::Status Failure();
   bool in_flight() const;
+  // The snapshot buffers of the last finished save (kept for the next snapshot to reuse; empty while a
+  // save is in flight), handed over once.
+  std::vector<std::vector<float>> TakeSpareBuffers();
 
  private:
   void Run(AsyncSaveJob job);
@@ -95,6 +98,7 @@ class AsyncSaver {
   bool running_ = false;  // guarded by mu_
   bool reported_ = true;  // guarded by mu_: the outcome was returned (or there is none)
   absl::Status outcome_;  // guarded by mu_
+  std::vector<std::vector<float>> spare_;  // guarded by mu_
 };
 
 }  // namespace strata::checkpoint

@@ -97,16 +97,21 @@ class AsyncCheckpoint : public ::testing::Test {
 
   // Trains 3 steps, saves synchronously into "sync" and asynchronously into "async" (the same state), then
   // trains 3 more steps while the async save's writers are held (SetBeforeAsyncWriteForTest) until every
-  // rank took them, so the files are written after the state changed; then waits for it.
+  // rank took them, so the files are written after the state changed; then waits for it, and saves both ways
+  // again (the second snapshot reuses the first one's buffers).
   absl::Status SaveBoth(int world, const EngineConfig& cfg) {
     std::latch stepped(world);
     checkpoint::SetBeforeAsyncWriteForTest([&] { stepped.wait(); });
     absl::Status s = OnRanks(world, cfg, 3, [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
-      STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((dir_ / "sync").string(), "{\"next_step\":3}"));
-      STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((dir_ / "async").string(), "{\"next_step\":3}"));
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((dir_ / "sync" / "a").string(), "{\"next_step\":3}"));
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((dir_ / "async" / "a").string(), "{\"next_step\":3}"));
       absl::Status trained = TrainSteps(e, mlp, rank, world, 3, 3);
       stepped.count_down();
       STRATA_RETURN_IF_ERROR(trained);
+      STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());
+      // A second save, into the first one's snapshot buffers (TakeSpareBuffers).
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((dir_ / "sync" / "b").string(), "{\"next_step\":6}"));
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((dir_ / "async" / "b").string(), "{\"next_step\":6}"));
       return e.WaitCheckpoint();
     });
     checkpoint::SetBeforeAsyncWriteForTest(nullptr);
@@ -124,7 +129,7 @@ class AsyncCheckpoint : public ::testing::Test {
   void ExpectSameFiles(const std::string& what) {
     const auto sync = Files(dir_ / "sync"), async = Files(dir_ / "async");
     ASSERT_FALSE(sync.empty()) << what;
-    EXPECT_TRUE(sync.count(checkpoint::kManifestName)) << what;
+    EXPECT_TRUE(sync.count("a/manifest.json") && sync.count("b/manifest.json")) << what;
     ASSERT_EQ(sync.size(), async.size()) << what;
     for (const auto& [name, bytes] : sync) {
       ASSERT_TRUE(async.count(name)) << what << ": " << name;
