@@ -1,9 +1,10 @@
 // Asynchronous checkpoints (Note [Asynchronous checkpoints], runtime/checkpoint/async_save.h): the files of
 // SaveCheckpointAsync equal SaveCheckpoint's of the same state byte for byte (stages 0-3, 1 and 2 ranks,
-// optimizer state in memory, on the host tier and on NVMe), also when the writers are held until training
-// changed the state (the snapshot, not the live state, is written); a write that fails in the background is returned by
-// the next Step() (which is then not taken), by the next save (which does not start) and by WaitCheckpoint(), naming
-// the step directory; destroying the engine finishes the save in flight; a second save waits for the first.
+// optimizer state in memory, on the host tier and on NVMe, hybrid sharding), also when the writers are held
+// until training changed the state (the snapshot, not the live state, is written) and when a second snapshot
+// reuses the first one's buffers; a write that fails in the background is returned by the next Step() (which
+// is then not taken), by the next save (which does not start) and by WaitCheckpoint(), naming the step
+// directory; destroying the engine finishes the save in flight; a second save waits for the first.
 #include <unistd.h>
 
 #include <chrono>
@@ -150,6 +151,17 @@ TEST_F(AsyncCheckpoint, EqualsTheSynchronousSaveByteForByte) {
       ExpectSameFiles(what);
     }
   }
+}
+
+// Hybrid sharding (decision 0016): only shard group 0 writes; the replicas take part in the publication.
+TEST_F(AsyncCheckpoint, EqualsTheSynchronousSaveWithHybridSharding) {
+  EngineConfig cfg = Config(3);
+  cfg.shard_group_size = 2;
+  const absl::Status s = SaveBoth(4, cfg);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(fs::exists(dir_ / "async" / "a" / "shard_00001.bin"));
+  EXPECT_FALSE(fs::exists(dir_ / "async" / "a" / "shard_00002.bin")) << "a replica wrote a shard";
+  ExpectSameFiles("4 ranks, shard groups of 2");
 }
 
 TEST_F(AsyncCheckpoint, EqualsTheSynchronousSaveWithOffloadedOptimizerState) {
