@@ -233,8 +233,7 @@ absl::Status GetStats(const strata_engine* e, strata_stats* out) {
   return absl::OkStatus();
 }
 
-
-absl::Status SaveCheckpoint(strata_engine* e, const char* root_dir, const char* trainer_json) {
+absl::Status SaveCheckpoint(strata_engine* e, const char* root_dir, const char* trainer_json, bool async) {
   STRATA_RETURN_IF_ERROR(CheckEngine(e));
   if (root_dir == nullptr) return NullArgument("root_dir");
   const std::string trainer = trainer_json == nullptr ? "{}" : trainer_json;
@@ -244,7 +243,7 @@ absl::Status SaveCheckpoint(strata_engine* e, const char* root_dir, const char* 
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps(e));
   const std::string step_dir =
       (std::filesystem::path(root_dir) / checkpoint::StepDirName(e->engine->step())).string();
-  return e->engine->SaveCheckpoint(step_dir, trainer);
+  return async ? e->engine->SaveCheckpointAsync(step_dir, trainer) : e->engine->SaveCheckpoint(step_dir, trainer);
 }
 
 absl::Status LoadCheckpoint(strata_engine* e, const char* dir, const char** out_trainer_json) {
@@ -385,7 +384,28 @@ strata_status strata_engine_set_param_range(strata_engine* engine, int32_t unit,
 }
 
 strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* root_dir, const char* trainer_json) {
-  return Call(__func__, [&] { return SaveCheckpoint(engine, root_dir, trainer_json); });
+  return Call(__func__, [&] { return SaveCheckpoint(engine, root_dir, trainer_json, /*async=*/false); });
+}
+
+strata_status strata_engine_save_checkpoint_async(strata_engine* engine, const char* root_dir,
+                                                  const char* trainer_json) {
+  return Call(__func__, [&] { return SaveCheckpoint(engine, root_dir, trainer_json, /*async=*/true); });
+}
+
+strata_status strata_engine_wait_checkpoint(strata_engine* engine) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    return engine->engine->WaitCheckpoint();
+  });
+}
+
+strata_status strata_engine_checkpoint_in_flight(const strata_engine* engine, int32_t* out) {
+  return Call(__func__, [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(CheckEngine(engine));
+    if (out == nullptr) return NullArgument("out");
+    *out = engine->engine->checkpoint_in_flight() ? 1 : 0;
+    return absl::OkStatus();
+  });
 }
 
 strata_status strata_engine_load_checkpoint(strata_engine* engine, const char* dir, const char** out_trainer_json) {

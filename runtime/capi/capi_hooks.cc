@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
+#include "runtime/checkpoint/async_save.h"
 
 namespace strata::capi {
 namespace {
@@ -119,7 +120,8 @@ absl::Status Step(strata_engine* e, strata_step_result* out) {
                                                       "gradient_accumulation_steps is ", accum));
   }
   absl::StatusOr<engine::StepResult> r = e->engine->Step();
-  e->micro_batches_done = 0;
+  // A failed asynchronous checkpoint is returned before the step is taken, which may be called again.
+  if (!checkpoint::IsAsyncSaveFailure(r.status())) e->micro_batches_done = 0;
   STRATA_RETURN_IF_ERROR(r.status());
   FinishStep(*e, *r);
   RecordStepTrace(*e);

@@ -455,6 +455,22 @@ strata_status strata_engine_set_param_range(strata_engine* engine, int32_t unit,
  * STRATA_ERR_ALREADY_EXISTS when that step's checkpoint is already complete. */
 strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* root_dir, const char* trainer_json);
 
+/* Collective, like strata_engine_save_checkpoint and the same files byte for byte, but asynchronous
+ * (docs/decisions/0036-async-checkpoints.md): returns once this rank's shard of the state is copied into host
+ * memory; a background thread writes, fsyncs and publishes it (manifest last) while training goes on. One
+ * save in flight: a save or load first waits for it. A failure of the background write, naming the step
+ * directory, is returned by the next strata_engine_step that finds it finished (that step is then not taken:
+ * call it again), by the next save (which then does not start), or by strata_engine_wait_checkpoint.
+ * Destroying the engine waits for the save in flight. Costs this rank's shard of master weights and
+ * optimizer state in host memory until its file is written. */
+strata_status strata_engine_save_checkpoint_async(strata_engine* engine, const char* root_dir,
+                                                  const char* trainer_json);
+/* Collective. Waits for the asynchronous save in flight and returns the last one's outcome (STRATA_OK when
+ * there was none). */
+strata_status strata_engine_wait_checkpoint(strata_engine* engine);
+/* Not collective. *out = 1 while an asynchronous save is being written on this rank, else 0. */
+strata_status strata_engine_checkpoint_in_flight(const strata_engine* engine, int32_t* out);
+
 /* Collective, before training or between steps. `dir` is a step directory, or a root directory whose
  * latest complete step is loaded. Accepts a checkpoint written at any world size and ZeRO stage (it
  * reshards by global offsets) and verifies every checksum it reads; errors name the file and the problem

@@ -14,6 +14,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/comm/agree.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/accounting.h"
@@ -76,6 +77,7 @@ char* Engine::Impl::ParamBase(const UnitState& u) const {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
+  async_saver_.reset();  // waits for the checkpoint in flight (Note [Asynchronous checkpoints])
   if (!impl_) return;
   // Drain the streams before buffers go away.
   if (impl_->gatherer != nullptr) impl_->gatherer->Drain();

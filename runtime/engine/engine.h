@@ -36,6 +36,10 @@
 #include "runtime/memory/memory.h"
 #include "runtime/shard/layout.h"
 
+namespace strata::checkpoint {
+class AsyncSaver;  // runtime/checkpoint/async_save.h
+}  // namespace strata::checkpoint
+
 namespace strata::engine {
 
 struct ParamView {
@@ -119,6 +123,18 @@ class Engine {
   // a complete checkpoint. Call between steps only. With hybrid sharding only shard group 0 writes, one
   // file per shard rank (docs/decisions/0016-hybrid-sharding.md).
   absl::Status SaveCheckpoint(const std::string& step_dir, const std::string& trainer_json);
+  // Collective. The same checkpoint as SaveCheckpoint, byte for byte, written in the background (Note
+  // [Asynchronous checkpoints], runtime/checkpoint/async_save.h): returns once this rank's shard is copied
+  // into host memory; a thread writes, fsyncs and publishes it (manifest last) while training goes on.
+  // One save in flight: a save (of either kind) or a load first waits for it. Its failure, naming
+  // `step_dir`, is returned by the next Step() that finds it finished (that step is then not taken: call
+  // Step() again), the next save (which then does not start) or WaitCheckpoint(). The host copy costs
+  // this rank's shard of master and optimizer state in host memory until the file is written.
+  absl::Status SaveCheckpointAsync(const std::string& step_dir, const std::string& trainer_json);
+  // Collective. Waits for the asynchronous save in flight and returns the last one's outcome (OK if none).
+  absl::Status WaitCheckpoint();
+  // Whether an asynchronous save is being written (this rank's view; not collective).
+  bool checkpoint_in_flight() const;
   // Collective. Loads a checkpoint written at any world size and stage (resharding by global offsets),
   // verifying every checksum it reads; returns the trainer's state. Errors name the file and the problem:
   // another model, another param dtype or optimizer, a missing shard, a truncated or corrupted file, a
@@ -176,6 +192,9 @@ class Engine {
  private:
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  // Note [Asynchronous checkpoints]: made by the first SaveCheckpointAsync; outside Impl, which it never
+  // touches (docs/decisions/0036-async-checkpoints.md).
+  std::unique_ptr<checkpoint::AsyncSaver> async_saver_;
 };
 
 }  // namespace strata::engine

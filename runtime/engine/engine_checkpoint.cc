@@ -1,13 +1,12 @@
 // Sharded checkpoints of the engine (docs/design.md "Checkpoints"): save this rank's slice of master weights and
 // optimizer state, publish the manifest last; load at any world size by global offsets.
 //
-// Protocol of SaveCheckpoint (every rank): write and publish its shard file; all-gather (checksum,
-// size, ok) so rank 0 knows every shard is durable; rank 0 writes the manifest (temporary name, fsync,
-// rename); an all-reduce of rank 0's result makes every rank return the same verdict. A rank that fails
-// still takes part in both collectives, so nobody waits on it; the manifest is written only when every
-// shard succeeded, so a failed or interrupted save never publishes a partial checkpoint. A failed write
-// removes its temporary (TempFile); before writing, each rank removes the temporaries an earlier, dead
-// save left for its shard (rank 0 also those of the manifest and of ranks beyond this world size).
+// Protocol of SaveCheckpoint (every rank): write and publish its shard file, then the collective publication
+// of runtime/checkpoint/publish.h (manifest last, by rank 0, only when every shard succeeded), so a failed or
+// interrupted save never publishes a partial checkpoint. A failed write removes its temporary (TempFile);
+// before writing, each rank removes the temporaries an earlier, dead save left for its shard (rank 0 also
+// those of the manifest and of ranks beyond this world size). SaveCheckpointAsync writes the same files
+// from a snapshot, in the background (Note [Asynchronous checkpoints] in runtime/checkpoint/async_save.h).
 //
 // Hybrid sharding (engine_groups.cc): the replicas of a shard group hold the same state, so only shard
 // group 0 (the one of world rank 0) writes, one file per shard rank, and the checkpoint is that of a
@@ -15,8 +14,6 @@
 // multiply the I/O and the disk by N / G for nothing. Every rank still takes part in both collectives.
 // Loading at any N and G is then the usual resharding from G shards.
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -24,15 +21,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/publish.h"
 #include "runtime/checkpoint/reshard.h"
 #include "runtime/checkpoint/shard_file.h"
-#include "runtime/comm/agree.h"
 #include "runtime/engine/engine_impl.h"
 
 namespace strata::engine {
@@ -40,8 +37,6 @@ namespace strata::engine {
 namespace ckpt = checkpoint;
 
 namespace {
-
-std::string ShardName(int rank) { return absl::StrFormat("shard_%05d.bin", rank); }
 
 // Each kind over the update range, staged in host memory one unit at a time, wherever it lives
 // (ReadState; Note [NVMe state]).
@@ -67,22 +62,34 @@ ckpt::ManifestUnit ManifestUnitOf(const UnitState& u) {
   return mu;
 }
 
-absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
-  const size_t r = static_cast<size_t>(m.rt.shard_rank);
+// The ranges of this rank's shard file and, for each, its (unit, kind).
+struct ShardPlan {
   std::vector<ckpt::ShardRange> ranges;
-  std::vector<std::pair<size_t, size_t>> where;  // (unit, kind) of each range
+  std::vector<std::pair<size_t, size_t>> where;
+};
+
+ShardPlan PlanShard(const Engine::Impl& m) {
+  const size_t r = static_cast<size_t>(m.rt.shard_rank);
+  ShardPlan plan;
   for (size_t ui = 0; ui < m.units.size(); ++ui) {
     const UnitState& u = m.units[ui];
     std::vector<std::string> kinds;  // a frozen unit's master alone (Note [Frozen units])
     for (optim::StateKind k : m.state_kinds(u)) kinds.emplace_back(optim::StateKindName(k));
     const size_t lo = r * u.layout.shard_elems;
     for (ckpt::SaveRange& s : ckpt::RangesToSave(ManifestUnitOf(u), lo, lo + u.layout.shard_elems, kinds)) {
-      ranges.push_back(std::move(s.range));
-      where.emplace_back(ui, s.kind);
+      plan.ranges.push_back(std::move(s.range));
+      plan.where.emplace_back(ui, s.kind);
     }
   }
+  return plan;
+}
+
+absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* checksum, uint64_t* bytes) {
+  ShardPlan plan = PlanShard(m);
+  const std::vector<std::pair<size_t, size_t>>& where = plan.where;
+  const std::vector<ckpt::ShardRange> ranges = plan.ranges;
   STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w,
-                          ckpt::ShardWriter::Create(path, m.rt.shard_rank, m.rt.shard_size(), ranges));
+                          ckpt::ShardWriter::Create(path, m.rt.shard_rank, m.rt.shard_size(), std::move(plan.ranges)));
   std::vector<std::vector<float>> staged;
   std::vector<float*> buffers;
   size_t staged_unit = SIZE_MAX;
@@ -98,6 +105,34 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
   *checksum = done.first;
   *bytes = done.second;
   return absl::OkStatus();
+}
+
+// Note [Asynchronous checkpoints]: the ranges WriteShard writes, with every unit's kinds copied into host
+// memory (EditState without write-back: in place from the host tiers, staged from the device or NVMe) instead
+// of one unit at a time. The copies go into `spare`, the buffers of the save before, when it has them: pages
+// touched once, so the copy is not slowed down by page faults on fresh memory.
+absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::vector<float>> spare) {
+  ShardPlan plan = PlanShard(m);
+  ckpt::ShardSnapshot snap;
+  size_t staged_unit = SIZE_MAX, first_buffer = 0;
+  for (size_t i = 0; i < plan.ranges.size(); ++i) {
+    UnitState& u = m.units[plan.where[i].first];
+    if (plan.where[i].first != staged_unit) {
+      first_buffer = snap.buffers.size();
+      for (optim::StateKind k : m.state_kinds(u)) {
+        std::vector<float> values;
+        if (snap.buffers.size() < spare.size()) values = std::move(spare[snap.buffers.size()]);
+        values.resize(m.update_elems(u));
+        STRATA_RETURN_IF_ERROR(m.EditState(
+            u, k, [&](const float* p) { std::copy(p, p + values.size(), values.data()); }, /*write_back=*/false));
+        snap.buffers.push_back(std::move(values));
+      }
+      staged_unit = plan.where[i].first;
+    }
+    snap.at.emplace_back(first_buffer + plan.where[i].second, plan.ranges[i].begin - m.update_begin(u));
+  }
+  snap.ranges = std::move(plan.ranges);
+  return snap;
 }
 
 ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
@@ -129,7 +164,7 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
 // Temporaries of this rank's files that an earlier save, now dead, left in `step_dir`: this process has
 // not created its own yet, and no other rank of this job writes these names.
 void RemoveStaleTemps(const Engine::Impl& m, const std::string& step_dir) {
-  const std::string mine = ShardName(m.rt.shard_rank) + ".tmp.";
+  const std::string mine = ckpt::ShardName(m.rt.shard_rank) + ".tmp.";
   const int rank = m.rank(), world = m.rt.shard_size();
   auto removed = ckpt::RemoveTemps(step_dir, [&](absl::string_view name) {
     if (absl::StartsWith(name, mine)) return true;
@@ -147,102 +182,80 @@ void RemoveStaleTemps(const Engine::Impl& m, const std::string& step_dir) {
   }
 }
 
-// Every rank's (checksum, size, ok) as 16-bit words: the collective moves raw bytes.
-struct ShardReport {
-  uint32_t checksum;
-  uint32_t ok;
-  uint64_t bytes;
-  int32_t shard;  // the shard rank whose file this rank wrote, or -1 (a replica that writes nothing)
-  uint32_t unused;
-};
-
-// Note [Visible shards]. Each rank writes its shard where it sees `step_dir`; rank 0 publishes the manifest
-// for all of them. When the directory is not one shared file system (node-local disks, a path mounted
-// differently per node), every save used to be reported and no checkpoint could ever load (issue 33). So
-// before publishing, rank 0 opens each shard it lists and checks its header's checksum and the file's size
-// against what the writer reported: a few KiB read per shard, never the data. The header's checksum covers
-// every range's CRC, so a stale file of the same name from another save fails too, unless its bytes are
-// the same. A shard not yet visible (a network file system's caches) is retried for up to two seconds (and a
-// quarter of the collective timeout at most).
-absl::Status CheckShardsVisible(const std::string& step_dir, const std::vector<ShardReport>& all, int64_t timeout_ms) {
-  // The retries stay well inside the peers' deadline, which they wait under meanwhile.
-  const int attempts = static_cast<int>(std::clamp<int64_t>(timeout_ms / 400, 1, 20));
-  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    if (all[r].shard < 0) continue;
-    const std::string name = ShardName(all[r].shard);
-    absl::Status seen;
-    for (int attempt = 0; attempt < attempts; ++attempt) {
-      seen = ckpt::ShardReader::Open(step_dir, name, &all[r].checksum, &all[r].bytes).status();
-      if (seen.ok()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    if (!seen.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", r, " wrote its shard '", name, "' but rank 0 does not see it in '", step_dir, "' (", seen.message(),
-          "): the checkpoint directory must be one directory that every rank shares (a shared or parallel file "
-          "system), not a disk local to each node; nothing was published"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Shard group 0 writes the checkpoint (the file note says why).
 bool WritesShard(const Engine::Impl& m) { return m.rt.groups.shard_color == 0; }
 
-}  // namespace
-
-absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::string& trainer_json) {
-  Impl& m = *impl_;
-  STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "SaveCheckpoint"));
+// Refuses a save between micro-batches or into a complete checkpoint (both kinds of save).
+absl::Status CheckSave(const Engine::Impl& m, const std::string& step_dir, const char* what) {
+  STRATA_RETURN_IF_ERROR(m.CheckUnit(0, what));
   if (m.progress.in_micro_batch || m.progress.micro_batch != 0) {
-    return absl::FailedPreconditionError("SaveCheckpoint() between micro-batches of a step; call it after Step()");
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, "() between micro-batches of a step; call it after Step()"));
   }
   const std::string manifest_path = (std::filesystem::path(step_dir) / ckpt::kManifestName).string();
   std::error_code exists_error;  // the non-throwing overload: a path that cannot be examined fails below
   if (std::filesystem::exists(manifest_path, exists_error)) {
     return absl::AlreadyExistsError(absl::StrCat("checkpoint '", step_dir, "' already exists (complete)"));
   }
-  ShardReport mine{0, 0, 0, WritesShard(m) ? m.rt.shard_rank : -1, 0};
-  absl::Status local = ckpt::CheckTrainerState(trainer_json);
-  if (local.ok() && WritesShard(m)) {
-    local = ckpt::MakeDirs(step_dir);
-    if (local.ok()) {
-      RemoveStaleTemps(m, step_dir);
-      local = WriteShard(m, (std::filesystem::path(step_dir) / ShardName(m.rt.shard_rank)).string(), &mine.checksum,
-                         &mine.bytes);
-    }
-  }
-  mine.ok = local.ok() ? 1 : 0;
-  if (!local.ok()) {
-    STRATA_LOG(Error) << "writing checkpoint shard: " << local.message();
-  }
-  std::vector<ShardReport> all(m.world_size());
-  STRATA_RETURN_IF_ERROR(
-      comm::AllGatherBytes(*m.rt.control, &mine, all.data(), sizeof(ShardReport), *m.rt.control_stream).Wait());
-  std::vector<int> failed;
-  for (int r = 0; r < m.world_size(); ++r) {
-    if (!all[r].ok) failed.push_back(r);
-  }
-  absl::Status manifest;  // rank 0's publication; every rank learns its outcome, with the cause
-  if (m.rank() == 0 && failed.empty()) {
-    ckpt::Manifest man = BuildManifest(m, trainer_json);
-    for (const ShardReport& report : all) {
-      if (report.shard >= 0)
-        man.shards.push_back({report.shard, ShardName(report.shard), report.bytes, report.checksum});
-    }
-    manifest = CheckShardsVisible(step_dir, all, m.rt.control->options().timeout_ms);
-    if (manifest.ok())
-      manifest = Annotate(ckpt::WriteFileAtomic(manifest_path, ckpt::ToJson(man)), "writing the manifest");
-  }
-  const absl::Status published =
-      comm::AgreeOnOutcome(manifest, "publishing the checkpoint", *m.rt.control, *m.rt.control_stream);
-  if (!failed.empty()) {
-    return absl::Status(local.ok() ? absl::StatusCode::kAborted : local.code(),
-                        absl::StrCat("checkpoint '", step_dir, "' was not published: rank(s) ",
-                                     absl::StrJoin(failed, ","), " could not write their shard",
-                                     local.ok() ? "" : absl::StrCat(" (here: ", local.message(), ")")));
-  }
-  return Annotate(published, absl::StrCat("checkpoint '", step_dir, "' was not published"));
+  return absl::OkStatus();
 }
+
+// Before this rank writes its shard into `step_dir`: the trainer state is one a manifest holds, and (when
+// it writes one) the directory exists without this rank's stale temporaries.
+absl::Status PrepareStepDir(const Engine::Impl& m, const std::string& step_dir, const std::string& trainer_json) {
+  STRATA_RETURN_IF_ERROR(ckpt::CheckTrainerState(trainer_json));
+  if (!WritesShard(m)) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(ckpt::MakeDirs(step_dir));
+  RemoveStaleTemps(m, step_dir);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::string& trainer_json) {
+  Impl& m = *impl_;
+  if (async_saver_ != nullptr) STRATA_RETURN_IF_ERROR(async_saver_->Drain(step_dir));  // one at a time
+  STRATA_RETURN_IF_ERROR(CheckSave(m, step_dir, "SaveCheckpoint"));
+  ckpt::ShardReport mine;
+  mine.shard = WritesShard(m) ? m.rt.shard_rank : -1;
+  absl::Status local = PrepareStepDir(m, step_dir, trainer_json);
+  if (local.ok() && WritesShard(m)) {
+    local = WriteShard(m, (std::filesystem::path(step_dir) / ckpt::ShardName(m.rt.shard_rank)).string(), &mine.checksum,
+                       &mine.bytes);
+  }
+  return ckpt::PublishCheckpoint(*m.rt.control, *m.rt.control_stream, step_dir, mine, local,
+                                 [&] { return BuildManifest(m, trainer_json); });
+}
+
+absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std::string& trainer_json) {
+  Impl& m = *impl_;
+  if (async_saver_ != nullptr) STRATA_RETURN_IF_ERROR(async_saver_->Drain(step_dir));  // one in flight
+  STRATA_RETURN_IF_ERROR(CheckSave(m, step_dir, "SaveCheckpointAsync"));
+  if (async_saver_ == nullptr) {  // its own communicator, so its collectives never meet the training's
+    STRATA_RETURN_IF_ERROR(m.rt.control_stream->Synchronize());
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> control,
+                            m.rt.control->Dup("checkpoint", m.cfg.collective_timeout_ms));
+    async_saver_ = std::make_unique<ckpt::AsyncSaver>(std::move(control));
+  }
+  ckpt::AsyncSaveJob job;
+  job.step_dir = step_dir;
+  job.shard = WritesShard(m) ? m.rt.shard_rank : -1;
+  job.shard_world = m.rt.shard_size();
+  job.local = PrepareStepDir(m, step_dir, trainer_json);
+  if (job.local.ok() && WritesShard(m)) {
+    absl::StatusOr<ckpt::ShardSnapshot> snapshot = Snapshot(m, async_saver_->TakeSpareBuffers());
+    if (snapshot.ok()) {
+      job.snapshot = *std::move(snapshot);
+    } else {
+      job.local = snapshot.status();
+    }
+  }
+  if (m.rank() == 0 && job.local.ok()) job.manifest = BuildManifest(m, trainer_json);
+  return async_saver_->Start(std::move(job));
+}
+
+absl::Status Engine::WaitCheckpoint() { return async_saver_ == nullptr ? absl::OkStatus() : async_saver_->Wait(); }
+
+bool Engine::checkpoint_in_flight() const { return async_saver_ != nullptr && async_saver_->in_flight(); }
 
 }  // namespace strata::engine

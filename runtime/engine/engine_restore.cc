@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/checkpoint/reshard.h"
@@ -157,6 +158,7 @@ absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manif
 absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(0, "LoadCheckpoint"));
+  if (async_saver_ != nullptr) STRATA_RETURN_IF_ERROR(async_saver_->Drain());  // Note [Asynchronous checkpoints]
   if (m.progress.in_micro_batch || m.progress.micro_batch != 0) {
     return absl::FailedPreconditionError("LoadCheckpoint() inside a step; call it before training");
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/engine/engine_impl.h"
 #include "runtime/optim/optimizer.h"
@@ -364,6 +365,8 @@ absl::StatusOr<StepResult> Engine::Step() {
                                                       "gradient_accumulation_steps=",
                                                       m.cfg.gradient_accumulation_steps));
   }
+  // Note [Asynchronous checkpoints]: a save that failed since is reported here, before the step is taken.
+  if (async_saver_ != nullptr) STRATA_RETURN_IF_ERROR(async_saver_->Failure());
   auto r = m.RunStep();
   if (!r.ok()) m.Poison(r.status());
   m.progress.micro_batch = 0;

@@ -18,17 +18,6 @@ mpirun=$1 strata=$2 only=${3:-all}
 source "$(dirname "$0")/checks.sh"
 small=(--layers 2 --d-model 64 --heads 4 --seq-len 32 --lr 1e-3 --seed 5 --print-every 1000)
 exclude="h.0.attn.c_attn.bias[64:128],h.1.attn.c_attn.bias[64:128]"
-same_losses() {  # same_losses A.jsonl B.jsonl FIRST_STEP: B's steps equal A's from FIRST_STEP on, bit for bit
-  python3 - "$@" <<'PY'
-import json, sys
-a = {r["step"]: r for r in map(json.loads, open(sys.argv[1]))}
-b = [json.loads(l) for l in open(sys.argv[2])]
-bad = [r["step"] for r in b if (r["loss"], r["grad_norm"]) != (a[r["step"]]["loss"], a[r["step"]]["grad_norm"])]
-ok = b and b[0]["step"] == int(sys.argv[3]) + 1 and not bad
-print("identical" if ok else f"differ at steps {bad} (first resumed step {b[0]['step'] if b else None})")
-sys.exit(0 if ok else 1)
-PY
-}
 
 if [ "$only" = all ] || [ "$only" = resume ]; then
   for stage in 1 2 3; do

@@ -3,21 +3,21 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <csignal>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <nlohmann/json.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -100,19 +100,20 @@ absl::Status PrepareRun(const TrainOptions& o, int rank, RunStart* run) {
 
 // Note [One configuration] for the trainer: what every rank must share besides the engine's settings.
 std::vector<std::pair<std::string, std::string>> TrainerFields(const TrainOptions& o, const RunStart& run) {
-  return {{"model", gpt::Describe(o.model)},
-          {"--data", absl::StrFormat("%zu tokens, fingerprint %016x", run.tokens.size(),
-                                     TokensFingerprint(run.tokens))},
-          {"--data-order", o.order == gpt::DataOrder::kShuffled ? "shuffled" : "sequential"},
-          {"--steps", absl::StrCat(o.steps)},
-          {"--resume", o.resume.empty() ? "none"
-                                        : absl::StrCat("step ", run.first_step, " of run '", run.resumed.run_id, "'")},
-          {"--init-from", o.init_from.empty() ? "none" : FileFingerprint(o.init_from)},
-          {"--checkpoint-dir", o.checkpoint_dir.empty() ? "not given" : "given"},
-          {"--checkpoint-every", absl::StrCat(o.checkpoint_every)},
-          {"--device", o.device},
-          {"--matmul", o.matmul ? absl::StrCat(static_cast<int>(*o.matmul)) : "default"},
-          {"--attention", absl::StrCat(static_cast<int>(o.attention))}};
+  return {
+      {"model", gpt::Describe(o.model)},
+      {"--data", absl::StrFormat("%zu tokens, fingerprint %016x", run.tokens.size(), TokensFingerprint(run.tokens))},
+      {"--data-order", o.order == gpt::DataOrder::kShuffled ? "shuffled" : "sequential"},
+      {"--steps", absl::StrCat(o.steps)},
+      {"--resume",
+       o.resume.empty() ? "none" : absl::StrCat("step ", run.first_step, " of run '", run.resumed.run_id, "'")},
+      {"--init-from", o.init_from.empty() ? "none" : FileFingerprint(o.init_from)},
+      {"--checkpoint-dir", o.checkpoint_dir.empty() ? "not given" : "given"},
+      {"--checkpoint-every", absl::StrCat(o.checkpoint_every)},
+      {"--checkpoint-async", o.checkpoint_async ? "on" : "off"},
+      {"--device", o.device},
+      {"--matmul", o.matmul ? absl::StrCat(static_cast<int>(*o.matmul)) : "default"},
+      {"--attention", absl::StrCat(static_cast<int>(o.attention))}};
 }
 
 // Loads the checkpoint PrepareRun found; says what differs from the run that wrote it.
@@ -146,8 +147,26 @@ absl::Status Resume(const TrainOptions& o, Engine& e, const RunStart& run, int64
 // Saves step `done`, then keeps the newest o.keep_last complete checkpoints of this run (Note [A directory
 // per run]); each older one loses its manifest first (checkpoint::RemoveStep), so an interrupted prune never
 // leaves one that looks complete.
+//
+// With --checkpoint-async (Note [Asynchronous checkpoints], runtime/checkpoint/async_save.h) the save returns
+// once the state is copied to host memory; `*in_flight` names its directory until FinishAsyncSave waits for
+// it (at the next save or after training), which is when it is reported and the older ones are pruned. The
+// prune removes step directories without a manifest, so no rank may start the next save (and create its
+// directory) before rank 0 pruned: the ranks agree after it (`host`, `stream`: the trainer's).
+absl::Status FinishAsyncSave(const TrainOptions& o, Engine& e, const RunStart& run, std::string* in_flight,
+                             comm::Communicator& host, device::Stream& stream) {
+  if (in_flight->empty()) return absl::OkStatus();
+  const std::string dir = std::exchange(*in_flight, std::string());
+  STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());
+  if (e.rank() == 0) {
+    std::printf("checkpoint: %s\n", dir.c_str());
+    PruneCheckpoints(o.checkpoint_dir, run.run_id, run.legacy_ok, o.keep_last, dir);
+  }
+  return comm::AgreeOnOutcome(absl::OkStatus(), "pruning checkpoints", host, stream);
+}
+
 absl::Status SaveAndPrune(const TrainOptions& o, Engine& e, const RunStart& run, int64_t done, int64_t global_batch,
-                          uint64_t data_fp) {
+                          uint64_t data_fp, std::string* in_flight, comm::Communicator& host, device::Stream& stream) {
   const std::string dir = (std::filesystem::path(o.checkpoint_dir) / checkpoint::StepDirName(done)).string();
   TrainerState t;
   t.next_step = done;
@@ -155,6 +174,12 @@ absl::Status SaveAndPrune(const TrainOptions& o, Engine& e, const RunStart& run,
   t.run_id = run.run_id;
   t.owns_legacy = run.legacy_ok;
   t.data_fingerprint = data_fp;
+  if (o.checkpoint_async) {
+    STRATA_RETURN_IF_ERROR(FinishAsyncSave(o, e, run, in_flight, host, stream));
+    STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync(dir, TrainerStateJson(o, t)));
+    *in_flight = dir;
+    return absl::OkStatus();
+  }
   STRATA_RETURN_IF_ERROR(e.SaveCheckpoint(dir, TrainerStateJson(o, t)));
   if (e.rank() != 0) return absl::OkStatus();
   std::printf("checkpoint: %s\n", dir.c_str());
@@ -302,6 +327,7 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
     double tokens_total = 0, last_loss = 0;
     std::signal(SIGINT, OnStopSignal);
     std::signal(SIGTERM, OnStopSignal);
+    std::string checkpoint_in_flight;  // --checkpoint-async: the directory being written
     for (int64_t step = first_step; step < o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const double cpu0 = ProcessCpuSeconds();
@@ -367,9 +393,11 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
       const bool last = step + 1 == o.steps;
       if (!o.checkpoint_dir.empty() &&
           ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || (last && o.checkpoint_every == 0))) {
-        STRATA_RETURN_IF_ERROR(SaveAndPrune(o, *e, start, step + 1, global_batch, data_fp));
+        STRATA_RETURN_IF_ERROR(
+            SaveAndPrune(o, *e, start, step + 1, global_batch, data_fp, &checkpoint_in_flight, host, *metrics_stream));
       }
     }
+    STRATA_RETURN_IF_ERROR(FinishAsyncSave(o, *e, start, &checkpoint_in_flight, host, *metrics_stream));
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
     // The outputs after training: each is attempted whatever became of the one before (a trace on a full disk
     // must not cost the trained weights), the first error is the run's.

@@ -177,6 +177,7 @@ std::vector<spec::FlagDef> TrainFlagDefs() {
       {"checkpoint-dir", false, "write sharded checkpoints under this directory (step_NNNNNNNN/)"},
       {"checkpoint-every", false, "steps between checkpoints (default: only at the end)"},
       {"keep-last", false, "complete checkpoints to keep (default: all)"},
+      {"checkpoint-async", true, "write checkpoints in the background while training goes on"},
       {"resume", false, "continue from a step directory, or the latest complete one under a directory"},
       {"max-live-units", false, "gathered units held at once (stage 3)"},
       {"offload-params", false, "none | cpu | nvme: where parameter shards live (stage 3)"},
@@ -255,8 +256,9 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   if (o.checkpoint_every < 0 || o.keep_last < 0) {
     return absl::InvalidArgumentError("--checkpoint-every and --keep-last must be >= 0");
   }
-  if ((o.checkpoint_every > 0 || o.keep_last > 0) && o.checkpoint_dir.empty()) {
-    return absl::InvalidArgumentError("--checkpoint-every / --keep-last need --checkpoint-dir");
+  o.checkpoint_async = f.Bool("checkpoint-async");
+  if ((o.checkpoint_every > 0 || o.keep_last > 0 || o.checkpoint_async) && o.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("--checkpoint-every / --keep-last / --checkpoint-async need --checkpoint-dir");
   }
   STRATA_ASSIGN_OR_RETURN(o.print_every, f.Int("print-every", 1));
   if (o.print_every < 1) return absl::InvalidArgumentError("--print-every must be >= 1");

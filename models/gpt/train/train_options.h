@@ -26,6 +26,7 @@ struct TrainOptions {
   int diagnostics_window = 20;   // steps; 0 = diagnostics off
   int64_t checkpoint_every = 0;  // steps; 0 = only at the end when --checkpoint-dir is set
   int64_t keep_last = 0;         // complete checkpoints kept; 0 = all
+  bool checkpoint_async = false;  // --checkpoint-async: written in the background (Engine::SaveCheckpointAsync)
   bool checkpointing = false;
   std::string device = "auto";  // --device: cuda | host | auto (models/gpt/train/compute.h)
   // --matmul fp32 | tf32 | bf16 | auto (empty: bf16 when the parameters are bf16, else fp32; --tf32 =

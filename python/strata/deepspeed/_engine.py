@@ -21,6 +21,7 @@ class DeepSpeedEngine(torch.nn.Module):
         super().__init__()
         self.module = model
         self.strata = strata_engine
+        self._pending_latest = None  # (save_dir, tag) of an asynchronous save in flight, for its latest file
         self.config = config
         self._stage = int(config.get("zero_optimization", {}).get("stage", 0))  # DeepSpeed's default: 0
         self.global_steps = strata_engine.stats()["steps"]
@@ -165,8 +166,11 @@ class DeepSpeedEngine(torch.nn.Module):
 
     # ---- checkpoints ----
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
-                        exclude_frozen_parameters=False):
-        """Collective: save_dir/<tag>/ (default tag 'global_step<N>'), and save_dir/latest naming the tag."""
+                        exclude_frozen_parameters=False, async_save=False):
+        """Collective: save_dir/<tag>/ (default tag 'global_step<N>'), and save_dir/latest naming the tag.
+        async_save=True (Strata's; DeepSpeed's save_checkpoint has no such argument) writes the same files in the
+        background (docs/decisions/0036-async-checkpoints.md); save_dir/latest then names the tag once it is
+        complete, written by the next save_checkpoint() or wait_checkpoint()."""
         if not save_dir:
             raise ValueError(f"strata.deepspeed.save_checkpoint: save_dir must be a non-empty path, got {save_dir!r}")
         if exclude_frozen_parameters:
@@ -177,10 +181,28 @@ class DeepSpeedEngine(torch.nn.Module):
         state = {_checkpoint.KEY: {"global_steps": self.global_steps, "global_samples": self.global_samples,
                                    "skipped_steps": self.skipped_steps,
                                    "client_state": _checkpoint.encode_client_state(client_state)}}
+        if async_save:
+            self._finish_async_save()  # the save before: done, and its latest written
+            self.strata.save_checkpoint(os.path.join(save_dir, tag), state, async_save=True)
+            self._pending_latest = (save_dir, tag) if save_latest else None
+            return True
+        self._finish_async_save()
         self.strata.save_checkpoint(os.path.join(save_dir, tag), state)
         if save_latest:
             _checkpoint.write_latest(save_dir, tag)
         return True
+
+    def wait_checkpoint(self):
+        """Collective (Strata's): waits for the asynchronous save in flight, raises its failure, and writes the
+        save_dir/latest it names."""
+        self._finish_async_save()
+
+    def _finish_async_save(self):
+        pending, self._pending_latest = self._pending_latest, None
+        if pending is None:
+            return
+        self.strata.wait_checkpoint()
+        _checkpoint.write_latest(*pending)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
@@ -196,6 +218,7 @@ class DeepSpeedEngine(torch.nn.Module):
                                           f"checkpoint restores the weights, the optimizer state and the step (so "
                                           f"the lr schedule) together. For the weights alone load a state dict "
                                           f"with engine.module.load_state_dict()")
+        self._finish_async_save()
         load_dir = os.fspath(load_dir)
         tag = _checkpoint.resolve_tag(load_dir, tag)
         if tag is None:

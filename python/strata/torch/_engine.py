@@ -311,14 +311,28 @@ class Engine:
         _capi.check(_lib.strata_engine_zero_grad(self.handle))
 
     # ---- state ----
-    def save_checkpoint(self, root_dir, client_state=None):
+    def save_checkpoint(self, root_dir, client_state=None, async_save=False):
         """Collective: <root_dir>/step_<8 digits>, the layout `strata train` writes and `strata ckpt` reads,
-        with the model's buffers (rank 0's) in it."""
+        with the model's buffers (rank 0's) in it. async_save=True writes the same files in the background
+        (docs/decisions/0036-async-checkpoints.md): it returns once the state is copied to host memory; a failure
+        is raised by the next step() (which then did not happen: call it again), save_checkpoint() or
+        wait_checkpoint(). One save in flight: a save or load waits for the one before."""
         trainer = json.dumps(client_state or {}).encode()
         if self.mid_step() is None:  # else the engine refuses the save
             step_dir = os.path.join(os.fspath(root_dir), f"step_{self.stats()['steps']:08d}")
             self.model_buffers.save(step_dir)  # before the engine publishes the manifest
-        _capi.check(_lib.strata_engine_save_checkpoint(self.handle, os.fspath(root_dir).encode(), trainer))
+        save = _lib.strata_engine_save_checkpoint_async if async_save else _lib.strata_engine_save_checkpoint
+        _capi.check(save(self.handle, os.fspath(root_dir).encode(), trainer))
+
+    def wait_checkpoint(self):
+        """Collective: waits for the asynchronous save in flight; raises the last one's failure."""
+        _capi.check(_lib.strata_engine_wait_checkpoint(self.handle))
+
+    def checkpoint_in_flight(self):
+        """Whether an asynchronous save is being written on this rank (not collective)."""
+        out = ctypes.c_int32()
+        _capi.check(_lib.strata_engine_checkpoint_in_flight(self.handle, ctypes.byref(out)))
+        return bool(out.value)
 
     def load_checkpoint(self, path):
         """Collective: a step directory or a root (its latest step), of any world size and stage. Returns the

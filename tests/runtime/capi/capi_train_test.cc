@@ -1,6 +1,7 @@
 // Training through the C ABI: bit-for-bit the same parameters and step results as the same model driven
 // through the C++ engine API (stages 0-3, gradient accumulation, a tied unit), the pointers and their
-// lifetimes, a checkpoint save / load round trip, the stats (memory per tier, step time split) and the trace.
+// lifetimes, a checkpoint save / load round trip, an asynchronous save (equal files, its failure at the next
+// step), the stats (memory per tier, step time split) and the trace.
 #include <unistd.h>
 
 #include <chrono>
@@ -269,6 +270,63 @@ TEST(CApiCheckpoint, SaveThenLoadResumesExactly) {
   });
   EXPECT_TRUE(std::filesystem::exists(root + "/step_00000002"));
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(resumed[r], continued[r]) << "rank " << r;
+  std::filesystem::remove_all(root);
+}
+
+// Every regular file under `dir` (relative name -> bytes).
+std::map<std::string, std::string> FilesUnder(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!f.is_regular_file()) continue;
+    std::ifstream in(f.path(), std::ios::binary);
+    out[std::filesystem::relative(f.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return out;
+}
+
+// docs/decisions/0036-async-checkpoints.md through the C ABI: the files equal the synchronous save's; a failed
+// background write is returned by the next strata_engine_step, which can then be called again.
+TEST(CApiCheckpoint, AsyncSaveEqualsTheSyncOneAndItsFailureIsReturnedByTheNextStep) {
+  const std::string root = ::testing::TempDir() + "/capi_async_" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  // A directory where rank 0's shard of step 3 goes: its rename fails on the writer thread.
+  std::filesystem::create_directories(root + "/bad/step_00000003/shard_00000.bin/in_the_way");
+  RunCRanks(kWorld, [&](int rank, strata_comm* comm) {
+    strata_engine* e = nullptr;
+    ASSERT_STRATA_OK(MakeEngine(comm, "{\"zero_optimization\": {\"stage\": 3}}", true, &e));
+    OneStep(e, 0.1f);
+    OneStep(e, -0.2f);
+    ASSERT_STRATA_OK(strata_engine_save_checkpoint(e, (root + "/sync").c_str(), "{\"next_step\": 2}"));
+    ASSERT_STRATA_OK(strata_engine_save_checkpoint_async(e, (root + "/async").c_str(), "{\"next_step\": 2}"));
+    OneStep(e, 0.3f);
+    ASSERT_STRATA_OK(strata_engine_wait_checkpoint(e));
+    int32_t in_flight = -1;
+    ASSERT_STRATA_OK(strata_engine_checkpoint_in_flight(e, &in_flight));
+    EXPECT_EQ(in_flight, 0);
+    EXPECT_STRATA_ERROR(strata_engine_checkpoint_in_flight(e, nullptr), STRATA_ERR_INVALID_ARGUMENT, "out");
+
+    ASSERT_STRATA_OK(strata_engine_save_checkpoint_async(e, (root + "/bad").c_str(), nullptr));
+    do {
+      ASSERT_STRATA_OK(strata_engine_checkpoint_in_flight(e, &in_flight));
+    } while (in_flight != 0);
+    ASSERT_STRATA_OK(strata_engine_begin_micro_batch(e));
+    UseUnits(e, 0.4f, 0);
+    ASSERT_STRATA_OK(strata_engine_end_micro_batch(e));
+    EXPECT_NE(strata_engine_step(e, nullptr), STRATA_OK);
+    EXPECT_THAT(std::string(strata_last_error()), ::testing::HasSubstr(root + "/bad/step_00000003' was not published"));
+    strata_stats st = STRATA_STATS_INIT;
+    ASSERT_STRATA_OK(strata_engine_get_stats(e, &st));
+    EXPECT_EQ(st.steps, 3) << "the step that returned the failure was taken";
+    ASSERT_STRATA_OK(strata_engine_step(e, nullptr));  // called again, it is
+    ASSERT_STRATA_OK(strata_engine_get_stats(e, &st));
+    EXPECT_EQ(st.steps, 4);
+    EXPECT_NE(strata_engine_wait_checkpoint(e), STRATA_OK);
+    ASSERT_STRATA_OK(strata_engine_destroy(e));
+  });
+  const auto sync = FilesUnder(root + "/sync/step_00000002"), async = FilesUnder(root + "/async/step_00000002");
+  EXPECT_TRUE(sync.count("manifest.json"));
+  EXPECT_TRUE(sync == async);
+  EXPECT_FALSE(std::filesystem::exists(root + "/bad/step_00000003/manifest.json"));
   std::filesystem::remove_all(root);
 }
 

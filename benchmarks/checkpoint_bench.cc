@@ -1,0 +1,172 @@
+// The training stall of a checkpoint save, synchronous against asynchronous (Note [Asynchronous
+// checkpoints], runtime/checkpoint/async_save.h), of the same state in one run, and the asynchronous save's
+// bytes per second from its start to its publication. benchmarks/checkpoint_bench.sh puts fio's rate for the
+// same bytes on the same directory beside it (docs/perf-notes.md "Asynchronous checkpoints").
+//
+//   strata_checkpoint_bench --dir DIR [--hidden 4096] [--world 1] [--rounds 3]
+//
+// Per round: a synchronous save (its stall is its whole duration), then an asynchronous one (its stall is the
+// call, plus what the steps taken while it is written lose against the median of the 4 steps before it,
+// signed, so that the steps' own noise cancels; the spread of those 4 is printed as that noise), then
+// WaitCheckpoint.
+// Prints one "result" line per round and a JSON line of the medians.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "examples/mlp/mlp_model.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/in_process.h"
+#include "runtime/device/host_device.h"
+#include "runtime/engine/engine.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+uint64_t DirBytes(const std::filesystem::path& d) {
+  uint64_t n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(d)) {
+    if (e.is_regular_file()) n += e.file_size();
+  }
+  return n;
+}
+
+struct Round {
+  double sync_s, async_call_s, async_steps_extra_s, async_total_s, step_s, step_spread_s;
+  uint64_t bytes;
+};
+
+absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::string& dir, int hidden, int rounds,
+                 std::vector<Round>* out) {
+  using strata::engine::Engine;
+  strata::device::HostDevice dev;
+  strata::engine::EngineConfig cfg;
+  cfg.stage = world > 1 ? 3 : 0;
+  STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
+  STRATA_ASSIGN_OR_RETURN(auto mlp, strata::examples::Mlp::Register(*e, strata::examples::MlpShape{64, hidden, 16}));
+  STRATA_RETURN_IF_ERROR(e->Finalize());
+  const int micro = 8;
+  int64_t sample = 0;
+  auto step = [&]() -> absl::StatusOr<double> {
+    const Clock::time_point t = Clock::now();
+    STRATA_RETURN_IF_ERROR(e->BeginMicroBatch());
+    STRATA_RETURN_IF_ERROR(mlp.TrainMicroBatch(*e, sample + rank * micro, micro).status());
+    sample += int64_t{world} * micro;
+    STRATA_RETURN_IF_ERROR(e->EndMicroBatch());
+    STRATA_RETURN_IF_ERROR(e->Step().status());
+    return Since(t);
+  };
+  for (int r = 0; r < rounds; ++r) {
+    Round round{};
+    std::vector<double> before;
+    for (int i = 0; i < 4; ++i) {
+      STRATA_ASSIGN_OR_RETURN(double s, step());
+      before.push_back(s);
+    }
+    round.step_s = Median(before);
+    round.step_spread_s =
+        *std::max_element(before.begin(), before.end()) - *std::min_element(before.begin(), before.end());
+    const std::string sync_dir = absl::StrCat(dir, "/sync_", r), async_dir = absl::StrCat(dir, "/async_", r);
+    Clock::time_point t = Clock::now();
+    STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(sync_dir, "{}"));
+    round.sync_s = Since(t);
+    // The same state, saved asynchronously: no step in between.
+    t = Clock::now();
+    STRATA_RETURN_IF_ERROR(e->SaveCheckpointAsync(async_dir, "{}"));
+    round.async_call_s = Since(t);
+    int steps = 0;
+    while (e->checkpoint_in_flight() || steps == 0) {
+      STRATA_ASSIGN_OR_RETURN(double s, step());
+      round.async_steps_extra_s += s - round.step_s;  // signed: the steps' noise cancels
+      ++steps;
+    }
+    STRATA_RETURN_IF_ERROR(e->WaitCheckpoint());
+    round.async_total_s = Since(t);
+    if (rank == 0) {
+      round.bytes = DirBytes(async_dir);
+      std::printf(
+          "result round %d: step %.3f s (spread of 4: %.3f s); sync save %.3f s; async call %.3f s + %.3f s "
+          "lost by %d steps while writing; async published after %.3f s; %.1f MB\n",
+          r, round.step_s, round.step_spread_s, round.sync_s, round.async_call_s, round.async_steps_extra_s, steps,
+          round.async_total_s, round.bytes / 1e6);
+      std::fflush(stdout);
+      out->push_back(round);
+    }
+    std::filesystem::remove_all(sync_dir);
+    std::filesystem::remove_all(async_dir);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  int hidden = 4096, world = 1, rounds = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    bool ok = true;
+    if (k == "--dir")
+      dir = v;
+    else if (k == "--hidden")
+      ok = absl::SimpleAtoi(v, &hidden);
+    else if (k == "--world")
+      ok = absl::SimpleAtoi(v, &world);
+    else if (k == "--rounds")
+      ok = absl::SimpleAtoi(v, &rounds);
+    else
+      ok = false;
+    if (!ok) {
+      std::fprintf(stderr, "bad flag %s %s\n", k.c_str(), v.c_str());
+      return 2;
+    }
+  }
+  if (dir.empty() || hidden < 1 || world < 1 || rounds < 1) {
+    std::fprintf(stderr, "usage: strata_checkpoint_bench --dir DIR [--hidden N] [--world N] [--rounds N]\n");
+    return 2;
+  }
+  std::filesystem::create_directories(dir);
+  auto comms = strata::comm::CreateInProcessGroup(world, strata::comm::Options{});
+  std::vector<Round> rounds_out;
+  std::vector<absl::Status> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] { results[r] = Run(r, world, *comms[r], dir, hidden, rounds, &rounds_out); });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : results) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  std::vector<double> sync, stall, total;
+  uint64_t bytes = 0;
+  for (const Round& r : rounds_out) {
+    sync.push_back(r.sync_s);
+    stall.push_back(r.async_call_s + r.async_steps_extra_s);
+    total.push_back(r.async_total_s);
+    bytes = r.bytes;
+  }
+  std::printf(
+      "{\"bytes\": %llu, \"sync_stall_s\": %.4f, \"async_stall_s\": %.4f, \"stall_ratio\": %.4f, "
+      "\"async_total_s\": %.4f, \"async_MBps\": %.1f, \"sync_MBps\": %.1f}\n",
+      static_cast<unsigned long long>(bytes), Median(sync), Median(stall), Median(stall) / Median(sync), Median(total),
+      bytes / 1e6 / Median(total), bytes / 1e6 / Median(sync));
+  return 0;
+}

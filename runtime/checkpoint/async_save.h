@@ -1,0 +1,104 @@
+// Note [Asynchronous checkpoints]. (docs/decisions/0036-async-checkpoints.md) A save that returns once this
+// rank's shard of the state is copied into host memory (the snapshot); a thread then writes the shard file,
+// fsyncs and renames it, and takes part in the publication (publish.h), manifest last, exactly as the
+// synchronous save does: the same files, byte for byte, and the same crash consistency, since a step
+// directory is complete only once its manifest is renamed into place.
+//
+// The thread runs its collectives on a communicator of its own (a Dup of the engine's control
+// communicator, made once, collectively, by the first asynchronous save), so they never interleave with
+// the training's. It never touches the engine: the snapshot and the manifest are copies.
+//
+// One save in flight: a second save first waits for the one in flight. Its outcome is agreed by every
+// rank (PublishCheckpoint). A failure is returned, naming the step directory, by the first of: the next
+// Step() that finds the save finished (Failure()), the next save (which then does not start), Wait(). A
+// success is silent. Destroying the saver waits for the save in flight and logs a failure nobody took.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/shard_file.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/device/device.h"
+
+namespace strata::checkpoint {
+
+// One rank's shard, copied out of wherever it lived: the ranges of its file (ShardWriter::Create's
+// argument) and, for each, where its floats are in `buffers`.
+struct ShardSnapshot {
+  std::vector<ShardRange> ranges;
+  std::vector<std::vector<float>> buffers;
+  std::vector<std::pair<size_t, uint64_t>> at;  // per range: (buffer, element offset)
+  uint64_t bytes() const;                       // the floats held
+};
+
+// Everything a save needs after the snapshot, on every rank.
+struct AsyncSaveJob {
+  std::string step_dir;
+  absl::Status local;  // this rank's preparation (checks, directory, snapshot): a failure is still published
+  int shard = -1;      // the shard rank whose file this rank writes, or -1 (a replica: nothing)
+  int shard_world = 1;
+  ShardSnapshot snapshot;
+  Manifest manifest;  // rank 0: the manifest without its shards
+};
+
+// Writes the shard of `snapshot` to `path` (ShardWriter: temporary, fsync, rename). {checksum, bytes}.
+absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
+                                                            const ShardSnapshot& snapshot);
+
+// Tests only: `hook` runs on every writer thread before it writes its shard (empty: none), so a test can
+// hold the write until training changed the state. Set it while no save is in flight.
+void SetBeforeAsyncWriteForTest(std::function<void()> hook);
+
+// The failure Failure() returns (the step it was returned from was not taken, and may be called again).
+bool IsAsyncSaveFailure(const absl::Status& s);
+
+class AsyncSaver {
+ public:
+  // `control`: the saver's own communicator over every rank (its collectives run on the writer thread).
+  explicit AsyncSaver(std::unique_ptr<comm::Communicator> control);
+  ~AsyncSaver();
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+
+  // Waits for the save in flight, if any (its unreported failure is returned and `job` is not started),
+  // then starts `job` on a new thread.
+  absl::Status Start(AsyncSaveJob job);
+  // Waits for the save in flight and returns the last save's outcome (OK when there was none); a failure
+  // counts as reported.
+  absl::Status Wait();
+  // Waits for the save in flight; its failure when not yet reported (then reported), else OK. With `next`
+  // (the save about to begin), the failure says that save was not started.
+  absl::Status Drain(const std::string& next = "");
+  // Never blocks: the failure of a finished save not yet reported (then reported, marked for
+  // IsAsyncSaveFailure), else OK.
+  absl::Status Failure();
+  bool in_flight() const;
+  // The snapshot buffers of the last finished save (kept for the next snapshot to reuse; empty while a
+  // save is in flight), handed over once.
+  std::vector<std::vector<float>> TakeSpareBuffers();
+
+ private:
+  void Run(AsyncSaveJob job);
+  void Join();
+
+  std::unique_ptr<comm::Communicator> control_;
+  std::unique_ptr<device::Stream> stream_;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  bool running_ = false;  // guarded by mu_
+  bool reported_ = true;  // guarded by mu_: the outcome was returned (or there is none)
+  absl::Status outcome_;  // guarded by mu_
+  std::vector<std::vector<float>> spare_;  // guarded by mu_
+};
+
+}  // namespace strata::checkpoint

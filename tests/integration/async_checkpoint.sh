@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Asynchronous checkpoints of `strata train` (--checkpoint-async; docs/decisions/0036-async-checkpoints.md)
+# under real MPI processes:
+#   resume:  a run that saves asynchronously and resumes continues with the same losses, bit for bit, as the
+#            uninterrupted run; its step directory equals a synchronous save's of the same step (shards)
+#   kills:   SIGKILL to every rank at 10 moments drawn by a seeded RNG, of a run that saves asynchronously
+#            every step (so a save is nearly always being written) and prunes: after each kill every step
+#            directory with a manifest verifies (`strata ckpt inspect --verify`: never a half-written one that
+#            looks complete), and the next run resumes from the newest of them; at the end nothing is left
+#            behind. The assertions hold at any moment of a kill; the RNG only spreads the moments.
+# usage: async_checkpoint.sh MPIRUN STRATA [section]
+set -uo pipefail
+mpirun=$1 strata=$2 only=${3:-all}
+# shellcheck source=checks.sh
+source "$(dirname "$0")/checks.sh"
+small=(--layers 2 --d-model 64 --heads 4 --seq-len 32 --lr 1e-3 --seed 5 --print-every 1000)
+want() { section=$1; [ "$only" = all ] || [ "$only" = "$section" ]; }
+
+if want resume; then
+  d="$work/r"
+  "$mpirun" -n 2 "$strata" train "${small[@]}" --stage 3 --steps 10 --micro-batch 2 --metrics "$d.full.jsonl" \
+    --checkpoint-dir "$d.sync" --checkpoint-every 5 > /dev/null 2>&1
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --stage 3 --steps 5 --micro-batch 2 --checkpoint-dir "$d" \
+        --checkpoint-async 2>&1)
+  rc=$?
+  [ $rc -eq 0 ] && grep -q "checkpoint: $d/step_00000005" <<<"$out" && [ -f "$d/step_00000005/manifest.json" ] &&
+    cmp -s "$d/step_00000005/shard_00000.bin" "$d.sync/step_00000005/shard_00000.bin" &&
+    cmp -s "$d/step_00000005/shard_00001.bin" "$d.sync/step_00000005/shard_00001.bin"
+  check "--checkpoint-async writes step 5, its shards equal the synchronous save's" $? "rc $rc; $out"
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --stage 3 --steps 10 --micro-batch 2 --resume "$d" \
+        --metrics "$d.resumed.jsonl" 2>&1) && out=$(same_losses "$d.full.jsonl" "$d.resumed.jsonl" 5)
+  check "resumed from the asynchronous save at step 5, losses of steps 6-10 $out" $? "$out"
+  out=$("$strata" train "${small[@]}" --steps 2 --checkpoint-async 2>&1)
+  [ $? -ne 0 ] && grep -q "need --checkpoint-dir" <<<"$out"
+  check "--checkpoint-async without --checkpoint-dir is refused" $? "$out"
+fi
+
+if want kills; then
+  d="$work/kills"
+  complete_steps() { ls "$d" 2>/dev/null | grep -E '^step_[0-9]+$' | while read -r s; do
+                       [ -f "$d/$s/manifest.json" ] && echo "$((10#${s#step_}))"; done | sort -n; }
+  partial=0
+  for i in $(seq 10); do
+    latest=$(complete_steps | tail -1)
+    resume=(); [ -n "$latest" ] && resume=(--resume "$d")
+    "$mpirun" -n 2 "$strata" train "${small[@]}" --d-model 128 --steps 100000 --checkpoint-dir "$d" \
+      --checkpoint-every 1 --checkpoint-async --keep-last 2 "${resume[@]}" > "$work/kills$i.log" 2>&1 &
+    job=$!
+    # The moment: a seeded draw after this run's first new complete step (so each trial kills a run that is
+    # saving every step, whatever the machine's speed).
+    for _ in $(seq 1200); do
+      [ "$(complete_steps | tail -1)" != "$latest" ] && [ -n "$(complete_steps | tail -1)" ] && break
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.1
+    done
+    sleep "$(python3 -c "import random, sys; random.seed(3600 + int(sys.argv[1])); print(round(random.uniform(0.0, 1.5), 2))" "$i")"
+    for p in $(pgrep -P "$job"); do kill -9 "$p"; done
+    wait "$job" 2>/dev/null
+    if [ -n "$latest" ]; then
+      grep -q "resumed from $d/step_$(printf %08d "$latest")" "$work/kills$i.log"
+      check "kill $i: the run resumed from the newest complete step ($latest)" $? "$(tail -5 "$work/kills$i.log")"
+    fi
+    bad=""
+    for s in $(complete_steps); do
+      "$strata" ckpt inspect "$d/step_$(printf %08d "$s")" --verify 2>&1 | grep -q "verify: ok" || bad="$bad $s"
+    done
+    for s in "$d"/step_*; do [ -f "$s/manifest.json" ] || partial=$((partial + 1)); done
+    steps=$(complete_steps | tr '\n' ' ')
+    [ -z "$bad" ] && [ -n "$steps" ]
+    check "kill $i: every step with a manifest verifies ($steps)" $? "failed:$bad; $(ls "$d")"
+  done
+  echo "info: $partial step directories were left without a manifest by the kills (saves cut mid-write)"
+  from=$(complete_steps | tail -1)
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --d-model 128 --steps $((from + 2)) --checkpoint-dir "$d" \
+        --checkpoint-every 1 --checkpoint-async --keep-last 2 --resume "$d" 2>&1)
+  rc=$?
+  incomplete=$(for s in "$d"/step_*; do [ -f "$s/manifest.json" ] || echo "$s"; done)
+  temps=$(find "$d" -name '*.tmp.*')
+  [ $rc -eq 0 ] && grep -q "resumed from $d/step_$(printf %08d "$from")" <<<"$out" && [ -z "$incomplete" ] &&
+    [ -z "$temps" ] && [ "$(ls "$d" | wc -l)" -le 2 ]
+  check "after 10 kills: resumed from step $from, finished, nothing left behind" $? \
+    "rc $rc; incomplete: $incomplete; temps: $temps; $(ls "$d"); $out"
+fi
+
+echo "$((runs - fails)) passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,252 @@
+// Asynchronous checkpoints (Note [Asynchronous checkpoints], runtime/checkpoint/async_save.h): the files of
+// SaveCheckpointAsync equal SaveCheckpoint's of the same state byte for byte (stages 0-3, 1 and 2 ranks,
+// optimizer state in memory, on the host tier and on NVMe, hybrid sharding), also when the writers are held
+// until training changed the state (the snapshot, not the live state, is written) and when a second snapshot
+// reuses the first one's buffers; a write that fails in the background is returned by the next Step() (which
+// is then not taken), by the next save (which does not start) and by WaitCheckpoint(), naming the step
+// directory; destroying the engine finishes the save in flight; a second save waits for the first.
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <latch>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "examples/mlp/mlp_model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/base/status.h"
+#include "runtime/checkpoint/async_save.h"
+#include "runtime/checkpoint/manifest.h"
+#include "runtime/device/host_device.h"
+#include "runtime/engine/engine.h"
+#include "tests/runtime/engine/rank_harness.h"
+
+namespace strata::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using examples::Mlp;
+using ::testing::HasSubstr;
+
+constexpr int kGlobalBatch = 8;
+
+// Every regular file under `dir` (relative name -> bytes).
+std::map<std::string, std::string> Files(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    out[fs::relative(e.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return out;
+}
+
+absl::Status TrainSteps(Engine& e, Mlp& mlp, int rank, int world, int first, int steps) {
+  const int micro = kGlobalBatch / world;
+  for (int s = first; s < first + steps; ++s) {
+    STRATA_RETURN_IF_ERROR(e.BeginMicroBatch());
+    STRATA_RETURN_IF_ERROR(mlp.TrainMicroBatch(e, int64_t{s} * kGlobalBatch + rank * micro, micro).status());
+    STRATA_RETURN_IF_ERROR(e.EndMicroBatch());
+    STRATA_RETURN_IF_ERROR(e.Step().status());
+  }
+  return absl::OkStatus();
+}
+
+// Joins every rank's error.
+absl::Status Joined(const std::vector<absl::Status>& results) {
+  absl::Status first;
+  std::string all;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (results[r].ok()) continue;
+    if (first.ok()) first = results[r];
+    absl::StrAppend(&all, "rank ", r, ": ", results[r].message(), "\n");
+  }
+  return first.ok() ? first : absl::Status(first.code(), all);
+}
+
+// On `world` in-process ranks: an engine with `cfg` and the MLP, `steps` steps trained, then `body`; every
+// rank's error joined.
+absl::Status OnRanks(int world, const EngineConfig& cfg, int steps,
+                     const std::function<absl::Status(int rank, Engine& e, Mlp& mlp)>& body) {
+  return Joined(testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
+    device::HostDevice dev;
+    STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
+    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, examples::MlpShape{16, 48, 4}));
+    STRATA_RETURN_IF_ERROR(e->Finalize());
+    STRATA_RETURN_IF_ERROR(TrainSteps(*e, mlp, rank, world, 0, steps));
+    return body(rank, *e, mlp);
+  }));
+}
+
+class AsyncCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("async_" + std::to_string(::getpid()) + "_" +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "nvme");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Trains 3 steps, saves synchronously into "sync" and asynchronously into "async" (the same state), then
+  // trains 3 more steps while the async save's writers are held (SetBeforeAsyncWriteForTest) until every
+  // rank took them, so the files are written after the state changed; then waits for it, and saves both ways
+  // again (the second snapshot reuses the first one's buffers).
+  absl::Status SaveBoth(int world, const EngineConfig& cfg) {
+    std::latch stepped(world);
+    checkpoint::SetBeforeAsyncWriteForTest([&] { stepped.wait(); });
+    absl::Status s = OnRanks(world, cfg, 3, [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((dir_ / "sync" / "a").string(), "{\"next_step\":3}"));
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((dir_ / "async" / "a").string(), "{\"next_step\":3}"));
+      absl::Status trained = TrainSteps(e, mlp, rank, world, 3, 3);
+      stepped.count_down();
+      STRATA_RETURN_IF_ERROR(trained);
+      STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());
+      // A second save, into the first one's snapshot buffers (TakeSpareBuffers).
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((dir_ / "sync" / "b").string(), "{\"next_step\":6}"));
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((dir_ / "async" / "b").string(), "{\"next_step\":6}"));
+      return e.WaitCheckpoint();
+    });
+    checkpoint::SetBeforeAsyncWriteForTest(nullptr);
+    return s;
+  }
+
+  EngineConfig Config(int stage) const {
+    EngineConfig cfg;
+    cfg.stage = stage;
+    cfg.optimizer.lr = 1e-2;
+    cfg.optimizer.weight_decay = 0.01;
+    return cfg;
+  }
+
+  void ExpectSameFiles(const std::string& what) {
+    const auto sync = Files(dir_ / "sync"), async = Files(dir_ / "async");
+    ASSERT_FALSE(sync.empty()) << what;
+    EXPECT_TRUE(sync.count("a/manifest.json") && sync.count("b/manifest.json")) << what;
+    ASSERT_EQ(sync.size(), async.size()) << what;
+    for (const auto& [name, bytes] : sync) {
+      ASSERT_TRUE(async.count(name)) << what << ": " << name;
+      EXPECT_TRUE(async.at(name) == bytes) << what << ": " << name << " differs";
+    }
+    fs::remove_all(dir_ / "sync");
+    fs::remove_all(dir_ / "async");
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(AsyncCheckpoint, EqualsTheSynchronousSaveByteForByte) {
+  for (int world : {1, 2}) {
+    for (int stage : {0, 1, 2, 3}) {
+      const std::string what = absl::StrCat("world ", world, " stage ", stage);
+      ASSERT_TRUE(SaveBoth(world, Config(stage)).ok()) << what;
+      ExpectSameFiles(what);
+    }
+  }
+}
+
+// Hybrid sharding (decision 0016): only shard group 0 writes; the replicas take part in the publication.
+TEST_F(AsyncCheckpoint, EqualsTheSynchronousSaveWithHybridSharding) {
+  EngineConfig cfg = Config(3);
+  cfg.shard_group_size = 2;
+  const absl::Status s = SaveBoth(4, cfg);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(fs::exists(dir_ / "async" / "a" / "shard_00001.bin"));
+  EXPECT_FALSE(fs::exists(dir_ / "async" / "a" / "shard_00002.bin")) << "a replica wrote a shard";
+  ExpectSameFiles("4 ranks, shard groups of 2");
+}
+
+TEST_F(AsyncCheckpoint, EqualsTheSynchronousSaveWithOffloadedOptimizerState) {
+  for (OffloadDevice where : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    for (int world : {1, 2}) {
+      EngineConfig cfg = Config(3);
+      cfg.offload_optimizer.device = where;
+      cfg.offload_optimizer.nvme_path = (dir_ / "nvme").string();
+      cfg.offload_optimizer.pin_memory = false;
+      cfg.nvme_tile_elems = 1024;
+      const std::string what = absl::StrCat(where == OffloadDevice::kNvme ? "nvme" : "cpu", " world ", world);
+      const absl::Status s = SaveBoth(world, cfg);
+      ASSERT_TRUE(s.ok()) << what << ": " << s;
+      ExpectSameFiles(what);
+    }
+  }
+}
+
+// A shard that cannot be renamed into place (a directory holds its name) fails on the writer thread.
+TEST_F(AsyncCheckpoint, AFailedWriteIsReturnedByTheNextStepSaveAndWait) {
+  const fs::path bad = dir_ / "bad";
+  fs::create_directories(bad / "shard_00001.bin" / "in_the_way");
+  const absl::Status s = OnRanks(2, Config(3), 1, [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
+    STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync(bad.string(), "{}"));  // returns before the write
+    while (e.checkpoint_in_flight()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // The next step returns the failure, naming the directory, and is not taken: the step count stays.
+    STRATA_RETURN_IF_ERROR(e.BeginMicroBatch());
+    STRATA_RETURN_IF_ERROR(mlp.TrainMicroBatch(e, 8 + rank * 4, 4).status());
+    STRATA_RETURN_IF_ERROR(e.EndMicroBatch());
+    const int64_t before = e.step();
+    auto failed = e.Step();
+    if (failed.ok()) return absl::InternalError("the step after a failed asynchronous save succeeded");
+    const std::string message(failed.status().message());
+    if (!absl::StrContains(message, bad.string()) || !absl::StrContains(message, "was not published")) {
+      return absl::InternalError(absl::StrCat("the step's error does not name the save: ", message));
+    }
+    if (e.step() != before) return absl::InternalError("the failed save's step was taken");
+    STRATA_RETURN_IF_ERROR(e.Step().status());  // called again, it is taken
+    if (e.step() != before + 1) return absl::InternalError("the step was not taken the second time");
+    // WaitCheckpoint still tells the last save's outcome.
+    if (e.WaitCheckpoint().ok()) return absl::InternalError("WaitCheckpoint() after a failed save is OK");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(fs::exists(bad / checkpoint::kManifestName)) << "a failed save published its manifest";
+
+  // The next save returns an unreported failure and does not start.
+  fs::remove_all(bad);
+  fs::create_directories(bad / "shard_00000.bin" / "in_the_way");
+  const fs::path next = dir_ / "next";
+  const absl::Status t = OnRanks(2, Config(2), 1, [&](int, Engine& e, Mlp&) -> absl::Status {
+    STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync(bad.string(), "{}"));
+    const absl::Status second = e.SaveCheckpointAsync(next.string(), "{}");
+    if (second.ok()) return absl::InternalError("a save after a failed one started");
+    if (!absl::StrContains(second.message(), bad.string()) || !absl::StrContains(second.message(), next.string())) {
+      return absl::InternalError(absl::StrCat("the second save's error names the wrong paths: ", second.message()));
+    }
+    // Reported once: a save after that starts and completes.
+    STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync(next.string(), "{}"));
+    return e.WaitCheckpoint();
+  });
+  ASSERT_TRUE(t.ok()) << t;
+  EXPECT_TRUE(fs::exists(next / checkpoint::kManifestName));
+}
+
+TEST_F(AsyncCheckpoint, DestroyingTheEngineFinishesTheSaveAndSavesQueue) {
+  // Two saves back to back (the second waits for the first), then the engine goes away with "b" maybe in
+  // flight.
+  const absl::Status s = OnRanks(2, Config(3), 1, [&](int, Engine& e, Mlp&) -> absl::Status {
+    STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((dir_ / "a").string(), "{\"next_step\":1}"));
+    return e.SaveCheckpointAsync((dir_ / "b").string(), "{\"next_step\":1}");
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  const auto a = Files(dir_ / "a"), b = Files(dir_ / "b");
+  ASSERT_TRUE(a.count(checkpoint::kManifestName));
+  ASSERT_TRUE(b.count(checkpoint::kManifestName));
+  EXPECT_TRUE(a == b);
+  // And it loads.
+  const absl::Status load = OnRanks(1, Config(1), 0, [&](int, Engine& e, Mlp&) -> absl::Status {
+    STRATA_ASSIGN_OR_RETURN(std::string trainer, e.LoadCheckpoint((dir_ / "b").string()));
+    if (trainer != "{\"next_step\":1}") return absl::InternalError("trainer state: " + trainer);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(load.ok()) << load;
+}
+
+}  // namespace
+}  // namespace strata::engine
