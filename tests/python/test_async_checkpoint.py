@@ -114,3 +114,27 @@ def test_deepspeed_async_save_writes_latest_once_complete(tmp_path):
     path, client_state = engine.load_checkpoint(root)
     assert path == os.path.join(root, "async") and client_state == {"epoch": 1}
     engine.destroy()
+
+
+def test_deepspeed_async_save_as_the_last_call_still_writes_latest(tmp_path):
+    """A script whose last call is an asynchronous save: destroy() (and the interpreter's exit, which closes every
+    engine the same way) waits for it and writes `latest`, so load_checkpoint resumes from it, not the save
+    before."""
+    root = shared_dir(tmp_path)
+    model = tiny_lm()
+    cfg = config(3, 2, train_micro_batch_size_per_gpu=2)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    for micro in range(2):
+        x, y = batches(0, micro, st.rank())
+        engine.backward(engine(x, y))
+        engine.step()
+    engine.save_checkpoint(root, tag="first")
+    engine.save_checkpoint(root, tag="last", client_state={"epoch": 2}, async_save=True)
+    engine.destroy()
+    with open(os.path.join(root, "latest"), encoding="utf-8") as f:
+        assert f.read() == "last"
+    model2 = tiny_lm(seed=7)
+    engine, *_ = deepspeed.initialize(model=model2, model_parameters=model2.parameters(), config=cfg)
+    path, client_state = engine.load_checkpoint(root)
+    assert path == os.path.join(root, "last") and client_state == {"epoch": 2}
+    engine.destroy()

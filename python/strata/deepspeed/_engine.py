@@ -22,6 +22,9 @@ class DeepSpeedEngine(torch.nn.Module):
         self.module = model
         self.strata = strata_engine
         self._pending_latest = None  # (save_dir, tag) of an asynchronous save in flight, for its latest file
+        # destroy(), or the interpreter's exit (which closes every engine), writes it too: a script whose last call
+        # is an asynchronous save must leave `latest` naming that tag
+        strata_engine.before_close = [self._finish_async_save]
         self.config = config
         self._stage = int(config.get("zero_optimization", {}).get("stage", 0))  # DeepSpeed's default: 0
         self.global_steps = strata_engine.stats()["steps"]
@@ -170,7 +173,8 @@ class DeepSpeedEngine(torch.nn.Module):
         """Collective: save_dir/<tag>/ (default tag 'global_step<N>'), and save_dir/latest naming the tag.
         async_save=True (Strata's; DeepSpeed's save_checkpoint has no such argument) writes the same files in the
         background (docs/decisions/0036-async-checkpoints.md); save_dir/latest then names the tag once it is
-        complete, written by the next save_checkpoint() or wait_checkpoint()."""
+        complete, written by the next save_checkpoint(), wait_checkpoint(), load_checkpoint() or destroy(), or at
+        the script's exit."""
         if not save_dir:
             raise ValueError(f"strata.deepspeed.save_checkpoint: save_dir must be a non-empty path, got {save_dir!r}")
         if exclude_frozen_parameters:

@@ -413,6 +413,10 @@ class Engine:
         return None
 
     def close(self):
+        """Collective. Runs the front ends' before-close callbacks first (strata.deepspeed writes the `latest` of
+        its asynchronous save there), then destroys the engine (which waits for a save in flight)."""
         if self.handle is not None:
+            for fn in getattr(self, "before_close", []):
+                fn()
             _lib.strata_engine_destroy(self.handle)
             self.handle = None
