@@ -5,10 +5,10 @@
 //
 // The protocol. The module exports one C symbol, strata_cuda_module_part (ModuleEntry), that returns a
 // part: a table of C++ function pointers over the existing interfaces (device::Device, memory::Allocator,
-// comm::Communicator, engine::TierOps), one per layer, each declared in its layer's cuda_backend.h with its
-// name (kPart) and version (kVersion). Part "identity" (ModuleIdentity) comes first: a module whose build
-// string differs from the core's is refused, because the C++ types that cross are the same only when both
-// sides come from the same build.
+// comm::Communicator, memory::TierOps, optim::TierUpdate), one per layer, each declared in its layer's
+// cuda_backend.h with its name (kPart) and version (kVersion). Part "identity" (ModuleIdentity) comes first:
+// a module whose build string differs from the core's is refused, because the C++ types that cross are the
+// same only when both sides come from the same build.
 //
 // Where. STRATA_CUDA_MODULE (env.h) names the file; else libstrata_cuda.so beside the object that holds
 // this code (libstrata.so, or the executable that links the static libraries), then in ../lib from there.

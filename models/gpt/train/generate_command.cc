@@ -39,7 +39,10 @@ int Sample(std::vector<float> logits, double temperature, int top_k, std::mt1993
 absl::Status Generate(const spec::Flags& f) {
   STRATA_ASSIGN_OR_RETURN(gpt::GptConfig cfg, ModelFromFlags(f));
   const std::string weights = f.Str("init-from");
-  if (weights.empty()) return absl::InvalidArgumentError("strata generate needs --init-from WEIGHTS.safetensors");
+  if (weights.empty()) {
+    return absl::InvalidArgumentError(
+        "strata generate needs --init-from WEIGHTS (a .safetensors file or a Hugging Face directory)");
+  }
   STRATA_ASSIGN_OR_RETURN(int64_t n, f.Int("tokens", 200));
   STRATA_ASSIGN_OR_RETURN(double temperature, f.Double("temperature", 0.8));
   STRATA_ASSIGN_OR_RETURN(int64_t top_k, f.IntIn("top-k", 40, 0, std::numeric_limits<int>::max()));
@@ -77,7 +80,7 @@ absl::Status Generate(const spec::Flags& f) {
 
 std::vector<spec::FlagDef> GenerateFlagDefs() {
   std::vector<spec::FlagDef> defs = ModelFlagDefs();
-  defs.insert(defs.end(), {{"init-from", false, "weights (.safetensors) to sample from"},
+  defs.insert(defs.end(), {{"init-from", false, "weights to sample from (.safetensors or a HF directory)"},
                            {"prompt", false, "text to continue (default: a newline)"},
                            {"tokens", false, "tokens to generate (default 200)"},
                            {"temperature", false, "softmax temperature (default 0.8; 0 = greedy)"},

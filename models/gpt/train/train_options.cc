@@ -168,7 +168,7 @@ std::vector<spec::FlagDef> TrainFlagDefs() {
        "auto | fused | reference: cuDNN's fused attention or the plain kernel (auto: fused with bf16 products)"},
       {"data", false, "llm.c token file or text file (default: the embedded corpus)"},
       {"data-order", false, "shuffled (default) | sequential"},
-      {"init-from", false, "initial weights (.safetensors, Hugging Face GPT-2 names)"},
+      {"init-from", false, "initial weights: a .safetensors file or a Hugging Face directory (GPT-2 names)"},
       {"save-weights", false, "write consolidated weights at the end (.safetensors)"},
       {"metrics", false, "JSON lines, one per step"},
       {"print-every", false, "progress line every N steps (default 1)"},
