@@ -44,32 +44,33 @@ class Exchange {
         deadline_(deadline) {}
 
   absl::StatusOr<std::string> Run(const std::string& blob, const absl::Status& local) {
-    STRATA_ASSIGN_OR_RETURN(const int64_t claims, store_.Add(Key("claim/", env_.rank), 1, deadline_));
+    STRATA_ASSIGN_OR_RETURN(const int64_t claims, store_.Add(Key("claim/", env_.rank), 1, Io()));
     std::string verdict = local.ok() ? "" : local.ToString();
     if (claims > 1) {
       verdict = absl::StrCat("RANK=", env_.rank, " was started twice (two processes claim it)");
     }
     STRATA_RETURN_IF_ERROR(
-        store_.Set(Key("arrived/", env_.rank), absl::StrCat(env_.world_size, "\n", verdict), deadline_));
+        store_.Set(Key("arrived/", env_.rank), absl::StrCat(env_.world_size, "\n", verdict), Io()));
     if (!verdict.empty()) return Fail(absl::StrCat("rank ", env_.rank, " of ", env_.world_size, ": ", verdict));
-    if (env_.rank == 0) STRATA_RETURN_IF_ERROR(store_.Set(prefix_ + "id", blob, deadline_));
+    if (env_.rank == 0) STRATA_RETURN_IF_ERROR(store_.Set(prefix_ + "id", blob, Io()));
     std::vector<bool> arrived(env_.world_size, false);
     arrived[env_.rank] = true;
     while (true) {
-      STRATA_ASSIGN_OR_RETURN(const bool failed, store_.Check(prefix_ + "failed", deadline_));
+      const Clock::time_point io = Io();
+      STRATA_ASSIGN_OR_RETURN(const bool failed, store_.Check(prefix_ + "failed", io));
       if (failed) {
-        STRATA_ASSIGN_OR_RETURN(const std::string why, store_.Get(prefix_ + "failed", deadline_));
+        STRATA_ASSIGN_OR_RETURN(const std::string why, store_.Get(prefix_ + "failed", io));
         return Error(why);
       }
       if (env_.rank == 0) {
-        STRATA_ASSIGN_OR_RETURN(const bool all, CheckArrivals(arrived));
+        STRATA_ASSIGN_OR_RETURN(const bool all, CheckArrivals(arrived, io));
         if (all) {
-          STRATA_RETURN_IF_ERROR(store_.Set(prefix_ + "done", "", deadline_));
+          STRATA_RETURN_IF_ERROR(store_.Set(prefix_ + "done", "", io));
           return blob;
         }
       } else {
-        STRATA_ASSIGN_OR_RETURN(const bool done, store_.Check(prefix_ + "done", deadline_));
-        if (done) return store_.Get(prefix_ + "id", deadline_);
+        STRATA_ASSIGN_OR_RETURN(const bool done, store_.Check(prefix_ + "done", io));
+        if (done) return store_.Get(prefix_ + "id", io);
       }
       if (Clock::now() + std::chrono::milliseconds(20) >= deadline_) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -79,7 +80,7 @@ class Exchange {
 
   // A failure of this rank: posted for every rank, and returned.
   absl::Status Fail(const std::string& why) {
-    const absl::Status posted = store_.Set(prefix_ + "failed", why, deadline_);
+    const absl::Status posted = store_.Set(prefix_ + "failed", why, Io());
     absl::Status s = Error(why);
     if (!posted.ok()) s = Annotate(s, absl::StrCat("(could not tell the other ranks: ", posted.message(), ")"));
     return s;
@@ -88,6 +89,12 @@ class Exchange {
  private:
   std::string Key(const char* what, int rank) const { return absl::StrCat(prefix_, what, rank); }
 
+  // The deadline of one store request: the exchange's, or 2 s from now if that is later. A request begun
+  // just before the exchange's deadline (a loaded host answers late) then completes, and the exchange ends
+  // at Missing(), naming the ranks that had not arrived, instead of in a store timeout of its own; only a
+  // store that does not answer at all is reported as one.
+  Clock::time_point Io() const { return std::max(deadline_, Clock::now() + std::chrono::seconds(2)); }
+
   absl::Status Error(const std::string& why) const {
     return absl::FailedPreconditionError(absl::StrCat("bootstrap over torchrun's store at ", store_.where(), " (rank ",
                                                       env_.rank, " of ", env_.world_size, "): ", why));
@@ -95,12 +102,12 @@ class Exchange {
 
   // Rank 0: reads the ranks not yet seen; true once all have arrived. A rank with a verdict or with another
   // WORLD_SIZE is failed here, for every rank.
-  absl::StatusOr<bool> CheckArrivals(std::vector<bool>& arrived) {
+  absl::StatusOr<bool> CheckArrivals(std::vector<bool>& arrived, Clock::time_point io) {
     for (int r = 0; r < env_.world_size; ++r) {
       if (arrived[r]) continue;
-      STRATA_ASSIGN_OR_RETURN(const bool here, store_.Check(Key("arrived/", r), deadline_));
+      STRATA_ASSIGN_OR_RETURN(const bool here, store_.Check(Key("arrived/", r), io));
       if (!here) return false;
-      STRATA_ASSIGN_OR_RETURN(const std::string a, store_.Get(Key("arrived/", r), deadline_));
+      STRATA_ASSIGN_OR_RETURN(const std::string a, store_.Get(Key("arrived/", r), io));
       const std::string size = a.substr(0, a.find('\n'));
       if (size != std::to_string(env_.world_size)) {
         return Fail(absl::StrCat("rank ", r, " has WORLD_SIZE=", size, " and rank 0 WORLD_SIZE=", env_.world_size,
