@@ -11,7 +11,7 @@ import torch
 import strata.deepspeed as deepspeed
 import strata.torch as st
 from strata import StrataError
-from common import config, shared_dir
+from common import config, shared_dir, world
 from models import batches, tiny_lm
 import test_checkpoint
 
@@ -66,7 +66,7 @@ def test_failed_async_save_is_raised_by_the_next_step(tmp_path):
     step_dir = os.path.join(root, "step_00000001")
     if st.rank() == 0:  # a directory where rank 0's shard file goes: its rename fails on the writer thread
         os.makedirs(os.path.join(step_dir, "shard_00000.bin", "in_the_way"))
-    st.world().barrier()
+    world().Barrier()
     engine.save_checkpoint(root, async_save=True)  # returns before the write
     while engine.checkpoint_in_flight():
         pass

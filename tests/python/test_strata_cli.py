@@ -126,5 +126,5 @@ def test_export_to_a_directory_round_trips_through_transformers_and_init_from(tm
                 first = [_losses(os.path.join(root, f"b{i}.jsonl")).get(1) for i in range(2)]
                 if step2 is None or first != [step2, step2]:
                     problem = f"first-step losses {first} from the exported weights, {step2} at step 2 of training"
-    problem = st.world().bcast(problem, root=0)
+    problem = world().bcast(problem, root=0)
     assert problem is None, problem
