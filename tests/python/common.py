@@ -80,14 +80,18 @@ def assert_matches(state, ref_state, tol=1e-5):
 
 
 class _TorchWorld:
-    """The few calls of mpi4py's COMM_WORLD that the tests make for their own comparisons (bcast, allgather, Barrier,
-    Ibarrier), over the job's torch.distributed ranks (strata._comm's gloo group), under torchrun."""
+    """The few calls of mpi4py's COMM_WORLD that the tests make for their own comparisons (bcast, allgather,
+    allreduce of a sum, Barrier, Ibarrier), over the job's torch.distributed ranks (strata._comm's gloo group), under
+    torchrun."""
 
     def bcast(self, obj, root=0):
         return _comm.broadcast_object(obj, root)
 
     def allgather(self, obj):
         return _comm.allgather_object(obj)
+
+    def allreduce(self, value):  # mpi4py's default op: the sum
+        return sum(self.allgather(value))
 
     def _group(self):
         return _comm.bind().host_group
