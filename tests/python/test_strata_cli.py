@@ -18,8 +18,11 @@ from test_frozen import frozen_lm
 
 
 def run_cli(*args):
-    # The CLI links MPI: without the launcher's variables it starts as a singleton, not a rank of this job.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    # Without the launcher's variables (mpirun's, or torchrun's) the CLI starts as a 1-rank job of its own, not as
+    # a rank of this one.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                         "MASTER_PORT")}
     return subprocess.run([os.environ["STRATA_CLI"], *args], env=env, capture_output=True, text=True, timeout=120)
 
 
