@@ -1,5 +1,5 @@
 """What strata.deepspeed cannot do exactly is refused with the fix named, never done approximately: a torch
-optimizer or scheduler object, zero.Init, per-group hyperparameters (test_deepspeed_loop), an lr written into
+optimizer or scheduler object, per-group hyperparameters (test_deepspeed_loop), an lr written into
 the optimizer's groups, partial checkpoint loads, and the calls that would bypass the engine."""
 import pytest
 import torch
@@ -28,15 +28,6 @@ def test_a_torch_optimizer_or_scheduler_is_refused_with_the_config_entry():
         deepspeed.initialize(model=model, lr_scheduler=sched, config=config(3))
     with pytest.raises(TypeError, match=r"optimizer= \(function\) is refused"):
         deepspeed.initialize(model=model, optimizer=lambda params: opt, config=config(3))
-
-
-def test_zero_init_is_refused_unless_disabled():
-    with pytest.raises(NotImplementedError, match=r"not available in strata.deepspeed yet. strata.torch creates a "
-                       r"model sharded from a factory.*strata.torch.shard\(lambda: Model\(cfg\), config\)"):
-        with deepspeed.zero.Init():
-            tiny_lm()
-    with deepspeed.zero.Init(enabled=False):  # DeepSpeed's `enabled=stage == 3` pattern
-        tiny_lm()
 
 
 def test_calls_that_would_bypass_the_engine():

@@ -30,17 +30,26 @@ def _digest(v):
     return hashlib.blake2b(memoryview(v.contiguous().view(torch.uint8).numpy()), digest_size=16).digest()
 
 
+def same_generator_as_rank_0():
+    """Rank 0's CPU generator state into every rank's (collective): rank 0's generator builds every rank's model."""
+    state = torch.get_rng_state()
+    _comm.broadcast_from_0(state)
+    torch.set_rng_state(state)
+
+
 class Created:
     """The record of a factory and what st.shard does with it."""
 
-    def __init__(self, factory):
-        if not callable(factory):
-            raise TypeError(f"strata: st.shard() takes a torch.nn.Module or a factory (a callable that builds one, "
-                            f"e.g. `lambda: GPT2LMHeadModel(cfg)`), not {type(factory).__name__}")
-        state = torch.get_rng_state()
-        _comm.broadcast_from_0(state)  # rank 0's generator builds every rank's model
-        torch.set_rng_state(state)
-        self.rec = _deferred.record(factory)
+    def __init__(self, factory, rec=None):
+        """From `factory`, recorded here; or (factory None) from `rec`, a deepspeed.zero.Init block's record, whose
+        .model is the model given to st.shard."""
+        if rec is None:
+            if not callable(factory):
+                raise TypeError(f"strata: st.shard() takes a torch.nn.Module or a factory (a callable that builds "
+                                f"one, e.g. `lambda: GPT2LMHeadModel(cfg)`), not {type(factory).__name__}")
+            same_generator_as_rank_0()
+            rec = _deferred.record(factory)
+        self.rec = rec
         self.model = self.rec.model
         if not isinstance(self.model, torch.nn.Module):
             raise TypeError(f"strata: the factory given to st.shard() returned {type(self.model).__name__}, not a "

@@ -40,6 +40,7 @@ _READS = frozenset(("tolist", "numpy", "__array__", "__dlpack__", "item"))  # Py
 _CPU, _META = torch.device("cpu"), torch.device("meta")
 _TRIM_BYTES = 1 << 20  # a freed block this large or larger: the heap is trimmed (_trim)
 _state = threading.local()  # .recording: the Recording running on this thread; .in_kernel: a meta kernel runs
+_kept = []  # the Recordings of ended deepspeed.zero.Init blocks whose models no engine has taken yet (keep, adopt)
 
 
 class DeferredError(RuntimeError):
@@ -102,6 +103,11 @@ class DeferredTensor(torch.Tensor):
 
 
 def _unmaterialised(t, what):
+    if any(r.is_ours(t) for r in _kept):
+        return (f"strata: {what} on a tensor of shape {tuple(t.shape)} of a model built under "
+                f"deepspeed.zero.Init(): it has no values until deepspeed.initialize() (or st.shard) shards the "
+                f"model (Note [Deferred construction]); do this inside the `with deepspeed.zero.Init()` block, or "
+                f"after initialize under deepspeed.zero.GatheredParameters")
     return (f"strata: {what} on a tensor of shape {tuple(t.shape)} made during a sharded model's construction "
             f"(st.shard(factory, ...)) that is none of the model's parameters, buffers or module attributes, so it "
             f"has no values (Note [Deferred construction]); keep such a tensor as a registered buffer")
@@ -384,6 +390,33 @@ class Recording(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             _state.recording = None
+
+
+def keep(rec):
+    """After a deepspeed.zero.Init block: its record waits for the engine that shards its model (adopt)."""
+    _kept.append(rec)
+
+
+def adopt(model):
+    """The kept Recording whose tensors `model`'s parameters are (taken off the list), or None when none of them is
+    deferred. Parameters from two records, or deferred ones of no kept record, are refused."""
+    recs = []
+    for n, p in model.named_parameters():
+        if isinstance(p, DeferredTensor):
+            rec = next((r for r in _kept if r.is_ours(p)), None)
+            if rec is None:
+                raise DeferredError(f"strata: parameter '{n}' has no values and belongs to no deepspeed.zero.Init() "
+                                    f"block whose model is waiting to be sharded (a model already sharded, or a "
+                                    f"tensor of another factory's construction)")
+            if rec not in recs:
+                recs.append(rec)
+    if len(recs) > 1:
+        raise DeferredError("strata: the model's parameters were built in two separate deepspeed.zero.Init() "
+                            "blocks; build the whole model inside one block")
+    if not recs:
+        return None
+    _kept.remove(recs[0])
+    return recs[0]
 
 
 def record(factory):

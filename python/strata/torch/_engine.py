@@ -9,7 +9,7 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _created, _export, _gathered, _hooks, _model_buffers, _pretrained, _sharded
+from strata.torch import _created, _deferred, _export, _gathered, _hooks, _model_buffers, _pretrained, _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
@@ -99,6 +99,11 @@ class Engine:
         if not isinstance(model, torch.nn.Module):  # a factory: the model is created sharded (_created)
             created = _created.Created(model)
             model = created.model
+        else:  # built inside a deepspeed.zero.Init() block: created sharded too, from that block's record
+            rec = _deferred.adopt(model)
+            if rec is not None:
+                rec.model = model
+                created = _created.Created(None, rec)
         if getattr(model, "_strata_sharded", False):  # its parameters are an engine's placeholders now
             raise RuntimeError("strata: this model was already given to st.shard(); its parameters belong to that "
                                "engine (empty placeholders outside a forward). Keep using that engine, or build a "
