@@ -162,6 +162,8 @@ _SIGNATURES = {  # name: argument types (every function returns a strata_status 
     "strata_safetensors_read": [c_void_p, c_size_t, c_uint64, c_void_p, c_size_t],
     "strata_engine_load_safetensors": [c_void_p, c_void_p, _P(c_int32), _P(c_int32), _P(c_uint64), c_size_t,
                                        _P(LoadOptions), _P(LoadStats)],
+    "strata_engine_load_safetensors_at": [c_void_p, c_void_p, _P(c_int32), _P(c_int32), _P(c_uint64),
+                                          _P(c_uint64), c_size_t, _P(LoadOptions), _P(LoadStats)],
     "strata_engine_get_stats": [c_void_p, _P(Stats)],
     "strata_engine_reset_peak_memory": [c_void_p],
     "strata_engine_destroy": [c_void_p],

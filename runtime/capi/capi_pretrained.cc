@@ -35,8 +35,8 @@ absl::Status CheckTensor(const strata_safetensors* c, size_t index) {
 }
 
 absl::Status Load(strata_engine* engine, const strata_safetensors* checkpoint, const int32_t* units,
-                  const int32_t* params, const uint64_t* tensors, size_t count, const strata_load_options* options,
-                  strata_load_stats* out) {
+                  const int32_t* params, const uint64_t* tensors, const uint64_t* at, size_t count,
+                  const strata_load_options* options, strata_load_stats* out) {
   STRATA_RETURN_IF_ERROR(CheckEngine(engine));
   STRATA_RETURN_IF_ERROR(CheckHandle(checkpoint));
   if (count > 0 && (units == nullptr || params == nullptr || tensors == nullptr)) {
@@ -72,7 +72,8 @@ absl::Status Load(strata_engine* engine, const strata_safetensors* checkpoint, c
   std::vector<engine::PretrainedTarget> targets(count);
   for (size_t i = 0; i < count; ++i) {
     STRATA_RETURN_IF_ERROR(CheckFinalizedParam(engine, units[i], params[i]));
-    targets[i] = engine::PretrainedTarget{units[i], params[i], static_cast<size_t>(tensors[i])};
+    targets[i] = engine::PretrainedTarget{units[i], params[i], static_cast<size_t>(tensors[i]), at != nullptr,
+                                          at != nullptr ? at[i] : 0};
     if (tensors[i] >= checkpoint->checkpoint->tensors().size()) {
       return absl::OutOfRangeError(absl::StrCat("tensors[", i, "] is ", tensors[i], "; the checkpoint has ",
                                                 checkpoint->checkpoint->tensors().size()));
@@ -173,6 +174,17 @@ strata_status strata_safetensors_read(const strata_safetensors* checkpoint, size
 strata_status strata_engine_load_safetensors(strata_engine* engine, const strata_safetensors* checkpoint,
                                              const int32_t* units, const int32_t* params, const uint64_t* tensors,
                                              size_t count, const strata_load_options* options, strata_load_stats* out) {
-  return Call(__func__,
-              [&] { return strata::capi::Load(engine, checkpoint, units, params, tensors, count, options, out); });
+  return Call(__func__, [&] {
+    return strata::capi::Load(engine, checkpoint, units, params, tensors, nullptr, count, options, out);
+  });
+}
+
+strata_status strata_engine_load_safetensors_at(strata_engine* engine, const strata_safetensors* checkpoint,
+                                                const int32_t* units, const int32_t* params, const uint64_t* tensors,
+                                                const uint64_t* at, size_t count, const strata_load_options* options,
+                                                strata_load_stats* out) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (count > 0 && at == nullptr) return strata::capi::NullArgument("at");
+    return strata::capi::Load(engine, checkpoint, units, params, tensors, at, count, options, out);
+  });
 }

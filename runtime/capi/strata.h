@@ -567,6 +567,16 @@ strata_status strata_engine_load_safetensors(strata_engine* engine, const strata
                                              const int32_t* units, const int32_t* params, const uint64_t* tensors,
                                              size_t count, const strata_load_options* options, strata_load_stats* out);
 
+/* As strata_engine_load_safetensors, for a parameter the checkpoint stores as several tensors (transformers'
+ * stacked experts: one checkpoint tensor per expert): tensor tensors[i] fills the elements [at[i], at[i] + its
+ * element count) of parameter (units[i], params[i]); a tensor that would reach past the parameter's end is
+ * refused (STRATA_ERR_INVALID_ARGUMENT) before any I/O. Which elements each parameter takes from which tensor is
+ * the caller's: the pieces of one parameter should tile it. */
+strata_status strata_engine_load_safetensors_at(strata_engine* engine, const strata_safetensors* checkpoint,
+                                                const int32_t* units, const int32_t* params, const uint64_t* tensors,
+                                                const uint64_t* at, size_t count, const strata_load_options* options,
+                                                strata_load_stats* out);
+
 /* ---- Stats ---- */
 
 typedef struct strata_stats {

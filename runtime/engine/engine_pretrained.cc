@@ -28,19 +28,22 @@ absl::StatusOr<checkpoint::RangeReadStats> LoadPretrained(Engine& engine,
     const shard::UnitLayout& layout = engine.layout(t.unit);
     const shard::ParamSlot& p = layout.params[t.param];
     const auto& tensor = checkpoint.tensors()[t.tensor];
-    if (tensor.info.numel() != p.numel) {
+    const uint64_t n = tensor.info.numel();
+    if (t.piece ? t.at > p.numel || n > p.numel - t.at : n != p.numel) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors file '", checkpoint.files()[tensor.file].path, "': tensor '", tensor.info.name, "' has ",
-          tensor.info.numel(), " elements; parameter '", layout.name, ".", p.spec.name, "' has ", p.numel));
+          "safetensors file '", checkpoint.files()[tensor.file].path, "': tensor '", tensor.info.name, "' has ", n,
+          " elements; parameter '", layout.name, ".", p.spec.name, "' has ", p.numel,
+          t.piece ? absl::StrCat(" (the tensor's elements go from element ", t.at, ")") : ""));
     }
     // Refused on every rank alike, also on one that keeps none of the parameter.
     STRATA_RETURN_IF_ERROR(checkpoint::CheckReadableAsF32(checkpoint, t.tensor));
+    // The unit's held elements [begin, end) against the tensor's, [p.offset_elems + t.at, ... + n).
     const auto [begin, end] = engine.HeldRange(t.unit);
-    const size_t first = std::max(begin, p.offset_elems) - p.offset_elems;
-    const size_t last = std::min(end, p.offset_elems + p.numel);
-    if (last > p.offset_elems + first) {
-      ranges.push_back(
-          checkpoint::RangeToRead{t.tensor, first, last - p.offset_elems - first, static_cast<int64_t>(i)});
+    const size_t lo = p.offset_elems + t.at;
+    const size_t first = std::max(begin, lo) - lo;
+    const size_t last = std::min(end, lo + n);
+    if (last > lo + first) {
+      ranges.push_back(checkpoint::RangeToRead{t.tensor, first, last - lo - first, static_cast<int64_t>(i)});
     }
   }
   return checkpoint::ReadRangesF32(
@@ -55,7 +58,7 @@ absl::StatusOr<checkpoint::RangeReadStats> LoadPretrained(Engine& engine,
           }
         }
         const PretrainedTarget& t = targets[static_cast<size_t>(r.tag)];
-        return engine.SetParamRange(t.unit, t.param, first, values, count);
+        return engine.SetParamRange(t.unit, t.param, t.at + first, values, count);
       });
 }
 

@@ -52,7 +52,7 @@ def write_checkpoint(path, name, seed, dtype=None, max_shard_size="50GB"):
 
 
 @pytest.mark.parametrize("name,shards", [("gpt2", "20KB"), ("llama", "50GB"), ("bert", "20KB"), ("t5", "20KB"),
-                                         ("vit", "20KB")])
+                                         ("vit", "20KB"), ("mixtral", "20KB")])
 def test_loaded_equals_from_pretrained(name, shards, tmp_path):
     path = os.path.join(shared_dir(tmp_path), name)
     write_checkpoint(path, name, seed=1, max_shard_size=shards)
@@ -97,14 +97,16 @@ def held_elements(engine):
     return out
 
 
+@pytest.mark.parametrize("name", ["gpt2", "mixtral"])
 @pytest.mark.parametrize("stage", [1, 3])
-def test_each_rank_reads_only_what_it_keeps(stage, tmp_path):
+def test_each_rank_reads_only_what_it_keeps(stage, name, tmp_path):
     """The bytes each rank reads, counted by the library's reader (the I/O queue's own count): exactly the bytes
     of the elements it keeps; at stage 3 the ranks' reads together are the parameters' bytes once (they partition
-    them), at stage 1 (parameters replicated) every rank reads all of them."""
-    path = os.path.join(shared_dir(tmp_path), "gpt2")
-    write_checkpoint(path, "gpt2", seed=4, max_shard_size="20KB")
-    engine = st.shard(hf_builders()["gpt2"], config(stage))
+    them), at stage 1 (parameters replicated) every rank reads all of them. Mixtral's stacked experts are read
+    from the file's per-expert tensors the same way."""
+    path = os.path.join(shared_dir(tmp_path), name)
+    write_checkpoint(path, name, seed=4, max_shard_size="20KB")
+    engine = st.shard(hf_builders()[name], config(stage))
     engine.load_pretrained(path)
     stats = _pretrained.last_load_stats
     numel = {n: p.numel() for n, p in type(engine.model).from_pretrained(path).named_parameters()}
@@ -277,13 +279,45 @@ def test_bad_directories_and_indexes(tmp_path):
     engine.close()
 
 
-def test_a_conversion_that_combines_tensors_is_refused(tmp_path):
+def test_a_stacked_parameter_missing_a_piece_is_named(tmp_path):
+    """Mixtral's file without one expert's w1: the stacked parameter it belongs to is not covered, an error naming
+    the gap, on every rank, before anything is written."""
+    from safetensors.torch import load_file
     path = os.path.join(shared_dir(tmp_path), "mixtral")
     write_checkpoint(path, "mixtral", seed=7)
+
+    def drop():
+        f = os.path.join(path, "model.safetensors")
+        tensors = load_file(f)
+        del tensors["model.layers.1.block_sparse_moe.experts.2.w1.weight"]
+        save_file(tensors, f, metadata={"format": "pt"})
+    on_rank_0(drop)
     engine = st.shard(hf_builders()["mixtral"], config(3))
-    with pytest.raises(CheckpointError, match=r"combining them .*experts"):
+    with pytest.raises(CheckpointError, match=r"experts.2.w3.weight': starts at element \d+ of the model's "
+                                              r"'model.layers.1.mlp.experts.gate_up_proj', but the checkpoint's "
+                                              r"tensors for it cover \[0, \d+\) before it"):
         engine.load_pretrained(path)
     engine.close()
+
+
+def test_only_moves_of_whole_rows_are_read_as_pieces():
+    """_stacked_pieces on row numbers (Note [Stacked parameters]): a split of a parameter's rows is read as pieces;
+    a transpose, rows out of order, or rows of two parameters in one tensor are not (None: refused)."""
+    shapes = {"a": (4, 3), "b": (2, 3)}
+    wanted = {"a0": (2, 3), "a1": (2, 3)}
+
+    def split(model, d):
+        return {"a0": d["a"][:2], "a1": d["a"][2:], "b": d["b"]}
+    assert _pretrained._stacked_pieces(None, shapes, wanted, split) == {"a0": ("a", 0), "a1": ("a", 6)}
+    assert _pretrained._stacked_pieces(None, shapes, {"t": (3, 4)}, lambda m, d: {"t": d["a"].transpose(0, 1)}) \
+        is None
+    assert _pretrained._stacked_pieces(None, shapes, {"f": (4, 3)}, lambda m, d: {"f": d["a"].flip(0)}) is None
+    assert _pretrained._stacked_pieces(None, shapes, {"c": (6, 3)}, lambda m, d: {"c": torch.cat([d["a"], d["b"]])}) \
+        is None
+
+    def fails(model, d):
+        raise RuntimeError("an operation on values")
+    assert _pretrained._stacked_pieces(None, shapes, wanted, fails) is None
 
 
 def test_a_plain_torch_model_round_trips_through_its_own_export(tmp_path):

@@ -17,8 +17,10 @@ load's reader statistics on this rank (bytes read, requests, the back-end), for 
 
 Names. A tied parameter is found under any of its names (transformers writes one). The checkpoint's names
 are the model's state-dict names, or, for a transformers model whose checkpoint format renames its modules
-(ViT in transformers 5), the names its revert_weight_conversion gives; a conversion that combines tensors
-(Mixtral's fused experts) is refused, naming the tensors. strict=True (the default) refuses a parameter or
+(ViT in transformers 5), the names its revert_weight_conversion gives. Where the conversion stacks or
+concatenates checkpoint tensors into one parameter (Mixtral's experts: one tensor per expert in the file, one
+stacked parameter in the model), each tensor fills its run of the parameter's elements (Note [Stacked
+parameters] at _stacked_pieces); another conversion that combines tensors is refused, naming them. strict=True (the default) refuses a parameter or
 buffer the checkpoint lacks and a tensor the model lacks; strict=False leaves the missing ones as they are
 and returns both lists. The ranks agree on every check before any value is written, so they fail together.
 docs/decisions/0034-models-created-sharded.md.
@@ -122,9 +124,11 @@ def open_checkpoint(directory):
 
 
 def _checkpoint_names(model, shapes):
-    """{checkpoint name: model state-dict name} for {name: shape}: the identity, or transformers' renaming of a
-    model whose checkpoint format renames its modules; a conversion that combines tensors is refused."""
-    rename = {n: n for n in shapes}
+    """{checkpoint name: (model state-dict name, at)} for {name: shape}: the identity, or transformers' renaming of a
+    model whose checkpoint format renames its modules (at None: the tensor is the whole parameter), or, where the
+    conversion stacks or concatenates checkpoint tensors into one parameter (Mixtral's experts), the element `at`
+    which each of them starts (Note [Stacked parameters]); another conversion that combines tensors is refused."""
+    rename = {n: (n, None) for n in shapes}
     try:
         from transformers import PreTrainedModel  # noqa: PLC0415
         from transformers.core_model_loading import revert_weight_conversion  # noqa: PLC0415
@@ -136,11 +140,53 @@ def _checkpoint_names(model, shapes):
     source = {id(t): n for n, t in meta.items()}
     out = revert_weight_conversion(model, dict(meta))
     combined = [k for k, t in out.items() if id(t) not in source]
+    names = {k: (source[id(t)], None) for k, t in out.items() if id(t) in source}
     if combined:
-        raise NotImplementedError(f"strata: load_pretrained: transformers converts this model's checkpoint "
-                                  f"tensors into its parameters by combining them ({combined[:3]}), which a "
-                                  f"per-shard read cannot do yet; load it with from_pretrained and st.shard(model)")
-    return {k: source[id(t)] for k, t in out.items()}
+        pieces = _stacked_pieces(model, shapes, {k: tuple(out[k].shape) for k in combined}, revert_weight_conversion)
+        if pieces is None:
+            raise NotImplementedError(f"strata: load_pretrained: transformers converts this model's checkpoint "
+                                      f"tensors into its parameters by combining them ({combined[:3]}) in a way a "
+                                      f"per-shard read cannot follow (only stacking and concatenating whole rows "
+                                      f"is); load it with from_pretrained and st.shard(model)")
+        names.update(pieces)
+    return names
+
+
+def _stacked_pieces(model, shapes, wanted, revert):
+    """Note [Stacked parameters]. {checkpoint name: (parameter name, at)} for the checkpoint tensors `wanted`
+    ({name: shape}) that the conversion builds from parameters' rows, or None if any is not a run of whole rows
+    of one parameter.
+
+    The conversion is run on row numbers: each parameter of shape S is given as an int64 tensor of shape
+    S[:-1] + (1,) whose values number its rows (consecutively across parameters), so the conversion's stacking,
+    splitting and concatenating along any dimension but the last moves the numbers as it would move the rows
+    (a few bytes per row, never the model). A checkpoint tensor whose numbers are consecutive rows of one
+    parameter, with that parameter's row length, is the elements [first row x row length, ...) of it."""
+    rows, first, numbered = {}, 0, {}
+    for n, shape in shapes.items():
+        length, count = (shape[-1] if shape else 1), _numel(shape[:-1])
+        rows[n] = (first, count, length)
+        numbered[n] = torch.arange(first, first + count, dtype=torch.int64).view(*shape[:-1], 1) if shape else \
+            torch.tensor(first, dtype=torch.int64)
+        first += count
+    try:
+        out = revert(model, numbered)
+    except Exception:  # noqa: BLE001  (an operation that is not a move of rows: refused by the caller)
+        return None
+    pieces = {}
+    for k, shape in wanted.items():
+        t = out.get(k)
+        if t is None or not shape or tuple(t.shape) != tuple(shape[:-1]) + (1,) or t.numel() == 0:
+            return None
+        v = t.reshape(-1)
+        start = int(v[0])
+        if not torch.equal(v, torch.arange(start, start + v.numel(), dtype=v.dtype)):
+            return None
+        owner = next((n for n, (f, c, _) in rows.items() if f <= start and start + v.numel() <= f + c), None)
+        if owner is None or rows[owner][2] != shape[-1]:
+            return None
+        pieces[k] = (owner, (start - rows[owner][0]) * rows[owner][2])
+    return pieces
 
 
 def _agree(error):
@@ -169,19 +215,30 @@ def load_pretrained(engine, directory, strict=True):
         entries, files = open_checkpoint(directory)
         names = _checkpoint_names(model, {n: shapes.get(id(t), tuple(t.shape)) for n, t in state.items()
                                           if isinstance(t, torch.Tensor)})
-        found = {names[k]: e for k, e in entries.items() if k in names}
+        found, stacked = {}, {}  # model name -> its entry; or -> [(at, entry)] of a stacked parameter
+        for k, e in entries.items():
+            if k in names:
+                n, at = names[k]
+                if at is None:
+                    found[n] = e
+                else:
+                    stacked.setdefault(n, []).append((at, e))
         unexpected = sorted(k for k in entries if k not in names)
         for t, tnames in wanted.values():
+            shape = shapes.get(id(t), tuple(t.shape))
             e = next((found[n] for n in tnames if n in found), None)
+            if e is None and id(t) in where and any(n in stacked for n in tnames):
+                plan.extend((t, where[id(t)], e, at) for at, e in _tiled(stacked[next(n for n in tnames
+                                                                                  if n in stacked)], tnames[0], shape))
+                continue
             if e is None:
                 missing.extend(tnames)
                 continue
-            shape = shapes.get(id(t), tuple(t.shape))
             if e.shape != shape:
                 raise e.file.bad(f"has shape {list(e.shape)}; the model's '{tnames[0]}' is {list(shape)}", e.name)
             if id(t) in where and e.dtype not in _FLOATS:
                 raise e.file.bad(f"is {e.dtype}; a parameter is read from {', '.join(_FLOATS)}", e.name)
-            plan.append((t, where.get(id(t)), e))
+            plan.append((t, where.get(id(t)), e, None))
         if strict and (missing or unexpected):
             raise CheckpointError(f"'{directory}' is not this model's checkpoint: " + "; ".join(
                 part for part in (f"missing {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "")
@@ -196,11 +253,11 @@ def load_pretrained(engine, directory, strict=True):
         _agree(error)  # every rank checked the same files: all go on, or all stop
         error = None
         try:
-            for t, src, e in plan:
+            for t, src, e, _ in plan:
                 if src is None:  # a buffer: whole, every rank
                     with torch.no_grad():
                         t.copy_(e.file.read(e, 0, t.numel()).view(t.shape).to(t.dtype))
-            _load_held(engine, [(src, e) for _, src, e in plan if src is not None], files)
+            _load_held(engine, [(src, e, at) for _, src, e, at in plan if src is not None], files)
         except CheckpointError as e:
             error = f"rank {_comm.rank()}: {e}"
         except _capi.StrataError as e:
@@ -212,18 +269,48 @@ def load_pretrained(engine, directory, strict=True):
     return {"missing_keys": missing, "unexpected_keys": unexpected}
 
 
+def _tiled(pieces, name, shape):
+    """[(at, entry)] of a stacked parameter, checked to tile it exactly (each a float tensor, in order)."""
+    numel, end = _numel(shape), 0
+    for at, e in sorted(pieces, key=lambda p: p[0]):
+        if at != end:
+            raise e.file.bad(f"starts at element {at} of the model's '{name}', but the checkpoint's tensors for it "
+                             f"cover [0, {end}) before it", e.name)
+        if e.dtype not in _FLOATS:
+            raise e.file.bad(f"is {e.dtype}; a parameter is read from {', '.join(_FLOATS)}", e.name)
+        end += _numel(e.shape)
+    if end != numel:
+        raise CheckpointError(f"the checkpoint's tensors for the model's '{name}' ({len(pieces)} of them) hold {end} "
+                              f"elements; it has {numel}")
+    return sorted(pieces, key=lambda p: p[0])
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def _load_held(engine, targets, files):
     """The elements of each parameter this rank keeps, read by their byte ranges and written into the engine by
-    the library (strata_engine_load_safetensors); targets are ((unit, param index), _Entry)."""
+    the library (strata_engine_load_safetensors, or _at where a parameter is stacked from several tensors);
+    targets are ((unit, param index), _Entry, at or None)."""
     global last_load_stats
     n = len(targets)
-    units = (_capi.c_int32 * n)(*[u for (u, _), _ in targets])
-    params = (_capi.c_int32 * n)(*[i for (_, i), _ in targets])
-    tensors = (_capi.c_uint64 * n)(*[e.index for _, e in targets])
+    units = (_capi.c_int32 * n)(*[u for (u, _), _, _ in targets])
+    params = (_capi.c_int32 * n)(*[i for (_, i), _, _ in targets])
+    tensors = (_capi.c_uint64 * n)(*[e.index for _, e, _ in targets])
     stats = _capi.LoadStats.new()
     handle = files[0].handle if files else None
-    _capi.check(_capi.lib.strata_engine_load_safetensors(engine.handle, handle.ptr if handle else None, units, params,
-                                                         tensors, n, None, ctypes.byref(stats)))
+    ptr = handle.ptr if handle else None
+    if any(at is not None for _, _, at in targets):
+        at = (_capi.c_uint64 * n)(*[a or 0 for _, _, a in targets])
+        _capi.check(_capi.lib.strata_engine_load_safetensors_at(engine.handle, ptr, units, params, tensors, at, n,
+                                                                None, ctypes.byref(stats)))
+    else:
+        _capi.check(_capi.lib.strata_engine_load_safetensors(engine.handle, ptr, units, params, tensors, n, None,
+                                                             ctypes.byref(stats)))
     last_load_stats = {"bytes_read": stats.bytes_read, "requests": stats.requests,
                        "fixed_buffer_ios": stats.fixed_buffer_ios, "elements": stats.elements,
                        "seconds": stats.seconds, "backend": stats.backend.decode()}

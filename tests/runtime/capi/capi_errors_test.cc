@@ -453,6 +453,31 @@ TEST(CApiErrors, LoadSafetensorsReadsOnlyTheHeldBytes) {
       ASSERT_STRATA_OK(strata_engine_gather_param(e, 0, 1, got, 8));
       EXPECT_EQ(std::memcmp(got, b.data(), 32), 0);
 
+      // Pieces (strata_engine_load_safetensors_at): b's 8 elements into w's [0, 8), x's 3 into w's [29, 32); the
+      // rest of w keeps its values, and each rank reads only its held part of each piece.
+      {
+        const int32_t pu[2] = {0, 0}, pp[2] = {0, 0};
+        const uint64_t pt[2] = {0, 3}, at[2] = {0, 29};
+        stats = STRATA_LOAD_STATS_INIT;
+        ASSERT_STRATA_OK(strata_engine_load_safetensors_at(e, ck, pu, pp, pt, at, 2, nullptr, &stats));
+        EXPECT_EQ(stats.bytes_read, 4 * (held(0, 8) + held(29, 3))) << "stage " << stage;
+        ASSERT_STRATA_OK(strata_engine_gather_param(e, 0, 0, got, 32));
+        for (int k = 0; k < 32; ++k) {
+          uint32_t bits = static_cast<uint32_t>(w[k]) << 16;
+          float want;
+          std::memcpy(&want, &bits, 4);
+          if (k < 8) want = b[k];
+          if (k >= 29) want = x[k - 29];
+          EXPECT_EQ(got[k], want) << "stage " << stage << " element " << k;
+        }
+        const uint64_t past[1] = {30};
+        EXPECT_STRATA_ERROR(strata_engine_load_safetensors_at(e, ck, pu, pp, pt + 1, past, 1, nullptr, nullptr),
+                            kInvalid, "tensor 'x' has 3 elements; parameter 'a.w' has 32 (the tensor's elements go "
+                            "from element 30)");
+        EXPECT_STRATA_ERROR(strata_engine_load_safetensors_at(e, ck, pu, pp, pt, nullptr, 1, nullptr, nullptr),
+                            kInvalid, "at is NULL");
+      }
+
       const uint64_t x_for_w = 3, int_for_b = 1, none = 99;
       EXPECT_STRATA_ERROR(strata_engine_load_safetensors(e, ck, units, params, &x_for_w, 1, nullptr, nullptr), kInvalid,
                           "tensor 'x' has 3 elements; parameter 'a.w' has 32");
