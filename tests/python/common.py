@@ -2,6 +2,7 @@
 tests' own collectives (world()), under mpirun or torchrun."""
 import os
 
+import pytest
 import torch
 
 import strata.torch as st
@@ -113,6 +114,17 @@ class _TorchWorld:
             return Done(None)
         import torch.distributed as dist
         return Done(dist.barrier(group=self._group(), async_op=True))
+
+
+def _once():
+    """The suite's 1-rank run under mpirun (or plain pytest), not its other runs (tests/python/run.sh)."""
+    return st.world_size() == 1 and not os.environ.get("TORCHELASTIC_RUN_ID")
+
+
+# A test that starts jobs of its own (mpirun, torchrun) tests the same thing whatever job the suite itself runs in,
+# so it runs once per suite: in the 1-rank mpirun run, where no other rank of the suite waits (and spins a core).
+once = pytest.mark.skipif(not _once(), reason="starts jobs of its own: run once per suite, in its 1-rank mpirun run "
+                          "(tests/python/run.sh)")
 
 
 def world():

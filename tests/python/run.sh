@@ -16,6 +16,7 @@ cmake --build "$build" --target strata_conformance_module > /tmp/strata-conforma
   { cat /tmp/strata-conformance-module.log; exit 1; }
 export STRATA_CONFORMANCE_MODULE=$build/lib/libstrata_conformance.so
 # 2 ranks first: test_checkpoint's reshard test writes a checkpoint there that the 1- and 4-rank runs load.
+# A test that starts jobs of its own runs once, in the 1-rank mpirun run (common.once).
 STRATA_TEST_SHARED=$(mktemp -d)
 trap 'rm -rf "$STRATA_TEST_SHARED"' EXIT
 export STRATA_TEST_SHARED

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from common import config, shared_dir, world
+from common import config, once, shared_dir, world
 from models import InitZoo, TinyLM, hf_builders, hf_gpt2_batch, tiny_lm
 from strata.torch._deferred import DeferredTensor
 
@@ -198,6 +198,7 @@ def _wait_for_rank_0(work):
     return value
 
 
+@once
 def test_created_peak_rss_is_the_engine_plus_a_unit(tmp_path):
     """Per rank, the RSS a created model adds at st.shard() is the engine's own host memory plus at most 3
     units and 32 MiB; the same model built first adds the whole model (8 MiB units, 32 of them: 256 MiB), which

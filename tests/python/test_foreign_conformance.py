@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import strata.torch as st
+from common import once
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -25,6 +26,7 @@ def _module():
     return path
 
 
+@once
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_the_conformance_suite_passes_over_gloo(ranks):
     out = {}

@@ -15,18 +15,12 @@ import time
 import pytest
 import torch
 
-from strata._comm import mpi_launch, torchrun_launch
-
 import strata.torch as st
+from common import once
+from strata._comm import mpi_launch, torchrun_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-
-# The launches added for docs/decisions/0039 run once per suite, in its 1-rank run, where no other rank of the test
-# job waits (and spins a core) while they run.
-once = pytest.mark.skipif(st.world_size() != 1, reason="starts jobs of its own: run once, in the suite's 1-rank run "
-                          "(tests/python/run.sh)")
-
 
 def test_launch_decision():
     torchrun = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
@@ -76,6 +70,7 @@ def _same(a, b, where):
         assert torch.equal(a["state"][k], b["state"][k]), f"{where}: {k} differs"
 
 
+@once
 @pytest.mark.parametrize("ranks,stage", [(2, 3), (4, 3), (4, 1)])
 def test_torchrun_trains_a_host_model_as_mpirun_does_bit_for_bit(tmp_path_factory, ranks, stage):
     """The same script under both launchers: every rank's losses, step results (gradient norms, clipping) and
@@ -207,8 +202,7 @@ def _mesh_example(tmp):
     last = re.search(r"step  29  member 0 loss \S+  ensemble mean loss (\S+)", out)
     assert last, out
     assert float(last.group(1)) == pytest.approx((m0["losses"][-1] + m1["losses"][-1]) / 2, abs=2e-5), out
-
-
+@once
 def test_torchrun_a_rank_that_raises_ends_the_job_within_seconds(tmp_path_factory):
     """Rank 1 raises in the middle of step 2, while rank 0 waits in the engine's collectives (whose timeout is
     900 s): rank 1's hook sends its failure notice and exits, rank 0 stops at the notice or torchrun's agent
@@ -237,8 +231,7 @@ def _on_rank_0(check):
             check()
     finally:
         st.world().Barrier()
-
-
+@once
 def test_torchrun_a_rank_that_stops_is_named_at_the_collective_timeout(tmp_path_factory):
     """Rank 1 sleeps for 10 minutes before its backward in step 2; rank 0's gradient reduction over gloo waits
     for it until strata.collective_timeout_ms (4 s), and its error names the collective and rank 1 as the rank
@@ -255,8 +248,7 @@ def _stall_is_named(tmp):
                      r"Timed out)", out), out
     assert "rank(s) 1 did not respond to a liveness check" in out, out
     assert seconds < 300, f"{seconds:.0f} s: the stalled rank's sleep ended the job, not the timeout?\n{out}"
-
-
+@once
 def test_torchrun_two_ranks_of_a_cuda_model_without_a_gpu_fail_naming_it():
     """The NCCL bootstrap of strata_comm_create_torchrun for real, over torchrun's store (no port of Strata's own):
     each rank arrives in the store, then fails naming the missing GPU, quickly: well inside the 900 s collective
