@@ -3,7 +3,10 @@
 // bytes per second from its start to its publication. benchmarks/checkpoint_bench.sh puts fio's rate for the
 // same bytes on the same directory beside it (docs/perf-notes.md "Asynchronous checkpoints").
 //
-//   strata_checkpoint_bench --dir DIR [--hidden 4096] [--world 1] [--rounds 3]
+//   strata_checkpoint_bench --dir DIR [--hidden 4096] [--world 1] [--rounds 3] [--threads 0]
+//
+// --threads: the optimizer's threads (strata.optimizer_threads; 0: every CPU). With OMP_NUM_THREADS=1 and
+// --threads 1 the training keeps to one core and the writer has the others, as beside a GPU's training.
 //
 // Per round: a synchronous save (its stall is its whole duration), then an asynchronous one (its stall is the
 // call, plus what the steps taken while it is written lose against the median of the 4 steps before it,
@@ -52,11 +55,12 @@ struct Round {
 };
 
 absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::string& dir, int hidden, int rounds,
-                 std::vector<Round>* out) {
+                 int optimizer_threads, std::vector<Round>* out) {
   using strata::engine::Engine;
   strata::device::HostDevice dev;
   strata::engine::EngineConfig cfg;
   cfg.stage = world > 1 ? 3 : 0;
+  cfg.optimizer_threads = optimizer_threads;
   STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
   STRATA_ASSIGN_OR_RETURN(auto mlp, strata::examples::Mlp::Register(*e, strata::examples::MlpShape{64, hidden, 16}));
   STRATA_RETURN_IF_ERROR(e->Finalize());
@@ -117,7 +121,7 @@ absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::
 
 int main(int argc, char** argv) {
   std::string dir;
-  int hidden = 4096, world = 1, rounds = 3;
+  int hidden = 4096, world = 1, rounds = 3, optimizer_threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     bool ok = true;
@@ -129,6 +133,8 @@ int main(int argc, char** argv) {
       ok = absl::SimpleAtoi(v, &world);
     else if (k == "--rounds")
       ok = absl::SimpleAtoi(v, &rounds);
+    else if (k == "--threads")
+      ok = absl::SimpleAtoi(v, &optimizer_threads);
     else
       ok = false;
     if (!ok) {
@@ -136,8 +142,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (dir.empty() || hidden < 1 || world < 1 || rounds < 1) {
-    std::fprintf(stderr, "usage: strata_checkpoint_bench --dir DIR [--hidden N] [--world N] [--rounds N]\n");
+  if (dir.empty() || hidden < 1 || world < 1 || rounds < 1 || optimizer_threads < 0 || optimizer_threads > 256) {
+    std::fprintf(stderr,
+                 "usage: strata_checkpoint_bench --dir DIR [--hidden N] [--world N] [--rounds N] [--threads N]\n");
     return 2;
   }
   std::filesystem::create_directories(dir);
@@ -146,7 +153,8 @@ int main(int argc, char** argv) {
   std::vector<absl::Status> results(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] { results[r] = Run(r, world, *comms[r], dir, hidden, rounds, &rounds_out); });
+    threads.emplace_back(
+        [&, r] { results[r] = Run(r, world, *comms[r], dir, hidden, rounds, optimizer_threads, &rounds_out); });
   }
   for (auto& t : threads) t.join();
   for (const absl::Status& s : results) {
