@@ -109,6 +109,23 @@ def test_writes_inside_the_block_are_kept():
     engine.destroy()
 
 
+def test_two_models_of_one_block():
+    """A model and its reference model (or a teacher and a student) built in one block, each given to initialize()
+    in turn: each is bit for bit the plain construction's, the same two models built one after the other."""
+    torch.manual_seed(21)
+    plain_a, plain_b = TinyLM(), hf_builders()["gpt2"]()
+    torch.manual_seed(21)
+    with deepspeed.zero.Init():
+        a, b = TinyLM(), hf_builders()["gpt2"]()
+    engines = []
+    for model, plain, what in ((a, plain_a, "first"), (b, plain_b, "second")):
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config())
+        assert_same_bits(engine.strata.full_state_dict(), plain.state_dict(), f"the {what} model")
+        engines.append(engine)
+    for engine in engines:
+        engine.destroy()
+
+
 def test_what_init_refuses_and_enabled_false():
     with pytest.raises(NotImplementedError, match=r"dtype=torch.float16\): the parameters are created fp32.*Leave "
                                                   r"dtype out"):

@@ -300,6 +300,30 @@ def test_a_stacked_parameter_missing_a_piece_is_named(tmp_path):
     engine.close()
 
 
+@pytest.mark.parametrize("change", ["transposed", "flattened"])
+def test_a_stacked_piece_of_another_shape_is_named(change, tmp_path):
+    """Mixtral's file with one expert's w1 transposed (or flattened): as many elements, so its place in the stacked
+    parameter and the tiling still add up, but it is not the tensor the conversion stacks (from_pretrained refuses
+    it too). An error naming the tensor and both shapes, on every rank, not its values loaded in the wrong order."""
+    from safetensors.torch import load_file
+    path = os.path.join(shared_dir(tmp_path), "mixtral")
+    write_checkpoint(path, "mixtral", seed=7)
+    name = "model.layers.1.block_sparse_moe.experts.2.w1.weight"
+
+    def reshape():
+        f = os.path.join(path, "model.safetensors")
+        tensors = load_file(f)
+        w = tensors[name]
+        tensors[name] = (w.t() if change == "transposed" else w.flatten()).contiguous()
+        save_file(tensors, f, metadata={"format": "pt"})
+    on_rank_0(reshape)
+    engine = st.shard(hf_builders()["mixtral"], config(3))
+    with pytest.raises(CheckpointError, match=rf"tensor '{name}': has shape \[\d+(, \d+)?\]; as a piece of the model's "
+                                              r"'model.layers.1.mlp.experts.gate_up_proj' it is \[\d+, \d+\]"):
+        engine.load_pretrained(path)
+    engine.close()
+
+
 def test_only_moves_of_whole_rows_are_read_as_pieces():
     """_stacked_pieces on row numbers (Note [Stacked parameters]): a split of a parameter's rows is read as pieces;
     a transpose, rows out of order, or rows of two parameters in one tensor are not (None: refused)."""

@@ -134,4 +134,5 @@ class Created:
                     m._buffers[name] = real[k]
                 else:
                     object.__setattr__(m, name, real[k])
-        self.rec = None  # the record (its constants, generator states) is not needed any more
+        rec.model = None  # a deepspeed.zero.Init block's record stays kept (_deferred.adopt): not with this model
+        self.rec = None  # the record (its constants, generator states) is not needed any more here

@@ -398,8 +398,11 @@ def keep(rec):
 
 
 def adopt(model):
-    """The kept Recording whose tensors `model`'s parameters are (taken off the list), or None when none of them is
-    deferred. Parameters from two records, or deferred ones of no kept record, are refused."""
+    """The kept Recording whose tensors `model`'s parameters are, or None when none of them is deferred. Parameters
+    from two records, or deferred ones of no kept record, are refused. The record stays kept: a block may build
+    several models (a model and its reference model, a teacher and a student), each given to initialize() in turn,
+    and each is replayed from the same record (materialize replays only what the tensors asked for need). What it
+    keeps is the construction's ops, generator states and constants, not values: no memory of the model's size."""
     recs = []
     for n, p in model.named_parameters():
         if isinstance(p, DeferredTensor):
@@ -415,7 +418,6 @@ def adopt(model):
                             "blocks; build the whole model inside one block")
     if not recs:
         return None
-    _kept.remove(recs[0])
     return recs[0]
 
 

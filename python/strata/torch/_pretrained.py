@@ -124,11 +124,12 @@ def open_checkpoint(directory):
 
 
 def _checkpoint_names(model, shapes):
-    """{checkpoint name: (model state-dict name, at)} for {name: shape}: the identity, or transformers' renaming of a
-    model whose checkpoint format renames its modules (at None: the tensor is the whole parameter), or, where the
-    conversion stacks or concatenates checkpoint tensors into one parameter (Mixtral's experts), the element `at`
-    which each of them starts (Note [Stacked parameters]); another conversion that combines tensors is refused."""
-    rename = {n: (n, None) for n in shapes}
+    """{checkpoint name: (model state-dict name, at, shape)} for {name: shape}: the identity, or transformers'
+    renaming of a model whose checkpoint format renames its modules (at and shape None: the tensor is the whole
+    parameter), or, where the conversion stacks or concatenates checkpoint tensors into one parameter (Mixtral's
+    experts), the element `at` which each of them starts and the shape the conversion expects of it (Note [Stacked
+    parameters]); another conversion that combines tensors is refused."""
+    rename = {n: (n, None, None) for n in shapes}
     try:
         from transformers import PreTrainedModel  # noqa: PLC0415
         from transformers.core_model_loading import revert_weight_conversion  # noqa: PLC0415
@@ -140,15 +141,16 @@ def _checkpoint_names(model, shapes):
     source = {id(t): n for n, t in meta.items()}
     out = revert_weight_conversion(model, dict(meta))
     combined = [k for k, t in out.items() if id(t) not in source]
-    names = {k: (source[id(t)], None) for k, t in out.items() if id(t) in source}
+    names = {k: (source[id(t)], None, None) for k, t in out.items() if id(t) in source}
     if combined:
-        pieces = _stacked_pieces(model, shapes, {k: tuple(out[k].shape) for k in combined}, revert_weight_conversion)
+        wanted = {k: tuple(out[k].shape) for k in combined}
+        pieces = _stacked_pieces(model, shapes, wanted, revert_weight_conversion)
         if pieces is None:
             raise NotImplementedError(f"strata: load_pretrained: transformers converts this model's checkpoint "
                                       f"tensors into its parameters by combining them ({combined[:3]}) in a way a "
                                       f"per-shard read cannot follow (only stacking and concatenating whole rows "
                                       f"is); load it with from_pretrained and st.shard(model)")
-        names.update(pieces)
+        names.update({k: (n, at, wanted[k]) for k, (n, at) in pieces.items()})
     return names
 
 
@@ -218,10 +220,13 @@ def load_pretrained(engine, directory, strict=True):
         found, stacked = {}, {}  # model name -> its entry; or -> [(at, entry)] of a stacked parameter
         for k, e in entries.items():
             if k in names:
-                n, at = names[k]
+                n, at, piece = names[k]
                 if at is None:
                     found[n] = e
-                else:
+                else:  # the elements are placed by `at` and counted by _tiled; the shape is checked here
+                    if e.shape != piece:
+                        raise e.file.bad(f"has shape {list(e.shape)}; as a piece of the model's '{n}' it is "
+                                         f"{list(piece)}", e.name)
                     stacked.setdefault(n, []).append((at, e))
         unexpected = sorted(k for k in entries if k not in names)
         for t, tnames in wanted.values():
