@@ -2,7 +2,7 @@
 // `strata plan` lays out its units with the engine's own accounting and times its schedule from its FLOPs;
 // `strata bench capacity` grows it; `strata bench step` and `strata doctor --measure` time its host product;
 // `strata doctor` sizes the pinned buffers of its units. A model family (spec/family.h) builds these from
-// its flags. The GPT is one (models/gpt/spec/gpt_spec.h); the example MLP another (examples/mlp/mlp_spec.h).
+// its flags. The GPT is one (models/gpt/spec/gpt_spec.h); the example MLP another (models/mlp/mlp_spec.h).
 #pragma once
 
 #include <cstddef>

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/engine/engine.h"
 
-namespace strata::examples {
+namespace strata::mlp {
 
 struct MlpShape {
   int in = 16;
@@ -24,7 +24,7 @@ struct MlpShape {
 };
 
 // The units Mlp::Register registers, in order: "input", "hidden", "output", each a linear layer's weight
-// [out, in] and bias (what the model's spec lays out: examples/mlp/mlp_spec.h).
+// [out, in] and bias (what the model's spec lays out: models/mlp/mlp_spec.h).
 struct MlpUnit {
   std::string name;
   std::vector<shard::ParamSpec> params;
@@ -53,4 +53,4 @@ class Mlp {
   int input_ = -1, hidden_ = -1, output_ = -1;
 };
 
-}  // namespace strata::examples
+}  // namespace strata::mlp

@@ -1,4 +1,4 @@
-#include "examples/mlp/mlp_model.h"
+#include "models/mlp/mlp_model.h"
 
 #include <chrono>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include "kernels/common/element_math.h"
 #include "runtime/base/status.h"
 
-namespace strata::examples {
+namespace strata::mlp {
 namespace {
 
 using engine::Engine;
@@ -172,4 +172,4 @@ absl::StatusOr<double> Mlp::TrainMicroBatch(Engine& e, int64_t first, int count,
   return loss;
 }
 
-}  // namespace strata::examples
+}  // namespace strata::mlp

@@ -8,13 +8,13 @@
 
 #include <memory>
 
-#include "examples/mlp/mlp_model.h"
+#include "models/mlp/mlp_model.h"
 #include "spec/family.h"
 #include "spec/model_spec.h"
 
-namespace strata::examples {
+namespace strata::mlp {
 
 std::shared_ptr<const spec::ModelSpec> MlpSpec(const MlpShape& shape);
 std::unique_ptr<spec::Family> MakeMlpFamily();
 
-}  // namespace strata::examples
+}  // namespace strata::mlp

@@ -1,4 +1,4 @@
-#include "examples/mlp/mlp_spec.h"
+#include "models/mlp/mlp_spec.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,7 @@
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 
-namespace strata::examples {
+namespace strata::mlp {
 namespace {
 
 constexpr int kMaxWidth = 1 << 20;
@@ -222,4 +222,4 @@ std::shared_ptr<const spec::ModelSpec> MlpSpec(const MlpShape& shape) { return s
 
 std::unique_ptr<spec::Family> MakeMlpFamily() { return std::make_unique<Family>(); }
 
-}  // namespace strata::examples
+}  // namespace strata::mlp
