@@ -161,7 +161,9 @@ std::vector<spec::FlagDef> Defs() {
           {"param-dtype", false, "fp32 | bf16 | fp16"},
           {"offload-params", false, "none | cpu | nvme"},
           {"offload-optimizer", false, "none | cpu | nvme"},
-          {"nvme-path", false, "directory for NVMe-offloaded state"}};
+          {"nvme-path", false, "directory for NVMe-offloaded state"},
+          {"device-budget", false, "bytes of the device tier (e.g. 512MiB): host memory, the MLP runs on the host"},
+          {"host-budget", false, "bytes of pinned host memory"}};
 }
 
 class Family final : public spec::Family {
@@ -189,7 +191,9 @@ class Family final : public spec::Family {
                                     {"offload-params", "zero_optimization.offload_param.device"},
                                     {"offload-optimizer", "zero_optimization.offload_optimizer.device"},
                                     {"nvme-path", "zero_optimization.offload_param.nvme_path"},
-                                    {"nvme-path", "zero_optimization.offload_optimizer.nvme_path"}}) {
+                                    {"nvme-path", "zero_optimization.offload_optimizer.nvme_path"},
+                                    {"device-budget", "strata.device_budget"},
+                                    {"host-budget", "strata.host_budget"}}) {
       if (f.Has(flag)) o.push_back(absl::StrCat(key, "=", f.Str(flag)));
     }
     if (f.Str("param-dtype") == "bf16") o.push_back("bf16.enabled=true");
