@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -41,13 +42,22 @@ class Spec final : public spec::ModelSpec {
     for (MlpUnit& u : MlpUnits(s_)) out.push_back({std::move(u.name), std::move(u.params)});
     return out;
   }
-  // Mlp::TrainMicroBatch's vectors at their peak, counted from its code (the backward of the second hidden
-  // use): the samples and targets, the three hidden activations and their gradients, the output and its
-  // gradient, one tanh gradient, and the fp32 copy of the hidden weight it reads (ParamF32); host memory,
-  // whatever the target. An estimate the engine does not track (no test holds it to an allocation).
+  // Mlp::TrainMicroBatch's vectors at their peak, which the model measures (Mlp::activation_peak_bytes;
+  // tests/spec/family_conformance_test.cc holds the two equal). Host memory whatever the target, in floats:
+  // the samples and targets B (i + o) throughout; then per use, what is live while it runs (earlier
+  // activations and gradients, the fp32 copies of the unit's parameters, the vector it writes):
+  //   forward:  input  Bh + hi + h;  hidden  2Bh + Bh + h^2 + h (second use);  output  3Bh + Bo + ho + o
+  //   backward: output 3Bh + 2Bo (y, dy) + ho + Bh;  hidden 5Bh + 2Bo + h^2 + Bh (tanh's) + Bh (second use);
+  //             input  6Bh + 2Bo + hi + Bh (tanh's).
   uint64_t ActivationBytes(int micro_batch, bool, const spec::ComputeTarget&) const override {
     const uint64_t B = micro_batch, i = s_.in, h = s_.hidden, o = s_.out;
-    return 4 * (B * (i + o) + 6 * B * h + 2 * B * o + B * h + h * h);
+    const uint64_t uses[] = {B * h + h * i + h,
+                             3 * B * h + h * h + h,
+                             3 * B * h + B * o + h * o + o,
+                             4 * B * h + 2 * B * o + h * o,
+                             7 * B * h + 2 * B * o + h * h,
+                             7 * B * h + 2 * B * o + h * i};
+    return 4 * (B * (i + o) + *std::max_element(std::begin(uses), std::end(uses)));
   }
   uint64_t UnitCopyBytes(DType, size_t) const override { return 0; }
 
@@ -121,6 +131,7 @@ class Trainer final : public spec::Trainer {
     return loss;
   }
   spec::Facts facts() const override { return {{"matmul", "fp32"}}; }
+  uint64_t activation_bytes() const override { return m_.activation_peak_bytes(); }
 
  private:
   std::unique_ptr<engine::Engine> e_;
