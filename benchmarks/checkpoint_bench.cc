@@ -25,7 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/in_process.h"
 #include "runtime/device/host_device.h"
@@ -62,7 +62,7 @@ absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::
   cfg.stage = world > 1 ? 3 : 0;
   cfg.optimizer_threads = optimizer_threads;
   STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-  STRATA_ASSIGN_OR_RETURN(auto mlp, strata::examples::Mlp::Register(*e, strata::examples::MlpShape{64, hidden, 16}));
+  STRATA_ASSIGN_OR_RETURN(auto mlp, strata::mlp::Mlp::Register(*e, strata::mlp::MlpShape{64, hidden, 16}));
   STRATA_RETURN_IF_ERROR(e->Finalize());
   const int micro = 8;
   int64_t sample = 0;

@@ -49,6 +49,9 @@ class Trainer {
   virtual absl::StatusOr<double> RunMicroBatches(int count, bool checkpointing) = 0;
   // How it computes, for reports ("matmul": "bf16", "attention": "fused").
   virtual Facts facts() const = 0;
+  // The bytes its workspace (activations and scratch) held for the micro-batches it ran, measured: what
+  // ModelSpec::ActivationBytes predicts for them (tests/spec/family_conformance_test.cc holds the two equal).
+  virtual uint64_t activation_bytes() const = 0;
 };
 
 // What a family's trainer flags say, as the tools read them.

@@ -2,7 +2,7 @@
 // `strata plan` lays out its units with the engine's own accounting and times its schedule from its FLOPs;
 // `strata bench capacity` grows it; `strata bench step` and `strata doctor --measure` time its host product;
 // `strata doctor` sizes the pinned buffers of its units. A model family (spec/family.h) builds these from
-// its flags. The GPT is one (models/gpt/spec/gpt_spec.h); the example MLP another (examples/mlp/mlp_spec.h).
+// its flags. The GPT is one (models/gpt/spec/gpt_spec.h); the example MLP another (models/mlp/mlp_spec.h).
 #pragma once
 
 #include <cstddef>
@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "runtime/base/dtype.h"
+#include "runtime/device/timeline.h"
 #include "runtime/shard/layout.h"
 
 namespace strata::spec {
@@ -88,5 +89,13 @@ class ModelSpec {
   virtual Growth Grows(bool width) const = 0;
   virtual std::shared_ptr<const ModelSpec> Scaled(bool width, int64_t k) const = 0;
 };
+
+// A model's schedule against the hooks its trainer called, as the engine's timeline recorded them (the
+// spans of stream "compute", kind "forward" or "backward", one per use, in the order of the calls) over
+// whole micro-batches of `micro_batch` sequences: each must be Uses(micro_batch) in order, and a backward
+// use `reduces` exactly when it is its unit's last backward use, after which the engine reduces the unit's
+// gradient (docs/decisions/0002-schedule-recording-and-eval.md). `strata plan` times that schedule, so a spec
+// that says otherwise is refused: the error names the first use that differs, the spec's and the trainer's.
+absl::Status CheckUses(const ModelSpec& model, int micro_batch, const std::vector<device::Span>& spans);
 
 }  // namespace strata::spec

@@ -106,11 +106,30 @@ std::string FamilyFlagUsage() {
                       d.ok() ? absl::StrCat(" (default ", (*d)->name(), ")") : std::string(), "\n");
 }
 
+std::string OtherFamiliesUsage() {
+  const absl::StatusOr<const Family*> d = FindFamily("");
+  std::string s;
+  for (const Family* f : Families()) {
+    if (d.ok() && *d == f) continue;
+    std::string line = absl::StrCat("  with --model-family ", f->name(), ", its flags instead:");
+    for (const FlagDef& def : f->TrainFlagDefs()) {
+      const std::string flag = " --" + def.name;
+      if (line.size() + flag.size() > 110) {
+        s += line + "\n";
+        line = "   ";
+      }
+      line += flag;
+    }
+    s += line + "\n";
+  }
+  return s;
+}
+
 std::string TrainFlagsUsage() {
   const absl::StatusOr<const Family*> d = FindFamily("");
-  if (!d.ok()) return FamilyFlagUsage();
+  if (!d.ok()) return FamilyFlagUsage() + OtherFamiliesUsage();
   const std::string usage = Flags::Usage("train", (*d)->TrainFlagDefs());
-  return FamilyFlagUsage() + usage.substr(usage.find('\n') + 1);
+  return FamilyFlagUsage() + usage.substr(usage.find('\n') + 1) + OtherFamiliesUsage();
 }
 
 }  // namespace strata::spec

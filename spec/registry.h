@@ -32,8 +32,11 @@ absl::StatusOr<const Family*> TakeFamily(std::vector<std::string>* args);
 const Family* FamilyOfCheckpoint(const std::string& kind);
 // The usage line of --model-family, naming the registered families.
 std::string FamilyFlagUsage();
-// That line, then the default family's trainer flags as Flags::Usage lists them (without its first line):
-// what a command that also takes a family's flags lists after its own.
+// For each family but the default, one line (wrapped) naming its trainer flags: "with --model-family mlp,
+// its flags instead: --in --hidden ...". Empty when the default is the only one.
+std::string OtherFamiliesUsage();
+// FamilyFlagUsage's line, then the default family's trainer flags as Flags::Usage lists them (without its
+// first line), then OtherFamiliesUsage: what a command that also takes a family's flags lists after its own.
 std::string TrainFlagsUsage();
 
 }  // namespace strata::spec

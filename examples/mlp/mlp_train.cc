@@ -19,7 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/input_file.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
@@ -29,7 +29,7 @@
 #include "runtime/engine/config.h"
 #include "runtime/engine/engine.h"
 
-namespace strata::examples {
+namespace strata::mlp {
 namespace {
 
 struct Args {
@@ -217,7 +217,7 @@ absl::Status Train(const Args& a, comm::Communicator& world, device::HostDevice&
 }
 
 }  // namespace
-}  // namespace strata::examples
+}  // namespace strata::mlp
 
 int main(int argc, char** argv) {
   using namespace strata;
@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mlp_train: %s\n", std::string(mpi.status().message()).c_str());
     return 1;
   }
-  auto args = examples::ParseArgs(argc, argv);
+  auto args = mlp::ParseArgs(argc, argv);
   if (!args.ok()) {
     if ((*mpi)->world_rank() == 0) std::fprintf(stderr, "%s\n", std::string(args.status().message()).c_str());
     return 2;
@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
   opts.timeout_ms = 60000;
   device::HostDevice dev;
   auto worlds = comm::StartWorlds(**mpi, *launch, device::DeviceKind::kHost, opts, [] { return absl::OkStatus(); });
-  absl::Status s = worlds.ok() ? examples::Train(*args, *worlds->world, dev) : worlds.status();
+  absl::Status s = worlds.ok() ? mlp::Train(*args, *worlds->world, dev) : worlds.status();
   if (!s.ok()) {
     STRATA_LOG(Error) << "rank " << (*mpi)->world_rank() << " failed: " << s.message();
     // Let peers that detect the same collective error print theirs before the job is torn down.

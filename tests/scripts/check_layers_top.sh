@@ -13,7 +13,7 @@ source "$(dirname "$0")/script_checks.sh"
 
 copied=(docs/layers.txt README.md runtime/CMakeLists.txt spec/CMakeLists.txt spec/flags.h spec/model_spec.h
         models/gpt/train/CMakeLists.txt models/gpt/train/trainer.h models/gpt/nn/cpu/nn.h tools/CMakeLists.txt
-        tools/plan/plan.h tools/cli/commands.h examples/mlp/mlp_spec.h)
+        tools/plan/plan.h tools/cli/commands.h examples/mlp/mlp_train.cc)
 fresh() { copy_tree "${copied[@]}"; }  # a clean copy of those files in $work/t (inject: script_checks.sh)
 run() { out=$("$src/scripts/check_layers" --root "$work/t" 2>&1); rc=$?; }
 
@@ -37,7 +37,7 @@ fresh; inject spec/model_spec.h '#include "tools/cli/commands.h"'; inject spec/f
   grep -q '^LAYER VIOLATION spec/flags.h:2: #include "models/gpt/train/trainer.h": spec/ may not include models/' <<<"$out"
 check "spec/ including either side fails" $? "$rc $out"
 
-fresh; inject examples/mlp/mlp_spec.h '#include "tools/plan/plan.h"'; inject examples/mlp/mlp_spec.h '#include "models/gpt/train/trainer.h"'; run
+fresh; inject examples/mlp/mlp_train.cc '#include "tools/plan/plan.h"'; inject examples/mlp/mlp_train.cc '#include "models/gpt/train/trainer.h"'; run
 [ $rc -eq 0 ]
 check "examples/ (a bare [top] name) may include both" $? "$rc $out"
 

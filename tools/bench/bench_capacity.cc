@@ -234,6 +234,11 @@ absl::StatusOr<Search> RunSearch(const Base& o, const SearchOptions& so, comm::C
   Search s;
   const spec::Growth grows = base->Grows(so.width);  // the base size, and the largest the model takes
   const int64_t base_k = grows.size, limit = grows.max;
+  if (grows.max <= grows.size) {  // the MLP's depth is fixed
+    return absl::InvalidArgumentError(absl::StrCat("the model (", base->Describe(), ") does not grow in ",
+                                                   so.width ? "width" : "layers", " (its ", grows.what, " is fixed at ",
+                                                   grows.size, "): pass --vary ", so.width ? "layers" : "width"));
+  }
   // Note [Capacity search]: with NVMe, start at the accounting's largest fit.
   const bool use_prediction = !NvmePaths(config).empty();
   int64_t predicted = 0;
@@ -258,8 +263,9 @@ absl::StatusOr<Search> RunSearch(const Base& o, const SearchOptions& so, comm::C
   for (;;) {
     const int64_t k = st.k;
     if (k > grows.max) {  // past the largest the model takes (the GPT's dimensions stop at 2^30)
-      return absl::InvalidArgumentError(absl::StrCat("the search passed ", grows.what,
-                                                     " 2^30 without running out of memory: set --device-budget, "
+      return absl::InvalidArgumentError(absl::StrCat("the search passed the largest model the family takes (",
+                                                     Scaled(base, so.width, grows.max)->Shape(),
+                                                     ") without running out of memory: set --device-budget, "
                                                      "--host-budget or --max-params"));
     }
     Attempt a;
@@ -351,7 +357,7 @@ std::string BenchCapacityUsage() {
          "  the physical bound (free disk + host budget) / bytes per parameter, and with NVMe offload the step's\n"
          "  I/O floor (NVMe bytes per step over the path's bandwidth, measured by fio when installed). SIGINT or\n"
          "  SIGTERM stops it at once, keeping the finished candidates in --results. Flags:\n"
-         "  --vary layers|width         what grows (default layers)\n"
+         "  --vary layers|width         what grows (default layers; the MLP, whose depth is fixed: width)\n"
          "  --max-params N              try no model larger than N parameters (3e9 is accepted)\n"
          "  --time-limit S              start no candidate estimated to end past S seconds; print what finished\n"
          "  --results FILE              append each finished candidate to FILE as one JSON line\n"

@@ -10,6 +10,9 @@
 // reported at one thread and at the configured strata.optimizer_threads: when that is more than one,
 // --steps more pairs of steps alternate the two counts (so both see the same machine conditions) and
 // the medians are reported, the slowest rank's (the step waits for it). The bits do not depend on it.
+// The warm-up step checks the model's schedule (ModelSpec::Uses, which `strata plan` times) against the
+// hooks its trainer called, as the engine's timeline recorded them (spec::CheckUses): a spec that differs
+// fails the command naming the first use that differs.
 // The collectives' split comes from the engine's timeline over the timed steps, rank 0's: the time each
 // collective's stream spent in gathers, in gradient reduction (reduce-scatter or all-reduce) and, with
 // hybrid sharding (--shard-group-size G), in the replica all-reduce of the reduced shards (overlapped
@@ -135,7 +138,11 @@ absl::Status Bench(const spec::Family& family, const spec::TrainSetup& o, comm::
     exposed_comm_ms += r.exposed_comm_ms;
     return r.optimizer_ms;
   };
+  e->timeline().SetEnabled(true);
   STRATA_RETURN_IF_ERROR(run_step().status());  // warm-up: records the schedule, touches all memory
+  e->timeline().SetEnabled(false);
+  // The schedule `strata plan` times (ModelSpec::Uses) is the order the trainer called the hooks in.
+  STRATA_RETURN_IF_ERROR(spec::CheckUses(*o.model, B, e->timeline().Take()));
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());
   const double sgemm = gpu ? 0.0 : o.model->HostProductGflops(o.model->HostProduct(B), 0.5);
   STRATA_RETURN_IF_ERROR(host.Barrier(*sync).Wait());

@@ -184,7 +184,8 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
 
 std::string DoctorUsage() {
   return spec::Flags::Usage("doctor", DoctorFlagDefs()) + spec::FamilyFlagUsage() +
-         "  (also accepts the family's model and config flags, strata train's: --config, --stage, --model, ...)\n";
+         "  (also accepts the family's model and config flags, strata train's: --config, --stage, --model, ...)\n" +
+         spec::OtherFamiliesUsage();
 }
 
 int DoctorCommand(const std::vector<std::string>& args) {

@@ -1,6 +1,7 @@
 // `strata plan`: the command. Runs on one process: no MPI, no device, nothing allocated for the model.
 #include <cstdio>
 
+#include "spec/registry.h"
 #include "tools/cli/commands.h"
 #include "tools/plan/plan_options.h"
 
@@ -10,13 +11,15 @@ std::string PlanUsage() {
   std::string s =
       "usage: strata plan [--search] [--json] [plan flags] [strata train's flags]\n"
       "  per-rank memory by tier (the engine's own accounting, nothing allocated), the step time split and the\n"
-      "  largest micro-batch that fits, for a registered model (--model-family NAME; the default, the GPT, is\n"
-      "  the one this binary registers: --model or its dimensions) on --ranks ranks of a device preset under a\n"
-      "  Strata config (--config and strata train's flags). Plan flags:\n";
+      "  largest micro-batch that fits, for a registered model (--model-family NAME: the GPT by default, with\n"
+      "  --model or its dimensions; another family with its own flags, listed at the end) on --ranks ranks of a\n"
+      "  device preset under a Strata config (--config and strata train's flags). Plan flags:\n";
   for (const spec::FlagDef& d : plan::PlanFlagDefs()) {
     s += "  --" + d.name + std::string(d.name.size() < 22 ? 22 - d.name.size() : 1, ' ') + d.help + "\n";
   }
-  return s + "  strata train --help lists the rest (--model, --stage, --micro-batch, --param-dtype, ...).\n";
+  return s + spec::FamilyFlagUsage() +
+         "  strata train --help lists the rest (--model, --stage, --micro-batch, --param-dtype, ...).\n" +
+         spec::OtherFamiliesUsage();
 }
 
 int PlanCommand(const std::vector<std::string>& args) {

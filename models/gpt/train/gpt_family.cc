@@ -54,6 +54,7 @@ class GptTrainer final : public spec::Trainer {
   spec::Facts facts() const override {
     return {{"matmul", ProductsName(products_)}, {"attention", run_.model.nn().attention_in_use()}};
   }
+  uint64_t activation_bytes() const override { return run_.model.workspace_bytes(); }
 
  private:
   tools::GptRun run_;

@@ -19,9 +19,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/manifest.h"
@@ -33,7 +33,7 @@ namespace strata::engine {
 namespace {
 
 namespace fs = std::filesystem;
-using examples::Mlp;
+using mlp::Mlp;
 using ::testing::HasSubstr;
 
 constexpr int kGlobalBatch = 8;
@@ -79,7 +79,7 @@ absl::Status OnRanks(int world, const EngineConfig& cfg, int steps,
   return Joined(testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, examples::MlpShape{16, 48, 4}));
+    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, mlp::MlpShape{16, 48, 4}));
     STRATA_RETURN_IF_ERROR(e->Finalize());
     STRATA_RETURN_IF_ERROR(TrainSteps(*e, mlp, rank, world, 0, steps));
     return body(rank, *e, mlp);

@@ -8,9 +8,9 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/device/host_device.h"
@@ -21,8 +21,8 @@ namespace strata::engine {
 namespace {
 
 namespace fs = std::filesystem;
+using mlp::Mlp;
 using ::testing::HasSubstr;
-using examples::Mlp;
 
 constexpr int kGlobalBatch = 8;
 
@@ -48,7 +48,7 @@ absl::StatusOr<std::vector<float>> Train(const Plan& plan) {
     cfg.optimizer.lr = 1e-2;
     cfg.optimizer.weight_decay = 0.01;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, examples::MlpShape{16, plan.hidden, 4}));
+    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, mlp::MlpShape{16, plan.hidden, 4}));
     STRATA_RETURN_IF_ERROR(e->Finalize());
     if (!plan.load.empty()) {
       STRATA_ASSIGN_OR_RETURN(std::string trainer, e->LoadCheckpoint(plan.load));
@@ -272,7 +272,7 @@ TEST_F(Checkpoint, SaveRefusesATrainerStateTooDeepForTheManifest) {
   auto results = testing::RunRanks(1, comm::Options{}, [&](int, comm::Communicator& c) -> absl::Status {
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(EngineConfig{}, c, dev));
-    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, examples::MlpShape{16, 48, 4}));
+    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, mlp::MlpShape{16, 48, 4}));
     (void)mlp;
     STRATA_RETURN_IF_ERROR(e->Finalize());
     return e->SaveCheckpoint(Step(0), deep);

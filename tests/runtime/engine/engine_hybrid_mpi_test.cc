@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/comm/mpi_communicator.h"
@@ -35,8 +35,8 @@ namespace {
 comm::MpiRuntime* g_runtime = nullptr;
 bool g_report = false;  // rank 0 prints the measured errors
 
-using examples::Mlp;
-using examples::MlpShape;
+using mlp::Mlp;
+using mlp::MlpShape;
 
 // Every parameter a multiple of 16 elements and every unit of 64 (= 4 ranks x 16): no padding at
 // G = 1, 2 or 4, so P is the model's own parameter count.

@@ -11,8 +11,8 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
 #include "gtest/gtest.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
@@ -23,7 +23,7 @@ namespace {
 
 // Three steps of the MLP at hidden 512, so that its units span whole pages.
 absl::StatusOr<testing::MlpRun> Train(const EngineConfig& cfg, int world) {
-  return testing::TrainMlp(cfg, world, examples::MlpShape{16, 512, 4}, 3);
+  return testing::TrainMlp(cfg, world, mlp::MlpShape{16, 512, 4}, 3);
 }
 
 class IdlePages : public ::testing::Test {

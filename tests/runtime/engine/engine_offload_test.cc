@@ -8,9 +8,9 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
@@ -96,7 +96,7 @@ absl::StatusOr<Outcome> TrainMlp(EngineConfig cfg, int world, int steps = 6, con
         comm::Communicator& c = probe != nullptr ? static_cast<comm::Communicator&>(staged) : world_comm;
         device::HostDevice dev;
         STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-        STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{}));
+        STRATA_ASSIGN_OR_RETURN(mlp::Mlp mlp, mlp::Mlp::Register(*e, mlp::MlpShape{}));
         STRATA_RETURN_IF_ERROR(e->Finalize());
         if (!load.empty()) STRATA_RETURN_IF_ERROR(e->LoadCheckpoint(load).status());
         const int micro = 8 / world;
@@ -349,7 +349,7 @@ TEST_F(NvmeOffload, ACorruptParameterShardIsDataLossNamingTheUnit) {
   auto results = testing::RunRanks(1, comm::Options{}, [&](int, comm::Communicator& comm) -> absl::Status {
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(c, comm, dev));
-    STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, examples::MlpShape{}));
+    STRATA_ASSIGN_OR_RETURN(mlp::Mlp mlp, mlp::Mlp::Register(*e, mlp::MlpShape{}));
     STRATA_RETURN_IF_ERROR(e->Finalize());
     // Written through at Finalize; with 2 buffers the first unit is no longer cached. Flip every byte on disk.
     // The swap files have no names (Note [Swap files leave nothing behind]): find the parameter store's

@@ -10,9 +10,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
@@ -26,7 +26,7 @@ using memory::Kind;
 using memory::Tier;
 
 absl::StatusOr<testing::MlpRun> Train(const EngineConfig& cfg, int world, int steps = 4) {
-  return testing::TrainMlp(cfg, world, examples::MlpShape{}, steps);
+  return testing::TrainMlp(cfg, world, mlp::MlpShape{}, steps);
 }
 
 uint64_t Current(const MemoryStats& m, Tier t, Kind k) {

@@ -12,10 +12,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/optimizer_ops.h"
 #include "kernels/cpu/thread_pool.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
@@ -25,7 +25,7 @@ namespace strata::engine {
 namespace {
 
 constexpr int kWorld = 2;
-const examples::MlpShape kShape{256, 512, 4};  // 131584 + 262656 + 2052 params: several tiles per rank
+const mlp::MlpShape kShape{256, 512, 4};  // 131584 + 262656 + 2052 params: several tiles per rank
 
 struct Run {
   std::vector<float> params;
@@ -39,7 +39,7 @@ absl::StatusOr<Run> Train(const EngineConfig& cfg, int steps = 4, int switch_to 
   auto results = testing::RunRanks(kWorld, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-    STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, kShape));
+    STRATA_ASSIGN_OR_RETURN(mlp::Mlp mlp, mlp::Mlp::Register(*e, kShape));
     STRATA_RETURN_IF_ERROR(e->Finalize());
     const int micro = 8 / kWorld;
     for (int s = 0; s < steps; ++s) {

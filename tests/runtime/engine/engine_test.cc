@@ -7,9 +7,9 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "tests/runtime/engine/rank_harness.h"
@@ -17,10 +17,10 @@
 namespace strata::engine {
 namespace {
 
-using ::testing::HasSubstr;
-using examples::Mlp;
-using examples::MlpShape;
+using mlp::Mlp;
+using mlp::MlpShape;
 using strata::testing::RunRanks;
+using ::testing::HasSubstr;
 
 struct RunSpec {
   int world = 1;

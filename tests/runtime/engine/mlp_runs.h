@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "examples/mlp/mlp_model.h"
+#include "models/mlp/mlp_model.h"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
@@ -24,14 +24,14 @@ struct MlpRun {
 
 // `steps` steps of 8 samples each, split over `world` ranks and cfg.gradient_accumulation_steps
 // micro-batches per rank (sample s*8 + (micro_batch*world + rank)*micro onwards), on host devices.
-inline absl::StatusOr<MlpRun> TrainMlp(const engine::EngineConfig& cfg, int world, const examples::MlpShape& shape,
+inline absl::StatusOr<MlpRun> TrainMlp(const engine::EngineConfig& cfg, int world, const mlp::MlpShape& shape,
                                        int steps) {
   MlpRun out;
   std::mutex mu;
   auto results = RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, engine::Engine::Create(cfg, c, dev));
-    STRATA_ASSIGN_OR_RETURN(examples::Mlp mlp, examples::Mlp::Register(*e, shape));
+    STRATA_ASSIGN_OR_RETURN(mlp::Mlp mlp, mlp::Mlp::Register(*e, shape));
     STRATA_RETURN_IF_ERROR(e->Finalize());
     const int accum = cfg.gradient_accumulation_steps, micro = 8 / (world * accum);
     std::vector<engine::StepResult> rs;

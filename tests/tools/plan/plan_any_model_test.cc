@@ -1,5 +1,5 @@
 // `strata plan` takes any model that implements the model interface (spec/model_spec.h), not only the GPT:
-// a second family, the example MLP (examples/mlp/mlp_spec.h), is registered here beside the GPT (which
+// a second family, the example MLP (models/mlp/mlp_spec.h), is registered here beside the GPT (which
 // registers itself, strata_gpt_register) and planned through the same calls `strata plan` makes
 // (ParsePlanArgs with --model-family mlp, Evaluate, PlanJson / PlanText). Its plan's bytes per tier equal
 // the engine's MemoryTracker peaks after two steps of the MLP itself on the engine, for every stage, dtype
@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "examples/mlp/mlp_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/gpt/spec/gpt_spec.h"
+#include "models/mlp/mlp_spec.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
@@ -28,7 +28,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const spec::Registration kMlp(examples::MakeMlpFamily(), /*is_default=*/false);
+const spec::Registration kMlp(mlp::MakeMlpFamily(), /*is_default=*/false);
 
 struct Case {
   const char* name;

@@ -1,5 +1,5 @@
-// A small MLP trained through the engine's hooks: the smallest real user of the engine, and the model
-// of the equivalence, memory and overlap tests.
+// A small MLP trained through the engine's hooks: the smallest real user of the engine, the model of the
+// equivalence, memory and overlap tests, and the `strata` executable's second model family (mlp_spec.h).
 //
 //   x -> [input: W0,b0, tanh] -> [hidden: W1,b1, tanh] -> [hidden again (tied)] -> [output: W2,b2] -> y
 //
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/engine/engine.h"
 
-namespace strata::examples {
+namespace strata::mlp {
 
 struct MlpShape {
   int in = 16;
@@ -24,7 +24,7 @@ struct MlpShape {
 };
 
 // The units Mlp::Register registers, in order: "input", "hidden", "output", each a linear layer's weight
-// [out, in] and bias (what the model's spec lays out: examples/mlp/mlp_spec.h).
+// [out, in] and bias (what the model's spec lays out: models/mlp/mlp_spec.h).
 struct MlpUnit {
   std::string name;
   std::vector<shard::ParamSpec> params;
@@ -44,6 +44,11 @@ class Mlp {
   // Deterministic sample `index`: input x (shape.in) and target t (shape.out).
   void Sample(int64_t index, float* x, float* t) const;
 
+  // The most bytes the vectors of one TrainMicroBatch held at once, the largest over the calls so far: the
+  // samples and targets, the activations and their gradients, and the fp32 copies of the parameters in use
+  // (ParamF32), counted by their allocator. What the model's spec predicts (MlpSpec's ActivationBytes).
+  uint64_t activation_peak_bytes() const { return activation_peak_bytes_; }
+
   int input_unit() const { return input_; }
   int hidden_unit() const { return hidden_; }
   int output_unit() const { return output_; }
@@ -51,6 +56,7 @@ class Mlp {
  private:
   MlpShape shape_;
   int input_ = -1, hidden_ = -1, output_ = -1;
+  uint64_t activation_peak_bytes_ = 0;
 };
 
-}  // namespace strata::examples
+}  // namespace strata::mlp

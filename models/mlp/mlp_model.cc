@@ -1,23 +1,52 @@
-#include "examples/mlp/mlp_model.h"
+#include "models/mlp/mlp_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <thread>
 
 #include "kernels/common/element_math.h"
 #include "runtime/base/status.h"
 
-namespace strata::examples {
+namespace strata::mlp {
 namespace {
 
 using engine::Engine;
 using shard::Init;
 using shard::ParamSpec;
 
-// The unit's parameters as fp32 (a copy when the param dtype is bf16 / fp16).
-std::vector<float> ParamF32(const Engine& e, int unit, int param) {
+// The bytes a micro-batch's vectors hold now and at most (Mlp::activation_peak_bytes).
+struct Held {
+  uint64_t now = 0, peak = 0;
+};
+// std::allocator, counting into a Held: every vector of TrainMicroBatch is a Vec, so its peak is measured,
+// not estimated.
+template <typename T>
+struct Counted {
+  using value_type = T;
+  Held* held;
+  explicit Counted(Held* h) : held(h) {}
+  template <typename U>
+  Counted(const Counted<U>& o) : held(o.held) {}  // NOLINT: allocators convert implicitly
+  T* allocate(size_t n) {
+    T* p = std::allocator<T>().allocate(n);
+    held->now += n * sizeof(T);
+    held->peak = std::max(held->peak, held->now);
+    return p;
+  }
+  void deallocate(T* p, size_t n) {
+    held->now -= n * sizeof(T);
+    std::allocator<T>().deallocate(p, n);
+  }
+  friend bool operator==(const Counted& a, const Counted& b) { return a.held == b.held; }
+};
+using Vec = std::vector<float, Counted<float>>;
+
+// The unit's parameters as fp32 (a copy, also of fp32 parameters).
+Vec ParamF32(const Engine& e, int unit, int param, Held* held) {
   const engine::ParamView v = e.Param(unit, param);
-  std::vector<float> out(v.numel);
+  Vec out(v.numel, Counted<float>(held));
   const uint16_t* h = static_cast<const uint16_t*>(v.data);
   for (size_t i = 0; i < v.numel; ++i) {
     out[i] = v.dtype == DType::kF32    ? static_cast<const float*>(v.data)[i]
@@ -28,8 +57,7 @@ std::vector<float> ParamF32(const Engine& e, int unit, int param) {
 }
 
 // z[b][o] = sum_i W[o][i] x[b][i] + bias[o]
-void Linear(const std::vector<float>& w, const std::vector<float>& bias, const std::vector<float>& x, int batch,
-            int in, int out, std::vector<float>& z) {
+void Linear(const Vec& w, const Vec& bias, const Vec& x, int batch, int in, int out, Vec& z) {
   z.assign(static_cast<size_t>(batch) * out, 0.0f);
   for (int b = 0; b < batch; ++b) {
     for (int o = 0; o < out; ++o) {
@@ -41,8 +69,8 @@ void Linear(const std::vector<float>& w, const std::vector<float>& bias, const s
 }
 
 // Given dz (batch x out): dW += dz^T x, db += sum dz, dx = dz W.
-void LinearBackward(const std::vector<float>& w, const std::vector<float>& x, const std::vector<float>& dz, int batch,
-                    int in, int out, float* dw, float* db, std::vector<float>* dx) {
+void LinearBackward(const Vec& w, const Vec& x, const Vec& dz, int batch, int in, int out, float* dw, float* db,
+                    Vec* dx) {
   for (int b = 0; b < batch; ++b) {
     for (int o = 0; o < out; ++o) {
       const float g = dz[b * out + o];
@@ -60,13 +88,13 @@ void LinearBackward(const std::vector<float>& w, const std::vector<float>& x, co
   }
 }
 
-void Tanh(std::vector<float>& z) {
+void Tanh(Vec& z) {
   for (float& v : z) v = std::tanh(v);
 }
 
 // dz = dh * (1 - h^2) for h = tanh(z).
-std::vector<float> TanhBackward(const std::vector<float>& h, const std::vector<float>& dh) {
-  std::vector<float> dz(h.size());
+Vec TanhBackward(const Vec& h, const Vec& dh) {
+  Vec dz(h.size(), h.get_allocator());
   for (size_t i = 0; i < h.size(); ++i) dz[i] = dh[i] * (1.0f - h[i] * h[i]);
   return dz;
 }
@@ -116,31 +144,34 @@ void Mlp::Sample(int64_t index, float* x, float* t) const {
 
 absl::StatusOr<double> Mlp::TrainMicroBatch(Engine& e, int64_t first, int count, int64_t delay_us) {
   const int in = shape_.in, hid = shape_.hidden, out = shape_.out;
-  std::vector<float> x(static_cast<size_t>(count) * in), t(static_cast<size_t>(count) * out);
+  Held held;  // declared first: it outlives every vector below
+  const Counted<float> a(&held);
+  auto W = [&](int unit, int param) { return ParamF32(e, unit, param, &held); };
+  Vec x(static_cast<size_t>(count) * in, a), t(static_cast<size_t>(count) * out, a);
   for (int b = 0; b < count; ++b) Sample(first + b, &x[b * in], &t[b * out]);
 
   // Forward: h0 = tanh(L0 x), h1 = tanh(L1 h0), h2 = tanh(L1 h1), y = L2 h2.
-  std::vector<float> h0, h1, h2, y;
+  Vec h0(a), h1(a), h2(a), y(a);
   STRATA_RETURN_IF_ERROR(e.BeginForward(input_));
-  Linear(ParamF32(e, input_, 0), ParamF32(e, input_, 1), x, count, in, hid, h0);
+  Linear(W(input_, 0), W(input_, 1), x, count, in, hid, h0);
   Tanh(h0);
   Delay(delay_us);
   STRATA_RETURN_IF_ERROR(e.EndForward(input_));
-  for (std::vector<float>* io : {&h1, &h2}) {
-    const std::vector<float>& src = io == &h1 ? h0 : h1;
+  for (Vec* io : {&h1, &h2}) {
+    const Vec& src = io == &h1 ? h0 : h1;
     STRATA_RETURN_IF_ERROR(e.BeginForward(hidden_));
-    Linear(ParamF32(e, hidden_, 0), ParamF32(e, hidden_, 1), src, count, hid, hid, *io);
+    Linear(W(hidden_, 0), W(hidden_, 1), src, count, hid, hid, *io);
     Tanh(*io);
     Delay(delay_us);
     STRATA_RETURN_IF_ERROR(e.EndForward(hidden_));
   }
   STRATA_RETURN_IF_ERROR(e.BeginForward(output_));
-  Linear(ParamF32(e, output_, 0), ParamF32(e, output_, 1), h2, count, hid, out, y);
+  Linear(W(output_, 0), W(output_, 1), h2, count, hid, out, y);
   Delay(delay_us);
   STRATA_RETURN_IF_ERROR(e.EndForward(output_));
 
   double loss = 0;
-  std::vector<float> dy(y.size());
+  Vec dy(y.size(), a);
   for (size_t i = 0; i < y.size(); ++i) {
     const float d = y[i] - t[i];
     loss += 0.5 * static_cast<double>(d) * d;
@@ -149,27 +180,27 @@ absl::StatusOr<double> Mlp::TrainMicroBatch(Engine& e, int64_t first, int count,
   loss /= count;
 
   // Backward, in reverse order of use.
-  std::vector<float> dh2, dh1, dh0;
+  Vec dh2(a), dh1(a), dh0(a);
   STRATA_RETURN_IF_ERROR(e.BeginBackward(output_));
-  LinearBackward(ParamF32(e, output_, 0), h2, dy, count, hid, out, e.Grad(output_, 0), e.Grad(output_, 1), &dh2);
+  LinearBackward(W(output_, 0), h2, dy, count, hid, out, e.Grad(output_, 0), e.Grad(output_, 1), &dh2);
   Delay(delay_us);
   STRATA_RETURN_IF_ERROR(e.EndBackward(output_));
   STRATA_RETURN_IF_ERROR(e.BeginBackward(hidden_));
-  LinearBackward(ParamF32(e, hidden_, 0), h1, TanhBackward(h2, dh2), count, hid, hid, e.Grad(hidden_, 0),
-                 e.Grad(hidden_, 1), &dh1);
+  LinearBackward(W(hidden_, 0), h1, TanhBackward(h2, dh2), count, hid, hid, e.Grad(hidden_, 0), e.Grad(hidden_, 1),
+                 &dh1);
   Delay(delay_us);
   STRATA_RETURN_IF_ERROR(e.EndBackward(hidden_));
   STRATA_RETURN_IF_ERROR(e.BeginBackward(hidden_));
-  LinearBackward(ParamF32(e, hidden_, 0), h0, TanhBackward(h1, dh1), count, hid, hid, e.Grad(hidden_, 0),
-                 e.Grad(hidden_, 1), &dh0);
+  LinearBackward(W(hidden_, 0), h0, TanhBackward(h1, dh1), count, hid, hid, e.Grad(hidden_, 0), e.Grad(hidden_, 1),
+                 &dh0);
   Delay(delay_us);
   STRATA_RETURN_IF_ERROR(e.EndBackward(hidden_));
   STRATA_RETURN_IF_ERROR(e.BeginBackward(input_));
-  LinearBackward(ParamF32(e, input_, 0), x, TanhBackward(h0, dh0), count, in, hid, e.Grad(input_, 0),
-                 e.Grad(input_, 1), nullptr);
+  LinearBackward(W(input_, 0), x, TanhBackward(h0, dh0), count, in, hid, e.Grad(input_, 0), e.Grad(input_, 1), nullptr);
   Delay(delay_us);
   STRATA_RETURN_IF_ERROR(e.EndBackward(input_));
+  activation_peak_bytes_ = std::max(activation_peak_bytes_, held.peak);
   return loss;
 }
 
-}  // namespace strata::examples
+}  // namespace strata::mlp

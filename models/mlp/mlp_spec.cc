@@ -1,7 +1,8 @@
-#include "examples/mlp/mlp_spec.h"
+#include "models/mlp/mlp_spec.h"
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -9,7 +10,7 @@
 #include "runtime/base/status.h"
 #include "runtime/device/host_device.h"
 
-namespace strata::examples {
+namespace strata::mlp {
 namespace {
 
 constexpr int kMaxWidth = 1 << 20;
@@ -41,13 +42,22 @@ class Spec final : public spec::ModelSpec {
     for (MlpUnit& u : MlpUnits(s_)) out.push_back({std::move(u.name), std::move(u.params)});
     return out;
   }
-  // Mlp::TrainMicroBatch's vectors at their peak, counted from its code (the backward of the second hidden
-  // use): the samples and targets, the three hidden activations and their gradients, the output and its
-  // gradient, one tanh gradient, and the fp32 copy of the hidden weight it reads (ParamF32); host memory,
-  // whatever the target. An estimate the engine does not track (no test holds it to an allocation).
+  // Mlp::TrainMicroBatch's vectors at their peak, which the model measures (Mlp::activation_peak_bytes;
+  // tests/spec/family_conformance_test.cc holds the two equal). Host memory whatever the target, in floats:
+  // the samples and targets B (i + o) throughout; then per use, what is live while it runs (earlier
+  // activations and gradients, the fp32 copies of the unit's parameters, the vector it writes):
+  //   forward:  input  Bh + hi + h;  hidden  2Bh + Bh + h^2 + h (second use);  output  3Bh + Bo + ho + o
+  //   backward: output 3Bh + 2Bo (y, dy) + ho + Bh;  hidden 5Bh + 2Bo + h^2 + Bh (tanh's) + Bh (second use);
+  //             input  6Bh + 2Bo + hi + Bh (tanh's).
   uint64_t ActivationBytes(int micro_batch, bool, const spec::ComputeTarget&) const override {
     const uint64_t B = micro_batch, i = s_.in, h = s_.hidden, o = s_.out;
-    return 4 * (B * (i + o) + 6 * B * h + 2 * B * o + B * h + h * h);
+    const uint64_t uses[] = {B * h + h * i + h,
+                             3 * B * h + h * h + h,
+                             3 * B * h + B * o + h * o + o,
+                             4 * B * h + 2 * B * o + h * o,
+                             7 * B * h + 2 * B * o + h * h,
+                             7 * B * h + 2 * B * o + h * i};
+    return 4 * (B * (i + o) + *std::max_element(std::begin(uses), std::end(uses)));
   }
   uint64_t UnitCopyBytes(DType, size_t) const override { return 0; }
 
@@ -121,6 +131,7 @@ class Trainer final : public spec::Trainer {
     return loss;
   }
   spec::Facts facts() const override { return {{"matmul", "fp32"}}; }
+  uint64_t activation_bytes() const override { return m_.activation_peak_bytes(); }
 
  private:
   std::unique_ptr<engine::Engine> e_;
@@ -161,7 +172,9 @@ std::vector<spec::FlagDef> Defs() {
           {"param-dtype", false, "fp32 | bf16 | fp16"},
           {"offload-params", false, "none | cpu | nvme"},
           {"offload-optimizer", false, "none | cpu | nvme"},
-          {"nvme-path", false, "directory for NVMe-offloaded state"}};
+          {"nvme-path", false, "directory for NVMe-offloaded state"},
+          {"device-budget", false, "bytes of the device tier (e.g. 512MiB): host memory, the MLP runs on the host"},
+          {"host-budget", false, "bytes of pinned host memory"}};
 }
 
 class Family final : public spec::Family {
@@ -189,7 +202,9 @@ class Family final : public spec::Family {
                                     {"offload-params", "zero_optimization.offload_param.device"},
                                     {"offload-optimizer", "zero_optimization.offload_optimizer.device"},
                                     {"nvme-path", "zero_optimization.offload_param.nvme_path"},
-                                    {"nvme-path", "zero_optimization.offload_optimizer.nvme_path"}}) {
+                                    {"nvme-path", "zero_optimization.offload_optimizer.nvme_path"},
+                                    {"device-budget", "strata.device_budget"},
+                                    {"host-budget", "strata.host_budget"}}) {
       if (f.Has(flag)) o.push_back(absl::StrCat(key, "=", f.Str(flag)));
     }
     if (f.Str("param-dtype") == "bf16") o.push_back("bf16.enabled=true");
@@ -222,4 +237,4 @@ std::shared_ptr<const spec::ModelSpec> MlpSpec(const MlpShape& shape) { return s
 
 std::unique_ptr<spec::Family> MakeMlpFamily() { return std::make_unique<Family>(); }
 
-}  // namespace strata::examples
+}  // namespace strata::mlp
