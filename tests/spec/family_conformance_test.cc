@@ -97,29 +97,28 @@ std::vector<std::string> Gpt(std::vector<std::string> more) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, FamilyMatchesItsTrainer,
-    ::testing::Values(Case{"gpt_stage3", "gpt", 2, Gpt({"--micro-batch", "2"})},
-                      Case{"gpt_stage2_bf16_ckpt_accum2", "gpt", 1,
-                           Gpt({"--micro-batch", "3", "--stage", "2", "--param-dtype", "bf16",
-                                "--activation-checkpointing", "--grad-accum", "2"})},
-                      // The MLP's peak: the second hidden backward use (the default shape), the input's
-                      // backward (in > hidden), the output's backward (out > 3 B + hidden).
-                      Case{"mlp_stage3", "mlp", 2, {"--micro-batch", "3"}},
-                      Case{"mlp_wide_input_stage1_accum2",
-                           "mlp",
-                           3,
-                           {"--in", "64", "--hidden", "8", "--out", "4", "--micro-batch", "2", "--stage", "1",
-                            "--grad-accum", "2"}},
-                      Case{"mlp_wide_output_stage2_bf16",
-                           "mlp",
-                           2,
-                           {"--in", "4", "--hidden", "8", "--out", "64", "--micro-batch", "1", "--stage", "2",
-                            "--param-dtype", "bf16"}},
-                      Case{"mlp_stage0", "mlp", 1, {"--hidden", "40", "--micro-batch", "5", "--stage", "0"}},
-                      Case{"mlp_stage3_cpu_offload",
-                           "mlp",
-                           2,
-                           {"--hidden", "24", "--micro-batch", "2", "--offload-optimizer", "cpu", "--offload-params",
-                            "cpu"}}),
+    ::testing::Values(
+        Case{"gpt_stage3", "gpt", 2, Gpt({"--micro-batch", "2"})},
+        Case{"gpt_stage2_bf16_ckpt_accum2", "gpt", 1,
+             Gpt({"--micro-batch", "3", "--stage", "2", "--param-dtype", "bf16", "--activation-checkpointing",
+                  "--grad-accum", "2"})},
+        // The MLP's peak: the second hidden backward use (the default shape), the input's
+        // backward (in > hidden), the output's backward (out > 3 B + hidden).
+        Case{"mlp_stage3", "mlp", 2, {"--micro-batch", "3"}},
+        Case{"mlp_wide_input_stage1_accum2",
+             "mlp",
+             3,
+             {"--in", "64", "--hidden", "8", "--out", "4", "--micro-batch", "2", "--stage", "1", "--grad-accum", "2"}},
+        Case{"mlp_wide_output_stage2_bf16",
+             "mlp",
+             2,
+             {"--in", "4", "--hidden", "8", "--out", "64", "--micro-batch", "1", "--stage", "2", "--param-dtype",
+              "bf16"}},
+        Case{"mlp_stage0", "mlp", 1, {"--hidden", "40", "--micro-batch", "5", "--stage", "0"}},
+        Case{"mlp_stage3_cpu_offload",
+             "mlp",
+             2,
+             {"--hidden", "24", "--micro-batch", "2", "--offload-optimizer", "cpu", "--offload-params", "cpu"}}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // A model's spec with its schedule edited: what a family whose spec disagrees with its trainer would give.
