@@ -1,5 +1,6 @@
 """Builds libstrata.so (CMake target strata_capi of the enclosing repository) into strata/_lib/, with the CUDA
-back-end module libstrata_cuda.so beside it when the build has CUDA.
+back-end module libstrata_cuda.so beside it when the build has CUDA, and the MPI back-end module libstrata_mpi.so
+when it has MPI (the only part that links libmpi, loaded in MPI jobs alone: docs/decisions/0041).
 
     pip install ./python                       configures <repo>/build/python and builds strata_capi there
     STRATA_BUILD_DIR=build/release pip install ./python    reuses a configured build tree instead
@@ -33,13 +34,18 @@ def build_library():
     # A CUDA build also has the CUDA back-end module, which libstrata loads from beside itself at run time
     # (docs/decisions/0012); without it the package runs host-only.
     with open(os.path.join(build, "CMakeCache.txt")) as cache:
-        if "STRATA_WITH_CUDA:BOOL=ON" in cache.read():
-            targets.append("strata_cuda_module")
+        text = cache.read()
+    modules = {"strata_cuda_module": "libstrata_cuda.so", "strata_mpi_module": "libstrata_mpi.so"}
+    if "STRATA_WITH_CUDA:BOOL=ON" in text:
+        targets.append("strata_cuda_module")
+    if "STRATA_WITH_MPI:BOOL=ON" in text:
+        targets.append("strata_mpi_module")
     subprocess.run(["cmake", "--build", build, "--target", *targets, "-j", jobs], check=True)
     libs = [os.path.join(build, "lib", f"libstrata.so.{ABI}")]
-    module = os.path.join(build, "lib", "libstrata_cuda.so")
-    if "strata_cuda_module" in targets and os.path.exists(module):
-        libs.append(module)
+    for target in targets[1:]:
+        module = os.path.join(build, "lib", modules[target])
+        if os.path.exists(module):
+            libs.append(module)
     return libs
 
 

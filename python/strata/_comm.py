@@ -75,7 +75,14 @@ _engines = weakref.WeakSet()
 
 
 def _mpi():
-    from mpi4py import MPI  # only in an MPI job: neither mpi4py nor MPI is needed otherwise
+    try:
+        from mpi4py import MPI  # only in an MPI job: neither mpi4py nor MPI is needed otherwise
+    except ImportError as e:  # no mpi4py, or no libmpi under it: name the launch, the cause and both ways out
+        launcher = ", ".join(f"{v}={os.environ[v]}" for v in _MPI_VARIABLES if v in os.environ)
+        raise ImportError(f"strata: an MPI launcher (mpirun, srun) started this process ({launcher}), and an MPI "
+                          f"job's ranks are reached through mpi4py, which cannot be imported here ({e}): install "
+                          f"Open MPI and mpi4py (pip install 'strata[mpi]'), or launch with `torchrun "
+                          f"--nproc_per_node N` instead, where strata.torch needs no MPI") from e
     return MPI
 
 

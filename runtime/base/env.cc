@@ -71,11 +71,20 @@ std::string ExecutableSearchPath() { return Get("PATH").value_or(""); }
 
 std::optional<std::string> CudaVisibleDevices() { return Get("CUDA_VISIBLE_DEVICES"); }
 
-std::optional<std::string> CudaModulePath() {
-  std::optional<std::string> v = Get("STRATA_CUDA_MODULE");
+namespace {
+
+// A module's path override: nullopt when unset or empty.
+std::optional<std::string> NonEmpty(const char* name) {
+  std::optional<std::string> v = Get(name);
   if (v && v->empty()) return std::nullopt;
   return v;
 }
+
+}  // namespace
+
+std::optional<std::string> CudaModulePath() { return NonEmpty("STRATA_CUDA_MODULE"); }
+
+std::optional<std::string> MpiModulePath() { return NonEmpty("STRATA_MPI_MODULE"); }
 
 std::string ForcedIoBackend() { return Get("STRATA_IO_BACKEND").value_or(""); }
 

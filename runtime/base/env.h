@@ -53,6 +53,9 @@ std::optional<std::string> CudaVisibleDevices();
 // beside the library or executable (runtime/base/module.h); nullopt when unset or empty.
 std::optional<std::string> CudaModulePath();
 
+// STRATA_MPI_MODULE: the same for the MPI back-end module, libstrata_mpi.so (docs/decisions/0041).
+std::optional<std::string> MpiModulePath();
+
 // STRATA_IO_BACKEND: force the offload I/O back-end when the caller asked for "auto" (uring|threads);
 // empty when unset. runtime/offload/io_queue.h validates the value.
 std::string ForcedIoBackend();

@@ -5,7 +5,9 @@
 // (once each per process), so when Strata initialises MPI the runtime object is shared by every world
 // communicator created that way, through the one process-wide weak reference below; MPI is finalised
 // when the last of them is destroyed. When the host initialised MPI, Strata adopts it and never
-// finalises it.
+// finalises it. Every MPI call goes through the MPI back-end module libstrata_mpi.so (comm::MpiBackend;
+// docs/decisions/0041-mpi-backend-module.md): libstrata.so links no libmpi, and the module is loaded on the first
+// MPI communicator asked for, so a process that never asks (strata.torch under torchrun) needs no MPI installed.
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -16,8 +18,7 @@
 #include "runtime/shard/layout.h"
 #include "runtime/comm/nccl_backend.h"
 #if STRATA_WITH_MPI
-#include "runtime/capi/mpi_adopt.h"
-#include "runtime/comm/mpi_communicator.h"
+#include "runtime/comm/mpi_backend.h"
 #endif
 
 namespace strata::capi {
@@ -56,21 +57,21 @@ absl::Status CreateMpiWorld(strata_comm** out) {
   // See Note [Process-wide MPI runtime]. Leaked on purpose: no destructor may run at process exit.
   static std::mutex* const mu = new std::mutex();
   static std::weak_ptr<comm::MpiRuntime>* const ours = new std::weak_ptr<comm::MpiRuntime>();
+  STRATA_ASSIGN_OR_RETURN(const comm::MpiApi* mpi, comm::MpiBackend());
   auto c = std::make_unique<strata_comm>();
   std::lock_guard<std::mutex> lock(*mu);
   c->mpi_runtime = ours->lock();  // Strata initialised MPI and a world communicator still holds it
   if (c->mpi_runtime == nullptr) {
-    STRATA_ASSIGN_OR_RETURN(const bool initialized, MpiInitialized());
+    STRATA_ASSIGN_OR_RETURN(const bool initialized, mpi->is_initialized());
     if (!initialized) {
-      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::MpiRuntime> fresh, comm::MpiRuntime::Init(nullptr, nullptr));
-      c->mpi_runtime = std::move(fresh);
+      STRATA_ASSIGN_OR_RETURN(c->mpi_runtime, mpi->init());
       *ours = c->mpi_runtime;
     }
   }
   if (c->mpi_runtime != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(c->comm, c->mpi_runtime->World(WorldOptions()));
+    STRATA_ASSIGN_OR_RETURN(c->comm, mpi->world(*c->mpi_runtime, WorldOptions()));
   } else {  // the host initialised MPI: adopt its MPI_COMM_WORLD
-    STRATA_ASSIGN_OR_RETURN(c->comm, AdoptMpiComm(MpiWorldFortranHandle(), WorldOptions()));
+    STRATA_ASSIGN_OR_RETURN(c->comm, mpi->adopt(mpi->world_fortran_handle(), WorldOptions()));
   }
   STRATA_RETURN_IF_ERROR(RefuseTorchrunWorld(c->comm->rank(), c->comm->size()));
   *out = c.release();
@@ -129,9 +130,9 @@ strata_status strata_comm_create_mpi(int32_t mpi_comm_fortran_handle, strata_com
     if (out == nullptr) return NullArgument("out");
     *out = nullptr;
 #if STRATA_WITH_MPI
+    STRATA_ASSIGN_OR_RETURN(const strata::comm::MpiApi* mpi, strata::comm::MpiBackend());
     auto c = std::make_unique<strata_comm>();
-    STRATA_ASSIGN_OR_RETURN(c->comm, strata::capi::AdoptMpiComm(mpi_comm_fortran_handle,
-                                                                strata::capi::WorldOptions()));
+    STRATA_ASSIGN_OR_RETURN(c->comm, mpi->adopt(mpi_comm_fortran_handle, strata::capi::WorldOptions()));
     *out = c.release();
     return absl::OkStatus();
 #else

@@ -4,7 +4,7 @@
 // here to the interface the core holds.
 #include <cuda_runtime_api.h>
 
-#include <cstring>
+#include <iterator>
 #include <memory>
 
 #include "runtime/base/logging.h"
@@ -64,13 +64,7 @@ const comm::NcclApi kNccl{&comm::AdoptNcclCommunicator, &comm::HostBuffersOverNc
                           &comm::CreateNcclFromTorchrun};
 #endif
 
-struct Part {
-  const char* name;
-  uint32_t version;
-  const void* table;
-};
-
-const Part kParts[] = {
+const module::PartEntry kParts[] = {
     {module::ModuleIdentity::kPart, module::ModuleIdentity::kVersion, &kIdentity},
     {device::CudaDeviceApi::kPart, device::CudaDeviceApi::kVersion, &kDevice},
     {memory::CudaMemoryApi::kPart, memory::CudaMemoryApi::kVersion, &kMemory},
@@ -86,12 +80,6 @@ const Part kParts[] = {
 extern "C" __attribute__((visibility("default"))) const void* strata_cuda_module_part(const char* name,
                                                                                        uint32_t version,
                                                                                        uint32_t* has_version) {
-  uint32_t has = 0;
-  for (const auto& part : strata::cuda_module::kParts) {
-    if (std::strcmp(part.name, name) != 0) continue;
-    if (part.version == version) return part.table;
-    has = part.version;
-  }
-  if (has_version != nullptr) *has_version = has;
-  return nullptr;
+  return strata::module::FindPart(strata::cuda_module::kParts, std::size(strata::cuda_module::kParts), name, version,
+                                  has_version);
 }

@@ -48,6 +48,9 @@ struct Worlds {
 absl::StatusOr<Launch> DetectLaunch(int mpi_rank, int mpi_size);
 
 #if STRATA_WITH_MPI
+// The two below are the launcher's MPI half, defined in launcher_mpi.cc: they are in strata_comm_mpi (which
+// links libmpi) with the MPI back-end, for the programs that link it (the CLI, mlp_train), not in strata_comm.
+//
 // DetectLaunch over `mpi`'s world; a torchrun launch's rank becomes the log lines' rank.
 absl::StatusOr<Launch> DetectLaunch(const MpiRuntime& mpi);
 

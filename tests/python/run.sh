@@ -25,8 +25,8 @@ for n in 2 1 4; do
   OMP_NUM_THREADS=1 scripts/mpirun_local -n "$n" "$python" -m pytest -q -p no:cacheprovider tests/python
 done
 # The same suite under torchrun (docs/decisions/0039), on torch.distributed's gloo, with mpi4py blocked: every
-# test but test_launch.py and test_foreign_conformance.py, which start their own mpirun and torchrun jobs (from
-# rank 0 of the mpirun runs above). --standalone: torchrun's store binds its own port. STRATA_TORCHRUN_TESTS=0
+# test but test_launch.py, test_no_mpi.py and test_foreign_conformance.py, which start their own mpirun and torchrun
+# jobs (from rank 0 of the mpirun runs above). --standalone: torchrun's store binds its own port. STRATA_TORCHRUN_TESTS=0
 # leaves it out.
 if [ "${STRATA_TORCHRUN_TESTS:-1}" != 0 ]; then
   mkdir -p "$STRATA_TEST_SHARED/torchrun"  # the reshard test's checkpoint: written at 2 ranks, read at 1 and 4
@@ -34,7 +34,8 @@ if [ "${STRATA_TORCHRUN_TESTS:-1}" != 0 ]; then
     echo "== strata.torch tests at $n ranks under torchrun"
     STRATA_TEST_SHARED="$STRATA_TEST_SHARED/torchrun" PYTHONPATH="$root/tests/python/no_mpi4py" OMP_NUM_THREADS=1 \
       "$python" -m torch.distributed.run --standalone --nproc-per-node "$n" -m pytest -q -p no:cacheprovider \
-      tests/python --ignore tests/python/test_launch.py --ignore tests/python/test_foreign_conformance.py
+      tests/python --ignore tests/python/test_launch.py --ignore tests/python/test_no_mpi.py \
+      --ignore tests/python/test_foreign_conformance.py
   done
 fi
 # An uncaught exception on one rank ends the job at once (strata's excepthook), not at the collective timeout.
