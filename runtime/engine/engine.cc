@@ -70,8 +70,8 @@ float* Engine::Impl::GradUpdatePtr(UnitState& u) const {
 }
 
 char* Engine::Impl::ParamBase(const UnitState& u) const {
-  if (cfg.stage == 3) return gatherer->data(static_cast<int>(&u - units.data()));
-  return u.params.as<char>();
+  if (owners.params == nullptr) return u.params.as<char>();  // before Finalize
+  return owners.params->Base(UnitIndex(u));
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -80,7 +80,7 @@ Engine::~Engine() {
   async_saver_.reset();  // waits for the checkpoint in flight (Note [Asynchronous checkpoints])
   if (!impl_) return;
   // Drain the streams before buffers go away.
-  if (impl_->gatherer != nullptr) impl_->gatherer->Drain();
+  if (impl_->owners.params != nullptr) impl_->owners.params->Drain();
   for (auto* s : {impl_->rt.gather_stream.get(), impl_->rt.reduce_stream.get(), impl_->rt.step_stream.get()}) {
     if (s != nullptr) s->Synchronize().IgnoreError();
   }
@@ -396,8 +396,7 @@ absl::Status Engine::Finalize() {
     STRATA_RETURN_IF_ERROR(Annotate(InitMaster(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
   const PoolPlans pools = PlanPools(m.cfg, live, unit_elems, frozen);  // what CheckBudgets counted
-  if (m.cfg.stage == 3) STRATA_RETURN_IF_ERROR(m.SetUpGatherer(pools.gathered));
-  STRATA_RETURN_IF_ERROR(m.SetUpReducer(pools.grads, largest.trained_shard));
+  STRATA_RETURN_IF_ERROR(m.SetUpOwners(pools, largest.trained_shard));  // Note [Unit owners]
   // Note [Idle pages]: the gradient memory, zero-filled and so resident, is idle until the first backward.
   if (m.cfg.release_idle_memory) STRATA_RETURN_IF_ERROR(m.ZeroGrads());
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
@@ -417,10 +416,8 @@ ParamView Engine::Param(int unit, int param) const {
 float* Engine::Grad(int unit, int param) const {
   const Impl& m = *impl_;
   const UnitState& u = m.units[unit];
-  if (u.frozen()) return nullptr;  // Note [Frozen units]
-  const size_t off = u.layout.params[param].offset_elems;
-  float* working = m.reducer == nullptr ? nullptr : m.reducer->working(unit);  // null before Finalize
-  return working == nullptr ? nullptr : working + off;
+  float* working = u.grad == nullptr ? nullptr : u.grad->Working(unit);  // null before Finalize
+  return working == nullptr ? nullptr : working + u.layout.params[param].offset_elems;
 }
 
 absl::StatusOr<std::vector<float>> Engine::GatherParam(int unit, int param) {
@@ -443,7 +440,7 @@ absl::StatusOr<std::vector<float>> Engine::GatherAllParams() {
 absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));
-  STRATA_RETURN_IF_ERROR(m.CheckNoPendingUpdate("GatherUnit"));
+  STRATA_RETURN_IF_ERROR(m.owners.update->CheckNoPendingUpdate("GatherUnit"));
   UnitState& u = m.units[unit];
   STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, optim::StateKind::kMaster));
   if (m.cfg.stage == 0) return master;
@@ -479,7 +476,7 @@ std::pair<size_t, size_t> Engine::HeldRange(int unit) const {
 absl::Status Engine::SetParamRange(int unit, int param, size_t offset, const float* values, size_t count) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "SetParam"));
-  STRATA_RETURN_IF_ERROR(m.CheckNoPendingUpdate("SetParam"));
+  STRATA_RETURN_IF_ERROR(m.owners.update->CheckNoPendingUpdate("SetParam"));
   UnitState& u = m.units[unit];
   const shard::ParamSlot& p = u.layout.params[param];
   if (offset > p.numel || count > p.numel - offset) {

@@ -25,8 +25,10 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/shard_groups.h"
 #include "runtime/device/timeline.h"
+#include "runtime/engine/accounting.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/placement.h"
+#include "runtime/engine/unit_owners.h"
 #include "runtime/memory/memory.h"
 #include "runtime/memory/tier_ops.h"
 #include "runtime/offload/io_queue.h"
@@ -54,12 +56,10 @@ struct UnitState {
   UnitExtents ext;  // what the rank holds of each buffer (Note [Placement]), decided at RegisterUnit
   bool frozen() const { return ext.frozen; }  // Note [Frozen units]
 
-  // Live state within a step (the gathered and working gradient buffers are the Gatherer's and the
-  // GradReducer's).
-  int active = 0;       // Begin* without End*
-  int forward_uses = 0;   // in the current micro-batch
-  int backward_uses = 0;  // in the current micro-batch
-  int64_t compute_start_ns = 0;
+  // Where the unit is in the hook protocol (Note [Unit protocol]); the gathered and working gradient
+  // buffers are the ParamsOwner's and the GradReducer's.
+  UnitProtocol protocol;
+  GradOwner* grad = nullptr;  // frozen or trained (Note [Unit owners]), set at Finalize
   // Note [Parameters without a gradient]: per parameter, the micro-batches of this step in which this rank
   // wrote it no gradient (MarkNoGrad; the micro-batch last marked, to count each once), and the steps whose
   // update skipped it (checkpointed).
@@ -151,14 +151,6 @@ struct StepState {
   int64_t compute_ns = 0, exposed_comm_ns = 0, exposed_io_ns = 0;
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   device::Timeline timeline;  // the spans of every step (Engine::timeline())
-  // strata.optimizer_in_backward (Note [Optimizer in backward], engine_step.cc): the unit whose reduction
-  // is enqueued but not yet consumed by its update (-1: none), per unit whether it was updated in this
-  // step's backward and its local sum of squares, and what the updates cost.
-  int fused_pending = -1;
-  std::vector<char> fused_done;
-  std::vector<double> fused_sq;
-  offload::TilePipelineStats fused_io;
-  int64_t fused_update_ns = 0;
   // Note [Parameters without a gradient]: this step's update segments per unit (empty: the unit's own) and,
   // per unit and parameter, whether some rank wrote it a gradient.
   std::vector<std::vector<shard::Segment>> step_segments;
@@ -290,17 +282,15 @@ struct Engine::Impl {
   std::vector<OwnHyper> param_groups{OwnHyper{}};
   int GroupOf(const shard::ParamSpec& spec);  // its index in param_groups, added when new
   std::unique_ptr<shard::Schedule> schedule;  // the recorded order of the units' first uses (prefetch)
-  // Stage 3: the gathered buffers, the gather communicator and stream and where the shards come from
-  // (shard/param_source.h), the source picked once in SetUpGatherer.
-  std::unique_ptr<shard::Gatherer> gatherer;
-  absl::Status SetUpGatherer(const shard::SlotPlan& slots);  // engine_hooks.cc
-  std::unique_ptr<shard::ParamSource> HostParamSource(shard::SourceEnv env);  // memory or the NVMe cache
+  // Note [Unit owners] (unit_owners.h): the stage's parameter owner (at stage 3 with the gatherer: the
+  // gathered buffers, the gather communicator and stream and where the shards come from), the frozen and
+  // trained units' gradient owners, the update after the step or in backward, and the unit lists they run
+  // over; made once in SetUpOwners (engine_owners.cc) with the reducer.
+  UnitOwners owners;
   // Gradient reduction on reduce_comm / reduce_stream (shard/grad_reducer.h): all-reduce at stages 0-1,
-  // reduce-scatter of pooled working buffers at stages 2-3, picked once in SetUpReducer. Gradient staging
-  // (a pinned host copy of the reduce scratch) when the gradient shards are in host memory but the
-  // reduction ran in device memory (CUDA with offload_optimizer).
+  // reduce-scatter of pooled working buffers at stages 2-3, picked once in SetUpOwners.
   std::unique_ptr<shard::GradReducer> reducer;
-  absl::Status SetUpReducer(const shard::SlotPlan& slots, size_t largest_shard);  // engine_hooks.cc
+  absl::Status SetUpOwners(const PoolPlans& pools, size_t largest_trained_shard);  // engine_owners.cc
   // Only at stages 2-3 on CUDA: SetUpCuda refuses optimizer offload below stage 2.
   bool GradStagingNeeded() const {
     return !rt.device_ops->host_visible() && place.grads->tier() != memory::Tier::kDevice;
@@ -333,16 +323,6 @@ struct Engine::Impl {
   // Note [Agreed schedule]: the use this rank is about to make (`what`: kForward / kBackward of `unit`, or
   // the end of the micro-batch with unit -1), compared across ranks before any collective is issued for it.
   absl::Status AgreeOnUse(int what, int unit);
-  // With strata.optimizer_in_backward, between a step's last backward and Step() the last reduced unit's
-  // update is still pending (Note [Optimizer in backward]): reading or writing the weights then would see
-  // every unit updated but that one, so `what` is refused until Step().
-  absl::Status CheckNoPendingUpdate(const char* what) const;
-  absl::Status IssueGatherIfNeeded(int unit) {
-    return cfg.stage == 3 ? gatherer->IssueIfNeeded(unit) : absl::OkStatus();
-  }
-  absl::Status EnsureGathered(int unit);
-  void Prefetch(int unit);
-  void ReleaseParams(int unit);
 
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
@@ -356,16 +336,9 @@ struct Engine::Impl {
   // all-reduce. Without the key nothing (the units' own segments).
   absl::StatusOr<bool> SegmentsWithGrad();
   void CountSkippedSteps();  // after an applied update: the left-out parameters skipped one more step
-  // Note [Optimizer in backward]: updates the unit whose reduction is pending, then enqueues unit's.
-  absl::Status ReduceAndUpdate(int unit);
-  absl::Status UpdatePending();
-  absl::StatusOr<optim::StepOutcome> FinishStepInBackward(const optim::StepInputs& in);
   // The param storage over the update range from `master` (host memory, the update range of the fp32
   // master); nothing when the master is the param storage itself.
   absl::Status CastMasterToParams(UnitState& u, const float* master);
-  // Stages 1-2: all-gather every unit's params from the updated slices; frozen units too only after a
-  // restore (a step leaves them as they are).
-  absl::Status ReplicateParams(bool frozen_too = false);
   // Zeroes the gradient shards for the next step; with strata.release_idle_memory hands them and the
   // reducer's idle buffers back instead (Note [Idle pages]). The reductions must be finished.
   absl::Status ZeroGrads();

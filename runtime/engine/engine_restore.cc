@@ -178,7 +178,8 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
     return absl::DataLossError(absl::StrCat("loading checkpoint '", step_dir, "' failed on rank(s) ",
                                             absl::StrJoin(failed, ","), " (see their errors)"));
   }
-  STRATA_RETURN_IF_ERROR(m.ReplicateParams(/*frozen_too=*/true));
+  // Every unit, frozen ones too: the loaded values replace whatever each rank held.
+  STRATA_RETURN_IF_ERROR(m.owners.params->AfterUpdate(m.owners.all));
   STRATA_RETURN_IF_ERROR(m.ZeroGrads());
   m.progress.step = man.step;
   for (size_t i = 0; i < m.units.size(); ++i) {  // Note [Parameters without a gradient]

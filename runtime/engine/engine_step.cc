@@ -55,29 +55,17 @@ absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master)
   });
 }
 
-absl::Status Engine::Impl::ReplicateParams(bool frozen_too) {
-  if (cfg.stage != 1 && cfg.stage != 2) return absl::OkStatus();
-  std::vector<comm::Work> works;
-  for (UnitState& u : units) {
-    if (u.frozen() && !frozen_too) continue;  // unchanged since the last replication (Note [Frozen units])
-    char* base = u.params.as<char>();
-    works.push_back(rt.step_comm->AllGather(base + update_begin(u) * param_bytes(), base, u.layout.shard_elems,
-                                         cfg.param_dtype, *rt.step_stream));
-  }
-  for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(progress.TimedWait([&] { return w.Wait(); }));
-  return absl::OkStatus();
-}
-
 absl::Status Engine::Impl::ZeroGrads() {
   // Note [Idle pages]: nothing in the gradient memory is live until the next backward (the reductions
   // are finished, and with strata.optimizer_in_backward the last unit's update has read the reduced
   // shard), so it gives its pages back; a handed-back shard reads as zero.
-  // Every caller runs outside a step or after FinishStepInBackward's UpdatePending: no update is pending.
-  STRATA_CHECK_MSG(progress.fused_pending < 0, "ZeroGrads with an in-backward update pending");
+  // Every caller runs outside a step or after the update in backward's last update: none is pending.
+  STRATA_CHECK_MSG(!owners.update->update_pending(), "ZeroGrads with an in-backward update pending");
   if (cfg.release_idle_memory && reducer != nullptr) reducer->ReleaseIdle();
   if (!place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
-  for (UnitState& u : units) {
-    if (u.frozen()) continue;
+  // A frozen unit has no gradient (Note [Frozen units]).
+  for (int i : owners.trained) {
+    UnitState& u = units[i];
     if (cfg.release_idle_memory && u.grads.DiscardToZero()) continue;
     STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
   }
@@ -109,10 +97,9 @@ optim::StepInputs Engine::Impl::StepInputsNow() {
   in.max_norm = cfg.gradient_clipping;
   in.param_dtype = cfg.param_dtype;
   in.executor = rt.host_executor.get();
-  // Stage 0 holds the full, already averaged gradient on every rank. Replicas of a shard group hold the
-  // same shards, so the group's sum is the global one (engine_groups.cc).
-  if (cfg.stage != 0) {
-    in.norm_comm = rt.group_control;
+  // Null at stage 0, which holds the full, already averaged gradient on every rank (UnitOwners::norm_comm).
+  if (owners.norm_comm != nullptr) {
+    in.norm_comm = owners.norm_comm;
     in.norm_stream = rt.control_stream;
     in.norm_wait_ns = &progress.exposed_comm_ns;  // as TimedWait charges it
   }
@@ -153,9 +140,9 @@ absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
   progress.had_grad.assign(units.size(), {});
   if (!cfg.skip_params_without_grad) return false;
   std::vector<float> flags;
-  for (UnitState& u : units) {
-    if (u.frozen()) continue;
-    const bool used = u.backward_uses > 0;  // the last micro-batch's uses: every micro-batch has the same
+  for (int i : owners.trained) {  // a frozen unit has no update (Note [Frozen units])
+    const UnitState& u = units[i];
+    const bool used = u.protocol.used_in_backward();  // the last micro-batch's: every micro-batch has the same
     for (size_t p = 0; p < u.layout.params.size(); ++p) {
       flags.push_back(used && u.no_grad_micro_batches[p] < cfg.gradient_accumulation_steps ? 1.0f : 0.0f);
     }
@@ -168,9 +155,8 @@ absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
   }));
   bool left_out = false;
   size_t k = 0;
-  for (size_t i = 0; i < units.size(); ++i) {
+  for (int i : owners.trained) {
     UnitState& u = units[i];
-    if (u.frozen()) continue;
     std::vector<char>& had = progress.had_grad[i];
     had.assign(u.layout.params.size(), 1);
     bool custom = false;
@@ -197,123 +183,16 @@ void Engine::Impl::CountSkippedSteps() {
   }
 }
 
-// Note [Optimizer in backward]. With strata.optimizer_in_backward (stages 2-3, one micro-batch per step,
-// no clipping, no fp16: CheckOptimizerInBackward) no unit keeps a gradient shard. The reduce-scatter of a
-// unit's last backward use leaves its shard in the reducer's scratch (or the scratch's pinned staging),
-// and that unit's update consumes it there: scaled, its sum of squares kept, then StateStore::Step with
-// clip coefficient 1, the same operations in the same order over the same values as RunOptimizerStep
-// over a shard that was zero before the reduction (0 + x is x), so the bits are the same.
-//
-// Protocol. The scratch is one buffer in reduce-stream order, so the update of unit u must have read it
-// before the next reduction is enqueued. EndBackward(u) therefore first updates the pending unit (the one
-// reduced before u: its reduce-scatter ran during u's backward, so waiting for it rarely waits), then
-// enqueues u's reduction and leaves u pending; RunStep updates the last pending unit. The updates run on
-// the trainer's thread, between hooks, so nothing else runs on the state store, the parameter cache or
-// the param storage's scratch meanwhile. The update writes the unit's param storage (its shard at stage
-// 3, its slice at stage 2, or the NVMe cache entry through ParamStorage). Nothing can be reading it: the
-// unit's own gather completed before its backward began (Gatherer::Ensure), and it has no later use in
-// this step: this was its last backward use, every forward use has its backward (EndMicroBatch), a
-// forward after a backward is refused, and prefetch follows the recorded schedule only to the end of the
-// micro-batch (Schedule::Upcoming), so no gather of it is issued before the next step's forward, which
-// comes after Step(). At stage 2 the other ranks' slices reach every rank in ReplicateParams, in Step(),
-// as without the key. What it does not do yet: overlap the update with the next unit's backward (it
-// would need a second scratch and the update on its own thread, which then shares the parameter cache
-// with the trainer's prefetch).
-absl::Status Engine::Impl::ReduceAndUpdate(int unit) {
-  STRATA_RETURN_IF_ERROR(UpdatePending());
-  STRATA_RETURN_IF_ERROR(reducer->Reduce(unit));
-  progress.fused_pending = unit;
-  return absl::OkStatus();
-}
-
-absl::Status Engine::Impl::CheckNoPendingUpdate(const char* what) const {
-  if (progress.fused_pending < 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, " between the last backward and Step() with strata.optimizer_in_backward: unit '",
-      units[progress.fused_pending].layout.name, "' is not updated yet while the others are; call it after Step()"));
-}
-
-absl::Status Engine::Impl::UpdatePending() {
-  if (progress.fused_pending < 0) return absl::OkStatus();
-  const int unit = progress.fused_pending;
-  progress.fused_pending = -1;
-  STRATA_RETURN_IF_ERROR(reducer->Finish());
-  const int64_t t0 = device::NowNs();
-  UnitState& u = units[unit];
-  const optim::StepInputs in = StepInputsNow();
-  const optim::StepUnit su = StepUnitOf(u, reducer->reduced());
-  STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(OptimizerOps(), su, in.grad_scale));
-  progress.fused_sq.resize(units.size(), 0.0);
-  progress.fused_done.resize(units.size(), 0);
-  progress.fused_sq[unit] = sq;
-  progress.fused_done[unit] = 1;
-  // A non-finite gradient is not applied; RunStep reports the step as failed (FinishStepInBackward).
-  if (std::isfinite(sq))
-    STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*state, cfg.optimizer, unit, su, in, 1.0f, &progress.fused_io));
-  const int64_t t1 = device::NowNs();
-  progress.fused_update_ns += t1 - t0;
-  progress.timeline.Add(device::Span{"step", "optimizer", unit, t0, t1});
-  return absl::OkStatus();
-}
-
-// The global norm from the units' sums, in unit order as RunOptimizerStep sums them (the same bits).
-absl::StatusOr<optim::StepOutcome> Engine::Impl::FinishStepInBackward(const optim::StepInputs& in) {
-  STRATA_RETURN_IF_ERROR(UpdatePending());
-  progress.fused_sq.resize(units.size(), 0.0);
-  progress.fused_done.resize(units.size(), 0);
-  optim::StepOutcome out;
-  double local_sq = 0;
-  for (size_t i = 0; i < units.size(); ++i) {
-    if (!progress.fused_done[i] && !units[i].frozen()) {  // a frozen unit has no update (Note [Frozen units])
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Step(): unit '", units[i].layout.name, "' had no backward in this step; with strata.optimizer_in_backward "
-          "each unit's update runs in its backward, so every unit needs one"));
-    }
-    local_sq += progress.fused_sq[i];
-  }
-  STRATA_RETURN_IF_ERROR(optim::GlobalNorm(local_sq, in, &out));
-  out.io = progress.fused_io;
-  progress.fused_sq.assign(units.size(), 0.0);
-  progress.fused_done.assign(units.size(), 0);
-  progress.fused_io = offload::TilePipelineStats{};
-  if (out.skipped) {
-    return absl::DataLossError(
-        absl::StrCat("step ", progress.step + 1,
-                     ": non-finite gradient norm with strata.optimizer_in_backward; the units with finite "
-                     "gradients were already updated in backward, so the step cannot be skipped as a whole"));
-  }
-  return out;
-}
-
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   STRATA_RETURN_IF_ERROR(reducer->Finish());
   const int64_t update_start = device::NowNs();
   int64_t waited_in_update = progress.exposed_comm_ns;
   const optim::StepInputs in = StepInputsNow();
   STRATA_ASSIGN_OR_RETURN(const bool left_out, SegmentsWithGrad());  // Note [Parameters without a gradient]
-  if (left_out && cfg.optimizer_in_backward) {
-    for (size_t i = 0; i < units.size(); ++i) {
-      for (size_t p = 0; p < progress.had_grad[i].size(); ++p) {
-        if (progress.had_grad[i][p]) continue;
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Step(): parameter '", units[i].layout.name, ".", units[i].layout.params[p].spec.name,
-            "' had no gradient on any rank in this step, but with strata.optimizer_in_backward its update already "
-            "ran in the backward as if its gradient were zero; torch would have skipped it. Turn "
-            "strata.optimizer_in_backward off, or set strata.params_without_grad to \"zero\" (DeepSpeed's rule)"));
-      }
-    }
-  }
-  std::vector<optim::StepUnit> step_units;
-  if (!cfg.optimizer_in_backward) {
-    for (UnitState& u : units) {
-      if (u.frozen()) continue;  // no gradient, no update, no norm term (Note [Frozen units])
-      step_units.push_back(StepUnitOf(u, GradUpdatePtr(u)));
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(const optim::StepOutcome out,
-                          cfg.optimizer_in_backward
-                              ? FinishStepInBackward(in)
-                              : optim::RunOptimizerStep(*state, cfg.optimizer, OptimizerOps(), step_units, in));
+  UpdateOwner& update = *owners.update;  // Note [Unit owners]: after the step or in backward
+  STRATA_RETURN_IF_ERROR(update.CheckLeftOut(left_out));
+  // The trained units: a frozen one has no gradient, no update and no norm term (Note [Frozen units]).
+  STRATA_ASSIGN_OR_RETURN(const optim::StepOutcome out, update.Update(owners.trained, in));
   progress.exposed_io_ns += out.io.read_wait_ns + out.io.write_wait_ns;
   progress.nvme_read_bytes += out.io.bytes_read;
   progress.nvme_write_bytes += out.io.bytes_written;
@@ -342,12 +221,12 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
   }
   r.clip_coef = out.clip_coef;
   CountSkippedSteps();
-  STRATA_RETURN_IF_ERROR(ReplicateParams());
+  // Stages 1-2 all-gather the updated slices; frozen units are unchanged since the last replication.
+  STRATA_RETURN_IF_ERROR(owners.params->AfterUpdate(owners.trained));
   STRATA_RETURN_IF_ERROR(ZeroGrads());
   const int64_t update_end = device::NowNs();
-  r.optimizer_ms = 1e-6 * double(update_end - update_start - (progress.exposed_comm_ns - waited_in_update) +
-                                 progress.fused_update_ns);
-  progress.fused_update_ns = 0;
+  r.optimizer_ms =
+      1e-6 * double(update_end - update_start - (progress.exposed_comm_ns - waited_in_update) + update.TakeUpdateNs());
   progress.timeline.Add(device::Span{"step", "optimizer", -1, update_start, update_end});
   progress.loss_scaler.CleanStep();
   r.loss_scale = progress.loss_scaler.scale();

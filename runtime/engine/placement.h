@@ -40,7 +40,7 @@ struct Placement {
   memory::Allocator* master = nullptr;
   memory::Allocator* grads = nullptr;  // the optimizer's tier (where the update reads the reduced gradient)
   // Each unit keeps a gradient shard on `grads`; not with strata.optimizer_in_backward, whose update reads
-  // the reduction's scratch (Note [Optimizer in backward], runtime/engine/engine_step.cc).
+  // the reduction's scratch (Note [Optimizer in backward], runtime/engine/engine_owners.cc).
   bool grad_shards = true;
   memory::Allocator* state = nullptr;
   // The master is not the param storage itself (low-precision params, or the optimizer offloaded away
