@@ -2,8 +2,9 @@
 
 A unit is one flat buffer in the engine: gathered for its forward and backward, its gradients reduced
 together. By default the units are the members of the model's transformer-block nn.ModuleList (the
-ModuleList holding the most parameters); the parameters no unit owns form the root unit, which is live
-for the whole forward and the whole backward (embeddings, final norm, a tied LM head).
+ModuleList holding the most parameters) and the large leaf modules outside it (Note [Leaf units]); the
+parameters no unit owns form the root unit, which is live for the whole forward and the whole backward
+(a tied embedding and LM head, position embeddings, the final norm).
 
 Frozen parameters (requires_grad=False at shard()) are the engine's frozen units: gathered, never reduced
 or updated, no gradient or optimizer memory. The engine's frozenness is per unit, so a module with both
@@ -17,10 +18,11 @@ FROZEN_SUFFIX = "[frozen]"
 
 
 class UnitSpec:
-    def __init__(self, name, module, names, params, prefix=None, frozen=False):
+    def __init__(self, name, module, names, params, prefix=None, frozen=False, leaf=False):
         self.name, self.module, self.names, self.params = name, module, names, params
         self.prefix = name if prefix is None else prefix  # the module's name in model.named_modules()
         self.frozen = frozen
+        self.leaf = leaf  # a unit of Note [Leaf units]: an nn.Embedding or nn.Linear outside the blocks
 
 
 def _split_frozen(spec):
@@ -35,7 +37,7 @@ def _split_frozen(spec):
     for want, name in ((False, spec.name), (True, spec.name + FROZEN_SUFFIX)):
         names = [n for n, f in zip(spec.names, frozen) if f == want]
         params = [p for p, f in zip(spec.params, frozen) if f == want]
-        parts.append(UnitSpec(name, spec.module, names, params, prefix=spec.prefix, frozen=want))
+        parts.append(UnitSpec(name, spec.module, names, params, prefix=spec.prefix, frozen=want, leaf=spec.leaf))
     return parts
 
 
@@ -49,9 +51,60 @@ def _block_list(model):
     return [] if best is None else list(best)
 
 
+# Note [Leaf units].
+# By default the parameters outside the blocks were all the root unit's, and the root is live (gathered, and
+# in backward its fp32 gradient buffer) from the first forward to the end of the backward, so it sizes the
+# engine's pools (decision 0019: an outsized unit gets a slot of its own). An untied model's embedding and LM
+# head are each larger than a decoder layer (Llama 1.5B: 2 x 65.5M elements against 45.1M), so its root
+# was 131M elements, 524 MB in fp32, live the whole step in both the gathered and the gradient pool. So,
+# with the default units (unit_classes None), each module outside the blocks that is
+#   - an nn.Embedding or an nn.Linear (their forward uses every parameter they own, as the module's call),
+#   - reached by one path in the model (a module called from two places, T5's shared embedding, is not),
+#   - sharing no parameter with another module (a tied embedding and LM head stay in the root: one
+#     parameter must be one unit's), and
+#   - at least as large as the smallest block (a smaller one costs less in the root than a unit's gather,
+#     reduction and its place in the pools: GPT-2's wpe, BERT's token types, ViT's classifier stay there),
+# is a unit of its own, in module order among the blocks: gathered for its own forward and backward only,
+# as torchtitan shards tok_embeddings and output with fully_shard apart from the root. Its forward is
+# hooked as a block's. An embedding's input needs no gradient, so no Function marks the end of its
+# backward (_hooks._arm_post_backward): that use ends with the backward pass (where an input embedding's
+# backward is anyway). With unit_classes given, the units are exactly the modules of those classes.
+# docs/decisions/0040-leaf-units-and-gradients-in-backward.md.
+_LEAF_TYPES = (torch.nn.Embedding, torch.nn.Linear)
+
+
+def _leaf_units(model, blocks):
+    """The modules of Note [Leaf units] among model's modules outside `blocks`, in module order."""
+    if not blocks:
+        return []
+    inside = {id(s) for m in blocks for s in m.modules()}
+    smallest = min((n for n in (sum(p.numel() for p in m.parameters()) for m in blocks) if n > 0), default=0)
+    if smallest == 0:
+        return []
+    paths, holders = {}, {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        paths[id(m)] = paths.get(id(m), 0) + 1
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                holders.setdefault(id(p), set()).add(id(m))
+    out = []
+    for m in model.modules():
+        if id(m) in inside or m is model or not isinstance(m, _LEAF_TYPES) or paths[id(m)] != 1:
+            continue
+        own = list(m.parameters())
+        if own and all(holders[id(p)] == {id(m)} for p in own) and sum(p.numel() for p in own) >= smallest:
+            out.append(m)
+    return out
+
+
 def _unit_modules(model, unit_classes):
     if unit_classes is None:
         mods = _block_list(model)
+        leaf_ids = {id(m) for m in _leaf_units(model, mods)}
+        if leaf_ids:  # in module order among the blocks
+            chosen = leaf_ids | {id(m) for m in mods}
+            mods = [m for m in model.modules() if id(m) in chosen]
     else:
         classes = tuple(unit_classes)
         mods, inside = [], set()
@@ -59,17 +112,18 @@ def _unit_modules(model, unit_classes):
             if isinstance(m, classes) and m is not model and id(m) not in inside:
                 mods.append(m)
                 inside.update(id(s) for s in m.modules())
+        leaf_ids = set()
     names = {id(m): n for n, m in model.named_modules()}
-    return [(names[id(m)], m) for m in mods]
+    return [(names[id(m)], m, id(m) in leaf_ids) for m in mods]
 
 
 def split_units(model, unit_classes=None):
-    """[UnitSpec]: the root unit first (if it has parameters), then the blocks in module order, each split
-    into its trainable and frozen parts where it has both. A parameter shared by two units, or between a
+    """[UnitSpec]: the root unit first (if it has parameters), then the blocks and the leaf units (Note [Leaf
+    units]) in module order, each split into its trainable and frozen parts where it has both. A parameter shared by two units, or between a
     unit and the root, is refused: it must be one unit's."""
     owner = {}
     specs = []
-    for uname, m in _unit_modules(model, unit_classes):
+    for uname, m, leaf in _unit_modules(model, unit_classes):
         names, params = [], []
         for n, p in m.named_parameters():
             if id(p) in owner:
@@ -80,7 +134,7 @@ def split_units(model, unit_classes=None):
             names.append(n)
             params.append(p)
         if params:
-            specs.append(UnitSpec(uname, m, names, params))
+            specs.append(UnitSpec(uname, m, names, params, leaf=leaf))
     root_names, root_params = [], []
     for n, p in model.named_parameters():  # deduplicated: a tied parameter appears once, by its first name
         if id(p) not in owner:
