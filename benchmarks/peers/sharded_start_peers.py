@@ -12,7 +12,8 @@ rank ends and the candidate fails, naming the phase). Candidates (--peers):
                    to_empty, then each rank initialises its own shards (HF _init_weights on the DTensors)
   fsdp2-dcp        the same, then torch.distributed.checkpoint.load with HuggingFaceStorageReader
   deepspeed-init   the model built under deepspeed.zero.Init (ZeRO-3, parameters and optimizer on NVMe)
-Strata and DeepSpeed offload parameters and optimizer state to --nvme-path; FSDP2 has no NVMe tier on the host
+Strata and DeepSpeed offload parameters and optimizer state to --nvme-path (Strata updates each unit in backward,
+strata.optimizer_in_backward, so it keeps no gradient shard); FSDP2 has no NVMe tier on the host
 (its CPUOffloadPolicy moves GPU shards to host memory), so it holds its shards, gradients and AdamW state in
 memory. Each rank reports: peak RSS (VmHWM), the seconds from the end of its imports to the end of the first
 step ("first step"), the load's seconds where it loads, and the export's where it exports. The checkpoint
@@ -60,10 +61,15 @@ def strata_setup(a, cfg, mode, marks):
                                     "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
               "train_micro_batch_size_per_gpu": a.micro_batch,
               "optimizer": {"type": "AdamW", "params": {"lr": LR}},
-              "strata": {"optimizer_threads": 1, "collective_timeout_ms": 3600000}}
+              # the update in backward (decision 0018): no fp32 gradient shard is kept (decision 0040)
+              "strata": {"optimizer_threads": 1, "collective_timeout_ms": 3600000, "optimizer_in_backward": True}}
     torch_peers.PHASE[0] = "creating the model sharded"
     engine = st.shard(lambda: LlamaForCausalLM(cfg), config)
     model = engine.model
+    stats = engine.stats()  # the engine's buffers once created: what each rank holds beside the libraries
+    marks.update(device_mib=stats["device_current_bytes"] / 2**20, pinned_mib=stats["pinned_host_current_bytes"] / 2**20,
+                 rss_created_mib=torch_peers.status_mib("VmRSS"), units=len(engine.units),
+                 largest_unit_mib=max(4 * u.layout.total for u in engine.units) / 2**20)
     if mode == "strata-loaded":
         torch_peers.PHASE[0] = "loading the checkpoint"
         t = time.perf_counter()
