@@ -1,8 +1,9 @@
 """Leaf units (Note [Leaf units] in strata/torch/_units.py, docs/decisions/0040): an untied model's embedding and LM
 head are units of their own, not the root's, and the gradient shards with strata.optimizer_in_backward.
 
-- The units of an untied Llama whose embedding and LM head are larger than a decoder layer: the root is the final
-  norm alone; a tied one keeps both in the root; an embedding smaller than a block stays in the root.
+- The units of an untied Llama: its embedding, final norm and LM head are units and there is no root (so 2 live
+  units, not 3); a tied one keeps the embedding and the norm in the root; beside a root of the model's own
+  parameters an embedding or a head smaller than a block stays in it.
 - Training matches plain torch (decision 0003's measure, as test_hf_gpt2), with and without HF's gradient
   checkpointing, and is bit for bit the training with the old units (unit_classes=the decoder layer: embedding and
   head in the root), whose gradients, reductions and updates are the same per element.
@@ -56,21 +57,52 @@ def train(engine, steps):
         engine.step()
 
 
+class Lm(torch.nn.Module):
+    """A position parameter of the model's own (so a root), an untied embedding and head of `vocab`, and blocks."""
+
+    def __init__(self, vocab, d=16, layers=2):
+        super().__init__()
+        from models import Block  # noqa: PLC0415
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(8, d) * 0.1)
+        self.blocks = torch.nn.ModuleList(Block(d) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x):
+        h = self.emb(x) + self.pos[: x.shape[1]]
+        for b in self.blocks:
+            h = b(h)
+        return self.head(self.norm(h))
+
+
 def test_which_modules_are_units():
-    engine = st.shard(llama(), config(3))
-    assert units(engine) == [("root", False), ("model.embed_tokens", True), ("model.layers.0", False),
-                             ("model.layers.1", False), ("lm_head", True)]
-    assert engine.units[0].spec.names == ["model.norm.weight"]
+    engine = st.shard(llama(), config(3))  # every parameter outside the layers in a leaf: no root
+    assert units(engine) == [("model.embed_tokens", True), ("model.layers.0", False), ("model.layers.1", False),
+                             ("model.norm", True), ("lm_head", True)]
+    assert engine.resolved["strata.max_live_units"] == "2"  # a unit and the next one prefetched
     engine.close()
-    engine = st.shard(llama(tie=True), config(3))  # one parameter: it stays the root's
-    assert units(engine) == [("root", False), ("model.layers.0", False), ("model.layers.1", False)]
-    assert "model.embed_tokens.weight" in engine.units[0].spec.names
+    engine = st.shard(llama(vocab=64), config(3))  # the same, however small the embedding and the head
+    assert units(engine) == [("model.embed_tokens", True), ("model.layers.0", False), ("model.layers.1", False),
+                             ("model.norm", True), ("lm_head", True)]
     engine.close()
-    engine = st.shard(llama(vocab=64), config(3))  # 2048 elements each, less than a layer: the root's
+    engine = st.shard(llama(tie=True), config(3))  # one parameter: it stays the root's, and so does the norm
     assert units(engine) == [("root", False), ("model.layers.0", False), ("model.layers.1", False)]
+    assert engine.units[0].spec.names == ["model.embed_tokens.weight", "model.norm.weight"]
+    assert engine.resolved["strata.max_live_units"] == "3"
     engine.close()
     engine = st.shard(llama(), config(3), unit_classes=(decoder_layer(),))  # explicit classes: exactly those
     assert units(engine) == [("root", False), ("model.layers.0", False), ("model.layers.1", False)]
+    engine.close()
+    # a root of its own parameter: an embedding or a head at least as large as a block (1104) is a unit, a smaller
+    # one stays in the root with the norm
+    engine = st.shard(Lm(vocab=100), config(3))  # 1600 each
+    assert units(engine) == [("root", False), ("emb", True), ("blocks.0", False), ("blocks.1", False),
+                             ("head", True)]
+    assert engine.units[0].spec.names == ["pos", "norm.weight", "norm.bias"]
+    engine.close()
+    engine = st.shard(Lm(vocab=50), config(3))  # 800 each
+    assert units(engine) == [("root", False), ("blocks.0", False), ("blocks.1", False)]
     engine.close()
 
 
@@ -82,7 +114,7 @@ def test_untied_llama_matches_torch(stage, reentrant):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     model.train(), ref.train()
     engine = st.shard(model, config(stage))
-    assert [leaf for _, leaf in units(engine)].count(True) == 2
+    assert [leaf for _, leaf in units(engine)].count(True) == 3
     opt = reference_optimizer(ref)
     start = {k: v.clone() for k, v in ref.state_dict().items()}
     train_labelled(model, engine, ref, opt, batch, 6)
@@ -136,19 +168,20 @@ def device_bytes(engine):
 def test_pools_are_sized_by_the_units():
     """Parameters and optimizer state on the host's pinned tier: the device tier holds the gathered pool, the
     gradient pool (both planned over the units, strata.max_live_units of them live) and the reduce-scatter's
-    scratch (the largest trainable shard). With the embedding and the head in a 33k-element root the same pools
-    are larger."""
+    scratch (the largest trainable shard). With the old units (the embedding, the norm and the head a 131k-element
+    root, 3 live) they are larger."""
     offload = {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
 
     def expected(engine):
         sizes = padded(engine)
-        return 4 * (2 * plan_elems(sizes, int(engine.resolved["strata.max_live_units"])) + max(sizes) // st.world_size())
+        live = int(engine.resolved["strata.max_live_units"])
+        return 4 * (2 * plan_elems(sizes, live) + max(sizes) // st.world_size())
 
     cfg = config(3)
     cfg["zero_optimization"].update(offload)
     new = st.shard(llama(vocab=2048), cfg)  # embedding and head 65536 each, 7x a layer
     old = st.shard(llama(vocab=2048), cfg, unit_classes=(decoder_layer(),))
-    assert [leaf for _, leaf in units(new)].count(True) == 2
+    assert [leaf for _, leaf in units(new)].count(True) == 3
     assert device_bytes(new) == expected(new)
     assert device_bytes(old) == expected(old)
     assert device_bytes(new) < device_bytes(old)
@@ -185,7 +218,7 @@ def test_created_exported_and_loaded(tmp_path):
     torch.manual_seed(3)
     plain = llama(seed=3)
     engine = st.shard(lambda: llama(seed=3), config(3))
-    assert [leaf for _, leaf in units(engine)].count(True) == 2
+    assert [leaf for _, leaf in units(engine)].count(True) == 3
     created = engine.full_state_dict()
     for k, v in plain.state_dict().items():
         assert torch.equal(created[k], v), k

@@ -54,22 +54,26 @@ def _block_list(model):
 # Note [Leaf units].
 # By default the parameters outside the blocks were all the root unit's, and the root is live (gathered, and
 # in backward its fp32 gradient buffer) from the first forward to the end of the backward, so it sizes the
-# engine's pools (decision 0019: an outsized unit gets a slot of its own). An untied model's embedding and LM
-# head are each larger than a decoder layer (Llama 1.5B: 2 x 65.5M elements against 45.1M), so its root
-# was 131M elements, 524 MB in fp32, live the whole step in both the gathered and the gradient pool. So,
-# with the default units (unit_classes None), each module outside the blocks that is
-#   - an nn.Embedding or an nn.Linear (their forward uses every parameter they own, as the module's call),
-#   - reached by one path in the model (a module called from two places, T5's shared embedding, is not),
-#   - sharing no parameter with another module (a tied embedding and LM head stay in the root: one
-#     parameter must be one unit's), and
-#   - at least as large as the smallest block (a smaller one costs less in the root than a unit's gather,
-#     reduction and its place in the pools: GPT-2's wpe, BERT's token types, ViT's classifier stay there),
-# is a unit of its own, in module order among the blocks: gathered for its own forward and backward only,
-# as torchtitan shards tok_embeddings and output with fully_shard apart from the root. Its forward is
-# hooked as a block's. An embedding's input needs no gradient, so no Function marks the end of its
-# backward (_hooks._arm_post_backward): that use ends with the backward pass (where an input embedding's
-# backward is anyway). With unit_classes given, the units are exactly the modules of those classes.
-# docs/decisions/0040-leaf-units-and-gradients-in-backward.md.
+# engine's pools (decision 0019: an outsized unit gets a slot of its own; a small one still takes a shared
+# slot of the largest size for the whole step, as max_live_units counts units). An untied model's embedding
+# and LM head are each larger than a decoder layer (Llama 1.5B: 2 x 65.5M elements against 45.1M), so its
+# root was 131M elements, 524 MB in fp32, live the whole step in both pools. So, with the default units
+# (unit_classes None), a module outside the blocks is a unit of its own when it is
+#   - a leaf reached by one path whose parameters are its own and no other module's (a tied embedding and LM
+#     head stay in the root: one parameter is one unit's; a module called from two places, T5's shared
+#     embedding, is begun once per use and stays there too), and
+#   - an nn.Embedding or an nn.Linear (their forward uses every parameter they own, inside the module's call,
+#     so the unit's hooks bracket every use) at least as large as the smallest block (a smaller one costs less
+#     in the root than a unit's gather, reduction and place in the pools: GPT-2's wpe, BERT's token types).
+# And when every parameter outside the blocks is in such leaves of any size or in lone norms (leaves whose
+# parameters are all 1-D), with at most one nn.Embedding among them, each of them is a unit and there is no
+# root at all: an untied Llama's embedding, final norm and head, as torchtitan shards tok_embeddings, norm and
+# output apart from the layers. Then the default strata.max_live_units is 2 (a unit and the next prefetched),
+# not 3, as no unit holds a slot for the whole step. Units are ordered as the modules. Their forward is hooked
+# as a block's. An embedding's input needs no gradient, so no Function marks the end of its backward
+# (_hooks._arm_post_backward): that use ends with the pass (where an input embedding's backward is anyway),
+# and one such unit at most keeps the count of live units. With unit_classes given, the units are exactly
+# the modules of those classes. docs/decisions/0040-leaf-units-and-gradients-in-backward.md.
 _LEAF_TYPES = (torch.nn.Embedding, torch.nn.Linear)
 
 
@@ -88,14 +92,22 @@ def _leaf_units(model, blocks):
         for p in m._parameters.values():
             if p is not None:
                 holders.setdefault(id(p), set()).add(id(m))
-    out = []
-    for m in model.modules():
-        if id(m) in inside or m is model or not isinstance(m, _LEAF_TYPES) or paths[id(m)] != 1:
-            continue
+
+    def alone(m):  # a leaf reached by one path whose parameters are its own and no other module's
         own = list(m.parameters())
-        if own and all(holders[id(p)] == {id(m)} for p in own) and sum(p.numel() for p in own) >= smallest:
-            out.append(m)
-    return out
+        return paths[id(m)] == 1 and bool(own) and all(holders[id(p)] == {id(m)} for p in own)
+
+    outside = [m for m in model.modules() if id(m) not in inside and m is not model and m._parameters]
+    large = [m for m in outside if isinstance(m, _LEAF_TYPES) and alone(m) and
+             sum(p.numel() for p in m.parameters()) >= smallest]
+    # No root at all when every parameter outside the blocks is in such a leaf of any size or in a lone norm
+    # (a leaf whose parameters are all 1-D), with one embedding at most among them
+    whole = [m for m in outside
+             if alone(m) and (isinstance(m, _LEAF_TYPES) or all(p.ndim == 1 for p in m.parameters()))]
+    embeddings = sum(isinstance(m, torch.nn.Embedding) for m in whole)
+    if len(whole) == len(outside) and not model._parameters and embeddings <= 1:
+        return whole
+    return large
 
 
 def _unit_modules(model, unit_classes):
@@ -119,8 +131,8 @@ def _unit_modules(model, unit_classes):
 
 def split_units(model, unit_classes=None):
     """[UnitSpec]: the root unit first (if it has parameters), then the blocks and the leaf units (Note [Leaf
-    units]) in module order, each split into its trainable and frozen parts where it has both. A parameter shared by two units, or between a
-    unit and the root, is refused: it must be one unit's."""
+    units]) in module order, each split into its trainable and frozen parts where it has both. A parameter
+    shared by two units, or between a unit and the root, is refused: it must be one unit's."""
     owner = {}
     specs = []
     for uname, m, leaf in _unit_modules(model, unit_classes):
