@@ -52,6 +52,30 @@ def llama_config(a):
 
 
 # ---------------------------------------------------------------- one rank (`--worker MODE`)
+def probe_creation(marks):
+    """Each Strata rank prints (a PROBE line, before anything can stop it) its VmRSS and the engine's bytes right
+    after Finalize, when the pools exist and no value is loaded yet, and then the peak RSS of the creation replay
+    (st.shard runs it in Created.load; VmHWM reset through /proc/self/clear_refs before it, the run's peak keeps
+    the one before)."""
+    from strata.torch import _created
+    load = _created.Created.load
+
+    def probed(self, engine):
+        s = engine.stats()
+        marks.update(finalized_rss_mib=torch_peers.status_mib("VmRSS"),
+                     finalized_hwm_mib=torch_peers.status_mib("VmHWM"), device_mib=s["device_current_bytes"] / 2**20,
+                     pinned_mib=s["pinned_host_current_bytes"] / 2**20, units=len(engine.units),
+                     largest_unit_mib=max(4 * u.layout.total for u in engine.units) / 2**20)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        print("PROBE " + json.dumps(dict(marks, rank=torch_peers.rank_env()[0])), flush=True)
+        load(self, engine)
+        marks.update(creating_peak_mib=torch_peers.status_mib("VmHWM"), created_rss_mib=torch_peers.status_mib("VmRSS"))
+        print("PROBE " + json.dumps(dict(marks, rank=torch_peers.rank_env()[0])), flush=True)
+
+    _created.Created.load = probed
+
+
 def strata_setup(a, cfg, mode, marks):
     import strata.torch as st
     from transformers import LlamaForCausalLM
@@ -64,12 +88,9 @@ def strata_setup(a, cfg, mode, marks):
               # the update in backward (decision 0018): no fp32 gradient shard is kept (decision 0040)
               "strata": {"optimizer_threads": 1, "collective_timeout_ms": 3600000, "optimizer_in_backward": True}}
     torch_peers.PHASE[0] = "creating the model sharded"
+    probe_creation(marks)
     engine = st.shard(lambda: LlamaForCausalLM(cfg), config)
     model = engine.model
-    stats = engine.stats()  # the engine's buffers once created: what each rank holds beside the libraries
-    marks.update(device_mib=stats["device_current_bytes"] / 2**20, pinned_mib=stats["pinned_host_current_bytes"] / 2**20,
-                 rss_created_mib=torch_peers.status_mib("VmRSS"), units=len(engine.units),
-                 largest_unit_mib=max(4 * u.layout.total for u in engine.units) / 2**20)
     if mode == "strata-loaded":
         torch_peers.PHASE[0] = "loading the checkpoint"
         t = time.perf_counter()
@@ -201,7 +222,9 @@ def worker(a):
     export(os.path.join(a.nvme_path, f"export-{a.worker}"))
     marks["export_s"] = time.perf_counter() - t
     close()
-    marks.update(rank=rank, world=world, losses=losses, vmhwm_mib=torch_peers.status_mib("VmHWM"))
+    # the peak of the whole run (a Strata rank's VmHWM was reset before its creation replay: probe_creation)
+    marks.update(rank=rank, world=world, losses=losses,
+                 vmhwm_mib=max(torch_peers.status_mib("VmHWM"), marks.get("finalized_hwm_mib", 0)))
     print("RESULT " + json.dumps(marks), flush=True)
 
 
@@ -277,6 +300,7 @@ def launch(a, mode):
     ranks = sorted(torch_peers.results_in(text), key=lambda r: r["rank"])
     res = {"mode": mode, "rc": rc, "wall_s": time.time() - t, "ranks": ranks}
     over = [json.loads(l[len("RSSLIMIT "):]) for l in text.splitlines() if l.startswith("RSSLIMIT ")]
+    res["probes"] = [json.loads(l[len("PROBE "):]) for l in text.splitlines() if l.startswith("PROBE ")]
     if over:
         res["over_limit"] = over
     if len(ranks) != a.ranks:
