@@ -300,7 +300,10 @@ def launch(a, mode):
     ranks = sorted(torch_peers.results_in(text), key=lambda r: r["rank"])
     res = {"mode": mode, "rc": rc, "wall_s": time.time() - t, "ranks": ranks}
     over = [json.loads(l[len("RSSLIMIT "):]) for l in text.splitlines() if l.startswith("RSSLIMIT ")]
-    res["probes"] = [json.loads(l[len("PROBE "):]) for l in text.splitlines() if l.startswith("PROBE ")]
+    res["probes"] = torch_peers.results_in(text, "PROBE ")
+    if a.results:  # the job's whole output beside the results
+        with open(a.results + ".log", "a") as f:
+            f.write(f"==== {mode}\n{text}\n")
     if over:
         res["over_limit"] = over
     if len(ranks) != a.ranks:
