@@ -65,15 +65,17 @@ def _block_list(model):
 #   - an nn.Embedding or an nn.Linear (their forward uses every parameter they own, inside the module's call,
 #     so the unit's hooks bracket every use) at least as large as the smallest block (a smaller one costs less
 #     in the root than a unit's gather, reduction and place in the pools: GPT-2's wpe, BERT's token types).
-# And when every parameter outside the blocks is in such leaves of any size or in lone norms (leaves whose
-# parameters are all 1-D), with at most one nn.Embedding among them, each of them is a unit and there is no
-# root at all: an untied Llama's embedding, final norm and head, as torchtitan shards tok_embeddings, norm and
-# output apart from the layers. Then the default strata.max_live_units is 2 (a unit and the next prefetched),
-# not 3, as no unit holds a slot for the whole step. Units are ordered as the modules. Their forward is hooked
-# as a block's. An embedding's input needs no gradient, so no Function marks the end of its backward
-# (_hooks._arm_post_backward): that use ends with the pass (where an input embedding's backward is anyway),
-# and one such unit at most keeps the count of live units. With unit_classes given, the units are exactly
-# the modules of those classes. docs/decisions/0040-leaf-units-and-gradients-in-backward.md.
+# And when the parameters outside the blocks are a language model's, lone leaves of any size that are one
+# nn.Embedding, at most one nn.Linear and norms (leaves whose parameters are all 1-D), each of them is a unit
+# and there is no root at all: an untied Llama's embedding, final norm and head, as torchtitan shards
+# tok_embeddings, norm and output apart from the layers. Anything else keeps its root: the root is where a
+# module that runs on some ranks or some steps only must be (a per-rank head, a conditional branch), and where
+# code outside a module may read one of its parameters (its dtype) while the root is gathered. Without a root
+# the default strata.max_live_units is 2 (a unit and the next prefetched), not 3, as no unit holds a slot for
+# the whole step. Units are ordered as the modules. Their forward is hooked as a block's. An embedding's input
+# needs no gradient, so no Function marks the end of its backward (_hooks._arm_post_backward): that use ends
+# with the pass (where an input embedding's backward is anyway). With unit_classes given, the units are
+# exactly the modules of those classes. docs/decisions/0040-leaf-units-and-gradients-in-backward.md.
 _LEAF_TYPES = (torch.nn.Embedding, torch.nn.Linear)
 
 
@@ -100,12 +102,13 @@ def _leaf_units(model, blocks):
     outside = [m for m in model.modules() if id(m) not in inside and m is not model and m._parameters]
     large = [m for m in outside if isinstance(m, _LEAF_TYPES) and alone(m) and
              sum(p.numel() for p in m.parameters()) >= smallest]
-    # No root at all when every parameter outside the blocks is in such a leaf of any size or in a lone norm
-    # (a leaf whose parameters are all 1-D), with one embedding at most among them
+    # No root at all when the parameters outside the blocks are a language model's: one embedding, at most one
+    # Linear (the head) and lone norms (leaves whose parameters are all 1-D), each a lone leaf
     whole = [m for m in outside
              if alone(m) and (isinstance(m, _LEAF_TYPES) or all(p.ndim == 1 for p in m.parameters()))]
     embeddings = sum(isinstance(m, torch.nn.Embedding) for m in whole)
-    if len(whole) == len(outside) and not model._parameters and embeddings <= 1:
+    linears = sum(isinstance(m, torch.nn.Linear) for m in whole)
+    if len(whole) == len(outside) and not model._parameters and embeddings == 1 and linears <= 1:
         return whole
     return large
 
