@@ -128,12 +128,14 @@ def test_untied_llama_matches_torch(stage, reentrant):
     engine.close()
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_leaf_units_train_bit_for_bit_as_the_root(stage):
+@pytest.mark.parametrize("stage,bf16", [(1, False), (2, False), (3, False), (3, True)])
+def test_leaf_units_train_bit_for_bit_as_the_root(stage, bf16):
     """Per element, a parameter's gradient, its reduction over the ranks and its update do not depend on which unit
-    holds it: the weights are the same bits as with the embedding and the head in the root."""
-    new = st.shard(llama(), config(stage))
-    old = st.shard(llama(), config(stage), unit_classes=(decoder_layer(),))
+    holds it: the weights are the same bits as with the embedding and the head in the root (in bf16 too, where
+    the model's code must see the compute dtype without the root gathered)."""
+    cfg = config(stage, bf16={"enabled": bf16})
+    new = st.shard(llama(), cfg)
+    old = st.shard(llama(), cfg, unit_classes=(decoder_layer(),))
     assert len(new.units) == len(old.units) + 2
     train(new, 4)
     train(old, 4)
