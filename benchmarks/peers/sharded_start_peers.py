@@ -85,8 +85,10 @@ def strata_setup(a, cfg, mode, marks):
                                     "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
               "train_micro_batch_size_per_gpu": a.micro_batch,
               "optimizer": {"type": "AdamW", "params": {"lr": LR}},
-              # the update in backward (decision 0018): no fp32 gradient shard is kept (decision 0040)
-              "strata": {"optimizer_threads": 1, "collective_timeout_ms": 3600000, "optimizer_in_backward": True}}
+              # the update in backward (decision 0018): no fp32 gradient shard is kept (decision 0040); the idle
+              # gradient pool and scratch give their pages back after each step (decision 0021), for the export
+              "strata": {"optimizer_threads": 1, "collective_timeout_ms": 3600000, "optimizer_in_backward": True,
+                         "release_idle_memory": True}}
     torch_peers.PHASE[0] = "creating the model sharded"
     probe_creation(marks)
     engine = st.shard(lambda: LlamaForCausalLM(cfg), config)
