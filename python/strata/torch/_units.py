@@ -99,7 +99,10 @@ def _leaf_units(model, blocks):
         own = list(m.parameters())
         return paths[id(m)] == 1 and bool(own) and all(holders[id(p)] == {id(m)} for p in own)
 
-    outside = [m for m in model.modules() if id(m) not in inside and m is not model and m._parameters]
+    def owns(m):  # a module holding a parameter itself (an entry may be None: Linear(bias=False)'s bias)
+        return any(p is not None for p in m._parameters.values())
+
+    outside = [m for m in model.modules() if id(m) not in inside and m is not model and owns(m)]
     large = [m for m in outside if isinstance(m, _LEAF_TYPES) and alone(m) and
              sum(p.numel() for p in m.parameters()) >= smallest]
     # No root at all when the parameters outside the blocks are a language model's: one embedding, at most one
@@ -108,7 +111,7 @@ def _leaf_units(model, blocks):
              if alone(m) and (isinstance(m, _LEAF_TYPES) or all(p.ndim == 1 for p in m.parameters()))]
     embeddings = sum(isinstance(m, torch.nn.Embedding) for m in whole)
     linears = sum(isinstance(m, torch.nn.Linear) for m in whole)
-    if len(whole) == len(outside) and not model._parameters and embeddings == 1 and linears <= 1:
+    if len(whole) == len(outside) and not owns(model) and embeddings == 1 and linears <= 1:
         return whole
     return large
 
