@@ -12,7 +12,8 @@ rank ends and the candidate fails, naming the phase). Candidates (--peers):
                    to_empty, then each rank initialises its own shards (HF _init_weights on the DTensors)
   fsdp2-dcp        the same, then torch.distributed.checkpoint.load with HuggingFaceStorageReader
   deepspeed-init   the model built under deepspeed.zero.Init (ZeRO-3, parameters and optimizer on NVMe)
-Strata and DeepSpeed offload parameters and optimizer state to --nvme-path; FSDP2 has no NVMe tier on the host
+Strata and DeepSpeed offload parameters and optimizer state to --nvme-path (Strata updates each unit in backward,
+strata.optimizer_in_backward, so it keeps no gradient shard); FSDP2 has no NVMe tier on the host
 (its CPUOffloadPolicy moves GPU shards to host memory), so it holds its shards, gradients and AdamW state in
 memory. Each rank reports: peak RSS (VmHWM), the seconds from the end of its imports to the end of the first
 step ("first step"), the load's seconds where it loads, and the export's where it exports. The checkpoint
@@ -51,6 +52,30 @@ def llama_config(a):
 
 
 # ---------------------------------------------------------------- one rank (`--worker MODE`)
+def probe_creation(marks):
+    """Each Strata rank prints (a PROBE line, before anything can stop it) its VmRSS and the engine's bytes right
+    after Finalize, when the pools exist and no value is loaded yet, and then the peak RSS of the creation replay
+    (st.shard runs it in Created.load; VmHWM reset through /proc/self/clear_refs before it, the run's peak keeps
+    the one before)."""
+    from strata.torch import _created
+    load = _created.Created.load
+
+    def probed(self, engine):
+        s = engine.stats()
+        marks.update(finalized_rss_mib=torch_peers.status_mib("VmRSS"),
+                     finalized_hwm_mib=torch_peers.status_mib("VmHWM"), device_mib=s["device_current_bytes"] / 2**20,
+                     pinned_mib=s["pinned_host_current_bytes"] / 2**20, units=len(engine.units),
+                     largest_unit_mib=max(4 * u.layout.total for u in engine.units) / 2**20)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        print("PROBE " + json.dumps(dict(marks, rank=torch_peers.rank_env()[0])), flush=True)
+        load(self, engine)
+        marks.update(creating_peak_mib=torch_peers.status_mib("VmHWM"), created_rss_mib=torch_peers.status_mib("VmRSS"))
+        print("PROBE " + json.dumps(dict(marks, rank=torch_peers.rank_env()[0])), flush=True)
+
+    _created.Created.load = probed
+
+
 def strata_setup(a, cfg, mode, marks):
     import strata.torch as st
     from transformers import LlamaForCausalLM
@@ -60,8 +85,12 @@ def strata_setup(a, cfg, mode, marks):
                                     "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
               "train_micro_batch_size_per_gpu": a.micro_batch,
               "optimizer": {"type": "AdamW", "params": {"lr": LR}},
-              "strata": {"optimizer_threads": 1, "collective_timeout_ms": 3600000}}
+              # the update in backward (decision 0018): no fp32 gradient shard is kept (decision 0040); the idle
+              # gradient pool and scratch give their pages back after each step (decision 0021), for the export
+              "strata": {"optimizer_threads": 1, "collective_timeout_ms": 3600000, "optimizer_in_backward": True,
+                         "release_idle_memory": True}}
     torch_peers.PHASE[0] = "creating the model sharded"
+    probe_creation(marks)
     engine = st.shard(lambda: LlamaForCausalLM(cfg), config)
     model = engine.model
     if mode == "strata-loaded":
@@ -195,7 +224,9 @@ def worker(a):
     export(os.path.join(a.nvme_path, f"export-{a.worker}"))
     marks["export_s"] = time.perf_counter() - t
     close()
-    marks.update(rank=rank, world=world, losses=losses, vmhwm_mib=torch_peers.status_mib("VmHWM"))
+    # the peak of the whole run (a Strata rank's VmHWM was reset before its creation replay: probe_creation)
+    marks.update(rank=rank, world=world, losses=losses,
+                 vmhwm_mib=max(torch_peers.status_mib("VmHWM"), marks.get("finalized_hwm_mib", 0)))
     print("RESULT " + json.dumps(marks), flush=True)
 
 
@@ -271,6 +302,10 @@ def launch(a, mode):
     ranks = sorted(torch_peers.results_in(text), key=lambda r: r["rank"])
     res = {"mode": mode, "rc": rc, "wall_s": time.time() - t, "ranks": ranks}
     over = [json.loads(l[len("RSSLIMIT "):]) for l in text.splitlines() if l.startswith("RSSLIMIT ")]
+    res["probes"] = torch_peers.results_in(text, "PROBE ")
+    if a.results:  # the job's whole output beside the results
+        with open(a.results + ".log", "a") as f:
+            f.write(f"==== {mode}\n{text}\n")
     if over:
         res["over_limit"] = over
     if len(ranks) != a.ranks:

@@ -270,14 +270,15 @@ def worker(a):
 
 
 # ---------------------------------------------------------------- the driver
-def results_in(text):
-    """Every rank's RESULT object in the job's output. The ranks share one stdout, so two ranks' lines can
-    land on one line ("RESULT {...}RESULT {...}"): each object is decoded where its marker starts."""
-    out, dec, at = [], json.JSONDecoder(), text.find("RESULT ")
+def results_in(text, marker="RESULT "):
+    """Every rank's RESULT object (or another marker's) in the job's output. The ranks share one stdout, so two
+    ranks' lines can land on one line ("RESULT {...}RESULT {...}"): each object is decoded where its marker
+    starts."""
+    out, dec, at = [], json.JSONDecoder(), text.find(marker)
     while at >= 0:
-        obj, end = dec.raw_decode(text, at + len("RESULT "))
+        obj, end = dec.raw_decode(text, at + len(marker))
         out.append(obj)
-        at = text.find("RESULT ", end)
+        at = text.find(marker, end)
     return out
 
 

@@ -59,6 +59,20 @@ def reference_train(ref, opt, first, last, accumulation=1, clip=0.0):
         reference_step(ref, opt, batches, step, st.world_size(), accumulation, clip)
 
 
+def train_labelled(model, engine, ref, opt, batch_of, steps):
+    """`steps` steps of a sharded transformers model that takes labels (model(x, labels=x).loss), and of plain
+    torch `ref` with `opt` over every rank's batch_of(step, rank), each rank's loss scaled by 1 / ranks."""
+    for step in range(steps):
+        x = batch_of(step, st.rank())
+        model(x, labels=x).loss.backward()
+        engine.step()
+        for r in range(st.world_size()):
+            xr = batch_of(step, r)
+            (ref(xr, labels=xr).loss / st.world_size()).backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def strata_step(model, engine, batches_of, step, accumulation):
     losses = []
     for m in range(accumulation):

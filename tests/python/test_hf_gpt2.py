@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from common import LR, config, reference_optimizer, rel_errors
+from common import LR, config, reference_optimizer, rel_errors, train_labelled
 from models import HF_C, hf_gpt2 as gpt2, hf_gpt2_batch as batch
 
 
@@ -35,15 +35,7 @@ def test_gpt2_matches_torch(reentrant):
     assert [u.spec.name for u in engine.units] == ["root", "transformer.h.0", "transformer.h.1"]
     opt = reference_optimizer(ref)
     start = {k: v.clone() for k, v in ref.state_dict().items()}
-    for step in range(10):
-        x = batch(step, st.rank())
-        model(x, labels=x).loss.backward()
-        engine.step()
-        for r in range(st.world_size()):
-            xr = batch(step, r)
-            (ref(xr, labels=xr).loss / st.world_size()).backward()
-        opt.step()
-        opt.zero_grad()
+    train_labelled(model, engine, ref, opt, batch, 10)
     # HF's checkpointing re-ran the blocks inside the backward (it checkpoints forward, not __call__, so
     # the unit's hooks stay outside: the recompute runs on the parameters of the unit's backward use)
     assert len(attn_calls) == (10 if reentrant is None else 20)

@@ -29,7 +29,9 @@ def shard(model, config=None, unit_classes=None, process_group=None, device_mesh
     construction recorded without values and replayed into the engine one tensor at a time, so no rank holds it
     whole; its initial values are bit for bit a plain factory()'s from rank 0's generator state, and the model
     is engine.model (docs/decisions/0034-models-created-sharded.md). Units: the modules of `unit_classes`, or by
-    default the members of the model's largest nn.ModuleList; the remaining parameters form the root unit.
+    default the members of the model's largest nn.ModuleList and, outside them, each untied nn.Embedding or
+    nn.Linear at least as large as the smallest of them (an untied input embedding and LM head: Note [Leaf units]
+    in _units, docs/decisions/0040); the remaining parameters form the root unit, live for the whole pass.
     Rank 0's parameter values are every rank's initial values, and rank 0's module buffers every rank's
     buffers (kept so by strata.broadcast_buffers, default true: docs/decisions/0026-buffers.md; cast to
     bf16 with bf16 parameters where model.to would). `weight_decay=callable(name, param)`

@@ -31,13 +31,14 @@ def _config(config):
 def _live_units(model, specs):
     """The default strata.max_live_units: the root unit stays gathered through the whole forward and
     backward, so one more buffer than `strata train` needs lets the next block be prefetched beside it
-    (3). A module split into trainable and frozen parts holds two buffers while it runs."""
+    (3); a model without a root (Note [Leaf units] in _units) needs what `strata train` does (2). A module
+    split into trainable and frozen parts holds two buffers while it runs."""
     roots = sum(s.module is model for s in specs)
     parts = {}
     for s in specs:
         if s.module is not model:
             parts[id(s.module)] = parts.get(id(s.module), 0) + 1
-    return max(3, roots + 2 * max(parts.values(), default=1))
+    return max(3 if roots else 2, roots + 2 * max(parts.values(), default=1))
 
 
 def _hidden_size(model):

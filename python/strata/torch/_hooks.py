@@ -155,7 +155,9 @@ class Tracker:
                 for p in u.spec.params:
                     p.register_post_accumulate_grad_hook(lambda p: self.touched.add(id(p)))
         self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
-        self.blocks = {u for u in units if u not in engine.roots}  # a set: end_backward asks `u in`
+        # a set: end_backward asks `u in`. Leaf units (Note [Leaf units] in _units) are left out: an embedding's
+        # backward ends with the pass, and the trim is for the activations freed before that
+        self.blocks = {u for u in units if u not in engine.roots and not u.spec.leaf}
         idle = engine.config.get("strata", {}).get("release_idle_memory", False)
         self.trim_heap = _heap_trimmer() if idle else None  # Note [Trimmed heap]
         self.ending = False        # in _end_of_backward: autograd is done, a trim would cut no peak

@@ -2,8 +2,9 @@
 
 A unit is one flat buffer in the engine: gathered for its forward and backward, its gradients reduced
 together. By default the units are the members of the model's transformer-block nn.ModuleList (the
-ModuleList holding the most parameters); the parameters no unit owns form the root unit, which is live
-for the whole forward and the whole backward (embeddings, final norm, a tied LM head).
+ModuleList holding the most parameters) and the large leaf modules outside it (Note [Leaf units]); the
+parameters no unit owns form the root unit, which is live for the whole forward and the whole backward
+(a tied embedding and LM head, position embeddings, the final norm).
 
 Frozen parameters (requires_grad=False at shard()) are the engine's frozen units: gathered, never reduced
 or updated, no gradient or optimizer memory. The engine's frozenness is per unit, so a module with both
@@ -17,10 +18,11 @@ FROZEN_SUFFIX = "[frozen]"
 
 
 class UnitSpec:
-    def __init__(self, name, module, names, params, prefix=None, frozen=False):
+    def __init__(self, name, module, names, params, prefix=None, frozen=False, leaf=False):
         self.name, self.module, self.names, self.params = name, module, names, params
         self.prefix = name if prefix is None else prefix  # the module's name in model.named_modules()
         self.frozen = frozen
+        self.leaf = leaf  # a unit of Note [Leaf units]: an nn.Embedding or nn.Linear outside the blocks
 
 
 def _split_frozen(spec):
@@ -35,7 +37,7 @@ def _split_frozen(spec):
     for want, name in ((False, spec.name), (True, spec.name + FROZEN_SUFFIX)):
         names = [n for n, f in zip(spec.names, frozen) if f == want]
         params = [p for p, f in zip(spec.params, frozen) if f == want]
-        parts.append(UnitSpec(name, spec.module, names, params, prefix=spec.prefix, frozen=want))
+        parts.append(UnitSpec(name, spec.module, names, params, prefix=spec.prefix, frozen=want, leaf=spec.leaf))
     return parts
 
 
@@ -49,9 +51,78 @@ def _block_list(model):
     return [] if best is None else list(best)
 
 
+# Note [Leaf units].
+# By default the parameters outside the blocks were all the root unit's, and the root is live (gathered, and
+# in backward its fp32 gradient buffer) from the first forward to the end of the backward, so it sizes the
+# engine's pools (decision 0019: an outsized unit gets a slot of its own; a small one still takes a shared
+# slot of the largest size for the whole step, as max_live_units counts units). An untied model's embedding
+# and LM head are each larger than a decoder layer (Llama 1.5B: 2 x 65.5M elements against 45.1M), so its
+# root was 131M elements, 524 MB in fp32, live the whole step in both pools. So, with the default units
+# (unit_classes None), a module outside the blocks is a unit of its own when it is
+#   - a leaf reached by one path whose parameters are its own and no other module's (a tied embedding and LM
+#     head stay in the root: one parameter is one unit's; a module called from two places, T5's shared
+#     embedding, is begun once per use and stays there too), and
+#   - an nn.Embedding or an nn.Linear (their forward uses every parameter they own, inside the module's call,
+#     so the unit's hooks bracket every use) at least as large as the smallest block (a smaller one costs less
+#     in the root than a unit's gather, reduction and place in the pools: GPT-2's wpe, BERT's token types).
+# And when the parameters outside the blocks are a language model's, lone leaves of any size that are one
+# nn.Embedding, at most one nn.Linear and norms (leaves whose parameters are all 1-D), each of them is a unit
+# and there is no root at all: an untied Llama's embedding, final norm and head, as torchtitan shards
+# tok_embeddings, norm and output apart from the layers. Anything else keeps its root: the root is where a
+# module that runs on some ranks or some steps only must be (a per-rank head, a conditional branch), and where
+# code outside a module may read one of its parameters (its dtype) while the root is gathered. Without a root
+# the default strata.max_live_units is 2 (a unit and the next prefetched), not 3, as no unit holds a slot for
+# the whole step. Units are ordered as the modules. Their forward is hooked as a block's. An embedding's input
+# needs no gradient, so no Function marks the end of its backward (_hooks._arm_post_backward): that use ends
+# with the pass (where an input embedding's backward is anyway). With unit_classes given, the units are
+# exactly the modules of those classes. docs/decisions/0040-leaf-units-and-gradients-in-backward.md.
+_LEAF_TYPES = (torch.nn.Embedding, torch.nn.Linear)
+
+
+def _leaf_units(model, blocks):
+    """The modules of Note [Leaf units] among model's modules outside `blocks`, in module order."""
+    if not blocks:
+        return []
+    inside = {id(s) for m in blocks for s in m.modules()}
+    smallest = min((n for n in (sum(p.numel() for p in m.parameters()) for m in blocks) if n > 0), default=0)
+    if smallest == 0:
+        return []
+    paths, holders = {}, {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        paths[id(m)] = paths.get(id(m), 0) + 1
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                holders.setdefault(id(p), set()).add(id(m))
+
+    def alone(m):  # a leaf reached by one path whose parameters are its own and no other module's
+        own = list(m.parameters())
+        return paths[id(m)] == 1 and bool(own) and all(holders[id(p)] == {id(m)} for p in own)
+
+    def owns(m):  # a module holding a parameter itself (an entry may be None: Linear(bias=False)'s bias)
+        return any(p is not None for p in m._parameters.values())
+
+    outside = [m for m in model.modules() if id(m) not in inside and m is not model and owns(m)]
+    large = [m for m in outside if isinstance(m, _LEAF_TYPES) and alone(m) and
+             sum(p.numel() for p in m.parameters()) >= smallest]
+    # No root at all when the parameters outside the blocks are a language model's: one embedding, at most one
+    # Linear (the head) and lone norms (leaves whose parameters are all 1-D), each a lone leaf
+    whole = [m for m in outside
+             if alone(m) and (isinstance(m, _LEAF_TYPES) or all(p.ndim == 1 for p in m.parameters()))]
+    embeddings = sum(isinstance(m, torch.nn.Embedding) for m in whole)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in whole)
+    if len(whole) == len(outside) and not owns(model) and embeddings == 1 and linears <= 1:
+        return whole
+    return large
+
+
 def _unit_modules(model, unit_classes):
     if unit_classes is None:
         mods = _block_list(model)
+        leaf_ids = {id(m) for m in _leaf_units(model, mods)}
+        if leaf_ids:  # in module order among the blocks
+            chosen = leaf_ids | {id(m) for m in mods}
+            mods = [m for m in model.modules() if id(m) in chosen]
     else:
         classes = tuple(unit_classes)
         mods, inside = [], set()
@@ -59,17 +130,18 @@ def _unit_modules(model, unit_classes):
             if isinstance(m, classes) and m is not model and id(m) not in inside:
                 mods.append(m)
                 inside.update(id(s) for s in m.modules())
+        leaf_ids = set()
     names = {id(m): n for n, m in model.named_modules()}
-    return [(names[id(m)], m) for m in mods]
+    return [(names[id(m)], m, id(m) in leaf_ids) for m in mods]
 
 
 def split_units(model, unit_classes=None):
-    """[UnitSpec]: the root unit first (if it has parameters), then the blocks in module order, each split
-    into its trainable and frozen parts where it has both. A parameter shared by two units, or between a
-    unit and the root, is refused: it must be one unit's."""
+    """[UnitSpec]: the root unit first (if it has parameters), then the blocks and the leaf units (Note [Leaf
+    units]) in module order, each split into its trainable and frozen parts where it has both. A parameter
+    shared by two units, or between a unit and the root, is refused: it must be one unit's."""
     owner = {}
     specs = []
-    for uname, m in _unit_modules(model, unit_classes):
+    for uname, m, leaf in _unit_modules(model, unit_classes):
         names, params = [], []
         for n, p in m.named_parameters():
             if id(p) in owner:
@@ -80,7 +152,7 @@ def split_units(model, unit_classes=None):
             names.append(n)
             params.append(p)
         if params:
-            specs.append(UnitSpec(uname, m, names, params))
+            specs.append(UnitSpec(uname, m, names, params, leaf=leaf))
     root_names, root_params = [], []
     for n, p in model.named_parameters():  # deduplicated: a tied parameter appears once, by its first name
         if id(p) not in owner:
