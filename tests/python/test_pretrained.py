@@ -102,8 +102,8 @@ def held_elements(engine):
 def test_each_rank_reads_only_what_it_keeps(stage, name, tmp_path):
     """The bytes each rank reads, counted by the library's reader (the I/O queue's own count): exactly the bytes
     of the elements it keeps; at stage 3 the ranks' reads together are the parameters' bytes once (they partition
-    them), at stage 1 (parameters replicated) every rank reads all of them. Mixtral's stacked experts are read
-    from the file's per-expert tensors the same way."""
+    them), at stage 1 (parameters replicated) every rank reads all of them. Mixtral's stacked experts, read
+    out of the file's per-expert tensors, are read the same way."""
     path = os.path.join(shared_dir(tmp_path), name)
     write_checkpoint(path, name, seed=4, max_shard_size="20KB")
     engine = st.shard(hf_builders()[name], config(stage))
