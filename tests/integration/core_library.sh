@@ -10,6 +10,8 @@
 #      (`strata train --device cuda`) goes through the same loader; a module of another build (a foreign
 #      build string: version, compiler or the digest of the runtime headers) is refused by name.
 # usage: core_library.sh MPIRUN CMAKE CC BUILD_DIR SOURCE_DIR WITH_CUDA(0|1)
+# shellcheck source=other_build_module.sh
+source "$(dirname "$0")/other_build_module.sh"
 set -euo pipefail
 mpirun=$1 cmake=$2 cc=$3 build=$4 src=$5 with_cuda=$6
 work=$(mktemp -d)
@@ -88,19 +90,7 @@ if [ "$with_cuda" = 1 ]; then  # the module is found beside the installed libstr
 fi
 
 # A module of another build (here a stand-in with a foreign build string) is refused by name, not run.
-cat > "$work/other_build.c" <<'C'
-#include <stdint.h>
-#include <string.h>
-struct identity { const char* build; void (*set_log_rank)(int); };
-static void set_log_rank(int rank) { (void)rank; }
-static const struct identity kIdentity = {"0.0.0 Other 1 headers 0123456789abcdef", set_log_rank};
-const void* strata_cuda_module_part(const char* name, uint32_t version, uint32_t* has_version) {
-  if (strcmp(name, "identity") == 0 && version == 1) return &kIdentity;
-  *has_version = 0;
-  return NULL;
-}
-C
-"$cc" -std=c99 -shared -fPIC "$work/other_build.c" -o "$work/other_build.so"
+other_build_module "$cc" cuda "$work/other_build.so"
 out=$(STRATA_CUDA_MODULE=$work/other_build.so "$work/ask_cuda") || fail "ask_cuda crashed on a module of another build: $out"
 grep -q "the CUDA back-end module $work/other_build.so is of another build (0.0.0 Other 1 headers 0123456789abcdef; this library is .* headers [0-9a-f]\{16\})" <<<"$out" ||
   fail "a module of another build was not refused by name: $out"

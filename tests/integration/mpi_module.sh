@@ -9,6 +9,8 @@
 #      libstrata.so loads, an in-process communicator works, and the MPI world fails naming the missing libmpi
 #      and the ways out (Open MPI, or torchrun).
 # usage: mpi_module.sh MPIRUN CC BUILD_DIR SOURCE_DIR
+# shellcheck source=other_build_module.sh
+source "$(dirname "$0")/other_build_module.sh"
 set -euo pipefail
 mpirun=$1 cc=$2 build=$3 src=$4
 work=$(mktemp -d)
@@ -68,19 +70,7 @@ grep -q "install Open MPI" <<<"$out" && grep -q "launch with torchrun" <<<"$out"
   fail "the error does not name the fix, or a communicator was made: $out"
 echo "ok: a missing module: $out"
 
-cat > "$work/other_build.c" <<'C'
-#include <stdint.h>
-#include <string.h>
-struct identity { const char* build; void (*set_log_rank)(int); };
-static void set_log_rank(int rank) { (void)rank; }
-static const struct identity kIdentity = {"0.0.0 Other 1 headers 0123456789abcdef", set_log_rank};
-const void* strata_mpi_module_part(const char* name, uint32_t version, uint32_t* has_version) {
-  if (strcmp(name, "identity") == 0 && version == 1) return &kIdentity;
-  *has_version = 0;
-  return NULL;
-}
-C
-"$cc" -std=c99 -shared -fPIC "$work/other_build.c" -o "$work/other_build.so"
+other_build_module "$cc" mpi "$work/other_build.so"
 out=$(STRATA_MPI_MODULE=$work/other_build.so "$work/ask_mpi" mpi 2>&1)
 grep -q "STRATA_ERR_FAILED_PRECONDITION: strata_comm_create_mpi_world: the MPI back-end module $work/other_build.so is of another build (0.0.0 Other 1 headers 0123456789abcdef; this library is .*): install the libstrata_mpi.so built with this library" <<<"$out" ||
   fail "a module of another build was not refused by name: $out"
