@@ -548,10 +548,14 @@ typedef struct strata_load_stats {
   uint64_t elements;         /* elements written into the engine */
   double seconds;
   char backend[64]; /* the reader's description, NUL-terminated ("io_uring depth=32 ...", "threads ...") */
+  /* Bytes the engine's NVMe offload (parameter shards, optimizer state) wrote and read during the load: each
+   * unit's master and parameter shard are written once (0 without NVMe offload). */
+  uint64_t nvme_bytes_written;
+  uint64_t nvme_bytes_read;
 } strata_load_stats;
-#define STRATA_LOAD_STATS_INIT                                                      \
-  {                                                                                 \
-    (uint32_t)sizeof(strata_load_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0.0, { 0 } \
+#define STRATA_LOAD_STATS_INIT                                                            \
+  {                                                                                       \
+    (uint32_t)sizeof(strata_load_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0.0, { 0 }, 0, 0 \
   }
 
 /* After finalize, outside micro-batches; not collective. For i < count, parameter (units[i], params[i])
