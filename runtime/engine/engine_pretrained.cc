@@ -51,13 +51,14 @@ absl::StatusOr<checkpoint::RangeReadStats> LoadPretrained(Engine& engine,
   // unit's values arrive together; they are staged and written with one SetParamRanges when its last range is
   // in. At most one unit's held values are staged at a time.
   const auto& tensors = checkpoint.tensors();
-  std::stable_sort(ranges.begin(), ranges.end(), [&](const checkpoint::RangeToRead& x, const checkpoint::RangeToRead& y) {
-    const int ux = targets[static_cast<size_t>(x.tag)].unit, uy = targets[static_cast<size_t>(y.tag)].unit;
-    if (ux != uy) return ux < uy;
-    const auto& tx = tensors[x.tensor];
-    const auto& ty = tensors[y.tensor];
-    return std::make_pair(tx.file, tx.info.begin) < std::make_pair(ty.file, ty.info.begin);
-  });
+  std::stable_sort(
+      ranges.begin(), ranges.end(), [&](const checkpoint::RangeToRead& x, const checkpoint::RangeToRead& y) {
+        const int ux = targets[static_cast<size_t>(x.tag)].unit, uy = targets[static_cast<size_t>(y.tag)].unit;
+        if (ux != uy) return ux < uy;
+        const auto& tx = tensors[x.tensor];
+        const auto& ty = tensors[y.tensor];
+        return std::make_pair(tx.file, tx.info.begin) < std::make_pair(ty.file, ty.info.begin);
+      });
   int staged_unit = -1;
   std::vector<float> staged;                // the values received for staged_unit, piece after piece
   std::vector<Engine::ParamValues> pieces;  // their parameter ranges

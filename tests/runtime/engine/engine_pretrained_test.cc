@@ -28,7 +28,6 @@ namespace strata::engine {
 namespace {
 
 namespace fs = std::filesystem;
-using shard::Init;
 using shard::ParamSpec;
 using ::testing::HasSubstr;
 
@@ -40,10 +39,9 @@ struct UnitSpec {
 };
 std::vector<UnitSpec> Units() {
   auto p = [](std::string n, std::vector<int64_t> shape, bool frozen = false) {
-    return ParamSpec{std::move(n), std::move(shape), false, Init::Normal(0.3f), frozen};
+    return ParamSpec{std::move(n), std::move(shape), false, shard::Init::Normal(0.3f), frozen};
   };
-  return {UnitSpec{"zembed", {p("w", {96, 40})}},
-          UnitSpec{"block1", {p("w", {40, 40}), p("b", {40}), p("g", {40})}},
+  return {UnitSpec{"zembed", {p("w", {96, 40})}}, UnitSpec{"block1", {p("w", {40, 40}), p("b", {40}), p("g", {40})}},
           UnitSpec{"block0", {p("w", {40, 40}), p("b", {40}), p("g", {40})}},
           UnitSpec{"base", {p("w", {40, 24}, true), p("b", {24}, true)}},
           UnitSpec{"head", {p("w", {40, 33}), p("b", {33})}}};
@@ -133,9 +131,9 @@ TEST_F(EnginePretrained, LoadIntoNvmeWritesEachShardOnceAndGivesTheValues) {
       ro.staging_bytes = 4096;
       ro.request_bytes = 1024;
       ro.staging_buffers = 2;
-      const Engine::NvmeTraffic before = e->nvme_traffic();
+      STRATA_ASSIGN_OR_RETURN(const Engine::NvmeTraffic before, e->nvme_traffic());
       STRATA_RETURN_IF_ERROR(LoadPretrained(*e, *ckpt, targets, ro).status());
-      const Engine::NvmeTraffic after = e->nvme_traffic();
+      STRATA_ASSIGN_OR_RETURN(const Engine::NvmeTraffic after, e->nvme_traffic());
       // One pass: what the rank's master and parameter shards take on NVMe (each tile and shard rounded up to
       // the store's 4 KiB alignment, as the store writes them). Each unit's master and shard are written once.
       const MemoryStats mem = e->memory_stats();
