@@ -79,16 +79,16 @@ absl::Status Load(strata_engine* engine, const strata_safetensors* checkpoint, c
                                                 checkpoint->checkpoint->tensors().size()));
     }
   }
-  const engine::Engine::NvmeTraffic before = engine->engine->nvme_traffic();
+  STRATA_ASSIGN_OR_RETURN(const engine::Engine::NvmeTraffic before, engine->engine->nvme_traffic());
   absl::StatusOr<checkpoint::RangeReadStats> stats =
       engine::LoadPretrained(*engine->engine, *checkpoint->checkpoint, targets, ro);
-  const engine::Engine::NvmeTraffic after = engine->engine->nvme_traffic();
   if (!stats.ok()) {
     if (stats.status().code() == absl::StatusCode::kUnavailable) {  // io_uring asked for and not available
       return absl::UnimplementedError(stats.status().message());
     }
     return stats.status();
   }
+  STRATA_ASSIGN_OR_RETURN(const engine::Engine::NvmeTraffic after, engine->engine->nvme_traffic());
   if (out != nullptr) {
     strata_load_stats s = STRATA_LOAD_STATS_INIT;
     s.bytes_read = stats->bytes_read;

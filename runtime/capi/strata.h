@@ -553,10 +553,8 @@ typedef struct strata_load_stats {
   uint64_t nvme_bytes_written;
   uint64_t nvme_bytes_read;
 } strata_load_stats;
-#define STRATA_LOAD_STATS_INIT                                                            \
-  {                                                                                       \
-    (uint32_t)sizeof(strata_load_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0.0, { 0 }, 0, 0 \
-  }
+#define STRATA_LOAD_STATS_INIT \
+  { (uint32_t)sizeof(strata_load_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0.0, {0}, 0, 0 }
 
 /* After finalize, outside micro-batches; not collective. For i < count, parameter (units[i], params[i])
  * takes tensor tensors[i] of `checkpoint`: this rank reads only the elements of it that it keeps
