@@ -98,6 +98,10 @@ def strata_setup(a, cfg, mode, marks):
         t = time.perf_counter()
         engine.load_pretrained(a.ckpt_dir)
         marks["load_s"] = time.perf_counter() - t
+        from strata.torch import _pretrained
+        load = _pretrained.last_load_stats  # this rank's reads, and what the load wrote to its NVMe offload
+        marks.update(load_bytes_read=load["bytes_read"], load_nvme_bytes_written=load["nvme_bytes_written"],
+                     load_nvme_bytes_read=load["nvme_bytes_read"], nvme_bytes=engine.stats()["nvme_current_bytes"])
 
     def step(x):
         loss = model(x, labels=x).loss

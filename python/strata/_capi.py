@@ -88,7 +88,7 @@ class LoadOptions(_Versioned):
 class LoadStats(_Versioned):
     _fields_ = [("struct_size", c_uint32), ("version", c_uint32), ("bytes_read", c_uint64), ("requests", c_uint64),
                 ("fixed_buffer_ios", c_uint64), ("elements", c_uint64), ("seconds", c_double),
-                ("backend", ctypes.c_char * 64)]
+                ("backend", ctypes.c_char * 64), ("nvme_bytes_written", c_uint64), ("nvme_bytes_read", c_uint64)]
 
 
 class ForeignComm(_Versioned):

@@ -79,6 +79,7 @@ absl::Status Load(strata_engine* engine, const strata_safetensors* checkpoint, c
                                                 checkpoint->checkpoint->tensors().size()));
     }
   }
+  STRATA_ASSIGN_OR_RETURN(const engine::Engine::NvmeTraffic before, engine->engine->nvme_traffic());
   absl::StatusOr<checkpoint::RangeReadStats> stats =
       engine::LoadPretrained(*engine->engine, *checkpoint->checkpoint, targets, ro);
   if (!stats.ok()) {
@@ -87,6 +88,7 @@ absl::Status Load(strata_engine* engine, const strata_safetensors* checkpoint, c
     }
     return stats.status();
   }
+  STRATA_ASSIGN_OR_RETURN(const engine::Engine::NvmeTraffic after, engine->engine->nvme_traffic());
   if (out != nullptr) {
     strata_load_stats s = STRATA_LOAD_STATS_INIT;
     s.bytes_read = stats->bytes_read;
@@ -97,6 +99,8 @@ absl::Status Load(strata_engine* engine, const strata_safetensors* checkpoint, c
     const size_t n = std::min(stats->backend.size(), sizeof(s.backend) - 1);
     std::memcpy(s.backend, stats->backend.data(), n);
     s.backend[n] = '\0';
+    s.nvme_bytes_written = after.written_bytes - before.written_bytes;
+    s.nvme_bytes_read = after.read_bytes - before.read_bytes;
     WriteVersioned(s, out);
   }
   return absl::OkStatus();

@@ -548,21 +548,23 @@ typedef struct strata_load_stats {
   uint64_t elements;         /* elements written into the engine */
   double seconds;
   char backend[64]; /* the reader's description, NUL-terminated ("io_uring depth=32 ...", "threads ...") */
+  /* Bytes the engine's NVMe offload (parameter shards, optimizer state) wrote and read during the load: each
+   * unit's master and parameter shard are written once (0 without NVMe offload). */
+  uint64_t nvme_bytes_written;
+  uint64_t nvme_bytes_read;
 } strata_load_stats;
-#define STRATA_LOAD_STATS_INIT                                                      \
-  {                                                                                 \
-    (uint32_t)sizeof(strata_load_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0.0, { 0 } \
-  }
+#define STRATA_LOAD_STATS_INIT \
+  { (uint32_t)sizeof(strata_load_stats), STRATA_ABI_VERSION, 0, 0, 0, 0, 0.0, {0}, 0, 0 }
 
 /* After finalize, outside micro-batches; not collective. For i < count, parameter (units[i], params[i])
  * takes tensor tensors[i] of `checkpoint`: this rank reads only the elements of it that it keeps
  * (strata_engine_held_range), by their byte ranges, through the offload layer's reader (io_uring with
  * registered staging buffers, or its pread thread pool), converts F32, BF16 and F16 to fp32 and writes them as
- * strata_engine_set_param_range does. Refused before any I/O (STRATA_ERR_INVALID_ARGUMENT /
- * STRATA_ERR_OUT_OF_RANGE): a unit, parameter or tensor that does not exist, a tensor whose element count is
- * not the parameter's, another dtype. A value that is not finite, or a read that fails, is an error naming the
- * file and the tensor; parameters written before it keep their new values. `options` may be NULL (defaults);
- * `out` may be NULL. */
+ * strata_engine_set_param_range does, one unit at a time (each unit's master and parameter shard written
+ * once). Refused before any I/O (STRATA_ERR_INVALID_ARGUMENT / STRATA_ERR_OUT_OF_RANGE): a unit, parameter or
+ * tensor that does not exist, a tensor whose element count is not the parameter's, another dtype. A value that
+ * is not finite, or a read that fails, is an error naming the file and the tensor; units written before it keep
+ * their new values, the unit being read its old ones. `options` may be NULL (defaults); `out` may be NULL. */
 strata_status strata_engine_load_safetensors(strata_engine* engine, const strata_safetensors* checkpoint,
                                              const int32_t* units, const int32_t* params, const uint64_t* tensors,
                                              size_t count, const strata_load_options* options, strata_load_stats* out);

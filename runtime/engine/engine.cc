@@ -474,38 +474,106 @@ std::pair<size_t, size_t> Engine::HeldRange(int unit) const {
 }
 
 absl::Status Engine::SetParamRange(int unit, int param, size_t offset, const float* values, size_t count) {
+  const ParamValues one{param, offset, values, count};
+  return SetParamRanges(unit, absl::MakeConstSpan(&one, 1));
+}
+
+namespace {
+// Whether the intervals [first, second) cover [lo, hi) without a gap (an empty [lo, hi) is covered).
+bool Covers(std::vector<std::pair<size_t, size_t>> pieces, size_t lo, size_t hi) {
+  std::sort(pieces.begin(), pieces.end());
+  size_t reached = lo;
+  for (const auto& [b, e] : pieces) {
+    if (b > reached) break;
+    reached = std::max(reached, e);
+  }
+  return reached >= hi;
+}
+}  // namespace
+
+// Note [Unit-at-once writes]. SetParamRanges writes a unit's master and its parameter storage once for all the
+// ranges it is given (docs/decisions/0043-unit-at-once-param-writes.md). Off the host tiers each of them is
+// staged whole: the NVMe master tile by tile (StateStore::Edit), an NVMe parameter shard through the shard cache
+// (written through whole), so writing a unit range by range moved the whole unit once per range. The master is
+// read first only when the ranges leave part of its update range as it was; the parameter storage is opened
+// over the ranges' cover, read first (keep) only when that cover has gaps. A frozen unit's master is its
+// parameter storage (Note [Frozen units] in placement.h), which holds its update range, so the parameter write
+// alone sets it.
+absl::Status Engine::SetParamRanges(int unit, absl::Span<const ParamValues> ranges) {
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "SetParam"));
   STRATA_RETURN_IF_ERROR(m.owners.update->CheckNoPendingUpdate("SetParam"));
   UnitState& u = m.units[unit];
-  const shard::ParamSlot& p = u.layout.params[param];
-  if (offset > p.numel || count > p.numel - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("SetParam(", u.layout.name, ".", p.spec.name, "): elements [",
-                                                   offset, ", ", offset + count, ") of ", p.numel));
+  // Each range's unit flat elements [a, a + count).
+  std::vector<size_t> a(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const ParamValues& r = ranges[i];
+    if (r.param < 0 || static_cast<size_t>(r.param) >= u.layout.params.size()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("SetParam(", u.layout.name, "): parameter ", r.param, " of ", u.layout.params.size()));
+    }
+    const shard::ParamSlot& p = u.layout.params[r.param];
+    if (r.offset > p.numel || r.count > p.numel - r.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("SetParam(", u.layout.name, ".", p.spec.name, "): elements [",
+                                                     r.offset, ", ", r.offset + r.count, ") of ", p.numel));
+    }
+    a[i] = p.offset_elems + r.offset;
   }
-  // The values given cover the unit's flat elements [a, z).
-  const size_t a = p.offset_elems + offset, z = a + count;
+  // The ranges' parts within [lo, hi), as intervals.
+  auto within = [&](size_t lo, size_t hi) {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const size_t b = std::max(lo, a[i]), e = std::min(hi, a[i] + ranges[i].count);
+      if (b < e) out.emplace_back(b, e);
+    }
+    return out;
+  };
   // Master over the update range, then the param storage over what this rank holds.
   const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  if (std::max(lo, a) < std::min(hi, z)) {
-    STRATA_RETURN_IF_ERROR(m.EditState(
-        u, optim::StateKind::kMaster,
-        [&](float* master) {
-          for (size_t j = std::max(lo, a); j < std::min(hi, z); ++j) master[j - lo] = values[j - a];
-        },
-        /*write_back=*/true));
+  const std::vector<std::pair<size_t, size_t>> to_master = within(lo, hi);
+  auto set_master = [&](float* master) {
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const size_t z = a[i] + ranges[i].count;
+      for (size_t j = std::max(lo, a[i]); j < std::min(hi, z); ++j) master[j - lo] = ranges[i].values[j - a[i]];
+    }
+  };
+  if (!u.frozen() && !to_master.empty()) {
+    if (Covers(to_master, lo, hi)) {  // every element is new: nothing to read
+      std::vector<float> master(hi - lo);
+      set_master(master.data());
+      STRATA_RETURN_IF_ERROR(m.WriteState(u, optim::StateKind::kMaster, master));
+    } else {
+      STRATA_RETURN_IF_ERROR(m.EditState(u, optim::StateKind::kMaster, set_master, /*write_back=*/true));
+    }
   }
   // The given elements within what this rank holds, [b, e), from the storage's first element plo.
   const size_t plo = u.ext.param_begin, phi = plo + u.ext.param_elems;
-  const size_t b = std::max(plo, a), e = std::max(b, std::min(phi, z));
-  if (b == e) return absl::OkStatus();
+  const std::vector<std::pair<size_t, size_t>> to_params = within(plo, phi);
+  if (to_params.empty()) return absl::OkStatus();
+  size_t b = phi, e = plo;
+  for (const auto& [pb, pe] : to_params) {
+    b = std::min(b, pb);
+    e = std::max(e, pe);
+  }
   return m.ParamStorage(
       u, (b - plo) * m.param_bytes(), (e - b) * m.param_bytes(),
       [&](char* params) {
-        for (size_t j = b; j < e; ++j) StoreAs(m.cfg.param_dtype, values[j - a], params, j - b);
+        for (size_t i = 0; i < ranges.size(); ++i) {
+          const size_t z = a[i] + ranges[i].count;
+          for (size_t j = std::max(b, a[i]); j < std::min(e, z); ++j) {
+            StoreAs(m.cfg.param_dtype, ranges[i].values[j - a[i]], params, j - b);
+          }
+        }
         return absl::OkStatus();
       },
-      /*keep=*/false);
+      /*keep=*/!Covers(to_params, b, e));
+}
+
+absl::StatusOr<Engine::NvmeTraffic> Engine::nvme_traffic() {
+  if (impl_->rt.io_queue == nullptr) return NvmeTraffic{};
+  if (impl_->pstore.param_cache != nullptr) STRATA_RETURN_IF_ERROR(impl_->pstore.param_cache->Flush());
+  const offload::IoQueueStats s = impl_->rt.io_queue->stats();
+  return NvmeTraffic{s.bytes_read, s.bytes_written};
 }
 
 int Engine::num_units() const { return static_cast<int>(impl_->units.size()); }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/device/device.h"
 #include "runtime/device/timeline.h"
@@ -157,6 +158,25 @@ class Engine {
   // rank's HeldRange are ignored, so each rank may pass only the part it keeps (a checkpoint read by byte
   // ranges). Not collective.
   absl::Status SetParamRange(int unit, int param, size_t offset, const float* values, size_t count);
+  // SetParamRange for several ranges of one unit in one call (docs/decisions/0043-unit-at-once-param-writes.md):
+  // the same checks, every range checked before anything is written, and the same result as calling it for
+  // each range in order (a later range wins where two overlap), but the unit's master and its parameter
+  // storage are each written once. With NVMe offload each write is the whole master / parameter shard, so a
+  // loader that writes a unit tensor by tensor moves the unit once, not once per tensor piece (issue #36).
+  struct ParamValues {
+    int param = 0;
+    size_t offset = 0;  // elements [offset, offset + count) of the parameter
+    const float* values = nullptr;
+    size_t count = 0;
+  };
+  absl::Status SetParamRanges(int unit, absl::Span<const ParamValues> ranges);
+  // Bytes the engine's NVMe stores have moved so far (parameter shards and optimizer state, through its I/O
+  // queue: every transfer, step or not); zero without NVMe offload. Waits for the parameter shards' writes in
+  // flight first (so they are counted), and returns the first of their errors.
+  struct NvmeTraffic {
+    uint64_t read_bytes = 0, written_bytes = 0;
+  };
+  absl::StatusOr<NvmeTraffic> nvme_traffic();
 
   int num_units() const;
   const shard::UnitLayout& layout(int unit) const;

@@ -1,6 +1,7 @@
 // engine::LoadPretrained (pretrained_load.h): the engine's held ranges, read by runtime/checkpoint.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -46,20 +47,55 @@ absl::StatusOr<checkpoint::RangeReadStats> LoadPretrained(Engine& engine,
       ranges.push_back(checkpoint::RangeToRead{t.tensor, first, last - lo - first, static_cast<int64_t>(i)});
     }
   }
-  return checkpoint::ReadRangesF32(
-      checkpoint, ranges, options,
-      [&](const checkpoint::RangeToRead& r, uint64_t first, const float* values, size_t count) -> absl::Status {
-        for (size_t k = 0; k < count; ++k) {
-          if (!std::isfinite(values[k])) {
-            const auto& tensor = checkpoint.tensors()[r.tensor];
-            return absl::InvalidArgumentError(absl::StrCat("weights file '", checkpoint.files()[tensor.file].path,
-                                                           "': tensor '", tensor.info.name, "' holds ", values[k],
-                                                           " at index ", first + k, "; weights must be finite"));
-          }
-        }
-        const PretrainedTarget& t = targets[static_cast<size_t>(r.tag)];
-        return engine.SetParamRange(t.unit, t.param, t.at + first, values, count);
+  // Note [Unit-at-once writes] (engine.cc): the ranges go unit by unit (within a unit in file order), so each
+  // unit's values arrive together; they are staged and written with one SetParamRanges when its last range is
+  // in. At most one unit's held values are staged at a time.
+  const auto& tensors = checkpoint.tensors();
+  std::stable_sort(
+      ranges.begin(), ranges.end(), [&](const checkpoint::RangeToRead& x, const checkpoint::RangeToRead& y) {
+        const int ux = targets[static_cast<size_t>(x.tag)].unit, uy = targets[static_cast<size_t>(y.tag)].unit;
+        if (ux != uy) return ux < uy;
+        const auto& tx = tensors[x.tensor];
+        const auto& ty = tensors[y.tensor];
+        return std::make_pair(tx.file, tx.info.begin) < std::make_pair(ty.file, ty.info.begin);
       });
+  int staged_unit = -1;
+  std::vector<float> staged;                // the values received for staged_unit, piece after piece
+  std::vector<Engine::ParamValues> pieces;  // their parameter ranges
+  std::vector<size_t> starts;               // where each piece's values begin in staged
+  auto flush = [&]() -> absl::Status {
+    if (staged_unit < 0) return absl::OkStatus();
+    for (size_t i = 0; i < pieces.size(); ++i) pieces[i].values = staged.data() + starts[i];
+    const absl::Status s = engine.SetParamRanges(staged_unit, pieces);
+    starts.clear();
+    staged_unit = -1;
+    staged.clear();
+    pieces.clear();
+    return s;
+  };
+  STRATA_ASSIGN_OR_RETURN(
+      checkpoint::RangeReadStats stats,
+      checkpoint::ReadRangesF32(
+          checkpoint, ranges, options,
+          [&](const checkpoint::RangeToRead& r, uint64_t first, const float* values, size_t count) -> absl::Status {
+            for (size_t k = 0; k < count; ++k) {
+              if (!std::isfinite(values[k])) {
+                const auto& tensor = tensors[r.tensor];
+                return absl::InvalidArgumentError(absl::StrCat("weights file '", checkpoint.files()[tensor.file].path,
+                                                               "': tensor '", tensor.info.name, "' holds ", values[k],
+                                                               " at index ", first + k, "; weights must be finite"));
+              }
+            }
+            const PretrainedTarget& t = targets[static_cast<size_t>(r.tag)];
+            if (t.unit != staged_unit) STRATA_RETURN_IF_ERROR(flush());
+            staged_unit = t.unit;
+            pieces.push_back(Engine::ParamValues{t.param, t.at + first, nullptr, count});
+            starts.push_back(staged.size());
+            staged.insert(staged.end(), values, values + count);
+            return absl::OkStatus();
+          }));
+  STRATA_RETURN_IF_ERROR(flush());
+  return stats;
 }
 
 }  // namespace strata::engine

@@ -1,6 +1,6 @@
 // Loading pretrained weights into an engine's shards by byte ranges (Note [Pretrained by byte ranges] in
 // runtime/checkpoint/pretrained.h; docs/decisions/0037-pretrained-by-byte-ranges.md). A free function over the
-// engine's public surface (HeldRange, SetParamRange): the reading is runtime/checkpoint's, the I/O offload's.
+// engine's public surface (HeldRange, SetParamRanges): the reading is runtime/checkpoint's, the I/O offload's.
 #pragma once
 
 #include <cstddef>
@@ -25,11 +25,13 @@ struct PretrainedTarget {
 
 // After finalize, between steps; not collective. For each target, reads only the elements of the tensor this
 // rank keeps of the parameter (Engine::HeldRange: about 1/world_size at stage 3, all at stages 0-2), converts
-// them to fp32 and writes them with Engine::SetParamRange. Refused before any I/O: a unit or parameter that
-// does not exist, a tensor whose element count is not the parameter's (a piece: one reaching past its end), a
-// dtype other than F32/BF16/F16 (each naming the file, the tensor and the parameter). A value that is not
-// finite is InvalidArgument naming the tensor and its index; parameters written before an error keep their new
-// values.
+// them to fp32 and writes them unit by unit: one unit's values are staged in host memory and written with one
+// Engine::SetParamRanges, so each unit's master and parameter storage are written once (Note [Unit-at-once
+// writes] in engine.cc, decision 0043). Refused before any I/O: a unit or parameter that does not exist, a
+// tensor whose element count is not the parameter's (a piece: one reaching past its end), a dtype other than
+// F32/BF16/F16 (each naming the file, the tensor and the parameter). A value that is not finite is
+// InvalidArgument naming the tensor and its index; units written before an error keep their new values, the
+// unit being read keeps its old ones.
 absl::StatusOr<checkpoint::RangeReadStats> LoadPretrained(Engine& engine,
                                                           const checkpoint::PretrainedCheckpoint& checkpoint,
                                                           absl::Span<const PretrainedTarget> targets,

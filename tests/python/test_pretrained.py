@@ -121,6 +121,33 @@ def test_each_rank_reads_only_what_it_keeps(stage, name, tmp_path):
     engine.close()
 
 
+@pytest.mark.parametrize("name", ["gpt2", "mixtral"])
+def test_nvme_offloaded_load_writes_each_shard_once(name, tmp_path):
+    """Issue #36, decision 0043: loaded into an engine whose parameters and optimizer state are on NVMe, the model
+    equals transformers' from_pretrained bit for bit, and the load writes each unit's fp32 master and parameter
+    shard once. The bound: the bytes the engine's NVMe offload wrote during the load (nvme_bytes_written, its I/O
+    queue's own count) are at most half of the rank's NVMe footprint. AdamW keeps three lanes (master, m, v) of
+    the master's size, and the fp32 parameter shard of a unit whose master is one tile takes as much as its master
+    lane (both rounded to the store's 4 KiB), so one pass, master + shards, is half of the footprint. Written
+    range by range, a unit of k tensors was written about k times."""
+    path = os.path.join(shared_dir(tmp_path), name)
+    write_checkpoint(path, name, seed=12, max_shard_size="20KB")
+    nvme = os.path.join(str(tmp_path), f"nvme{st.rank()}")
+    os.makedirs(nvme)
+    engine = st.shard(hf_builders()[name], config(3, zero_optimization={
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme},
+        "offload_optimizer": {"device": "nvme", "nvme_path": nvme}}))
+    engine.load_pretrained(path)
+    stats = _pretrained.last_load_stats
+    footprint = engine.stats()["nvme_current_bytes"]
+    assert 0 < stats["nvme_bytes_written"] <= footprint // 2, (stats, footprint)
+    state = engine.full_state_dict()
+    ref = type(engine.model).from_pretrained(path).state_dict()
+    for k in ref:
+        assert torch.equal(bits(state[k]), bits(ref[k])), k
+    engine.close()
+
+
 def test_other_ranks_bytes_are_never_read(tmp_path):
     """Each rank loads its own copy of a checkpoint in which every element it does not keep is NaN (a loader that
     read one would refuse it: weights must be finite): the model equals the unpoisoned one, bit for bit."""

@@ -13,7 +13,8 @@ rank read, for each parameter, only the elements its shards keep (strata_engine_
 byte ranges through the offload layer's reader (io_uring with registered staging buffers, or its pread thread
 pool), converted to fp32 (F32, BF16 and F16 parameters; another dtype is refused). Persistent buffers are
 read whole by every rank (strata_safetensors_read), in their own dtype. `last_load_stats` keeps the last
-load's reader statistics on this rank (bytes read, requests, the back-end), for tests and benchmarks.
+load's reader statistics on this rank (bytes read, requests, the back-end, and the bytes the engine's NVMe
+offload wrote and read meanwhile), for tests and benchmarks.
 
 Names. A tied parameter is found under any of its names (transformers writes one). The checkpoint's names
 are the model's state-dict names, or, for a transformers model whose checkpoint format renames its modules
@@ -318,4 +319,5 @@ def _load_held(engine, targets, files):
                                                              ctypes.byref(stats)))
     last_load_stats = {"bytes_read": stats.bytes_read, "requests": stats.requests,
                        "fixed_buffer_ios": stats.fixed_buffer_ios, "elements": stats.elements,
-                       "seconds": stats.seconds, "backend": stats.backend.decode()}
+                       "seconds": stats.seconds, "backend": stats.backend.decode(),
+                       "nvme_bytes_written": stats.nvme_bytes_written, "nvme_bytes_read": stats.nvme_bytes_read}
