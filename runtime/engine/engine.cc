@@ -52,10 +52,10 @@ void InitRange(const UnitState& u, uint64_t seed, size_t lo, size_t hi, float* m
 }  // namespace
 
 #if !STRATA_WITH_CUDA
-absl::Status Engine::Impl::SetUpCuda(comm::Communicator&) {
+absl::Status EngineRuntime::SetUpCuda(const EngineConfig&, comm::Communicator&) {
   return absl::UnimplementedError("this build has no CUDA (STRATA_WITH_CUDA=OFF): use a host device");
 }
-absl::Status Engine::Impl::CreateDeviceArena(uint64_t) { return absl::OkStatus(); }
+absl::Status EngineRuntime::CreateDeviceArena(const EngineConfig&, uint64_t) { return absl::OkStatus(); }
 #endif
 
 float* Engine::Impl::MasterPtr(UnitState& u, const memory::Buffer& master) const {
@@ -154,14 +154,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& given
   // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
   const bool host_update =
       device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
-  STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
+  STRATA_RETURN_IF_ERROR(impl->rt.SetOptimizerThreads(config, host_update ? config.optimizer_threads : 1));
   impl->rt.host_ops = memory::MakeHostTierOps(&impl->rt.host_threads);
   impl->rt.host_update = optim::MakeHostTierUpdate(&impl->rt.host_executor);
   STRATA_ASSIGN_OR_RETURN(impl->rt.groups, ResolveShardGroups(config, world, *impl->rt.step_stream));
   if (device.kind() == device::DeviceKind::kCuda) {  // Note [Engine on CUDA]
-    STRATA_RETURN_IF_ERROR(impl->SetUpCuda(world));
+    STRATA_RETURN_IF_ERROR(impl->rt.SetUpCuda(config, world));
   } else {
-    STRATA_RETURN_IF_ERROR(impl->SetUpHostComms(world));  // engine_groups.cc
+    STRATA_RETURN_IF_ERROR(impl->rt.SetUpHostComms(config, world));  // engine_groups.cc
     impl->rt.device_ops = memory::MakeHostTierOps(&impl->rt.host_threads);
     impl->rt.device_update = optim::MakeHostTierUpdate(&impl->rt.host_executor);
   }
@@ -209,7 +209,7 @@ namespace {
 
 // Every rank gathers every rank's per-unit fingerprints; the first difference is reported on all ranks.
 absl::Status CheckRegistrations(Engine::Impl& m) {
-  const int n = m.world_size();
+  const int n = m.rt.world_size();
   // Slot 0: unit count; then one fingerprint per unit, truncated to the shortest list.
   std::vector<uint64_t> mine(1 + m.units.size());
   mine[0] = m.units.size();
@@ -219,7 +219,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   for (int r = 0; r < n; ++r) {
     if (counts[r] != mine[0]) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "unit registrations differ across ranks: rank ", m.rank(), " registered ", mine[0], " units but rank ", r,
+          "unit registrations differ across ranks: rank ", m.rt.rank(), " registered ", mine[0], " units but rank ", r,
           " registered ", counts[r], "; every rank must register the same units in the same order"));
     }
   }
@@ -230,7 +230,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
     for (int r = 0; r < n; ++r) {
       if (all[r * mine.size() + 1 + i] != mine[1 + i]) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "unit registrations differ across ranks: unit #", i, " on rank ", m.rank(), " is {",
+            "unit registrations differ across ranks: unit #", i, " on rank ", m.rt.rank(), " is {",
             m.units[i].layout.Describe(), "} but rank ", r,
             " registered something else there (name, parameter names, shapes, weight-decay flags or own lr / weight "
             "decay differ)"));
@@ -358,7 +358,7 @@ absl::Status Engine::Finalize() {
   if (m.progress.finalized) return absl::FailedPreconditionError("Finalize() called twice");
   if (m.units.empty()) return absl::FailedPreconditionError("Finalize() with no registered unit");
   STRATA_RETURN_IF_ERROR(CheckRegistrations(m));
-  if (m.rank() == 0) LogUnusedOwnLrs(m);
+  if (m.rt.rank() == 0) LogUnusedOwnLrs(m);
   LargestUnits largest;
   std::vector<std::string> names;
   std::vector<size_t> unit_elems;
@@ -381,7 +381,7 @@ absl::Status Engine::Finalize() {
   const size_t tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, &device_need));
-  STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
+  STRATA_RETURN_IF_ERROR(m.rt.CreateDeviceArena(m.cfg, device_need));
   m.DecidePlace();  // over the arena
   STRATA_RETURN_IF_ERROR(m.SetUpNvme(tile_elems));
   STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest.shard));
@@ -511,8 +511,8 @@ absl::Status Engine::SetParamRange(int unit, int param, size_t offset, const flo
 int Engine::num_units() const { return static_cast<int>(impl_->units.size()); }
 const shard::UnitLayout& Engine::layout(int unit) const { return impl_->units[unit].layout; }
 const EngineConfig& Engine::config() const { return impl_->cfg; }
-int Engine::rank() const { return impl_->rank(); }
-int Engine::world_size() const { return impl_->world_size(); }
+int Engine::rank() const { return impl_->rt.rank(); }
+int Engine::world_size() const { return impl_->rt.world_size(); }
 int64_t Engine::step() const { return impl_->progress.step; }
 float Engine::loss_scale() const { return impl_->progress.loss_scaler.scale(); }
 double Engine::next_lr() const { return impl_->NextLr(); }

@@ -165,7 +165,7 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
 // not created its own yet, and no other rank of this job writes these names.
 void RemoveStaleTemps(const Engine::Impl& m, const std::string& step_dir) {
   const std::string mine = ckpt::ShardName(m.rt.shard_rank) + ".tmp.";
-  const int rank = m.rank(), world = m.rt.shard_size();
+  const int rank = m.rt.rank(), world = m.rt.shard_size();
   auto removed = ckpt::RemoveTemps(step_dir, [&](absl::string_view name) {
     if (absl::StartsWith(name, mine)) return true;
     if (rank != 0) return false;
@@ -250,7 +250,7 @@ absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std:
       job.local = snapshot.status();
     }
   }
-  if (m.rank() == 0 && job.local.ok()) job.manifest = BuildManifest(m, trainer_json);
+  if (m.rt.rank() == 0 && job.local.ok()) job.manifest = BuildManifest(m, trainer_json);
   return async_saver_->Start(std::move(job));
 }
 

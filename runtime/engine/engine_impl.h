@@ -27,6 +27,7 @@
 #include "runtime/device/timeline.h"
 #include "runtime/engine/accounting.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_runtime.h"
 #include "runtime/engine/placement.h"
 #include "runtime/engine/unit_owners.h"
 #include "runtime/memory/memory.h"
@@ -71,61 +72,6 @@ struct UnitState {
 // For errors about ranks that disagree (Note [Agreed schedule], Note [One configuration]).
 using comm::RanksByValue;
 using comm::RanksText;
-
-// engine_groups.cc: the shard groups zero_optimization.shard_group_size asks for (collective over world
-// for "node").
-absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, comm::Communicator& world,
-                                                    device::Stream& stream);
-
-// What the engine runs on: the world and the device, the communicator and stream of each phase, the
-// memory tiers with their accountant and their operations, the host optimizer threads and the offload
-// I/O queue. Made in Create (SetUpCuda on CUDA) and Finalize, fixed afterwards; Engine::Impl's first
-// base, so it outlives every buffer, store and pool the engine holds.
-struct EngineRuntime {
-  comm::Communicator* world = nullptr;
-  device::Device* device = nullptr;
-  std::unique_ptr<comm::Communicator> gather_comm, reduce_comm, step_comm;
-  // Hybrid sharding (engine_groups.cc says which communicator spans what): the shard groups, decided at
-  // Create; the replica all-reduce on the reduce stream (stages 2-3 with replicas; else null); this
-  // rank's place in its shard group, which the layouts, extents and gathers use.
-  comm::GroupSplit groups;
-  std::unique_ptr<comm::Communicator> replica_comm;
-  int shard_rank = 0;
-  int shard_size() const { return groups.group_size; }
-  std::unique_ptr<device::Stream> gather_stream, reduce_stream, step_stream;
-  memory::MemoryTracker tracker;
-  std::unique_ptr<memory::Allocator> device_alloc;
-  std::unique_ptr<memory::Allocator> host_alloc;  // the pinned-host tier (offloaded state), host budget
-  // Where host-memory optimizer updates run (the host tier's update and the NVMe tiles read this slot): a
-  // pool of strata.optimizer_threads threads, or empty for one thread; host_threads is its kernels and
-  // pool as the host tier's casts read them (SetOptimizerThreads sets both). Declared before the ops that
-  // point at them.
-  std::unique_ptr<optim::HostExecutor> host_executor;
-  memory::HostThreads host_threads;
-  // Note [Tier ops] (runtime/memory/tier_ops.h): the operations on buffer contents, per tier, and the
-  // optimizer's update over each (optim/tier_update.h). The device tier's are the host ones on host
-  // devices (the device tier is host memory there) and the CUDA ones on CUDA devices. The engine hands
-  // them to shard/ and optim/, which call them directly.
-  std::unique_ptr<memory::TierOps> device_ops, host_ops;
-  std::unique_ptr<optim::TierUpdate> device_update, host_update;
-  memory::TierOps& OpsOf(const memory::Allocator& a) const {
-    return a.tier() == memory::Tier::kDevice ? *device_ops : *host_ops;
-  }
-  optim::TierUpdate& UpdateOf(const memory::Allocator& a) const {
-    return a.tier() == memory::Tier::kDevice ? *device_update : *host_update;
-  }
-  // Small collectives on host buffers (registration check, the gradient norm, checkpoint reports, exports):
-  // step_comm on host devices; on CUDA devices a host communicator beside the NCCL ones.
-  comm::Communicator* control = nullptr;
-  device::Stream* control_stream = nullptr;
-  std::unique_ptr<comm::Communicator> control_comm;
-  std::unique_ptr<device::Stream> control_host_stream;
-  // Control collectives within the shard group, on control_stream (the gradient norm, GatherUnit):
-  // control itself without replicas.
-  comm::Communicator* group_control = nullptr;
-  std::unique_ptr<comm::Communicator> group_control_comm;
-  std::unique_ptr<offload::IoQueue> io_queue;  // the NVMe stores' (CreateIoQueue, on first use)
-};
 
 // The rank's parameter storage beside the units' own buffers: with offload_param = nvme the shards in an
 // NVMe store behind a cache of pinned buffers (Note [NVMe params]; all null otherwise), and the host
@@ -181,22 +127,14 @@ struct Engine::Impl {
   ParamStore pstore;
   StepState progress;
   EngineConfig cfg;
-  absl::Status SetOptimizerThreads(int threads);  // engine_step.cc; 0 = OptimizerThreads(cfg)'s default
-  // Note [Engine on CUDA]. On a CUDA device (engine_cuda.cc) the device tier is one cudaMalloc arena
-  // (created in Finalize: the device budget, or without one exactly what the model's state needs, so
+  // Note [Engine on CUDA]. On a CUDA device (EngineRuntime::SetUpCuda, engine_cuda.cc) the device tier is one
+  // cudaMalloc arena (created in Finalize: the device budget, or without one exactly what the model's state needs, so
   // the rest of the GPU stays with the trainer; until then a host accountant checks the budget), the
   // device tier ops are the kernels/cuda twins, gather / reduce / step run on NCCL communicators
   // bootstrapped over the host world, and control collectives stay on a host communicator. The
   // pinned-host tier is registered with CUDA. Optimizer offload needs stage >= 2 (reduced gradient
   // shards are copied to the host through the reducer's staging, shard/grad_reducer.h); parameter
   // offload also needs optimizer offload and gathers through Note [Staged gathers].
-  absl::Status SetUpCuda(comm::Communicator& host_world);  // engine_cuda.cc
-  absl::Status CreateDeviceArena(uint64_t need);           // engine_cuda.cc; a no-op on host devices
-  // engine_groups.cc: the gather, reduce, replica and step communicators over `base` (the host world, or
-  // the world's NCCL communicator), the host ones with control, and group_control after control.
-  absl::Status SplitStreamComms(comm::Communicator& base);
-  absl::Status SetUpHostComms(comm::Communicator& host_world);
-  absl::Status SetUpGroupControl();
 
   // Note [Tier placement] and Note [Placement] (placement.h): which tier each buffer lives on.
   Placement place;  // decided once, in Create (Note [Placement])
@@ -217,7 +155,6 @@ struct Engine::Impl {
   // engine_nvme.cc, at Finalize after the units' buffers: `held` are their master / state buffers.
   absl::Status SetUpState(std::vector<optim::MemoryUnit> held);
   absl::Status SetUpNvme(size_t tile_elems);  // before the units' buffers; nothing without NVMe state
-  absl::Status CreateIoQueue();
   // One kind (optim::StateKind) of a unit's optimizer state over its update range, as a host vector,
   // wherever it lives (device, pinned host or NVMe tiles). What export, SetParam, checkpoints and
   // initialisation use; never on the step's hot path.
@@ -296,8 +233,6 @@ struct Engine::Impl {
     return !rt.device_ops->host_visible() && place.grads->tier() != memory::Tier::kDevice;
   }
 
-  int rank() const { return rt.world->rank(); }
-  int world_size() const { return rt.world->size(); }
   size_t param_bytes() const { return DTypeBytes(cfg.param_dtype); }
   // The gradient memory's alignment on `tier`: 2 MiB with strata.release_idle_memory where the tier hands
   // pages back, so the pages faulted in again after each step are huge pages (Note [Huge pages],

@@ -12,9 +12,9 @@
 
 namespace strata::engine {
 
-absl::Status Engine::Impl::CreateIoQueue() {
-  if (rt.io_queue != nullptr) return absl::OkStatus();
-  STRATA_ASSIGN_OR_RETURN(rt.io_queue, offload::CreateIoQueue(offload::IoQueueOptions{}));
+absl::Status EngineRuntime::CreateIoQueue() {
+  if (io_queue != nullptr) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(io_queue, offload::CreateIoQueue(offload::IoQueueOptions{}));
   return absl::OkStatus();
 }
 
@@ -30,7 +30,7 @@ absl::Status CheckNvmePath(const char* which, const std::string& path) {
 offload::NvmeStoreOptions StoreOptions(Engine::Impl& m, const std::string& path, const char* name, uint64_t need) {
   offload::NvmeStoreOptions so;
   so.files.paths = {path};
-  so.files.rank = m.rank();
+  so.files.rank = m.rt.rank();
   so.files.name = name;
   so.files.capacity_bytes = std::max<uint64_t>(need, offload::NvmeStore::kAlignment);
   so.tracker = &m.rt.tracker;
@@ -54,7 +54,7 @@ offload::PinnedPoolOptions PoolOptions(const Engine::Impl& m, size_t count, size
 absl::Status Engine::Impl::SetUpNvmeParams(int live, size_t largest_shard) {
   if (!nvme_params()) return absl::OkStatus();
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_param", cfg.offload_param.nvme_path));
-  STRATA_RETURN_IF_ERROR(CreateIoQueue());
+  STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
   std::vector<uint64_t> bytes;
   uint64_t need = 0;
   for (const UnitState& u : units) {
@@ -104,7 +104,7 @@ absl::Status Engine::Impl::SetUpNvme(size_t tile_elems) {
   std::vector<size_t> elems;
   for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : update_elems(u));  // Note [Frozen units]
   const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
-  STRATA_RETURN_IF_ERROR(CreateIoQueue());
+  STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
                           offload::NvmeStore::Create(StoreOptions(*this, path, "optimizer", need), rt.io_queue.get()));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::PinnedPool> staging,

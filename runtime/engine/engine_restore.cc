@@ -166,11 +166,11 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
   absl::Status local = LoadLocal(m, step_dir, &man);
   // Every rank reads different shards, so one may fail where others succeed: agree before going on, or
   // the ranks that succeeded would wait in their next collective for the one that returned.
-  std::vector<float> ok(m.world_size()), mine(1, local.ok() ? 1.0f : 0.0f);
+  std::vector<float> ok(m.rt.world_size()), mine(1, local.ok() ? 1.0f : 0.0f);
   STRATA_RETURN_IF_ERROR(
       m.rt.control->AllGather(mine.data(), ok.data(), 1, DType::kF32, *m.rt.control_stream).Wait());
   std::vector<int> failed;
-  for (int r = 0; r < m.world_size(); ++r) {
+  for (int r = 0; r < m.rt.world_size(); ++r) {
     if (ok[r] == 0) failed.push_back(r);
   }
   if (!local.ok()) return local;

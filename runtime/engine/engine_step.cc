@@ -21,28 +21,28 @@
 
 namespace strata::engine {
 
-absl::Status Engine::Impl::SetOptimizerThreads(int threads) {
+absl::Status EngineRuntime::SetOptimizerThreads(const EngineConfig& cfg, int threads) {
   if (threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer threads must be >= 0 (0 = the default), got ", threads));
   }
   EngineConfig resolved = cfg;
   resolved.optimizer_threads = threads;
   const int n = OptimizerThreads(resolved);
-  rt.host_threads = memory::HostThreads{};
-  rt.host_executor.reset();  // before the new pool, so the two never both hold workers
+  host_threads = memory::HostThreads{};
+  host_executor.reset();                // before the new pool, so the two never both hold workers
   if (n == 1) return absl::OkStatus();  // the calling thread: exactly the single-threaded path
   // The variant ApplyUpdate uses without an executor (STRATA_CPU_ISA, else the widest), so that only
   // the thread count differs.
-  STRATA_ASSIGN_OR_RETURN(rt.host_executor,
+  STRATA_ASSIGN_OR_RETURN(host_executor,
                           optim::HostExecutor::Create(n, kernels::cpu::IsaName(optim::DefaultHostKernels().isa)));
-  rt.host_threads = memory::HostThreads{&rt.host_executor->kernels(), rt.host_executor->pool()};
+  host_threads = memory::HostThreads{&host_executor->kernels(), host_executor->pool()};
   return absl::OkStatus();
 }
 
 absl::Status Engine::SetOptimizerThreads(int threads) {
   if (impl_->progress.in_micro_batch)
     return absl::FailedPreconditionError("SetOptimizerThreads() inside an open micro-batch");
-  return impl_->SetOptimizerThreads(threads);
+  return impl_->rt.SetOptimizerThreads(impl_->cfg, threads);
 }
 
 int Engine::optimizer_threads() const { return impl_->rt.host_executor ? impl_->rt.host_executor->threads() : 1; }
@@ -89,7 +89,7 @@ int Engine::Impl::GroupOf(const shard::ParamSpec& spec) {
 optim::StepInputs Engine::Impl::StepInputsNow() {
   optim::StepInputs in;
   in.grad_scale =
-      1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * progress.loss_scaler.scale());
+      1.0f / (static_cast<float>(rt.world_size() * cfg.gradient_accumulation_steps) * progress.loss_scaler.scale());
   for (const OwnHyper& g : param_groups) {  // Note [Param groups]: [0], the config's, first
     in.groups.push_back(optim::GroupHyper{NextLr(g.lr), g.weight_decay.value_or(cfg.optimizer.weight_decay)});
   }
