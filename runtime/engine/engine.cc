@@ -65,15 +65,6 @@ float* Engine::Impl::MasterPtr(UnitState& u, const memory::Buffer& master) const
   return u.params.as<float>() + (u.ext.update_begin - u.ext.param_begin);
 }
 
-float* Engine::Impl::GradUpdatePtr(UnitState& u) const {
-  return u.grads.as<float>() + (u.ext.update_begin - u.ext.grad_begin);
-}
-
-char* Engine::Impl::ParamBase(const UnitState& u) const {
-  if (owners.params == nullptr) return u.params.as<char>();  // before Finalize
-  return owners.params->Base(UnitIndex(u));
-}
-
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
@@ -194,6 +185,7 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
                           shard::UnitLayout::Build(std::move(name), std::move(params), m.rt.shard_size()));
   m.units.emplace_back();
   m.units.back().layout = std::move(layout);
+  m.units.back().index = static_cast<int>(m.units.size()) - 1;
   m.units.back().ext = DecideExtents(m.cfg.stage, m.rt.shard_rank, m.units.back().layout);
   std::vector<int> groups;  // Note [Param groups]: numbered alike on every rank, whichever segments it holds
   for (const shard::ParamSlot& p : m.units.back().layout.params) groups.push_back(m.GroupOf(p.spec));
@@ -376,7 +368,7 @@ absl::Status Engine::Finalize() {
   // A tile larger than the largest update range would only make the staging buffers bigger.
   size_t largest_update = 0;
   for (const UnitState& u : m.units) {
-    if (!u.frozen()) largest_update = std::max(largest_update, m.update_elems(u));
+    if (!u.frozen()) largest_update = std::max(largest_update, u.update_elems());
   }
   const size_t tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
@@ -408,7 +400,9 @@ ParamView Engine::Param(int unit, int param) const {
   const Impl& m = *impl_;
   const UnitState& u = m.units[unit];
   const shard::ParamSlot& p = u.layout.params[param];
-  char* base = m.ParamBase(u);
+  // Where compute reads the full unit: the parameter owner's (Note [Unit owners]), the unit's own buffer
+  // before Finalize.
+  char* base = m.owners.params == nullptr ? u.params.as<char>() : m.owners.params->Base(unit);
   return ParamView{base == nullptr ? nullptr : base + p.offset_elems * m.param_bytes(), m.cfg.param_dtype, p.numel,
                    &p.spec.shape};
 }
@@ -486,7 +480,7 @@ absl::Status Engine::SetParamRange(int unit, int param, size_t offset, const flo
   // The values given cover the unit's flat elements [a, z).
   const size_t a = p.offset_elems + offset, z = a + count;
   // Master over the update range, then the param storage over what this rank holds.
-  const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
+  const size_t lo = u.update_begin(), hi = lo + u.update_elems();
   if (std::max(lo, a) < std::min(hi, z)) {
     STRATA_RETURN_IF_ERROR(m.EditState(
         u, optim::StateKind::kMaster,

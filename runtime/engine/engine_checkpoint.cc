@@ -99,7 +99,7 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
       STRATA_ASSIGN_OR_RETURN(buffers, KindBuffers(m, u, &staged));
       staged_unit = where[i].first;
     }
-    STRATA_RETURN_IF_ERROR(w.Write(i, buffers[where[i].second] + (ranges[i].begin - m.update_begin(u))));
+    STRATA_RETURN_IF_ERROR(w.Write(i, buffers[where[i].second] + (ranges[i].begin - u.update_begin())));
   }
   STRATA_ASSIGN_OR_RETURN(auto done, w.Finish());
   *checksum = done.first;
@@ -122,14 +122,14 @@ absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::v
       for (optim::StateKind k : m.state_kinds(u)) {
         std::vector<float> values;
         if (snap.buffers.size() < spare.size()) values = std::move(spare[snap.buffers.size()]);
-        values.resize(m.update_elems(u));
+        values.resize(u.update_elems());
         STRATA_RETURN_IF_ERROR(m.EditState(
             u, k, [&](const float* p) { std::copy(p, p + values.size(), values.data()); }, /*write_back=*/false));
         snap.buffers.push_back(std::move(values));
       }
       staged_unit = plan.where[i].first;
     }
-    snap.at.emplace_back(first_buffer + plan.where[i].second, plan.ranges[i].begin - m.update_begin(u));
+    snap.at.emplace_back(first_buffer + plan.where[i].second, plan.ranges[i].begin - u.update_begin());
   }
   snap.ranges = std::move(plan.ranges);
   return snap;

@@ -56,6 +56,12 @@ struct UnitState {
   memory::Buffer grads;   // fp32 (the master and the optimizer state are the StateStore's)
   UnitExtents ext;  // what the rank holds of each buffer (Note [Placement]), decided at RegisterUnit
   bool frozen() const { return ext.frozen; }  // Note [Frozen units]
+  int index = 0;                              // its place among the engine's units (RegisterUnit)
+  // The element range this rank updates, [update_begin, update_begin + update_elems), and where it starts
+  // in the fp32 gradients.
+  size_t update_begin() const { return ext.update_begin; }
+  size_t update_elems() const { return ext.update_elems; }
+  float* GradUpdatePtr() const { return grads.as<float>() + (ext.update_begin - ext.grad_begin); }
 
   // Where the unit is in the hook protocol (Note [Unit protocol]); the gathered and working gradient
   // buffers are the ParamsOwner's and the GradReducer's.
@@ -158,15 +164,14 @@ struct Engine::Impl {
   // One kind (optim::StateKind) of a unit's optimizer state over its update range, as a host vector,
   // wherever it lives (device, pinned host or NVMe tiles). What export, SetParam, checkpoints and
   // initialisation use; never on the step's hot path.
-  int UnitIndex(const UnitState& u) const { return static_cast<int>(&u - units.data()); }
   // A frozen unit's master is its param storage (Note [Frozen units]; engine_nvme.cc).
   absl::StatusOr<std::vector<float>> ReadState(UnitState& u, optim::StateKind kind) {
     if (u.frozen()) return ReadFrozen(u, kind);
-    return state->Read(UnitIndex(u), kind);
+    return state->Read(u.index, kind);
   }
   absl::Status WriteState(UnitState& u, optim::StateKind kind, const std::vector<float>& values) {
     if (u.frozen()) return WriteFrozen(u, kind, values);
-    return state->Write(UnitIndex(u), kind, values);
+    return state->Write(u.index, kind, values);
   }
   // Runs fn on the kind over the update range: in place where the CPU can reach it, else on a staged copy
   // (written back when write_back).
@@ -200,7 +205,7 @@ struct Engine::Impl {
   }
   // ParamStorage over this rank's update range, which fn overwrites whole (the step's update and casts).
   absl::Status UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn) {
-    return ParamStorage(u, UpdateParamOffset(u), update_elems(u) * param_bytes(), fn, /*keep=*/false);
+    return ParamStorage(u, UpdateParamOffset(u), u.update_elems() * param_bytes(), fn, /*keep=*/false);
   }
   // offload_param (cpu or nvme) under a device-buffer communicator: Note [Staged gathers] in
   // shard/param_source.h.
@@ -240,13 +245,7 @@ struct Engine::Impl {
   size_t GradAlignment(const memory::Allocator* tier) const {
     return cfg.release_idle_memory && tier != nullptr && tier->hands_back_pages() ? size_t{2} << 20 : 64;
   }
-  bool last_micro_batch() const { return progress.micro_batch == cfg.gradient_accumulation_steps - 1; }
-  // The element range this rank updates: [update_begin, update_begin + update_elems).
-  size_t update_begin(const UnitState& u) const { return u.ext.update_begin; }
-  size_t update_elems(const UnitState& u) const { return u.ext.update_elems; }
   float* MasterPtr(UnitState& u, const memory::Buffer& master) const;  // update range of the fp32 master
-  float* GradUpdatePtr(UnitState& u) const;  // update range of the fp32 grads
-  char* ParamBase(const UnitState& u) const;  // where compute reads the full unit
 
   // engine_hooks.cc
   absl::Status CheckUnit(int unit, const char* hook) const;

@@ -89,7 +89,7 @@ shard::ParamRange Engine::Impl::ParamRangeOf(UnitState& u, size_t offset, size_t
   shard::ParamRange r;
   r.ops = &ParamOps();
   r.cache = nvme_params() ? pstore.param_cache.get() : nullptr;  // then the cache holds the shards (no u.params)
-  r.unit = UnitIndex(u);
+  r.unit = u.index;
   r.params = u.params.as<char>();
   r.shard_bytes = u.layout.shard_elems * param_bytes();
   r.offset = offset;
@@ -102,7 +102,7 @@ absl::Status Engine::Impl::SetUpNvme(size_t tile_elems) {
   const std::string& path = cfg.offload_optimizer.nvme_path;
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
   std::vector<size_t> elems;
-  for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : update_elems(u));  // Note [Frozen units]
+  for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : u.update_elems());  // Note [Frozen units]
   const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
   STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
@@ -139,7 +139,7 @@ absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
 // which only checkpoints and exports pay.
 absl::StatusOr<std::vector<float>> Engine::Impl::ReadFrozen(UnitState& u, optim::StateKind kind) {
   if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
-  std::vector<float> out(update_elems(u));
+  std::vector<float> out(u.update_elems());
   STRATA_RETURN_IF_ERROR(ParamStorage(u, UpdateParamOffset(u), out.size() * param_bytes(), [&](char* params) {
     for (size_t i = 0; i < out.size(); ++i) out[i] = LoadAs(cfg.param_dtype, params, i);
     return absl::OkStatus();
@@ -156,7 +156,7 @@ absl::Status Engine::Impl::WriteFrozen(UnitState& u, optim::StateKind kind, cons
 
 absl::Status Engine::Impl::EditState(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
                                      bool write_back) {
-  if (!u.frozen()) return state->Edit(UnitIndex(u), kind, fn, write_back);
+  if (!u.frozen()) return state->Edit(u.index, kind, fn, write_back);
   STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, ReadFrozen(u, kind));
   fn(staged.data());
   return write_back ? WriteFrozen(u, kind, staged) : absl::OkStatus();

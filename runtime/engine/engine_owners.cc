@@ -88,8 +88,8 @@ class ReplicatedParams : public ResidentParams {
     for (int i : units) {
       UnitState& u = m_.units[i];
       char* base = u.params.as<char>();
-      works.push_back(m_.rt.step_comm->AllGather(base + m_.update_begin(u) * m_.param_bytes(), base,
-                                                 u.layout.shard_elems, m_.cfg.param_dtype, *m_.rt.step_stream));
+      works.push_back(m_.rt.step_comm->AllGather(base + u.update_begin() * m_.param_bytes(), base, u.layout.shard_elems,
+                                                 m_.cfg.param_dtype, *m_.rt.step_stream));
     }
     for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(m_.progress.TimedWait([&] { return w.Wait(); }));
     return absl::OkStatus();
@@ -178,7 +178,8 @@ class TrainedGrads : public GradOwner {
     ++u.no_grad_micro_batches[param];
   }
   absl::Status LastBackwardUse(int unit) override {
-    if (!m_.reducer->reduces(m_.last_micro_batch())) return absl::OkStatus();
+    if (!m_.reducer->reduces(m_.progress.micro_batch == m_.cfg.gradient_accumulation_steps - 1))
+      return absl::OkStatus();
     return m_.owners.update->Reduce(unit);
   }
 
@@ -198,7 +199,7 @@ class UpdateAtStep : public UpdateOwner {
   absl::Status CheckLeftOut(bool) const override { return absl::OkStatus(); }
   absl::StatusOr<optim::StepOutcome> Update(const std::vector<int>& trained, const optim::StepInputs& in) override {
     std::vector<optim::StepUnit> step_units;
-    for (int i : trained) step_units.push_back(m_.StepUnitOf(m_.units[i], m_.GradUpdatePtr(m_.units[i])));
+    for (int i : trained) step_units.push_back(m_.StepUnitOf(m_.units[i], m_.units[i].GradUpdatePtr()));
     return optim::RunOptimizerStep(*m_.state, m_.cfg.optimizer, m_.OptimizerOps(), step_units, in);
   }
 

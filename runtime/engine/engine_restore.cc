@@ -123,11 +123,11 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
   std::vector<shard::ParamSpec> specs;
   for (const auto& p : saved.params) specs.push_back({p.name, p.shape, p.weight_decay});
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout old, shard::UnitLayout::Build(saved.name, specs, saved_world));
-  const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
+  const size_t lo = u.update_begin(), hi = lo + u.update_elems();
   const std::vector<optim::StateKind> kinds = m.state_kinds(u);  // the master alone when frozen
   // Each kind is filled into a host copy of this unit's update range, then written to wherever it lives
   // (WriteState: device, pinned host or NVMe tiles).
-  std::vector<std::vector<float>> staged(kinds.size(), std::vector<float>(m.update_elems(u), 0.0f));
+  std::vector<std::vector<float>> staged(kinds.size(), std::vector<float>(u.update_elems(), 0.0f));
   for (size_t k = 0; k < kinds.size(); ++k) {
     for (const shard::ParamSlot& p : u.layout.params) {
       const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);

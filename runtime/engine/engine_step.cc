@@ -50,9 +50,8 @@ int Engine::optimizer_threads() const { return impl_->rt.host_executor ? impl_->
 // `master` is host memory; the param storage ParamStorage hands out is too.
 absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
   if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  return UpdateParamStorage(u, [&](char* params) {
-    return rt.host_ops->Cast(cfg.param_dtype, master, params, update_elems(u));
-  });
+  return UpdateParamStorage(
+      u, [&](char* params) { return rt.host_ops->Cast(cfg.param_dtype, master, params, u.update_elems()); });
 }
 
 absl::Status Engine::Impl::ZeroGrads() {
@@ -109,13 +108,13 @@ optim::StepInputs Engine::Impl::StepInputsNow() {
 optim::StepUnit Engine::Impl::StepUnitOf(UnitState& u, float* grad) {
   optim::ParamsAccess params;
   params.storage = &pstore.param_access;
-  params.range = ParamRangeOf(u, UpdateParamOffset(u), update_elems(u) * param_bytes());
+  params.range = ParamRangeOf(u, UpdateParamOffset(u), u.update_elems() * param_bytes());
   // Device state updates device params in place (no param buffer with parameter shards on NVMe).
   params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
-  const size_t i = static_cast<size_t>(UnitIndex(u));
+  const size_t i = static_cast<size_t>(u.index);
   const bool own = i < progress.step_segments_own.size() && progress.step_segments_own[i];
-  return optim::StepUnit{grad, update_elems(u), own ? &progress.step_segments[i] : &u.ext.update_segments,
-                         std::move(params), UnitIndex(u)};
+  return optim::StepUnit{grad, u.update_elems(), own ? &progress.step_segments[i] : &u.ext.update_segments,
+                         std::move(params), u.index};
 }
 
 // Note [Parameters without a gradient]. torch.optim skips a parameter whose .grad is None: no weight decay,
