@@ -58,13 +58,6 @@ absl::Status EngineRuntime::SetUpCuda(const EngineConfig&, comm::Communicator&) 
 absl::Status EngineRuntime::CreateDeviceArena(const EngineConfig&, uint64_t) { return absl::OkStatus(); }
 #endif
 
-float* Engine::Impl::MasterPtr(UnitState& u, const memory::Buffer& master) const {
-  // Apart from the params: `master`, which is empty (nullptr) with the master on NVMe, where
-  // ReadState(u, kMaster) stages it.
-  if (separate_master()) return master.as<float>();
-  return u.params.as<float>() + (u.ext.update_begin - u.ext.param_begin);
-}
-
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
@@ -141,10 +134,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& given
                                                                &impl->rt.tracker);
   impl->rt.host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
                                                              &impl->rt.tracker);
-  impl->DecidePlace();
+  impl->storage.DecidePlace();
   // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
   const bool host_update =
-      device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
+      device.kind() != device::DeviceKind::kCuda || impl->storage.place.grads->tier() != memory::Tier::kDevice;
   STRATA_RETURN_IF_ERROR(impl->rt.SetOptimizerThreads(config, host_update ? config.optimizer_threads : 1));
   impl->rt.host_ops = memory::MakeHostTierOps(&impl->rt.host_threads);
   impl->rt.host_update = optim::MakeHostTierUpdate(&impl->rt.host_executor);
@@ -156,7 +149,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& given
     impl->rt.device_ops = memory::MakeHostTierOps(&impl->rt.host_threads);
     impl->rt.device_update = optim::MakeHostTierUpdate(&impl->rt.host_executor);
   }
-  impl->DecidePlace();  // over the tiers SetUpCuda made
+  impl->storage.DecidePlace();  // over the tiers SetUpCuda made
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -235,17 +228,20 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
 // Initial values of what the rank holds: its own range for stage 3, everything for the replicated stages.
 absl::Status InitParams(Engine::Impl& m, UnitState& u) {
   const size_t lo = u.ext.param_begin, hi = lo + u.ext.param_elems;
-  return m.ParamStorage(u, 0, u.ext.param_elems * m.param_bytes(), [&](char* params) {
-    InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
-    return absl::OkStatus();
-  }, /*keep=*/false);
+  return m.storage.ParamStorage(
+      u, 0, u.ext.param_elems * m.storage.param_bytes(),
+      [&](char* params) {
+        InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
+        return absl::OkStatus();
+      },
+      /*keep=*/false);
 }
 
 // `held` receives the unit's master and state buffers, which the StateStore takes over (SetUpState); a
 // frozen unit's stay empty (Note [Frozen units]).
 absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held) {
-  const Placement& at = m.place;
-  const size_t upd = u.ext.update_elems, param_bytes = u.ext.param_elems * m.param_bytes();
+  const Placement& at = m.storage.place;
+  const size_t upd = u.ext.update_elems, param_bytes = u.ext.param_elems * m.storage.param_bytes();
   // A kind without a tier has no buffer in memory (Note [Placement]).
   auto allocate = [](memory::Allocator* tier, size_t bytes, Kind kind, memory::Buffer* b,
                      size_t alignment = 64) -> absl::Status {
@@ -257,12 +253,12 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
   if (u.frozen()) return InitParams(m, u);  // the params alone
   STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &held->master));
   STRATA_RETURN_IF_ERROR(allocate(at.grad_shards ? at.grads : nullptr, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads,
-                                  m.GradAlignment(at.grads)));
+                                  m.storage.GradAlignment(at.grads)));
   STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->m));
   if (optim::StateBuffers(m.cfg.optimizer) > 1) {
     STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->v));
   }
-  held->master_ptr = m.MasterPtr(u, held->master);
+  held->master_ptr = m.storage.MasterPtr(u, held->master);
   held->elems = upd;
   return InitParams(m, u);
 }
@@ -270,11 +266,11 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
 // The initial master, when it is not the param storage itself (allocators hand out zeroed memory;
 // SetUpNvme zeroes the state on NVMe).
 absl::Status InitMaster(Engine::Impl& m, UnitState& u) {
-  if (!m.separate_master() || u.frozen()) return absl::OkStatus();  // a frozen unit's master is its params
+  if (!m.storage.separate_master() || u.frozen()) return absl::OkStatus();  // a frozen unit's master is its params
   const size_t upd = u.ext.update_elems;
   std::vector<float> values(upd, 0.0f);
   InitRange(u, m.cfg.seed, u.ext.update_begin, u.ext.update_begin + upd, values.data(), nullptr, DType::kF32);
-  return m.WriteState(u, optim::StateKind::kMaster, values);
+  return u.state->Write(u, optim::StateKind::kMaster, values);
 }
 
 }  // namespace
@@ -374,16 +370,16 @@ absl::Status Engine::Finalize() {
   uint64_t device_need = 0;
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, &device_need));
   STRATA_RETURN_IF_ERROR(m.rt.CreateDeviceArena(m.cfg, device_need));
-  m.DecidePlace();  // over the arena
-  STRATA_RETURN_IF_ERROR(m.SetUpNvme(tile_elems));
-  STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest.shard));
+  m.storage.DecidePlace();  // over the arena
+  STRATA_RETURN_IF_ERROR(m.storage.SetUpNvme(m.units, tile_elems));
+  STRATA_RETURN_IF_ERROR(m.storage.SetUpNvmeParams(m.units, live, largest.shard));
   std::vector<optim::MemoryUnit> held(m.units.size());
   for (size_t i = 0; i < m.units.size(); ++i) {
     UnitState& u = m.units[i];
     STRATA_RETURN_IF_ERROR(
         Annotate(AllocateUnit(m, u, &held[i]), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
-  STRATA_RETURN_IF_ERROR(m.SetUpState(std::move(held)));
+  STRATA_RETURN_IF_ERROR(m.storage.SetUpState(m.units, std::move(held)));
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(InitMaster(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
@@ -403,8 +399,8 @@ ParamView Engine::Param(int unit, int param) const {
   // Where compute reads the full unit: the parameter owner's (Note [Unit owners]), the unit's own buffer
   // before Finalize.
   char* base = m.owners.params == nullptr ? u.params.as<char>() : m.owners.params->Base(unit);
-  return ParamView{base == nullptr ? nullptr : base + p.offset_elems * m.param_bytes(), m.cfg.param_dtype, p.numel,
-                   &p.spec.shape};
+  return ParamView{base == nullptr ? nullptr : base + p.offset_elems * m.storage.param_bytes(), m.cfg.param_dtype,
+                   p.numel, &p.spec.shape};
 }
 
 float* Engine::Grad(int unit, int param) const {
@@ -436,7 +432,7 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));
   STRATA_RETURN_IF_ERROR(m.owners.update->CheckNoPendingUpdate("GatherUnit"));
   UnitState& u = m.units[unit];
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, optim::StateKind::kMaster));
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, u.state->Read(u, optim::StateKind::kMaster));
   if (m.cfg.stage == 0) return master;
   std::vector<float> full(u.layout.total_elems);
   STRATA_RETURN_IF_ERROR(
@@ -482,7 +478,7 @@ absl::Status Engine::SetParamRange(int unit, int param, size_t offset, const flo
   // Master over the update range, then the param storage over what this rank holds.
   const size_t lo = u.update_begin(), hi = lo + u.update_elems();
   if (std::max(lo, a) < std::min(hi, z)) {
-    STRATA_RETURN_IF_ERROR(m.EditState(
+    STRATA_RETURN_IF_ERROR(u.state->Edit(
         u, optim::StateKind::kMaster,
         [&](float* master) {
           for (size_t j = std::max(lo, a); j < std::min(hi, z); ++j) master[j - lo] = values[j - a];
@@ -493,8 +489,8 @@ absl::Status Engine::SetParamRange(int unit, int param, size_t offset, const flo
   const size_t plo = u.ext.param_begin, phi = plo + u.ext.param_elems;
   const size_t b = std::max(plo, a), e = std::max(b, std::min(phi, z));
   if (b == e) return absl::OkStatus();
-  return m.ParamStorage(
-      u, (b - plo) * m.param_bytes(), (e - b) * m.param_bytes(),
+  return m.storage.ParamStorage(
+      u, (b - plo) * m.storage.param_bytes(), (e - b) * m.storage.param_bytes(),
       [&](char* params) {
         for (size_t j = b; j < e; ++j) StoreAs(m.cfg.param_dtype, values[j - a], params, j - b);
         return absl::OkStatus();

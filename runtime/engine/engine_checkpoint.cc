@@ -39,13 +39,13 @@ namespace ckpt = checkpoint;
 namespace {
 
 // Each kind over the update range, staged in host memory one unit at a time, wherever it lives
-// (ReadState; Note [NVMe state]).
+// (StateOwner::Read; Note [NVMe state]).
 absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
                                                 std::vector<std::vector<float>>* staged) {
   staged->clear();
   std::vector<float*> out;
-  for (optim::StateKind k : m.state_kinds(u)) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> values, m.ReadState(u, k));
+  for (optim::StateKind k : u.state->kinds()) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> values, u.state->Read(u, k));
     staged->push_back(std::move(values));
   }
   for (auto& v : *staged) out.push_back(v.data());
@@ -74,7 +74,7 @@ ShardPlan PlanShard(const Engine::Impl& m) {
   for (size_t ui = 0; ui < m.units.size(); ++ui) {
     const UnitState& u = m.units[ui];
     std::vector<std::string> kinds;  // a frozen unit's master alone (Note [Frozen units])
-    for (optim::StateKind k : m.state_kinds(u)) kinds.emplace_back(optim::StateKindName(k));
+    for (optim::StateKind k : u.state->kinds()) kinds.emplace_back(optim::StateKindName(k));
     const size_t lo = r * u.layout.shard_elems;
     for (ckpt::SaveRange& s : ckpt::RangesToSave(ManifestUnitOf(u), lo, lo + u.layout.shard_elems, kinds)) {
       plan.ranges.push_back(std::move(s.range));
@@ -108,7 +108,7 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
 }
 
 // Note [Asynchronous checkpoints]: the ranges WriteShard writes, with every unit's kinds copied into host
-// memory (EditState without write-back: in place from the host tiers, staged from the device or NVMe) instead
+// memory (StateOwner::Edit without write-back: in place from the host tiers, staged from the device or NVMe) instead
 // of one unit at a time. The copies go into `spare`, the buffers of the save before, when it has them: pages
 // touched once, so the copy is not slowed down by page faults on fresh memory.
 absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::vector<float>> spare) {
@@ -119,11 +119,11 @@ absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::v
     UnitState& u = m.units[plan.where[i].first];
     if (plan.where[i].first != staged_unit) {
       first_buffer = snap.buffers.size();
-      for (optim::StateKind k : m.state_kinds(u)) {
+      for (optim::StateKind k : u.state->kinds()) {
         std::vector<float> values;
         if (snap.buffers.size() < spare.size()) values = std::move(spare[snap.buffers.size()]);
         values.resize(u.update_elems());
-        STRATA_RETURN_IF_ERROR(m.EditState(
+        STRATA_RETURN_IF_ERROR(u.state->Edit(
             u, k, [&](const float* p) { std::copy(p, p + values.size(), values.data()); }, /*write_back=*/false));
         snap.buffers.push_back(std::move(values));
       }

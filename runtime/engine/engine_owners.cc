@@ -88,8 +88,8 @@ class ReplicatedParams : public ResidentParams {
     for (int i : units) {
       UnitState& u = m_.units[i];
       char* base = u.params.as<char>();
-      works.push_back(m_.rt.step_comm->AllGather(base + u.update_begin() * m_.param_bytes(), base, u.layout.shard_elems,
-                                                 m_.cfg.param_dtype, *m_.rt.step_stream));
+      works.push_back(m_.rt.step_comm->AllGather(base + u.update_begin() * m_.storage.param_bytes(), base,
+                                                 u.layout.shard_elems, m_.cfg.param_dtype, *m_.rt.step_stream));
     }
     for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(m_.progress.TimedWait([&] { return w.Wait(); }));
     return absl::OkStatus();
@@ -124,8 +124,9 @@ class GatheredParams : public ParamsOwner {
 
 // Where the shards come from is decided here, once (shard/param_source.h).
 std::unique_ptr<shard::ParamSource> HostParamSource(Engine::Impl& m, shard::SourceEnv env) {
-  if (m.nvme_params()) {
-    return shard::MakeCachedSource(m.pstore.param_cache.get(), static_cast<int>(m.pstore.param_buffers->buffer_count()),
+  if (m.storage.nvme_params()) {
+    const ParamStore& p = m.storage.pstore;
+    return shard::MakeCachedSource(p.param_cache.get(), static_cast<int>(p.param_buffers->buffer_count()),
                                    std::move(env));
   }
   std::vector<const void*> shards;  // the units' buffers are allocated (Finalize) and stay where they are
@@ -134,8 +135,9 @@ std::unique_ptr<shard::ParamSource> HostParamSource(Engine::Impl& m, shard::Sour
 }
 
 absl::StatusOr<std::unique_ptr<shard::Gatherer>> MakeGatherer(Engine::Impl& m, const shard::SlotPlan& slots) {
-  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool,
-                          shard::SlotPool::Create(*m.rt.device_alloc, slots, m.param_bytes(), memory::Kind::kGathered));
+  STRATA_ASSIGN_OR_RETURN(
+      shard::SlotPool pool,
+      shard::SlotPool::Create(*m.rt.device_alloc, slots, m.storage.param_bytes(), memory::Kind::kGathered));
   if (m.cfg.release_idle_memory) pool.ReleaseIdle();  // Note [Idle pages]: no slot is used yet
   std::vector<shard::GatherUnit> gathered;
   shard::SourceEnv env{{}, &m.progress.exposed_io_ns};
@@ -199,8 +201,12 @@ class UpdateAtStep : public UpdateOwner {
   absl::Status CheckLeftOut(bool) const override { return absl::OkStatus(); }
   absl::StatusOr<optim::StepOutcome> Update(const std::vector<int>& trained, const optim::StepInputs& in) override {
     std::vector<optim::StepUnit> step_units;
-    for (int i : trained) step_units.push_back(m_.StepUnitOf(m_.units[i], m_.units[i].GradUpdatePtr()));
-    return optim::RunOptimizerStep(*m_.state, m_.cfg.optimizer, m_.OptimizerOps(), step_units, in);
+    for (int i : trained) {
+      UnitState& u = m_.units[i];
+      step_units.push_back(
+          m_.storage.StepUnitOf(u, u.GradUpdatePtr(), m_.progress.SegmentsOf(i, u.ext.update_segments)));
+    }
+    return optim::RunOptimizerStep(*m_.storage.state, m_.cfg.optimizer, m_.storage.OptimizerOps(), step_units, in);
   }
 
  private:
@@ -304,15 +310,16 @@ class UpdateInBackward : public UpdateOwner {
     const int64_t t0 = device::NowNs();
     UnitState& u = m_.units[unit];
     const optim::StepInputs in = m_.StepInputsNow();
-    const optim::StepUnit su = m_.StepUnitOf(u, m_.reducer->reduced());
-    STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(m_.OptimizerOps(), su, in.grad_scale));
+    const optim::StepUnit su =
+        m_.storage.StepUnitOf(u, m_.reducer->reduced(), m_.progress.SegmentsOf(unit, u.ext.update_segments));
+    STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(m_.storage.OptimizerOps(), su, in.grad_scale));
     sq_.resize(m_.units.size(), 0.0);
     done_.resize(m_.units.size(), 0);
     sq_[unit] = sq;
     done_[unit] = 1;
     // A non-finite gradient is not applied; the step reports it as failed (Update).
     if (std::isfinite(sq)) {
-      STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*m_.state, m_.cfg.optimizer, unit, su, in, 1.0f, &io_));
+      STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*m_.storage.state, m_.cfg.optimizer, unit, su, in, 1.0f, &io_));
     }
     const int64_t t1 = device::NowNs();
     update_ns_ += t1 - t0;
@@ -347,16 +354,16 @@ absl::StatusOr<std::unique_ptr<shard::GradReducer>> MakeReducer(Engine::Impl& m,
   }
   memory::Allocator& device = *m.rt.device_alloc;
   STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(device, slots, 4, memory::Kind::kGradWorking,
-                                                                        m.GradAlignment(&device)));
+                                                                        m.storage.GradAlignment(&device)));
   STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch,
-                          device.Allocate(largest_shard * 4, memory::Kind::kScratch, m.GradAlignment(&device)));
+                          device.Allocate(largest_shard * 4, memory::Kind::kScratch, m.storage.GradAlignment(&device)));
   memory::Buffer staging;
-  if (m.GradStagingNeeded()) {
+  if (m.storage.GradStagingNeeded()) {
     STRATA_ASSIGN_OR_RETURN(staging, m.rt.host_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
   }
   // The working buffers are on the device tier, the gradient shards on the optimizer's; without shards the
   // update in backward reads the reduced shard itself.
-  shard::ReduceOps ops{m.rt.device_ops.get(), m.place.grad_shards ? &m.OptimizerOps() : nullptr};
+  shard::ReduceOps ops{m.rt.device_ops.get(), m.storage.place.grad_shards ? &m.storage.OptimizerOps() : nullptr};
   return shard::MakeReduceScatterReducer(std::move(reduced), env, std::move(ops), std::move(pool), std::move(scratch),
                                          std::move(staging));
 }

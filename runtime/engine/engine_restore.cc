@@ -124,9 +124,9 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
   for (const auto& p : saved.params) specs.push_back({p.name, p.shape, p.weight_decay});
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout old, shard::UnitLayout::Build(saved.name, specs, saved_world));
   const size_t lo = u.update_begin(), hi = lo + u.update_elems();
-  const std::vector<optim::StateKind> kinds = m.state_kinds(u);  // the master alone when frozen
+  const std::vector<optim::StateKind> kinds = u.state->kinds();  // the master alone when frozen
   // Each kind is filled into a host copy of this unit's update range, then written to wherever it lives
-  // (WriteState: device, pinned host or NVMe tiles).
+  // (StateOwner::Write: device, pinned host or NVMe tiles).
   std::vector<std::vector<float>> staged(kinds.size(), std::vector<float>(u.update_elems(), 0.0f));
   for (size_t k = 0; k < kinds.size(); ++k) {
     for (const shard::ParamSlot& p : u.layout.params) {
@@ -137,10 +137,10 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
                                                    old.shard_elems, staged[k].data() + (b - lo)));
       }
     }
-    STRATA_RETURN_IF_ERROR(m.WriteState(u, kinds[k], staged[k]));
+    STRATA_RETURN_IF_ERROR(u.state->Write(u, kinds[k], staged[k]));
   }
-  // A frozen unit's master is its params, written above (Note [Frozen units]).
-  return u.frozen() ? absl::OkStatus() : m.CastMasterToParams(u, staged[0].data());
+  // A frozen unit's master is its params, written above (Note [Frozen units]): nothing to cast then.
+  return u.state->MasterToParams(u, staged[0].data());
 }
 
 absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manifest* man) {

@@ -89,7 +89,7 @@ struct EngineRuntime {
   absl::Status SplitStreamComms(const EngineConfig& cfg, comm::Communicator& base);
   absl::Status SetUpHostComms(const EngineConfig& cfg, comm::Communicator& host_world);
   absl::Status SetUpGroupControl(const EngineConfig& cfg);
-  absl::Status CreateIoQueue();  // engine_nvme.cc; once, on first use
+  absl::Status CreateIoQueue();  // unit_storage.cc; once, on first use
 };
 
 }  // namespace strata::engine

@@ -47,13 +47,6 @@ absl::Status Engine::SetOptimizerThreads(int threads) {
 
 int Engine::optimizer_threads() const { return impl_->rt.host_executor ? impl_->rt.host_executor->threads() : 1; }
 
-// `master` is host memory; the param storage ParamStorage hands out is too.
-absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
-  if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  return UpdateParamStorage(
-      u, [&](char* params) { return rt.host_ops->Cast(cfg.param_dtype, master, params, u.update_elems()); });
-}
-
 absl::Status Engine::Impl::ZeroGrads() {
   // Note [Idle pages]: nothing in the gradient memory is live until the next backward (the reductions
   // are finished, and with strata.optimizer_in_backward the last unit's update has read the reduced
@@ -61,12 +54,12 @@ absl::Status Engine::Impl::ZeroGrads() {
   // Every caller runs outside a step or after the update in backward's last update: none is pending.
   STRATA_CHECK_MSG(!owners.update->update_pending(), "ZeroGrads with an in-backward update pending");
   if (cfg.release_idle_memory && reducer != nullptr) reducer->ReleaseIdle();
-  if (!place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
+  if (!storage.place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
   // A frozen unit has no gradient (Note [Frozen units]).
   for (int i : owners.trained) {
     UnitState& u = units[i];
     if (cfg.release_idle_memory && u.grads.DiscardToZero()) continue;
-    STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
+    STRATA_RETURN_IF_ERROR(storage.OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
   }
   return absl::OkStatus();
 }
@@ -103,18 +96,6 @@ optim::StepInputs Engine::Impl::StepInputsNow() {
     in.norm_wait_ns = &progress.exposed_comm_ns;  // as TimedWait charges it
   }
   return in;
-}
-
-optim::StepUnit Engine::Impl::StepUnitOf(UnitState& u, float* grad) {
-  optim::ParamsAccess params;
-  params.storage = &pstore.param_access;
-  params.range = ParamRangeOf(u, UpdateParamOffset(u), u.update_elems() * param_bytes());
-  // Device state updates device params in place (no param buffer with parameter shards on NVMe).
-  params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
-  const size_t i = static_cast<size_t>(u.index);
-  const bool own = i < progress.step_segments_own.size() && progress.step_segments_own[i];
-  return optim::StepUnit{grad, u.update_elems(), own ? &progress.step_segments[i] : &u.ext.update_segments,
-                         std::move(params), u.index};
 }
 
 // Note [Parameters without a gradient]. torch.optim skips a parameter whose .grad is None: no weight decay,
@@ -258,11 +239,12 @@ absl::StatusOr<StepResult> Engine::Step() {
     r->exposed_io_ms = 1e-6 * double(m.progress.exposed_io_ns);
     r->nvme_read_bytes = m.progress.nvme_read_bytes;
     r->nvme_write_bytes = m.progress.nvme_write_bytes;
-    if (m.pstore.param_cache != nullptr) {
-      const offload::ShardCacheStats& now = m.pstore.param_cache->stats();
-      r->nvme_read_bytes += now.read_bytes - m.pstore.param_io_mark.read_bytes;
-      r->nvme_write_bytes += now.write_bytes - m.pstore.param_io_mark.write_bytes;
-      m.pstore.param_io_mark = now;
+    if (m.storage.pstore.param_cache != nullptr) {
+      ParamStore& p = m.storage.pstore;
+      const offload::ShardCacheStats& now = p.param_cache->stats();
+      r->nvme_read_bytes += now.read_bytes - p.param_io_mark.read_bytes;
+      r->nvme_write_bytes += now.write_bytes - p.param_io_mark.write_bytes;
+      p.param_io_mark = now;
     }
   }
   m.progress.compute_ns = m.progress.exposed_comm_ns = m.progress.exposed_io_ns = 0;
