@@ -181,7 +181,7 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
   m.units.back().index = static_cast<int>(m.units.size()) - 1;
   m.units.back().ext = DecideExtents(m.cfg.stage, m.rt.shard_rank, m.units.back().layout);
   std::vector<int> groups;  // Note [Param groups]: numbered alike on every rank, whichever segments it holds
-  for (const shard::ParamSlot& p : m.units.back().layout.params) groups.push_back(m.GroupOf(p.spec));
+  for (const shard::ParamSlot& p : m.units.back().layout.params) groups.push_back(m.param_groups.GroupOf(p.spec));
   for (shard::Segment& s : m.units.back().ext.update_segments) s.group = groups[s.param];
   const size_t n = m.units.back().layout.params.size();  // Note [Parameters without a gradient]
   m.units.back().no_grad_micro_batches.assign(n, 0);
@@ -384,7 +384,7 @@ absl::Status Engine::Finalize() {
     STRATA_RETURN_IF_ERROR(Annotate(InitMaster(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
   const PoolPlans pools = PlanPools(m.cfg, live, unit_elems, frozen);  // what CheckBudgets counted
-  STRATA_RETURN_IF_ERROR(m.SetUpOwners(pools, largest.trained_shard));  // Note [Unit owners]
+  STRATA_RETURN_IF_ERROR(m.owners.SetUp(m, pools, largest.trained_shard));  // Note [Unit owners]
   // Note [Idle pages]: the gradient memory, zero-filled and so resident, is idle until the first backward.
   if (m.cfg.release_idle_memory) STRATA_RETURN_IF_ERROR(m.ZeroGrads());
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
@@ -505,8 +505,8 @@ int Engine::rank() const { return impl_->rt.rank(); }
 int Engine::world_size() const { return impl_->rt.world_size(); }
 int64_t Engine::step() const { return impl_->progress.step; }
 float Engine::loss_scale() const { return impl_->progress.loss_scaler.scale(); }
-double Engine::next_lr() const { return impl_->NextLr(); }
-double Engine::next_lr(std::optional<double> own_lr) const { return impl_->NextLr(own_lr); }
+double Engine::next_lr() const { return impl_->progress.NextLr(impl_->cfg); }
+double Engine::next_lr(std::optional<double> own_lr) const { return impl_->progress.NextLr(impl_->cfg, own_lr); }
 device::Timeline& Engine::timeline() { return impl_->progress.timeline; }
 void Engine::ResetPeakMemory() { impl_->rt.tracker.ResetPeaks(); }
 

@@ -81,6 +81,17 @@ struct UnitState {
 using comm::RanksByValue;
 using comm::RanksText;
 
+// Note [Param groups] (runtime/optim/optimizer.cc): the distinct own (lr, weight decay) pairs of the
+// registered parameters, numbered in registration order; [0] is the config's (neither set). Each update
+// segment's Segment::group indexes it, and each step turns it into the update's optim::GroupHypers.
+struct ParamGroups {
+  struct OwnHyper {
+    std::optional<double> lr, weight_decay;
+  };
+  std::vector<OwnHyper> groups{OwnHyper{}};
+  int GroupOf(const shard::ParamSpec& spec);  // its index in groups, added when new (engine_step.cc)
+};
+
 // Where the engine is in its protocol (registration, micro-batches, steps, a failed hook), the loss
 // scale, and what the current step has cost (reset when Step() returns).
 struct StepState {
@@ -103,6 +114,17 @@ struct StepState {
   const std::vector<shard::Segment>* SegmentsOf(size_t i, const std::vector<shard::Segment>& own) const {
     return i < step_segments_own.size() && step_segments_own[i] ? &step_segments[i] : &own;
   }
+  // engine_step.cc. Note [Parameters without a gradient]: with strata.params_without_grad "skip", the
+  // update segments of this step of the `trained` units (parameters no rank wrote a gradient to left out,
+  // those that skipped earlier steps with their own step count) into step_segments, and whether any was
+  // left out; one small all-reduce on `control`. Without the key nothing (the units' own segments).
+  absl::StatusOr<bool> SegmentsWithGrad(std::vector<UnitState>& units, const std::vector<int>& trained,
+                                        const EngineConfig& cfg, comm::Communicator& control,
+                                        device::Stream& control_stream);
+  // After an applied update: the left-out parameters skipped one more step.
+  void CountSkippedSteps(std::vector<UnitState>& units) const;
+  // The scheduler's lr for the next step of a parameter with own lr `own_lr` (unset: the config's group).
+  double NextLr(const EngineConfig& cfg, std::optional<double> own_lr = std::nullopt) const;
   // Runs `wait` on the trainer's thread and charges its duration to `counter` (exposed communication
   // unless said otherwise).
   template <typename F>
@@ -138,24 +160,13 @@ struct Engine::Impl {
   EngineConfig cfg;
   UnitStorage storage{rt, cfg};  // unit_storage.h
   std::vector<UnitState> units;
-  // Note [Param groups] (runtime/optim/optimizer.cc): the distinct own (lr, weight decay) pairs of the
-  // registered parameters, numbered in registration order; [0] is the config's (neither set). Each update
-  // segment's Segment::group indexes it, and each step turns it into the update's optim::GroupHypers.
-  struct OwnHyper {
-    std::optional<double> lr, weight_decay;
-  };
-  std::vector<OwnHyper> param_groups{OwnHyper{}};
-  int GroupOf(const shard::ParamSpec& spec);  // its index in param_groups, added when new
+  ParamGroups param_groups;                   // Note [Param groups]
   std::unique_ptr<shard::Schedule> schedule;  // the recorded order of the units' first uses (prefetch)
   // Note [Unit owners] (unit_owners.h): the stage's parameter owner (at stage 3 with the gatherer: the
   // gathered buffers, the gather communicator and stream and where the shards come from), the frozen and
-  // trained units' gradient owners, the update after the step or in backward, and the unit lists they run
-  // over; made once in SetUpOwners (engine_owners.cc) with the reducer.
+  // trained units' gradient owners, the update after the step or in backward, the gradient reducer, and the
+  // unit lists they run over; made once in UnitOwners::SetUp (engine_owners.cc) at Finalize.
   UnitOwners owners;
-  // Gradient reduction on reduce_comm / reduce_stream (shard/grad_reducer.h): all-reduce at stages 0-1,
-  // reduce-scatter of pooled working buffers at stages 2-3, picked once in SetUpOwners.
-  std::unique_ptr<shard::GradReducer> reducer;
-  absl::Status SetUpOwners(const PoolPlans& pools, size_t largest_trained_shard);  // engine_owners.cc
 
   // engine_hooks.cc
   absl::Status CheckUnit(int unit, const char* hook) const;
@@ -171,14 +182,6 @@ struct Engine::Impl {
   // engine_step.cc
   absl::StatusOr<StepResult> RunStep();
   optim::StepInputs StepInputsNow();  // the step's scalars (scale, lr, step, clip) and the norm's sum
-  // The scheduler's lr for the next step of a parameter with own lr `own_lr` (unset: the config's group).
-  double NextLr(std::optional<double> own_lr = std::nullopt) const;
-  // Note [Parameters without a gradient]: with strata.params_without_grad "skip", the units' update
-  // segments of this step (parameters no rank wrote a gradient to left out, those that skipped earlier
-  // steps with their own step count) into progress.step_segments, and whether any was left out; one small
-  // all-reduce. Without the key nothing (the units' own segments).
-  absl::StatusOr<bool> SegmentsWithGrad();
-  void CountSkippedSteps();  // after an applied update: the left-out parameters skipped one more step
   // Zeroes the gradient shards for the next step; with strata.release_idle_memory hands them and the
   // reducer's idle buffers back instead (Note [Idle pages]). The reductions must be finished.
   absl::Status ZeroGrads();

@@ -172,15 +172,15 @@ class FrozenGrads : public GradOwner {
 class TrainedGrads : public GradOwner {
  public:
   explicit TrainedGrads(Engine::Impl& m) : m_(m) {}
-  absl::Status PreBackward(int unit) override { return m_.reducer->Acquire(unit); }
-  float* Working(int unit) const override { return m_.reducer->working(unit); }
+  absl::Status PreBackward(int unit) override { return m_.owners.reducer->Acquire(unit); }
+  float* Working(int unit) const override { return m_.owners.reducer->working(unit); }
   void MarkNoGrad(UnitState& u, int param, int micro_batch) override {
     if (u.no_grad_marked_in[param] == micro_batch) return;  // counted once per micro-batch
     u.no_grad_marked_in[param] = micro_batch;
     ++u.no_grad_micro_batches[param];
   }
   absl::Status LastBackwardUse(int unit) override {
-    if (!m_.reducer->reduces(m_.progress.micro_batch == m_.cfg.gradient_accumulation_steps - 1))
+    if (!m_.owners.reducer->reduces(m_.progress.micro_batch == m_.cfg.gradient_accumulation_steps - 1))
       return absl::OkStatus();
     return m_.owners.update->Reduce(unit);
   }
@@ -195,7 +195,7 @@ class TrainedGrads : public GradOwner {
 class UpdateAtStep : public UpdateOwner {
  public:
   explicit UpdateAtStep(Engine::Impl& m) : m_(m) {}
-  absl::Status Reduce(int unit) override { return m_.reducer->Reduce(unit); }
+  absl::Status Reduce(int unit) override { return m_.owners.reducer->Reduce(unit); }
   absl::Status CheckNoPendingUpdate(const char*) const override { return absl::OkStatus(); }
   bool update_pending() const override { return false; }
   absl::Status CheckLeftOut(bool) const override { return absl::OkStatus(); }
@@ -241,7 +241,7 @@ class UpdateInBackward : public UpdateOwner {
 
   absl::Status Reduce(int unit) override {
     STRATA_RETURN_IF_ERROR(UpdatePending());
-    STRATA_RETURN_IF_ERROR(m_.reducer->Reduce(unit));
+    STRATA_RETURN_IF_ERROR(m_.owners.reducer->Reduce(unit));
     pending_ = unit;
     return absl::OkStatus();
   }
@@ -306,12 +306,12 @@ class UpdateInBackward : public UpdateOwner {
     if (pending_ < 0) return absl::OkStatus();
     const int unit = pending_;
     pending_ = -1;
-    STRATA_RETURN_IF_ERROR(m_.reducer->Finish());
+    STRATA_RETURN_IF_ERROR(m_.owners.reducer->Finish());
     const int64_t t0 = device::NowNs();
     UnitState& u = m_.units[unit];
     const optim::StepInputs in = m_.StepInputsNow();
     const optim::StepUnit su =
-        m_.storage.StepUnitOf(u, m_.reducer->reduced(), m_.progress.SegmentsOf(unit, u.ext.update_segments));
+        m_.storage.StepUnitOf(u, m_.owners.reducer->reduced(), m_.progress.SegmentsOf(unit, u.ext.update_segments));
     STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(m_.storage.OptimizerOps(), su, in.grad_scale));
     sq_.resize(m_.units.size(), 0.0);
     done_.resize(m_.units.size(), 0);
@@ -371,31 +371,31 @@ absl::StatusOr<std::unique_ptr<shard::GradReducer>> MakeReducer(Engine::Impl& m,
 }  // namespace
 
 // Note [Unit owners]: every choice by stage, frozenness and strata.optimizer_in_backward is made here.
-absl::Status Engine::Impl::SetUpOwners(const PoolPlans& pools, size_t largest_trained_shard) {
-  owners = UnitOwners{};  // Finalize may run again after it failed
-  for (UnitState& u : units) u.grad = nullptr;
-  for (int i = 0; i < static_cast<int>(units.size()); ++i) {
-    owners.all.push_back(i);
-    if (!units[i].frozen()) owners.trained.push_back(i);
+absl::Status UnitOwners::SetUp(Engine::Impl& m, const PoolPlans& pools, size_t largest_trained_shard) {
+  *this = UnitOwners{};  // Finalize may run again after it failed
+  for (UnitState& u : m.units) u.grad = nullptr;
+  for (int i = 0; i < static_cast<int>(m.units.size()); ++i) {
+    all.push_back(i);
+    if (!m.units[i].frozen()) trained.push_back(i);
   }
-  if (cfg.stage == 3) {
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<shard::Gatherer> gatherer, MakeGatherer(*this, pools.gathered));
-    owners.params = std::make_unique<GatheredParams>(*this, std::move(gatherer));
-  } else if (cfg.stage == 0) {
-    owners.params = std::make_unique<ResidentParams>(*this);
+  if (m.cfg.stage == 3) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<shard::Gatherer> gatherer, MakeGatherer(m, pools.gathered));
+    params = std::make_unique<GatheredParams>(m, std::move(gatherer));
+  } else if (m.cfg.stage == 0) {
+    params = std::make_unique<ResidentParams>(m);
   } else {
-    owners.params = std::make_unique<ReplicatedParams>(*this);
+    params = std::make_unique<ReplicatedParams>(m);
   }
-  STRATA_ASSIGN_OR_RETURN(reducer, MakeReducer(*this, pools.grads, largest_trained_shard));
-  owners.frozen_grads = std::make_unique<FrozenGrads>();
-  owners.trained_grads = std::make_unique<TrainedGrads>(*this);
-  for (UnitState& u : units) u.grad = u.frozen() ? owners.frozen_grads.get() : owners.trained_grads.get();
-  if (cfg.optimizer_in_backward) {
-    owners.update = std::make_unique<UpdateInBackward>(*this);
+  STRATA_ASSIGN_OR_RETURN(reducer, MakeReducer(m, pools.grads, largest_trained_shard));
+  frozen_grads = std::make_unique<FrozenGrads>();
+  trained_grads = std::make_unique<TrainedGrads>(m);
+  for (UnitState& u : m.units) u.grad = u.frozen() ? frozen_grads.get() : trained_grads.get();
+  if (m.cfg.optimizer_in_backward) {
+    update = std::make_unique<UpdateInBackward>(m);
   } else {
-    owners.update = std::make_unique<UpdateAtStep>(*this);
+    update = std::make_unique<UpdateAtStep>(m);
   }
-  if (cfg.stage != 0) owners.norm_comm = rt.group_control;
+  if (m.cfg.stage != 0) norm_comm = m.rt.group_control;
   return absl::OkStatus();
 }
 

@@ -53,7 +53,7 @@ absl::Status Engine::Impl::ZeroGrads() {
   // shard), so it gives its pages back; a handed-back shard reads as zero.
   // Every caller runs outside a step or after the update in backward's last update: none is pending.
   STRATA_CHECK_MSG(!owners.update->update_pending(), "ZeroGrads with an in-backward update pending");
-  if (cfg.release_idle_memory && reducer != nullptr) reducer->ReleaseIdle();
+  if (cfg.release_idle_memory && owners.reducer != nullptr) owners.reducer->ReleaseIdle();
   if (!storage.place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
   // A frozen unit has no gradient (Note [Frozen units]).
   for (int i : owners.trained) {
@@ -64,26 +64,27 @@ absl::Status Engine::Impl::ZeroGrads() {
   return absl::OkStatus();
 }
 
-double Engine::Impl::NextLr(std::optional<double> own_lr) const {
-  return optim::GroupLr(cfg.scheduler, cfg.optimizer.lr, own_lr, progress.step);
+double StepState::NextLr(const EngineConfig& cfg, std::optional<double> own_lr) const {
+  return optim::GroupLr(cfg.scheduler, cfg.optimizer.lr, own_lr, step);
 }
 
-int Engine::Impl::GroupOf(const shard::ParamSpec& spec) {
-  for (size_t g = 0; g < param_groups.size(); ++g) {
-    if (param_groups[g].lr == spec.own_lr && param_groups[g].weight_decay == spec.own_weight_decay) {
+int ParamGroups::GroupOf(const shard::ParamSpec& spec) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].lr == spec.own_lr && groups[g].weight_decay == spec.own_weight_decay) {
       return static_cast<int>(g);
     }
   }
-  param_groups.push_back(OwnHyper{spec.own_lr, spec.own_weight_decay});
-  return static_cast<int>(param_groups.size()) - 1;
+  groups.push_back(OwnHyper{spec.own_lr, spec.own_weight_decay});
+  return static_cast<int>(groups.size()) - 1;
 }
 
 optim::StepInputs Engine::Impl::StepInputsNow() {
   optim::StepInputs in;
   in.grad_scale =
       1.0f / (static_cast<float>(rt.world_size() * cfg.gradient_accumulation_steps) * progress.loss_scaler.scale());
-  for (const OwnHyper& g : param_groups) {  // Note [Param groups]: [0], the config's, first
-    in.groups.push_back(optim::GroupHyper{NextLr(g.lr), g.weight_decay.value_or(cfg.optimizer.weight_decay)});
+  for (const ParamGroups::OwnHyper& g : param_groups.groups) {  // Note [Param groups]: [0], the config's, first
+    in.groups.push_back(
+        optim::GroupHyper{progress.NextLr(cfg, g.lr), g.weight_decay.value_or(cfg.optimizer.weight_decay)});
   }
   in.step = progress.step + 1;
   in.max_norm = cfg.gradient_clipping;
@@ -114,13 +115,15 @@ optim::StepInputs Engine::Impl::StepInputsNow() {
 // in the backward, before the marks are complete, so a parameter without a gradient is an error there.
 // "zero" (the default of the C++ engine and the C ABI, whose trainers write every gradient) keeps
 // DeepSpeed's rule and costs nothing.
-absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
-  progress.step_segments.assign(units.size(), {});
-  progress.step_segments_own.assign(units.size(), 0);
-  progress.had_grad.assign(units.size(), {});
+absl::StatusOr<bool> StepState::SegmentsWithGrad(std::vector<UnitState>& units, const std::vector<int>& trained,
+                                                 const EngineConfig& cfg, comm::Communicator& control,
+                                                 device::Stream& control_stream) {
+  step_segments.assign(units.size(), {});
+  step_segments_own.assign(units.size(), 0);
+  had_grad.assign(units.size(), {});
   if (!cfg.skip_params_without_grad) return false;
   std::vector<float> flags;
-  for (int i : owners.trained) {  // a frozen unit has no update (Note [Frozen units])
+  for (int i : trained) {  // a frozen unit has no update (Note [Frozen units])
     const UnitState& u = units[i];
     const bool used = u.protocol.used_in_backward();  // the last micro-batch's: every micro-batch has the same
     for (size_t p = 0; p < u.layout.params.size(); ++p) {
@@ -128,16 +131,16 @@ absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
     }
   }
   if (flags.empty()) return false;
-  STRATA_RETURN_IF_ERROR(progress.TimedWait([&] {
-    return rt.control->AllReduce(flags.data(), flags.data(), flags.size(), DType::kF32, comm::ReduceOp::kSum,
-                                 *rt.control_stream)
+  STRATA_RETURN_IF_ERROR(TimedWait([&] {
+    return control
+        .AllReduce(flags.data(), flags.data(), flags.size(), DType::kF32, comm::ReduceOp::kSum, control_stream)
         .Wait();
   }));
   bool left_out = false;
   size_t k = 0;
-  for (int i : owners.trained) {
+  for (int i : trained) {
     UnitState& u = units[i];
-    std::vector<char>& had = progress.had_grad[i];
+    std::vector<char>& had = had_grad[i];
     had.assign(u.layout.params.size(), 1);
     bool custom = false;
     for (size_t p = 0; p < had.size(); ++p) {
@@ -146,29 +149,31 @@ absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
       left_out |= !had[p];
     }
     if (!custom) continue;
-    progress.step_segments_own[i] = 1;
+    step_segments_own[i] = 1;
     for (const shard::Segment& s : u.ext.update_segments) {
       if (!had[s.param]) continue;
       shard::Segment t = s;
-      if (u.skipped_steps[s.param] > 0) t.step = progress.step + 1 - u.skipped_steps[s.param];
-      progress.step_segments[i].push_back(t);
+      if (u.skipped_steps[s.param] > 0) t.step = step + 1 - u.skipped_steps[s.param];
+      step_segments[i].push_back(t);
     }
   }
   return left_out;
 }
 
-void Engine::Impl::CountSkippedSteps() {
-  for (size_t i = 0; i < units.size() && i < progress.had_grad.size(); ++i) {
-    for (size_t p = 0; p < progress.had_grad[i].size(); ++p) units[i].skipped_steps[p] += !progress.had_grad[i][p];
+void StepState::CountSkippedSteps(std::vector<UnitState>& units) const {
+  for (size_t i = 0; i < units.size() && i < had_grad.size(); ++i) {
+    for (size_t p = 0; p < had_grad[i].size(); ++p) units[i].skipped_steps[p] += !had_grad[i][p];
   }
 }
 
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
-  STRATA_RETURN_IF_ERROR(reducer->Finish());
+  STRATA_RETURN_IF_ERROR(owners.reducer->Finish());
   const int64_t update_start = device::NowNs();
   int64_t waited_in_update = progress.exposed_comm_ns;
   const optim::StepInputs in = StepInputsNow();
-  STRATA_ASSIGN_OR_RETURN(const bool left_out, SegmentsWithGrad());  // Note [Parameters without a gradient]
+  STRATA_ASSIGN_OR_RETURN(const bool left_out,
+                          progress.SegmentsWithGrad(units, owners.trained, cfg, *rt.control,
+                                                    *rt.control_stream));  // Note [Parameters without a gradient]
   UpdateOwner& update = *owners.update;  // Note [Unit owners]: after the step or in backward
   STRATA_RETURN_IF_ERROR(update.CheckLeftOut(left_out));
   // The trained units: a frozen one has no gradient, no update and no norm term (Note [Frozen units]).
@@ -200,7 +205,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
     return r;
   }
   r.clip_coef = out.clip_coef;
-  CountSkippedSteps();
+  progress.CountSkippedSteps(units);
   // Stages 1-2 all-gather the updated slices; frozen units are unchanged since the last replication.
   STRATA_RETURN_IF_ERROR(owners.params->AfterUpdate(owners.trained));
   STRATA_RETURN_IF_ERROR(ZeroGrads());

@@ -12,10 +12,12 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/engine/engine.h"
 #include "runtime/optim/step.h"
+#include "runtime/shard/grad_reducer.h"
 
 namespace strata::engine {
 
 struct UnitState;
+struct PoolPlans;
 
 // Note [Unit protocol]. Each unit checks its own transitions, as FSDP2's parameter group runs pre_forward,
 // post_forward, pre_backward, post_backward and reshard. Within a micro-batch a unit has a number of forward
@@ -116,6 +118,10 @@ class UpdateOwner {
 // The owners the engine's units use, made once at Finalize (engine_owners.cc), and the unit lists they are
 // run over: every unit, and the trained ones (not frozen), in unit order.
 struct UnitOwners {
+  // Note [Unit owners]: every choice by stage, frozenness and strata.optimizer_in_backward, made once at
+  // Finalize over the engine's units (engine_owners.cc); again if Finalize runs again after it failed.
+  absl::Status SetUp(Engine::Impl& m, const PoolPlans& pools, size_t largest_trained_shard);
+
   std::unique_ptr<ParamsOwner> params;
   std::unique_ptr<GradOwner> frozen_grads, trained_grads;
   std::unique_ptr<UpdateOwner> update;
@@ -125,6 +131,9 @@ struct UnitOwners {
   // holds the whole averaged gradient. Replicas of a shard group hold the same shards, so the group's sum
   // is the global one (engine_groups.cc).
   comm::Communicator* norm_comm = nullptr;
+  // Gradient reduction on reduce_comm / reduce_stream (shard/grad_reducer.h): all-reduce at stages 0-1,
+  // reduce-scatter of pooled working buffers at stages 2-3. Declared last, so it is destroyed first.
+  std::unique_ptr<shard::GradReducer> reducer;
 };
 
 }  // namespace strata::engine
