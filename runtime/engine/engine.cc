@@ -433,12 +433,7 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   STRATA_RETURN_IF_ERROR(m.owners.update->CheckNoPendingUpdate("GatherUnit"));
   UnitState& u = m.units[unit];
   STRATA_ASSIGN_OR_RETURN(std::vector<float> master, u.state->Read(u, optim::StateKind::kMaster));
-  if (m.cfg.stage == 0) return master;
-  std::vector<float> full(u.layout.total_elems);
-  STRATA_RETURN_IF_ERROR(
-      m.rt.group_control->AllGather(master.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.rt.control_stream)
-          .Wait());
-  return full;
+  return m.owners.params->WholeMaster(unit, std::move(master));  // Note [Unit owners]: by stage
 }
 
 absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& value) {

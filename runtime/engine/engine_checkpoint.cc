@@ -149,8 +149,11 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   man.trainer_json = trainer_json;
   for (const UnitState& u : m.units) {
     man.units.push_back(ManifestUnitOf(u));
-    // Frozen parameters need format 2; without them the manifest stays the format-1 document it was.
-    if (u.frozen()) man.version = std::max(man.version, ckpt::kFrozenManifestVersion);
+    // Frozen parameters need format 2; without them the manifest stays the format-1 document it was. (A
+    // unit is frozen as a whole: Note [Frozen units].)
+    for (const ckpt::ManifestParam& p : man.units.back().params) {
+      if (p.frozen) man.version = std::max(man.version, ckpt::kFrozenManifestVersion);
+    }
     for (int64_t s : u.skipped_steps) {  // Note [Parameters without a gradient]: format 3 only when needed
       if (s > 0) man.version = std::max(man.version, ckpt::kSkippedManifestVersion);
     }

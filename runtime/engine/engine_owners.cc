@@ -63,6 +63,16 @@ namespace {
 
 // ---- ParamsOwner: by stage ----
 
+// Stages 1-3: the shard group's slices of the unit's master, in order (GatherUnit).
+absl::StatusOr<std::vector<float>> AllGatherMaster(Engine::Impl& m, int unit, const std::vector<float>& mine) {
+  const UnitState& u = m.units[unit];
+  std::vector<float> full(u.layout.total_elems);
+  STRATA_RETURN_IF_ERROR(
+      m.rt.group_control->AllGather(mine.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.rt.control_stream)
+          .Wait());
+  return full;
+}
+
 // Stage 0: every rank holds and updates the whole unit; nothing to gather, reshard or replicate.
 class ResidentParams : public ParamsOwner {
  public:
@@ -74,6 +84,7 @@ class ResidentParams : public ParamsOwner {
   void Reshard(int) override {}
   char* Base(int unit) const override { return m_.units[unit].params.as<char>(); }
   absl::Status AfterUpdate(const std::vector<int>&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<float>> WholeMaster(int, std::vector<float> mine) override { return mine; }
 
  protected:
   Engine::Impl& m_;
@@ -93,6 +104,9 @@ class ReplicatedParams : public ResidentParams {
     }
     for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(m_.progress.TimedWait([&] { return w.Wait(); }));
     return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<float>> WholeMaster(int unit, std::vector<float> mine) override {
+    return AllGatherMaster(m_, unit, mine);
   }
 };
 
@@ -115,6 +129,9 @@ class GatheredParams : public ParamsOwner {
   void Reshard(int unit) override { g_->Release(unit); }
   char* Base(int unit) const override { return g_->data(unit); }
   absl::Status AfterUpdate(const std::vector<int>&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<float>> WholeMaster(int unit, std::vector<float> mine) override {
+    return AllGatherMaster(m_, unit, mine);
+  }
   void Drain() override { g_->Drain(); }
 
  private:

@@ -85,6 +85,9 @@ class ParamsOwner {
   virtual char* Base(int unit) const = 0;     // where compute reads the full unit (null: not gathered)
   // After an update of `units` (in unit order): their parameters as the next forward reads them.
   virtual absl::Status AfterUpdate(const std::vector<int>& units) = 0;
+  // GatherUnit: the whole unit's fp32 master from `mine`, this rank's update range of it (stage 0: the
+  // unit itself; else an all-gather of the shard group's slices on the control stream).
+  virtual absl::StatusOr<std::vector<float>> WholeMaster(int unit, std::vector<float> mine) = 0;
   virtual void Drain() {}  // the engine's destructor: work in flight on the owner's own streams
 };
 
