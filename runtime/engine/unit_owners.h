@@ -71,6 +71,8 @@ class UnitProtocol {
 //  - UpdateOwner, by strata.optimizer_in_backward: after the step (reduce into the gradient shard; the step
 //    runs optim::RunOptimizerStep over the trained units) or in backward (reduce, then update the unit
 //    reduced before; the step finishes the last and the norm: Note [Optimizer in backward]).
+//  - StateOwner, per unit (unit_storage.h, chosen in UnitStorage::SetUpState): a frozen unit's master is its
+//    param storage and it has no other kind; a trained unit's kinds are the optim::StateStore's.
 // Each holds the engine (the same layer: nothing below is called back) and reads it when it runs.
 class ParamsOwner {
  public:
