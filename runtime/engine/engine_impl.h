@@ -67,7 +67,7 @@ struct UnitState {
   // Where the unit is in the hook protocol (Note [Unit protocol]); the gathered and working gradient
   // buffers are the ParamsOwner's and the GradReducer's.
   UnitProtocol protocol;
-  GradOwner* grad = nullptr;  // frozen or trained (Note [Unit owners]), set at Finalize
+  GradOwner* grad = nullptr;    // frozen or trained (Note [Unit owners]), set at Finalize
   StateOwner* state = nullptr;  // its master and optimizer state, frozen or trained (unit_storage.h), likewise
   // Note [Parameters without a gradient]: per parameter, the micro-batches of this step in which this rank
   // wrote it no gradient (MarkNoGrad; the micro-batch last marked, to count each once), and the steps whose
