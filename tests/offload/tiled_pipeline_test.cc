@@ -145,6 +145,21 @@ TEST_P(TiledPipelineTest, AFailingTileStopsThePipelineAndNamesIt) {
   }
 }
 
+TEST_P(TiledPipelineTest, FinishingBeforeTheLastTileIsAnErrorAndReturnsEveryBuffer) {
+  MakeState(5);
+  {
+    auto p = TiledPipeline::Start(*store_, *pool_, lanes_);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE((*p)->Next());
+    EXPECT_EQ((*p)->tile(), 0u);
+    (*p)->Done(absl::OkStatus());
+    auto stats = (*p)->Finish();
+    ASSERT_EQ(stats.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(stats.status().message()), HasSubstr("finished after 1 of 5 tiles"));
+  }
+  EXPECT_EQ(pool_->free_count(), pool_->buffer_count()) << "every buffer returned";
+}
+
 TEST_P(TiledPipelineTest, RefusesAPoolWithFewerThanThreeBuffersPerLane) {
   MakeState(2);
   memory::HostAllocator small_alloc(memory::Tier::kPinnedHost, memory::kUnlimited, nullptr);
