@@ -94,7 +94,7 @@ MemoryNeed EngineMemoryNeed(const EngineConfig& cfg, const std::vector<shard::Un
   for (const SharedBuffer& b : shared) {
     if (!b.before_units) add(b.tier, b.bytes, b.what);
   }
-  // The NVMe stores hold the extents these helpers size (engine_nvme.cc).
+  // The NVMe stores hold the extents these helpers size (unit_storage.cc).
   auto add_nvme = [&](uint64_t bytes, const char* what) {
     if (bytes == 0) return;
     need.items.push_back({memory::Tier::kNvme, what, bytes});

@@ -2,7 +2,7 @@
 // units' layouts alone, without allocating anything. The engine's budget check (CheckBudgets, engine.cc)
 // is this function's caller, so the bytes it checks before Finalize allocates are these bytes; `strata
 // plan` calls the same function for a model and a cluster it does not have. The NVMe figures are the
-// capacities the stores are created with (engine_nvme.cc sizes them with the same helpers).
+// capacities the stores are created with (unit_storage.cc sizes them with the same helpers).
 //
 // Every buffer the engine tracks in its MemoryTracker is here; the trainer's activations are not the
 // engine's (the model accounts for them).

@@ -52,27 +52,11 @@ void InitRange(const UnitState& u, uint64_t seed, size_t lo, size_t hi, float* m
 }  // namespace
 
 #if !STRATA_WITH_CUDA
-absl::Status Engine::Impl::SetUpCuda(comm::Communicator&) {
+absl::Status EngineRuntime::SetUpCuda(const EngineConfig&, comm::Communicator&) {
   return absl::UnimplementedError("this build has no CUDA (STRATA_WITH_CUDA=OFF): use a host device");
 }
-absl::Status Engine::Impl::CreateDeviceArena(uint64_t) { return absl::OkStatus(); }
+absl::Status EngineRuntime::CreateDeviceArena(const EngineConfig&, uint64_t) { return absl::OkStatus(); }
 #endif
-
-float* Engine::Impl::MasterPtr(UnitState& u, const memory::Buffer& master) const {
-  // Apart from the params: `master`, which is empty (nullptr) with the master on NVMe, where
-  // ReadState(u, kMaster) stages it.
-  if (separate_master()) return master.as<float>();
-  return u.params.as<float>() + (u.ext.update_begin - u.ext.param_begin);
-}
-
-float* Engine::Impl::GradUpdatePtr(UnitState& u) const {
-  return u.grads.as<float>() + (u.ext.update_begin - u.ext.grad_begin);
-}
-
-char* Engine::Impl::ParamBase(const UnitState& u) const {
-  if (owners.params == nullptr) return u.params.as<char>();  // before Finalize
-  return owners.params->Base(UnitIndex(u));
-}
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -150,22 +134,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& given
                                                                &impl->rt.tracker);
   impl->rt.host_alloc = std::make_unique<memory::HostAllocator>(memory::Tier::kPinnedHost, config.host_budget_bytes,
                                                              &impl->rt.tracker);
-  impl->DecidePlace();
+  impl->storage.DecidePlace();
   // No pool where no update runs on the host (CUDA without optimizer offload: the device tier's kernels).
   const bool host_update =
-      device.kind() != device::DeviceKind::kCuda || impl->place.grads->tier() != memory::Tier::kDevice;
-  STRATA_RETURN_IF_ERROR(impl->SetOptimizerThreads(host_update ? config.optimizer_threads : 1));
+      device.kind() != device::DeviceKind::kCuda || impl->storage.place.grads->tier() != memory::Tier::kDevice;
+  STRATA_RETURN_IF_ERROR(impl->rt.SetOptimizerThreads(config, host_update ? config.optimizer_threads : 1));
   impl->rt.host_ops = memory::MakeHostTierOps(&impl->rt.host_threads);
   impl->rt.host_update = optim::MakeHostTierUpdate(&impl->rt.host_executor);
   STRATA_ASSIGN_OR_RETURN(impl->rt.groups, ResolveShardGroups(config, world, *impl->rt.step_stream));
   if (device.kind() == device::DeviceKind::kCuda) {  // Note [Engine on CUDA]
-    STRATA_RETURN_IF_ERROR(impl->SetUpCuda(world));
+    STRATA_RETURN_IF_ERROR(impl->rt.SetUpCuda(config, world));
   } else {
-    STRATA_RETURN_IF_ERROR(impl->SetUpHostComms(world));  // engine_groups.cc
+    STRATA_RETURN_IF_ERROR(impl->rt.SetUpHostComms(config, world));  // engine_groups.cc
     impl->rt.device_ops = memory::MakeHostTierOps(&impl->rt.host_threads);
     impl->rt.device_update = optim::MakeHostTierUpdate(&impl->rt.host_executor);
   }
-  impl->DecidePlace();  // over the tiers SetUpCuda made
+  impl->storage.DecidePlace();  // over the tiers SetUpCuda made
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -194,9 +178,10 @@ absl::StatusOr<int> Engine::RegisterUnit(std::string name, std::vector<shard::Pa
                           shard::UnitLayout::Build(std::move(name), std::move(params), m.rt.shard_size()));
   m.units.emplace_back();
   m.units.back().layout = std::move(layout);
+  m.units.back().index = static_cast<int>(m.units.size()) - 1;
   m.units.back().ext = DecideExtents(m.cfg.stage, m.rt.shard_rank, m.units.back().layout);
   std::vector<int> groups;  // Note [Param groups]: numbered alike on every rank, whichever segments it holds
-  for (const shard::ParamSlot& p : m.units.back().layout.params) groups.push_back(m.GroupOf(p.spec));
+  for (const shard::ParamSlot& p : m.units.back().layout.params) groups.push_back(m.param_groups.GroupOf(p.spec));
   for (shard::Segment& s : m.units.back().ext.update_segments) s.group = groups[s.param];
   const size_t n = m.units.back().layout.params.size();  // Note [Parameters without a gradient]
   m.units.back().no_grad_micro_batches.assign(n, 0);
@@ -209,7 +194,7 @@ namespace {
 
 // Every rank gathers every rank's per-unit fingerprints; the first difference is reported on all ranks.
 absl::Status CheckRegistrations(Engine::Impl& m) {
-  const int n = m.world_size();
+  const int n = m.rt.world_size();
   // Slot 0: unit count; then one fingerprint per unit, truncated to the shortest list.
   std::vector<uint64_t> mine(1 + m.units.size());
   mine[0] = m.units.size();
@@ -219,7 +204,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
   for (int r = 0; r < n; ++r) {
     if (counts[r] != mine[0]) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "unit registrations differ across ranks: rank ", m.rank(), " registered ", mine[0], " units but rank ", r,
+          "unit registrations differ across ranks: rank ", m.rt.rank(), " registered ", mine[0], " units but rank ", r,
           " registered ", counts[r], "; every rank must register the same units in the same order"));
     }
   }
@@ -230,7 +215,7 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
     for (int r = 0; r < n; ++r) {
       if (all[r * mine.size() + 1 + i] != mine[1 + i]) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "unit registrations differ across ranks: unit #", i, " on rank ", m.rank(), " is {",
+            "unit registrations differ across ranks: unit #", i, " on rank ", m.rt.rank(), " is {",
             m.units[i].layout.Describe(), "} but rank ", r,
             " registered something else there (name, parameter names, shapes, weight-decay flags or own lr / weight "
             "decay differ)"));
@@ -243,17 +228,20 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
 // Initial values of what the rank holds: its own range for stage 3, everything for the replicated stages.
 absl::Status InitParams(Engine::Impl& m, UnitState& u) {
   const size_t lo = u.ext.param_begin, hi = lo + u.ext.param_elems;
-  return m.ParamStorage(u, 0, u.ext.param_elems * m.param_bytes(), [&](char* params) {
-    InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
-    return absl::OkStatus();
-  }, /*keep=*/false);
+  return m.storage.ParamStorage(
+      u, 0, u.ext.param_elems * m.storage.param_bytes(),
+      [&](char* params) {
+        InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
+        return absl::OkStatus();
+      },
+      /*keep=*/false);
 }
 
 // `held` receives the unit's master and state buffers, which the StateStore takes over (SetUpState); a
 // frozen unit's stay empty (Note [Frozen units]).
 absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held) {
-  const Placement& at = m.place;
-  const size_t upd = u.ext.update_elems, param_bytes = u.ext.param_elems * m.param_bytes();
+  const Placement& at = m.storage.place;
+  const size_t upd = u.ext.update_elems, param_bytes = u.ext.param_elems * m.storage.param_bytes();
   // A kind without a tier has no buffer in memory (Note [Placement]).
   auto allocate = [](memory::Allocator* tier, size_t bytes, Kind kind, memory::Buffer* b,
                      size_t alignment = 64) -> absl::Status {
@@ -265,12 +253,12 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
   if (u.frozen()) return InitParams(m, u);  // the params alone
   STRATA_RETURN_IF_ERROR(allocate(at.master, upd * 4, Kind::kMaster, &held->master));
   STRATA_RETURN_IF_ERROR(allocate(at.grad_shards ? at.grads : nullptr, u.ext.grad_elems * 4, Kind::kGradShard, &u.grads,
-                                  m.GradAlignment(at.grads)));
+                                  m.storage.GradAlignment(at.grads)));
   STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->m));
   if (optim::StateBuffers(m.cfg.optimizer) > 1) {
     STRATA_RETURN_IF_ERROR(allocate(at.state, upd * 4, Kind::kOptimizerState, &held->v));
   }
-  held->master_ptr = m.MasterPtr(u, held->master);
+  held->master_ptr = m.storage.MasterPtr(u, held->master);
   held->elems = upd;
   return InitParams(m, u);
 }
@@ -278,11 +266,11 @@ absl::Status AllocateUnit(Engine::Impl& m, UnitState& u, optim::MemoryUnit* held
 // The initial master, when it is not the param storage itself (allocators hand out zeroed memory;
 // SetUpNvme zeroes the state on NVMe).
 absl::Status InitMaster(Engine::Impl& m, UnitState& u) {
-  if (!m.separate_master() || u.frozen()) return absl::OkStatus();  // a frozen unit's master is its params
+  if (!m.storage.separate_master() || u.frozen()) return absl::OkStatus();  // a frozen unit's master is its params
   const size_t upd = u.ext.update_elems;
   std::vector<float> values(upd, 0.0f);
   InitRange(u, m.cfg.seed, u.ext.update_begin, u.ext.update_begin + upd, values.data(), nullptr, DType::kF32);
-  return m.WriteState(u, optim::StateKind::kMaster, values);
+  return u.state->Write(u, optim::StateKind::kMaster, values);
 }
 
 }  // namespace
@@ -358,7 +346,7 @@ absl::Status Engine::Finalize() {
   if (m.progress.finalized) return absl::FailedPreconditionError("Finalize() called twice");
   if (m.units.empty()) return absl::FailedPreconditionError("Finalize() with no registered unit");
   STRATA_RETURN_IF_ERROR(CheckRegistrations(m));
-  if (m.rank() == 0) LogUnusedOwnLrs(m);
+  if (m.rt.rank() == 0) LogUnusedOwnLrs(m);
   LargestUnits largest;
   std::vector<std::string> names;
   std::vector<size_t> unit_elems;
@@ -376,27 +364,27 @@ absl::Status Engine::Finalize() {
   // A tile larger than the largest update range would only make the staging buffers bigger.
   size_t largest_update = 0;
   for (const UnitState& u : m.units) {
-    if (!u.frozen()) largest_update = std::max(largest_update, m.update_elems(u));
+    if (!u.frozen()) largest_update = std::max(largest_update, u.update_elems());
   }
   const size_t tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, &device_need));
-  STRATA_RETURN_IF_ERROR(m.CreateDeviceArena(device_need));
-  m.DecidePlace();  // over the arena
-  STRATA_RETURN_IF_ERROR(m.SetUpNvme(tile_elems));
-  STRATA_RETURN_IF_ERROR(m.SetUpNvmeParams(live, largest.shard));
+  STRATA_RETURN_IF_ERROR(m.rt.CreateDeviceArena(m.cfg, device_need));
+  m.storage.DecidePlace();  // over the arena
+  STRATA_RETURN_IF_ERROR(m.storage.SetUpNvme(m.units, tile_elems));
+  STRATA_RETURN_IF_ERROR(m.storage.SetUpNvmeParams(m.units, live, largest.shard));
   std::vector<optim::MemoryUnit> held(m.units.size());
   for (size_t i = 0; i < m.units.size(); ++i) {
     UnitState& u = m.units[i];
     STRATA_RETURN_IF_ERROR(
         Annotate(AllocateUnit(m, u, &held[i]), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
-  STRATA_RETURN_IF_ERROR(m.SetUpState(std::move(held)));
+  STRATA_RETURN_IF_ERROR(m.storage.SetUpState(m.units, std::move(held)));
   for (UnitState& u : m.units) {
     STRATA_RETURN_IF_ERROR(Annotate(InitMaster(m, u), absl::StrCat("allocating unit '", u.layout.name, "'")));
   }
   const PoolPlans pools = PlanPools(m.cfg, live, unit_elems, frozen);  // what CheckBudgets counted
-  STRATA_RETURN_IF_ERROR(m.SetUpOwners(pools, largest.trained_shard));  // Note [Unit owners]
+  STRATA_RETURN_IF_ERROR(m.owners.SetUp(m, pools, largest.trained_shard));  // Note [Unit owners]
   // Note [Idle pages]: the gradient memory, zero-filled and so resident, is idle until the first backward.
   if (m.cfg.release_idle_memory) STRATA_RETURN_IF_ERROR(m.ZeroGrads());
   m.schedule = std::make_unique<shard::Schedule>(std::move(names));
@@ -408,9 +396,11 @@ ParamView Engine::Param(int unit, int param) const {
   const Impl& m = *impl_;
   const UnitState& u = m.units[unit];
   const shard::ParamSlot& p = u.layout.params[param];
-  char* base = m.ParamBase(u);
-  return ParamView{base == nullptr ? nullptr : base + p.offset_elems * m.param_bytes(), m.cfg.param_dtype, p.numel,
-                   &p.spec.shape};
+  // Where compute reads the full unit: the parameter owner's (Note [Unit owners]), the unit's own buffer
+  // before Finalize.
+  char* base = m.owners.params == nullptr ? u.params.as<char>() : m.owners.params->Base(unit);
+  return ParamView{base == nullptr ? nullptr : base + p.offset_elems * m.storage.param_bytes(), m.cfg.param_dtype,
+                   p.numel, &p.spec.shape};
 }
 
 float* Engine::Grad(int unit, int param) const {
@@ -442,13 +432,8 @@ absl::StatusOr<std::vector<float>> Engine::GatherUnit(int unit) {
   STRATA_RETURN_IF_ERROR(m.CheckUnit(unit, "GatherUnit"));
   STRATA_RETURN_IF_ERROR(m.owners.update->CheckNoPendingUpdate("GatherUnit"));
   UnitState& u = m.units[unit];
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, m.ReadState(u, optim::StateKind::kMaster));
-  if (m.cfg.stage == 0) return master;
-  std::vector<float> full(u.layout.total_elems);
-  STRATA_RETURN_IF_ERROR(
-      m.rt.group_control->AllGather(master.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.rt.control_stream)
-          .Wait());
-  return full;
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> master, u.state->Read(u, optim::StateKind::kMaster));
+  return m.owners.params->WholeMaster(unit, std::move(master));  // Note [Unit owners]: by stage
 }
 
 absl::Status Engine::SetParam(int unit, int param, const std::vector<float>& value) {
@@ -529,7 +514,7 @@ absl::Status Engine::SetParamRanges(int unit, absl::Span<const ParamValues> rang
     return out;
   };
   // Master over the update range, then the param storage over what this rank holds.
-  const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
+  const size_t lo = u.update_begin(), hi = lo + u.update_elems();
   const std::vector<std::pair<size_t, size_t>> to_master = within(lo, hi);
   auto set_master = [&](float* master) {
     for (size_t i = 0; i < ranges.size(); ++i) {
@@ -541,9 +526,9 @@ absl::Status Engine::SetParamRanges(int unit, absl::Span<const ParamValues> rang
     if (Covers(to_master, lo, hi)) {  // every element is new: nothing to read
       std::vector<float> master(hi - lo);
       set_master(master.data());
-      STRATA_RETURN_IF_ERROR(m.WriteState(u, optim::StateKind::kMaster, master));
+      STRATA_RETURN_IF_ERROR(u.state->Write(u, optim::StateKind::kMaster, master));
     } else {
-      STRATA_RETURN_IF_ERROR(m.EditState(u, optim::StateKind::kMaster, set_master, /*write_back=*/true));
+      STRATA_RETURN_IF_ERROR(u.state->Edit(u, optim::StateKind::kMaster, set_master, /*write_back=*/true));
     }
   }
   // The given elements within what this rank holds, [b, e), from the storage's first element plo.
@@ -555,8 +540,8 @@ absl::Status Engine::SetParamRanges(int unit, absl::Span<const ParamValues> rang
     b = std::min(b, pb);
     e = std::max(e, pe);
   }
-  return m.ParamStorage(
-      u, (b - plo) * m.param_bytes(), (e - b) * m.param_bytes(),
+  return m.storage.ParamStorage(
+      u, (b - plo) * m.storage.param_bytes(), (e - b) * m.storage.param_bytes(),
       [&](char* params) {
         for (size_t i = 0; i < ranges.size(); ++i) {
           const size_t z = a[i] + ranges[i].count;
@@ -571,7 +556,8 @@ absl::Status Engine::SetParamRanges(int unit, absl::Span<const ParamValues> rang
 
 absl::StatusOr<Engine::NvmeTraffic> Engine::nvme_traffic() {
   if (impl_->rt.io_queue == nullptr) return NvmeTraffic{};
-  if (impl_->pstore.param_cache != nullptr) STRATA_RETURN_IF_ERROR(impl_->pstore.param_cache->Flush());
+  offload::ShardCache* cache = impl_->storage.pstore.param_cache.get();
+  if (cache != nullptr) STRATA_RETURN_IF_ERROR(cache->Flush());
   const offload::IoQueueStats s = impl_->rt.io_queue->stats();
   return NvmeTraffic{s.bytes_read, s.bytes_written};
 }
@@ -579,12 +565,12 @@ absl::StatusOr<Engine::NvmeTraffic> Engine::nvme_traffic() {
 int Engine::num_units() const { return static_cast<int>(impl_->units.size()); }
 const shard::UnitLayout& Engine::layout(int unit) const { return impl_->units[unit].layout; }
 const EngineConfig& Engine::config() const { return impl_->cfg; }
-int Engine::rank() const { return impl_->rank(); }
-int Engine::world_size() const { return impl_->world_size(); }
+int Engine::rank() const { return impl_->rt.rank(); }
+int Engine::world_size() const { return impl_->rt.world_size(); }
 int64_t Engine::step() const { return impl_->progress.step; }
 float Engine::loss_scale() const { return impl_->progress.loss_scaler.scale(); }
-double Engine::next_lr() const { return impl_->NextLr(); }
-double Engine::next_lr(std::optional<double> own_lr) const { return impl_->NextLr(own_lr); }
+double Engine::next_lr() const { return impl_->progress.NextLr(impl_->cfg); }
+double Engine::next_lr(std::optional<double> own_lr) const { return impl_->progress.NextLr(impl_->cfg, own_lr); }
 device::Timeline& Engine::timeline() { return impl_->progress.timeline; }
 void Engine::ResetPeakMemory() { impl_->rt.tracker.ResetPeaks(); }
 

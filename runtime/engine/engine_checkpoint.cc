@@ -39,13 +39,13 @@ namespace ckpt = checkpoint;
 namespace {
 
 // Each kind over the update range, staged in host memory one unit at a time, wherever it lives
-// (ReadState; Note [NVMe state]).
+// (StateOwner::Read; Note [NVMe state]).
 absl::StatusOr<std::vector<float*>> KindBuffers(Engine::Impl& m, UnitState& u,
                                                 std::vector<std::vector<float>>* staged) {
   staged->clear();
   std::vector<float*> out;
-  for (optim::StateKind k : m.state_kinds(u)) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> values, m.ReadState(u, k));
+  for (optim::StateKind k : u.state->kinds()) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> values, u.state->Read(u, k));
     staged->push_back(std::move(values));
   }
   for (auto& v : *staged) out.push_back(v.data());
@@ -74,7 +74,7 @@ ShardPlan PlanShard(const Engine::Impl& m) {
   for (size_t ui = 0; ui < m.units.size(); ++ui) {
     const UnitState& u = m.units[ui];
     std::vector<std::string> kinds;  // a frozen unit's master alone (Note [Frozen units])
-    for (optim::StateKind k : m.state_kinds(u)) kinds.emplace_back(optim::StateKindName(k));
+    for (optim::StateKind k : u.state->kinds()) kinds.emplace_back(optim::StateKindName(k));
     const size_t lo = r * u.layout.shard_elems;
     for (ckpt::SaveRange& s : ckpt::RangesToSave(ManifestUnitOf(u), lo, lo + u.layout.shard_elems, kinds)) {
       plan.ranges.push_back(std::move(s.range));
@@ -99,7 +99,7 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
       STRATA_ASSIGN_OR_RETURN(buffers, KindBuffers(m, u, &staged));
       staged_unit = where[i].first;
     }
-    STRATA_RETURN_IF_ERROR(w.Write(i, buffers[where[i].second] + (ranges[i].begin - m.update_begin(u))));
+    STRATA_RETURN_IF_ERROR(w.Write(i, buffers[where[i].second] + (ranges[i].begin - u.update_begin())));
   }
   STRATA_ASSIGN_OR_RETURN(auto done, w.Finish());
   *checksum = done.first;
@@ -108,7 +108,7 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
 }
 
 // Note [Asynchronous checkpoints]: the ranges WriteShard writes, with every unit's kinds copied into host
-// memory (EditState without write-back: in place from the host tiers, staged from the device or NVMe) instead
+// memory (StateOwner::Edit without write-back: in place from the host tiers, staged from the device or NVMe) instead
 // of one unit at a time. The copies go into `spare`, the buffers of the save before, when it has them: pages
 // touched once, so the copy is not slowed down by page faults on fresh memory.
 absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::vector<float>> spare) {
@@ -119,17 +119,17 @@ absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::v
     UnitState& u = m.units[plan.where[i].first];
     if (plan.where[i].first != staged_unit) {
       first_buffer = snap.buffers.size();
-      for (optim::StateKind k : m.state_kinds(u)) {
+      for (optim::StateKind k : u.state->kinds()) {
         std::vector<float> values;
         if (snap.buffers.size() < spare.size()) values = std::move(spare[snap.buffers.size()]);
-        values.resize(m.update_elems(u));
-        STRATA_RETURN_IF_ERROR(m.EditState(
+        values.resize(u.update_elems());
+        STRATA_RETURN_IF_ERROR(u.state->Edit(
             u, k, [&](const float* p) { std::copy(p, p + values.size(), values.data()); }, /*write_back=*/false));
         snap.buffers.push_back(std::move(values));
       }
       staged_unit = plan.where[i].first;
     }
-    snap.at.emplace_back(first_buffer + plan.where[i].second, plan.ranges[i].begin - m.update_begin(u));
+    snap.at.emplace_back(first_buffer + plan.where[i].second, plan.ranges[i].begin - u.update_begin());
   }
   snap.ranges = std::move(plan.ranges);
   return snap;
@@ -149,8 +149,11 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
   man.trainer_json = trainer_json;
   for (const UnitState& u : m.units) {
     man.units.push_back(ManifestUnitOf(u));
-    // Frozen parameters need format 2; without them the manifest stays the format-1 document it was.
-    if (u.frozen()) man.version = std::max(man.version, ckpt::kFrozenManifestVersion);
+    // Frozen parameters need format 2; without them the manifest stays the format-1 document it was. (A
+    // unit is frozen as a whole: Note [Frozen units].)
+    for (const ckpt::ManifestParam& p : man.units.back().params) {
+      if (p.frozen) man.version = std::max(man.version, ckpt::kFrozenManifestVersion);
+    }
     for (int64_t s : u.skipped_steps) {  // Note [Parameters without a gradient]: format 3 only when needed
       if (s > 0) man.version = std::max(man.version, ckpt::kSkippedManifestVersion);
     }
@@ -165,7 +168,7 @@ ckpt::Manifest BuildManifest(Engine::Impl& m, const std::string& trainer_json) {
 // not created its own yet, and no other rank of this job writes these names.
 void RemoveStaleTemps(const Engine::Impl& m, const std::string& step_dir) {
   const std::string mine = ckpt::ShardName(m.rt.shard_rank) + ".tmp.";
-  const int rank = m.rank(), world = m.rt.shard_size();
+  const int rank = m.rt.rank(), world = m.rt.shard_size();
   auto removed = ckpt::RemoveTemps(step_dir, [&](absl::string_view name) {
     if (absl::StartsWith(name, mine)) return true;
     if (rank != 0) return false;
@@ -250,7 +253,7 @@ absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std:
       job.local = snapshot.status();
     }
   }
-  if (m.rank() == 0 && job.local.ok()) job.manifest = BuildManifest(m, trainer_json);
+  if (m.rt.rank() == 0 && job.local.ok()) job.manifest = BuildManifest(m, trainer_json);
   return async_saver_->Start(std::move(job));
 }
 

@@ -12,7 +12,7 @@
 
 namespace strata::engine {
 
-absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
+absl::Status EngineRuntime::SetUpCuda(const EngineConfig& cfg, comm::Communicator& host_world) {
   if (cfg.offload_param.device != OffloadDevice::kNone && cfg.offload_optimizer.device == OffloadDevice::kNone) {
     return absl::UnimplementedError(
         "offload_param on a CUDA device needs offload_optimizer (cpu or nvme) too: the update runs where the "
@@ -26,49 +26,49 @@ absl::Status Engine::Impl::SetUpCuda(comm::Communicator& host_world) {
 #if STRATA_WITH_NCCL
   STRATA_ASSIGN_OR_RETURN(const comm::NcclApi* nccl, comm::NcclBackend());
   STRATA_ASSIGN_OR_RETURN(const memory::CudaMemoryApi* cuda_memory, memory::CudaMemoryBackend());
-  STRATA_ASSIGN_OR_RETURN(rt.device_ops, memory::MakeCudaTierOps(*rt.device));
-  STRATA_ASSIGN_OR_RETURN(rt.device_update, optim::MakeCudaTierUpdate(*rt.device));
+  STRATA_ASSIGN_OR_RETURN(device_ops, memory::MakeCudaTierOps(*device));
+  STRATA_ASSIGN_OR_RETURN(device_update, optim::MakeCudaTierUpdate(*device));
   // Offloaded state is registered host memory, so the copies to and from the GPU are asynchronous DMA.
-  rt.host_alloc = cuda_memory->create_host_allocator(cfg.host_budget_bytes, &rt.tracker);
-  rt.control_host_stream = std::make_unique<device::HostStream>("control");
-  rt.control_stream = rt.control_host_stream.get();
+  host_alloc = cuda_memory->create_host_allocator(cfg.host_budget_bytes, &tracker);
+  control_host_stream = std::make_unique<device::HostStream>("control");
+  control_stream = control_host_stream.get();
   const int64_t t = cfg.collective_timeout_ms;
   std::unique_ptr<comm::Communicator> nccl_world;
   if (host_world.device_buffers()) {  // an embedder's NCCL communicator (C ABI): control through a bounce
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c, host_world.Dup("control", t));
-    STRATA_ASSIGN_OR_RETURN(rt.control_comm, nccl->host_buffers_over_nccl(std::move(c)));
+    STRATA_ASSIGN_OR_RETURN(control_comm, nccl->host_buffers_over_nccl(std::move(c)));
     STRATA_ASSIGN_OR_RETURN(nccl_world, host_world.Dup("gather", t));
   } else {  // a host world (MPI, in-process): NCCL bootstrapped over it
-    STRATA_ASSIGN_OR_RETURN(rt.control_comm, host_world.Dup("control", t));
+    STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", t));
     comm::Options o;
     o.timeout_ms = t;
     o.name = "gather";
-    STRATA_ASSIGN_OR_RETURN(nccl_world, nccl->create_from_host(*rt.control_comm, *rt.control_stream, o));
+    STRATA_ASSIGN_OR_RETURN(nccl_world, nccl->create_from_host(*control_comm, *control_stream, o));
   }
-  rt.control = rt.control_comm.get();
-  if (rt.groups.replicas == 1) {  // the world's NCCL communicator gathers, as before hybrid sharding
-    rt.gather_comm = std::move(nccl_world);
-    STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, rt.gather_comm->Dup("reduce", t));
-    STRATA_ASSIGN_OR_RETURN(rt.step_comm, rt.gather_comm->Dup("step", t));
-    rt.shard_rank = rt.step_comm->rank();
+  control = control_comm.get();
+  if (groups.replicas == 1) {  // the world's NCCL communicator gathers, as before hybrid sharding
+    gather_comm = std::move(nccl_world);
+    STRATA_ASSIGN_OR_RETURN(reduce_comm, gather_comm->Dup("reduce", t));
+    STRATA_ASSIGN_OR_RETURN(step_comm, gather_comm->Dup("step", t));
+    shard_rank = step_comm->rank();
   } else {  // the groups are split off the world's NCCL communicator (ncclCommSplit), which every rank then frees
-    STRATA_RETURN_IF_ERROR(SplitStreamComms(*nccl_world));
+    STRATA_RETURN_IF_ERROR(SplitStreamComms(cfg, *nccl_world));
   }
-  return SetUpGroupControl();
+  return SetUpGroupControl(cfg);
 #else
   (void)host_world;
   return absl::UnimplementedError("this CUDA build has no NCCL: the engine cannot run on the GPU");
 #endif
 }
 
-absl::Status Engine::Impl::CreateDeviceArena(uint64_t need) {
-  if (rt.device->kind() != device::DeviceKind::kCuda) return absl::OkStatus();
+absl::Status EngineRuntime::CreateDeviceArena(const EngineConfig& cfg, uint64_t need) {
+  if (device->kind() != device::DeviceKind::kCuda) return absl::OkStatus();
   // Without a budget the arena is what this model needs, plus room for each block's alignment; the rest
   // of the GPU stays free for the trainer's activations and workspaces.
   const uint64_t bytes = cfg.device_budget_bytes != memory::kUnlimited ? cfg.device_budget_bytes
                                                                        : need + need / 100 + (uint64_t{4} << 20);
   STRATA_ASSIGN_OR_RETURN(const memory::CudaMemoryApi* cuda_memory, memory::CudaMemoryBackend());
-  STRATA_ASSIGN_OR_RETURN(rt.device_alloc, cuda_memory->create_arena(bytes, &rt.tracker));
+  STRATA_ASSIGN_OR_RETURN(device_alloc, cuda_memory->create_arena(bytes, &tracker));
   return absl::OkStatus();
 }
 

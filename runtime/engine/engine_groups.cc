@@ -56,49 +56,48 @@ absl::StatusOr<comm::GroupSplit> ResolveShardGroups(const EngineConfig& cfg, com
   return contiguous;
 }
 
-absl::Status Engine::Impl::SplitStreamComms(comm::Communicator& base) {
+absl::Status EngineRuntime::SplitStreamComms(const EngineConfig& cfg, comm::Communicator& base) {
   const int64_t t = cfg.collective_timeout_ms;
-  auto shard = [&](const char* name) { return base.Split(rt.groups.shard_color, rt.groups.shard_key, name, t); };
-  if (rt.groups.replicas == 1) {
-    STRATA_ASSIGN_OR_RETURN(rt.gather_comm, base.Dup("gather", t));
-    STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, base.Dup("reduce", t));
-    STRATA_ASSIGN_OR_RETURN(rt.step_comm, base.Dup("step", t));
+  auto shard = [&](const char* name) { return base.Split(groups.shard_color, groups.shard_key, name, t); };
+  if (groups.replicas == 1) {
+    STRATA_ASSIGN_OR_RETURN(gather_comm, base.Dup("gather", t));
+    STRATA_ASSIGN_OR_RETURN(reduce_comm, base.Dup("reduce", t));
+    STRATA_ASSIGN_OR_RETURN(step_comm, base.Dup("step", t));
   } else {
-    STRATA_ASSIGN_OR_RETURN(rt.gather_comm, shard("gather"));
+    STRATA_ASSIGN_OR_RETURN(gather_comm, shard("gather"));
     if (cfg.stage <= 1) {
-      STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, base.Dup("reduce", t));
+      STRATA_ASSIGN_OR_RETURN(reduce_comm, base.Dup("reduce", t));
     } else {
-      STRATA_ASSIGN_OR_RETURN(rt.reduce_comm, shard("reduce"));
-      STRATA_ASSIGN_OR_RETURN(rt.replica_comm,
-                              base.Split(rt.groups.replica_color, rt.groups.replica_key, "replica", t));
+      STRATA_ASSIGN_OR_RETURN(reduce_comm, shard("reduce"));
+      STRATA_ASSIGN_OR_RETURN(replica_comm, base.Split(groups.replica_color, groups.replica_key, "replica", t));
     }
-    STRATA_ASSIGN_OR_RETURN(rt.step_comm, shard("step"));
+    STRATA_ASSIGN_OR_RETURN(step_comm, shard("step"));
   }
-  rt.shard_rank = rt.step_comm->rank();
+  shard_rank = step_comm->rank();
   return absl::OkStatus();
 }
 
-absl::Status Engine::Impl::SetUpGroupControl() {
-  if (rt.groups.replicas == 1) {
-    rt.group_control = rt.control;
+absl::Status EngineRuntime::SetUpGroupControl(const EngineConfig& cfg) {
+  if (groups.replicas == 1) {
+    group_control = control;
     return absl::OkStatus();
   }
-  STRATA_ASSIGN_OR_RETURN(rt.group_control_comm, rt.control->Split(rt.groups.shard_color, rt.groups.shard_key,
-                                                                   "group-control", cfg.collective_timeout_ms));
-  rt.group_control = rt.group_control_comm.get();
+  STRATA_ASSIGN_OR_RETURN(group_control_comm, control->Split(groups.shard_color, groups.shard_key, "group-control",
+                                                             cfg.collective_timeout_ms));
+  group_control = group_control_comm.get();
   return absl::OkStatus();
 }
 
-absl::Status Engine::Impl::SetUpHostComms(comm::Communicator& host_world) {
-  STRATA_RETURN_IF_ERROR(SplitStreamComms(host_world));
-  rt.control_stream = rt.step_stream.get();
-  if (rt.groups.replicas == 1) {
-    rt.control = rt.step_comm.get();
+absl::Status EngineRuntime::SetUpHostComms(const EngineConfig& cfg, comm::Communicator& host_world) {
+  STRATA_RETURN_IF_ERROR(SplitStreamComms(cfg, host_world));
+  control_stream = step_stream.get();
+  if (groups.replicas == 1) {
+    control = step_comm.get();
   } else {  // the step communicator spans only the shard group
-    STRATA_ASSIGN_OR_RETURN(rt.control_comm, host_world.Dup("control", cfg.collective_timeout_ms));
-    rt.control = rt.control_comm.get();
+    STRATA_ASSIGN_OR_RETURN(control_comm, host_world.Dup("control", cfg.collective_timeout_ms));
+    control = control_comm.get();
   }
-  return SetUpGroupControl();
+  return SetUpGroupControl(cfg);
 }
 
 int Engine::shard_group_size() const { return impl_->rt.shard_size(); }

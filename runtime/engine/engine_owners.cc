@@ -63,6 +63,16 @@ namespace {
 
 // ---- ParamsOwner: by stage ----
 
+// Stages 1-3: the shard group's slices of the unit's master, in order (GatherUnit).
+absl::StatusOr<std::vector<float>> AllGatherMaster(Engine::Impl& m, int unit, const std::vector<float>& mine) {
+  const UnitState& u = m.units[unit];
+  std::vector<float> full(u.layout.total_elems);
+  STRATA_RETURN_IF_ERROR(
+      m.rt.group_control->AllGather(mine.data(), full.data(), u.layout.shard_elems, DType::kF32, *m.rt.control_stream)
+          .Wait());
+  return full;
+}
+
 // Stage 0: every rank holds and updates the whole unit; nothing to gather, reshard or replicate.
 class ResidentParams : public ParamsOwner {
  public:
@@ -74,6 +84,7 @@ class ResidentParams : public ParamsOwner {
   void Reshard(int) override {}
   char* Base(int unit) const override { return m_.units[unit].params.as<char>(); }
   absl::Status AfterUpdate(const std::vector<int>&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<float>> WholeMaster(int, std::vector<float> mine) override { return mine; }
 
  protected:
   Engine::Impl& m_;
@@ -88,11 +99,14 @@ class ReplicatedParams : public ResidentParams {
     for (int i : units) {
       UnitState& u = m_.units[i];
       char* base = u.params.as<char>();
-      works.push_back(m_.rt.step_comm->AllGather(base + m_.update_begin(u) * m_.param_bytes(), base,
+      works.push_back(m_.rt.step_comm->AllGather(base + u.update_begin() * m_.storage.param_bytes(), base,
                                                  u.layout.shard_elems, m_.cfg.param_dtype, *m_.rt.step_stream));
     }
     for (comm::Work& w : works) STRATA_RETURN_IF_ERROR(m_.progress.TimedWait([&] { return w.Wait(); }));
     return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<float>> WholeMaster(int unit, std::vector<float> mine) override {
+    return AllGatherMaster(m_, unit, mine);
   }
 };
 
@@ -115,6 +129,9 @@ class GatheredParams : public ParamsOwner {
   void Reshard(int unit) override { g_->Release(unit); }
   char* Base(int unit) const override { return g_->data(unit); }
   absl::Status AfterUpdate(const std::vector<int>&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<float>> WholeMaster(int unit, std::vector<float> mine) override {
+    return AllGatherMaster(m_, unit, mine);
+  }
   void Drain() override { g_->Drain(); }
 
  private:
@@ -124,8 +141,9 @@ class GatheredParams : public ParamsOwner {
 
 // Where the shards come from is decided here, once (shard/param_source.h).
 std::unique_ptr<shard::ParamSource> HostParamSource(Engine::Impl& m, shard::SourceEnv env) {
-  if (m.nvme_params()) {
-    return shard::MakeCachedSource(m.pstore.param_cache.get(), static_cast<int>(m.pstore.param_buffers->buffer_count()),
+  if (m.storage.nvme_params()) {
+    const ParamStore& p = m.storage.pstore;
+    return shard::MakeCachedSource(p.param_cache.get(), static_cast<int>(p.param_buffers->buffer_count()),
                                    std::move(env));
   }
   std::vector<const void*> shards;  // the units' buffers are allocated (Finalize) and stay where they are
@@ -134,8 +152,9 @@ std::unique_ptr<shard::ParamSource> HostParamSource(Engine::Impl& m, shard::Sour
 }
 
 absl::StatusOr<std::unique_ptr<shard::Gatherer>> MakeGatherer(Engine::Impl& m, const shard::SlotPlan& slots) {
-  STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool,
-                          shard::SlotPool::Create(*m.rt.device_alloc, slots, m.param_bytes(), memory::Kind::kGathered));
+  STRATA_ASSIGN_OR_RETURN(
+      shard::SlotPool pool,
+      shard::SlotPool::Create(*m.rt.device_alloc, slots, m.storage.param_bytes(), memory::Kind::kGathered));
   if (m.cfg.release_idle_memory) pool.ReleaseIdle();  // Note [Idle pages]: no slot is used yet
   std::vector<shard::GatherUnit> gathered;
   shard::SourceEnv env{{}, &m.progress.exposed_io_ns};
@@ -170,15 +189,16 @@ class FrozenGrads : public GradOwner {
 class TrainedGrads : public GradOwner {
  public:
   explicit TrainedGrads(Engine::Impl& m) : m_(m) {}
-  absl::Status PreBackward(int unit) override { return m_.reducer->Acquire(unit); }
-  float* Working(int unit) const override { return m_.reducer->working(unit); }
+  absl::Status PreBackward(int unit) override { return m_.owners.reducer->Acquire(unit); }
+  float* Working(int unit) const override { return m_.owners.reducer->working(unit); }
   void MarkNoGrad(UnitState& u, int param, int micro_batch) override {
     if (u.no_grad_marked_in[param] == micro_batch) return;  // counted once per micro-batch
     u.no_grad_marked_in[param] = micro_batch;
     ++u.no_grad_micro_batches[param];
   }
   absl::Status LastBackwardUse(int unit) override {
-    if (!m_.reducer->reduces(m_.last_micro_batch())) return absl::OkStatus();
+    if (!m_.owners.reducer->reduces(m_.progress.micro_batch == m_.cfg.gradient_accumulation_steps - 1))
+      return absl::OkStatus();
     return m_.owners.update->Reduce(unit);
   }
 
@@ -192,14 +212,18 @@ class TrainedGrads : public GradOwner {
 class UpdateAtStep : public UpdateOwner {
  public:
   explicit UpdateAtStep(Engine::Impl& m) : m_(m) {}
-  absl::Status Reduce(int unit) override { return m_.reducer->Reduce(unit); }
+  absl::Status Reduce(int unit) override { return m_.owners.reducer->Reduce(unit); }
   absl::Status CheckNoPendingUpdate(const char*) const override { return absl::OkStatus(); }
   bool update_pending() const override { return false; }
   absl::Status CheckLeftOut(bool) const override { return absl::OkStatus(); }
   absl::StatusOr<optim::StepOutcome> Update(const std::vector<int>& trained, const optim::StepInputs& in) override {
     std::vector<optim::StepUnit> step_units;
-    for (int i : trained) step_units.push_back(m_.StepUnitOf(m_.units[i], m_.GradUpdatePtr(m_.units[i])));
-    return optim::RunOptimizerStep(*m_.state, m_.cfg.optimizer, m_.OptimizerOps(), step_units, in);
+    for (int i : trained) {
+      UnitState& u = m_.units[i];
+      step_units.push_back(
+          m_.storage.StepUnitOf(u, u.GradUpdatePtr(), m_.progress.SegmentsOf(i, u.ext.update_segments)));
+    }
+    return optim::RunOptimizerStep(*m_.storage.state, m_.cfg.optimizer, m_.storage.OptimizerOps(), step_units, in);
   }
 
  private:
@@ -234,7 +258,7 @@ class UpdateInBackward : public UpdateOwner {
 
   absl::Status Reduce(int unit) override {
     STRATA_RETURN_IF_ERROR(UpdatePending());
-    STRATA_RETURN_IF_ERROR(m_.reducer->Reduce(unit));
+    STRATA_RETURN_IF_ERROR(m_.owners.reducer->Reduce(unit));
     pending_ = unit;
     return absl::OkStatus();
   }
@@ -299,19 +323,20 @@ class UpdateInBackward : public UpdateOwner {
     if (pending_ < 0) return absl::OkStatus();
     const int unit = pending_;
     pending_ = -1;
-    STRATA_RETURN_IF_ERROR(m_.reducer->Finish());
+    STRATA_RETURN_IF_ERROR(m_.owners.reducer->Finish());
     const int64_t t0 = device::NowNs();
     UnitState& u = m_.units[unit];
     const optim::StepInputs in = m_.StepInputsNow();
-    const optim::StepUnit su = m_.StepUnitOf(u, m_.reducer->reduced());
-    STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(m_.OptimizerOps(), su, in.grad_scale));
+    const optim::StepUnit su =
+        m_.storage.StepUnitOf(u, m_.owners.reducer->reduced(), m_.progress.SegmentsOf(unit, u.ext.update_segments));
+    STRATA_ASSIGN_OR_RETURN(const double sq, optim::ScaleAndSumSquares(m_.storage.OptimizerOps(), su, in.grad_scale));
     sq_.resize(m_.units.size(), 0.0);
     done_.resize(m_.units.size(), 0);
     sq_[unit] = sq;
     done_[unit] = 1;
     // A non-finite gradient is not applied; the step reports it as failed (Update).
     if (std::isfinite(sq)) {
-      STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*m_.state, m_.cfg.optimizer, unit, su, in, 1.0f, &io_));
+      STRATA_RETURN_IF_ERROR(optim::UpdateUnit(*m_.storage.state, m_.cfg.optimizer, unit, su, in, 1.0f, &io_));
     }
     const int64_t t1 = device::NowNs();
     update_ns_ += t1 - t0;
@@ -346,16 +371,16 @@ absl::StatusOr<std::unique_ptr<shard::GradReducer>> MakeReducer(Engine::Impl& m,
   }
   memory::Allocator& device = *m.rt.device_alloc;
   STRATA_ASSIGN_OR_RETURN(shard::SlotPool pool, shard::SlotPool::Create(device, slots, 4, memory::Kind::kGradWorking,
-                                                                        m.GradAlignment(&device)));
+                                                                        m.storage.GradAlignment(&device)));
   STRATA_ASSIGN_OR_RETURN(memory::Buffer scratch,
-                          device.Allocate(largest_shard * 4, memory::Kind::kScratch, m.GradAlignment(&device)));
+                          device.Allocate(largest_shard * 4, memory::Kind::kScratch, m.storage.GradAlignment(&device)));
   memory::Buffer staging;
-  if (m.GradStagingNeeded()) {
+  if (m.storage.GradStagingNeeded()) {
     STRATA_ASSIGN_OR_RETURN(staging, m.rt.host_alloc->Allocate(largest_shard * 4, memory::Kind::kScratch));
   }
   // The working buffers are on the device tier, the gradient shards on the optimizer's; without shards the
   // update in backward reads the reduced shard itself.
-  shard::ReduceOps ops{m.rt.device_ops.get(), m.place.grad_shards ? &m.OptimizerOps() : nullptr};
+  shard::ReduceOps ops{m.rt.device_ops.get(), m.storage.place.grad_shards ? &m.storage.OptimizerOps() : nullptr};
   return shard::MakeReduceScatterReducer(std::move(reduced), env, std::move(ops), std::move(pool), std::move(scratch),
                                          std::move(staging));
 }
@@ -363,31 +388,31 @@ absl::StatusOr<std::unique_ptr<shard::GradReducer>> MakeReducer(Engine::Impl& m,
 }  // namespace
 
 // Note [Unit owners]: every choice by stage, frozenness and strata.optimizer_in_backward is made here.
-absl::Status Engine::Impl::SetUpOwners(const PoolPlans& pools, size_t largest_trained_shard) {
-  owners = UnitOwners{};  // Finalize may run again after it failed
-  for (UnitState& u : units) u.grad = nullptr;
-  for (int i = 0; i < static_cast<int>(units.size()); ++i) {
-    owners.all.push_back(i);
-    if (!units[i].frozen()) owners.trained.push_back(i);
+absl::Status UnitOwners::SetUp(Engine::Impl& m, const PoolPlans& pools, size_t largest_trained_shard) {
+  *this = UnitOwners{};  // Finalize may run again after it failed
+  for (UnitState& u : m.units) u.grad = nullptr;
+  for (int i = 0; i < static_cast<int>(m.units.size()); ++i) {
+    all.push_back(i);
+    if (!m.units[i].frozen()) trained.push_back(i);
   }
-  if (cfg.stage == 3) {
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<shard::Gatherer> gatherer, MakeGatherer(*this, pools.gathered));
-    owners.params = std::make_unique<GatheredParams>(*this, std::move(gatherer));
-  } else if (cfg.stage == 0) {
-    owners.params = std::make_unique<ResidentParams>(*this);
+  if (m.cfg.stage == 3) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<shard::Gatherer> gatherer, MakeGatherer(m, pools.gathered));
+    params = std::make_unique<GatheredParams>(m, std::move(gatherer));
+  } else if (m.cfg.stage == 0) {
+    params = std::make_unique<ResidentParams>(m);
   } else {
-    owners.params = std::make_unique<ReplicatedParams>(*this);
+    params = std::make_unique<ReplicatedParams>(m);
   }
-  STRATA_ASSIGN_OR_RETURN(reducer, MakeReducer(*this, pools.grads, largest_trained_shard));
-  owners.frozen_grads = std::make_unique<FrozenGrads>();
-  owners.trained_grads = std::make_unique<TrainedGrads>(*this);
-  for (UnitState& u : units) u.grad = u.frozen() ? owners.frozen_grads.get() : owners.trained_grads.get();
-  if (cfg.optimizer_in_backward) {
-    owners.update = std::make_unique<UpdateInBackward>(*this);
+  STRATA_ASSIGN_OR_RETURN(reducer, MakeReducer(m, pools.grads, largest_trained_shard));
+  frozen_grads = std::make_unique<FrozenGrads>();
+  trained_grads = std::make_unique<TrainedGrads>(m);
+  for (UnitState& u : m.units) u.grad = u.frozen() ? frozen_grads.get() : trained_grads.get();
+  if (m.cfg.optimizer_in_backward) {
+    update = std::make_unique<UpdateInBackward>(m);
   } else {
-    owners.update = std::make_unique<UpdateAtStep>(*this);
+    update = std::make_unique<UpdateAtStep>(m);
   }
-  if (cfg.stage != 0) owners.norm_comm = rt.group_control;
+  if (m.cfg.stage != 0) norm_comm = m.rt.group_control;
   return absl::OkStatus();
 }
 

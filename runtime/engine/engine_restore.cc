@@ -123,11 +123,11 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
   std::vector<shard::ParamSpec> specs;
   for (const auto& p : saved.params) specs.push_back({p.name, p.shape, p.weight_decay});
   STRATA_ASSIGN_OR_RETURN(shard::UnitLayout old, shard::UnitLayout::Build(saved.name, specs, saved_world));
-  const size_t lo = m.update_begin(u), hi = lo + m.update_elems(u);
-  const std::vector<optim::StateKind> kinds = m.state_kinds(u);  // the master alone when frozen
+  const size_t lo = u.update_begin(), hi = lo + u.update_elems();
+  const std::vector<optim::StateKind> kinds = u.state->kinds();  // the master alone when frozen
   // Each kind is filled into a host copy of this unit's update range, then written to wherever it lives
-  // (WriteState: device, pinned host or NVMe tiles).
-  std::vector<std::vector<float>> staged(kinds.size(), std::vector<float>(m.update_elems(u), 0.0f));
+  // (StateOwner::Write: device, pinned host or NVMe tiles).
+  std::vector<std::vector<float>> staged(kinds.size(), std::vector<float>(u.update_elems(), 0.0f));
   for (size_t k = 0; k < kinds.size(); ++k) {
     for (const shard::ParamSlot& p : u.layout.params) {
       const size_t b = std::max(lo, p.offset_elems), e = std::min(hi, p.offset_elems + p.numel);
@@ -137,10 +137,10 @@ absl::Status RestoreUnit(Engine::Impl& m, UnitState& u, const ckpt::ManifestUnit
                                                    old.shard_elems, staged[k].data() + (b - lo)));
       }
     }
-    STRATA_RETURN_IF_ERROR(m.WriteState(u, kinds[k], staged[k]));
+    STRATA_RETURN_IF_ERROR(u.state->Write(u, kinds[k], staged[k]));
   }
-  // A frozen unit's master is its params, written above (Note [Frozen units]).
-  return u.frozen() ? absl::OkStatus() : m.CastMasterToParams(u, staged[0].data());
+  // A frozen unit's master is its params, written above (Note [Frozen units]): nothing to cast then.
+  return u.state->MasterToParams(u, staged[0].data());
 }
 
 absl::Status LoadLocal(Engine::Impl& m, const std::string& step_dir, ckpt::Manifest* man) {
@@ -166,11 +166,11 @@ absl::StatusOr<std::string> Engine::LoadCheckpoint(const std::string& step_dir) 
   absl::Status local = LoadLocal(m, step_dir, &man);
   // Every rank reads different shards, so one may fail where others succeed: agree before going on, or
   // the ranks that succeeded would wait in their next collective for the one that returned.
-  std::vector<float> ok(m.world_size()), mine(1, local.ok() ? 1.0f : 0.0f);
+  std::vector<float> ok(m.rt.world_size()), mine(1, local.ok() ? 1.0f : 0.0f);
   STRATA_RETURN_IF_ERROR(
       m.rt.control->AllGather(mine.data(), ok.data(), 1, DType::kF32, *m.rt.control_stream).Wait());
   std::vector<int> failed;
-  for (int r = 0; r < m.world_size(); ++r) {
+  for (int r = 0; r < m.rt.world_size(); ++r) {
     if (ok[r] == 0) failed.push_back(r);
   }
   if (!local.ok()) return local;

@@ -21,39 +21,31 @@
 
 namespace strata::engine {
 
-absl::Status Engine::Impl::SetOptimizerThreads(int threads) {
+absl::Status EngineRuntime::SetOptimizerThreads(const EngineConfig& cfg, int threads) {
   if (threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer threads must be >= 0 (0 = the default), got ", threads));
   }
   EngineConfig resolved = cfg;
   resolved.optimizer_threads = threads;
   const int n = OptimizerThreads(resolved);
-  rt.host_threads = memory::HostThreads{};
-  rt.host_executor.reset();  // before the new pool, so the two never both hold workers
+  host_threads = memory::HostThreads{};
+  host_executor.reset();                // before the new pool, so the two never both hold workers
   if (n == 1) return absl::OkStatus();  // the calling thread: exactly the single-threaded path
   // The variant ApplyUpdate uses without an executor (STRATA_CPU_ISA, else the widest), so that only
   // the thread count differs.
-  STRATA_ASSIGN_OR_RETURN(rt.host_executor,
+  STRATA_ASSIGN_OR_RETURN(host_executor,
                           optim::HostExecutor::Create(n, kernels::cpu::IsaName(optim::DefaultHostKernels().isa)));
-  rt.host_threads = memory::HostThreads{&rt.host_executor->kernels(), rt.host_executor->pool()};
+  host_threads = memory::HostThreads{&host_executor->kernels(), host_executor->pool()};
   return absl::OkStatus();
 }
 
 absl::Status Engine::SetOptimizerThreads(int threads) {
   if (impl_->progress.in_micro_batch)
     return absl::FailedPreconditionError("SetOptimizerThreads() inside an open micro-batch");
-  return impl_->SetOptimizerThreads(threads);
+  return impl_->rt.SetOptimizerThreads(impl_->cfg, threads);
 }
 
 int Engine::optimizer_threads() const { return impl_->rt.host_executor ? impl_->rt.host_executor->threads() : 1; }
-
-// `master` is host memory; the param storage ParamStorage hands out is too.
-absl::Status Engine::Impl::CastMasterToParams(UnitState& u, const float* master) {
-  if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  return UpdateParamStorage(u, [&](char* params) {
-    return rt.host_ops->Cast(cfg.param_dtype, master, params, update_elems(u));
-  });
-}
 
 absl::Status Engine::Impl::ZeroGrads() {
   // Note [Idle pages]: nothing in the gradient memory is live until the next backward (the reductions
@@ -61,37 +53,38 @@ absl::Status Engine::Impl::ZeroGrads() {
   // shard), so it gives its pages back; a handed-back shard reads as zero.
   // Every caller runs outside a step or after the update in backward's last update: none is pending.
   STRATA_CHECK_MSG(!owners.update->update_pending(), "ZeroGrads with an in-backward update pending");
-  if (cfg.release_idle_memory && reducer != nullptr) reducer->ReleaseIdle();
-  if (!place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
+  if (cfg.release_idle_memory && owners.reducer != nullptr) owners.reducer->ReleaseIdle();
+  if (!storage.place.grad_shards) return absl::OkStatus();  // strata.optimizer_in_backward keeps none
   // A frozen unit has no gradient (Note [Frozen units]).
   for (int i : owners.trained) {
     UnitState& u = units[i];
     if (cfg.release_idle_memory && u.grads.DiscardToZero()) continue;
-    STRATA_RETURN_IF_ERROR(OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
+    STRATA_RETURN_IF_ERROR(storage.OptimizerOps().Zero(u.grads.data(), u.grads.bytes()));
   }
   return absl::OkStatus();
 }
 
-double Engine::Impl::NextLr(std::optional<double> own_lr) const {
-  return optim::GroupLr(cfg.scheduler, cfg.optimizer.lr, own_lr, progress.step);
+double StepState::NextLr(const EngineConfig& cfg, std::optional<double> own_lr) const {
+  return optim::GroupLr(cfg.scheduler, cfg.optimizer.lr, own_lr, step);
 }
 
-int Engine::Impl::GroupOf(const shard::ParamSpec& spec) {
-  for (size_t g = 0; g < param_groups.size(); ++g) {
-    if (param_groups[g].lr == spec.own_lr && param_groups[g].weight_decay == spec.own_weight_decay) {
+int ParamGroups::GroupOf(const shard::ParamSpec& spec) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].lr == spec.own_lr && groups[g].weight_decay == spec.own_weight_decay) {
       return static_cast<int>(g);
     }
   }
-  param_groups.push_back(OwnHyper{spec.own_lr, spec.own_weight_decay});
-  return static_cast<int>(param_groups.size()) - 1;
+  groups.push_back(OwnHyper{spec.own_lr, spec.own_weight_decay});
+  return static_cast<int>(groups.size()) - 1;
 }
 
 optim::StepInputs Engine::Impl::StepInputsNow() {
   optim::StepInputs in;
   in.grad_scale =
-      1.0f / (static_cast<float>(world_size() * cfg.gradient_accumulation_steps) * progress.loss_scaler.scale());
-  for (const OwnHyper& g : param_groups) {  // Note [Param groups]: [0], the config's, first
-    in.groups.push_back(optim::GroupHyper{NextLr(g.lr), g.weight_decay.value_or(cfg.optimizer.weight_decay)});
+      1.0f / (static_cast<float>(rt.world_size() * cfg.gradient_accumulation_steps) * progress.loss_scaler.scale());
+  for (const ParamGroups::OwnHyper& g : param_groups.groups) {  // Note [Param groups]: [0], the config's, first
+    in.groups.push_back(
+        optim::GroupHyper{progress.NextLr(cfg, g.lr), g.weight_decay.value_or(cfg.optimizer.weight_decay)});
   }
   in.step = progress.step + 1;
   in.max_norm = cfg.gradient_clipping;
@@ -104,18 +97,6 @@ optim::StepInputs Engine::Impl::StepInputsNow() {
     in.norm_wait_ns = &progress.exposed_comm_ns;  // as TimedWait charges it
   }
   return in;
-}
-
-optim::StepUnit Engine::Impl::StepUnitOf(UnitState& u, float* grad) {
-  optim::ParamsAccess params;
-  params.storage = &pstore.param_access;
-  params.range = ParamRangeOf(u, UpdateParamOffset(u), update_elems(u) * param_bytes());
-  // Device state updates device params in place (no param buffer with parameter shards on NVMe).
-  params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
-  const size_t i = static_cast<size_t>(UnitIndex(u));
-  const bool own = i < progress.step_segments_own.size() && progress.step_segments_own[i];
-  return optim::StepUnit{grad, update_elems(u), own ? &progress.step_segments[i] : &u.ext.update_segments,
-                         std::move(params), UnitIndex(u)};
 }
 
 // Note [Parameters without a gradient]. torch.optim skips a parameter whose .grad is None: no weight decay,
@@ -134,13 +115,15 @@ optim::StepUnit Engine::Impl::StepUnitOf(UnitState& u, float* grad) {
 // in the backward, before the marks are complete, so a parameter without a gradient is an error there.
 // "zero" (the default of the C++ engine and the C ABI, whose trainers write every gradient) keeps
 // DeepSpeed's rule and costs nothing.
-absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
-  progress.step_segments.assign(units.size(), {});
-  progress.step_segments_own.assign(units.size(), 0);
-  progress.had_grad.assign(units.size(), {});
+absl::StatusOr<bool> StepState::SegmentsWithGrad(std::vector<UnitState>& units, const std::vector<int>& trained,
+                                                 const EngineConfig& cfg, comm::Communicator& control,
+                                                 device::Stream& control_stream) {
+  step_segments.assign(units.size(), {});
+  step_segments_own.assign(units.size(), 0);
+  had_grad.assign(units.size(), {});
   if (!cfg.skip_params_without_grad) return false;
   std::vector<float> flags;
-  for (int i : owners.trained) {  // a frozen unit has no update (Note [Frozen units])
+  for (int i : trained) {  // a frozen unit has no update (Note [Frozen units])
     const UnitState& u = units[i];
     const bool used = u.protocol.used_in_backward();  // the last micro-batch's: every micro-batch has the same
     for (size_t p = 0; p < u.layout.params.size(); ++p) {
@@ -148,16 +131,16 @@ absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
     }
   }
   if (flags.empty()) return false;
-  STRATA_RETURN_IF_ERROR(progress.TimedWait([&] {
-    return rt.control->AllReduce(flags.data(), flags.data(), flags.size(), DType::kF32, comm::ReduceOp::kSum,
-                                 *rt.control_stream)
+  STRATA_RETURN_IF_ERROR(TimedWait([&] {
+    return control
+        .AllReduce(flags.data(), flags.data(), flags.size(), DType::kF32, comm::ReduceOp::kSum, control_stream)
         .Wait();
   }));
   bool left_out = false;
   size_t k = 0;
-  for (int i : owners.trained) {
+  for (int i : trained) {
     UnitState& u = units[i];
-    std::vector<char>& had = progress.had_grad[i];
+    std::vector<char>& had = had_grad[i];
     had.assign(u.layout.params.size(), 1);
     bool custom = false;
     for (size_t p = 0; p < had.size(); ++p) {
@@ -166,29 +149,31 @@ absl::StatusOr<bool> Engine::Impl::SegmentsWithGrad() {
       left_out |= !had[p];
     }
     if (!custom) continue;
-    progress.step_segments_own[i] = 1;
+    step_segments_own[i] = 1;
     for (const shard::Segment& s : u.ext.update_segments) {
       if (!had[s.param]) continue;
       shard::Segment t = s;
-      if (u.skipped_steps[s.param] > 0) t.step = progress.step + 1 - u.skipped_steps[s.param];
-      progress.step_segments[i].push_back(t);
+      if (u.skipped_steps[s.param] > 0) t.step = step + 1 - u.skipped_steps[s.param];
+      step_segments[i].push_back(t);
     }
   }
   return left_out;
 }
 
-void Engine::Impl::CountSkippedSteps() {
-  for (size_t i = 0; i < units.size() && i < progress.had_grad.size(); ++i) {
-    for (size_t p = 0; p < progress.had_grad[i].size(); ++p) units[i].skipped_steps[p] += !progress.had_grad[i][p];
+void StepState::CountSkippedSteps(std::vector<UnitState>& units) const {
+  for (size_t i = 0; i < units.size() && i < had_grad.size(); ++i) {
+    for (size_t p = 0; p < had_grad[i].size(); ++p) units[i].skipped_steps[p] += !had_grad[i][p];
   }
 }
 
 absl::StatusOr<StepResult> Engine::Impl::RunStep() {
-  STRATA_RETURN_IF_ERROR(reducer->Finish());
+  STRATA_RETURN_IF_ERROR(owners.reducer->Finish());
   const int64_t update_start = device::NowNs();
   int64_t waited_in_update = progress.exposed_comm_ns;
   const optim::StepInputs in = StepInputsNow();
-  STRATA_ASSIGN_OR_RETURN(const bool left_out, SegmentsWithGrad());  // Note [Parameters without a gradient]
+  STRATA_ASSIGN_OR_RETURN(const bool left_out,
+                          progress.SegmentsWithGrad(units, owners.trained, cfg, *rt.control,
+                                                    *rt.control_stream));  // Note [Parameters without a gradient]
   UpdateOwner& update = *owners.update;  // Note [Unit owners]: after the step or in backward
   STRATA_RETURN_IF_ERROR(update.CheckLeftOut(left_out));
   // The trained units: a frozen one has no gradient, no update and no norm term (Note [Frozen units]).
@@ -220,7 +205,7 @@ absl::StatusOr<StepResult> Engine::Impl::RunStep() {
     return r;
   }
   r.clip_coef = out.clip_coef;
-  CountSkippedSteps();
+  progress.CountSkippedSteps(units);
   // Stages 1-2 all-gather the updated slices; frozen units are unchanged since the last replication.
   STRATA_RETURN_IF_ERROR(owners.params->AfterUpdate(owners.trained));
   STRATA_RETURN_IF_ERROR(ZeroGrads());
@@ -259,11 +244,12 @@ absl::StatusOr<StepResult> Engine::Step() {
     r->exposed_io_ms = 1e-6 * double(m.progress.exposed_io_ns);
     r->nvme_read_bytes = m.progress.nvme_read_bytes;
     r->nvme_write_bytes = m.progress.nvme_write_bytes;
-    if (m.pstore.param_cache != nullptr) {
-      const offload::ShardCacheStats& now = m.pstore.param_cache->stats();
-      r->nvme_read_bytes += now.read_bytes - m.pstore.param_io_mark.read_bytes;
-      r->nvme_write_bytes += now.write_bytes - m.pstore.param_io_mark.write_bytes;
-      m.pstore.param_io_mark = now;
+    if (m.storage.pstore.param_cache != nullptr) {
+      ParamStore& p = m.storage.pstore;
+      const offload::ShardCacheStats& now = p.param_cache->stats();
+      r->nvme_read_bytes += now.read_bytes - p.param_io_mark.read_bytes;
+      r->nvme_write_bytes += now.write_bytes - p.param_io_mark.write_bytes;
+      p.param_io_mark = now;
     }
   }
   m.progress.compute_ns = m.progress.exposed_comm_ns = m.progress.exposed_io_ns = 0;

@@ -16,8 +16,8 @@
 // gathered as a trainable unit's: no grads, no master, no optimizer state, no working gradient buffer. Its
 // backward uses gather the params (the trainer still computes input gradients with them) but Grad() is
 // nullptr and EndBackward reduces nothing; the step skips it (no norm term, no update, nothing to
-// re-replicate at stages 1-2). Its update range is the range the rank owns, never updated: ReadState /
-// WriteState of kMaster read and write the param storage there (ReadFrozen / WriteFrozen, engine_nvme.cc),
+// re-replicate at stages 1-2). Its update range is the range the rank owns, never updated: its StateOwner's
+// Read / Write of kMaster read and write the param storage there (FrozenState, unit_storage.cc),
 // converted to and from fp32 (exact for bf16 and fp16), so checkpoints, export, GatherUnit and SetParam treat
 // it as a master that has no optimizer state. Checkpoints save only its master kind and mark its parameters
 // frozen (checkpoint/manifest.h).

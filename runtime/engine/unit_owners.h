@@ -12,10 +12,12 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/engine/engine.h"
 #include "runtime/optim/step.h"
+#include "runtime/shard/grad_reducer.h"
 
 namespace strata::engine {
 
 struct UnitState;
+struct PoolPlans;
 
 // Note [Unit protocol]. Each unit checks its own transitions, as FSDP2's parameter group runs pre_forward,
 // post_forward, pre_backward, post_backward and reshard. Within a micro-batch a unit has a number of forward
@@ -69,6 +71,8 @@ class UnitProtocol {
 //  - UpdateOwner, by strata.optimizer_in_backward: after the step (reduce into the gradient shard; the step
 //    runs optim::RunOptimizerStep over the trained units) or in backward (reduce, then update the unit
 //    reduced before; the step finishes the last and the norm: Note [Optimizer in backward]).
+//  - StateOwner, per unit (unit_storage.h, chosen in UnitStorage::SetUpState): a frozen unit's master is its
+//    param storage and it has no other kind; a trained unit's kinds are the optim::StateStore's.
 // Each holds the engine (the same layer: nothing below is called back) and reads it when it runs.
 class ParamsOwner {
  public:
@@ -83,6 +87,9 @@ class ParamsOwner {
   virtual char* Base(int unit) const = 0;     // where compute reads the full unit (null: not gathered)
   // After an update of `units` (in unit order): their parameters as the next forward reads them.
   virtual absl::Status AfterUpdate(const std::vector<int>& units) = 0;
+  // GatherUnit: the whole unit's fp32 master from `mine`, this rank's update range of it (stage 0: the
+  // unit itself; else an all-gather of the shard group's slices on the control stream).
+  virtual absl::StatusOr<std::vector<float>> WholeMaster(int unit, std::vector<float> mine) = 0;
   virtual void Drain() {}  // the engine's destructor: work in flight on the owner's own streams
 };
 
@@ -116,6 +123,10 @@ class UpdateOwner {
 // The owners the engine's units use, made once at Finalize (engine_owners.cc), and the unit lists they are
 // run over: every unit, and the trained ones (not frozen), in unit order.
 struct UnitOwners {
+  // Note [Unit owners]: every choice by stage, frozenness and strata.optimizer_in_backward, made once at
+  // Finalize over the engine's units (engine_owners.cc); again if Finalize runs again after it failed.
+  absl::Status SetUp(Engine::Impl& m, const PoolPlans& pools, size_t largest_trained_shard);
+
   std::unique_ptr<ParamsOwner> params;
   std::unique_ptr<GradOwner> frozen_grads, trained_grads;
   std::unique_ptr<UpdateOwner> update;
@@ -125,6 +136,9 @@ struct UnitOwners {
   // holds the whole averaged gradient. Replicas of a shard group hold the same shards, so the group's sum
   // is the global one (engine_groups.cc).
   comm::Communicator* norm_comm = nullptr;
+  // Gradient reduction on reduce_comm / reduce_stream (shard/grad_reducer.h): all-reduce at stages 0-1,
+  // reduce-scatter of pooled working buffers at stages 2-3. Declared last, so it is destroyed first.
+  std::unique_ptr<shard::GradReducer> reducer;
 };
 
 }  // namespace strata::engine

@@ -80,7 +80,7 @@ absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const Opt
     for (const offload::NvmeExtent& e : lanes_[unit][l]) tiles[l].tiles.push_back(&e);
   }
   const size_t param_bytes = DTypeBytes(up.param_dtype);
-  auto fn = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
+  auto update_tile = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
     const size_t lo = t * tile_elems_, hi = lo + TileElems(unit, t);
     std::vector<shard::Segment> segs;
     for (const shard::Segment& s : *up.segments) {
@@ -103,7 +103,11 @@ absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const Opt
     if (up.param_dtype == DType::kF32) std::memcpy(dst, v[0].data, (hi - lo) * 4);
     return absl::OkStatus();
   };
-  return offload::RunTiledPipeline(*store_, *staging_, tiles, fn);
+  // optim/ drives the pipeline and updates each tile itself (calls only descend: offload/ calls nothing back).
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::TiledPipeline> pipeline,
+                          offload::TiledPipeline::Start(*store_, *staging_, tiles));
+  while (pipeline->Next()) pipeline->Done(update_tile(pipeline->tile(), pipeline->views()));
+  return pipeline->Finish();
 }
 
 absl::StatusOr<offload::TilePipelineStats> NvmeState::Step(int unit, const OptimizerConfig& cfg, const UnitStep& up) {

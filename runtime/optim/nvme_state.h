@@ -2,12 +2,12 @@
 // below), and the update over them. Every kind of a unit is one lane of
 // extents, lane order optim::StateIndex; tile t of every lane covers the same elements
 // [t * tile_elems, ...) of the unit's update range. The update streams the tiles through the pinned
-// staging pool with offload::RunTiledPipeline (read tile t+1 and write tile t-1 while tile t updates).
+// staging pool with offload::TiledPipeline (read tile t+1 and write tile t-1 while tile t updates).
 // Read / Write stage one kind of one unit at a time, for export, SetParam, checkpoints and restores.
 //
 // Note [NVMe state]. With offload_optimizer = nvme the fp32 master and the optimizer state of each unit
 // live on NVMe in tiles of NvmeTileElems (every lane's tile i covers the same elements); the step
-// streams them through pinned buffers with offload::RunTiledPipeline (read tile i+1 and write tile
+// streams them through pinned buffers with offload::TiledPipeline (read tile i+1 and write tile
 // i-1 while tile i updates). Gradients stay on the pinned-host tier. Anything that needs the master in
 // memory (export, SetParam, checkpoints) stages one unit at a time. The tiles are NvmeState's, below.
 #pragma once

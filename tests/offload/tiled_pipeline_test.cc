@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "runtime/base/status.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace strata::offload {
@@ -28,6 +30,15 @@ void Update(float* w, float* m, float* v, const float* g, size_t n) {
     v[k] = 0.99f * v[k] + 0.01f * g[k] * g[k];
     w[k] -= 0.01f * m[k] / (1.0f + v[k]);
   }
+}
+
+// Drives the pipeline as optim/nvme_state.cc does, running `work(tile, views)` on each tile.
+template <typename F>
+absl::StatusOr<TilePipelineStats> RunTiles(NvmeStore& store, PinnedPool& pool, absl::Span<const TileLane> lanes,
+                                           F&& work) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TiledPipeline> p, TiledPipeline::Start(store, pool, lanes));
+  while (p->Next()) p->Done(work(p->tile(), p->views()));
+  return p->Finish();
 }
 
 class TiledPipelineTest : public ::testing::TestWithParam<IoBackend> {
@@ -91,7 +102,7 @@ TEST_P(TiledPipelineTest, UpdatesNvmeStateLikeTheInMemoryReferenceWithOverlap) {
   constexpr size_t kTiles = 7;
   MakeState(kTiles);
   const uint64_t requests0 = queue_->stats().requests;
-  auto stats = RunTiledPipeline(*store_, *pool_, lanes_, [&](size_t i, absl::Span<const memory::BufferView> v) {
+  auto stats = RunTiles(*store_, *pool_, lanes_, [&](size_t i, absl::Span<const memory::BufferView> v) {
     // Note [Overlap]: reads of tiles 0..i+1 (4 lanes) and writes of tiles 0..i-1 (3 lanes) are issued.
     const uint64_t issued = queue_->stats().requests - requests0;
     EXPECT_EQ(issued, kLanes * (std::min(i + 1, kTiles - 1) + 1) + 3 * i) << "tile " << i;
@@ -119,7 +130,7 @@ TEST_P(TiledPipelineTest, UpdatesNvmeStateLikeTheInMemoryReferenceWithOverlap) {
 TEST_P(TiledPipelineTest, AFailingTileStopsThePipelineAndNamesIt) {
   constexpr size_t kTiles = 5;
   MakeState(kTiles);
-  auto stats = RunTiledPipeline(*store_, *pool_, lanes_, [&](size_t i, absl::Span<const memory::BufferView> v) {
+  auto stats = RunTiles(*store_, *pool_, lanes_, [&](size_t i, absl::Span<const memory::BufferView> v) {
     if (i == 2) return absl::InternalError("optimizer blew up");
     for (const auto& view : v) std::memset(view.data, 0, view.bytes);
     return absl::OkStatus();
@@ -134,12 +145,27 @@ TEST_P(TiledPipelineTest, AFailingTileStopsThePipelineAndNamesIt) {
   }
 }
 
+TEST_P(TiledPipelineTest, FinishingBeforeTheLastTileIsAnErrorAndReturnsEveryBuffer) {
+  MakeState(5);
+  {
+    auto p = TiledPipeline::Start(*store_, *pool_, lanes_);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE((*p)->Next());
+    EXPECT_EQ((*p)->tile(), 0u);
+    (*p)->Done(absl::OkStatus());
+    auto stats = (*p)->Finish();
+    ASSERT_EQ(stats.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(stats.status().message()), HasSubstr("finished after 1 of 5 tiles"));
+  }
+  EXPECT_EQ(pool_->free_count(), pool_->buffer_count()) << "every buffer returned";
+}
+
 TEST_P(TiledPipelineTest, RefusesAPoolWithFewerThanThreeBuffersPerLane) {
   MakeState(2);
   memory::HostAllocator small_alloc(memory::Tier::kPinnedHost, memory::kUnlimited, nullptr);
   auto small = PinnedPool::Create({.buffer_count = 5, .buffer_bytes = kTileElems * 4}, &small_alloc);
   ASSERT_TRUE(small.ok());
-  auto stats = RunTiledPipeline(*store_, **small, lanes_, [](size_t, auto) { return absl::OkStatus(); });
+  auto stats = RunTiles(*store_, **small, lanes_, [](size_t, auto) { return absl::OkStatus(); });
   ASSERT_EQ(stats.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(stats.status().message()), HasSubstr("needs 12 pinned buffers; the pool has 5"));
 }

@@ -1,0 +1,246 @@
+// The units' storage (unit_storage.h): the optimizer state's set-up (Note [NVMe state] in optim/nvme_state.h:
+// the NVMe tiles or the memory-resident state, optim/state_store.h), each unit's access to it (StateOwner:
+// frozen or trained), the NVMe parameter cache (Note [NVMe params]) and the host access to a range of the
+// parameter storage.
+#include "runtime/engine/unit_storage.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/element_math.h"
+#include "runtime/base/status.h"
+#include "runtime/engine/engine_impl.h"
+#include "runtime/optim/nvme_state.h"
+
+namespace strata::engine {
+
+absl::Status EngineRuntime::CreateIoQueue() {
+  if (io_queue != nullptr) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(io_queue, offload::CreateIoQueue(offload::IoQueueOptions{}));
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status CheckNvmePath(const char* which, const std::string& path) {
+  if (!std::filesystem::is_directory(path)) {
+    return absl::NotFoundError(absl::StrCat(which, ".nvme_path '", path, "' is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+// The options of one of the rank's stores: files "<name>" under `path`, sized for `need` bytes.
+offload::NvmeStoreOptions StoreOptions(EngineRuntime& rt, const std::string& path, const char* name, uint64_t need) {
+  offload::NvmeStoreOptions so;
+  so.files.paths = {path};
+  so.files.rank = rt.rank();
+  so.files.name = name;
+  so.files.capacity_bytes = std::max<uint64_t>(need, offload::NvmeStore::kAlignment);
+  so.tracker = &rt.tracker;
+  return so;
+}
+
+// Staging buffers are page-locked with mlock on host devices unless pin_memory is off. On CUDA devices
+// the pinned-host tier's allocator has already registered them with CUDA (memory::CudaHostAllocator;
+// registering twice fails with cudaErrorHostMemoryAlreadyRegistered), so the pool pins nothing itself.
+offload::PinnedPoolOptions PoolOptions(const EngineRuntime& rt, size_t count, size_t bytes, memory::Kind kind,
+                                       bool pin) {
+  offload::PinnedPoolOptions po;
+  po.buffer_count = count;
+  po.buffer_bytes = bytes;
+  po.kind = kind;
+  const bool cuda = rt.device->kind() == device::DeviceKind::kCuda;
+  po.pin = pin && !cuda ? offload::PinMethod::kMlock : offload::PinMethod::kNone;
+  return po;
+}
+}  // namespace
+
+absl::Status UnitStorage::SetUpNvmeParams(const std::vector<UnitState>& units, int live, size_t largest_shard) {
+  if (!nvme_params()) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_param", cfg.offload_param.nvme_path));
+  STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
+  std::vector<uint64_t> bytes;
+  uint64_t need = 0;
+  for (const UnitState& u : units) {
+    bytes.push_back(u.layout.shard_elems * param_bytes());
+    need += offload::NvmeStore::IoBytes(std::max<uint64_t>(bytes.back(), 1));
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      pstore.param_store,
+      offload::NvmeStore::Create(StoreOptions(rt, cfg.offload_param.nvme_path, "params", need), rt.io_queue.get()));
+  STRATA_ASSIGN_OR_RETURN(
+      pstore.param_buffers,
+      offload::PinnedPool::Create(
+          PoolOptions(rt, NvmeParamBuffers(cfg, live), std::max<size_t>(largest_shard * param_bytes(), 1),
+                      memory::Kind::kParamShard, cfg.offload_param.pin_memory),
+          rt.host_alloc.get()));
+  STRATA_ASSIGN_OR_RETURN(pstore.param_cache,
+                          offload::ShardCache::Create(pstore.param_store.get(), pstore.param_buffers.get(),
+                                                      std::move(bytes), memory::Kind::kParamShard));
+  return absl::OkStatus();
+}
+
+absl::Status UnitStorage::ParamStorage(UnitState& u, size_t offset, size_t bytes,
+                                       const std::function<absl::Status(char* p)>& fn, bool keep) {
+  if (bytes == 0) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(char* p, pstore.param_access.Open(ParamRangeOf(u, offset, bytes), keep));
+  const absl::Status s = fn(p);
+  STRATA_RETURN_IF_ERROR(pstore.param_access.Close(s.ok()));
+  return s;
+}
+
+shard::ParamRange UnitStorage::ParamRangeOf(UnitState& u, size_t offset, size_t bytes) const {
+  shard::ParamRange r;
+  r.ops = &ParamOps();
+  r.cache = nvme_params() ? pstore.param_cache.get() : nullptr;  // then the cache holds the shards (no u.params)
+  r.unit = u.index;
+  r.params = u.params.as<char>();
+  r.shard_bytes = u.layout.shard_elems * param_bytes();
+  r.offset = offset;
+  r.bytes = bytes;
+  return r;
+}
+
+absl::Status UnitStorage::SetUpNvme(const std::vector<UnitState>& units, size_t tile_elems) {
+  if (!nvme_optimizer()) return absl::OkStatus();
+  const std::string& path = cfg.offload_optimizer.nvme_path;
+  STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
+  std::vector<size_t> elems;
+  for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : u.update_elems());  // Note [Frozen units]
+  const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
+  STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
+                          offload::NvmeStore::Create(StoreOptions(rt, path, "optimizer", need), rt.io_queue.get()));
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<offload::PinnedPool> staging,
+      offload::PinnedPool::Create(PoolOptions(rt, NvmeStagingTiles(cfg), tile_elems * 4, memory::Kind::kScratch,
+                                              cfg.offload_optimizer.pin_memory),
+                                  rt.host_alloc.get()));
+  rt.io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
+  STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(std::move(store), std::move(staging), tile_elems,
+                                                          state_kinds(), std::move(elems)));
+  return absl::OkStatus();
+}
+
+namespace {
+float LoadAs(DType dtype, const char* base, size_t index) {
+  switch (dtype) {
+    case DType::kF32:
+      return reinterpret_cast<const float*>(base)[index];
+    case DType::kBF16:
+      return kernels::Bf16ToFloat(reinterpret_cast<const uint16_t*>(base)[index]);
+    case DType::kF16:
+      return kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(base)[index]);
+  }
+  return 0;
+}
+// A broken internal invariant: nothing asks a frozen unit for optimizer state (its kinds() are the master).
+absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
+  return absl::InternalError(
+      absl::StrCat("frozen unit '", u.layout.name, "' has no ", std::string(optim::StateKindName(kind))));
+}
+
+// A frozen unit's master (Note [Frozen units] in placement.h): ParamStorage hands out the range itself in
+// host memory, or a host copy (keep: read first); with NVMe params the cache writes the unchanged shard back,
+// which only checkpoints and exports pay. It has no other kind.
+class FrozenState : public StateOwner {
+ public:
+  explicit FrozenState(UnitStorage& s) : s_(s) {}
+  std::vector<optim::StateKind> kinds() const override { return {optim::StateKind::kMaster}; }
+  absl::StatusOr<std::vector<float>> Read(UnitState& u, optim::StateKind kind) override {
+    if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
+    std::vector<float> out(u.update_elems());
+    STRATA_RETURN_IF_ERROR(s_.ParamStorage(
+        u, s_.UpdateParamOffset(u), out.size() * s_.param_bytes(),
+        [&](char* params) {
+          for (size_t i = 0; i < out.size(); ++i) out[i] = LoadAs(s_.cfg.param_dtype, params, i);
+          return absl::OkStatus();
+        },
+        /*keep=*/true));
+    return out;
+  }
+  absl::Status Write(UnitState& u, optim::StateKind kind, const std::vector<float>& values) override {
+    if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
+    return s_.UpdateParamStorage(u, [&](char* params) {
+      return s_.rt.host_ops->Cast(s_.cfg.param_dtype, values.data(), params, values.size());
+    });
+  }
+  absl::Status Edit(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
+                    bool write_back) override {
+    STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, Read(u, kind));
+    fn(staged.data());
+    return write_back ? Write(u, kind, staged) : absl::OkStatus();
+  }
+  absl::Status MasterToParams(UnitState&, const float*) override { return absl::OkStatus(); }
+
+ private:
+  UnitStorage& s_;
+};
+
+// A trained unit's kinds are the StateStore's; its param storage follows its master by a cast.
+class TrainedState : public StateOwner {
+ public:
+  explicit TrainedState(UnitStorage& s) : s_(s) {}
+  std::vector<optim::StateKind> kinds() const override { return s_.state_kinds(); }
+  absl::StatusOr<std::vector<float>> Read(UnitState& u, optim::StateKind kind) override {
+    return s_.state->Read(u.index, kind);
+  }
+  absl::Status Write(UnitState& u, optim::StateKind kind, const std::vector<float>& values) override {
+    return s_.state->Write(u.index, kind, values);
+  }
+  absl::Status Edit(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
+                    bool write_back) override {
+    return s_.state->Edit(u.index, kind, fn, write_back);
+  }
+  absl::Status MasterToParams(UnitState& u, const float* master) override { return s_.CastMasterToParams(u, master); }
+
+ private:
+  UnitStorage& s_;
+};
+}  // namespace
+
+absl::Status UnitStorage::SetUpState(std::vector<UnitState>& units, std::vector<optim::MemoryUnit> held) {
+  if (place.state != nullptr) {  // else on NVMe: SetUpNvme made it before the units' buffers
+    state = std::make_unique<optim::MemoryState>(MasterOps(), OptimizerOps(), OptimizerUpdate(), separate_master(),
+                                                 std::move(held));
+  }
+  // Note [Unit owners]: each unit's access to its state, chosen here once.
+  frozen_state = std::make_unique<FrozenState>(*this);
+  trained_state = std::make_unique<TrainedState>(*this);
+  for (UnitState& u : units) u.state = u.frozen() ? frozen_state.get() : trained_state.get();
+  return absl::OkStatus();
+}
+
+size_t UnitStorage::UpdateParamOffset(const UnitState& u) const {
+  return (u.ext.update_begin - u.ext.param_begin) * param_bytes();
+}
+
+absl::Status UnitStorage::UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn) {
+  return ParamStorage(u, UpdateParamOffset(u), u.update_elems() * param_bytes(), fn, /*keep=*/false);
+}
+
+float* UnitStorage::MasterPtr(UnitState& u, const memory::Buffer& master) const {
+  // Apart from the params: `master`, which is empty (nullptr) with the master on NVMe, where
+  // StateOwner::Read(u, kMaster) stages it.
+  if (separate_master()) return master.as<float>();
+  return u.params.as<float>() + (u.ext.update_begin - u.ext.param_begin);
+}
+
+// `master` is host memory; the param storage ParamStorage hands out is too.
+absl::Status UnitStorage::CastMasterToParams(UnitState& u, const float* master) {
+  if (!separate_master()) return absl::OkStatus();  // the master is the param storage
+  return UpdateParamStorage(
+      u, [&](char* params) { return rt.host_ops->Cast(cfg.param_dtype, master, params, u.update_elems()); });
+}
+
+optim::StepUnit UnitStorage::StepUnitOf(UnitState& u, float* grad, const std::vector<shard::Segment>* segments) {
+  optim::ParamsAccess params;
+  params.storage = &pstore.param_access;
+  params.range = ParamRangeOf(u, UpdateParamOffset(u), u.update_elems() * param_bytes());
+  // Device state updates device params in place (no param buffer with parameter shards on NVMe).
+  params.in_place = u.params.data() == nullptr ? nullptr : u.params.as<char>() + UpdateParamOffset(u);
+  return optim::StepUnit{grad, u.update_elems(), segments, std::move(params), u.index};
+}
+
+}  // namespace strata::engine
