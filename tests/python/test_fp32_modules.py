@@ -278,3 +278,18 @@ def test_bad_option_is_refused(value):
     cfg["data_types"] = {"keep_in_fp32_modules": value}
     with pytest.raises(ValueError, match=r"'data_types\.keep_in_fp32_modules' must be \"auto\" or a list"):
         st.shard(build("deepseek_v3"), cfg)
+
+
+@pytest.mark.parametrize("spelling", [{"strata": {"param_dtype": "BFloat16"}},
+                                      {"bf16": {"enabled": True}, "strata": {"param_dtype": "bf16"}}])
+def test_every_spelling_of_bf16_keeps_them(spelling):
+    """The front end reads the param dtype before the engine is built (the units depend on it) and checks the
+    engine's reading after: any spelling the engine takes keeps the modules in fp32."""
+    cfg = config(3)
+    for k, v in spelling.items():
+        cfg.setdefault(k, {}).update(v)
+    engine = st.shard(build("deepseek_v3"), cfg)
+    fp32 = [u.spec.name for u in engine.units if u.spec.fp32]
+    dtype = engine.resolved["strata.param_dtype"]
+    engine.close()
+    assert dtype == "bf16" and fp32 == ["model.layers.1[fp32]", "model.layers.2[fp32]"]

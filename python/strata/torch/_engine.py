@@ -278,7 +278,7 @@ class Engine:
         return _hooks.UnitState(uid, spec, Layout(shapes, offsets, numels, dtype,
                                                   self.device if self.device.type == "cuda" else None))
 
-    def _load_initial_values(self):  # refresh_fp32 follows
+    def _load_initial_values(self):
         """Rank 0's values of the torch model become every rank's (so ranks need not seed alike)."""
         for u in self.units:
             for i, p in enumerate(u.spec.params):

@@ -53,9 +53,11 @@ def param_dtype(config):
     """The parameters' compute dtype the config asks for (the engine checks the keys agree; Engine checks its
     reading against this one)."""
     strata = config.get("strata") if isinstance(config.get("strata"), dict) else {}
-    if _enabled(config.get("fp16")) or strata.get("param_dtype") == "fp16":
+    named = strata.get("param_dtype")  # any case, with its aliases (runtime/engine/config.cc ParseDTypeKey)
+    named = named.lower() if isinstance(named, str) else named
+    if _enabled(config.get("fp16")) or named in ("fp16", "float16", "half"):
         return torch.float16
-    if _enabled(config.get("bf16")) or _enabled(config.get("bfloat16")) or strata.get("param_dtype") == "bf16":
+    if _enabled(config.get("bf16")) or named in ("bf16", "bfloat16"):
         return torch.bfloat16
     return torch.float32
 
