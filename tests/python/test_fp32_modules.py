@@ -16,7 +16,7 @@ from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig
 from transformers.core_model_loading import build_glob_alternation
 
 import strata.torch as st
-from common import config, reference_optimizer, rel_errors, world
+from common import config, reference_optimizer, rel_errors, shared_dir, world
 
 VOCAB = 64
 
@@ -293,3 +293,27 @@ def test_every_spelling_of_bf16_keeps_them(spelling):
     dtype = engine.resolved["strata.param_dtype"]
     engine.close()
     assert dtype == "bf16" and fp32 == ["model.layers.1[fp32]", "model.layers.2[fp32]"]
+
+
+def test_save_pretrained_writes_them_in_fp32(tmp_path):
+    """engine.save_pretrained(dtype=torch.bfloat16) writes the kept parameters and buffers in fp32, as
+    transformers' save of its own bf16 model does, so transformers' from_pretrained(dtype=bf16) of the export is
+    transformers' model of the original weights, exactly (a bf16 router weight would come back rounded)."""
+    model = build("deepseek_v3")
+    ref = hf_reference(model, torch.bfloat16)
+    engine = st.shard(model, half_config(3, "bf16"))
+    directory = shared_dir(tmp_path)
+    engine.save_pretrained(directory, dtype=torch.bfloat16)
+    engine.close()
+    world().Barrier()
+    back = DeepseekV3ForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, attn_implementation="eager")
+    want = dict(ref.named_parameters())
+    want.update((n, b) for n, b in ref.named_buffers() if n.endswith("e_score_correction_bias"))
+    got = dict(back.named_parameters())
+    got.update(back.named_buffers())
+    assert {n: t.dtype for n, t in want.items() if t.dtype == torch.float32} == {
+        "model.layers.1.mlp.gate.weight": torch.float32, "model.layers.2.mlp.gate.weight": torch.float32,
+        "model.layers.1.mlp.gate.e_score_correction_bias": torch.float32,
+        "model.layers.2.mlp.gate.e_score_correction_bias": torch.float32}
+    for n, t in want.items():
+        assert got[n].dtype == t.dtype and torch.equal(got[n], t), n
