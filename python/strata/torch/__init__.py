@@ -34,7 +34,10 @@ def shard(model, config=None, unit_classes=None, process_group=None, device_mesh
     in _units, docs/decisions/0040); the remaining parameters form the root unit, live for the whole pass.
     Rank 0's parameter values are every rank's initial values, and rank 0's module buffers every rank's
     buffers (kept so by strata.broadcast_buffers, default true: docs/decisions/0026-buffers.md; cast to
-    bf16 with bf16 parameters where model.to would). `weight_decay=callable(name, param)`
+    bf16 with bf16 parameters where model.to would). With bf16 / fp16 parameters, the parameters and buffers a
+    transformers model keeps in fp32 (its _keep_in_fp32_modules_strict, and under fp16 _keep_in_fp32_modules)
+    stay fp32, computed from the fp32 master (docs/decisions/0045-modules-kept-in-fp32.md; the config's
+    data_types.keep_in_fp32_modules: "auto", a list of globs, or []). `weight_decay=callable(name, param)`
     says which parameters decay (default: every parameter, DeepSpeed's rule; with the config's
     "strata": {"weight_decay_1d": false}, those with 2 or more dimensions): True / False for the config's
     optimizer.params.weight_decay or none, or a float, that parameter's own weight decay (0.0: none).

@@ -9,7 +9,8 @@ import os
 import torch
 
 from strata import _capi, _comm
-from strata.torch import _created, _deferred, _export, _gathered, _hooks, _model_buffers, _pretrained, _sharded
+from strata.torch import _created, _deferred, _export, _fp32_modules, _gathered, _hooks, _model_buffers, _pretrained
+from strata.torch import _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
 from strata.torch._units import split_units
@@ -49,6 +50,20 @@ def _hidden_size(model):
         if isinstance(value, int) and value > 0:
             return value
     return 0
+
+
+def _refuse_frozen_fp32(specs, model):
+    """A frozen unit keeps no fp32 master (only its param storage), so a frozen parameter kept in fp32 (Note
+    [Modules kept in fp32] in _fp32_modules) cannot be: refused, naming it."""
+    for s in specs:
+        if s.frozen and s.fp32:
+            names = [n if s.module is model else f"{s.prefix}.{n}" for n in s.names]
+            raise ValueError(f"strata: parameter '{names[0]}' is frozen (requires_grad=False) and transformers keeps "
+                             f"it in fp32 under a half-precision load (the model's _keep_in_fp32_modules_strict / "
+                             f"_keep_in_fp32_modules); a frozen parameter is stored in the param dtype only, so it "
+                             f"would silently compute in half precision. Make it trainable, or set the config's "
+                             f"\"data_types\": {{\"keep_in_fp32_modules\": []}} to compute every parameter in the "
+                             f"param dtype")
 
 
 def _param_hyper(weight_decay, lr):
@@ -114,7 +129,12 @@ class Engine:
         self.broadcast_buffers = _model_buffers.take_option(self.config)  # strata.broadcast_buffers
         self.micro_batches = 0
         self.handle = None
-        specs = split_units(model, unit_classes)
+        # Note [Modules kept in fp32] (_fp32_modules): transformers' rule for its fp32 modules, or the
+        # config's data_types.keep_in_fp32_modules
+        self.param_dtype = _fp32_modules.param_dtype(self.config)
+        rule = _fp32_modules.Rule(model, self.param_dtype, _fp32_modules.take_option(self.config))
+        specs = split_units(model, unit_classes, rule.params(model) if rule else frozenset())
+        _refuse_frozen_fp32(specs, model)
         if not specs:
             raise ValueError("strata: the model has no parameters")
         self.config.setdefault("strata", {}).setdefault("max_live_units", _live_units(model, specs))
@@ -133,6 +153,11 @@ class Engine:
         self.handle = handle
         _comm.track(self)
         self.resolved = self._resolved_config()  # the engine's reading of the config: batch sizes, defaults
+        if self.resolved["strata.param_dtype"] != {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+                self.param_dtype, "fp32"):
+            raise RuntimeError(f"strata: the engine computes in {self.resolved['strata.param_dtype']} but the front "
+                               f"end read {self.param_dtype} from the config; modules kept in fp32 (Note [Modules "
+                               f"kept in fp32]) would not be: report this")
         self.accumulation = int(self.resolved["gradient_accumulation_steps"])
         self.fp16 = self.resolved["fp16.enabled"] == "true"  # then engine.backward(loss) scales the loss
         if weight_decay is None:  # strata.weight_decay_1d: DeepSpeed's rule (every parameter) unless false
@@ -151,14 +176,40 @@ class Engine:
         if cuda:
             self._buffers_to_device()
         self.model_buffers = _model_buffers.ModelBuffers(model, _TORCH_DTYPE[self.units[0].layout.dtype][0],
-                                                         self.broadcast_buffers)  # rank 0's, cast as params
+                                                         self.broadcast_buffers,  # rank 0's, cast as params
+                                                         rule.buffers(model) if rule else frozenset())
         self.roots = [u for u in self.units if u.spec.module is model]  # the root's trainable and frozen parts
         self.tracker = _hooks.Tracker(self, self.units)
+        self.refresh_fp32()
         self._install_hooks()
         _gathered.install(self)  # model.state_dict() / load_state_dict(), GatheredParameters, .grad markers
         _sharded.guard_apply(self)  # model.to(dtype or device) refused (Note [Parameters between uses])
 
     # ---- set-up ----
+    def refresh_fp32(self):
+        """Collective. At stages 0-2 (parameters replicated) the full fp32 master of each unit kept in fp32 (Note
+        [Modules kept in fp32] in _fp32_modules) is held on every rank, so a forward needs no collective for it
+        (an evaluation forward is local there); this reads it again, after anything that changed the master."""
+        self.fp32_copies = {}
+        if int(self.resolved["zero_optimization.stage"]) < 3:
+            for u in self.units:
+                if u.spec.fp32:
+                    self.fp32_copies[u.id] = self.gather_unit(u.id).to(self.device)
+
+    def fp32_values(self, u):
+        """The full fp32 master of unit `u` (one kept in fp32) for one use: the replicated copy at stages 0-2,
+        else gathered now (collective, as the unit's own gather is)."""
+        copy = self.fp32_copies.get(u.id)
+        return copy if copy is not None else self.gather_unit(u.id).to(self.device)
+
+    def wrote_param(self, unit, index, value):
+        """After strata_engine_set_param(unit, index, value) (every rank the same full value): the replicated
+        fp32 copy follows, without a collective."""
+        copy = getattr(self, "fp32_copies", {}).get(unit)
+        if copy is not None:
+            o, n = self.units[unit].layout.offsets[index], self.units[unit].layout.numels[index]
+            copy[o:o + n].copy_(value.reshape(-1))
+
     def _resolved_config(self):
         out = ctypes.c_char_p()
         _capi.check(_lib.strata_engine_config_json(self.handle, ctypes.byref(out)))
@@ -290,6 +341,7 @@ class Engine:
         r = _capi.StepResult.new()
         _capi.check(_lib.strata_engine_step(self.handle, r))
         self.micro_batches = 0
+        self.refresh_fp32()  # the master changed (Note [Modules kept in fp32] in _fp32_modules)
         _gathered.drop_grad_markers(self)  # the gradients are zero now: .grad None (Note [Gradients in the engine])
         self.model_buffers.after_step()
         return {k: getattr(r, k) for k in ("step", "skipped", "clip_coef", "grad_norm", "lr", "loss_scale")}
@@ -347,6 +399,7 @@ class Engine:
         out = ctypes.c_char_p()
         step_dir, buffers = self.model_buffers.read_checkpoint(path)  # validated before anything changes
         _capi.check(_lib.strata_engine_load_checkpoint(self.handle, step_dir.encode(), ctypes.byref(out)))
+        self.refresh_fp32()
         self.model_buffers.install(buffers)
         return json.loads(out.value.decode()) if out.value else {}
 
@@ -400,7 +453,9 @@ class Engine:
         (errors name the file and the tensor). strict=False loads what matches and returns {"missing_keys",
         "unexpected_keys"}. The optimizer state is left as it is (as load_state_dict leaves a torch optimizer).
         Typically right after st.shard(factory, config). Note [Pretrained into shards] in _pretrained."""
-        return _pretrained.load_pretrained(self, directory, strict)
+        out = _pretrained.load_pretrained(self, directory, strict)
+        self.refresh_fp32()
+        return out
 
     def stats(self):
         s = _capi.Stats.new()

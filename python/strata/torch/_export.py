@@ -145,11 +145,17 @@ def _plan(engine, trainable_only, dtype):
         key = where[id(t)][0] if id(t) in where else len(engine.units)  # the buffers: one group, last
         groups.setdefault(key, _Group(key, [])).sources.append((name, where.get(id(t), t)))
     groups = [groups[k] for k in sorted(groups)]
+    # Note [Modules kept in fp32] (_fp32_modules): what transformers keeps in fp32 is written in fp32 whatever
+    # `dtype`, as transformers' save of its own half-precision model writes it
+    fp32_units = {u.id for u in engine.units if u.spec.fp32}
+    fp32_buffers = {n for n in layout.kept if id(entries[n]) in engine.model_buffers.kept}
     whole = {}
     for g in groups:
         sub = {n: layout.meta[n] for n, _ in g.sources}
         for out, m in layout.convert(sub).items():
             out_dtype = dtype if dtype is not None and m.dtype.is_floating_point else m.dtype
+            if out_dtype != m.dtype and (g.unit in fp32_units or out in fp32_buffers):
+                out_dtype = m.dtype
             if out_dtype not in _SAFETENSORS_DTYPES:
                 raise ValueError(f"strata: save_pretrained: '{out}' is {out_dtype}, which safetensors cannot hold")
             g.outs.append(_Out(out, m.shape, out_dtype))

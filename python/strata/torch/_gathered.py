@@ -130,6 +130,7 @@ def _set(o, value):
     v = value.detach().to("cpu", torch.float32).contiguous()
     _capi.check(_capi.lib.strata_engine_set_param(o.engine.handle, o.unit, o.index, ctypes.c_void_p(v.data_ptr()),
                                                   v.numel()))
+    o.engine.wrote_param(o.unit, o.index, v)  # Note [Modules kept in fp32] in _fp32_modules
 
 
 # ---- model.state_dict() ----

@@ -147,8 +147,8 @@ class Tracker:
         # the parameters autograd accumulated a gradient into in this micro-batch; the others are marked.
         self.mark_no_grad = engine.config.get("strata", {}).get("params_without_grad") == "skip"
         self.touched = set()
-        for u in units:
-            if u.layout.dtype != _capi.DTYPE_F32 and not u.spec.frozen:
+        for u in units:  # a unit kept in fp32 (Note [Modules kept in fp32] in _fp32_modules) takes fp32 .grad
+            if u.layout.dtype != _capi.DTYPE_F32 and not u.spec.frozen and not u.spec.fp32:
                 for i, p in enumerate(u.spec.params):
                     p.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self.add_low_precision_grad(u, i, p))
             elif self.mark_no_grad and not u.spec.frozen:
@@ -168,10 +168,18 @@ class Tracker:
     def _call(self, fn, *args):
         _capi.check(fn(self.engine.handle, *args))
 
+    def _views(self, u, bufs):
+        """The flat tensor and the parameter views of a begun use: over the engine's gathered buffer, or for a
+        unit kept in fp32 over its full fp32 master (Note [Modules kept in fp32] in _fp32_modules)."""
+        if not u.spec.fp32:
+            return u.layout.param_views(bufs)
+        flat = self.engine.fp32_values(u)
+        return flat, [flat[o:o + n].view(s) for o, n, s in zip(u.layout.offsets, u.layout.numels, u.layout.shapes)]
+
     def begin_forward(self, u):
         bufs = _capi.UnitBuffers.new()
         self._call(_capi.lib.strata_engine_begin_forward, u.id, bufs)
-        u.forward_flat, views = u.layout.param_views(bufs)
+        u.forward_flat, views = self._views(u, bufs)
         u.set_data(views)
         u.forward_open += 1
         if self.phase == FORWARD:
@@ -196,10 +204,10 @@ class Tracker:
                                f"call backward once)")
         bufs = _capi.UnitBuffers.new()
         self._call(_capi.lib.strata_engine_begin_backward, u.id, bufs)
-        u.backward_flat, views = u.layout.param_views(bufs)
+        u.backward_flat, views = self._views(u, bufs)
         u.set_data(views)
         grads = [] if u.spec.frozen else u.layout.grad_views(bufs)  # a frozen unit has no gradient buffers
-        if u.layout.dtype == _capi.DTYPE_F32:
+        if u.layout.dtype == _capi.DTYPE_F32 or u.spec.fp32:
             with torch._C.DisableTorchFunction():
                 for p, g in zip(u.spec.params, grads):
                     p.grad = g

@@ -5,7 +5,8 @@ them the way DDP does and checkpoints them beside the engine's state (docs/decis
 
 - shard(): every buffer (persistent or not) gets rank 0's value, as the parameters' initial values do;
   with bf16 parameters the floating buffers are cast to bf16 too (where model.to(torch.bfloat16) would
-  cast them; integer and bool buffers are untouched), so a BatchNorm computes in one dtype.
+  cast them; integer and bool buffers are untouched), so a BatchNorm computes in one dtype; those that
+  transformers keeps in fp32 keep their dtype (Note [Modules kept in fp32] in _fp32_modules).
 - strata.broadcast_buffers (default true; DDP's broadcast_buffers=True): rank 0's buffers are broadcast
   at the start of every training forward and again at the end of every step(), so the ranks' running
   statistics never drift apart and an evaluation after a step sees the same buffers on every rank
@@ -87,8 +88,9 @@ def _unique(tensors):
 class ModelBuffers:
     """The model's buffers as strata.torch keeps them (the module docstring)."""
 
-    def __init__(self, model, compute_dtype, broadcast):
+    def __init__(self, model, compute_dtype, broadcast, kept=frozenset()):
         self.model, self.broadcast = model, broadcast
+        self.kept = kept  # ids of the buffers kept in their dtype (Note [Modules kept in fp32] in _fp32_modules)
         # (module, key, name) of every buffer registered at shard(); a buffer the model reassigns later is
         # read from its slot each time
         self.slots = [(m, k, f"{p}.{k}" if p else k) for p, m in model.named_modules()
@@ -103,11 +105,12 @@ class ModelBuffers:
         self.sync()
 
     def _cast(self, dtype):
-        """As model.to(dtype) casts buffers: the floating ones; a buffer two modules share stays shared."""
+        """As model.to(dtype) casts buffers: the floating ones, but those transformers keeps in fp32 (self.kept);
+        a buffer two modules share stays shared."""
         new = {}
         for m, k, _ in self.slots:
             b = m._buffers[k]
-            if b.is_floating_point() and b.dtype != dtype:
+            if b.is_floating_point() and b.dtype != dtype and id(b) not in self.kept:
                 m._buffers[k] = new.setdefault(id(b), b.to(dtype))
 
     def _current(self, slots):

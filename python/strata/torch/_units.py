@@ -9,36 +9,50 @@ parameters no unit owns form the root unit, which is live for the whole forward 
 Frozen parameters (requires_grad=False at shard()) are the engine's frozen units: gathered, never reduced
 or updated, no gradient or optimizer memory. The engine's frozenness is per unit, so a module with both
 kinds becomes two engine units, its trainable part (named as the module) and its frozen part (the name
-with FROZEN_SUFFIX); the module's hooks begin and end both.
+with FROZEN_SUFFIX); the module's hooks begin and end both. Likewise a module with parameters kept in fp32
+under a half-precision param dtype (Note [Modules kept in fp32] in _fp32_modules) becomes two units, the kept
+ones the part named with FP32_SUFFIX.
 """
 import torch
 
+from strata.torch._fp32_modules import FP32_SUFFIX
 
 FROZEN_SUFFIX = "[frozen]"
 
 
 class UnitSpec:
-    def __init__(self, name, module, names, params, prefix=None, frozen=False, leaf=False):
+    def __init__(self, name, module, names, params, prefix=None, frozen=False, leaf=False, fp32=False):
         self.name, self.module, self.names, self.params = name, module, names, params
         self.prefix = name if prefix is None else prefix  # the module's name in model.named_modules()
         self.frozen = frozen
         self.leaf = leaf  # a unit of Note [Leaf units]: an nn.Embedding or nn.Linear outside the blocks
+        self.fp32 = fp32  # computed from its fp32 master (Note [Modules kept in fp32] in _fp32_modules)
+
+
+def _split(spec, flags, attr, suffix):
+    """[spec] with spec.<attr> = all(flags) when the flags (one per parameter) are all alike, else [the part
+    without the flag (named as spec), the part with it (named with `suffix`)]."""
+    if all(flags) or not any(flags):
+        setattr(spec, attr, getattr(spec, attr) or all(flags))
+        return [spec]
+    parts = []
+    for want, name in ((False, spec.name), (True, spec.name + suffix)):
+        part = UnitSpec(name, spec.module, [n for n, f in zip(spec.names, flags) if f == want],
+                        [p for p, f in zip(spec.params, flags) if f == want], prefix=spec.prefix,
+                        frozen=spec.frozen, leaf=spec.leaf, fp32=spec.fp32)
+        setattr(part, attr, want)
+        parts.append(part)
+    return parts
 
 
 def _split_frozen(spec):
     """[spec] when its parameters are all trainable or all frozen, else [trainable part, frozen part]."""
-    frozen = [not p.requires_grad for p in spec.params]
-    if not any(frozen):
-        return [spec]
-    if all(frozen):
-        spec.frozen = True
-        return [spec]
-    parts = []
-    for want, name in ((False, spec.name), (True, spec.name + FROZEN_SUFFIX)):
-        names = [n for n, f in zip(spec.names, frozen) if f == want]
-        params = [p for p, f in zip(spec.params, frozen) if f == want]
-        parts.append(UnitSpec(name, spec.module, names, params, prefix=spec.prefix, frozen=want, leaf=spec.leaf))
-    return parts
+    return _split(spec, [not p.requires_grad for p in spec.params], "frozen", FROZEN_SUFFIX)
+
+
+def _split_fp32(spec, kept):
+    """[spec] when none or all of its parameters are kept in fp32 (ids in `kept`), else [the rest, the kept]."""
+    return _split(spec, [id(p) in kept for p in spec.params], "fp32", FP32_SUFFIX)
 
 
 def _block_list(model):
@@ -135,9 +149,11 @@ def _unit_modules(model, unit_classes):
     return [(names[id(m)], m, id(m) in leaf_ids) for m in mods]
 
 
-def split_units(model, unit_classes=None):
+def split_units(model, unit_classes=None, kept_fp32=frozenset()):
     """[UnitSpec]: the root unit first (if it has parameters), then the blocks and the leaf units (Note [Leaf
-    units]) in module order, each split into its trainable and frozen parts where it has both. A parameter
+    units]) in module order, each split into its trainable and frozen parts where it has both, and each part
+    into its half-precision and fp32 parts where some of its parameters (ids in `kept_fp32`) are kept in fp32
+    (Note [Modules kept in fp32] in _fp32_modules). A parameter
     shared by two units, or between a unit and the root, is refused: it must be one unit's."""
     owner = {}
     specs = []
@@ -160,4 +176,4 @@ def split_units(model, unit_classes=None):
             root_params.append(p)
     if root_params:
         specs.insert(0, UnitSpec("root", model, root_names, root_params))
-    return [part for spec in specs for part in _split_frozen(spec)]
+    return [fp for spec in specs for part in _split_frozen(spec) for fp in _split_fp32(part, kept_fp32)]
