@@ -3,7 +3,8 @@ bit for bit as under mpirun on MPI, at 2 and 4 ranks, without mpi4py; a rank tha
 within seconds. A CUDA model's ranks under torchrun are torchrun's (NCCL, bootstrapped by
 strata_comm_create_torchrun; docs/decisions/0020, 0039): on this GPU-less host its bootstrap over torchrun's store
 runs for real and every rank fails naming the missing GPU; a rank killed in the bootstrap and a taken MASTER_PORT end
-the job within seconds, naming it. No port is picked here: torchrun's --standalone store binds one and keeps it, and
+the job within seconds, naming it; over two torchrun nodes, a rank killed on one ends the other within 10 s naming
+it (the job watch). No port is picked here: torchrun's --standalone store binds one and keeps it, and
 the taken port is a socket this test binds and holds."""
 import os
 import re
