@@ -118,6 +118,7 @@ _P = ctypes.POINTER
 _SIGNATURES = {  # name: argument types (every function returns a strata_status unless listed in _OTHER)
     "strata_comm_create_mpi": [c_int32, _P(c_void_p)],
     "strata_comm_create_torchrun": [c_int64, _P(c_void_p)],
+    "strata_comm_watch_torchrun": [],
     "strata_comm_create_foreign": [_P(ForeignComm), c_int64, _P(c_void_p)],
     "strata_comm_create_in_process": [c_int32, _P(c_void_p)],
     "strata_comm_rank": [c_void_p, _P(c_int32)],

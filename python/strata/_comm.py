@@ -161,11 +161,23 @@ def bind(process_group=None):
         _world = _default_world() if process_group is None else _torch_world(process_group)
         if _world.size() > 1:
             _abort_on_uncaught_exception()
+        if _world.kind == "torch" and _torchrun() is not None and _torchrun()[1] > 1:
+            _watch_torchrun_job()
     elif process_group is not None and process_group is not _world.group:
         raise RuntimeError("strata: this process's engines already run on another set of ranks (an earlier "
                            "st.shard, or the launch's); every st.shard of a process must name the same "
                            "process_group")
     return _world
+
+
+def _watch_torchrun_job():
+    """Failure notices across torchrun's nodes (docs/decisions/0039): a rank of the job that dies, on any node,
+    ends every rank within seconds, naming it (strata_comm_watch_torchrun). Without it a job still runs, and a
+    dead rank on another node is named at the next collective with it, so a failure to start is a warning."""
+    status = _capi.lib.strata_comm_watch_torchrun()
+    if status != 0:
+        print(f"strata: warning: no failure notices across torchrun's nodes: "
+              f"{_capi.lib.strata_last_error().decode(errors='replace')}", file=sys.stderr, flush=True)
 
 
 def strata_comm(cuda=False, timeout_ms=0, process_group=None):

@@ -14,9 +14,10 @@
 #include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
 #include "runtime/comm/in_process.h"
+#include "runtime/comm/job_watch.h"
 #include "runtime/comm/launcher.h"
-#include "runtime/shard/layout.h"
 #include "runtime/comm/nccl_backend.h"
+#include "runtime/shard/layout.h"
 #if STRATA_WITH_MPI
 #include "runtime/comm/mpi_backend.h"
 #endif
@@ -32,7 +33,10 @@ comm::Options WorldOptions() {
 
 #if !STRATA_WITH_MPI
 absl::Status MpiUnavailable() {
-  return absl::UnimplementedError("this libstrata was built without MPI (STRATA_WITH_MPI=OFF)");
+  return absl::UnimplementedError(
+      "this libstrata was built without MPI (STRATA_WITH_MPI=OFF), so it has no MPI communicator: rebuild with "
+      "-DSTRATA_WITH_MPI=ON over an MPI installation (e.g. apt-get install libopenmpi-dev) for mpirun jobs, or launch "
+      "with torchrun (strata.torch runs over torch.distributed) or use an in-process or foreign communicator");
 }
 #endif
 
@@ -93,6 +97,7 @@ absl::Status CreateTorchrunWorld(int64_t timeout_ms, strata_comm** out) {
         "strata_comm_create_mpi_world or strata_comm_create_mpi there");
   }
   STRATA_RETURN_IF_ERROR(env.status());
+  comm::WatchTorchrunJobOrWarn(*env);  // Note [Job watch]
   STRATA_ASSIGN_OR_RETURN(const comm::NcclApi* nccl, comm::NcclBackend());
   comm::Options o = WorldOptions();
   if (timeout_ms > 0) o.timeout_ms = timeout_ms;
@@ -166,6 +171,15 @@ strata_status strata_comm_create_torchrun(int64_t timeout_ms, strata_comm** out)
     if (out == nullptr) return NullArgument("out");
     *out = nullptr;
     return strata::capi::CreateTorchrunWorld(timeout_ms, out);
+  });
+}
+
+strata_status strata_comm_watch_torchrun(void) {
+  return Call(__func__, []() -> absl::Status {
+    absl::StatusOr<strata::comm::TorchrunEnv> env = strata::comm::TorchrunLaunch();
+    if (absl::IsNotFound(env.status())) return absl::OkStatus();  // not a torchrun launch: nothing to watch
+    STRATA_RETURN_IF_ERROR(env.status());
+    return strata::comm::WatchTorchrunJob(*env);
   });
 }
 

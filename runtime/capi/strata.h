@@ -129,6 +129,16 @@ strata_status strata_comm_create_nccl(void* nccl_comm, strata_comm** out);
  * tested on a host. */
 strata_status strata_comm_create_torchrun(int64_t timeout_ms, strata_comm** out);
 
+/* Under a torchrun launch of more than one rank, starts the job watch over torchrun's store on
+ * MASTER_ADDR:MASTER_PORT (decision 0039, "Failure notices across nodes"): when any rank of the job dies (a
+ * signal, a non-zero exit status), every rank learns it within a fraction of a second. Strata's waits then fail
+ * naming that rank, and a process still running 2 s after the notice prints it and exits with status 1, as
+ * torchrun's agent stops the ranks of its own node. Once per process (later calls return OK); strata.torch calls it
+ * when it binds its ranks, and strata_comm_create_torchrun starts it itself. STRATA_ERR_OK, doing nothing, when the
+ * process is no torchrun launch or the only rank; a store that does not answer within 30 s is
+ * STRATA_ERR_DEADLINE_EXCEEDED naming it. Linux 5.3 or later (pidfd_open). */
+strata_status strata_comm_watch_torchrun(void);
+
 /* `world_size` ranks as threads of this process (for tests and single-process use): fills
  * out_comms[0 .. world_size-1], one per rank. Each must be used from its own thread, since the collective
  * calls of the ranks rendezvous with each other. 1 <= world_size <= 2^20. */

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/job_watch.h"
 #include "runtime/comm/tcp_store.h"
 
 namespace strata::comm {
@@ -62,6 +63,7 @@ class Exchange {
         STRATA_ASSIGN_OR_RETURN(const std::string why, store_.Get(prefix_ + "failed", io));
         return Error(why);
       }
+      if (std::optional<JobDeath> died = JobFailure()) return Error(died->notice);  // Note [Job watch]
       if (env_.rank == 0) {
         STRATA_ASSIGN_OR_RETURN(const bool all, CheckArrivals(arrived, io));
         if (all) {

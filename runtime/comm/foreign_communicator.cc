@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/host_communicator.h"
+#include "runtime/comm/job_watch.h"
 #include "runtime/comm/stall_diagnosis.h"
 
 namespace strata::comm {
@@ -395,6 +396,11 @@ class ForeignCommunicator final : public HostCommunicator {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!noticed_.ok()) return noticed_;
+    }
+    if (std::optional<JobDeath> died = JobFailure()) {  // Note [Job watch]: a rank of the torchrun job died
+      std::lock_guard<std::mutex> lock(mu_);
+      if (noticed_.ok()) noticed_ = PeerFailure(where, died->rank, died->notice);
+      return noticed_;
     }
     if (!ep_->has_store()) return absl::OkStatus();
     absl::StatusOr<std::optional<std::string>> got = ep_->StoreGet(NoticeKey());

@@ -4,6 +4,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/agree.h"
+#include "runtime/comm/job_watch.h"
 #include "runtime/comm/launcher.h"
 #include "runtime/comm/nccl_backend.h"
 #include "runtime/device/host_device.h"
@@ -20,6 +21,7 @@ namespace {
 
 absl::Status StartNcclWorld(const Launch& launch, const Options& options, Worlds& worlds) {
 #if STRATA_WITH_NCCL
+  WatchTorchrunJobOrWarn(*launch.torchrun);  // Note [Job watch]
   absl::StatusOr<const NcclApi*> nccl = NcclBackend();
   if (!nccl.ok()) return Annotate(nccl.status(), "a torchrun launch on GPUs");
   STRATA_ASSIGN_OR_RETURN(worlds.world, (*nccl)->create_from_torchrun(*launch.torchrun, options));

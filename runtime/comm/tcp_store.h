@@ -39,6 +39,7 @@ class TcpStoreClient {
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta, Clock::time_point deadline);
 
   const std::string& where() const { return where_; }
+  int fd() const { return fd_; }  // the connection's socket (the job watch keeps it open in its child)
 
  private:
   TcpStoreClient(int fd, std::string where) : fd_(fd), where_(std::move(where)) {}

@@ -3,11 +3,14 @@
         then every rank fails naming the missing GPU. Rank 0 then reads both ranks' arrival keys from torchrun's
         store with torch's own TCPStore client (the keys Strata's client wrote: docs/decisions/0039).
   kill  rank 1 kills itself (SIGKILL) while rank 0 waits for it in the bootstrap.
+  kill-host  the same with a host model: rank 0 waits for rank 1 in torch's split of the gloo group for Strata
+        (under two torchrun nodes, test_launch.py: only the job watch ends it there, docs/decisions/0039).
 Each rank prints its failure, then meets the others (gloo) before exiting, since torchrun stops the other
 ranks at the first exit and would cut their output short."""
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -15,11 +18,12 @@ import strata.torch as st
 
 print(f"imported: rank {st.rank()} of {st.world_size()}, mean rank {st.all_reduce_mean(st.rank())}", flush=True)
 model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-if sys.argv[1] == "kill" and st.rank() == 1:
-    print("rank 1: killing itself in the bootstrap", flush=True)
+if sys.argv[1] in ("kill", "kill-host") and st.rank() == 1:
+    print(f"rank 1: killing itself in the bootstrap at {time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 try:
-    st.shard(model, config={"strata": {"collective_timeout_ms": 900000}}, device="cuda")
+    st.shard(model, config={"strata": {"collective_timeout_ms": 900000}},
+             device="cpu" if sys.argv[1] == "kill-host" else "cuda")
 except Exception as e:  # noqa: BLE001 (printed and re-raised as an exit status)
     print(f"rank {st.rank()} failed: {type(e).__name__}: {e}", flush=True)
     st.all_reduce_mean(0.0)

@@ -1,7 +1,8 @@
 """Run by test_launch.py under `mpirun -n N` and under `torchrun --standalone --nproc-per-node N`: trains a host
 model for a few steps and saves, per rank, the losses, the step results and the final full state to
 argv[1]/rank<r>.pt. argv[2]: the ZeRO stage; argv[3] (optional): "raise" makes rank 1 raise in step 2, "stall"
-makes it sleep there for 10 minutes before its backward (with a collective timeout of 4 s). LAUNCH_SHARD_GROUP in
+makes it sleep there for 10 minutes before its backward (with a collective timeout of 4 s), "kill" makes it
+kill itself (SIGKILL) there, printing the time. LAUNCH_SHARD_GROUP in
 the environment, when set, is zero_optimization.shard_group_size ("node" or an integer); LAUNCH_MESH="RxS" shards
 over a 2-D DeviceMesh of R replicas of S shards instead (st.shard's device_mesh).
 
@@ -10,6 +11,7 @@ in rank order by the MPI back-end's direct exchange), and a small head (summed p
 both of the MPI back-end's orders of a sum, which strata._torch_comm follows."""
 import ctypes
 import os
+import signal
 import sys
 import time
 
@@ -48,6 +50,9 @@ for step in range(3):
         losses.append(loss.item())
         if fault == "raise" and step == 2 and st.rank() == 1:
             raise RuntimeError("planted failure of rank 1 in step 2")
+        if fault == "kill" and step == 2 and st.rank() == 1:
+            print(f"rank 1: killing itself in step 2 at {time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
     results.append(engine.step())
 state = engine.full_state_dict()
 held = []  # each unit's elements this rank keeps: its shard group's part (strata_engine_held_range)

@@ -3,13 +3,15 @@ bit for bit as under mpirun on MPI, at 2 and 4 ranks, without mpi4py; a rank tha
 within seconds. A CUDA model's ranks under torchrun are torchrun's (NCCL, bootstrapped by
 strata_comm_create_torchrun; docs/decisions/0020, 0039): on this GPU-less host its bootstrap over torchrun's store
 runs for real and every rank fails naming the missing GPU; a rank killed in the bootstrap and a taken MASTER_PORT end
-the job within seconds, naming it. No port is picked here: torchrun's --standalone store binds one and keeps it, and
+the job within seconds, naming it; over two torchrun nodes, a rank killed on one ends the other within 10 s naming
+it (the job watch). No port is picked here: torchrun's --standalone store binds one and keeps it, and
 the taken port is a socket this test binds and holds."""
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -96,10 +98,11 @@ def _compare_launchers(tmp, ranks, stage):
     assert mpi[0]["results"][0]["clip_coef"] < 1.0  # the clipping (the norm's all-reduce) took part
 
 
-def _torchrun_two_nodes(args, env):
+def _torchrun_two_nodes(args, env, ends=None):
     """`torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --node-rank i` started twice on loopback, as on
     two nodes: (exit statuses, output, seconds). The rendezvous endpoint is a TCPStore this test serves: it binds a
-    port and keeps it for the whole job (no port picked), and both agents are its clients (is_host=0)."""
+    port and keeps it for the whole job (no port picked), and both agents are its clients (is_host=0). `ends`, a
+    list, receives each node's output and the wall-clock time (time.time()) at which it was seen to end."""
     from torch.distributed import TCPStore
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     start = time.monotonic()
@@ -108,14 +111,23 @@ def _torchrun_two_nodes(args, env):
                                "--rdzv-id", "launch-test", "--rdzv-conf", "is_host=0", "--node-rank", str(i), *args],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
+    outs = [None, None]
     try:
-        outs = [p.communicate(timeout=900)[0] for p in procs]
+        def read(i):  # each node's output on a thread of its own, its end time as soon as it ends
+            outs[i] = procs[i].communicate(timeout=900)[0]
+            if ends is not None:
+                ends.append((outs[i], time.time()))
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
     del store
-    return [p.returncode for p in procs], "".join(outs), time.monotonic() - start
+    return [p.returncode for p in procs], "".join(o or "" for o in outs), time.monotonic() - start
 
 
 @once
@@ -148,6 +160,46 @@ def _compare_two_nodes(tmp, group):
         _same(mpi[r], tr[r], f"rank {r} of 2 on two nodes, shard_group_size {group}")
     whole = all(b == 0 for b, _ in tr[0]["held"]) and tr[0]["held"] == tr[1]["held"]
     assert whole == (group == "node"), tr[0]["held"]  # a group of one holds whole units; a group of two, halves
+
+
+@once
+@pytest.mark.parametrize("where", ["bootstrap", "training"])
+def test_torchrun_two_nodes_a_rank_killed_ends_the_other_node_naming_it(where):
+    """Two torchrun nodes of one rank each; rank 1 kills itself (SIGKILL), in the bootstrap of a host model (rank 0
+    then waits in torch's split of the gloo group, where Strata does not poll) or in step 2 of training (rank 0 in
+    the engine's collectives). The other node's agent does not stop rank 0, and the collective timeout is 900 s:
+    the job watch (docs/decisions/0039) does. Rank 0's node ends within 10 s of the kill, naming rank 1, its pid
+    and the signal: in training as the engine's error (STRATA_ERR_PEER_FAILED), in the bootstrap as the watch's
+    end of the rank."""
+    _on_rank_0(lambda: _killed_on_another_node(where))
+
+
+def _killed_on_another_node(where):
+    env = _clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "no_mpi4py"), env.get("PYTHONPATH", "")])
+    if where == "bootstrap":
+        args = [os.path.join(HERE, "launch_probe.py"), "kill-host"]
+    else:
+        args = [os.path.join(HERE, "launch_train.py"), os.path.join(ROOT, "build", "never-written"), "3", "kill"]
+    ends = []
+    rcs, out, _ = _torchrun_two_nodes(args, env, ends)
+    assert rcs[0] != 0 and rcs[1] != 0, out
+    killed = re.search(r"rank 1: killing itself in (?:the bootstrap|step 2) at (\d+\.\d+)", out)
+    assert killed, out
+    other = [(o, t) for o, t in ends if "killing itself" not in o]
+    assert len(other) == 1, out
+    other_out, other_end = other[0]
+    died = r"rank 1 of 2 \(LOCAL_RANK 0, pid \d+ on \S+\) died: killed by signal 9 \(SIGKILL\)"
+    if where == "training":
+        assert re.search(r"STRATA_ERR_PEER_FAILED: .* abandoned: rank 1 failed and will not join it: " + died,
+                         other_out), other_out
+    else:
+        assert re.search(r"strata: ending rank 0 of 2: a rank of the job died, and this one had not ended 2000 ms "
+                         r"later: " + died, other_out), other_out
+        assert "sharded" not in other_out.splitlines(), other_out
+    seconds = other_end - float(killed.group(1))
+    print(f"{where}: rank 0's node ended {seconds:.1f} s after rank 1's death")
+    assert seconds < 10, f"rank 0's node ended {seconds:.1f} s after rank 1's death\n{out}"
 
 
 @once
