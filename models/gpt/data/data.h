@@ -76,7 +76,7 @@ class Loader {
   // Blocks until the next micro-batch (in step, micro order) is ready. Records the wait.
   Batch Next();
   double wait_seconds() const { return wait_s_; }
-  // Artificial delay per batch (tests of the data-wait diagnostic).
+  // Artificial delay per batch, waited in Next() and counted in its wait (tests of the data-wait diagnostic).
   void set_delay_us(int64_t us) { delay_us_ = us; }
 
  private:

@@ -369,7 +369,9 @@ absl::Status Train(const TrainOptions& o, comm::Communicator& world, comm::Commu
         trace.AddAll(e->timeline().Take());
         trace.Memory(device::NowNs(), e->memory_stats());
       }
-      if (o.diagnostics_window > 0 && rank == 0) {
+      // The run's first step is a warm-up (the loader's thread starts, pools are first touched): the diagnostics
+      // judge the steps after it, or a loaded host starting the loader late reads as a data bottleneck.
+      if (o.diagnostics_window > 0 && rank == 0 && step > first_step) {
         const double peers_data_ms = max_wait_ms - wait_ms;  // spent here waiting for another rank's batch
         const StepTimes times{secs * 1e3,     max_wait_ms,    std::max(0.0, r.exposed_comm_ms - peers_data_ms),
                               r.exposed_io_ms, r.compute_ms,   r.optimizer_ms,
