@@ -332,8 +332,10 @@ def test_tied_weight_takes_its_checkpoint_names_dtype(tmp_path):
         qk_rope_head_dim=8, v_head_dim=8, index_head_dim=8, index_n_heads=2, index_topk=4, tie_word_embeddings=True,
         max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation="eager"))
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    directory = os.path.join(str(tmp_path), f"rank{st.rank()}")  # transformers' own save: the tie's source only
-    model.save_pretrained(directory)
+    directory = os.path.join(str(tmp_path), f"rank{st.rank()}")  # as transformers' save: the tie's source only
+    model.config.save_pretrained(directory)  # (its save_pretrained writes on rank 0 alone under torchrun)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+                                os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     ref = HYV4ForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, attn_implementation="eager")
     assert ref.model.embed_tokens.weight.dtype == torch.bfloat16
     kept = build_glob_alternation(list(ref._get_dtype_plan(torch.bfloat16)))[0]
