@@ -359,3 +359,20 @@ def test_tied_weight_takes_its_checkpoint_names_dtype(tmp_path):
     with torch.no_grad():
         want = ref(input_ids=x).logits
     assert torch.equal(got, want), f"largest difference {(got.float() - want.float()).abs().max().item():.3g}"
+
+
+def test_stage3_update_in_backward_is_refused_at_shard():
+    """strata.optimizer_in_backward at stage 3: the kept units' fp32 master is gathered in their backward, which
+    the engine refuses once other units are updated there. Refused by st.shard, naming the ways out (before, the
+    first backward failed naming a GatherUnit the script never called); stage 2 (a replicated fp32 copy) runs."""
+    cfg = half_config(3, "bf16", zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"}})
+    cfg["strata"]["optimizer_in_backward"] = True
+    with pytest.raises(ValueError, match=r"optimizer_in_backward.*stage 3 .*model\.layers\.1\[fp32\].*Use stage 2"):
+        st.shard(build("deepseek_v3"), cfg)
+    cfg["zero_optimization"]["stage"] = 2
+    model = build("deepseek_v3")
+    engine = st.shard(model, cfg)
+    x = inputs("deepseek_v3", st.rank())["input_ids"]
+    model(input_ids=x, labels=x).loss.backward()
+    engine.step()
+    engine.close()
