@@ -11,8 +11,8 @@ import tempfile
 import pytest
 import safetensors.torch
 import torch
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM, T5Config,
-                          T5ForConditionalGeneration)
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM, HYV4Config,
+                          HYV4ForCausalLM, T5Config, T5ForConditionalGeneration)
 from transformers.core_model_loading import build_glob_alternation
 
 import strata.torch as st
@@ -317,3 +317,62 @@ def test_save_pretrained_writes_them_in_fp32(tmp_path):
         "model.layers.2.mlp.gate.e_score_correction_bias": torch.float32}
     for n, t in want.items():
         assert got[n].dtype == t.dtype and torch.equal(got[n], t), n
+
+
+def test_tied_weight_takes_its_checkpoint_names_dtype(tmp_path):
+    """HY-V4 lists `lm_head` in _keep_in_fp32_modules_strict; with tie_word_embeddings its lm_head is the input
+    embedding, which transformers writes and loads under `model.embed_tokens.weight` (the tie's source), so
+    from_pretrained(dtype=bf16) holds it in bf16. Kept in fp32 by its other name, the embedding's output was fp32
+    and the first bf16 Linear refused it (a dtype mismatch); by its first name, the logits equal transformers'."""
+    torch.manual_seed(0)
+    model = HYV4ForCausalLM(HYV4Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=8, n_routed_experts=4, n_shared_experts=1,
+        num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=8, index_head_dim=8, index_n_heads=2, index_topk=4, tie_word_embeddings=True,
+        max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation="eager"))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    directory = os.path.join(str(tmp_path), f"rank{st.rank()}")  # as transformers' save: the tie's source only
+    model.config.save_pretrained(directory)  # (its save_pretrained writes on rank 0 alone under torchrun)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+                                os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    ref = HYV4ForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, attn_implementation="eager")
+    assert ref.model.embed_tokens.weight.dtype == torch.bfloat16
+    kept = build_glob_alternation(list(ref._get_dtype_plan(torch.bfloat16)))[0]
+    for prefix, m in ref.named_modules():  # buffers outside the plan cast, as strata.torch casts them
+        for k, b in m._buffers.items():
+            if b is not None and b.is_floating_point() and not kept.search(f"{prefix}.{k}" if prefix else k):
+                m._buffers[k] = b.to(torch.bfloat16)
+    model.eval(), ref.eval()
+    engine = st.shard(model, half_config(3, "bf16"))
+    fp32 = [n for u in engine.units if u.spec.fp32 for n in u.spec.names]
+    x = inputs("hy_v4")["input_ids"]
+    error = None
+    try:
+        with torch.no_grad():
+            got = model(input_ids=x).logits
+    except RuntimeError as e:  # checked after the close: every rank fails alike here
+        error = e
+    engine.close()
+    assert "model.embed_tokens.weight" not in fp32 and "lm_head.weight" not in fp32, fp32
+    assert error is None, error
+    with torch.no_grad():
+        want = ref(input_ids=x).logits
+    assert torch.equal(got, want), f"largest difference {(got.float() - want.float()).abs().max().item():.3g}"
+
+
+def test_stage3_update_in_backward_is_refused_at_shard():
+    """strata.optimizer_in_backward at stage 3: the kept units' fp32 master is gathered in their backward, which
+    the engine refuses once other units are updated there. Refused by st.shard, naming the ways out (before, the
+    first backward failed naming a GatherUnit the script never called); stage 2 (a replicated fp32 copy) runs."""
+    cfg = half_config(3, "bf16", zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"}})
+    cfg["strata"]["optimizer_in_backward"] = True
+    with pytest.raises(ValueError, match=r"optimizer_in_backward.*stage 3 .*model\.layers\.1\[fp32\].*Use stage 2"):
+        st.shard(build("deepseek_v3"), cfg)
+    cfg["zero_optimization"]["stage"] = 2
+    model = build("deepseek_v3")
+    engine = st.shard(model, cfg)
+    x = inputs("deepseek_v3", st.rank())["input_ids"]
+    model(input_ids=x, labels=x).loss.backward()
+    engine.step()
+    engine.close()

@@ -66,6 +66,23 @@ def _refuse_frozen_fp32(specs, model):
                              f"param dtype")
 
 
+def _refuse_fp32_in_backward_updates(engine, specs):
+    """At stage 3 a unit kept in fp32 (Note [Modules kept in fp32] in _fp32_modules) gathers its fp32 master at
+    each use, its backward's included, and with strata.optimizer_in_backward the engine refuses that gather once
+    the backward has updated other units: refused here, before the first step, naming the ways out (else the
+    first backward failed with an error about a GatherUnit the script never called)."""
+    kept = [s.name for s in specs if s.fp32]
+    if (kept and engine.resolved["zero_optimization.stage"] == "3"
+            and engine.resolved["strata.optimizer_in_backward"] == "true"):
+        engine.close()
+        raise ValueError(f"strata: \"strata\": {{\"optimizer_in_backward\": true}} at ZeRO stage 3 cannot compute "
+                         f"the parameters kept in fp32 (units {', '.join(kept[:4])}{' ...' if len(kept) > 4 else ''}"
+                         f": transformers' _keep_in_fp32_modules): each use gathers their fp32 master, which the "
+                         f"engine refuses once the backward has updated other units. Use stage 2, turn "
+                         f"optimizer_in_backward off, or set \"data_types\": {{\"keep_in_fp32_modules\": []}} to "
+                         f"compute them in the param dtype (docs/decisions/0045-modules-kept-in-fp32.md)")
+
+
 def _param_hyper(weight_decay, lr):
     """(qualified name, param) -> (decays, own weight decay or None, own lr or None), from shard()'s callables
     (Note [Param groups] in runtime/optim/optimizer.cc). weight_decay: a float (or numpy float) is the
@@ -158,6 +175,7 @@ class Engine:
             raise RuntimeError(f"strata: the engine computes in {self.resolved['strata.param_dtype']} but the front "
                                f"end read {self.param_dtype} from the config; modules kept in fp32 (Note [Modules "
                                f"kept in fp32]) would not be: report this")
+        _refuse_fp32_in_backward_updates(self, specs)
         self.accumulation = int(self.resolved["gradient_accumulation_steps"])
         self.fp16 = self.resolved["fp16.enabled"] == "true"  # then engine.backward(loss) scales the loss
         if weight_decay is None:  # strata.weight_decay_1d: DeepSpeed's rule (every parameter) unless false

@@ -8,7 +8,9 @@ most MoE routers) applies under both bf16 and fp16, _keep_in_fp32_modules (T5's 
 state-dict key that one of those globs matches (re.search, `*` as `.*`) in fp32 and the rest in bf16, and
 the model's forward computes those modules in fp32. With a half-precision param dtype (bf16.enabled,
 fp16.enabled, strata.param_dtype) strata.torch applies the same rule, read from the model itself:
-  - a parameter with a matching name (any of its names in model.named_parameters()) is computed from its
+  - a parameter with a matching name (its first name in model.named_parameters(): a tied weight by the name
+    transformers writes and loads it under, e.g. the input embedding's and not a tied `lm_head`'s, so it
+    takes the dtype transformers gives it) is computed from its
     fp32 master, exactly: its module's unit is split into the half-precision part and an fp32 part (named
     FP32_SUFFIX, as frozen parts are: Note [Frozen units] in runtime/engine/placement.h), and each use of
     the fp32 part takes the part's full fp32 master (strata_engine_gather_unit; at stages 0-2 a replicated
@@ -113,8 +115,11 @@ class Rule:
         return False
 
     def params(self, model):
-        """ids of the parameters one of whose names matches."""
-        return {id(p) for n, p in model.named_parameters(remove_duplicate=False) if self.matches(n)}
+        """ids of the parameters whose first name matches. A tied parameter by its first name only: transformers'
+        save_pretrained writes it once, under the tie's source (the first registered, e.g. the input embedding;
+        the tied `lm_head.weight` is dropped), and from_pretrained gives it the dtype that name's match gives,
+        so HY-V4's tied embedding is bf16 there though its list names lm_head."""
+        return {id(p) for n, p in model.named_parameters() if self.matches(n)}
 
     def buffers(self, model):
         """ids of the floating buffers one of whose names matches."""
