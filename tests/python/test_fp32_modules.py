@@ -214,11 +214,28 @@ def test_gathered_edit_reaches_the_fp32_module():
     assert torch.equal(got, want)
 
 
-def test_frozen_kept_parameter_is_refused():
+def test_frozen_kept_parameter_warns_and_computes_in_half():
+    """A frozen parameter transformers keeps in fp32 (peft freezes MoE routers; Ernie-4.5-MoE creates its routing
+    bias frozen) has no fp32 master: it computes in bf16, as before the rule and as DeepSpeed computes it, with
+    a warning naming it. The logits equal transformers' model with that one weight rounded to bf16; the other
+    routers stay fp32."""
     model = build("deepseek_v3")
+    ref = hf_reference(model, torch.bfloat16)
     model.model.layers[1].mlp.gate.weight.requires_grad_(False)
-    with pytest.raises(ValueError, match=r"'model\.layers\.1\.mlp\.gate\.weight' is frozen .*keep_in_fp32_modules"):
-        st.shard(model, half_config(3, "bf16"))
+    model.eval(), ref.eval()
+    with pytest.warns(UserWarning, match=r"1 frozen parameter.*'model\.layers\.1\.mlp\.gate\.weight'.*"
+                                         r"keep_in_fp32_modules"):
+        engine = st.shard(model, half_config(3, "bf16"))
+    assert any(u.spec.fp32 for u in engine.units)  # the trainable routers are still kept
+    with torch.no_grad():
+        gate = ref.model.layers[1].mlp.gate
+        kept = gate.weight.data
+        gate.weight.data = kept.to(torch.bfloat16)
+        got, want = model(**inputs("deepseek_v3")).logits, ref(**inputs("deepseek_v3")).logits
+        gate.weight.data = kept
+        assert not torch.equal(got, ref(**inputs("deepseek_v3")).logits)  # the rounding shows
+    engine.close()
+    assert torch.equal(got, want)
 
 
 def test_option_none_computes_everything_in_half():

@@ -5,6 +5,7 @@ import json
 import math
 import numbers
 import os
+import warnings
 
 import torch
 
@@ -52,18 +53,23 @@ def _hidden_size(model):
     return 0
 
 
-def _refuse_frozen_fp32(specs, model):
-    """A frozen unit keeps no fp32 master (only its param storage), so a frozen parameter kept in fp32 (Note
-    [Modules kept in fp32] in _fp32_modules) cannot be: refused, naming it."""
-    for s in specs:
-        if s.frozen and s.fp32:
-            names = [n if s.module is model else f"{s.prefix}.{n}" for n in s.names]
-            raise ValueError(f"strata: parameter '{names[0]}' is frozen (requires_grad=False) and transformers keeps "
-                             f"it in fp32 under a half-precision load (the model's _keep_in_fp32_modules_strict / "
-                             f"_keep_in_fp32_modules); a frozen parameter is stored in the param dtype only, so it "
-                             f"would silently compute in half precision. Make it trainable, or set the config's "
-                             f"\"data_types\": {{\"keep_in_fp32_modules\": []}} to compute every parameter in the "
-                             f"param dtype")
+def _frozen_kept_in_half(model, kept):
+    """The parameters kept in fp32 (ids in `kept`, Note [Modules kept in fp32] in _fp32_modules) that are frozen
+    (requires_grad=False): a frozen unit keeps no fp32 master, only its param storage, so they stay in the param
+    dtype, as before the rule and as DeepSpeed computes them. Said in a warning naming them, never silently:
+    peft's LoRA freezes a MoE router (`gate.weight`), and Ernie-4.5-MoE creates its routing bias frozen, so a
+    refusal stopped those runs. Returns `kept` without them."""
+    frozen = [(n, p) for n, p in model.named_parameters() if id(p) in kept and not p.requires_grad]
+    if frozen:
+        names = [n for n, _ in frozen]
+        shown = ", ".join(f"'{n}'" for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        warnings.warn(f"strata: {len(names)} frozen parameter(s) that transformers keeps in fp32 under a half-"
+                      f"precision load (the model's _keep_in_fp32_modules_strict / _keep_in_fp32_modules) compute "
+                      f"in the param dtype, as DeepSpeed computes them: {shown}. A frozen parameter has no fp32 "
+                      f"master here. To silence this: set the config's \"data_types\": "
+                      f"{{\"keep_in_fp32_modules\": []}} (every parameter in the param dtype), or make them "
+                      f"trainable to keep them in fp32", stacklevel=3)
+    return kept - {id(p) for _, p in frozen}
 
 
 def _refuse_fp32_in_backward_updates(engine, specs):
@@ -150,8 +156,8 @@ class Engine:
         # config's data_types.keep_in_fp32_modules
         self.param_dtype = _fp32_modules.param_dtype(self.config)
         rule = _fp32_modules.Rule(model, self.param_dtype, _fp32_modules.take_option(self.config))
-        specs = split_units(model, unit_classes, rule.params(model) if rule else frozenset())
-        _refuse_frozen_fp32(specs, model)
+        kept = _frozen_kept_in_half(model, rule.params(model)) if rule else frozenset()
+        specs = split_units(model, unit_classes, kept)
         if not specs:
             raise ValueError("strata: the model has no parameters")
         self.config.setdefault("strata", {}).setdefault("max_live_units", _live_units(model, specs))

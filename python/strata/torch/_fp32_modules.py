@@ -17,10 +17,11 @@ fp16.enabled, strata.param_dtype) strata.torch applies the same rule, read from 
     copy refreshed where the master changes, so an evaluation forward stays local there) instead of the
     engine's half-precision gathered buffer. Its gradient is fp32, added straight into the engine's buffer.
   - a matching floating buffer stays in its dtype (not cast with the parameters: _model_buffers).
-A frozen matching parameter is refused: a frozen unit has no fp32 master (only its half-precision param
-storage), so its fp32 value is not kept. The config's data_types.keep_in_fp32_modules (DeepSpeed's key) picks
-the names: "auto" (default) the model's lists as above, a list of globs instead, [] none (every parameter in
-the param dtype, the behaviour before this rule). docs/decisions/0045-modules-kept-in-fp32.md.
+A frozen matching parameter stays in the param dtype, with a warning naming it (_engine._frozen_kept_in_half):
+a frozen unit has no fp32 master, only its half-precision param storage. The config's
+data_types.keep_in_fp32_modules (DeepSpeed's key) picks the names: "auto" (default) the model's lists as
+above, a list of globs instead, [] none (every parameter in the param dtype, the behaviour before this rule).
+docs/decisions/0045-modules-kept-in-fp32.md.
 """
 import re
 
