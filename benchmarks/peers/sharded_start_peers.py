@@ -8,6 +8,8 @@ one thread each, each rank watched by its own RSS watchdog (torch_peers.rss_watc
 rank ends and the candidate fails, naming the phase). Candidates (--peers):
   strata-created   st.shard(lambda: LlamaForCausalLM(cfg), config): parameters created sharded
   strata-loaded    the same, then engine.load_pretrained(checkpoint): each rank reads its shards' byte ranges
+  strata-pretrained  st.shard(lambda: LlamaForCausalLM(cfg), config, pretrained=checkpoint): the same values, the
+                   random initialisation of what the checkpoint supplies never computed (decision 0034)
   fsdp2-meta       torch's recipe: the model on the meta device, fully_shard per decoder layer and the root,
                    to_empty, then each rank initialises its own shards (HF _init_weights on the DTensors)
   fsdp2-dcp        the same, then torch.distributed.checkpoint.load with HuggingFaceStorageReader
@@ -60,7 +62,7 @@ def probe_creation(marks):
     from strata.torch import _created
     load = _created.Created.load
 
-    def probed(self, engine):
+    def probed(self, engine, skip=frozenset()):
         s = engine.stats()
         marks.update(finalized_rss_mib=torch_peers.status_mib("VmRSS"),
                      finalized_hwm_mib=torch_peers.status_mib("VmHWM"), device_mib=s["device_current_bytes"] / 2**20,
@@ -69,7 +71,7 @@ def probe_creation(marks):
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # VmHWM := VmRSS
         print("PROBE " + json.dumps(dict(marks, rank=torch_peers.rank_env()[0])), flush=True)
-        load(self, engine)
+        load(self, engine, skip)
         marks.update(creating_peak_mib=torch_peers.status_mib("VmHWM"), created_rss_mib=torch_peers.status_mib("VmRSS"))
         print("PROBE " + json.dumps(dict(marks, rank=torch_peers.rank_env()[0])), flush=True)
 
@@ -91,8 +93,12 @@ def strata_setup(a, cfg, mode, marks):
                          "release_idle_memory": True}}
     torch_peers.PHASE[0] = "creating the model sharded"
     probe_creation(marks)
-    engine = st.shard(lambda: LlamaForCausalLM(cfg), config)
+    engine = st.shard(lambda: LlamaForCausalLM(cfg), config,
+                      pretrained=a.ckpt_dir if mode == "strata-pretrained" else None)
     model = engine.model
+    if mode == "strata-pretrained":  # loaded inside st.shard: the load's own seconds, as the library timed them
+        from strata.torch import _pretrained
+        marks["load_s"] = _pretrained.last_load_stats["seconds"]
     if mode == "strata-loaded":
         torch_peers.PHASE[0] = "loading the checkpoint"
         t = time.perf_counter()
@@ -335,7 +341,8 @@ def main():
     p.add_argument("--build-ops", action="store_true", help="JIT-compile DeepSpeed's async_io op and exit")
     p.add_argument("--worker")
     p.add_argument("--rendezvous")
-    p.add_argument("--peers", default="strata-created,strata-loaded,fsdp2-meta,fsdp2-dcp,deepspeed-init")
+    p.add_argument("--peers", default="strata-created,strata-loaded,strata-pretrained,fsdp2-meta,fsdp2-dcp,"
+                                      "deepspeed-init")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--hidden", type=int, default=2048)

@@ -149,3 +149,15 @@ def world():
 def shared_dir(tmp_path):
     """One directory every rank sees: rank 0's pytest tmp_path."""
     return world().bcast(str(tmp_path) if st.rank() == 0 else None, root=0)
+
+
+def on_rank_0(work):
+    """work() on rank 0; its failure fails every rank (no rank goes on to the next collective alone)."""
+    error = None
+    if st.rank() == 0:
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001  (raised on every rank below)
+            error = f"rank 0: {type(e).__name__}: {e}"
+    error = world().bcast(error, root=0)
+    assert error is None, error

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import strata.torch as st
-from common import config, shared_dir, world
+from common import config, on_rank_0, shared_dir, world
 from models import TinyLM, hf_builders
 from strata.torch import _pretrained
 from strata.torch._pretrained import CheckpointError
@@ -26,18 +26,6 @@ def barrier():
 
 def bits(t):
     return t.detach().contiguous().flatten().view(torch.uint8)
-
-
-def on_rank_0(work):
-    """work() on rank 0; its failure fails every rank (no rank goes on to the next collective alone)."""
-    error = None
-    if st.rank() == 0:
-        try:
-            work()
-        except Exception as e:  # noqa: BLE001  (raised on every rank below)
-            error = f"rank 0: {type(e).__name__}: {e}"
-    error = world().bcast(error, root=0)
-    assert error is None, error
 
 
 def write_checkpoint(path, name, seed, dtype=None, max_shard_size="50GB"):

@@ -28,10 +28,15 @@ def shard(model, config=None, unit_classes=None, process_group=None, device_mesh
     builds it, e.g. `lambda: GPT2LMHeadModel(cfg)`, or a model class): the model is then created sharded, its
     construction recorded without values and replayed into the engine one tensor at a time, so no rank holds it
     whole; its initial values are bit for bit a plain factory()'s from rank 0's generator state, and the model
-    is engine.model (docs/decisions/0034-models-created-sharded.md). Units: the modules of `unit_classes`, or by
-    default the members of the model's largest nn.ModuleList and, outside them, each untied nn.Embedding or
-    nn.Linear at least as large as the smallest of them (an untied input embedding and LM head: Note [Leaf units]
-    in _units, docs/decisions/0040); the remaining parameters form the root unit, live for the whole pass.
+    is engine.model (docs/decisions/0034-models-created-sharded.md). `pretrained=DIR`: a Hugging Face checkpoint
+    directory loaded at creation, as engine.load_pretrained(DIR, strict=pretrained_strict) after st.shard gives
+    the same values bit for bit, but a factory's random initialisation of the parameters DIR supplies is never
+    computed (only the others' is: the values they get without pretrained); the load's {"missing_keys",
+    "unexpected_keys"} are engine.pretrained_keys (docs/decisions/0034, "Pretrained at creation").
+    Units: the modules of `unit_classes`, or by default the members of the model's largest nn.ModuleList and,
+    outside them, each untied nn.Embedding or nn.Linear at least as large as the smallest of them (an untied input
+    embedding and LM head: Note [Leaf units] in _units, docs/decisions/0040); the remaining parameters form the
+    root unit, live for the whole pass.
     Rank 0's parameter values are every rank's initial values, and rank 0's module buffers every rank's
     buffers (kept so by strata.broadcast_buffers, default true: docs/decisions/0026-buffers.md; cast to
     bf16 with bf16 parameters where model.to would). With bf16 / fp16 parameters, the parameters and buffers a

@@ -14,6 +14,11 @@ CPU generator is where the construction left rank 0's. A factory whose values di
 that reads a rank-dependent file, or a kernel that is not deterministic) would leave shards of different
 models: a digest of each parameter's full value is compared across ranks, and a difference is an error
 naming the parameter. docs/decisions/0034-models-created-sharded.md.
+
+Pretrained (st.shard(factory, config, pretrained=DIR)): the factory is recorded lazily (Note [Draws left for
+later] in _deferred) and load(engine, skip) leaves out the parameters the checkpoint supplies, so their ops,
+random draws included, never run; engine.load_pretrained then writes them. docs/decisions/0034, "Pretrained at
+creation".
 """
 import ctypes
 import hashlib
@@ -40,15 +45,16 @@ def same_generator_as_rank_0():
 class Created:
     """The record of a factory and what st.shard does with it."""
 
-    def __init__(self, factory, rec=None):
+    def __init__(self, factory, rec=None, lazy=False):
         """From `factory`, recorded here; or (factory None) from `rec`, a deepspeed.zero.Init block's record, whose
-        .model is the model given to st.shard."""
+        .model is the model given to st.shard. lazy: the factory's draws left for later (Note [Draws left for
+        later] in _deferred), for a model a checkpoint is loaded into."""
         if rec is None:
             if not callable(factory):
                 raise TypeError(f"strata: st.shard() takes a torch.nn.Module or a factory (a callable that builds "
                                 f"one, e.g. `lambda: GPT2LMHeadModel(cfg)`), not {type(factory).__name__}")
             same_generator_as_rank_0()
-            rec = _deferred.record(factory)
+            rec = _deferred.record(factory, lazy)
         self.rec = rec
         self.model = self.rec.model
         if not isinstance(self.model, torch.nn.Module):
@@ -59,13 +65,15 @@ class Created:
                 raise TypeError(f"strata: parameter '{n}' is {p.dtype}; give the model fp32 parameters (the engine "
                                 f"keeps the fp32 master and casts per strata.param_dtype)")
 
-    def load(self, engine):
+    def load(self, engine, skip=frozenset()):
         """After strata_engine_finalize: the initial values into the engine, one tensor at a time, and the model's
-        deferred tensors replaced by real ones."""
+        deferred tensors replaced by real ones. skip: ids of parameters left unwritten (a checkpoint's, which
+        engine.load_pretrained writes next): nothing of their construction is replayed."""
         rec, wanted, real_params = self.rec, [], []
         for u in engine.units:
             for i, p in enumerate(u.spec.params):
-                (wanted if rec.is_ours(p) else real_params).append(((u.id, i), p))
+                if id(p) not in skip:
+                    (wanted if rec.is_ours(p) else real_params).append(((u.id, i), p))
         tensors = {}  # id -> (module, kind, name) of the model's other deferred tensors
         for m in self.model.modules():
             for name, b in m._buffers.items():

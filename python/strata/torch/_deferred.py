@@ -26,6 +26,20 @@ live at once, about one tensor for torch's and Hugging Face's initialisations.
 Values read during construction (x.item(), x.tolist(), `if mask.any():`, an op with no meta kernel such as
 nonzero) are computed there by the same replay of what they depend on, every generator's state kept; its
 tensor results become constants of the record. docs/decisions/0034-models-created-sharded.md.
+
+Note [Draws left for later]. A model whose parameters a checkpoint will overwrite (st.shard(factory, config,
+pretrained=DIR)) is recorded with Recording(lazy=True): a random op that reads none of our tensors (normal_,
+uniform_, randn, ... on a parameter) is not run at record time. The generator is left where it is and the op
+joins its generator's chain: the state before the chain's first op is kept, and the state before any later op
+is computed when a replay needs it (_Chain.state_before: the chain's ops up to it are run on scratch memory,
+as _advance runs them, each state kept). A replay that leaves the checkpoint's parameters out never asks for
+their draws, so a model loaded whole draws nothing; a tensor the checkpoint lacks gets the state it gets
+without lazy (the same ops, from the same state: bit for bit), at the cost of the draws before it on its
+generator. A random op that reads our tensors, and a random op torch runs on real tensors during the factory,
+first bring the generator to the chain's end (flush) and then run as without lazy. Two things differ from a
+plain factory(): the generator ends where the factory left it without the chains' draws (flushes aside: a
+construction that is then loaded draws nothing from it), and a factory that reads the CPU generator's state
+in Python (torch.get_rng_state()) sees it without them. docs/decisions/0034 ("Pretrained at creation").
 """
 import contextlib
 import threading
@@ -40,6 +54,7 @@ _READS = frozenset(("tolist", "numpy", "__array__", "__dlpack__", "item"))  # Py
 _CPU, _META = torch.device("cpu"), torch.device("meta")
 _TRIM_BYTES = 1 << 20  # a freed block this large or larger: the heap is trimmed (_trim)
 _state = threading.local()  # .recording: the Recording running on this thread; .in_kernel: a meta kernel runs
+_draw_hook = []  # tests: callables told (func, scratch args, kwargs) before each random op runs on real memory
 _kept = []  # the Recordings of ended deepspeed.zero.Init blocks whose models no engine has taken yet (keep, adopt)
 
 
@@ -159,6 +174,60 @@ class _Op:
         self.rng = rng        # (generator, state before the op) for a random op, else None
 
 
+def _draw(func, args, kwargs):
+    """A random op run on real memory: the one place a draw of the record happens (recording, chains, replay)."""
+    for hook in _draw_hook:
+        hook(func, args, kwargs)
+    return func(*args, **kwargs)
+
+
+def _scratch(a):
+    """A chain's op argument as _advance gives it: a written tensor as fresh memory of its size and strides."""
+    if isinstance(a, _Ref):
+        return torch.empty_strided(a.size, a.stride, dtype=a.dtype)
+    if isinstance(a, _Const):
+        return a.value
+    return a
+
+
+class _Chain:
+    """Note [Draws left for later]: one generator's random ops not run at record time, from a kept state."""
+    __slots__ = ("gen", "ops", "states", "expect")
+
+    def __init__(self, gen, state):
+        self.gen, self.ops, self.states, self.expect = gen, [], {0: state}, state
+
+    def state_before(self, k):
+        """The generator's state before the chain's op k (k = len(ops): after the last), computed from the
+        nearest state kept before it; the generator is left in that state."""
+        j = max(i for i in self.states if i <= k)
+        self.gen.set_state(self.states[j])
+        with _disable_current_modes(), torch.no_grad():
+            for i in range(j, k):
+                op = self.ops[i]
+                args, kwargs = tree_map(_scratch, (op.args, op.kwargs))
+                out = _draw(op.func, args, kwargs)
+                big = sum(t.untyped_storage().nbytes() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+                del out, args, kwargs
+                if big >= _TRIM_BYTES:
+                    _trim()
+                self.states[i + 1] = self.gen.get_state()
+        return self.states[k]
+
+
+class _Later:
+    """The state before a random op recorded lazily: op `index` of `chain`."""
+    __slots__ = ("chain", "index")
+
+    def __init__(self, chain, index):
+        self.chain, self.index = chain, index
+
+
+def _state_before(rng):
+    gen, state = rng
+    return state.chain.state_before(state.index) if isinstance(state, _Later) else state
+
+
 class _Storage:
     __slots__ = ("keep", "nbytes")
 
@@ -225,10 +294,19 @@ def _covers(t, nbytes):
 class Recording(TorchDispatchMode):
     """The record of one factory() call (Note [Deferred construction])."""
 
-    def __init__(self):
+    def __init__(self, lazy=False):
         super().__init__()
         self.ops, self.storages = [], {}
         self.model = None
+        self.lazy = lazy  # Note [Draws left for later]
+        self._chains = {}  # id(generator) -> its _Chain, while lazy
+
+    def flush(self):
+        """Every generator at its chain's end, as a plain construction would have left it by now (Note [Draws
+        left for later]); the next lazy random op starts a new chain."""
+        chains, self._chains = self._chains, {}
+        for c in chains.values():
+            c.gen.set_state(c.state_before(len(c.ops)))
 
     @classmethod
     def _should_skip_dynamo(cls):
@@ -272,6 +350,8 @@ class Recording(TorchDispatchMode):
                     args[0].device.type == "cpu":  # torch.tensor(data)
                 return self._const(args[0])
             if real or not _factory(func) or not _on_cpu(kwargs.get("device")):
+                if torch.Tag.nondeterministic_seeded in func.tags:
+                    self.flush()  # it draws from a generator now: where a plain construction would have it
                 with _disable_current_modes():
                     return func(*args, **kwargs)  # not the model's CPU tensors: torch's own
             return self._record(func, args, kwargs)
@@ -327,10 +407,13 @@ class Recording(TorchDispatchMode):
             if isinstance(o, DeferredTensor) and _sid(o) not in known:
                 fresh.append((i, _Ref(self._storage(o), o)))
                 writes.add(fresh[-1][1].sid)
+        if not ours_in(flat_in):
+            rec_kwargs["device"] = _CPU  # a factory: the replay makes the CPU tensor
+        op = _Op(func, rec_args, rec_kwargs, writes, reads, fresh, rng)
+        if rng is not None and isinstance(rng[1], _Later):
+            rng[1].chain.ops.append(op)  # drawn or not, it moves the generator: on the chain
         if writes:
-            if not ours_in(flat_in):
-                rec_kwargs["device"] = _CPU  # a factory: the replay makes the CPU tensor
-            self.ops.append(_Op(func, rec_args, rec_kwargs, writes, reads, fresh, rng))
+            self.ops.append(op)
         return out
 
     def _advance(self, func, args, kwargs, written):
@@ -339,9 +422,15 @@ class Recording(TorchDispatchMode):
         if torch.Tag.nondeterministic_seeded not in func.tags:
             return None
         gen = kwargs.get("generator") or torch.default_generator
-        state = gen.get_state()
         written = {id(t) for t in written}
         need = [a for a in tree_flatten((args, kwargs))[0] if self.is_ours(a) and id(a) not in written]
+        if self.lazy and not need:  # Note [Draws left for later]
+            chain, now = self._chains.get(id(gen)), gen.get_state()
+            if chain is None or not torch.equal(now, chain.expect):  # none yet, or the factory reseeded it
+                chain = self._chains[id(gen)] = _Chain(gen, now)
+            return gen, _Later(chain, len(chain.ops))
+        self.flush()
+        state = gen.get_state()
         values = self.values_now(need) if need else {}
 
         def scratch(a):
@@ -352,7 +441,7 @@ class Recording(TorchDispatchMode):
             return a
 
         with _disable_current_modes(), torch.no_grad():
-            out = func(*tree_map(scratch, args), **tree_map(scratch, kwargs))
+            out = _draw(func, tree_map(scratch, args), tree_map(scratch, kwargs))
         big = sum(t.untyped_storage().nbytes() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
         del out
         if big >= _TRIM_BYTES:
@@ -362,6 +451,8 @@ class Recording(TorchDispatchMode):
     def _run_real(self, func, args, kwargs):
         """Computes the op now on the values (a read such as item(), an op without a meta kernel): its
         tensor outputs become constants of the record."""
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.flush()
         values = self.values_now([a for a in tree_flatten((args, kwargs))[0] if self.is_ours(a)])
         real_args, real_kwargs = tree_map(lambda a: values.get(id(a), a) if self.is_ours(a) else a, (args, kwargs))
         with _disable_current_modes():
@@ -421,10 +512,10 @@ def adopt(model):
     return recs[0]
 
 
-def record(factory):
-    """Runs `factory()` recording its tensors (Note [Deferred construction]); returns the Recording, whose
-    .model is what factory returned."""
-    rec = Recording()
+def record(factory, lazy=False):
+    """Runs `factory()` recording its tensors (Note [Deferred construction]; lazy: Note [Draws left for
+    later]); returns the Recording, whose .model is what factory returned."""
+    rec = Recording(lazy)
     with rec:
         rec.model = factory()
     return rec
@@ -474,8 +565,10 @@ class _Real:
         overwritten = op.writes - op.reads
         args, kwargs = tree_map(lambda a: self.arg(a, overwritten), (op.args, op.kwargs))
         if op.rng is not None:
-            op.rng[0].set_state(op.rng[1])
-        out = op.func(*args, **kwargs)
+            op.rng[0].set_state(_state_before(op.rng))
+            out = _draw(op.func, args, kwargs)
+        else:
+            out = op.func(*args, **kwargs)
         flat = tree_flatten(out)[0]
         inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
                   if isinstance(t, torch.Tensor)}

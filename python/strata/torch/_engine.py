@@ -127,7 +127,7 @@ class Engine:
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
     def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None,
-                 process_group=None, device_mesh=None):
+                 process_group=None, device_mesh=None, pretrained=None, pretrained_strict=True):
         created = None
         config = _config(config)
         if device_mesh is not None:
@@ -136,7 +136,7 @@ class Engine:
             process_group = _comm.mesh_group(device_mesh, config)
         _comm.bind(process_group)  # the ranks first: a factory's creation broadcasts rank 0's generator on them
         if not isinstance(model, torch.nn.Module):  # a factory: the model is created sharded (_created)
-            created = _created.Created(model)
+            created = _created.Created(model, lazy=pretrained is not None)
             model = created.model
         else:  # built inside a deepspeed.zero.Init() block: created sharded too, from that block's record
             rec = _deferred.adopt(model)
@@ -192,7 +192,10 @@ class Engine:
         object.__setattr__(model, "_strata_sharded", True)  # not a module attribute: no state_dict entry
         _capi.check(_lib.strata_engine_finalize(self.handle))
         if created is not None:
-            created.load(self)  # the recorded construction replayed into the engine, one tensor at a time
+            # the recorded construction replayed into the engine, one tensor at a time; of a model loaded from
+            # `pretrained`, only what the checkpoint does not supply (docs/decisions/0034, "Pretrained at creation")
+            created.load(self, frozenset() if pretrained is None else
+                         self._closed_on_error(_pretrained.supplied, self, pretrained, pretrained_strict))
             for u in self.units:
                 u.clear()
         else:
@@ -208,6 +211,18 @@ class Engine:
         self._install_hooks()
         _gathered.install(self)  # model.state_dict() / load_state_dict(), GatheredParameters, .grad markers
         _sharded.guard_apply(self)  # model.to(dtype or device) refused (Note [Parameters between uses])
+        # st.shard(..., pretrained=DIR): load_pretrained's {"missing_keys", "unexpected_keys"}, else None
+        self.pretrained_keys = None if pretrained is None else \
+            self._closed_on_error(self.load_pretrained, pretrained, pretrained_strict)
+
+    def _closed_on_error(self, fn, *args):
+        """fn(*args) of st.shard(..., pretrained=): a checkpoint the ranks refuse together closes the engine (the
+        caller never gets it) before the error is raised."""
+        try:
+            return fn(*args)
+        except (_pretrained.CheckpointError, OSError):
+            self.close()
+            raise
 
     # ---- set-up ----
     def refresh_fp32(self):

@@ -198,6 +198,16 @@ def _agree(error):
         raise CheckpointError("strata: load_pretrained: " + "; ".join(dict.fromkeys(errors)))
 
 
+def supplied(engine, directory, strict=True):
+    """The ids of the parameters a load_pretrained(engine, directory, strict) would write (collective: the
+    ranks check the checkpoint together, and its errors are raised here as load_pretrained raises them), for
+    st.shard(factory, config, pretrained=DIR), which then replays only the rest (_created.Created.load)."""
+    plan, files, _, _ = _plan(engine, directory, strict)
+    for f in files:
+        f.close()
+    return frozenset(id(t) for t, src, _, _ in plan if src is not None)
+
+
 def load_pretrained(engine, directory, strict=True):
     """Engine.load_pretrained: Note [Pretrained into shards]. Collective."""
     from strata.torch._gathered import refuse_while_gathered  # noqa: PLC0415
@@ -205,6 +215,29 @@ def load_pretrained(engine, directory, strict=True):
     if why is not None:
         raise RuntimeError(f"strata: load_pretrained() in the middle of a step ({why}); call it between steps")
     refuse_while_gathered(engine, "load_pretrained()")
+    plan, files, missing, unexpected = _plan(engine, directory, strict)
+    try:
+        error = None
+        try:
+            for t, src, e, _ in plan:
+                if src is None:  # a buffer: whole, every rank
+                    with torch.no_grad():
+                        t.copy_(e.file.read(e, 0, t.numel()).view(t.shape).to(t.dtype))
+            _load_held(engine, [(src, e, at) for _, src, e, at in plan if src is not None], files)
+        except CheckpointError as e:
+            error = f"rank {_comm.rank()}: {e}"
+        except _capi.StrataError as e:
+            error = f"rank {_comm.rank()}: {_message(e)}"
+        _agree(error)
+    finally:
+        for f in files:
+            f.close()
+    return {"missing_keys": missing, "unexpected_keys": unexpected}
+
+
+def _plan(engine, directory, strict):
+    """The checkpoint opened and matched to the model, every rank agreeing (collective): [(tensor, (unit, index)
+    or None for a buffer, _Entry, at)], the open files (the caller closes them), missing and unexpected names."""
     model = engine.model
     where = {id(p): (u.id, i) for u in engine.units for i, p in enumerate(u.spec.params)}
     shapes = {id(p): tuple(u.layout.shapes[i]) for u in engine.units for i, p in enumerate(u.spec.params)}
@@ -250,29 +283,19 @@ def load_pretrained(engine, directory, strict=True):
                 part for part in (f"missing {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "")
                                   if missing else "",
                                   f"unexpected {', '.join(unexpected[:8])}" + (" ..." if len(unexpected) > 8 else "")
-                                  if unexpected else "") if part) + " (strict=False loads what matches)")
+                                  if unexpected else "") if part) +
+                " (strict=False, or st.shard's pretrained_strict=False, loads what matches)")
     except (CheckpointError, NotImplementedError) as e:
         error = f"rank {_comm.rank()}: {e}"
     except OSError as e:
         error = f"rank {_comm.rank()}: {directory}: {e}"
     try:
         _agree(error)  # every rank checked the same files: all go on, or all stop
-        error = None
-        try:
-            for t, src, e, _ in plan:
-                if src is None:  # a buffer: whole, every rank
-                    with torch.no_grad():
-                        t.copy_(e.file.read(e, 0, t.numel()).view(t.shape).to(t.dtype))
-            _load_held(engine, [(src, e, at) for _, src, e, at in plan if src is not None], files)
-        except CheckpointError as e:
-            error = f"rank {_comm.rank()}: {e}"
-        except _capi.StrataError as e:
-            error = f"rank {_comm.rank()}: {_message(e)}"
-        _agree(error)
-    finally:
+    except BaseException:
         for f in files:
             f.close()
-    return {"missing_keys": missing, "unexpected_keys": unexpected}
+        raise
+    return plan, files, missing, unexpected
 
 
 def _tiled(pieces, name, shape):
