@@ -86,8 +86,12 @@ void AsyncSaver::Run(AsyncSaveJob job) {
     std::lock_guard<std::mutex> lock(mu_);
     spare_ = std::move(job.snapshot.buffers);  // for the next snapshot (TakeSpareBuffers)
   }
-  absl::Status outcome =
-      PublishCheckpoint(*control_, *stream_, job.step_dir, mine, local, [&] { return std::move(job.manifest); });
+  absl::StatusOr<ShardReports> reports = GatherShardReports(*control_, *stream_, mine, local);
+  absl::Status outcome = reports.status();
+  if (reports.ok()) {
+    // The manifest was built with the snapshot; it is used where the reports ask for it (rank 0).
+    outcome = PublishCheckpoint(*control_, *stream_, job.step_dir, *reports, local, std::move(job.manifest));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   outcome_ = std::move(outcome);
   running_ = false;

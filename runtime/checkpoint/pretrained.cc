@@ -216,17 +216,8 @@ absl::Status CheckReadableAsF32(const PretrainedCheckpoint& c, size_t tensor) {
 
 namespace {
 
-// One staging buffer's worth of reads: pieces of ranges, each at an 8-aligned offset in the buffer.
-struct Piece {
-  size_t range = 0;
-  uint64_t first = 0;  // element
-  uint64_t count = 0;
-  uint64_t at = 0;  // byte offset in the buffer
-};
-struct Batch {
-  std::vector<Piece> pieces;
-  uint64_t bytes = 0;
-};
+using Piece = RangeReader::Piece;
+using Batch = RangeReader::Batch;
 
 absl::Status CheckRanges(const PretrainedCheckpoint& c, absl::Span<const RangeToRead> ranges) {
   for (const RangeToRead& r : ranges) {
@@ -282,122 +273,189 @@ void Convert(const std::string& dtype, const char* src, uint64_t count, float* o
   }
 }
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
 }  // namespace
 
-absl::StatusOr<RangeReadStats> ReadRangesF32(const PretrainedCheckpoint& checkpoint,
-                                             absl::Span<const RangeToRead> ranges, const RangeReadOptions& options,
-                                             const RangeSink& sink) {
-  const auto start = std::chrono::steady_clock::now();
+RangeReader::RangeReader(const PretrainedCheckpoint& checkpoint, absl::Span<const RangeToRead> ranges)
+    : checkpoint_(checkpoint), ranges_(ranges.begin(), ranges.end()), start_(std::chrono::steady_clock::now()) {}
+
+RangeReader::~RangeReader() {
+  for (const offload::IoWork& w : in_flight_) w.Wait().IgnoreError();  // nothing in flight when the buffers go
+}
+
+absl::StatusOr<std::unique_ptr<RangeReader>> RangeReader::Open(const PretrainedCheckpoint& checkpoint,
+                                                               absl::Span<const RangeToRead> ranges,
+                                                               const RangeReadOptions& options) {
+  std::unique_ptr<RangeReader> r(new RangeReader(checkpoint, ranges));
   STRATA_RETURN_IF_ERROR(CheckRanges(checkpoint, ranges));
-  const uint64_t buffer_bytes = std::max<uint64_t>(4096, (options.staging_bytes + 4095) & ~uint64_t{4095});
-  const size_t buffer_count = std::max<uint32_t>(1, options.staging_buffers);
-  const std::vector<Batch> batches = Plan(checkpoint, ranges, buffer_bytes, options.request_bytes);
-  RangeReadStats stats;
-  // The staging region outlives the queue, whose destructor waits for every request still in flight.
-  std::unique_ptr<char, FreeDeleter> region(static_cast<char*>(std::aligned_alloc(4096, buffer_bytes * buffer_count)));
-  if (region == nullptr) {
+  r->buffer_bytes_ = std::max<uint64_t>(4096, (options.staging_bytes + 4095) & ~uint64_t{4095});
+  r->buffer_count_ = std::max<uint32_t>(1, options.staging_buffers);
+  r->batches_ = Plan(checkpoint, ranges, r->buffer_bytes_, options.request_bytes);
+  r->region_ = std::unique_ptr<char, void (*)(void*)>(
+      static_cast<char*>(std::aligned_alloc(4096, r->buffer_bytes_ * r->buffer_count_)), std::free);
+  if (r->region_ == nullptr) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("no host memory for ", buffer_count, " staging buffers of ", buffer_bytes, " bytes"));
+        absl::StrCat("no host memory for ", r->buffer_count_, " staging buffers of ", r->buffer_bytes_, " bytes"));
   }
   offload::IoQueueOptions qo;
   qo.backend = options.backend;
   qo.depth = std::max<uint32_t>(1, options.depth);
   qo.name = "pretrained";
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::IoQueue> queue, offload::CreateIoQueue(qo));
-  queue->SetFaults(options.faults);
+  STRATA_ASSIGN_OR_RETURN(r->queue_, offload::CreateIoQueue(qo));
+  r->queue_->SetFaults(options.faults);
   std::vector<memory::BufferView> views;
-  for (size_t i = 0; i < buffer_count; ++i) {
-    views.push_back(memory::BufferView{region.get() + i * buffer_bytes, buffer_bytes, memory::Tier::kPinnedHost});
+  for (size_t i = 0; i < r->buffer_count_; ++i) {
+    views.push_back(
+        memory::BufferView{r->region_.get() + i * r->buffer_bytes_, r->buffer_bytes_, memory::Tier::kPinnedHost});
   }
-  stats.registered = queue->backend() == offload::IoBackend::kUring && queue->RegisterBuffers(views).ok();
-  stats.backend = queue->description();
+  r->stats_.registered = r->queue_->backend() == offload::IoBackend::kUring && r->queue_->RegisterBuffers(views).ok();
+  r->stats_.backend = r->queue_->description();
+  for (; r->next_ < r->batches_.size() && r->next_ < r->buffer_count_; ++r->next_) r->Submit(r->next_);
+  return r;
+}
 
-  auto submit = [&](size_t b) {
-    char* base = region.get() + (b % buffer_count) * buffer_bytes;
-    std::vector<offload::IoRequest> requests;
-    for (const Piece& p : batches[b].pieces) {
-      const RangeToRead& r = ranges[p.range];
-      const auto& t = checkpoint.tensors()[r.tensor];
-      const auto& f = checkpoint.files()[t.file];
-      const uint64_t esize = ElementBytes(t.info.dtype);
-      requests.push_back(offload::IoRequest{offload::IoOp::kRead, f.fd, f.path.c_str(), base + p.at, p.count * esize,
-                                            f.data_start + t.info.begin + p.first * esize});
-    }
-    return queue->Submit(requests);
-  };
-  std::deque<offload::IoWork> in_flight;
-  size_t next = 0;
-  for (; next < batches.size() && next < buffer_count; ++next) in_flight.push_back(submit(next));
-  std::vector<float> values;
-  absl::Status status;
-  for (size_t b = 0; b < batches.size() && status.ok(); ++b) {
-    status = in_flight.front().Wait();
-    in_flight.pop_front();
-    const char* base = region.get() + (b % buffer_count) * buffer_bytes;
-    for (size_t i = 0; i < batches[b].pieces.size() && status.ok(); ++i) {
-      const Piece& p = batches[b].pieces[i];
-      const RangeToRead& r = ranges[p.range];
-      const auto& t = checkpoint.tensors()[r.tensor];
-      values.resize(p.count);
-      Convert(t.info.dtype, base + p.at, p.count, values.data());
-      status = sink(r, p.first, values.data(), p.count);
-      stats.elements += p.count;
-    }
-    if (status.ok() && next < batches.size()) in_flight.push_back(submit(next++));
+void RangeReader::Submit(size_t b) {
+  char* base = region_.get() + (b % buffer_count_) * buffer_bytes_;
+  std::vector<offload::IoRequest> requests;
+  for (const Piece& p : batches_[b].pieces) {
+    const RangeToRead& r = ranges_[p.range];
+    const auto& t = checkpoint_.tensors()[r.tensor];
+    const auto& f = checkpoint_.files()[t.file];
+    const uint64_t esize = ElementBytes(t.info.dtype);
+    requests.push_back(offload::IoRequest{offload::IoOp::kRead, f.fd, f.path.c_str(), base + p.at, p.count * esize,
+                                          f.data_start + t.info.begin + p.first * esize});
   }
-  for (const offload::IoWork& w : in_flight) w.Wait().IgnoreError();  // nothing in flight when the buffers go
-  if (!status.ok()) return status;
-  const offload::IoQueueStats q = queue->stats();
+  in_flight_.push_back(queue_->Submit(requests));
+}
+
+const RangeReader::Piece& RangeReader::piece() const { return batches_[batch_].pieces[piece_]; }
+
+void RangeReader::Hand() {
+  const Piece& p = piece();
+  const char* base = region_.get() + (batch_ % buffer_count_) * buffer_bytes_;
+  values_.resize(p.count);
+  Convert(checkpoint_.tensors()[ranges_[p.range].tensor].info.dtype, base + p.at, p.count, values_.data());
+  stats_.elements += p.count;
+}
+
+absl::StatusOr<bool> RangeReader::Next() {
+  STRATA_RETURN_IF_ERROR(failed_);
+  if (in_batch_) {
+    if (++piece_ < batches_[batch_].pieces.size()) {
+      Hand();
+      return true;
+    }
+    // The caller is done with the batch's buffer: the next batch is read into it.
+    in_batch_ = false;
+    if (next_ < batches_.size()) Submit(next_++);
+    ++batch_;
+  }
+  while (batch_ < batches_.size()) {
+    failed_ = in_flight_.front().Wait();
+    in_flight_.pop_front();
+    STRATA_RETURN_IF_ERROR(failed_);
+    if (!batches_[batch_].pieces.empty()) {
+      in_batch_ = true;
+      piece_ = 0;
+      Hand();
+      return true;
+    }
+    if (next_ < batches_.size()) Submit(next_++);
+    ++batch_;
+  }
+  return false;
+}
+
+absl::StatusOr<RangeReadStats> RangeReader::Finish() {
+  if (in_batch_ || batch_ < batches_.size() || !failed_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("reading byte ranges: finished after ", batch_, " of ",
+                                                      batches_.size(), " batches, before the last piece"));
+  }
+  RangeReadStats stats = stats_;
+  const offload::IoQueueStats q = queue_->stats();
   stats.bytes_read = q.bytes_read;
   stats.requests = q.requests;
   stats.fixed_buffer_ios = q.fixed_buffer_ios;
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   return stats;
 }
 
-absl::StatusOr<std::vector<std::string>> WriteSafetensorsDir(const std::string& dir,
-                                                             const std::vector<TensorToWrite>& tensors,
-                                                             uint64_t max_shard_bytes,
-                                                             const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<SafetensorsDirWriter> SafetensorsDirWriter::Begin(const std::string& dir,
+                                                                 std::vector<TensorToWrite> tensors,
+                                                                 uint64_t max_shard_bytes,
+                                                                 const std::map<std::string, std::string>& metadata) {
   if (max_shard_bytes == 0) return absl::InvalidArgumentError("the maximum shard size is 0 bytes");
   STRATA_RETURN_IF_ERROR(MakeDirs(dir));
+  SafetensorsDirWriter w;
+  w.dir_ = dir;
+  w.metadata_ = metadata;
   // The plan from shapes alone: which tensors go to which file.
-  std::vector<std::vector<size_t>> shards(1);
-  uint64_t in_shard = 0, total = 0;
+  w.files_.resize(1);
+  uint64_t in_shard = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    uint64_t bytes = 4;
-    for (int64_t d : tensors[i].shape) bytes *= static_cast<uint64_t>(d);
-    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
-      shards.emplace_back();
+    const uint64_t bytes = 4 * tensors[i].numel();
+    if (!w.files_.back().empty() && in_shard + bytes > max_shard_bytes) {
+      w.files_.emplace_back();
       in_shard = 0;
     }
-    shards.back().push_back(i);
+    w.files_.back().push_back(i);
     in_shard += bytes;
-    total += bytes;
+    w.total_ += bytes;
   }
-  const size_t n = shards.size();
-  std::vector<std::string> names;
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  const size_t n = w.files_.size();
   for (size_t k = 0; k < n; ++k) {
-    const std::string name = n == 1 ? kSafetensorsFileName
-                                    : absl::StrCat("model-", absl::Dec(k + 1, absl::kZeroPad5), "-of-",
-                                                   absl::Dec(n, absl::kZeroPad5), ".safetensors");
-    std::vector<TensorToWrite> part;
-    for (size_t i : shards[k]) {
-      part.push_back(tensors[i]);
-      weight_map[tensors[i].name] = name;
-    }
-    STRATA_RETURN_IF_ERROR(WriteSafetensors((std::filesystem::path(dir) / name).string(), part, metadata));
-    names.push_back(name);
+    w.names_.push_back(n == 1 ? kSafetensorsFileName
+                              : absl::StrCat("model-", absl::Dec(k + 1, absl::kZeroPad5), "-of-",
+                                             absl::Dec(n, absl::kZeroPad5), ".safetensors"));
   }
+  w.tensors_ = std::move(tensors);
+  STRATA_RETURN_IF_ERROR(w.OpenFile());
+  return w;
+}
+
+absl::Status SafetensorsDirWriter::OpenFile() {
+  std::vector<TensorToWrite> part;
+  for (size_t i : files_[file_]) part.push_back(tensors_[i]);
+  STRATA_ASSIGN_OR_RETURN(writer_, SafetensorsWriter::Begin((std::filesystem::path(dir_) / names_[file_]).string(),
+                                                            std::move(part), metadata_));
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsDirWriter::WriteTensor(absl::Span<const float> values) {
+  if (!writer_.has_value() || next() == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("exporting to '", dir_, "': a tensor written after ", next_,
+                                                      " of ", tensors_.size(), ", with no file open"));
+  }
+  STRATA_RETURN_IF_ERROR(writer_->WriteTensor(values));
+  ++next_;
+  if (writer_->next() != nullptr) return absl::OkStatus();
+  // The file's last tensor: it goes into place, and the next file opens.
+  absl::Status s = writer_->Finish();
+  writer_.reset();
+  if (s.ok() && ++file_ < files_.size()) s = OpenFile();
+  return s;
+}
+
+absl::StatusOr<std::vector<std::string>> SafetensorsDirWriter::Finish() {
+  if (next() != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("exporting to '", dir_, "': finished after ", next_, " of ", tensors_.size(), " tensors"));
+  }
+  if (writer_.has_value()) {  // a file without tensors: no tensors at all
+    absl::Status s = writer_->Finish();
+    writer_.reset();
+    STRATA_RETURN_IF_ERROR(s);
+  }
+  std::vector<std::string> names = names_;
+  const size_t n = files_.size();
+  const std::string& dir = dir_;
   if (n > 1) {
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (size_t k = 0; k < n; ++k) {
+      for (size_t i : files_[k]) weight_map[tensors_[i].name] = names_[k];
+    }
     nlohmann::ordered_json index;
-    index["metadata"]["total_size"] = total;
-    for (const auto& [k, v] : metadata) index["metadata"][k] = v;
+    index["metadata"]["total_size"] = total_;
+    for (const auto& [k, v] : metadata_) index["metadata"][k] = v;
     index["weight_map"] = weight_map;
     STRATA_RETURN_IF_ERROR(
         WriteFileAtomic((std::filesystem::path(dir) / kSafetensorsIndexName).string(), index.dump(2) + "\n"));

@@ -53,34 +53,40 @@ absl::Status CheckShardsVisible(const std::string& step_dir, const std::vector<S
 
 }  // namespace
 
-absl::Status PublishCheckpoint(comm::Communicator& control, device::Stream& stream, const std::string& step_dir,
-                               ShardReport mine, const absl::Status& local, const std::function<Manifest()>& manifest) {
+absl::StatusOr<ShardReports> GatherShardReports(comm::Communicator& control, device::Stream& stream, ShardReport mine,
+                                                const absl::Status& local) {
   mine.ok = local.ok() ? 1 : 0;
   if (!local.ok()) {
     STRATA_LOG(Error) << "writing checkpoint shard: " << local.message();
   }
-  std::vector<ShardReport> all(control.size());
-  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(control, &mine, all.data(), sizeof(ShardReport), stream).Wait());
-  std::vector<int> failed;
+  ShardReports reports;
+  reports.all.resize(control.size());
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(control, &mine, reports.all.data(), sizeof(ShardReport), stream).Wait());
   for (int r = 0; r < control.size(); ++r) {
-    if (!all[r].ok) failed.push_back(r);
+    if (!reports.all[r].ok) reports.failed.push_back(r);
   }
+  reports.needs_manifest = control.rank() == 0 && reports.failed.empty();
+  return reports;
+}
+
+absl::Status PublishCheckpoint(comm::Communicator& control, device::Stream& stream, const std::string& step_dir,
+                               const ShardReports& reports, const absl::Status& local, Manifest manifest) {
   absl::Status published;  // rank 0's publication; every rank learns its outcome, with the cause
-  if (control.rank() == 0 && failed.empty()) {
-    Manifest man = manifest();
-    for (const ShardReport& report : all) {
+  if (reports.needs_manifest) {
+    Manifest& man = manifest;
+    for (const ShardReport& report : reports.all) {
       if (report.shard >= 0)
         man.shards.push_back({report.shard, ShardName(report.shard), report.bytes, report.checksum});
     }
-    published = CheckShardsVisible(step_dir, all, control.options().timeout_ms);
+    published = CheckShardsVisible(step_dir, reports.all, control.options().timeout_ms);
     const std::string manifest_path = (std::filesystem::path(step_dir) / kManifestName).string();
     if (published.ok()) published = Annotate(WriteFileAtomic(manifest_path, ToJson(man)), "writing the manifest");
   }
   const absl::Status agreed = comm::AgreeOnOutcome(published, "publishing the checkpoint", control, stream);
-  if (!failed.empty()) {
+  if (!reports.failed.empty()) {
     return absl::Status(
         local.ok() ? absl::StatusCode::kAborted : local.code(),
-        absl::StrCat("checkpoint '", step_dir, "' was not published: rank(s) ", absl::StrJoin(failed, ","),
+        absl::StrCat("checkpoint '", step_dir, "' was not published: rank(s) ", absl::StrJoin(reports.failed, ","),
                      " could not write their shard", local.ok() ? "" : absl::StrCat(" (here: ", local.message(), ")")));
   }
   return Annotate(agreed, absl::StrCat("checkpoint '", step_dir, "' was not published"));

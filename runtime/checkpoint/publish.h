@@ -10,10 +10,11 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/comm/communicator.h"
 
@@ -31,11 +32,24 @@ struct ShardReport {
   uint32_t unused = 0;
 };
 
-// Every rank of `control`, after writing its shard into `step_dir`: `mine` is what it wrote and `local`
-// its outcome (OK, or why it wrote nothing). On rank 0, when every rank succeeded, `manifest()` gives
-// the manifest without its shards, which are filled from the reports. Returns the agreed verdict, the
-// same on every rank, naming `step_dir` when nothing was published.
+// What every rank wrote, as the first phase of publishing gathered it.
+struct ShardReports {
+  std::vector<ShardReport> all;  // by rank of `control`
+  std::vector<int> failed;       // the ranks that could not write their shard
+  // Rank 0 when every rank succeeded: the caller builds the manifest and hands it to PublishCheckpoint.
+  bool needs_manifest = false;
+};
+
+// Publishing in two phases, the caller between them (docs/design.md "Calls only descend": the manifest is
+// the caller's, built by it, not called back). Every rank of `control`, after writing its shard into
+// `step_dir`: `mine` is what it wrote and `local` its outcome (OK, or why it wrote nothing, logged here).
+// GatherShardReports all-gathers the reports; where `needs_manifest`, the caller then builds the manifest
+// without its shards, and PublishCheckpoint (every rank) fills them from the reports, writes it, and returns
+// the agreed verdict, the same on every rank, naming `step_dir` when nothing was published. `manifest` is read
+// only where `needs_manifest` (elsewhere a default Manifest).
+absl::StatusOr<ShardReports> GatherShardReports(comm::Communicator& control, device::Stream& stream, ShardReport mine,
+                                                const absl::Status& local);
 absl::Status PublishCheckpoint(comm::Communicator& control, device::Stream& stream, const std::string& step_dir,
-                               ShardReport mine, const absl::Status& local, const std::function<Manifest()>& manifest);
+                               const ShardReports& reports, const absl::Status& local, Manifest manifest);
 
 }  // namespace strata::checkpoint

@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <filesystem>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -246,6 +247,12 @@ absl::StatusOr<std::vector<float>> SafetensorsReader::ReadF32(const TensorInfo& 
   return out;
 }
 
+uint64_t TensorToWrite::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
 namespace {
 
 std::string HeaderJson(const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata) {
@@ -253,8 +260,7 @@ std::string HeaderJson(const std::vector<TensorToWrite>& tensors, const std::map
   if (!metadata.empty()) j["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    uint64_t n = 1;
-    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    const uint64_t n = t.numel();
     j[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * n}}};
     offset += 4 * n;
   }
@@ -277,42 +283,91 @@ absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& pat
   return absl::OkStatus();
 }
 
-absl::Status WriteBody(int fd, const std::string& tmp, const std::vector<TensorToWrite>& tensors,
-                       const std::string& header) {
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  STRATA_RETURN_IF_ERROR(WriteAll(fd, len, 8, tmp));
-  STRATA_RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), tmp));
-  for (const auto& t : tensors) {
-    uint64_t n = 1;
-    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> v, t.fetch());
-    if (v.size() != n) {
-      return absl::InternalError(absl::StrCat("tensor '", t.name, "' produced ", v.size(), " values for ", n));
-    }
-    STRATA_RETURN_IF_ERROR(WriteAll(fd, v.data(), v.size() * 4, tmp));
-  }
-  if (::fsync(fd) != 0) return Annotate(ErrnoError("fsync", errno, __FILE__, __LINE__), tmp);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Begin(const std::string& path, std::vector<TensorToWrite> tensors,
+                                                           const std::map<std::string, std::string>& metadata) {
   const std::string parent = std::filesystem::path(path).parent_path().string();
   if (!parent.empty()) STRATA_RETURN_IF_ERROR(MakeDirs(parent));
   STRATA_RETURN_IF_ERROR(CheckReplaceable(path));
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), absl::StrCat("writing '", path, "'"));
-  absl::Status s = WriteBody(fd, tmp, tensors, HeaderJson(tensors, metadata));
-  if (::close(fd) != 0 && s.ok()) s = Annotate(ErrnoError("close", errno, __FILE__, __LINE__), tmp);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = Annotate(ErrnoError("rename", errno, __FILE__, __LINE__), absl::StrCat(tmp, " -> ", path));
+  SafetensorsWriter w;
+  w.path_ = path;
+  w.tmp_ = absl::StrCat(path, ".tmp.", ::getpid());
+  w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w.fd_ < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), absl::StrCat("writing '", path, "'"));
+  w.tensors_ = std::move(tensors);
+  const std::string header = HeaderJson(w.tensors_, metadata);
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+  absl::Status s = WriteAll(w.fd_, len, 8, w.tmp_);
+  if (s.ok()) s = WriteAll(w.fd_, header.data(), header.size(), w.tmp_);
+  if (!s.ok()) return w.Fail(std::move(s));
+  return w;
+}
+
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept { *this = std::move(other); }
+
+SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexcept {
+  if (this != &other) {
+    Abandon();  // this one's file, if it was writing one
+    path_ = std::move(other.path_);
+    tmp_ = std::move(other.tmp_);
+    fd_ = std::exchange(other.fd_, -1);
+    tensors_ = std::move(other.tensors_);
+    next_ = other.next_;
   }
-  if (!s.ok()) ::unlink(tmp.c_str());
+  return *this;
+}
+
+SafetensorsWriter::~SafetensorsWriter() { Abandon(); }
+
+void SafetensorsWriter::Abandon() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+  fd_ = -1;
+}
+
+absl::Status SafetensorsWriter::Fail(absl::Status s) {
+  if (!s.ok()) Abandon();
   return s;
 }
 
+absl::Status SafetensorsWriter::CheckOpen(const char* what) const {
+  if (fd_ >= 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("safetensors file '", path_, "': ", what, " after the writer failed or finished"));
+}
+
+absl::Status SafetensorsWriter::WriteTensor(absl::Span<const float> values) {
+  STRATA_RETURN_IF_ERROR(CheckOpen("WriteTensor"));
+  const TensorToWrite* t = next();
+  if (t == nullptr) {
+    return Fail(absl::InternalError(
+        absl::StrCat("safetensors file '", path_, "': a tensor written after its ", tensors_.size(), " tensors")));
+  }
+  if (values.size() != t->numel()) {
+    return Fail(absl::InternalError(
+        absl::StrCat("tensor '", t->name, "' produced ", values.size(), " values for ", t->numel())));
+  }
+  STRATA_RETURN_IF_ERROR(Fail(WriteAll(fd_, values.data(), values.size() * 4, tmp_)));
+  ++next_;
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Finish() {
+  STRATA_RETURN_IF_ERROR(CheckOpen("Finish"));
+  if (next() != nullptr) {
+    return Fail(absl::InternalError(absl::StrCat("safetensors file '", path_, "': finished after ", next_, " of its ",
+                                                 tensors_.size(), " tensors")));
+  }
+  if (::fsync(fd_) != 0) return Fail(Annotate(ErrnoError("fsync", errno, __FILE__, __LINE__), tmp_));
+  absl::Status s;
+  if (::close(std::exchange(fd_, -1)) != 0) s = Annotate(ErrnoError("close", errno, __FILE__, __LINE__), tmp_);
+  if (s.ok() && ::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    s = Annotate(ErrnoError("rename", errno, __FILE__, __LINE__), absl::StrCat(tmp_, " -> ", path_));
+  }
+  if (!s.ok()) ::unlink(tmp_.c_str());
+  return s;
+}
 }  // namespace strata::checkpoint

@@ -6,19 +6,19 @@
 // (nesting, duplicate names), field types, dtypes, checked shape sizes, that each tensor's byte range
 // matches its shape and lies inside the file, and that the ranges tile the data section (no overlap, gap or
 // trailing byte: the format's rule), shapes of at most 64 dimensions. Every
-// error names the file and the tensor. The writer streams tensors one at a time (a whole model is never
-// staged in memory), writes to a temporary name, fsyncs and renames, so a crash never leaves a partial
-// file under the final name.
+// error names the file and the tensor. The writer (SafetensorsWriter) takes tensors one at a time from its
+// caller (a whole model is never staged in memory), writes to a temporary name, fsyncs and renames, so a
+// crash never leaves a partial file under the final name.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace strata::checkpoint {
 
@@ -65,15 +65,45 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
+// The name and shape of one F32 tensor a SafetensorsWriter writes.
 struct TensorToWrite {
   std::string name;
   std::vector<int64_t> shape;
-  // Fills exactly numel floats for this tensor when the writer reaches it.
-  std::function<absl::StatusOr<std::vector<float>>()> fetch;
+  uint64_t numel() const;
 };
 
-// Writes F32 tensors in the given order. `metadata` goes to "__metadata__".
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+// Writes F32 tensors in the order given, streamed: the caller hands over each tensor's values in turn
+// (WriteTensor), so one tensor is in memory at a time, and the writer only takes data (docs/design.md "Calls
+// only descend"; it used to call a fetch function of each tensor back). Begin creates the file under a
+// temporary name and writes the header; Finish fsyncs it and renames it to `path`. A writer destroyed before
+// Finish (its caller failed) or whose write failed removes the temporary, so no partial file is ever left
+// under the final name.
+class SafetensorsWriter {
+ public:
+  // `metadata` goes to "__metadata__". Refuses to replace anything but a regular file.
+  static absl::StatusOr<SafetensorsWriter> Begin(const std::string& path, std::vector<TensorToWrite> tensors,
+                                                 const std::map<std::string, std::string>& metadata = {});
+  SafetensorsWriter(SafetensorsWriter&& other) noexcept;
+  SafetensorsWriter& operator=(SafetensorsWriter&& other) noexcept;
+  ~SafetensorsWriter();
+
+  // The tensor the next WriteTensor writes; nullptr once every tensor is written.
+  const TensorToWrite* next() const { return next_ < tensors_.size() ? &tensors_[next_] : nullptr; }
+  // The next tensor's values: exactly its numel() of them.
+  absl::Status WriteTensor(absl::Span<const float> values);
+  // After the last tensor: fsync, close and rename to the final path.
+  absl::Status Finish();
+
+ private:
+  SafetensorsWriter() = default;
+  void Abandon();                     // closes and removes the temporary, if it is open
+  absl::Status Fail(absl::Status s);  // Abandon unless s is OK; returns s
+  absl::Status CheckOpen(const char* what) const;
+
+  std::string path_, tmp_;
+  int fd_ = -1;
+  std::vector<TensorToWrite> tensors_;
+  size_t next_ = 0;
+};
 
 }  // namespace strata::checkpoint

@@ -228,13 +228,11 @@ absl::Status CheckRegistrations(Engine::Impl& m) {
 // Initial values of what the rank holds: its own range for stage 3, everything for the replicated stages.
 absl::Status InitParams(Engine::Impl& m, UnitState& u) {
   const size_t lo = u.ext.param_begin, hi = lo + u.ext.param_elems;
-  return m.storage.ParamStorage(
-      u, 0, u.ext.param_elems * m.storage.param_bytes(),
-      [&](char* params) {
-        InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
-        return absl::OkStatus();
-      },
-      /*keep=*/false);
+  STRATA_ASSIGN_OR_RETURN(char* params,
+                          m.storage.OpenParams(u, 0, u.ext.param_elems * m.storage.param_bytes(), /*keep=*/false));
+  if (params == nullptr) return absl::OkStatus();
+  InitRange(u, m.cfg.seed, lo, hi, nullptr, params, m.cfg.param_dtype);
+  return m.storage.CloseParams(absl::OkStatus());
 }
 
 // `held` receives the unit's master and state buffers, which the StateStore takes over (SetUpState); a
@@ -478,8 +476,8 @@ bool Covers(std::vector<std::pair<size_t, size_t>> pieces, size_t lo, size_t hi)
 
 // Note [Unit-at-once writes]. SetParamRanges writes a unit's master and its parameter storage once for all the
 // ranges it is given (docs/decisions/0043-unit-at-once-param-writes.md). Off the host tiers each of them is
-// staged whole: the NVMe master tile by tile (StateStore::Edit), an NVMe parameter shard through the shard cache
-// (written through whole), so writing a unit range by range moved the whole unit once per range. The master is
+// staged whole: the NVMe master tile by tile (StateStore::Read / Write), an NVMe parameter shard through the shard
+// cache (written through whole), so writing a unit range by range moved the whole unit once per range. The master is
 // read first only when the ranges leave part of its update range as it was; the parameter storage is opened
 // over the ranges' cover, read first (keep) only when that cover has gaps. A frozen unit's master is its
 // parameter storage (Note [Frozen units] in placement.h), which holds its update range, so the parameter write
@@ -527,8 +525,12 @@ absl::Status Engine::SetParamRanges(int unit, absl::Span<const ParamValues> rang
       std::vector<float> master(hi - lo);
       set_master(master.data());
       STRATA_RETURN_IF_ERROR(u.state->Write(u, optim::StateKind::kMaster, master));
-    } else {
-      STRATA_RETURN_IF_ERROR(u.state->Edit(u, optim::StateKind::kMaster, set_master, /*write_back=*/true));
+    } else if (const auto lent = u.state->Lend(u, optim::StateKind::kMaster)) {  // in place
+      set_master(lent->data());
+    } else {  // staged: read, set, written back
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> master, u.state->Read(u, optim::StateKind::kMaster));
+      set_master(master.data());
+      STRATA_RETURN_IF_ERROR(u.state->Write(u, optim::StateKind::kMaster, master));
     }
   }
   // The given elements within what this rank holds, [b, e), from the storage's first element plo.
@@ -540,18 +542,17 @@ absl::Status Engine::SetParamRanges(int unit, absl::Span<const ParamValues> rang
     b = std::min(b, pb);
     e = std::max(e, pe);
   }
-  return m.storage.ParamStorage(
-      u, (b - plo) * m.storage.param_bytes(), (e - b) * m.storage.param_bytes(),
-      [&](char* params) {
-        for (size_t i = 0; i < ranges.size(); ++i) {
-          const size_t z = a[i] + ranges[i].count;
-          for (size_t j = std::max(b, a[i]); j < std::min(e, z); ++j) {
-            StoreAs(m.cfg.param_dtype, ranges[i].values[j - a[i]], params, j - b);
-          }
-        }
-        return absl::OkStatus();
-      },
-      /*keep=*/!Covers(to_params, b, e));
+  STRATA_ASSIGN_OR_RETURN(
+      char* params, m.storage.OpenParams(u, (b - plo) * m.storage.param_bytes(), (e - b) * m.storage.param_bytes(),
+                                         /*keep=*/!Covers(to_params, b, e)));
+  if (params == nullptr) return absl::OkStatus();
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const size_t z = a[i] + ranges[i].count;
+    for (size_t j = std::max(b, a[i]); j < std::min(e, z); ++j) {
+      StoreAs(m.cfg.param_dtype, ranges[i].values[j - a[i]], params, j - b);
+    }
+  }
+  return m.storage.CloseParams(absl::OkStatus());
 }
 
 absl::StatusOr<Engine::NvmeTraffic> Engine::nvme_traffic() {

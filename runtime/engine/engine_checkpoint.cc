@@ -108,9 +108,9 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
 }
 
 // Note [Asynchronous checkpoints]: the ranges WriteShard writes, with every unit's kinds copied into host
-// memory (StateOwner::Edit without write-back: in place from the host tiers, staged from the device or NVMe) instead
-// of one unit at a time. The copies go into `spare`, the buffers of the save before, when it has them: pages
-// touched once, so the copy is not slowed down by page faults on fresh memory.
+// memory (from what StateOwner::Lend lends on the host tiers; else staged by StateOwner::Read, from the device or
+// NVMe) instead of one unit at a time. The copies go into `spare`, the buffers of the save before, when it has
+// them: pages touched once, so the copy is not slowed down by page faults on fresh memory.
 absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::vector<float>> spare) {
   ShardPlan plan = PlanShard(m);
   ckpt::ShardSnapshot snap;
@@ -123,8 +123,12 @@ absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::v
         std::vector<float> values;
         if (snap.buffers.size() < spare.size()) values = std::move(spare[snap.buffers.size()]);
         values.resize(u.update_elems());
-        STRATA_RETURN_IF_ERROR(u.state->Edit(
-            u, k, [&](const float* p) { std::copy(p, p + values.size(), values.data()); }, /*write_back=*/false));
+        if (const auto lent = u.state->Lend(u, k)) {  // in place
+          std::copy(lent->begin(), lent->begin() + values.size(), values.data());
+        } else {  // staged
+          STRATA_ASSIGN_OR_RETURN(const std::vector<float> staged, u.state->Read(u, k));
+          std::copy(staged.begin(), staged.begin() + values.size(), values.data());
+        }
         snap.buffers.push_back(std::move(values));
       }
       staged_unit = plan.where[i].first;
@@ -226,8 +230,11 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
     local = WriteShard(m, (std::filesystem::path(step_dir) / ckpt::ShardName(m.rt.shard_rank)).string(), &mine.checksum,
                        &mine.bytes);
   }
-  return ckpt::PublishCheckpoint(*m.rt.control, *m.rt.control_stream, step_dir, mine, local,
-                                 [&] { return BuildManifest(m, trainer_json); });
+  STRATA_ASSIGN_OR_RETURN(const ckpt::ShardReports reports,
+                          ckpt::GatherShardReports(*m.rt.control, *m.rt.control_stream, mine, local));
+  ckpt::Manifest man;  // rank 0's, once every rank wrote its shard
+  if (reports.needs_manifest) man = BuildManifest(m, trainer_json);
+  return ckpt::PublishCheckpoint(*m.rt.control, *m.rt.control_stream, step_dir, reports, local, std::move(man));
 }
 
 absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std::string& trainer_json) {

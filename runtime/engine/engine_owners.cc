@@ -244,7 +244,7 @@ class UpdateAtStep : public UpdateOwner {
 // the last pending unit. The updates run on the trainer's thread, between hooks, so nothing else runs on
 // the state store, the parameter cache or the param storage's scratch meanwhile. The update writes the
 // unit's param storage (its shard at stage 3, its slice at stage 2, or the NVMe cache entry through
-// ParamStorage). Nothing can be reading it: the unit's own gather completed before its backward began
+// shard::ParamStorage). Nothing can be reading it: the unit's own gather completed before its backward began
 // (Gatherer::Ensure), and it has no later use in this step: this was its last backward use, every forward
 // use has its backward (EndMicroBatch), a forward after a backward is refused, and prefetch follows the
 // recorded schedule only to the end of the micro-batch (Schedule::Upcoming), so no gather of it is issued

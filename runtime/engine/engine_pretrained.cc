@@ -1,6 +1,7 @@
 // engine::LoadPretrained (pretrained_load.h): the engine's held ranges, read by runtime/checkpoint.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -73,27 +74,32 @@ absl::StatusOr<checkpoint::RangeReadStats> LoadPretrained(Engine& engine,
     pieces.clear();
     return s;
   };
-  STRATA_ASSIGN_OR_RETURN(
-      checkpoint::RangeReadStats stats,
-      checkpoint::ReadRangesF32(
-          checkpoint, ranges, options,
-          [&](const checkpoint::RangeToRead& r, uint64_t first, const float* values, size_t count) -> absl::Status {
-            for (size_t k = 0; k < count; ++k) {
-              if (!std::isfinite(values[k])) {
-                const auto& tensor = tensors[r.tensor];
-                return absl::InvalidArgumentError(absl::StrCat("weights file '", checkpoint.files()[tensor.file].path,
-                                                               "': tensor '", tensor.info.name, "' holds ", values[k],
-                                                               " at index ", first + k, "; weights must be finite"));
-              }
-            }
-            const PretrainedTarget& t = targets[static_cast<size_t>(r.tag)];
-            if (t.unit != staged_unit) STRATA_RETURN_IF_ERROR(flush());
-            staged_unit = t.unit;
-            pieces.push_back(Engine::ParamValues{t.param, t.at + first, nullptr, count});
-            starts.push_back(staged.size());
-            staged.insert(staged.end(), values, values + count);
-            return absl::OkStatus();
-          }));
+  // The values of each piece the reader hands back, checked and staged by unit.
+  auto take = [&](const checkpoint::RangeToRead& r, uint64_t first, absl::Span<const float> values) -> absl::Status {
+    for (size_t k = 0; k < values.size(); ++k) {
+      if (!std::isfinite(values[k])) {
+        const auto& tensor = tensors[r.tensor];
+        return absl::InvalidArgumentError(absl::StrCat("weights file '", checkpoint.files()[tensor.file].path,
+                                                       "': tensor '", tensor.info.name, "' holds ", values[k],
+                                                       " at index ", first + k, "; weights must be finite"));
+      }
+    }
+    const PretrainedTarget& t = targets[static_cast<size_t>(r.tag)];
+    if (t.unit != staged_unit) STRATA_RETURN_IF_ERROR(flush());
+    staged_unit = t.unit;
+    pieces.push_back(Engine::ParamValues{t.param, t.at + first, nullptr, values.size()});
+    starts.push_back(staged.size());
+    staged.insert(staged.end(), values.begin(), values.end());
+    return absl::OkStatus();
+  };
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::RangeReader> reader,
+                          checkpoint::RangeReader::Open(checkpoint, ranges, options));
+  while (true) {
+    STRATA_ASSIGN_OR_RETURN(const bool more, reader->Next());
+    if (!more) break;
+    STRATA_RETURN_IF_ERROR(take(reader->range(), reader->first(), reader->values()));
+  }
+  STRATA_ASSIGN_OR_RETURN(const checkpoint::RangeReadStats stats, reader->Finish());
   STRATA_RETURN_IF_ERROR(flush());
   return stats;
 }

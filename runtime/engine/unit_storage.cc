@@ -81,13 +81,14 @@ absl::Status UnitStorage::SetUpNvmeParams(const std::vector<UnitState>& units, i
   return absl::OkStatus();
 }
 
-absl::Status UnitStorage::ParamStorage(UnitState& u, size_t offset, size_t bytes,
-                                       const std::function<absl::Status(char* p)>& fn, bool keep) {
-  if (bytes == 0) return absl::OkStatus();
-  STRATA_ASSIGN_OR_RETURN(char* p, pstore.param_access.Open(ParamRangeOf(u, offset, bytes), keep));
-  const absl::Status s = fn(p);
-  STRATA_RETURN_IF_ERROR(pstore.param_access.Close(s.ok()));
-  return s;
+absl::StatusOr<char*> UnitStorage::OpenParams(UnitState& u, size_t offset, size_t bytes, bool keep) {
+  if (bytes == 0) return nullptr;
+  return pstore.param_access.Open(ParamRangeOf(u, offset, bytes), keep);
+}
+
+absl::Status UnitStorage::CloseParams(const absl::Status& done) {
+  STRATA_RETURN_IF_ERROR(pstore.param_access.Close(done.ok()));
+  return done;
 }
 
 shard::ParamRange UnitStorage::ParamRangeOf(UnitState& u, size_t offset, size_t bytes) const {
@@ -141,7 +142,7 @@ absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
       absl::StrCat("frozen unit '", u.layout.name, "' has no ", std::string(optim::StateKindName(kind))));
 }
 
-// A frozen unit's master (Note [Frozen units] in placement.h): ParamStorage hands out the range itself in
+// A frozen unit's master (Note [Frozen units] in placement.h): OpenParams hands out the range itself in
 // host memory, or a host copy (keep: read first); with NVMe params the cache writes the unchanged shard back,
 // which only checkpoints and exports pay. It has no other kind.
 class FrozenState : public StateOwner {
@@ -151,27 +152,21 @@ class FrozenState : public StateOwner {
   absl::StatusOr<std::vector<float>> Read(UnitState& u, optim::StateKind kind) override {
     if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
     std::vector<float> out(u.update_elems());
-    STRATA_RETURN_IF_ERROR(s_.ParamStorage(
-        u, s_.UpdateParamOffset(u), out.size() * s_.param_bytes(),
-        [&](char* params) {
-          for (size_t i = 0; i < out.size(); ++i) out[i] = LoadAs(s_.cfg.param_dtype, params, i);
-          return absl::OkStatus();
-        },
-        /*keep=*/true));
+    STRATA_ASSIGN_OR_RETURN(char* params,
+                            s_.OpenParams(u, s_.UpdateParamOffset(u), out.size() * s_.param_bytes(), /*keep=*/true));
+    if (params == nullptr) return out;
+    for (size_t i = 0; i < out.size(); ++i) out[i] = LoadAs(s_.cfg.param_dtype, params, i);
+    STRATA_RETURN_IF_ERROR(s_.CloseParams(absl::OkStatus()));
     return out;
   }
   absl::Status Write(UnitState& u, optim::StateKind kind, const std::vector<float>& values) override {
     if (kind != optim::StateKind::kMaster) return NoFrozenState(u, kind);
-    return s_.UpdateParamStorage(u, [&](char* params) {
-      return s_.rt.host_ops->Cast(s_.cfg.param_dtype, values.data(), params, values.size());
-    });
+    STRATA_ASSIGN_OR_RETURN(char* params, s_.OpenUpdateParams(u));
+    if (params == nullptr) return absl::OkStatus();
+    return s_.CloseParams(s_.rt.host_ops->Cast(s_.cfg.param_dtype, values.data(), params, values.size()));
   }
-  absl::Status Edit(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
-                    bool write_back) override {
-    STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, Read(u, kind));
-    fn(staged.data());
-    return write_back ? Write(u, kind, staged) : absl::OkStatus();
-  }
+  // Its master is staged (Read, then Write): the param storage, in the param dtype.
+  std::optional<absl::Span<float>> Lend(UnitState&, optim::StateKind) override { return std::nullopt; }
   absl::Status MasterToParams(UnitState&, const float*) override { return absl::OkStatus(); }
 
  private:
@@ -189,9 +184,8 @@ class TrainedState : public StateOwner {
   absl::Status Write(UnitState& u, optim::StateKind kind, const std::vector<float>& values) override {
     return s_.state->Write(u.index, kind, values);
   }
-  absl::Status Edit(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
-                    bool write_back) override {
-    return s_.state->Edit(u.index, kind, fn, write_back);
+  std::optional<absl::Span<float>> Lend(UnitState& u, optim::StateKind kind) override {
+    return s_.state->Lend(u.index, kind);
   }
   absl::Status MasterToParams(UnitState& u, const float* master) override { return s_.CastMasterToParams(u, master); }
 
@@ -216,8 +210,8 @@ size_t UnitStorage::UpdateParamOffset(const UnitState& u) const {
   return (u.ext.update_begin - u.ext.param_begin) * param_bytes();
 }
 
-absl::Status UnitStorage::UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn) {
-  return ParamStorage(u, UpdateParamOffset(u), u.update_elems() * param_bytes(), fn, /*keep=*/false);
+absl::StatusOr<char*> UnitStorage::OpenUpdateParams(UnitState& u) {
+  return OpenParams(u, UpdateParamOffset(u), u.update_elems() * param_bytes(), /*keep=*/false);
 }
 
 float* UnitStorage::MasterPtr(UnitState& u, const memory::Buffer& master) const {
@@ -227,11 +221,12 @@ float* UnitStorage::MasterPtr(UnitState& u, const memory::Buffer& master) const 
   return u.params.as<float>() + (u.ext.update_begin - u.ext.param_begin);
 }
 
-// `master` is host memory; the param storage ParamStorage hands out is too.
+// `master` is host memory; the param storage OpenParams hands out is too.
 absl::Status UnitStorage::CastMasterToParams(UnitState& u, const float* master) {
   if (!separate_master()) return absl::OkStatus();  // the master is the param storage
-  return UpdateParamStorage(
-      u, [&](char* params) { return rt.host_ops->Cast(cfg.param_dtype, master, params, u.update_elems()); });
+  STRATA_ASSIGN_OR_RETURN(char* params, OpenUpdateParams(u));
+  if (params == nullptr) return absl::OkStatus();
+  return CloseParams(rt.host_ops->Cast(cfg.param_dtype, master, params, u.update_elems()));
 }
 
 optim::StepUnit UnitStorage::StepUnitOf(UnitState& u, float* grad, const std::vector<shard::Segment>* segments) {

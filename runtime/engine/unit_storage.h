@@ -5,12 +5,13 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "runtime/engine/config.h"
 #include "runtime/engine/engine_runtime.h"
 #include "runtime/engine/placement.h"
@@ -33,7 +34,7 @@ struct UnitState;
 
 // The rank's parameter storage beside the units' own buffers: with offload_param = nvme the shards in an
 // NVMe store behind a cache of pinned buffers (Note [NVMe params]; all null otherwise), and the host
-// access to a range of it (shard/param_storage.h), which ParamStorage and the step's updates open.
+// access to a range of it (shard/param_storage.h), which OpenParams and the step's updates open.
 struct ParamStore {
   std::unique_ptr<offload::NvmeStore> param_store;
   std::unique_ptr<offload::PinnedPool> param_buffers;
@@ -53,10 +54,10 @@ class StateOwner {
   virtual std::vector<optim::StateKind> kinds() const = 0;  // master first
   virtual absl::StatusOr<std::vector<float>> Read(UnitState& u, optim::StateKind kind) = 0;
   virtual absl::Status Write(UnitState& u, optim::StateKind kind, const std::vector<float>& values) = 0;
-  // Runs fn on the kind over the update range: in place where the CPU can reach it, else on a staged copy
-  // (written back when write_back).
-  virtual absl::Status Edit(UnitState& u, optim::StateKind kind, const std::function<void(float*)>& fn,
-                            bool write_back) = 0;
+  // The kind over the update range in place where the CPU can reach it (optim::StateStore::Lend), to read or
+  // change there; nullopt where the caller stages it through Read and Write (device memory, NVMe, a frozen
+  // unit's master).
+  virtual std::optional<absl::Span<float>> Lend(UnitState& u, optim::StateKind kind) = 0;
   // After the master was written (a restore): the param storage from `master`, host memory over the update
   // range. Nothing for a frozen unit, whose master is its params.
   virtual absl::Status MasterToParams(UnitState& u, const float* master) = 0;
@@ -117,18 +118,21 @@ struct UnitStorage {
   absl::Status SetUpNvmeParams(const std::vector<UnitState>& units, int live, size_t largest_shard);
   absl::Status SetUpState(std::vector<UnitState>& units, std::vector<optim::MemoryUnit> held);
 
-  // Runs fn(p) with p = bytes [offset, offset + bytes) of the rank's parameter storage (what u.params
-  // holds: the shard at stage 3, the whole unit otherwise), in host memory: in place where the CPU reaches
-  // it, else a host copy written back (device memory: only that range; NVMe: through the cache). keep =
-  // false: fn overwrites the whole range, so it is not read first.
-  absl::Status ParamStorage(UnitState& u, size_t offset, size_t bytes, const std::function<absl::Status(char* p)>& fn,
-                            bool keep);
+  // Opens bytes [offset, offset + bytes) of the rank's parameter storage (what u.params holds: the shard at
+  // stage 3, the whole unit otherwise) in host memory (shard/param_storage.h): in place where the CPU reaches
+  // it, else a host copy that CloseParams writes back (device memory: only that range; NVMe: through the
+  // cache). keep = false: the caller overwrites the whole range, so it is not read first. nullptr for an
+  // empty range, which opens nothing. One range is open at a time.
+  absl::StatusOr<char*> OpenParams(UnitState& u, size_t offset, size_t bytes, bool keep);
+  // Ends the access to the open range: written back when `done` (the caller's work on it) is OK. Returns
+  // the write-back's error, else `done`.
+  absl::Status CloseParams(const absl::Status& done);
   // That range as the parameter storage opens it (shard/param_storage.h).
   shard::ParamRange ParamRangeOf(UnitState& u, size_t offset, size_t bytes) const;
   // Where this rank's update range starts in its parameter storage, in bytes.
   size_t UpdateParamOffset(const UnitState& u) const;
-  // ParamStorage over this rank's update range, which fn overwrites whole (the step's update and casts).
-  absl::Status UpdateParamStorage(UnitState& u, const std::function<absl::Status(char* p)>& fn);
+  // OpenParams over this rank's update range, which the caller overwrites whole (casts of the master).
+  absl::StatusOr<char*> OpenUpdateParams(UnitState& u);
   float* MasterPtr(UnitState& u, const memory::Buffer& master) const;  // update range of the fp32 master
   // The param storage over the update range from `master` (host memory, the update range of the fp32
   // master); nothing when the master is the param storage itself.

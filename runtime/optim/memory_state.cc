@@ -4,11 +4,7 @@
 
 namespace strata::optim {
 
-absl::Status StateStore::Edit(int unit, StateKind kind, const std::function<void(float*)>& fn, bool write_back) {
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> staged, Read(unit, kind));
-  fn(staged.data());
-  return write_back ? Write(unit, kind, staged) : absl::OkStatus();
-}
+std::optional<absl::Span<float>> StateStore::Lend(int, StateKind) { return std::nullopt; }
 
 MemoryState::MemoryState(memory::TierOps& master_ops, memory::TierOps& state_ops, TierUpdate& update, bool master_apart,
                          std::vector<MemoryUnit> units)
@@ -34,10 +30,9 @@ absl::Status MemoryState::Write(int unit, StateKind kind, const std::vector<floa
   return OpsOf(kind).FromHost(Ptr(unit, kind), values.data(), values.size() * 4);
 }
 
-absl::Status MemoryState::Edit(int unit, StateKind kind, const std::function<void(float*)>& fn, bool write_back) {
-  if (!OpsOf(kind).host_visible()) return StateStore::Edit(unit, kind, fn, write_back);
-  fn(Ptr(unit, kind));
-  return absl::OkStatus();
+std::optional<absl::Span<float>> MemoryState::Lend(int unit, StateKind kind) {
+  if (!OpsOf(kind).host_visible()) return std::nullopt;
+  return absl::Span<float>(Ptr(unit, kind), units_[unit].elems);
 }
 
 absl::StatusOr<offload::TilePipelineStats> MemoryState::Step(int unit, const OptimizerConfig& cfg,

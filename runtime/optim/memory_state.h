@@ -6,7 +6,7 @@
 // and the optimizer's update over the state's tier (tier_update.h), called directly.
 #pragma once
 
-#include <functional>
+#include <optional>
 #include <vector>
 
 #include "runtime/memory/memory.h"
@@ -35,7 +35,7 @@ class MemoryState : public StateStore {
 
   absl::StatusOr<std::vector<float>> Read(int unit, StateKind kind) override;
   absl::Status Write(int unit, StateKind kind, const std::vector<float>& values) override;
-  absl::Status Edit(int unit, StateKind kind, const std::function<void(float*)>& fn, bool write_back) override;
+  std::optional<absl::Span<float>> Lend(int unit, StateKind kind) override;
   absl::StatusOr<offload::TilePipelineStats> Step(int unit, const OptimizerConfig& cfg, const UnitStep& up) override;
 
  private:

@@ -7,7 +7,7 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -66,9 +66,11 @@ class StateStore {
   // initialisation; never on the step's hot path).
   virtual absl::StatusOr<std::vector<float>> Read(int unit, StateKind kind) = 0;
   virtual absl::Status Write(int unit, StateKind kind, const std::vector<float>& values) = 0;
-  // Runs fn on the kind over the update range: in place where the CPU reaches it, else on a staged copy
-  // (written back when write_back). The default stages.
-  virtual absl::Status Edit(int unit, StateKind kind, const std::function<void(float*)>& fn, bool write_back);
+  // The kind over the update range in place, lent to the caller where the CPU reaches the store's memory, to
+  // read or change there until its next call on the store; nullopt where it does not (device memory, NVMe
+  // tiles), and the caller stages it through Read and Write. An edit of the state is the caller's, calling down
+  // (docs/design.md "Calls only descend"). The default lends nothing.
+  virtual std::optional<absl::Span<float>> Lend(int unit, StateKind kind);
   // The optimizer step of one unit (cfg.type's kinds); the params receive the updated master rounded to
   // the param dtype (or copied, fp32, when the master is kept apart). Returns the NVMe pipeline's
   // counters (zero for state in memory).

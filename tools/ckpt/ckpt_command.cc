@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -62,35 +64,49 @@ absl::Status Export(const std::string& dir, const std::string& out, const std::s
   STRATA_RETURN_IF_ERROR(checkpoint::CheckCoverage(step_dir, m));
   const spec::Family* family = FamilyOf(m);  // its names (the GPT: Hugging Face's), else unit.param
   std::vector<checkpoint::TensorToWrite> tensors;
+  std::vector<std::pair<size_t, size_t>> where;  // each tensor's (unit, parameter)
   for (size_t u = 0; u < m.units.size(); ++u) {
     for (size_t p = 0; p < m.units[u].params.size(); ++p) {
       const auto& unit = m.units[u];
       const std::string name = family != nullptr ? family->ExportName(unit.name, unit.params[p].name)
                                                  : absl::StrCat(unit.name, ".", unit.params[p].name);
-      tensors.push_back({name, unit.params[p].shape,
-                         [&m, step_dir, u, p]() { return checkpoint::ReadMasterParam(step_dir, m, u, p); }});
+      tensors.push_back({name, unit.params[p].shape});
+      where.emplace_back(u, p);
     }
   }
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"}, {"producer", "strata ckpt export"}, {"step", absl::StrCat(m.step)}};
+  // Each parameter read from the shards and handed to the writer in turn: one is in memory at a time.
+  auto write_params = [&](auto& writer) -> absl::Status {
+    for (const auto& [u, p] : where) {
+      STRATA_ASSIGN_OR_RETURN(const std::vector<float> values, checkpoint::ReadMasterParam(step_dir, m, u, p));
+      STRATA_RETURN_IF_ERROR(writer.WriteTensor(values));
+    }
+    return absl::OkStatus();
+  };
   // OUT.safetensors: one file. Anything else: a directory in Hugging Face's layout, shards of at most
-  // --max-shard-size with an index (docs/decisions/0037). Either way one parameter is in memory at a time.
+  // --max-shard-size with an index (docs/decisions/0037).
   const bool one_file = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
-  std::string where = out;
+  std::string where_to = out;
   if (one_file) {
     if (!max_shard.empty()) {
       return absl::InvalidArgumentError("--max-shard-size is for a directory export (-o DIR), not -o FILE.safetensors");
     }
-    STRATA_RETURN_IF_ERROR(checkpoint::WriteSafetensors(out, tensors, metadata));
+    STRATA_ASSIGN_OR_RETURN(checkpoint::SafetensorsWriter writer,
+                            checkpoint::SafetensorsWriter::Begin(out, tensors, metadata));
+    STRATA_RETURN_IF_ERROR(write_params(writer));
+    STRATA_RETURN_IF_ERROR(writer.Finish());
   } else {
     STRATA_ASSIGN_OR_RETURN(const uint64_t max_bytes, ParseBytes(max_shard.empty() ? "50GB" : max_shard));
     if (max_bytes == 0) return absl::InvalidArgumentError("--max-shard-size must be positive");
-    STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> files,
-                            checkpoint::WriteSafetensorsDir(out, tensors, max_bytes, metadata));
-    where = absl::StrCat(out, " (", absl::StrJoin(files, ", "), ")");
+    STRATA_ASSIGN_OR_RETURN(checkpoint::SafetensorsDirWriter writer,
+                            checkpoint::SafetensorsDirWriter::Begin(out, tensors, max_bytes, metadata));
+    STRATA_RETURN_IF_ERROR(write_params(writer));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> files, writer.Finish());
+    where_to = absl::StrCat(out, " (", absl::StrJoin(files, ", "), ")");
   }
   std::printf(
-      "exported %zu tensors of step %lld to %s%s\n", tensors.size(), static_cast<long long>(m.step), where.c_str(),
+      "exported %zu tensors of step %lld to %s%s\n", tensors.size(), static_cast<long long>(m.step), where_to.c_str(),
       family != nullptr && !family->export_names().empty() ? absl::StrCat(" (", family->export_names(), ")").c_str()
                                                            : "");
   return absl::OkStatus();

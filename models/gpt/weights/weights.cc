@@ -2,6 +2,8 @@
 
 #include <map>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +50,21 @@ class UnitGatherer {
   std::vector<float> full_;
 };
 
+// The writer's part of SaveWeights: each parameter gathered and handed to the file in turn, one in memory at a
+// time. `gathered` counts the parameters whose gather was started, so the caller finishes the rest.
+absl::Status WriteGathered(const std::string& path, std::vector<checkpoint::TensorToWrite> tensors,
+                           const std::map<std::string, std::string>& metadata, const std::vector<HfParam>& params,
+                           UnitGatherer& gather, size_t* gathered) {
+  STRATA_ASSIGN_OR_RETURN(checkpoint::SafetensorsWriter writer,
+                          checkpoint::SafetensorsWriter::Begin(path, std::move(tensors), metadata));
+  for (const HfParam& p : params) {
+    ++*gathered;
+    STRATA_ASSIGN_OR_RETURN(const std::vector<float> values, gather.Param(p));
+    STRATA_RETURN_IF_ERROR(writer.WriteTensor(values));
+  }
+  return writer.Finish();
+}
+
 }  // namespace
 
 absl::Status SaveWeights(engine::Engine& e, const GptModel& model, const std::string& path, bool write) {
@@ -57,18 +74,17 @@ absl::Status SaveWeights(engine::Engine& e, const GptModel& model, const std::st
   absl::Status status;
   if (write) {
     std::vector<checkpoint::TensorToWrite> tensors;
-    for (const HfParam& p : params) {
-      tensors.push_back({p.name, p.shape, [&gather, &p, &gathered]() {
-                           ++gathered;
-                           return gather.Param(p);
-                         }});
-    }
+    for (const HfParam& p : params) tensors.push_back({p.name, p.shape});
     const GptConfig& c = model.config();
-    status = checkpoint::WriteSafetensors(
-        path, tensors,
-        {{"format", "pt"}, {"producer", "strata"}, {"n_layer", absl::StrCat(c.layers)},
-         {"n_embd", absl::StrCat(c.d_model)}, {"n_head", absl::StrCat(c.heads)},
-         {"n_positions", absl::StrCat(c.seq_len)}, {"vocab_size", absl::StrCat(c.vocab)}});
+    status = WriteGathered(path, tensors,
+                           {{"format", "pt"},
+                            {"producer", "strata"},
+                            {"n_layer", absl::StrCat(c.layers)},
+                            {"n_embd", absl::StrCat(c.d_model)},
+                            {"n_head", absl::StrCat(c.heads)},
+                            {"n_positions", absl::StrCat(c.seq_len)},
+                            {"vocab_size", absl::StrCat(c.vocab)}},
+                           params, gather, &gathered);
   }
   // Non-writers, and a writer that stopped early, take part in the remaining gathers (the same units in
   // the same order, so every rank issues the same collectives).

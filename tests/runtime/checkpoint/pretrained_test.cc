@@ -1,6 +1,6 @@
 // Tests for runtime/checkpoint/pretrained (Note [Pretrained by byte ranges]): a checkpoint directory (one file,
 // or an index and its files) opens only when every file and the index are valid, each error naming the file and
-// the tensor; ReadRangesF32 hands over exactly the requested elements, converted from F32, BF16 and F16, through
+// the tensor; a RangeReader hands over exactly the requested elements, converted from F32, BF16 and F16, through
 // both I/O back-ends, reading exactly the requested bytes (the queue's own count) with any staging size; and
 // every failure on the way (a dtype it does not convert, an injected I/O error, a file cut after it was opened, a
 // sink's error) is an error naming its cause.
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "kernels/common/element_math.h"
 #include "tests/runtime/checkpoint/test_dir.h"
+#include "tests/runtime/checkpoint/write_tensors.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -80,6 +82,20 @@ class Pretrained : public testing::TestDir {
   std::vector<float> a_;
   std::vector<uint16_t> b_, c_;
 };
+
+// Reads `ranges` through a RangeReader, handing each piece to sink(range, first, values, count) until the sink
+// fails; the read's error, the sink's, or the stats.
+template <typename Sink>
+absl::StatusOr<RangeReadStats> ReadRangesF32(const PretrainedCheckpoint& c, absl::Span<const RangeToRead> ranges,
+                                             const RangeReadOptions& o, Sink sink) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<RangeReader> r, RangeReader::Open(c, ranges, o));
+  while (true) {
+    STRATA_ASSIGN_OR_RETURN(const bool more, r->Next());
+    if (!more) break;
+    STRATA_RETURN_IF_ERROR(sink(r->range(), r->first(), r->values().data(), r->values().size()));
+  }
+  return r->Finish();
+}
 
 // Reads `ranges` and returns {tag: values in order}.
 std::map<int64_t, std::vector<float>> ReadAll(const PretrainedCheckpoint& c, const std::vector<RangeToRead>& ranges,
@@ -260,14 +276,14 @@ TEST_F(Pretrained, EveryFailureOfAReadIsAnErrorNamingItsCause) {
 
 TEST_F(Pretrained, ADirectoryWrittenInShardsReadsBackAndARewriteLeavesNoStaleFile) {
   std::vector<std::vector<float>> values = {Iota(1024, 0), Iota(1024, 1), Iota(8, 2), Iota(1024, 3)};
-  std::vector<TensorToWrite> tensors;
+  std::vector<testing::SourceTensor> tensors;
   for (size_t i = 0; i < values.size(); ++i) {
     tensors.push_back({absl::StrCat("t", i), {static_cast<int64_t>(values[i].size())}, [&values, i]() {
                          return absl::StatusOr<std::vector<float>>(values[i]);
                        }});
   }
   // 4096 + 4096 > 6000: t0 alone; t1 + t2 (4128); t3.
-  auto names = WriteSafetensorsDir(Path("out"), tensors, 6000, {{"format", "pt"}});
+  auto names = testing::WriteTensorsDir(Path("out"), tensors, 6000, {{"format", "pt"}});
   ASSERT_TRUE(names.ok()) << names.status();
   EXPECT_EQ(*names, (std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                                               "model-00003-of-00003.safetensors", "model.safetensors.index.json"}));
@@ -284,13 +300,75 @@ TEST_F(Pretrained, ADirectoryWrittenInShardsReadsBackAndARewriteLeavesNoStaleFil
   EXPECT_EQ((*c)->files()[(*c)->Find("t2")->file].path, (*c)->files()[(*c)->Find("t1")->file].path);
   // The same tensors in one file: the earlier shards and index are gone (a reader would otherwise meet both).
   Write("out/unrelated.txt", "kept");
-  names = WriteSafetensorsDir(Path("out"), tensors, 1 << 20, {});
+  names = testing::WriteTensorsDir(Path("out"), tensors, 1 << 20, {});
   ASSERT_TRUE(names.ok()) << names.status();
   std::vector<std::string> left;
   for (const auto& e : std::filesystem::directory_iterator(Path("out"))) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"model.safetensors", "unrelated.txt"}));
-  EXPECT_EQ(WriteSafetensorsDir(Path("out"), tensors, 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(testing::WriteTensorsDir(Path("out"), tensors, 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The directory writer driven out of turn (docs/decisions/0047): each misuse is an error naming the directory;
+// no tensors at all is one model.safetensors, as before.
+TEST_F(Pretrained, TheDirectoryWriterRefusesMisuse) {
+  const std::vector<TensorToWrite> shapes = {{"t0", {1024}}, {"t1", {8}}};
+  auto w = SafetensorsDirWriter::Begin(Path("out"), shapes, 6000, {});
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(w->WriteTensor(Iota(1024, 0)).ok());
+  auto early = w->Finish();
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition) << early.status();
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("finished after 1 of 2 tensors"));
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr(Path("out")));
+  ASSERT_TRUE(w->WriteTensor(Iota(8, 0)).ok());
+  const absl::Status more = w->WriteTensor(Iota(8, 0));
+  EXPECT_EQ(more.code(), absl::StatusCode::kFailedPrecondition) << more;
+  EXPECT_THAT(std::string(more.message()), HasSubstr("a tensor written after 2 of 2"));
+  auto names = w->Finish();
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_EQ(*names, std::vector<std::string>{"model.safetensors"});
+
+  auto none = SafetensorsDirWriter::Begin(Path("none"), {}, 6000, {});
+  ASSERT_TRUE(none.ok()) << none.status();
+  names = none->Finish();
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_EQ(*names, std::vector<std::string>{"model.safetensors"});
+  // (Its header is JSON null, which the reader refuses, as WriteSafetensorsDir's file was before 0047.)
+  EXPECT_TRUE(std::filesystem::is_regular_file(Path("none/model.safetensors")));
+}
+
+// The reader driven out of turn: Finish before the last piece is an error, a read's error comes back again from
+// every later Next, and a reader dropped after its first piece is destroyed cleanly (it waits for its reads in
+// flight).
+TEST_F(Pretrained, TheRangeReaderRefusesAnEarlyFinishAndRepeatsAReadError) {
+  WriteSharded(Path("ck"));
+  auto c = PretrainedCheckpoint::Open(Path("ck"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const size_t a = (*c)->Find("a") - (*c)->tensors().data();
+  RangeReadOptions o;
+  o.staging_bytes = 4096;
+  o.staging_buffers = 2;
+  auto r = RangeReader::Open(**c, {{a, 0, 3000, 0}}, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto more = (*r)->Next();
+  ASSERT_TRUE(more.ok() && *more) << more.status();
+  EXPECT_EQ((*r)->first(), 0u);
+  EXPECT_EQ(std::vector<float>((*r)->values().begin(), (*r)->values().end()),
+            std::vector<float>(a_.begin(), a_.begin() + (*r)->values().size()));
+  auto early = (*r)->Finish();
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition) << early.status();
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("before the last piece"));
+  r->reset();  // dropped early: waits for its reads in flight
+
+  o.faults.fail_request = 1;
+  auto failing = RangeReader::Open(**c, {{a, 0, 3000, 0}}, o);
+  ASSERT_TRUE(failing.ok()) << failing.status();
+  auto first = (*failing)->Next();
+  ASSERT_FALSE(first.ok());
+  EXPECT_THAT(std::string(first.status().message()), HasSubstr("Input/output error"));
+  auto again = (*failing)->Next();
+  EXPECT_EQ(again.status(), first.status());
+  EXPECT_EQ((*failing)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/runtime/checkpoint/write_tensors.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -49,10 +51,14 @@ void ExpectCorrupt(const std::string& name, const std::string& bytes, const std:
 
 TEST(Safetensors, WrittenFilesReadBackAndValidate) {
   const std::string path = ::testing::TempDir() + "/ok.safetensors";
-  std::vector<TensorToWrite> tensors = {
-      {"a", {2, 3}, [] { return absl::StatusOr<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6}); }},
+  std::vector<testing::SourceTensor> tensors = {
+      {"a",
+       {2, 3},
+       [] {
+         return absl::StatusOr<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6});
+       }},
       {"b", {1}, [] { return absl::StatusOr<std::vector<float>>(std::vector<float>{-0.5f}); }}};
-  ASSERT_TRUE(WriteSafetensors(path, tensors, {{"format", "pt"}}).ok());
+  ASSERT_TRUE(testing::WriteTensors(path, tensors, {{"format", "pt"}}).ok());
   auto r = SafetensorsReader::Open(path);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->tensors().size(), 2u);
@@ -65,14 +71,84 @@ TEST(Safetensors, WrittenFilesReadBackAndValidate) {
   EXPECT_TRUE(ValidateSafetensorsHeader(bytes).ok());
 }
 
+// Nothing but a finished file appears under the path (no temporary is left either way).
+std::vector<std::string> FilesStartingWith(const std::string& path) {
+  std::vector<std::string> out;
+  const std::filesystem::path p(path);
+  for (const auto& e : std::filesystem::directory_iterator(p.parent_path())) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(p.filename().string(), 0) == 0) out.push_back(name);
+  }
+  return out;
+}
+
+// The caller drives the writer (docs/decisions/0047): each misuse and each failure of its own is an error naming
+// the file or the tensor, and leaves neither the file nor its temporary behind.
+TEST(Safetensors, TheStreamingWriterRefusesMisuseAndLeavesNoPartialFile) {
+  const std::string path = ::testing::TempDir() + "/stream.safetensors";
+  ::unlink(path.c_str());
+  const std::vector<TensorToWrite> shapes = {{"a", {2, 3}}, {"b", {1}}};
+  const std::vector<float> six = {1, 2, 3, 4, 5, 6};
+  {  // a tensor with the wrong number of values
+    auto w = SafetensorsWriter::Begin(path, shapes);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_EQ(w->next()->name, "a");
+    const absl::Status s = w->WriteTensor(absl::MakeConstSpan(six).subspan(0, 3));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("tensor 'a' produced 3 values for 6"));
+    EXPECT_TRUE(FilesStartingWith(path).empty()) << "the temporary went with the failure";
+    const absl::Status after = w->WriteTensor(six);
+    EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
+    EXPECT_THAT(std::string(after.message()), HasSubstr(path));
+    EXPECT_EQ(w->Finish().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  {  // finished before its last tensor
+    auto w = SafetensorsWriter::Begin(path, shapes);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(w->WriteTensor(six).ok());
+    const absl::Status s = w->Finish();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("finished after 1 of its 2 tensors"));
+    EXPECT_TRUE(FilesStartingWith(path).empty());
+  }
+  {  // a tensor more than it has
+    auto w = SafetensorsWriter::Begin(path, {{"a", {1}}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(w->WriteTensor(std::vector<float>{1}).ok());
+    EXPECT_EQ(w->next(), nullptr);
+    const absl::Status s = w->WriteTensor(std::vector<float>{2});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("a tensor written after its 1 tensors"));
+    EXPECT_TRUE(FilesStartingWith(path).empty());
+  }
+  {  // dropped by its caller (the caller's own error) before Finish
+    auto w = SafetensorsWriter::Begin(path, shapes);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(w->WriteTensor(six).ok());
+    EXPECT_EQ(FilesStartingWith(path).size(), 1u) << "the temporary, while it writes";
+  }
+  EXPECT_TRUE(FilesStartingWith(path).empty());
+  // Moved, it is still one file, written once.
+  auto w = SafetensorsWriter::Begin(path, shapes);
+  ASSERT_TRUE(w.ok()) << w.status();
+  SafetensorsWriter moved = std::move(*w);
+  ASSERT_TRUE(moved.WriteTensor(six).ok());
+  ASSERT_TRUE(moved.WriteTensor(std::vector<float>{-0.5f}).ok());
+  ASSERT_TRUE(moved.Finish().ok());
+  EXPECT_EQ(FilesStartingWith(path), std::vector<std::string>{"stream.safetensors"});
+  auto r = SafetensorsReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->ReadF32(*r->Find("b")), std::vector<float>{-0.5f});
+}
+
 // --save-weights and `ckpt export -o` onto a FIFO once replaced it with a regular file.
 TEST(Safetensors, WritingRefusesToReplaceAFifo) {
   const std::string path = ::testing::TempDir() + "/pipe.safetensors";
   ::unlink(path.c_str());
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
-  std::vector<TensorToWrite> tensors = {
+  std::vector<testing::SourceTensor> tensors = {
       {"a", {1}, [] { return absl::StatusOr<std::vector<float>>(std::vector<float>{1}); }}};
-  const absl::Status s = WriteSafetensors(path, tensors, {});
+  const absl::Status s = testing::WriteTensors(path, tensors, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("is a FIFO"));
   struct stat st;

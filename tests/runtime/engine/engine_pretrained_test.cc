@@ -22,6 +22,7 @@
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/pretrained_load.h"
+#include "tests/runtime/checkpoint/write_tensors.h"
 #include "tests/runtime/engine/rank_harness.h"
 
 namespace strata::engine {
@@ -73,7 +74,7 @@ class EnginePretrained : public ::testing::Test {
 
   // Every parameter as a tensor "unit.param" of model.safetensors.
   std::string WriteCheckpoint() {
-    std::vector<checkpoint::TensorToWrite> tensors;
+    std::vector<checkpoint::testing::SourceTensor> tensors;
     for (const UnitSpec& u : Units()) {
       for (const ParamSpec& p : u.params) {
         const std::string name = u.name + "." + p.name;
@@ -81,7 +82,7 @@ class EnginePretrained : public ::testing::Test {
       }
     }
     const std::string path = (dir_ / "model.safetensors").string();
-    EXPECT_TRUE(checkpoint::WriteSafetensors(path, tensors).ok());
+    EXPECT_TRUE(checkpoint::testing::WriteTensors(path, tensors).ok());
     return path;
   }
 

@@ -95,10 +95,19 @@ TEST_F(StateStoreTest, KindsRoundTripAndEditRunsInPlaceOrStaged) {
     EXPECT_EQ(Read(*s, 0, StateKind::kMaster), master);
     EXPECT_EQ(Read(*s, 0, StateKind::kExpAvg), m);
     EXPECT_EQ(Read(*s, 0, StateKind::kExpAvgSq), std::vector<float>(300, 0.0f));
-    // Edit without write-back changes the state only where it ran in place.
-    ASSERT_TRUE(s->Edit(0, StateKind::kMaster, [](float* p) { p[7] = 42; }, /*write_back=*/false).ok());
+    // An edit without write-back changes the state only where the store lent it in place (the host tier).
+    const auto lent = s->Lend(0, StateKind::kMaster);
+    ASSERT_EQ(lent.has_value(), visible);
+    if (lent) {
+      EXPECT_EQ(lent->size(), 300u) << "the unit's update range";
+    }
+    std::vector<float> staged = Read(*s, 0, StateKind::kMaster);
+    (lent ? lent->data() : staged.data())[7] = 42;
     EXPECT_EQ(Read(*s, 0, StateKind::kMaster)[7], visible ? 42.0f : master[7]) << visible;
-    ASSERT_TRUE(s->Edit(0, StateKind::kMaster, [](float* p) { p[8] = 43; }, /*write_back=*/true).ok());
+    // Written back, it holds either way.
+    staged = Read(*s, 0, StateKind::kMaster);
+    staged[8] = 43;
+    ASSERT_TRUE(s->Write(0, StateKind::kMaster, staged).ok());
     EXPECT_EQ(Read(*s, 0, StateKind::kMaster)[8], 43.0f) << visible;
   }
 }

@@ -16,6 +16,7 @@
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/comm/in_process.h"
 #include "runtime/device/host_device.h"
+#include "tests/runtime/checkpoint/write_tensors.h"
 
 namespace strata::gpt {
 namespace {
@@ -48,8 +49,8 @@ TEST_F(LoadWeightsTest, BothSpellingsOfOneTensorAreAmbiguous) {
 
   const std::string path = ::testing::TempDir() + "/weights_twice.safetensors";
   auto zeros = [](size_t n) { return [n] { return absl::StatusOr<std::vector<float>>(std::vector<float>(n, 0.0f)); }; };
-  ASSERT_TRUE(checkpoint::WriteSafetensors(path, {{"transformer.wte.weight", {11, 8}, zeros(88)},
-                                                  {"wte.weight", {11, 8}, zeros(88)}})
+  ASSERT_TRUE(checkpoint::testing::WriteTensors(
+                  path, {{"transformer.wte.weight", {11, 8}, zeros(88)}, {"wte.weight", {11, 8}, zeros(88)}})
                   .ok());
   const absl::Status s = LoadWeights(*e, model, path);
   ASSERT_FALSE(s.ok());
@@ -62,7 +63,7 @@ TEST_F(LoadWeightsTest, ANonFiniteWeightIsRefusedNamingTheTensorAndIndex) {
   auto& e = engine_;
   GptModel& model = *model_;
   for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
-    std::vector<checkpoint::TensorToWrite> tensors;
+    std::vector<checkpoint::testing::SourceTensor> tensors;
     for (const HfParam& p : model.hf_params()) {
       int64_t n = 1;
       for (int64_t d : p.shape) n *= d;
@@ -74,7 +75,7 @@ TEST_F(LoadWeightsTest, ANonFiniteWeightIsRefusedNamingTheTensorAndIndex) {
                          }});
     }
     const std::string path = ::testing::TempDir() + "/weights_nonfinite.safetensors";
-    ASSERT_TRUE(checkpoint::WriteSafetensors(path, tensors).ok());
+    ASSERT_TRUE(checkpoint::testing::WriteTensors(path, tensors).ok());
     const absl::Status s = LoadWeights(*e, model, path);
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
