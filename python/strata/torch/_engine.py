@@ -292,8 +292,7 @@ class Engine:
         for i, (n, p) in enumerate(zip(spec.names, spec.params)):
             qual = n if spec.module is self.model else f"{spec.prefix}.{n}"  # the model.named_parameters() name
             if p.dtype != torch.float32:
-                raise TypeError(f"strata: parameter '{qual}' is {p.dtype}; give the model fp32 "
-                                f"parameters (the engine keeps the fp32 master and casts per strata.param_dtype)")
+                raise _created.not_fp32(qual, p.dtype)
             shape = (ctypes.c_int64 * max(p.ndim, 1))(*(p.shape if p.ndim else (1,)))
             keep.append(shape)
             decays, own_wd, own_lr = hyper(qual, p)
