@@ -68,6 +68,18 @@ def test_one_loss_of_two_forwards_names_the_fix():
     engine.close()
 
 
+def test_use_after_close_names_it():
+    """A forward or step() after engine.close() names the close, not a NULL engine handle."""
+    model = tiny_lm()
+    engine = st.shard(model, config(3))
+    engine.close()
+    x, y = batches(0, 0, st.rank())
+    with pytest.raises(RuntimeError, match=r"the model's forward after engine.close\(\)"):
+        model(x, y)
+    with pytest.raises(RuntimeError, match=r"step\(\) after engine.close\(\)"):
+        engine.step()
+
+
 @pytest.mark.parametrize("factory", [False, True])
 def test_bf16_parameters_name_the_fix(factory):
     """A model built or loaded in bf16 (from_pretrained(dtype=torch.bfloat16), or transformers' from_config of a

@@ -370,6 +370,7 @@ class Engine:
     def step(self):
         """The optimizer step (collective), after gradient_accumulation_steps forward+backward passes.
         Returns the engine's step result: step, skipped, clip_coef, grad_norm, lr, loss_scale."""
+        self.refuse_closed("step()")
         _gathered.refuse_while_gathered(self, "step()")
         if self.tracker.phase != _hooks.IDLE or self.micro_batches != self.accumulation:
             raise RuntimeError(f"strata: step() after {self.micro_batches} completed backward passes (phase "
@@ -510,6 +511,12 @@ class Engine:
         if self.micro_batches > 0:
             return f"{self.micro_batches} backward passes were done and step() was not called"
         return None
+
+    def refuse_closed(self, what):
+        if self.handle is None:
+            raise RuntimeError(f"strata: {what} after engine.close(): the engine and its shards of the model are "
+                               f"gone; build a new engine with st.shard (its weights from a checkpoint or "
+                               f"save_pretrained written before the close)")
 
     def close(self):
         """Collective. Runs the front ends' before-close callbacks first (strata.deepspeed writes the `latest` of

@@ -257,6 +257,7 @@ class Tracker:
 
     # ---- the root (the whole model): Engine wraps model.forward in these ----
     def root_enter(self):
+        self.engine.refuse_closed("the model's forward")
         if self.failed:
             raise RuntimeError(f"strata: an earlier forward or backward failed ({self.failed}); this engine "
                                f"cannot go on: build a new one (or load a checkpoint into one)")
