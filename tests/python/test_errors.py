@@ -68,6 +68,16 @@ def test_one_loss_of_two_forwards_names_the_fix():
     engine.close()
 
 
+def test_config_without_optimizer_warns():
+    """A config without "optimizer" (LLaMA-Factory's and axolotl's ZeRO configs, made for a Trainer that brings
+    its own) trains with Strata's default AdamW at lr 1e-3: said at shard(), with the values, not silently."""
+    cfg = config(3)
+    del cfg["optimizer"]
+    with pytest.warns(UserWarning, match=r'no "optimizer", so the engine trains with .*AdamW, lr 0.001'):
+        engine = st.shard(tiny_lm(), cfg)
+    engine.close()
+
+
 def test_use_after_close_names_it():
     """A forward or step() after engine.close() names the close, not a NULL engine handle."""
     model = tiny_lm()

@@ -127,9 +127,11 @@ class Engine:
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
     def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None,
-                 process_group=None, device_mesh=None, pretrained=None, pretrained_strict=True):
+                 process_group=None, device_mesh=None, pretrained=None, pretrained_strict=True,
+                 _warn_default_optimizer=True):
         created = None
         config = _config(config)
+        default_optimizer = "optimizer" not in config
         if device_mesh is not None:
             if process_group is not None:
                 raise ValueError("strata: give st.shard a process_group or a device_mesh, not both")
@@ -176,6 +178,13 @@ class Engine:
         self.handle = handle
         _comm.track(self)
         self.resolved = self._resolved_config()  # the engine's reading of the config: batch sizes, defaults
+        if default_optimizer and _warn_default_optimizer:
+            r = self.resolved
+            warnings.warn(f"strata: the config has no \"optimizer\", so the engine trains with Strata's default: "
+                          f"{r['optimizer.type']}, lr {r['optimizer.params.lr']}, weight_decay "
+                          f"{r['optimizer.params.weight_decay']} (DeepSpeed would step the optimizer the script "
+                          f"passes it, Hugging Face's Trainer its own); name the optimizer and its lr in the config",
+                          stacklevel=3)
         if self.resolved["strata.param_dtype"] != {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
                 self.param_dtype, "fp32"):
             raise RuntimeError(f"strata: the engine computes in {self.resolved['strata.param_dtype']} but the front "
