@@ -55,6 +55,53 @@ def test_forward_twice_before_backward():
     engine.close()
 
 
+def test_one_loss_of_two_forwards_names_the_fix():
+    """A loss made of two forwards' outputs (a siamese or contrastive model) is refused; the error names the fix
+    (one forward of the concatenated inputs), not summing the losses into one backward, which is this very use."""
+    model = tiny_lm()
+    engine = st.shard(model, config(3))
+    x, y = batches(0, 0, st.rank())
+    first = model(x, y)
+    with pytest.raises(RuntimeError, match="concatenate their inputs into one forward") as refused:
+        first + model(x, y)
+    assert "sum their losses" not in str(refused.value)
+    engine.close()
+
+
+def test_config_without_optimizer_warns():
+    """A config without "optimizer" (LLaMA-Factory's and axolotl's ZeRO configs, made for a Trainer that brings
+    its own) trains with Strata's default AdamW at lr 1e-3: said at shard(), with the values, not silently."""
+    cfg = config(3)
+    del cfg["optimizer"]
+    with pytest.warns(UserWarning, match=r'no "optimizer", so the engine trains with .*AdamW, lr 0.001'):
+        engine = st.shard(tiny_lm(), cfg)
+    engine.close()
+
+
+def test_use_after_close_names_it():
+    """A forward or step() after engine.close() names the close, not a NULL engine handle."""
+    model = tiny_lm()
+    engine = st.shard(model, config(3))
+    engine.close()
+    x, y = batches(0, 0, st.rank())
+    with pytest.raises(RuntimeError, match=r"the model's forward after engine.close\(\)"):
+        model(x, y)
+    with pytest.raises(RuntimeError, match=r"step\(\) after engine.close\(\)"):
+        engine.step()
+
+
+@pytest.mark.parametrize("factory", [False, True])
+def test_bf16_parameters_name_the_fix(factory):
+    """A model built or loaded in bf16 (from_pretrained(dtype=torch.bfloat16), or transformers' from_config of a
+    bf16 checkpoint's config) is refused naming the parameter and how to give it in fp32 with bf16.enabled."""
+    def build():
+        return tiny_lm().to(torch.bfloat16)
+    match = (r"parameter '[\w.]+' is torch.bfloat16; give st.shard a model with fp32 parameters.*"
+             r"from_config\(cfg, dtype=torch.float32\).*bf16.enabled")
+    with pytest.raises(TypeError, match=match):
+        st.shard(build if factory else build(), config(3, bf16={"enabled": True}))
+
+
 @pytest.mark.parametrize("stage", [0, 3])
 def test_requires_grad_changed_after_shard(stage):
     """Frozenness is fixed at shard(): freezing a trainable parameter (or unfreezing a frozen one) afterwards

@@ -74,8 +74,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     optimizer_params = dict(cfg.get("optimizer", {}).get("params", {}))
     groups = _groups.normalize(model, model_parameters)
     hyper = _groups.param_hyper(model, groups, optimizer_params)
+    # without "optimizer" the engine refuses to train (_engine.py), so strata.torch's default-optimizer warning
+    # would name an update that never happens
     strata_engine = st.shard(model, cfg, weight_decay=lambda name, p: hyper[id(p)][0],
-                             lr=lambda name, p: hyper[id(p)][1])
+                             lr=lambda name, p: hyper[id(p)][1], _warn_default_optimizer=False)
     engine = DeepSpeedEngine(model, strata_engine, cfg, groups, optimizer_params)
     if training_data is not None:
         engine.training_dataloader = _dataloader(engine, training_data, collate_fn, cfg)

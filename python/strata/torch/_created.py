@@ -42,6 +42,15 @@ def same_generator_as_rank_0():
     torch.set_rng_state(state)
 
 
+def not_fp32(name, dtype):
+    """The error for a parameter given to st.shard in another dtype than fp32 (a model loaded or built in bf16)."""
+    return TypeError(f"strata: parameter '{name}' is {dtype}; give st.shard a model with fp32 parameters: the engine "
+                     f"keeps the fp32 master and computes in bf16 / fp16 per the config's bf16.enabled / "
+                     f"fp16.enabled. Build or load it in fp32 (model.float(), from_pretrained(dir, "
+                     f"dtype=torch.float32), or from_config(cfg, dtype=torch.float32): transformers' from_config "
+                     f"builds in the dtype of a bf16 checkpoint's config.json) and set bf16.enabled")
+
+
 class Created:
     """The record of a factory and what st.shard does with it."""
 
@@ -62,8 +71,7 @@ class Created:
                             f"torch.nn.Module")
         for n, p in self.model.named_parameters():
             if self.rec.is_ours(p) and p.dtype != torch.float32:
-                raise TypeError(f"strata: parameter '{n}' is {p.dtype}; give the model fp32 parameters (the engine "
-                                f"keeps the fp32 master and casts per strata.param_dtype)")
+                raise not_fp32(n, p.dtype)
 
     def load(self, engine, skip=frozenset()):
         """After strata_engine_finalize: the initial values into the engine, one tensor at a time, and the model's

@@ -127,9 +127,11 @@ class Engine:
     gathered buffers while a unit computes, empty placeholders otherwise."""
 
     def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None,
-                 process_group=None, device_mesh=None, pretrained=None, pretrained_strict=True):
+                 process_group=None, device_mesh=None, pretrained=None, pretrained_strict=True,
+                 _warn_default_optimizer=True):
         created = None
         config = _config(config)
+        default_optimizer = "optimizer" not in config
         if device_mesh is not None:
             if process_group is not None:
                 raise ValueError("strata: give st.shard a process_group or a device_mesh, not both")
@@ -176,6 +178,13 @@ class Engine:
         self.handle = handle
         _comm.track(self)
         self.resolved = self._resolved_config()  # the engine's reading of the config: batch sizes, defaults
+        if default_optimizer and _warn_default_optimizer:
+            r = self.resolved
+            warnings.warn(f"strata: the config has no \"optimizer\", so the engine trains with Strata's default: "
+                          f"{r['optimizer.type']}, lr {r['optimizer.params.lr']}, weight_decay "
+                          f"{r['optimizer.params.weight_decay']} (DeepSpeed would step the optimizer the script "
+                          f"passes it, Hugging Face's Trainer its own); name the optimizer and its lr in the config",
+                          stacklevel=3)
         if self.resolved["strata.param_dtype"] != {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
                 self.param_dtype, "fp32"):
             raise RuntimeError(f"strata: the engine computes in {self.resolved['strata.param_dtype']} but the front "
@@ -292,8 +301,7 @@ class Engine:
         for i, (n, p) in enumerate(zip(spec.names, spec.params)):
             qual = n if spec.module is self.model else f"{spec.prefix}.{n}"  # the model.named_parameters() name
             if p.dtype != torch.float32:
-                raise TypeError(f"strata: parameter '{qual}' is {p.dtype}; give the model fp32 "
-                                f"parameters (the engine keeps the fp32 master and casts per strata.param_dtype)")
+                raise _created.not_fp32(qual, p.dtype)
             shape = (ctypes.c_int64 * max(p.ndim, 1))(*(p.shape if p.ndim else (1,)))
             keep.append(shape)
             decays, own_wd, own_lr = hyper(qual, p)
@@ -371,6 +379,7 @@ class Engine:
     def step(self):
         """The optimizer step (collective), after gradient_accumulation_steps forward+backward passes.
         Returns the engine's step result: step, skipped, clip_coef, grad_norm, lr, loss_scale."""
+        self.refuse_closed("step()")
         _gathered.refuse_while_gathered(self, "step()")
         if self.tracker.phase != _hooks.IDLE or self.micro_batches != self.accumulation:
             raise RuntimeError(f"strata: step() after {self.micro_batches} completed backward passes (phase "
@@ -511,6 +520,12 @@ class Engine:
         if self.micro_batches > 0:
             return f"{self.micro_batches} backward passes were done and step() was not called"
         return None
+
+    def refuse_closed(self, what):
+        if self.handle is None:
+            raise RuntimeError(f"strata: {what} after engine.close(): the engine and its shards of the model are "
+                               f"gone; build a new engine with st.shard (its weights from a checkpoint or "
+                               f"save_pretrained written before the close)")
 
     def close(self):
         """Collective. Runs the front ends' before-close callbacks first (strata.deepspeed writes the `latest` of

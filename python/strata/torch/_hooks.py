@@ -257,14 +257,16 @@ class Tracker:
 
     # ---- the root (the whole model): Engine wraps model.forward in these ----
     def root_enter(self):
+        self.engine.refuse_closed("the model's forward")
         if self.failed:
             raise RuntimeError(f"strata: an earlier forward or backward failed ({self.failed}); this engine "
                                f"cannot go on: build a new one (or load a checkpoint into one)")
         if self.phase in (FORWARD, AWAIT_BACKWARD, BACKWARD):
             raise RuntimeError(f"strata: the model's forward was called again in phase '{self.phase}': each "
-                               f"training forward must be followed by its backward before the next (run "
-                               f"evaluation forwards under torch.no_grad(), and put several inputs in one "
-                               f"forward or sum their losses into one backward)")
+                               f"training forward must be followed by its backward before the next, so a loss "
+                               f"made of several forwards' outputs (two towers of a siamese or contrastive "
+                               f"model) cannot train: concatenate their inputs into one forward. Run "
+                               f"evaluation forwards under torch.no_grad()")
         self._check_frozenness()
         self._check_untouched()
         self._check_parameters_kept()
