@@ -3,7 +3,16 @@
 // bytes per second from its start to its publication. benchmarks/checkpoint_bench.sh puts fio's rate for the
 // same bytes on the same directory beside it (docs/perf-notes.md "Asynchronous checkpoints").
 //
-//   strata_checkpoint_bench --dir DIR [--hidden 4096] [--world 1] [--rounds 3] [--threads 0]
+//   strata_checkpoint_bench --dir DIR [--hidden 4096] [--world 1] [--rounds 3] [--threads 0] [--nvme DIR]
+//
+// --nvme: the optimizer state on NVMe under DIR (offload_optimizer = nvme), which the asynchronous save
+// snapshots without a host copy (Note [Snapshots of NVMe state], optim/nvme_state.h). Each round then also
+// prints the host memory the save held: the snapshot's host bytes and staging (Engine::
+// checkpoint_snapshot_bytes) and the growth of the process's resident set from before the call to the most
+// it reached while the save was in flight (sampled after the call and after every step).
+//
+// Each round ends with a third save of the same state, asynchronous with no step meanwhile, timed from the call
+// to its publication (polled every millisecond): the writer's own rate ("async_alone_MBps"), beside fio's.
 //
 // --threads: the optimizer's threads (strata.optimizer_threads; 0: every CPU). With OMP_NUM_THREADS=1 and
 // --threads 1 the training keeps to one core and the writer has the others, as beside a GPU's training.
@@ -52,15 +61,35 @@ uint64_t DirBytes(const std::filesystem::path& d) {
 struct Round {
   double sync_s, async_call_s, async_steps_extra_s, async_total_s, step_s, step_spread_s;
   uint64_t bytes;
+  uint64_t snapshot_host, snapshot_nvme, snapshot_staging, rss_growth;
+  double async_alone_s;  // an asynchronous save of the same state with no step meanwhile: call to published
 };
 
+// This process's resident set (VmRSS), in bytes; 0 where /proc does not tell.
+uint64_t RssBytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %llu kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
 absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::string& dir, int hidden, int rounds,
-                 int optimizer_threads, std::vector<Round>* out) {
+                 int optimizer_threads, const std::string& nvme, std::vector<Round>* out) {
   using strata::engine::Engine;
   strata::device::HostDevice dev;
   strata::engine::EngineConfig cfg;
   cfg.stage = world > 1 ? 3 : 0;
   cfg.optimizer_threads = optimizer_threads;
+  if (!nvme.empty()) {
+    cfg.offload_optimizer.device = strata::engine::OffloadDevice::kNvme;
+    cfg.offload_optimizer.nvme_path = nvme;
+    cfg.offload_optimizer.pin_memory = false;
+  }
   STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
   STRATA_ASSIGN_OR_RETURN(auto mlp, strata::mlp::Mlp::Register(*e, strata::mlp::MlpShape{64, hidden, 16}));
   STRATA_RETURN_IF_ERROR(e->Finalize());
@@ -90,24 +119,42 @@ absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::
     STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(sync_dir, "{}"));
     round.sync_s = Since(t);
     // The same state, saved asynchronously: no step in between.
+    const uint64_t rss_before = RssBytes();
     t = Clock::now();
     STRATA_RETURN_IF_ERROR(e->SaveCheckpointAsync(async_dir, "{}"));
     round.async_call_s = Since(t);
+    uint64_t rss_max = RssBytes();
+    const Engine::SnapshotBytes held = e->checkpoint_snapshot_bytes();
+    round.snapshot_host = held.host;
+    round.snapshot_nvme = held.nvme;
+    round.snapshot_staging = held.staging;
     int steps = 0;
     while (e->checkpoint_in_flight() || steps == 0) {
       STRATA_ASSIGN_OR_RETURN(double s, step());
       round.async_steps_extra_s += s - round.step_s;  // signed: the steps' noise cancels
+      rss_max = std::max(rss_max, RssBytes());
       ++steps;
     }
+    round.rss_growth = rss_max > rss_before ? rss_max - rss_before : 0;
     STRATA_RETURN_IF_ERROR(e->WaitCheckpoint());
     round.async_total_s = Since(t);
+    // The writer alone: the same state again, no step while it is written (polled every millisecond).
+    const std::string alone_dir = async_dir + "_alone";
+    t = Clock::now();
+    STRATA_RETURN_IF_ERROR(e->SaveCheckpointAsync(alone_dir, "{}"));
+    while (e->checkpoint_in_flight()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    round.async_alone_s = Since(t);
+    STRATA_RETURN_IF_ERROR(e->WaitCheckpoint());
+    std::filesystem::remove_all(alone_dir);
     if (rank == 0) {
       round.bytes = DirBytes(async_dir);
       std::printf(
           "result round %d: step %.3f s (spread of 4: %.3f s); sync save %.3f s; async call %.3f s + %.3f s "
-          "lost by %d steps while writing; async published after %.3f s; %.1f MB\n",
+          "lost by %d steps while writing; async published after %.3f s; %.1f MB; snapshot host %.1f MB, "
+          "NVMe held %.1f MB, staging %.3f MB; resident set grew %.1f MB; written alone in %.3f s\n",
           r, round.step_s, round.step_spread_s, round.sync_s, round.async_call_s, round.async_steps_extra_s, steps,
-          round.async_total_s, round.bytes / 1e6);
+          round.async_total_s, round.bytes / 1e6, round.snapshot_host / 1e6, round.snapshot_nvme / 1e6,
+          round.snapshot_staging / 1e6, round.rss_growth / 1e6, round.async_alone_s);
       std::fflush(stdout);
       out->push_back(round);
     }
@@ -120,7 +167,7 @@ absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir;
+  std::string dir, nvme;
   int hidden = 4096, world = 1, rounds = 3, optimizer_threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -135,6 +182,8 @@ int main(int argc, char** argv) {
       ok = absl::SimpleAtoi(v, &rounds);
     else if (k == "--threads")
       ok = absl::SimpleAtoi(v, &optimizer_threads);
+    else if (k == "--nvme")
+      nvme = v;
     else
       ok = false;
     if (!ok) {
@@ -144,17 +193,19 @@ int main(int argc, char** argv) {
   }
   if (dir.empty() || hidden < 1 || world < 1 || rounds < 1 || optimizer_threads < 0 || optimizer_threads > 256) {
     std::fprintf(stderr,
-                 "usage: strata_checkpoint_bench --dir DIR [--hidden N] [--world N] [--rounds N] [--threads N]\n");
+                 "usage: strata_checkpoint_bench --dir DIR [--hidden N] [--world N] [--rounds N] [--threads N] "
+                 "[--nvme DIR]\n");
     return 2;
   }
   std::filesystem::create_directories(dir);
+  if (!nvme.empty()) std::filesystem::create_directories(nvme);
   auto comms = strata::comm::CreateInProcessGroup(world, strata::comm::Options{});
   std::vector<Round> rounds_out;
   std::vector<absl::Status> results(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back(
-        [&, r] { results[r] = Run(r, world, *comms[r], dir, hidden, rounds, optimizer_threads, &rounds_out); });
+        [&, r] { results[r] = Run(r, world, *comms[r], dir, hidden, rounds, optimizer_threads, nvme, &rounds_out); });
   }
   for (auto& t : threads) t.join();
   for (const absl::Status& s : results) {
@@ -163,18 +214,24 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::vector<double> sync, stall, total;
-  uint64_t bytes = 0;
+  std::vector<double> sync, stall, total, call, rss, alone;
+  uint64_t bytes = 0, host = 0;
   for (const Round& r : rounds_out) {
     sync.push_back(r.sync_s);
     stall.push_back(r.async_call_s + r.async_steps_extra_s);
     total.push_back(r.async_total_s);
+    call.push_back(r.async_call_s);
+    rss.push_back(static_cast<double>(r.rss_growth));
+    alone.push_back(r.async_alone_s);
     bytes = r.bytes;
+    host = std::max(host, r.snapshot_host + r.snapshot_staging);
   }
   std::printf(
       "{\"bytes\": %llu, \"sync_stall_s\": %.4f, \"async_stall_s\": %.4f, \"stall_ratio\": %.4f, "
-      "\"async_total_s\": %.4f, \"async_MBps\": %.1f, \"sync_MBps\": %.1f}\n",
+      "\"async_total_s\": %.4f, \"async_MBps\": %.1f, \"sync_MBps\": %.1f, \"async_call_s\": %.4f, "
+      "\"snapshot_host_MB\": %.3f, \"rss_growth_MB\": %.1f, \"async_alone_MBps\": %.1f}\n",
       static_cast<unsigned long long>(bytes), Median(sync), Median(stall), Median(stall) / Median(sync), Median(total),
-      bytes / 1e6 / Median(total), bytes / 1e6 / Median(sync));
+      bytes / 1e6 / Median(total), bytes / 1e6 / Median(sync), Median(call), host / 1e6, Median(rss) / 1e6,
+      bytes / 1e6 / Median(alone));
   return 0;
 }

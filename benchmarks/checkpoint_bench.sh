@@ -2,7 +2,8 @@
 # Asynchronous against synchronous checkpoint saves of the same state (strata_checkpoint_bench), then fio
 # writing the same bytes to the same directory the way a save does (buffered sequential 1 MiB writes, one
 # file per writer, fsync at the end), in one run. docs/perf-notes.md "Asynchronous checkpoints" holds results.
-# usage: benchmarks/checkpoint_bench.sh BUILD_DIR DIR [--hidden N] [--world N] [--rounds N] [--threads N]
+# usage: benchmarks/checkpoint_bench.sh BUILD_DIR DIR [--hidden N] [--world N] [--rounds N] [--threads N] [--nvme DIR]
+# (--nvme: the optimizer state on NVMe under DIR; the save then holds its tiles, not a host copy)
 set -euo pipefail
 build=$1 dir=$2
 shift 2

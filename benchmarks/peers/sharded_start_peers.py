@@ -27,6 +27,15 @@ $TORCH_EXTENSIONS_DIR: build it once, outside the timed run, with --build-ops.
     build/venv/bin/python benchmarks/peers/sharded_start_peers.py --nvme-path /work/nvme-bench \
         --ckpt-dir /work/llama-ckpt --peers strata-created,strata-loaded,fsdp2-meta,fsdp2-dcp,deepspeed-init
 
+With --save-compare each Strata candidate, after its steps, saves the same state synchronously and then
+asynchronously (docs/decisions/0036, 0046: the optimizer state on NVMe is held, not copied), takes one step while
+the asynchronous save is written, waits for it, and reports both stalls and the resident-set growth of the
+asynchronous save (a table after the main one). A tiny shape runs it in a minute:
+
+    build/venv/bin/python benchmarks/peers/sharded_start_peers.py --nvme-path /tmp/nvme-bench \
+        --ckpt-dir /tmp/tiny-ckpt --peers strata-created --save-compare --ranks 2 --layers 2 --hidden 64 \
+        --ffn 128 --heads 4 --kv-heads 2 --vocab 256 --steps 3
+
 docs/perf-notes.md ("Bigger than a rank") has the table and its reading.
 """
 import argparse
@@ -44,6 +53,7 @@ import torch_peers  # noqa: E402  (rss_watchdog, status_mib, results_in, rank_en
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LR = 1e-4
+SAVE_COMPARE = {}  # "run": the Strata candidate's save comparison (strata_setup), run by worker()
 
 
 def llama_config(a):
@@ -118,6 +128,32 @@ def strata_setup(a, cfg, mode, marks):
     def export(path):
         engine.save_pretrained(path, max_shard_size="1GB")
 
+    def save_compare(marks, batch, step_s):
+        """A synchronous and an asynchronous save of the same state; one step while the latter is written."""
+        root = os.path.join(a.nvme_path, "save-compare")  # the same directory on every rank
+        torch_peers.PHASE[0] = "synchronous save"
+        t = time.perf_counter()
+        engine.save_checkpoint(os.path.join(root, "sync"))
+        marks["sync_save_s"] = time.perf_counter() - t
+        torch_peers.PHASE[0] = "asynchronous save"
+        rss = torch_peers.status_mib("VmRSS")
+        t = time.perf_counter()
+        engine.save_checkpoint(os.path.join(root, "async"), async_save=True)
+        marks["async_call_s"] = time.perf_counter() - t
+        rss_max = torch_peers.status_mib("VmRSS")
+        t = time.perf_counter()
+        step(batch)  # one step on every rank (collective), whatever this rank's writer is doing
+        marks["async_step_s"] = time.perf_counter() - t
+        rss_max = max(rss_max, torch_peers.status_mib("VmRSS"))
+        t = time.perf_counter()
+        engine.wait_checkpoint()
+        marks["async_wait_s"] = time.perf_counter() - t
+        # the stall: the call, what the step lost against the one before, and the wait for the rest
+        marks["async_stall_s"] = marks["async_call_s"] + marks["async_step_s"] - step_s + marks["async_wait_s"]
+        marks["async_rss_growth_mib"] = rss_max - rss
+        marks["step_before_s"] = step_s
+
+    SAVE_COMPARE["run"] = save_compare
     return step, export, engine.close
 
 
@@ -223,12 +259,17 @@ def worker(a):
     step, export, close = setup(a, cfg, a.worker, marks)
     marks["setup_s"] = time.perf_counter() - t0
     losses = []
+    step_s = 0.0
     for s in range(a.steps):
         torch_peers.PHASE[0] = f"training step {s}"
+        t = time.perf_counter()
         losses.append(step(torch_peers.batch(a, s, rank, a.vocab)).item())
+        step_s = time.perf_counter() - t
         if s == 0:
             marks["first_step_s"] = time.perf_counter() - t0
     marks["steps_s"] = time.perf_counter() - t0 - marks["first_step_s"]
+    if a.save_compare and "run" in SAVE_COMPARE:
+        SAVE_COMPARE["run"](marks, torch_peers.batch(a, a.steps, rank, a.vocab), step_s)
     torch_peers.PHASE[0] = "export"
     t = time.perf_counter()
     export(os.path.join(a.nvme_path, f"export-{a.worker}"))
@@ -274,7 +315,9 @@ def write_checkpoint(a):
 
 def fio_read_mb_s(a):
     files = sorted(glob.glob(os.path.join(a.ckpt_dir, "*.safetensors")))
-    cmd = ["fio", "--name=ckpt", "--rw=read", "--bs=1M", "--direct=1", "--ioengine=io_uring", "--numjobs=4",
+    # fio refuses a block larger than a file: a tiny shape's checkpoint reads in 4 KiB blocks
+    bs = "1M" if min(os.path.getsize(f) for f in files) >= (1 << 20) else "4k"
+    cmd = ["fio", "--name=ckpt", "--rw=read", f"--bs={bs}", "--direct=1", "--ioengine=io_uring", "--numjobs=4",
            "--group_reporting", "--output-format=json", "--filename=" + ":".join(files)]
     out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
     return out["jobs"][0]["read"]["bw_bytes"] / 1e6
@@ -301,7 +344,7 @@ def launch(a, mode):
                ("layers", a.layers), ("hidden", a.hidden), ("ffn", a.ffn), ("heads", a.heads),
                ("kv_heads", a.kv_heads), ("vocab", a.vocab), ("seq", a.seq), ("micro_batch", a.micro_batch),
                ("steps", a.steps), ("rss_limit_mib", a.rss_limit_mib), ("nvme_path", a.nvme_path),
-               ("ckpt_dir", a.ckpt_dir))]
+               ("ckpt_dir", a.ckpt_dir))] + (["--save-compare"] if a.save_compare else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false")
     t = time.time()
     try:
@@ -358,6 +401,8 @@ def main():
     p.add_argument("--ckpt-dir")
     p.add_argument("--timeout", type=int, default=3600)
     p.add_argument("--results", help="append each candidate's result here (JSON lines)")
+    p.add_argument("--save-compare", action="store_true",
+                   help="Strata candidates: a synchronous and an asynchronous save of the same state after the steps")
     a = p.parse_args()
     if a.build_ops:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -389,6 +434,17 @@ def main():
           "|---|---|---|---|---|---|")
     for r in results:
         print(row(r, floor_s))
+    compared = [r for r in results if "error" not in r and "sync_save_s" in r["ranks"][0]]
+    if compared:
+        print("\n| system | sync save s | async call s | async step s (step before) | async wait s | async stall s "
+              "| stall / sync | async RSS growth MiB |\n|---|---|---|---|---|---|---|---|")
+        for r in compared:
+            rk = r["ranks"]
+            sync, stall = max(x["sync_save_s"] for x in rk), max(x["async_stall_s"] for x in rk)
+            print(f"| {r['mode']} | {sync:.2f} | {max(x['async_call_s'] for x in rk):.3f} "
+                  f"| {max(x['async_step_s'] for x in rk):.2f} ({max(x['step_before_s'] for x in rk):.2f}) "
+                  f"| {max(x['async_wait_s'] for x in rk):.2f} "
+                  f"| {stall:.2f} | {stall / sync:.2f} | {max(x['async_rss_growth_mib'] for x in rk):.1f} |")
 
 
 if __name__ == "__main__":

@@ -472,7 +472,8 @@ strata_status strata_engine_save_checkpoint(strata_engine* engine, const char* r
  * directory, is returned by the next strata_engine_step that finds it finished (that step is then not taken:
  * call it again), by the next save (which then does not start), or by strata_engine_wait_checkpoint.
  * Destroying the engine waits for the save in flight. Costs this rank's shard of master weights and
- * optimizer state in host memory until its file is written. */
+ * optimizer state in host memory until its file is written, except the state on NVMe (offload_optimizer
+ * nvme), which the save holds on NVMe without a copy (docs/decisions/0046-async-checkpoints-of-nvme-state.md). */
 strata_status strata_engine_save_checkpoint_async(strata_engine* engine, const char* root_dir,
                                                   const char* trainer_json);
 /* Collective. Waits for the asynchronous save in flight and returns the last one's outcome (STRATA_OK when

@@ -1,5 +1,6 @@
 #include "runtime/checkpoint/async_save.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <utility>
 
@@ -30,14 +31,56 @@ uint64_t ShardSnapshot::bytes() const {
   return n;
 }
 
-absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
-                                                            const ShardSnapshot& snapshot) {
+uint64_t ShardSnapshot::nvme_bytes() const {
+  uint64_t n = 0;
+  for (const auto& l : lanes) n += l != nullptr ? l->held_bytes() : 0;
+  return n;
+}
+
+uint64_t ShardSnapshot::staging_bytes() const {
+  uint64_t n = 0;
+  for (const auto& l : lanes) n = std::max<uint64_t>(n, l != nullptr ? l->staging_bytes() : 0);
+  return n;
+}
+
+namespace {
+// Floats a range of a lane is streamed in: the writer's own piece of host memory (1 MiB).
+constexpr uint64_t kPieceFloats = uint64_t{1} << 18;
+
+absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& path, int shard, int shard_world,
+                                                          ShardSnapshot& snapshot) {
   STRATA_ASSIGN_OR_RETURN(ShardWriter w, ShardWriter::Create(path, shard, shard_world, snapshot.ranges));
+  std::vector<float> piece;
   for (size_t i = 0; i < snapshot.ranges.size(); ++i) {
     const auto [buffer, offset] = snapshot.at[i];
-    STRATA_RETURN_IF_ERROR(w.Write(i, snapshot.buffers[buffer].data() + offset));
+    optim::KindSnapshot* lane = snapshot.lanes.size() > buffer ? snapshot.lanes[buffer].get() : nullptr;
+    if (lane == nullptr) {
+      STRATA_RETURN_IF_ERROR(w.Write(i, snapshot.buffers[buffer].data() + offset));
+    } else {  // Note [Snapshots of NVMe state]: in file order, which is the lane's
+      const uint64_t count = snapshot.ranges[i].count;
+      piece.resize(std::min(count, kPieceFloats));
+      uint64_t done = 0;
+      do {
+        const uint64_t n = std::min<uint64_t>(count - done, piece.size());
+        if (n > 0) STRATA_RETURN_IF_ERROR(lane->Read(offset + done, n, piece.data()));
+        STRATA_RETURN_IF_ERROR(w.WritePart(i, piece.data(), n));
+        done += n;
+      } while (done < count);
+    }
+    // A lane whose last range this was lets go of the rest of its tiles now.
+    if (lane != nullptr && (i + 1 == snapshot.ranges.size() || snapshot.at[i + 1].first != buffer)) {
+      snapshot.lanes[buffer].reset();
+    }
   }
   return w.Finish();
+}
+}  // namespace
+
+absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
+                                                            ShardSnapshot& snapshot) {
+  auto done = WriteRanges(path, shard, shard_world, snapshot);
+  snapshot.lanes.clear();  // whatever happened: the live state writes those tiles in place again
+  return done;
 }
 
 AsyncSaver::AsyncSaver(std::unique_ptr<comm::Communicator> control)
@@ -62,6 +105,7 @@ absl::Status AsyncSaver::Start(AsyncSaveJob job) {
     running_ = true;
     reported_ = false;
     outcome_ = absl::OkStatus();
+    last_ = {job.snapshot.bytes(), job.snapshot.nvme_bytes(), job.snapshot.staging_bytes()};
   }
   thread_ = std::thread([this, job = std::move(job)]() mutable { Run(std::move(job)); });
   return absl::OkStatus();
@@ -82,6 +126,7 @@ void AsyncSaver::Run(AsyncSaveJob job) {
       local = done.status();
     }
   }
+  job.snapshot.lanes.clear();  // not written (a failure before): let go of the NVMe tiles before publishing
   {
     std::lock_guard<std::mutex> lock(mu_);
     spare_ = std::move(job.snapshot.buffers);  // for the next snapshot (TakeSpareBuffers)
@@ -124,6 +169,11 @@ absl::Status AsyncSaver::Failure() {
 std::vector<std::vector<float>> AsyncSaver::TakeSpareBuffers() {
   std::lock_guard<std::mutex> lock(mu_);
   return std::exchange(spare_, {});
+}
+
+SnapshotBytes AsyncSaver::last_snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_;
 }
 
 bool AsyncSaver::in_flight() const {

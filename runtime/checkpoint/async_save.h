@@ -1,12 +1,14 @@
 // Note [Asynchronous checkpoints]. (docs/decisions/0036-async-checkpoints.md) A save that returns once this
-// rank's shard of the state is copied into host memory (the snapshot); a thread then writes the shard file,
-// fsyncs and renames it, and takes part in the publication (publish.h), manifest last, exactly as the
-// synchronous save does: the same files, byte for byte, and the same crash consistency, since a step
-// directory is complete only once its manifest is renamed into place.
+// rank's shard of the state is copied into host memory (the snapshot), except the state on NVMe, whose tiles
+// the snapshot holds without a copy (Note [Snapshots of NVMe state] in optim/nvme_state.h, decision 0046);
+// a thread then writes the shard file, fsyncs and renames it, and takes part in the publication
+// (publish.h), manifest last, exactly as the synchronous save does: the same files, byte for byte, and the
+// same crash consistency, since a step directory is complete only once its manifest is renamed into place.
 //
 // The thread runs its collectives on a communicator of its own (a Dup of the engine's control
 // communicator, made once, collectively, by the first asynchronous save), so they never interleave with
-// the training's. It never touches the engine: the snapshot and the manifest are copies.
+// the training's. It never touches the engine: the snapshot and the manifest are copies, or objects of the
+// state store below it (optim::KindSnapshot) that it reads.
 //
 // One save in flight: a second save first waits for the one in flight. Its outcome is agreed by every
 // rank (PublishCheckpoint). A failure is returned, naming the step directory, by the first of: the next
@@ -29,16 +31,29 @@
 #include "runtime/checkpoint/shard_file.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/device/device.h"
+#include "runtime/optim/state_store.h"
 
 namespace strata::checkpoint {
 
-// One rank's shard, copied out of wherever it lived: the ranges of its file (ShardWriter::Create's
-// argument) and, for each, where its floats are in `buffers`.
+// One rank's shard, as it was when the save began: the ranges of its file (ShardWriter::Create's argument)
+// and, for each, where its floats are: in `buffers` (copied into host memory), or, where lanes[buffer] is
+// set, in a snapshot of NVMe state that holds them without a copy (Note [Snapshots of NVMe state] in
+// optim/nvme_state.h; its buffer is then empty), read front to back through its own staging tile.
 struct ShardSnapshot {
   std::vector<ShardRange> ranges;
   std::vector<std::vector<float>> buffers;
-  std::vector<std::pair<size_t, uint64_t>> at;  // per range: (buffer, element offset)
-  uint64_t bytes() const;                       // the floats held
+  std::vector<std::unique_ptr<optim::KindSnapshot>> lanes;  // per buffer: null, or where its floats are
+  std::vector<std::pair<size_t, uint64_t>> at;              // per range: (buffer, element offset)
+  uint64_t bytes() const;                                   // the floats held in host memory
+  uint64_t nvme_bytes() const;                              // the NVMe bytes the lanes hold
+  uint64_t staging_bytes() const;                           // the most host bytes a lane stages through
+};
+
+// What the last snapshot held (Engine::checkpoint_snapshot_bytes).
+struct SnapshotBytes {
+  uint64_t host = 0;     // floats copied into host memory
+  uint64_t nvme = 0;     // NVMe state held without a copy
+  uint64_t staging = 0;  // host memory the writer reads the NVMe state through, one lane at a time
 };
 
 // Everything a save needs after the snapshot, on every rank.
@@ -51,9 +66,10 @@ struct AsyncSaveJob {
   Manifest manifest;  // rank 0: the manifest without its shards
 };
 
-// Writes the shard of `snapshot` to `path` (ShardWriter: temporary, fsync, rename). {checksum, bytes}.
+// Writes the shard of `snapshot` to `path` (ShardWriter: temporary, fsync, rename). {checksum, bytes}. Lets
+// go of each lane once written (of every lane, whatever the outcome).
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
-                                                            const ShardSnapshot& snapshot);
+                                                            ShardSnapshot& snapshot);
 
 // Tests only: `hook` runs on every writer thread before it writes its shard (empty: none), so a test can
 // hold the write until training changed the state. Set it while no save is in flight.
@@ -86,6 +102,8 @@ class AsyncSaver {
   // The snapshot buffers of the last finished save (kept for the next snapshot to reuse; empty while a
   // save is in flight), handed over once.
   std::vector<std::vector<float>> TakeSpareBuffers();
+  // What the snapshot of the last save held when it started.
+  SnapshotBytes last_snapshot() const;
 
  private:
   void Run(AsyncSaveJob job);
@@ -99,6 +117,7 @@ class AsyncSaver {
   bool reported_ = true;  // guarded by mu_: the outcome was returned (or there is none)
   absl::Status outcome_;  // guarded by mu_
   std::vector<std::vector<float>> spare_;  // guarded by mu_
+  SnapshotBytes last_;                     // guarded by mu_
 };
 
 }  // namespace strata::checkpoint

@@ -67,16 +67,28 @@ absl::StatusOr<ShardWriter> ShardWriter::Create(const std::string& path, int ran
   }
   w.ranges_ = std::move(ranges);
   w.written_.assign(w.ranges_.size(), false);
+  w.part_.assign(w.ranges_.size(), 0);
   STRATA_ASSIGN_OR_RETURN(w.fd_, OpenForWrite(w.tmp_.path()));
   return w;
 }
 
 absl::Status ShardWriter::Write(size_t index, const float* data) {
   if (index >= ranges_.size()) return absl::OutOfRangeError(absl::StrCat("shard range #", index, " does not exist"));
+  return WritePart(index, data, ranges_[index].count);
+}
+
+absl::Status ShardWriter::WritePart(size_t index, const float* data, uint64_t n) {
+  if (index >= ranges_.size()) return absl::OutOfRangeError(absl::StrCat("shard range #", index, " does not exist"));
   ShardRange& r = ranges_[index];
-  r.crc = Crc32(data, r.count * 4);
-  written_[index] = true;
-  return WriteAt(fd_.get(), data, r.count * 4, r.offset, tmp_.path());
+  const uint64_t done = part_[index];
+  if (written_[index] || n > r.count - done) {
+    return absl::OutOfRangeError(
+        absl::StrCat("shard range ", Label(r), ": writing ", n, " floats after ", done, " of ", r.count));
+  }
+  r.crc = Crc32(data, n * 4, done == 0 ? 0 : r.crc);  // crc32.h: incremental
+  part_[index] = done + n;
+  written_[index] = part_[index] == r.count;
+  return WriteAt(fd_.get(), data, n * 4, r.offset + done * 4, tmp_.path());
 }
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> ShardWriter::Finish() {

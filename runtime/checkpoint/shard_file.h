@@ -52,6 +52,9 @@ class ShardWriter {
                                             std::vector<ShardRange> ranges);
   // Writes range `index` (count floats). Any order; each exactly once.
   absl::Status Write(size_t index, const float* data);
+  // Writes the next `n` floats of range `index`, after those written before (its CRC is the whole range's):
+  // a range streamed in pieces, in order, its bytes those of one Write. Ranges in any order.
+  absl::Status WritePart(size_t index, const float* data, uint64_t n);
   // Writes the header, fsyncs, renames into place. Returns {file checksum, file size}.
   absl::StatusOr<std::pair<uint32_t, uint64_t>> Finish();
 
@@ -62,6 +65,7 @@ class ShardWriter {
   Fd fd_;
   std::vector<ShardRange> ranges_;
   std::vector<bool> written_;
+  std::vector<uint64_t> part_;  // per range: the floats WritePart wrote so far
   uint64_t header_bytes_ = 0, end_ = 0;
 };
 

@@ -130,12 +130,21 @@ class Engine {
   // One save in flight: a save (of either kind) or a load first waits for it. Its failure, naming
   // `step_dir`, is returned by the next Step() that finds it finished (that step is then not taken: call
   // Step() again), the next save (which then does not start) or WaitCheckpoint(). The host copy costs
-  // this rank's shard of master and optimizer state in host memory until the file is written.
+  // this rank's shard of master and optimizer state in host memory until the file is written, except the
+  // state on NVMe (offload_optimizer = nvme), which is not copied: the save holds its tiles, and the steps
+  // meanwhile write the tiles it holds elsewhere (Note [Snapshots of NVMe state], optim/nvme_state.h).
   absl::Status SaveCheckpointAsync(const std::string& step_dir, const std::string& trainer_json);
   // Collective. Waits for the asynchronous save in flight and returns the last one's outcome (OK if none).
   absl::Status WaitCheckpoint();
   // Whether an asynchronous save is being written (this rank's view; not collective).
   bool checkpoint_in_flight() const;
+  // What the last asynchronous save's snapshot held when it started (zeros before the first): the state it
+  // copied into host memory, the NVMe state it held without a copy, and the host memory its writer reads
+  // that through (one tile at a time).
+  struct SnapshotBytes {
+    uint64_t host = 0, nvme = 0, staging = 0;
+  };
+  SnapshotBytes checkpoint_snapshot_bytes() const;
   // Collective. Loads a checkpoint written at any world size and stage (resharding by global offsets),
   // verifying every checksum it reads; returns the trainer's state. Errors name the file and the problem:
   // another model, another param dtype or optimizer, a missing shard, a truncated or corrupted file, a

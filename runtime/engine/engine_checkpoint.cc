@@ -108,9 +108,11 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
 }
 
 // Note [Asynchronous checkpoints]: the ranges WriteShard writes, with every unit's kinds copied into host
-// memory (from what StateOwner::Lend lends on the host tiers; else staged by StateOwner::Read, from the device or
-// NVMe) instead of one unit at a time. The copies go into `spare`, the buffers of the save before, when it has
-// them: pages touched once, so the copy is not slowed down by page faults on fresh memory.
+// memory (from what StateOwner::Lend lends on the host tiers; else staged by StateOwner::Read, from the device)
+// instead of one unit at a time, except the kinds the state store snapshots without a copy (NVMe tiles: Note
+// [Snapshots of NVMe state] in optim/nvme_state.h), whose buffers stay empty. The copies go into `spare`, the
+// buffers of the save before, when it has them: pages touched once, so the copy is not slowed down by page
+// faults on fresh memory.
 absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::vector<float>> spare) {
   ShardPlan plan = PlanShard(m);
   ckpt::ShardSnapshot snap;
@@ -120,6 +122,11 @@ absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::v
     if (plan.where[i].first != staged_unit) {
       first_buffer = snap.buffers.size();
       for (optim::StateKind k : u.state->kinds()) {
+        snap.lanes.push_back(u.state->Snapshot(u, k));
+        if (snap.lanes.back() != nullptr) {
+          snap.buffers.emplace_back();
+          continue;
+        }
         std::vector<float> values;
         if (snap.buffers.size() < spare.size()) values = std::move(spare[snap.buffers.size()]);
         values.resize(u.update_elems());
@@ -262,6 +269,12 @@ absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std:
   }
   if (m.rt.rank() == 0 && job.local.ok()) job.manifest = BuildManifest(m, trainer_json);
   return async_saver_->Start(std::move(job));
+}
+
+Engine::SnapshotBytes Engine::checkpoint_snapshot_bytes() const {
+  if (async_saver_ == nullptr) return {};
+  const ckpt::SnapshotBytes b = async_saver_->last_snapshot();
+  return {b.host, b.nvme, b.staging};
 }
 
 absl::Status Engine::WaitCheckpoint() { return async_saver_ == nullptr ? absl::OkStatus() : async_saver_->Wait(); }

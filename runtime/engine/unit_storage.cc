@@ -109,7 +109,9 @@ absl::Status UnitStorage::SetUpNvme(const std::vector<UnitState>& units, size_t 
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
   std::vector<size_t> elems;
   for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : u.update_elems());  // Note [Frozen units]
-  const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
+  // Twice the state: room for the tiles the steps write apart from those an asynchronous save still holds
+  // (Note [Snapshots of NVMe state]); without it they would wait for the save's writer.
+  const uint64_t need = 2 * optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
   STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
                           offload::NvmeStore::Create(StoreOptions(rt, path, "optimizer", need), rt.io_queue.get()));
@@ -168,6 +170,8 @@ class FrozenState : public StateOwner {
   // Its master is staged (Read, then Write): the param storage, in the param dtype.
   std::optional<absl::Span<float>> Lend(UnitState&, optim::StateKind) override { return std::nullopt; }
   absl::Status MasterToParams(UnitState&, const float*) override { return absl::OkStatus(); }
+  // Its master is the param storage, which the step does not write but SetParam may: copied, as before.
+  std::unique_ptr<optim::KindSnapshot> Snapshot(UnitState&, optim::StateKind) override { return nullptr; }
 
  private:
   UnitStorage& s_;
@@ -188,6 +192,9 @@ class TrainedState : public StateOwner {
     return s_.state->Lend(u.index, kind);
   }
   absl::Status MasterToParams(UnitState& u, const float* master) override { return s_.CastMasterToParams(u, master); }
+  std::unique_ptr<optim::KindSnapshot> Snapshot(UnitState& u, optim::StateKind kind) override {
+    return s_.state->Snapshot(u.index, kind);
+  }
 
  private:
   UnitStorage& s_;

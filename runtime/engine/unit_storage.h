@@ -61,6 +61,8 @@ class StateOwner {
   // After the master was written (a restore): the param storage from `master`, host memory over the update
   // range. Nothing for a frozen unit, whose master is its params.
   virtual absl::Status MasterToParams(UnitState& u, const float* master) = 0;
+  // A snapshot of the kind that costs no copy (optim::StateStore::Snapshot: NVMe tiles), else null.
+  virtual std::unique_ptr<optim::KindSnapshot> Snapshot(UnitState& u, optim::StateKind kind) = 0;
 };
 
 // Note [Tier placement] and Note [Placement] (placement.h): which tier each buffer lives on, and the

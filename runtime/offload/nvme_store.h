@@ -13,7 +13,11 @@
 // aligned body and the last partial block goes through a 4 KiB bounce buffer of the request.
 // Ordering: at most one write of an extent in flight, and no read of it while a write is in flight (the
 // caller orders them with the IoWorks). Different extents are independent, whatever is in flight.
-// Lifetime: destroying an NvmeExtent frees its space once the I/O that uses it has completed.
+// Lifetime: destroying an NvmeExtent frees its space once the I/O that uses it has completed. Share() gives
+// another owner of the same extent (its space is freed when the last owner and its I/O are gone); an
+// extent with more than one owner is read, never written, by convention of its owners (Note [Snapshots of
+// NVMe state] in optim/nvme_state.h: a checkpoint's snapshot and the live state). Reads of one extent may
+// run at once from different threads.
 //
 // Accounting. Allocate charges IoBytes(bytes) to memory::Tier::kNvme under (kind) in the tracker and
 // against budget_bytes; Free (the extent's destructor) returns it. Out of budget is ResourceExhausted
@@ -53,11 +57,16 @@ namespace internal {
 struct ExtentRecord;  // offset, sizes, checksum; shared with in-flight I/O
 }  // namespace internal
 
-// Owner of one allocated extent (move-only).
+// Owner of one allocated extent (move-only; Share() makes another owner on purpose).
 class NvmeExtent {
  public:
   NvmeExtent() = default;
   bool empty() const { return record_ == nullptr; }
+  // Another owner of this extent (thread-safe).
+  NvmeExtent Share() const { return NvmeExtent(record_); }
+  // Whether another owner (or I/O in flight on it) holds this extent too. Called by an owner that made
+  // every other owner, false is final: nobody else can hold it again.
+  bool shared() const { return record_ != nullptr && record_.use_count() > 1; }
   uint64_t id() const;
   uint64_t bytes() const;     // as asked
   uint64_t io_bytes() const;  // bytes() rounded up to 4096: what is transferred and charged

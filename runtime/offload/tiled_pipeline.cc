@@ -133,7 +133,9 @@ void TiledPipeline::IssueWrites(size_t i) {
   write_tile_[i % kSlots] = i;
   for (size_t l = 0; l < lanes_.size(); ++l) {
     if (!lanes_[l].write_back) continue;
-    works.push_back(store_.Write(*lanes_[l].tiles[i], buffers_[i % kSlots][l].view()));
+    const std::vector<const NvmeExtent*>& to = lanes_[l].write_to;
+    const NvmeExtent* target = i < to.size() && to[i] != nullptr ? to[i] : lanes_[l].tiles[i];
+    works.push_back(store_.Write(*target, buffers_[i % kSlots][l].view()));
     stats_.bytes_written += lanes_[l].tiles[i]->bytes();
   }
 }

@@ -13,9 +13,9 @@
 // For each tile, in order: every lane with `read` is read into a pinned buffer; Next() returns with
 // views() holding one view per lane (view.bytes == that tile's extent bytes); the caller works on them on
 // its own thread and hands Done() the work's status; then every lane with `write_back` is written from that
-// buffer. Three buffers per lane rotate (slot = i % 3): while the caller works on tile i, the reads of
-// tile i+1 and the writes of tile i-1 are in flight; before reusing a slot for tile i+1 the pipeline
-// waits for the write of tile i-2 that last used it.
+// buffer (to the lane's write_to[i] where it has one). Three buffers per lane rotate (slot = i % 3): while
+// the caller works on tile i, the reads of tile i+1 and the writes of tile i-1 are in flight; before reusing
+// a slot for tile i+1 the pipeline waits for the write of tile i-2 that last used it.
 //
 // Requirements. Every lane has the same number of tiles; every tile extent fits in pool.buffer_bytes();
 // the pool has at least 3 x lanes buffers (they are acquired, blocking, at the start and returned at the
@@ -45,6 +45,9 @@ struct TileLane {
   std::vector<const NvmeExtent*> tiles;  // tile i of this array; not owned
   bool read = true;                      // false: fn fills the tile (e.g. zero-initialised state)
   bool write_back = true;                // false: read-only input (e.g. gradients staged on NVMe)
+  // Where tile i is written back when write_to[i] is set (else tiles[i], in place): a fresh extent that
+  // replaces a tile a snapshot still holds (Note [Snapshots of NVMe state] in optim/nvme_state.h).
+  std::vector<const NvmeExtent*> write_to;
 };
 
 // Where the time went, for the engine's "exposed I/O" metric.

@@ -1,15 +1,117 @@
 #include "runtime/optim/nvme_state.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
+#include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 
 namespace strata::optim {
 
+// Note [Snapshots of NVMe state]: a count of the times snapshots let go of tiles, to wait on.
+struct NvmeState::LetGoSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t generation = 0;  // guarded by mu
+
+  uint64_t Seen() {
+    std::lock_guard<std::mutex> lock(mu);
+    return generation;
+  }
+  void Notify() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++generation;
+    }
+    cv.notify_all();
+  }
+  // Until a snapshot let go of something after `seen`; says so in the log every 10 s meanwhile.
+  void WaitPast(uint64_t seen) {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!cv.wait_for(lock, std::chrono::seconds(10), [&] { return generation != seen; })) {
+      STRATA_LOG(Warning) << "the NVMe optimizer state has no room to write a tile apart from the checkpoint "
+                             "being written; waiting for the checkpoint's writer to read past it";
+    }
+  }
+};
+
 namespace {
 size_t TilesOf(size_t elems, size_t tile_elems) { return (elems + tile_elems - 1) / tile_elems; }
 size_t ElemsOf(size_t elems, size_t tile_elems, size_t t) { return std::min(tile_elems, elems - t * tile_elems); }
+
+// Note [Snapshots of NVMe state]: one lane's tiles, owned with the live lane until either lets go, read
+// front to back through one tile of staging of its own (plain aligned memory, allocated on the first read).
+class NvmeKindSnapshot : public KindSnapshot {
+ public:
+  NvmeKindSnapshot(offload::NvmeStore* store, std::shared_ptr<NvmeState::LetGoSignal> let_go, size_t tile_elems,
+                   size_t elems, std::vector<offload::NvmeExtent> tiles)
+      : store_(store), let_go_(std::move(let_go)), tile_elems_(tile_elems), elems_(elems), tiles_(std::move(tiles)) {
+    for (const offload::NvmeExtent& e : tiles_) held_ += e.io_bytes();
+  }
+  ~NvmeKindSnapshot() override { Release(); }
+
+  size_t elems() const override { return elems_; }
+  uint64_t held_bytes() const override { return held_; }
+  uint64_t staging_bytes() const override { return offload::NvmeStore::IoBytes(tile_elems_ * 4); }
+
+  absl::Status Read(size_t at, size_t n, float* dst) override {
+    if (at + n > elems_ || at < let_go_before_ * tile_elems_) {
+      return absl::OutOfRangeError(absl::StrCat("snapshot read of elements [", at, ", ", at + n, ") of ", elems_,
+                                                " (read from ", let_go_before_ * tile_elems_, " on)"));
+    }
+    while (n > 0) {
+      const size_t t = at / tile_elems_, in = at - t * tile_elems_;
+      LetGoBefore(t);
+      const size_t take = std::min(n, ElemsOf(elems_, tile_elems_, t) - in);
+      if (loaded_ != t) {
+        if (staging_ == nullptr) {
+          staging_ = static_cast<float*>(std::aligned_alloc(offload::NvmeStore::kAlignment, staging_bytes()));
+          if (staging_ == nullptr) return absl::ResourceExhaustedError("no memory for a snapshot's staging tile");
+        }
+        loaded_ = SIZE_MAX;
+        STRATA_RETURN_IF_ERROR(
+            store_->Read(tiles_[t], memory::BufferView{staging_, staging_bytes(), memory::Tier::kPinnedHost}).Wait());
+        loaded_ = t;
+      }
+      std::memcpy(dst, staging_ + in, take * 4);
+      dst += take;
+      at += take;
+      n -= take;
+    }
+    if (at == elems_) LetGoBefore(tiles_.size());
+    return absl::OkStatus();
+  }
+
+  void Release() override {
+    LetGoBefore(tiles_.size());
+    std::free(staging_);
+    staging_ = nullptr;
+    loaded_ = SIZE_MAX;
+  }
+
+ private:
+  // Lets go of tiles [.., t).
+  void LetGoBefore(size_t t) {
+    if (t <= let_go_before_) return;
+    for (size_t i = let_go_before_; i < t; ++i) tiles_[i].Reset();
+    let_go_before_ = t;
+    let_go_->Notify();
+  }
+
+  offload::NvmeStore* store_;
+  std::shared_ptr<NvmeState::LetGoSignal> let_go_;
+  size_t tile_elems_, elems_;
+  std::vector<offload::NvmeExtent> tiles_;
+  uint64_t held_ = 0;
+  size_t let_go_before_ = 0;  // tiles before it are let go
+  size_t loaded_ = SIZE_MAX;  // the tile in staging_
+  float* staging_ = nullptr;
+};
 }  // namespace
 
 uint64_t NvmeState::StoreBytes(size_t tile_elems, size_t kinds, const std::vector<size_t>& update_elems) {
@@ -33,6 +135,7 @@ absl::StatusOr<std::unique_ptr<NvmeState>> NvmeState::Create(std::unique_ptr<off
   s->staging_ = std::move(staging);
   s->tile_elems_ = tile_elems;
   s->elems_ = std::move(update_elems);
+  s->let_go_ = std::make_shared<LetGoSignal>();
   s->lanes_.resize(s->elems_.size());
   for (size_t u = 0; u < s->elems_.size(); ++u) {
     s->lanes_[u].assign(kinds.size(), {});
@@ -65,19 +168,50 @@ absl::StatusOr<std::vector<float>> NvmeState::Read(int unit, StateKind kind) {
 
 absl::Status NvmeState::Write(int unit, StateKind kind, const std::vector<float>& values) {
   offload::PinnedBuffer buf = staging_->Acquire();
-  const auto& lane = lanes_[unit][StateIndex(kind)];
+  auto& lane = lanes_[unit][StateIndex(kind)];
   for (size_t t = 0; t < lane.size(); ++t) {
     std::memcpy(buf.data(), values.data() + t * tile_elems_, TileElems(unit, t) * 4);
-    STRATA_RETURN_IF_ERROR(store_->Write(lane[t], buf.view()).Wait());
+    STRATA_ASSIGN_OR_RETURN(offload::NvmeExtent fresh, WriteTarget(lane[t], StateIndex(kind)));
+    STRATA_RETURN_IF_ERROR(store_->Write(fresh.empty() ? lane[t] : fresh, buf.view()).Wait());
+    if (!fresh.empty()) lane[t] = std::move(fresh);  // Note [Snapshots of NVMe state]
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<offload::NvmeExtent> NvmeState::WriteTarget(const offload::NvmeExtent& live, size_t lane) {
+  const memory::Kind kind = lane == 0 ? memory::Kind::kMaster : memory::Kind::kOptimizerState;
+  for (;;) {
+    const uint64_t seen = let_go_->Seen();
+    if (!live.shared()) return offload::NvmeExtent();  // nobody else holds it: in place
+    absl::StatusOr<offload::NvmeExtent> fresh = store_->Allocate(live.bytes(), kind);
+    if (fresh.ok()) {
+      ++redirects_.redirected_tiles;
+      return fresh;
+    }
+    if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
+    ++redirects_.waits;
+    let_go_->WaitPast(seen);  // a snapshot let go of a tile: room, or this one unshared
+  }
+}
+
+std::unique_ptr<KindSnapshot> NvmeState::Snapshot(int unit, StateKind kind) {
+  std::vector<offload::NvmeExtent> tiles;
+  for (const offload::NvmeExtent& e : lanes_[unit][StateIndex(kind)]) tiles.push_back(e.Share());
+  return std::make_unique<NvmeKindSnapshot>(store_.get(), let_go_, tile_elems_, elems_[unit], std::move(tiles));
 }
 
 absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const OptimizerConfig& cfg,
                                                              const TiledUpdate& up) {
   std::vector<offload::TileLane> tiles(lanes_[unit].size());  // in StateIndex order
+  // Note [Snapshots of NVMe state]: the tiles a snapshot holds are written to fresh extents.
+  std::vector<std::vector<offload::NvmeExtent>> fresh(tiles.size());
   for (size_t l = 0; l < tiles.size(); ++l) {
-    for (const offload::NvmeExtent& e : lanes_[unit][l]) tiles[l].tiles.push_back(&e);
+    for (const offload::NvmeExtent& e : lanes_[unit][l]) {
+      tiles[l].tiles.push_back(&e);
+      STRATA_ASSIGN_OR_RETURN(offload::NvmeExtent target, WriteTarget(e, l));
+      fresh[l].push_back(std::move(target));
+    }
+    for (const offload::NvmeExtent& e : fresh[l]) tiles[l].write_to.push_back(e.empty() ? nullptr : &e);
   }
   const size_t param_bytes = DTypeBytes(up.param_dtype);
   auto update_tile = [&](size_t t, absl::Span<const memory::BufferView> v) -> absl::Status {
@@ -107,7 +241,14 @@ absl::StatusOr<offload::TilePipelineStats> NvmeState::Update(int unit, const Opt
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::TiledPipeline> pipeline,
                           offload::TiledPipeline::Start(*store_, *staging_, tiles));
   while (pipeline->Next()) pipeline->Done(update_tile(pipeline->tile(), pipeline->views()));
-  return pipeline->Finish();
+  STRATA_ASSIGN_OR_RETURN(offload::TilePipelineStats stats, pipeline->Finish());
+  // Only once every tile is written: after a failure the redirected tiles keep their old values.
+  for (size_t l = 0; l < fresh.size(); ++l) {
+    for (size_t t = 0; t < fresh[l].size(); ++t) {
+      if (!fresh[l][t].empty()) lanes_[unit][l][t] = std::move(fresh[l][t]);
+    }
+  }
+  return stats;
 }
 
 absl::StatusOr<offload::TilePipelineStats> NvmeState::Step(int unit, const OptimizerConfig& cfg, const UnitStep& up) {

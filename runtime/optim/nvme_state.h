@@ -10,6 +10,22 @@
 // streams them through pinned buffers with offload::TiledPipeline (read tile i+1 and write tile
 // i-1 while tile i updates). Gradients stay on the pinned-host tier. Anything that needs the master in
 // memory (export, SetParam, checkpoints) stages one unit at a time. The tiles are NvmeState's, below.
+//
+// Note [Snapshots of NVMe state]. (docs/decisions/0046-async-checkpoints-of-nvme-state.md) An asynchronous
+// checkpoint must not hold a shard of NVMe state in host memory, so Snapshot(unit, kind) copies nothing: it
+// takes a second owner of every tile extent of the lane (NvmeExtent::Share, no I/O). While a snapshot holds
+// a tile, nothing writes that extent: the next write of the tile (Update's write-back, Write) goes to a
+// fresh extent that then replaces it in the live lane (redirect on write), and the old one, still the
+// snapshot's, keeps the bytes it had when the snapshot was taken. The snapshot is read front to back (on the
+// checkpoint's writer thread, through one tile of its own staging) and lets go of each tile once it read
+// past it; a tile's space returns to the store when its last owner lets go. A tile nobody shares is written
+// in place, as before. So the state updated while a save is in flight needs up to twice its bytes on NVMe.
+// When the store has no room for a redirect (ResourceExhausted), the write waits until a snapshot lets go
+// of a tile (that frees room, or unshares the tile, which is then written in place), and tries again:
+// training slows down to the checkpoint's pace, but neither fails nor loses a byte. Nothing else changes:
+// the values, and so training, are those of a run without a snapshot. Thread safety: the training thread
+// alone changes the lanes; the snapshot's tiles are its own handles; the store's Allocate, Read and the
+// extents' release are thread-safe (nvme_store.h), and a shared extent is only ever read.
 #pragma once
 
 #include <cstdint>
@@ -59,17 +75,35 @@ class NvmeState : public StateStore {
   absl::StatusOr<offload::TilePipelineStats> Update(int unit, const OptimizerConfig& cfg, const TiledUpdate& u);
   // StateStore's step: Update over the params in host memory (the tiles cover the whole update range).
   absl::StatusOr<offload::TilePipelineStats> Step(int unit, const OptimizerConfig& cfg, const UnitStep& up) override;
+  // Note [Snapshots of NVMe state]: the lane of `kind` as it is now, without I/O.
+  std::unique_ptr<KindSnapshot> Snapshot(int unit, StateKind kind) override;
+
+  // Since Create: tiles written to a fresh extent because a snapshot held them, and waits for a snapshot
+  // to let go of a tile because the store had no room for one.
+  struct RedirectStats {
+    uint64_t redirected_tiles = 0;
+    uint64_t waits = 0;
+  };
+  RedirectStats redirect_stats() const { return redirects_; }
+
+  // What snapshots signal when they let go of tiles (nvme_state.cc).
+  struct LetGoSignal;
 
  private:
   NvmeState() = default;
   size_t Tiles(int unit) const { return lanes_[unit].empty() ? 0 : lanes_[unit][0].size(); }
   size_t TileElems(int unit, size_t t) const;
+  // Where a write of the tile `live` of lane `lane` goes: an empty extent for in place (nobody else holds
+  // it), else a fresh one; waits for snapshots to let go while the store has no room.
+  absl::StatusOr<offload::NvmeExtent> WriteTarget(const offload::NvmeExtent& live, size_t lane);
 
   std::unique_ptr<offload::NvmeStore> store_;
   std::unique_ptr<offload::PinnedPool> staging_;
   size_t tile_elems_ = 0;
   std::vector<size_t> elems_;  // per unit: the update range's elements
   std::vector<std::vector<std::vector<offload::NvmeExtent>>> lanes_;  // unit, StateIndex, tile
+  std::shared_ptr<LetGoSignal> let_go_;  // shared with the snapshots, which may outlive nothing but it
+  RedirectStats redirects_;
 };
 
 }  // namespace strata::optim

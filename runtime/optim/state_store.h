@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -59,6 +60,23 @@ struct UnitStep {
   HostExecutor* executor = nullptr;  // host updates that take one explicitly (NVMe tiles); same bits for any
 };
 
+// One kind of one unit as it was when the snapshot was taken (StateStore::Snapshot), read later, front to
+// back, possibly on another thread than the training's, without a copy of it in host memory (Note
+// [Snapshots of NVMe state] in nvme_state.h). Destroying it lets go of what it still holds.
+class KindSnapshot {
+ public:
+  virtual ~KindSnapshot() = default;
+  virtual size_t elems() const = 0;
+  // Copies elements [at, at + n) to dst. Calls ascend (`at` never goes back): what lies wholly before `at`
+  // is let go first.
+  virtual absl::Status Read(size_t at, size_t n, float* dst) = 0;
+  // Lets go of everything (the staging buffer too); nothing may be read afterwards.
+  virtual void Release() = 0;
+  // Bytes of the state it holds outside host memory, and the host bytes it stages through at most.
+  virtual uint64_t held_bytes() const = 0;
+  virtual uint64_t staging_bytes() const = 0;
+};
+
 class StateStore {
  public:
   virtual ~StateStore() = default;
@@ -71,6 +89,9 @@ class StateStore {
   // tiles), and the caller stages it through Read and Write. An edit of the state is the caller's, calling down
   // (docs/design.md "Calls only descend"). The default lends nothing.
   virtual std::optional<absl::Span<float>> Lend(int unit, StateKind kind);
+  // A snapshot of the kind that costs no copy (NVMe tiles), or null where the store has none (state in
+  // memory: the caller copies it). Between steps only; the live state stays usable meanwhile.
+  virtual std::unique_ptr<KindSnapshot> Snapshot(int /*unit*/, StateKind /*kind*/) { return nullptr; }
   // The optimizer step of one unit (cfg.type's kinds); the params receive the updated master rounded to
   // the param dtype (or copied, fp32, when the master is kept apart). Returns the NVMe pipeline's
   // counters (zero for state in memory).

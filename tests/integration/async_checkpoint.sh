@@ -8,6 +8,9 @@
 #            directory with a manifest verifies (`strata ckpt inspect --verify`: never a half-written one that
 #            looks complete), and the next run resumes from the newest of them; at the end nothing is left
 #            behind. The assertions hold at any moment of a kill; the RNG only spreads the moments.
+#   nvme:    with the optimizer state on NVMe (held by the save, not copied: decision 0046), saves every 2 steps
+#            while training goes on write the shards of a synchronous run's saves, byte for byte, and the
+#            losses are those of that run
 # usage: async_checkpoint.sh MPIRUN STRATA [section]
 set -uo pipefail
 mpirun=$1 strata=$2 only=${3:-all}
@@ -33,6 +36,29 @@ if want resume; then
   out=$("$strata" train "${small[@]}" --steps 2 --checkpoint-async 2>&1)
   [ $? -ne 0 ] && grep -q "need --checkpoint-dir" <<<"$out"
   check "--checkpoint-async without --checkpoint-dir is refused" $? "$out"
+fi
+
+if want nvme; then
+  d="$work/n"
+  mkdir -p "$d.nvme"
+  nvme=(--stage 3 --steps 6 --micro-batch 2 --checkpoint-every 2 --offload-optimizer nvme --nvme-path "$d.nvme")
+  "$mpirun" -n 2 "$strata" train "${small[@]}" "${nvme[@]}" --metrics "$d.sync.jsonl" --checkpoint-dir "$d.sync" \
+    > /dev/null 2>&1
+  out=$("$mpirun" -n 2 "$strata" train "${small[@]}" "${nvme[@]}" --metrics "$d.async.jsonl" --checkpoint-dir "$d" \
+        --checkpoint-async 2>&1)
+  rc=$?
+  same=0
+  for s in 2 4 6; do
+    for r in 0 1; do
+      f="step_$(printf %08d $s)/shard_0000$r.bin"
+      [ -f "$d/$f" ] && cmp -s "$d/$f" "$d.sync/$f" && same=$((same + 1))
+    done
+  done
+  [ $rc -eq 0 ] && [ $same -eq 6 ]
+  check "NVMe state: the asynchronous saves of steps 2, 4, 6 equal the synchronous ones ($same of 6 shards)" $? \
+    "rc $rc; $out"
+  out=$(same_losses "$d.sync.jsonl" "$d.async.jsonl" 0)
+  check "NVMe state: the losses over the asynchronous saves are the synchronous run's $out" $? "$out"
 fi
 
 if want kills; then

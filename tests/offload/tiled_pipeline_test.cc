@@ -1,12 +1,14 @@
 // Tests for offload/tiled_pipeline: an Adam-like update of NVMe-resident state (master, m, v written
 // back; grads read-only) gives the same bytes as the same update in memory; while tile i computes, the
 // reads of tile i+1 and the writes of tile i-1 have been issued; a failing tile stops the pipeline
-// cleanly; a pool too small is refused. Runs on each I/O back-end.
+// cleanly; a pool too small is refused; a tile with a write target (write_to) is written there. Runs on
+// each I/O back-end.
 #include "runtime/offload/tiled_pipeline.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -125,6 +127,37 @@ TEST_P(TiledPipelineTest, UpdatesNvmeStateLikeTheInMemoryReferenceWithOverlap) {
     }
   }
   EXPECT_EQ(pool_->free_count(), pool_->buffer_count());
+}
+
+// TileLane::write_to (Note [Snapshots of NVMe state] in optim/nvme_state.h): a tile with a target is written
+// there and its own extent keeps its bytes; the tiles without one are written in place.
+TEST_P(TiledPipelineTest, ATileWithATargetIsWrittenThereAndKeepsItsBytes) {
+  constexpr size_t kTiles = 3;
+  MakeState(kTiles);
+  std::vector<NvmeExtent> fresh;
+  fresh.reserve(kTiles);
+  for (size_t i = 0; i < kTiles; ++i) fresh.push_back(*store_->Allocate(extents_[0][i].bytes(), memory::Kind::kMaster));
+  lanes_[0].write_to = {&fresh[0], nullptr, &fresh[2]};  // the master's tiles 0 and 2 go elsewhere
+  const std::vector<float> old0 = ReadTile(0, 0), old1 = ReadTile(0, 1), old2 = ReadTile(0, 2);
+  auto stats = RunTiles(*store_, *pool_, lanes_, [&](size_t, absl::Span<const memory::BufferView> v) {
+    for (const auto& view : v.first(3)) std::memset(view.data, 0, view.bytes);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  auto zero = [](const std::vector<float>& t) {
+    return std::all_of(t.begin(), t.end(), [](float x) { return x == 0; });
+  };
+  EXPECT_EQ(ReadTile(0, 0), old0);
+  EXPECT_TRUE(zero(ReadTile(0, 1))) << "tile 1 has no target: in place";
+  EXPECT_EQ(ReadTile(0, 2), old2);
+  EXPECT_NE(old1, ReadTile(0, 1));
+  for (size_t i : {0, 2}) {
+    testing::AlignedBuffer staging(fresh[i].bytes());
+    ASSERT_TRUE(store_->Read(fresh[i], staging.view()).Wait().ok());
+    const float* f = reinterpret_cast<const float*>(staging.data());
+    EXPECT_TRUE(zero(std::vector<float>(f, f + fresh[i].bytes() / 4))) << "target of tile " << i;
+  }
+  EXPECT_TRUE(zero(ReadTile(1, 0)));  // the other lanes in place
 }
 
 TEST_P(TiledPipelineTest, AFailingTileStopsThePipelineAndNamesIt) {

@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "gmock/gmock.h"
@@ -80,6 +82,44 @@ TEST_F(ShardFile, FailedOrAbandonedWriteLeavesNoTemporary) {
     EXPECT_FALSE(w->Write(7, data.data()).ok());
   }
   EXPECT_THAT(Temps(dir_), IsEmpty());
+}
+
+// WritePart (Note [Snapshots of NVMe state]: a lane streamed in pieces): a range written in pieces, in order,
+// gives the file of one Write per range, byte for byte; a piece past the range's end is refused.
+TEST_F(ShardFile, ARangeWrittenInPiecesIsTheSameFile) {
+  const std::vector<ShardRange> ranges = {{"u", "w", "master", 0, 10}, {"u", "b", "master", 10, 3}};
+  std::vector<float> data(13);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = 0.5f * static_cast<float>(i) - 2;
+  {
+    auto w = ShardWriter::Create(Path("whole.bin"), 0, 1, ranges);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->Write(1, data.data() + 10).ok());
+    ASSERT_TRUE(w->Write(0, data.data()).ok());
+    ASSERT_TRUE(w->Finish().ok());
+  }
+  {
+    auto w = ShardWriter::Create(Path("parts.bin"), 0, 1, ranges);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->WritePart(0, data.data(), 4).ok());
+    ASSERT_TRUE(w->WritePart(1, data.data() + 10, 3).ok());
+    ASSERT_TRUE(w->WritePart(0, data.data() + 4, 0).ok());
+    ASSERT_TRUE(w->WritePart(0, data.data() + 4, 5).ok());
+    EXPECT_FALSE(w->Finish().ok()) << "a range with a piece missing was published";
+  }
+  {
+    auto w = ShardWriter::Create(Path("parts.bin"), 0, 1, ranges);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->WritePart(0, data.data(), 4).ok());
+    ASSERT_TRUE(w->WritePart(1, data.data() + 10, 3).ok());
+    ASSERT_TRUE(w->WritePart(0, data.data() + 4, 6).ok());
+    const absl::Status past = w->WritePart(0, data.data(), 1);
+    EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange) << past;
+    ASSERT_TRUE(w->Finish().ok());
+  }
+  std::ifstream a(Path("whole.bin"), std::ios::binary), b(Path("parts.bin"), std::ios::binary);
+  const std::string whole(std::istreambuf_iterator<char>(a), {}), parts(std::istreambuf_iterator<char>(b), {});
+  EXPECT_FALSE(whole.empty());
+  EXPECT_TRUE(whole == parts);
 }
 
 TEST_F(ShardFile, GoodHandMadeHeaderOpens) { EXPECT_TRUE(OpenHeader(dir_.string(), Header(GoodRange())).ok()); }

@@ -2,7 +2,8 @@
 // SaveCheckpointAsync equal SaveCheckpoint's of the same state byte for byte (stages 0-3, 1 and 2 ranks,
 // optimizer state in memory, on the host tier and on NVMe, hybrid sharding), also when the writers are held
 // until training changed the state (the snapshot, not the live state, is written) and when a second snapshot
-// reuses the first one's buffers; a write that fails in the background is returned by the next Step() (which
+// reuses the first one's buffers; NVMe state is snapshotted without a host copy and the steps over the save
+// leave it as a run without the save would; a write that fails in the background is returned by the next Step() (which
 // is then not taken), by the next save (which does not start) and by WaitCheckpoint(), naming the step
 // directory; destroying the engine finishes the save in flight; a second save waits for the first.
 #include <unistd.h>
@@ -100,12 +101,17 @@ class AsyncCheckpoint : public ::testing::Test {
   // trains 3 more steps while the async save's writers are held (SetBeforeAsyncWriteForTest) until every
   // rank took them, so the files are written after the state changed; then waits for it, and saves both ways
   // again (the second snapshot reuses the first one's buffers).
-  absl::Status SaveBoth(int world, const EngineConfig& cfg) {
+  // `started` (when set) runs on every rank right after the first asynchronous save returned.
+  absl::Status SaveBoth(int world, const EngineConfig& cfg,
+                        const std::function<absl::Status(Engine&)>& started = nullptr) {
     std::latch stepped(world);
     checkpoint::SetBeforeAsyncWriteForTest([&] { stepped.wait(); });
     absl::Status s = OnRanks(world, cfg, 3, [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
       STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((dir_ / "sync" / "a").string(), "{\"next_step\":3}"));
       STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((dir_ / "async" / "a").string(), "{\"next_step\":3}"));
+      absl::Status checked = started ? started(e) : absl::OkStatus();
+      if (!checked.ok()) stepped.count_down();  // release the writers before leaving
+      STRATA_RETURN_IF_ERROR(checked);
       absl::Status trained = TrainSteps(e, mlp, rank, world, 3, 3);
       stepped.count_down();
       STRATA_RETURN_IF_ERROR(trained);
@@ -176,6 +182,47 @@ TEST_F(AsyncCheckpoint, EqualsTheSynchronousSaveWithOffloadedOptimizerState) {
       const absl::Status s = SaveBoth(world, cfg);
       ASSERT_TRUE(s.ok()) << what << ": " << s;
       ExpectSameFiles(what);
+    }
+  }
+}
+
+// Note [Snapshots of NVMe state]: with the optimizer state on NVMe the snapshot copies none of it into host
+// memory (it holds the tiles, and the steps taken while the save is written go to fresh ones), at stages 1-3
+// on 1 and 2 ranks; the files still equal the synchronous save's, and the state after those steps (saved
+// synchronously after them) equals that of a run that never saved. With the state in host memory the snapshot
+// holds the shard, as before.
+TEST_F(AsyncCheckpoint, NvmeStateIsSavedWithoutAHostCopyAndTheStepsOverItAreUnchanged) {
+  for (int world : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
+      for (OffloadDevice where : {OffloadDevice::kNvme, OffloadDevice::kCpu}) {
+        EngineConfig cfg = Config(stage);
+        cfg.offload_optimizer.device = where;
+        cfg.offload_optimizer.nvme_path = (dir_ / "nvme").string();
+        cfg.offload_optimizer.pin_memory = false;
+        cfg.nvme_tile_elems = 1024;
+        const bool nvme = where == OffloadDevice::kNvme;
+        const std::string what = absl::StrCat(nvme ? "nvme" : "cpu", " world ", world, " stage ", stage);
+        const absl::Status s = SaveBoth(world, cfg, [&](Engine& e) -> absl::Status {
+          const Engine::SnapshotBytes b = e.checkpoint_snapshot_bytes();
+          const bool bounded = nvme ? b.host == 0 && b.nvme > 0 && b.staging == 4096 : b.host > 0 && b.nvme == 0;
+          if (!bounded) {
+            return absl::InternalError(
+                absl::StrCat("snapshot bytes: host ", b.host, " nvme ", b.nvme, " staging ", b.staging));
+          }
+          return absl::OkStatus();
+        });
+        ASSERT_TRUE(s.ok()) << what << ": " << s;
+        // The same six steps without any save before the last one.
+        const absl::Status plain = OnRanks(world, cfg, 6, [&](int, Engine& e, Mlp&) -> absl::Status {
+          return e.SaveCheckpoint((dir_ / "plain" / "b").string(), "{\"next_step\":6}");
+        });
+        ASSERT_TRUE(plain.ok()) << what << ": " << plain;
+        const auto unsaved = Files(dir_ / "plain" / "b"), saved = Files(dir_ / "sync" / "b");
+        ASSERT_FALSE(unsaved.empty()) << what;
+        EXPECT_TRUE(unsaved == saved) << what << ": the steps taken over the save changed the state";
+        fs::remove_all(dir_ / "plain");
+        ExpectSameFiles(what);
+      }
     }
   }
 }
