@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/element_math.h"
+#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/engine/engine_impl.h"
 #include "runtime/optim/nvme_state.h"
@@ -110,18 +111,26 @@ absl::Status UnitStorage::SetUpNvme(const std::vector<UnitState>& units, size_t 
   std::vector<size_t> elems;
   for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : u.update_elems());  // Note [Frozen units]
   // Twice the state: room for the tiles the steps write apart from those an asynchronous save still holds
-  // (Note [Snapshots of NVMe state]); without it they would wait for the save's writer.
-  const uint64_t need = 2 * optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
+  // (Note [Snapshots of NVMe state]); without it they wait for the save's writer. A disk with room for the
+  // state but not for twice it still trains, with that wait: the room is a speed, not a need.
+  const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
   STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<offload::NvmeStore> store,
-                          offload::NvmeStore::Create(StoreOptions(rt, path, "optimizer", need), rt.io_queue.get()));
+  absl::StatusOr<std::unique_ptr<offload::NvmeStore>> store =
+      offload::NvmeStore::Create(StoreOptions(rt, path, "optimizer", 2 * need), rt.io_queue.get());
+  if (absl::IsResourceExhausted(store.status())) {
+    STRATA_LOG(Warning) << "offload_optimizer: no room on " << path << " for twice the optimizer state ("
+                        << store.status().message() << "); preallocating the state once: steps taken while an "
+                        << "asynchronous checkpoint is written will wait for its writer";
+    store = offload::NvmeStore::Create(StoreOptions(rt, path, "optimizer", need), rt.io_queue.get());
+  }
+  STRATA_RETURN_IF_ERROR(store.status());
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<offload::PinnedPool> staging,
       offload::PinnedPool::Create(PoolOptions(rt, NvmeStagingTiles(cfg), tile_elems * 4, memory::Kind::kScratch,
                                               cfg.offload_optimizer.pin_memory),
                                   rt.host_alloc.get()));
   rt.io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
-  STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(std::move(store), std::move(staging), tile_elems,
+  STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(*std::move(store), std::move(staging), tile_elems,
                                                           state_kinds(), std::move(elems)));
   return absl::OkStatus();
 }

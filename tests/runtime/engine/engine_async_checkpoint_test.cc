@@ -28,6 +28,7 @@
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
+#include "tests/offload/offload_test_util.h"
 #include "tests/runtime/engine/rank_harness.h"
 
 namespace strata::engine {
@@ -223,6 +224,48 @@ TEST_F(AsyncCheckpoint, NvmeStateIsSavedWithoutAHostCopyAndTheStepsOverItAreUnch
         fs::remove_all(dir_ / "plain");
         ExpectSameFiles(what);
       }
+    }
+  }
+}
+
+// A disk with room for the NVMe state once but not twice (Note [Snapshots of NVMe state]): the engine
+// preallocates it once, where Finalize failed with ENOSPC before, and an asynchronous save with steps taken
+// over it (which then find no room for a redirect and wait for the writer) still writes the synchronous save's
+// files, and the steps after it are those of a run with room.
+TEST_F(AsyncCheckpoint, NvmeStateWithRoomForItOnceStillTrainsAndSaves) {
+  EngineConfig cfg = Config(3);
+  cfg.offload_optimizer.device = OffloadDevice::kNvme;
+  cfg.offload_optimizer.nvme_path = (dir_ / "nvme").string();
+  cfg.offload_optimizer.pin_memory = false;
+  cfg.nvme_tile_elems = 1024;
+  uint64_t state_bytes = 0;
+  auto saves = [&](const fs::path& root) {
+    return OnRanks(1, cfg, 3, [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((root / "sync").string(), "{\"next_step\":3}"));
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "async").string(), "{\"next_step\":3}"));
+      state_bytes = e.checkpoint_snapshot_bytes().nvme;
+      STRATA_RETURN_IF_ERROR(TrainSteps(e, mlp, rank, 1, 3, 3));
+      STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());
+      return e.SaveCheckpoint((root / "after").string(), "{\"next_step\":6}");
+    });
+  };
+  const absl::Status roomy = saves(dir_ / "roomy");
+  ASSERT_TRUE(roomy.ok()) << roomy;
+  ASSERT_GT(state_bytes, 0u);
+  // Room for the state and a half (whole pages): not for twice it.
+  const uint64_t room = (state_bytes * 3 / 2 + 4095) / 4096 * 4096;
+  offload::testing::TmpfsMount small(absl::StrCat("size=", room));
+  if (!small.ok()) GTEST_SKIP() << small.reason();
+  cfg.offload_optimizer.nvme_path = small.path();
+  const absl::Status tight = saves(dir_ / "tight");
+  ASSERT_TRUE(tight.ok()) << "with room for the state once (" << room << " bytes for " << state_bytes
+                          << " of state): " << tight;
+  for (const char* name : {"sync", "async", "after"}) {
+    const auto a = Files(dir_ / "roomy" / name), b = Files(dir_ / "tight" / name);
+    ASSERT_FALSE(a.empty()) << name;
+    EXPECT_EQ(a.size(), b.size()) << name;
+    for (const auto& [file, bytes] : a) {
+      EXPECT_TRUE(b.count(file) && b.at(file) == bytes) << name << "/" << file << " differs";
     }
   }
 }
