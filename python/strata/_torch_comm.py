@@ -37,14 +37,17 @@ _live = {}
 # every engine asks for several (its streams) and gives them back when it closes. Making a gloo group is not free:
 # torch's split_group connects a new TCPStore client and gloo's pairs, about 10 ms, and on this torch (2.15) one
 # split in every 13 to 15 waited 5 s in that connection, on every rank alike, so a process that made an engine per
-# test spent 5 s every few engines (docs/perf-notes.md, "strata.torch under torchrun"). A group Strata gives back
-# whole therefore waits here, by (its global ranks, its timeout), instead of being destroyed, and the next dup or
-# split over the same ranks takes it back. Which groups a rank holds depends on when its engines were collected, so
-# the choice is collective: the members of the parent all-gather the names of their idle groups (a gloo group's
-# name is the same on its every member), and each part of the split takes the first name that all of its members
-# hold; when any part has none, every rank splits as before. A group whose call failed, or that Strata abandoned
-# (Note [Foreign calls]), is destroyed, never kept: its ranks may disagree on what it has carried.
-_idle = {}  # (global ranks, timeout_ms) -> [group_name, ...] in the order given back
+# test spent 5 s every few engines (docs/perf-notes.md, "The strata.torch suite under torchrun"). A group Strata
+# gives back whole therefore waits here, by (its global ranks, its timeout), instead of being destroyed, and the next
+# dup or split over the same ranks takes it back. Which groups a rank holds depends on when its engines were
+# collected, so the choice is collective: the members of the parent all-gather the names of their idle groups (a
+# gloo group's name is the same on its every member) with the number of calls each carried, and each part of the
+# split takes the first one that all of its members hold with the same count; when any part has none, every rank
+# splits as before. The count keeps out a group on which one rank completed a call its peer never made (a
+# broadcast's root can finish its send alone): the peer's next call would read it. A group on which a callback
+# failed is destroyed, never kept. A call Strata abandoned (Note [Foreign calls]) that later returns without error
+# was joined by its peers, and is counted as any other.
+_idle = {}  # (global ranks, timeout_ms) -> [(group_name, calls), ...] in the order given back
 _idle_groups = {}  # group_name -> the idle group
 _idle_lock = threading.Lock()  # destroy runs on the thread of whichever communicator Strata ends
 
@@ -101,6 +104,7 @@ class Endpoint:
         self.owned = owned  # a group split off for Strata: kept idle or destroyed when Strata is done with it
         self.timeout_ms = timeout_ms  # an owned group's: the key of Note [Idle gloo groups], with its ranks
         self.failed = False  # a callback raised: the group is not kept (Note [Idle gloo groups])
+        self.calls = 0  # the collective callbacks completed on the group (Note [Idle gloo groups])
         self.rank = group.rank()
         self.size = group.size()
 
@@ -173,20 +177,24 @@ class Endpoint:
         keys = [(tuple(world[r] for r in part), timeout_ms) for part in ranks]
         mine = next(i for i, part in enumerate(ranks) if self.rank in part)
         with _idle_lock:  # not those torch destroyed meanwhile (destroy_process_group() of every group)
-            held = [n for n in _idle.get(keys[mine], ()) if _idle_groups[n] in dist.distributed_c10d._world.pg_map]
+            held = [h for h in _idle.get(keys[mine], ()) if _idle_groups[h[0]] in dist.distributed_c10d._world.pg_map]
         every = [None] * self.size
         dist.all_gather_object(every, held, group=self.group)
         chosen = []
         for part in ranks:
-            common = [name for name in every[part[0]] if all(name in every[r] for r in part)]
+            common = [h for h in every[part[0]] if all(h in every[r] for r in part)]
             chosen.append(common[0] if common else None)
-        if all(name is not None for name in chosen):
+        if all(h is not None for h in chosen):
             with _idle_lock:
                 _idle[keys[mine]].remove(chosen[mine])
-                g = _idle_groups.pop(chosen[mine])
+                g = _idle_groups.pop(chosen[mine][0])
+            calls = chosen[mine][1]
         else:
             g = dist.split_group(self.group, ranks, timeout=datetime.timedelta(milliseconds=timeout_ms))
-        return Endpoint(g, self.store, owned=True, timeout_ms=timeout_ms)
+            calls = 0
+        made = Endpoint(g, self.store, owned=True, timeout_ms=timeout_ms)
+        made.calls = calls
+        return made
 
     # ---- the store ----
     def kv_set(self, key, value):
@@ -201,7 +209,7 @@ class Endpoint:
         if self.owned and not self.failed and dist.is_initialized():
             key = (tuple(dist.get_process_group_ranks(self.group)), self.timeout_ms)
             with _idle_lock:
-                _idle.setdefault(key, []).append(self.group.group_name)
+                _idle.setdefault(key, []).append((self.group.group_name, self.calls))
                 _idle_groups[self.group.group_name] = self.group
             return
         if self.owned and dist.is_initialized():
@@ -211,14 +219,16 @@ class Endpoint:
                 pass
 
 
-def _guard(fn, endpoint):
+def _guard(fn, endpoint, collective):
     """A callback: runs `fn`, or writes its exception into Strata's error buffer (no exception crosses C) and marks
-    `endpoint` failed."""
+    `endpoint` failed. A `collective` one that completes is counted (Note [Idle gloo groups])."""
 
     def call(*args):
         error, capacity = args[-2], args[-1]
         try:
             fn(*args[:-2])
+            if collective:
+                endpoint.calls += 1
             return 0
         except BaseException as e:  # noqa: BLE001 (the message goes back to Strata)
             endpoint.failed = True
@@ -258,7 +268,7 @@ def make(endpoint):
     }
     held = []  # the ctypes callbacks: C holds their addresses until destroy
     for name, fn in callbacks.items():
-        held.append(prototypes[name](_guard(fn, endpoint)))
+        held.append(prototypes[name](_guard(fn, endpoint, collective=not name.startswith("kv_"))))
         setattr(fc, name, held[-1])
     held.append(prototypes["destroy"](destroy))
     fc.destroy = held[-1]

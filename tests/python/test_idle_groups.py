@@ -74,3 +74,18 @@ def test_a_group_is_taken_back_only_when_every_member_gave_it_back(host_group):
     assert t.tolist() == [st.world_size() * (st.world_size() + 1) / 2] * 2
     c.failed = True  # destroyed, not kept: this test's groups carry nothing more
     c.destroy()
+
+
+def test_a_group_whose_ranks_carried_different_calls_is_not_taken_back(host_group):
+    """Given back by every rank, but rank 0 counts one call more (as a broadcast's root whose send completed while
+    the peer never made the call): the next dup makes a new group rather than let the peer read that call's data."""
+    parent = _torch_comm.Endpoint(host_group, dist.distributed_c10d._get_default_store(), owned=False)
+    timeout_ms = 60002  # a key of its own: no engine's group
+    a = parent.dup(timeout_ms)
+    dist.barrier(group=a.group)
+    a.calls += 1 if st.rank() == 0 else 0
+    a.destroy()
+    b = parent.dup(timeout_ms)
+    assert b.group is not a.group or st.world_size() == 1
+    b.failed = True  # destroyed, not kept
+    b.destroy()
