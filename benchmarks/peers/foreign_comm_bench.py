@@ -37,7 +37,7 @@ def engine_on(comm, a):
     e = ctypes.c_void_p()
     _capi.check(lib.strata_engine_create(comm, _capi.EngineOptions.new(config_json=json.dumps(cfg).encode()),
                                          ctypes.byref(e)))
-    n = a.unit_mib * 2**20 // 4
+    n = int(a.unit_mib * 2**20) // 4
     shape = (ctypes.c_int64 * 1)(n)
     for u in range(a.units):
         spec = (_capi.ParamSpec * 1)(_capi.ParamSpec.new(name=b"w", shape=shape, ndim=1, init=4, init_value=0.1))
@@ -52,7 +52,7 @@ def step(e, a):
     for u in range(a.units):
         _capi.check(lib.strata_engine_begin_forward(e, u, None))
         _capi.check(lib.strata_engine_end_forward(e, u))
-    n = a.unit_mib * 2**20 // 4
+    n = int(a.unit_mib * 2**20) // 4
     for u in reversed(range(a.units)):
         b = _capi.UnitBuffers.new()
         _capi.check(lib.strata_engine_begin_backward(e, u, b))
@@ -67,7 +67,7 @@ def step(e, a):
 
 def floors(a, world):
     """Seconds of one unit's all-gather and reduce-scatter, gloo and blocking MPI (best of 3)."""
-    n = a.unit_mib * 2**20 // 4
+    n = int(a.unit_mib * 2**20) // 4
     out = {}
     send, full = torch.ones(n // world.Get_size()), torch.empty(n)
     ep = _torch_comm.Endpoint(dist.group.WORLD, None, owned=False)  # what Strata's callbacks run
@@ -90,7 +90,8 @@ def floors(a, world):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--units", type=int, default=4)
-    p.add_argument("--unit-mib", type=int, default=32, help="fp32 parameters per unit, MiB")
+    p.add_argument("--unit-mib", type=float, default=32, help="fp32 parameters per unit, MiB (0.004: 4 KiB, to time "
+                   "small collectives)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args()
@@ -103,7 +104,7 @@ def main():
     _capi.check(lib.strata_comm_create_mpi(world.py2f(), ctypes.byref(mpi_comm)))
     gloo_comm = _torch_comm.create(dist.group.WORLD, dist.distributed_c10d._get_default_store(), 600000)
     engines = {"mpi": engine_on(mpi_comm, a), "gloo": engine_on(gloo_comm, a)}
-    payload = 3 * a.units * a.unit_mib * 2**20  # bytes per step (Note [Traffic])
+    payload = 3 * a.units * int(a.unit_mib * 2**20)  # bytes per step (Note [Traffic])
     rows = []
     for rep in range(a.repeat):
         for name, e in engines.items():
@@ -123,7 +124,7 @@ def main():
         print(f"{size} ranks, {a.units} units of {a.unit_mib} MiB (fp32), payload {payload / 2**20:.0f} MiB per step")
         for r in rows:
             print(json.dumps(r))
-        unit = a.unit_mib * 2**20
+        unit = int(a.unit_mib * 2**20)
         for k, v in fl.items():
             print(json.dumps({"floor": k, "ms": round(v * 1e3, 1), "payload_gb_per_s": round(unit / v / 1e9, 3)}))
     dist.destroy_process_group()  # the file store removes its file

@@ -71,6 +71,7 @@ class _World:
 _world = None  # the bound _World
 _comm = None   # the process's strata_comm*
 _cuda = None   # whether _comm is a CUDA engine's (torch: NCCL) or a host one's
+_watch_tried = False  # strata_comm_watch_torchrun was called
 _engines = weakref.WeakSet()
 
 
@@ -158,11 +159,15 @@ def bind(process_group=None):
     another group is refused: one communicator serves every engine of a process."""
     global _world
     if _world is None:
+        launch = _torchrun()
+        watched = launch is not None and launch[1] > 1
+        if watched and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            _watch_torchrun_job()  # the agent's store already serves: before torch's rendezvous (decision 0039)
         _world = _default_world() if process_group is None else _torch_world(process_group)
         if _world.size() > 1:
             _abort_on_uncaught_exception()
-        if _world.kind == "torch" and _torchrun() is not None and _torchrun()[1] > 1:
-            _watch_torchrun_job()
+        if watched and _world.kind == "torch":
+            _watch_torchrun_job()  # else only once init_process_group's rank 0 serves the store (at once if started)
     elif process_group is not None and process_group is not _world.group:
         raise RuntimeError("strata: this process's engines already run on another set of ranks (an earlier "
                            "st.shard, or the launch's); every st.shard of a process must name the same "
@@ -173,7 +178,12 @@ def bind(process_group=None):
 def _watch_torchrun_job():
     """Failure notices across torchrun's nodes (docs/decisions/0039): a rank of the job that dies, on any node,
     ends every rank within seconds, naming it (strata_comm_watch_torchrun). Without it a job still runs, and a
-    dead rank on another node is named at the next collective with it, so a failure to start is a warning."""
+    dead rank on another node is named at the next collective with it, so a failure to start is a warning (once:
+    bind tries before torch's rendezvous and again after it)."""
+    global _watch_tried
+    if _watch_tried:
+        return
+    _watch_tried = True
     status = _capi.lib.strata_comm_watch_torchrun()
     if status != 0:
         print(f"strata: warning: no failure notices across torchrun's nodes: "

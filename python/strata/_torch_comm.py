@@ -18,6 +18,7 @@ after each addition, as the engine's kernels do.
 import ctypes
 import datetime
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,24 @@ _SMALL_ALL_REDUCE_BYTES = 1 << 16  # below it an all-reduce gathers every rank's
 
 # The callbacks and groups Strata holds, by id(user): kept alive until Strata calls destroy.
 _live = {}
+
+# Note [Idle gloo groups]. Every communicator Strata asks for is a gloo group of its own (a dup or split), and
+# every engine asks for several (its streams) and gives them back when it closes. Making a gloo group is not free:
+# torch's split_group connects a new TCPStore client and gloo's pairs, about 10 ms, and on this torch (2.15) one
+# split in every 13 to 15 waited 5 s in that connection, on every rank alike, so a process that made an engine per
+# test spent 5 s every few engines (docs/perf-notes.md, "The strata.torch suite under torchrun"). A group Strata
+# gives back whole therefore waits here, by (its global ranks, its timeout), instead of being destroyed, and the next
+# dup or split over the same ranks takes it back. Which groups a rank holds depends on when its engines were
+# collected, so the choice is collective: the members of the parent all-gather the names of their idle groups (a
+# gloo group's name is the same on its every member) with the number of calls each carried, and each part of the
+# split takes the first one that all of its members hold with the same count; when any part has none, every rank
+# splits as before. The count keeps out a group on which one rank completed a call its peer never made (a
+# broadcast's root can finish its send alone): the peer's next call would read it. A group on which a callback
+# failed is destroyed, never kept. A call Strata abandoned (Note [Foreign calls]) that later returns without error
+# was joined by its peers, and is counted as any other.
+_idle = {}  # (global ranks, timeout_ms) -> [(group_name, calls), ...] in the order given back
+_idle_groups = {}  # group_name -> the idle group
+_idle_lock = threading.Lock()  # destroy runs on the thread of whichever communicator Strata ends
 
 
 def view(ptr, count, dtype):
@@ -79,10 +98,13 @@ def _status_of(error):
 class Endpoint:
     """One rank's strata_foreign_comm over `group` (a gloo process group)."""
 
-    def __init__(self, group, store, owned):
+    def __init__(self, group, store, owned, timeout_ms=None):
         self.group = group
         self.store = store
-        self.owned = owned  # a group split off for Strata: destroyed with it
+        self.owned = owned  # a group split off for Strata: kept idle or destroyed when Strata is done with it
+        self.timeout_ms = timeout_ms  # an owned group's: the key of Note [Idle gloo groups], with its ranks
+        self.failed = False  # a callback raised: the group is not kept (Note [Idle gloo groups])
+        self.calls = 0  # the collective callbacks completed on the group (Note [Idle gloo groups])
         self.rank = group.rank()
         self.size = group.size()
 
@@ -133,8 +155,9 @@ class Endpoint:
         dist.barrier(group=self.group)
 
     # ---- new communicators ----
-    def dup(self, timeout_ms):
-        return self._split([list(range(self.size))], timeout_ms)
+    def dup(self, timeout_ms, reuse=True):
+        """A group over the same ranks; `reuse`: possibly an idle one (Note [Idle gloo groups])."""
+        return self._split([list(range(self.size))], timeout_ms, reuse)
 
     def split(self, colors, keys, timeout_ms):
         """strata.h's split: every rank's color and key; the groups by color, ranked by (key, rank)."""
@@ -144,9 +167,34 @@ class Endpoint:
         ranks = [sorted(parts[c], key=lambda r: (keys[r], r)) for c in sorted(parts)]
         return self._split(ranks, timeout_ms)
 
-    def _split(self, ranks, timeout_ms):
-        g = dist.split_group(self.group, ranks, timeout=datetime.timedelta(milliseconds=timeout_ms))
-        return Endpoint(g, self.store, owned=True)
+    def _split(self, ranks, timeout_ms, reuse=True):
+        """`ranks`: the parts of the split, ranks of this group. An idle group over each part when `reuse` and every
+        member of every part holds one (Note [Idle gloo groups]), else a split of this group."""
+        if not reuse:
+            g = dist.split_group(self.group, ranks, timeout=datetime.timedelta(milliseconds=timeout_ms))
+            return Endpoint(g, self.store, owned=True, timeout_ms=timeout_ms)
+        world = dist.get_process_group_ranks(self.group)
+        keys = [(tuple(world[r] for r in part), timeout_ms) for part in ranks]
+        mine = next(i for i, part in enumerate(ranks) if self.rank in part)
+        with _idle_lock:  # not those torch destroyed meanwhile (destroy_process_group() of every group)
+            held = [h for h in _idle.get(keys[mine], ()) if _idle_groups[h[0]] in dist.distributed_c10d._world.pg_map]
+        every = [None] * self.size
+        dist.all_gather_object(every, held, group=self.group)
+        chosen = []
+        for part in ranks:
+            common = [h for h in every[part[0]] if all(h in every[r] for r in part)]
+            chosen.append(common[0] if common else None)
+        if all(h is not None for h in chosen):
+            with _idle_lock:
+                _idle[keys[mine]].remove(chosen[mine])
+                g = _idle_groups.pop(chosen[mine][0])
+            calls = chosen[mine][1]
+        else:
+            g = dist.split_group(self.group, ranks, timeout=datetime.timedelta(milliseconds=timeout_ms))
+            calls = 0
+        made = Endpoint(g, self.store, owned=True, timeout_ms=timeout_ms)
+        made.calls = calls
+        return made
 
     # ---- the store ----
     def kv_set(self, key, value):
@@ -156,7 +204,14 @@ class Endpoint:
         return self.store.get(key) if self.store.check([key]) else None
 
     def destroy(self):
-        """Strata is done with this group: a group split off for it goes (not while the script's own goes on)."""
+        """Strata is done with this group: a group split off for it waits for the next dup or split over its ranks
+        (Note [Idle gloo groups]), or goes when a call on it failed (not while the script's own goes on)."""
+        if self.owned and not self.failed and dist.is_initialized():
+            key = (tuple(dist.get_process_group_ranks(self.group)), self.timeout_ms)
+            with _idle_lock:
+                _idle.setdefault(key, []).append((self.group.group_name, self.calls))
+                _idle_groups[self.group.group_name] = self.group
+            return
         if self.owned and dist.is_initialized():
             try:
                 dist.destroy_process_group(self.group)
@@ -164,15 +219,19 @@ class Endpoint:
                 pass
 
 
-def _guard(fn):
-    """A callback: runs `fn`, or writes its exception into Strata's error buffer (no exception crosses C)."""
+def _guard(fn, endpoint, collective):
+    """A callback: runs `fn`, or writes its exception into Strata's error buffer (no exception crosses C) and marks
+    `endpoint` failed. A `collective` one that completes is counted (Note [Idle gloo groups])."""
 
     def call(*args):
         error, capacity = args[-2], args[-1]
         try:
             fn(*args[:-2])
+            if collective:
+                endpoint.calls += 1
             return 0
         except BaseException as e:  # noqa: BLE001 (the message goes back to Strata)
+            endpoint.failed = True
             text = f"{type(e).__name__}: {e}".encode(errors="replace")[:max(capacity - 1, 0)]
             ctypes.memmove(error, text + b"\0", len(text) + 1)
             return _status_of(e)
@@ -209,7 +268,7 @@ def make(endpoint):
     }
     held = []  # the ctypes callbacks: C holds their addresses until destroy
     for name, fn in callbacks.items():
-        held.append(prototypes[name](_guard(fn)))
+        held.append(prototypes[name](_guard(fn, endpoint, collective=not name.startswith("kv_"))))
         setattr(fc, name, held[-1])
     held.append(prototypes["destroy"](destroy))
     fc.destroy = held[-1]
@@ -230,7 +289,9 @@ def create(group, store, timeout_ms):
     """Collective over `group` (gloo): a strata_comm* over a group split off it for Strata alone, whose
     collectives give up after `timeout_ms` (<= 0: 60 s), as Strata's own waits do."""
     timeout_ms = int(timeout_ms) if timeout_ms and timeout_ms > 0 else 60000
-    own = Endpoint(group, store, owned=False).dup(timeout_ms)
+    # Made once per process, on the script's thread: no idle group to take back, and no all-gather on the script's
+    # group before it (a peer that dies here leaves this rank in torch's split, for the job watch to end and name).
+    own = Endpoint(group, store, owned=False).dup(timeout_ms, reuse=False)
     out = ctypes.c_void_p()
     _capi.check(_capi.lib.strata_comm_create_foreign(ctypes.byref(make(own)), timeout_ms, ctypes.byref(out)))
     return out

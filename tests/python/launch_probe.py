@@ -5,6 +5,9 @@
   kill  rank 1 kills itself (SIGKILL) while rank 0 waits for it in the bootstrap.
   kill-host  the same with a host model: rank 0 waits for rank 1 in torch's split of the gloo group for Strata
         (under two torchrun nodes, test_launch.py: only the job watch ends it there, docs/decisions/0039).
+  kill-rdzv  st.shard of a host model is the script's first call to Strata; rank 1 kills itself as strata.torch
+        calls torch.distributed.init_process_group, so rank 0 waits for it in torch's rendezvous (gloo's
+        connection of the default group), where only the job watch, started before it, ends rank 0.
 Each rank prints its failure, then meets the others (gloo) before exiting, since torchrun stops the other
 ranks at the first exit and would cut their output short."""
 import os
@@ -16,14 +19,26 @@ import torch
 
 import strata.torch as st
 
-print(f"imported: rank {st.rank()} of {st.world_size()}, mean rank {st.all_reduce_mean(st.rank())}", flush=True)
+if sys.argv[1] == "kill-rdzv":
+    import torch.distributed as dist
+    rendezvous = dist.init_process_group
+
+    def dying_rendezvous(*args, **kwargs):
+        if st.rank() == 1:
+            print(f"rank 1: killing itself in torch's rendezvous at {time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return rendezvous(*args, **kwargs)
+
+    dist.init_process_group = dying_rendezvous  # what strata._comm calls when it binds torchrun's world
+else:
+    print(f"imported: rank {st.rank()} of {st.world_size()}, mean rank {st.all_reduce_mean(st.rank())}", flush=True)
 model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
 if sys.argv[1] in ("kill", "kill-host") and st.rank() == 1:
     print(f"rank 1: killing itself in the bootstrap at {time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 try:
     st.shard(model, config={"strata": {"collective_timeout_ms": 900000}},
-             device="cpu" if sys.argv[1] == "kill-host" else "cuda")
+             device="cpu" if sys.argv[1] in ("kill-host", "kill-rdzv") else "cuda")
 except Exception as e:  # noqa: BLE001 (printed and re-raised as an exit status)
     print(f"rank {st.rank()} failed: {type(e).__name__}: {e}", flush=True)
     st.all_reduce_mean(0.0)

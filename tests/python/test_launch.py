@@ -163,28 +163,30 @@ def _compare_two_nodes(tmp, group):
 
 
 @once
-@pytest.mark.parametrize("where", ["bootstrap", "training"])
+@pytest.mark.parametrize("where", ["rendezvous", "bootstrap", "training"])
 def test_torchrun_two_nodes_a_rank_killed_ends_the_other_node_naming_it(where):
-    """Two torchrun nodes of one rank each; rank 1 kills itself (SIGKILL), in the bootstrap of a host model (rank 0
-    then waits in torch's split of the gloo group, where Strata does not poll) or in step 2 of training (rank 0 in
-    the engine's collectives). The other node's agent does not stop rank 0, and the collective timeout is 900 s:
-    the job watch (docs/decisions/0039) does. Rank 0's node ends within 10 s of the kill, naming rank 1, its pid
-    and the signal: in training as the engine's error (STRATA_ERR_PEER_FAILED), in the bootstrap as the watch's
-    end of the rank."""
+    """Two torchrun nodes of one rank each; rank 1 kills itself (SIGKILL), in torch's rendezvous (as strata.torch,
+    at the script's first st.shard, calls init_process_group: rank 0 then waits for it in gloo's connection of the
+    default group, whose timeout is torch's 30 minutes), in the bootstrap of a host model (rank 0 then waits in
+    torch's split of the gloo group, where Strata does not poll) or in step 2 of training (rank 0 in the engine's
+    collectives). The other node's agent does not stop rank 0, and the collective timeout is 900 s: the job watch
+    (docs/decisions/0039; in the rendezvous, the watch started before it) does. Rank 0's node ends within 10 s of
+    the kill, naming rank 1, its pid and the signal: in training as the engine's error (STRATA_ERR_PEER_FAILED),
+    elsewhere as the watch's end of the rank."""
     _on_rank_0(lambda: _killed_on_another_node(where))
 
 
 def _killed_on_another_node(where):
     env = _clean_env()
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "no_mpi4py"), env.get("PYTHONPATH", "")])
-    if where == "bootstrap":
-        args = [os.path.join(HERE, "launch_probe.py"), "kill-host"]
+    if where in ("rendezvous", "bootstrap"):
+        args = [os.path.join(HERE, "launch_probe.py"), "kill-rdzv" if where == "rendezvous" else "kill-host"]
     else:
         args = [os.path.join(HERE, "launch_train.py"), os.path.join(ROOT, "build", "never-written"), "3", "kill"]
     ends = []
     rcs, out, _ = _torchrun_two_nodes(args, env, ends)
     assert rcs[0] != 0 and rcs[1] != 0, out
-    killed = re.search(r"rank 1: killing itself in (?:the bootstrap|step 2) at (\d+\.\d+)", out)
+    killed = re.search(r"rank 1: killing itself in (?:torch's rendezvous|the bootstrap|step 2) at (\d+\.\d+)", out)
     assert killed, out
     other = [(o, t) for o, t in ends if "killing itself" not in o]
     assert len(other) == 1, out
