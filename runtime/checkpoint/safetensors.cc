@@ -256,7 +256,7 @@ uint64_t TensorToWrite::numel() const {
 namespace {
 
 std::string HeaderJson(const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json j;
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();  // "{}" with no tensors, not "null"
   if (!metadata.empty()) j["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& t : tensors) {

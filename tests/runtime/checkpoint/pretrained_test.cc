@@ -310,7 +310,7 @@ TEST_F(Pretrained, ADirectoryWrittenInShardsReadsBackAndARewriteLeavesNoStaleFil
 }
 
 // The directory writer driven out of turn (docs/decisions/0047): each misuse is an error naming the directory;
-// no tensors at all is one model.safetensors, as before.
+// no tensors at all is one model.safetensors that reads back as no tensors.
 TEST_F(Pretrained, TheDirectoryWriterRefusesMisuse) {
   const std::vector<TensorToWrite> shapes = {{"t0", {1024}}, {"t1", {8}}};
   auto w = SafetensorsDirWriter::Begin(Path("out"), shapes, 6000, {});
@@ -333,8 +333,10 @@ TEST_F(Pretrained, TheDirectoryWriterRefusesMisuse) {
   names = none->Finish();
   ASSERT_TRUE(names.ok()) << names.status();
   EXPECT_EQ(*names, std::vector<std::string>{"model.safetensors"});
-  // (Its header is JSON null, which the reader refuses, as WriteSafetensorsDir's file was before 0047.)
-  EXPECT_TRUE(std::filesystem::is_regular_file(Path("none/model.safetensors")));
+  // Its header is the empty object, which the reader takes: a file of no tensors.
+  auto read = SafetensorsReader::Open(Path("none/model.safetensors"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->tensors().empty());
 }
 
 // The reader driven out of turn: Finish before the last piece is an error, a read's error comes back again from
