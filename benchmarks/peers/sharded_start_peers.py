@@ -135,8 +135,11 @@ def strata_setup(a, cfg, mode, marks):
         t = time.perf_counter()
         engine.save_checkpoint(os.path.join(root, "sync"))
         marks["sync_save_s"] = time.perf_counter() - t
-        if torch_peers.rank_env()[0] == 0:  # published (the save is collective): its room back for the next one
-            shutil.rmtree(os.path.join(root, "sync"))
+        # Published (the save is collective): its room back for the next one. Each rank removes its own shard, so
+        # the ranks reach the next save together (its first call sets up a communicator, collectively); rank 0
+        # removes what is left after the comparison.
+        for name in glob.glob(os.path.join(root, "sync", "*", f"shard_{torch_peers.rank_env()[0]:05d}.bin")):
+            os.remove(name)
         torch_peers.PHASE[0] = "asynchronous save"
         rss = torch_peers.status_mib("VmRSS")
         t = time.perf_counter()
@@ -151,7 +154,7 @@ def strata_setup(a, cfg, mode, marks):
         engine.wait_checkpoint()
         marks["async_wait_s"] = time.perf_counter() - t
         if torch_peers.rank_env()[0] == 0:  # every rank's shard is in it once rank 0's wait returned
-            shutil.rmtree(os.path.join(root, "async"))
+            shutil.rmtree(root)
         # the stall: the call, what the step lost against the one before, and the wait for the rest
         marks["async_stall_s"] = marks["async_call_s"] + marks["async_step_s"] - step_s + marks["async_wait_s"]
         marks["async_rss_growth_mib"] = rss_max - rss
