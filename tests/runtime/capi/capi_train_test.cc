@@ -18,6 +18,7 @@
 #include "runtime/device/host_device.h"
 #include "runtime/engine/config.h"
 #include "runtime/engine/engine.h"
+#include "tests/files_under.h"
 #include "tests/runtime/capi/capi_test_util.h"
 #include "tests/runtime/capi/foreign_test_util.h"
 #include "tests/runtime/engine/rank_harness.h"
@@ -273,17 +274,6 @@ TEST(CApiCheckpoint, SaveThenLoadResumesExactly) {
   std::filesystem::remove_all(root);
 }
 
-// Every regular file under `dir` (relative name -> bytes).
-std::map<std::string, std::string> FilesUnder(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& f : std::filesystem::recursive_directory_iterator(dir)) {
-    if (!f.is_regular_file()) continue;
-    std::ifstream in(f.path(), std::ios::binary);
-    out[std::filesystem::relative(f.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  return out;
-}
-
 // docs/decisions/0036-async-checkpoints.md through the C ABI: the files equal the synchronous save's; a failed
 // background write is returned by the next strata_engine_step, which can then be called again.
 TEST(CApiCheckpoint, AsyncSaveEqualsTheSyncOneAndItsFailureIsReturnedByTheNextStep) {
@@ -323,7 +313,8 @@ TEST(CApiCheckpoint, AsyncSaveEqualsTheSyncOneAndItsFailureIsReturnedByTheNextSt
     EXPECT_NE(strata_engine_wait_checkpoint(e), STRATA_OK);
     ASSERT_STRATA_OK(strata_engine_destroy(e));
   });
-  const auto sync = FilesUnder(root + "/sync/step_00000002"), async = FilesUnder(root + "/async/step_00000002");
+  const auto sync = testing::FilesUnder(root + "/sync/step_00000002"),
+             async = testing::FilesUnder(root + "/async/step_00000002");
   EXPECT_TRUE(sync.count("manifest.json"));
   EXPECT_TRUE(sync == async);
   EXPECT_FALSE(std::filesystem::exists(root + "/bad/step_00000003/manifest.json"));

@@ -28,6 +28,7 @@
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
+#include "tests/files_under.h"
 #include "tests/offload/offload_test_util.h"
 #include "tests/runtime/engine/rank_harness.h"
 
@@ -40,16 +41,7 @@ using ::testing::HasSubstr;
 
 constexpr int kGlobalBatch = 8;
 
-// Every regular file under `dir` (relative name -> bytes).
-std::map<std::string, std::string> Files(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream in(e.path(), std::ios::binary);
-    out[fs::relative(e.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  return out;
-}
+using strata::testing::FilesUnder;
 
 absl::Status TrainSteps(Engine& e, Mlp& mlp, int rank, int world, int first, int steps) {
   const int micro = kGlobalBatch / world;
@@ -135,7 +127,7 @@ class AsyncCheckpoint : public ::testing::Test {
   }
 
   void ExpectSameFiles(const std::string& what) {
-    const auto sync = Files(dir_ / "sync"), async = Files(dir_ / "async");
+    const auto sync = FilesUnder(dir_ / "sync"), async = FilesUnder(dir_ / "async");
     ASSERT_FALSE(sync.empty()) << what;
     EXPECT_TRUE(sync.count("a/manifest.json") && sync.count("b/manifest.json")) << what;
     ASSERT_EQ(sync.size(), async.size()) << what;
@@ -218,7 +210,7 @@ TEST_F(AsyncCheckpoint, NvmeStateIsSavedWithoutAHostCopyAndTheStepsOverItAreUnch
           return e.SaveCheckpoint((dir_ / "plain" / "b").string(), "{\"next_step\":6}");
         });
         ASSERT_TRUE(plain.ok()) << what << ": " << plain;
-        const auto unsaved = Files(dir_ / "plain" / "b"), saved = Files(dir_ / "sync" / "b");
+        const auto unsaved = FilesUnder(dir_ / "plain" / "b"), saved = FilesUnder(dir_ / "sync" / "b");
         ASSERT_FALSE(unsaved.empty()) << what;
         EXPECT_TRUE(unsaved == saved) << what << ": the steps taken over the save changed the state";
         fs::remove_all(dir_ / "plain");
@@ -261,7 +253,7 @@ TEST_F(AsyncCheckpoint, NvmeStateWithRoomForItOnceStillTrainsAndSaves) {
   ASSERT_TRUE(tight.ok()) << "with room for the state once (" << room << " bytes for " << state_bytes
                           << " of state): " << tight;
   for (const char* name : {"sync", "async", "after"}) {
-    const auto a = Files(dir_ / "roomy" / name), b = Files(dir_ / "tight" / name);
+    const auto a = FilesUnder(dir_ / "roomy" / name), b = FilesUnder(dir_ / "tight" / name);
     ASSERT_FALSE(a.empty()) << name;
     EXPECT_EQ(a.size(), b.size()) << name;
     for (const auto& [file, bytes] : a) {
@@ -325,7 +317,7 @@ TEST_F(AsyncCheckpoint, DestroyingTheEngineFinishesTheSaveAndSavesQueue) {
     return e.SaveCheckpointAsync((dir_ / "b").string(), "{\"next_step\":1}");
   });
   ASSERT_TRUE(s.ok()) << s;
-  const auto a = Files(dir_ / "a"), b = Files(dir_ / "b");
+  const auto a = FilesUnder(dir_ / "a"), b = FilesUnder(dir_ / "b");
   ASSERT_TRUE(a.count(checkpoint::kManifestName));
   ASSERT_TRUE(b.count(checkpoint::kManifestName));
   EXPECT_TRUE(a == b);
