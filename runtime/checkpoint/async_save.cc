@@ -37,6 +37,12 @@ uint64_t ShardSnapshot::nvme_bytes() const {
   return n;
 }
 
+uint64_t ShardSnapshot::in_place_bytes() const {
+  uint64_t n = 0;
+  for (const auto& l : lanes) n += l != nullptr ? l->in_place_bytes() : 0;
+  return n;
+}
+
 uint64_t ShardSnapshot::staging_bytes() const {
   uint64_t n = 0;
   for (const auto& l : lanes) n = std::max<uint64_t>(n, l != nullptr ? l->staging_bytes() : 0);
@@ -105,7 +111,8 @@ absl::Status AsyncSaver::Start(AsyncSaveJob job) {
     running_ = true;
     reported_ = false;
     outcome_ = absl::OkStatus();
-    last_ = {job.snapshot.bytes(), job.snapshot.nvme_bytes(), job.snapshot.staging_bytes()};
+    last_ = {job.snapshot.bytes(), job.snapshot.nvme_bytes(), job.snapshot.staging_bytes(),
+             job.snapshot.in_place_bytes()};
   }
   thread_ = std::thread([this, job = std::move(job)]() mutable { Run(std::move(job)); });
   return absl::OkStatus();
@@ -148,6 +155,8 @@ absl::Status AsyncSaver::Wait() {
   reported_ = true;
   return outcome_;
 }
+
+void AsyncSaver::Settle() { Join(); }
 
 absl::Status AsyncSaver::Drain(const std::string& next) {
   Join();

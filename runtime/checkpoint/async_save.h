@@ -37,8 +37,9 @@ namespace strata::checkpoint {
 
 // One rank's shard, as it was when the save began: the ranges of its file (ShardWriter::Create's argument)
 // and, for each, where its floats are: in `buffers` (copied into host memory), or, where lanes[buffer] is
-// set, in a snapshot of NVMe state that holds them without a copy (Note [Snapshots of NVMe state] in
-// optim/nvme_state.h; its buffer is then empty), read front to back through its own staging tile.
+// set, in a snapshot that holds them without a copy (its buffer is then empty), read front to back: NVMe
+// state through its own staging tile (Note [Snapshots of NVMe state] in optim/nvme_state.h), a frozen unit's
+// params in place (Note [Frozen units in a snapshot] in engine/unit_storage.cc).
 struct ShardSnapshot {
   std::vector<ShardRange> ranges;
   std::vector<std::vector<float>> buffers;
@@ -46,14 +47,16 @@ struct ShardSnapshot {
   std::vector<std::pair<size_t, uint64_t>> at;              // per range: (buffer, element offset)
   uint64_t bytes() const;                                   // the floats held in host memory
   uint64_t nvme_bytes() const;                              // the NVMe bytes the lanes hold
+  uint64_t in_place_bytes() const;                          // the host bytes the lanes hold in place
   uint64_t staging_bytes() const;                           // the most host bytes a lane stages through
 };
 
 // What the last snapshot held (Engine::checkpoint_snapshot_bytes).
 struct SnapshotBytes {
-  uint64_t host = 0;     // floats copied into host memory
-  uint64_t nvme = 0;     // NVMe state held without a copy
-  uint64_t staging = 0;  // host memory the writer reads the NVMe state through, one lane at a time
+  uint64_t host = 0;      // floats copied into host memory
+  uint64_t nvme = 0;      // NVMe state held without a copy
+  uint64_t staging = 0;   // host memory the writer reads the NVMe state through, one lane at a time
+  uint64_t in_place = 0;  // host memory held without a copy (frozen units' params), in their dtype
 };
 
 // Everything a save needs after the snapshot, on every rank.
@@ -92,6 +95,9 @@ class AsyncSaver {
   // Waits for the save in flight and returns the last save's outcome (OK when there was none); a failure
   // counts as reported.
   absl::Status Wait();
+  // Waits for the save in flight to end; its outcome is left to be reported as always (by the next Step(),
+  // save, Wait or Drain). For a write to what a snapshot holds in place (Note [Frozen units in a snapshot]).
+  void Settle();
   // Waits for the save in flight; its failure when not yet reported (then reported), else OK. With `next`
   // (the save about to begin), the failure says that save was not started.
   absl::Status Drain(const std::string& next = "");

@@ -139,10 +139,11 @@ class Engine {
   // Whether an asynchronous save is being written (this rank's view; not collective).
   bool checkpoint_in_flight() const;
   // What the last asynchronous save's snapshot held when it started (zeros before the first): the state it
-  // copied into host memory, the NVMe state it held without a copy, and the host memory its writer reads
-  // that through (one tile at a time).
+  // copied into host memory, the NVMe state it held without a copy, the host memory its writer reads
+  // that through (one tile at a time), and the frozen units' params it held in place (Note [Frozen units in
+  // a snapshot] in unit_storage.cc), in their dtype.
   struct SnapshotBytes {
-    uint64_t host = 0, nvme = 0, staging = 0;
+    uint64_t host = 0, nvme = 0, staging = 0, in_place = 0;
   };
   SnapshotBytes checkpoint_snapshot_bytes() const;
   // Collective. Loads a checkpoint written at any world size and stage (resharding by global offsets),

@@ -274,7 +274,7 @@ absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std:
 Engine::SnapshotBytes Engine::checkpoint_snapshot_bytes() const {
   if (async_saver_ == nullptr) return {};
   const ckpt::SnapshotBytes b = async_saver_->last_snapshot();
-  return {b.host, b.nvme, b.staging};
+  return {b.host, b.nvme, b.staging, b.in_place};
 }
 
 absl::Status Engine::WaitCheckpoint() { return async_saver_ == nullptr ? absl::OkStatus() : async_saver_->Wait(); }

@@ -1,10 +1,54 @@
 #include "runtime/optim/memory_state.h"
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/element_math.h"
 #include "runtime/base/status.h"
 
 namespace strata::optim {
 
 std::optional<absl::Span<float>> StateStore::Lend(int, StateKind) { return std::nullopt; }
+
+namespace {
+class InPlace : public KindSnapshot {
+ public:
+  InPlace(const char* data, size_t elems, DType dtype) : data_(data), elems_(elems), dtype_(dtype) {}
+  size_t elems() const override { return elems_; }
+  absl::Status Read(size_t at, size_t n, float* dst) override {
+    if (data_ == nullptr) return absl::InternalError("an in-place snapshot read after its release");
+    if (at > elems_ || n > elems_ - at) {
+      return absl::InternalError(absl::StrCat("in-place snapshot read [", at, ", ", at + n, ") of ", elems_));
+    }
+    const char* from = data_ + at * DTypeBytes(dtype_);
+    switch (dtype_) {
+      case DType::kF32:
+        std::memcpy(dst, from, n * sizeof(float));
+        break;
+      case DType::kBF16:
+        for (size_t i = 0; i < n; ++i) dst[i] = kernels::Bf16ToFloat(reinterpret_cast<const uint16_t*>(from)[i]);
+        break;
+      case DType::kF16:
+        for (size_t i = 0; i < n; ++i) dst[i] = kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(from)[i]);
+        break;
+    }
+    return absl::OkStatus();
+  }
+  void Release() override { data_ = nullptr; }
+  uint64_t held_bytes() const override { return 0; }
+  uint64_t staging_bytes() const override { return 0; }
+  uint64_t in_place_bytes() const override { return data_ == nullptr ? 0 : elems_ * DTypeBytes(dtype_); }
+
+ private:
+  const char* data_;
+  size_t elems_;
+  DType dtype_;
+};
+}  // namespace
+
+std::unique_ptr<KindSnapshot> InPlaceSnapshot(const char* data, size_t elems, DType dtype) {
+  return std::make_unique<InPlace>(data, elems, dtype);
+}
 
 MemoryState::MemoryState(memory::TierOps& master_ops, memory::TierOps& state_ops, TierUpdate& update, bool master_apart,
                          std::vector<MemoryUnit> units)

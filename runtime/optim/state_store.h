@@ -62,7 +62,8 @@ struct UnitStep {
 
 // One kind of one unit as it was when the snapshot was taken (StateStore::Snapshot), read later, front to
 // back, possibly on another thread than the training's, without a copy of it in host memory (Note
-// [Snapshots of NVMe state] in nvme_state.h). Destroying it lets go of what it still holds.
+// [Snapshots of NVMe state] in nvme_state.h; a frozen unit's params, read in place: Note [Frozen units in a
+// snapshot] in engine/unit_storage.cc). Destroying it lets go of what it still holds.
 class KindSnapshot {
  public:
   virtual ~KindSnapshot() = default;
@@ -75,7 +76,14 @@ class KindSnapshot {
   // Bytes of the state it holds outside host memory, and the host bytes it stages through at most.
   virtual uint64_t held_bytes() const = 0;
   virtual uint64_t staging_bytes() const = 0;
+  // Bytes of host memory it reads in place, held without a copy (a frozen unit's params), until released.
+  virtual uint64_t in_place_bytes() const { return 0; }
 };
+
+// A snapshot of `elems` values of `dtype` held in place in host memory and read as floats (a frozen unit's
+// params: Note [Frozen units in a snapshot] in engine/unit_storage.cc). The caller leaves them unchanged until
+// the snapshot is released or destroyed.
+std::unique_ptr<KindSnapshot> InPlaceSnapshot(const char* data, size_t elems, DType dtype);
 
 class StateStore {
  public:

@@ -4,20 +4,26 @@
 // untouched after several steps; the trainable half is bit for bit the run of the same trainable units
 // with the frozen half as constants; the tracked bytes of the frozen half are exactly its parameter
 // bytes; checkpoints save only its values (format 2), restore them bit for bit at another world size and
-// stage, and export them; a unit that mixes frozen and trainable parameters is refused.
+// stage, and export them; an asynchronous save holds them in place, not copied; a unit that mixes frozen and
+// trainable parameters is refused.
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <latch>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/common/element_math.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
+#include "tests/files_under.h"
 #include "tests/runtime/engine/rank_harness.h"
 
 namespace strata::engine {
@@ -58,13 +64,21 @@ struct Plan {
   std::string nvme;        // a directory: optimizer state and (stage 3) parameter shards on NVMe there
   bool in_backward = false;  // strata.optimizer_in_backward
   bool clip = true;          // gradient clipping (the update in backward refuses it)
+  // After the save: an asynchronous save of the same state there, whose writers wait for `release` when set;
+  // meanwhile SetParam gives every element of base0.w the value kSetDuringSave (with `release` only).
+  std::string async_save;
+  std::latch* release = nullptr;
 };
+
+constexpr float kSetDuringSave = 0.25f;
 
 struct Result {
   std::vector<std::vector<float>> frozen_before, frozen_after, trained;  // per pair, rank 0's GatherUnit
   std::vector<std::vector<float>> seen;  // per pair: the frozen w values the trainer saw (first forward)
   MemoryStats memory;
   std::vector<size_t> frozen_param_bytes;  // per pair: what the rank's param storage of F_k holds
+  Engine::SnapshotBytes snapshot;          // the asynchronous save's
+  std::vector<float> base0_after_save;     // base0 gathered after the asynchronous save (with `release`)
 };
 
 EngineConfig ConfigOf(const Plan& r) {
@@ -163,6 +177,24 @@ absl::StatusOr<Result> Train(const Plan& r, const std::vector<std::vector<float>
     }
     mine.memory = e->memory_stats();
     if (!r.save.empty()) STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(r.save, "{}"));
+    if (!r.async_save.empty()) {
+      STRATA_RETURN_IF_ERROR(e->SaveCheckpointAsync(r.async_save, "{}"));
+      mine.snapshot = e->checkpoint_snapshot_bytes();
+      if (r.release != nullptr) {
+        // The writers are held until each rank's timer ran out; SetParam returns only after them.
+        std::thread timer([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          r.release->count_down();
+        });
+        const absl::Status set = e->SetParam(frozen[0], 0, std::vector<float>(kFrozenElems, kSetDuringSave));
+        timer.join();
+        STRATA_RETURN_IF_ERROR(set);
+      }
+      STRATA_RETURN_IF_ERROR(e->WaitCheckpoint());
+      if (r.release != nullptr) {
+        STRATA_ASSIGN_OR_RETURN(mine.base0_after_save, e->GatherUnit(frozen[0]));
+      }
+    }
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       out = std::move(mine);
@@ -227,9 +259,11 @@ std::string NvmeDir() {
   return dir;
 }
 
-TEST(EngineFrozen, FrozenHalfUntouchedAndTrainableHalfEqualsTheRunWithConstants) {
+// Cases(), then the NVMe tiers at stages 1 and 3 (2 ranks, bf16): the frozen half has no lanes there, and at
+// stage 3 its shards are in the NVMe parameter cache.
+std::vector<Plan> CasesAndNvme() {
   std::vector<Plan> runs = Cases();
-  for (int stage : {1, 3}) {  // the NVMe tiers: the frozen half has no lanes there (and its shards are cached)
+  for (int stage : {1, 3}) {
     Plan r;
     r.world = 2;
     r.stage = stage;
@@ -237,6 +271,11 @@ TEST(EngineFrozen, FrozenHalfUntouchedAndTrainableHalfEqualsTheRunWithConstants)
     r.nvme = NvmeDir();
     runs.push_back(r);
   }
+  return runs;
+}
+
+TEST(EngineFrozen, FrozenHalfUntouchedAndTrainableHalfEqualsTheRunWithConstants) {
+  const std::vector<Plan> runs = CasesAndNvme();
   for (const Plan& run : runs) {
     SCOPED_TRACE(Name(run));
     auto a = TrainAndCompareWithConstants(run);
@@ -394,6 +433,56 @@ TEST_F(FrozenCheckpoint, ResumingContinuesBitForBit) {
     EXPECT_EQ(0, std::memcmp(straight->frozen_after[k].data(), resumed->frozen_after[k].data(),
                              straight->frozen_after[k].size() * 4));
   }
+}
+
+// Note [Frozen units in a snapshot]: an asynchronous save holds the frozen half's params in place: its snapshot
+// copies exactly the host bytes of the same model without the frozen half, and its files equal the synchronous
+// save's byte for byte, although SetParam changed base0 while the writers were held (SetParam waited for
+// them, then took effect). Stages 0-3, 1 and 2 ranks, fp32 and bf16, optimizer offload none and cpu; with the
+// NVMe tiers (stage 3: parameter shards in the NVMe cache) the frozen half is copied, as before.
+TEST_F(FrozenCheckpoint, AnAsyncSaveHoldsTheFrozenHalfInPlaceAndEqualsTheSyncSave) {
+  const std::vector<Plan> runs = CasesAndNvme();
+  for (Plan run : runs) {
+    SCOPED_TRACE(Name(run));
+    run.steps = 2;
+    run.save = dir_ + "/sync";
+    run.async_save = dir_ + "/async";
+    std::latch release(run.world);
+    run.release = &release;
+    checkpoint::SetBeforeAsyncWriteForTest([&] { release.wait(); });
+    auto a = Train(run);
+    checkpoint::SetBeforeAsyncWriteForTest(nullptr);
+    ASSERT_TRUE(a.ok()) << a.status();
+    const auto sync = testing::FilesUnder(run.save), async = testing::FilesUnder(run.async_save);
+    ASSERT_FALSE(sync.empty());
+    EXPECT_TRUE(sync == async) << "the asynchronous save differs from the synchronous one";
+    ASSERT_EQ(a->base0_after_save.size(), a->frozen_after[0].size());
+    for (size_t i = 0; i < a->base0_after_save.size(); ++i) {  // w, then b (untouched)
+      ASSERT_EQ(a->base0_after_save[i], i < size_t{kFrozenElems} ? kSetDuringSave : a->frozen_after[0][i]) << i;
+    }
+    // The same trainable half without the frozen one: the host bytes copied are the same.
+    Plan b = run;
+    b.with_frozen = false;
+    b.release = nullptr;
+    b.save.clear();
+    b.async_save = dir_ + "/plain";
+    auto plain = Train(b, a->seen);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    const bool in_place = run.nvme.empty() || run.stage != 3;
+    if (in_place) {
+      EXPECT_EQ(a->snapshot.host, plain->snapshot.host) << "the frozen half was copied";
+      EXPECT_GT(a->snapshot.in_place, 0u);
+      uint64_t frozen_bytes = 0;
+      for (size_t n : a->frozen_param_bytes) frozen_bytes += n;
+      EXPECT_LE(a->snapshot.in_place, frozen_bytes);
+    } else {
+      EXPECT_GT(a->snapshot.host, plain->snapshot.host);
+      EXPECT_EQ(a->snapshot.in_place, 0u);
+    }
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  fs::remove_all(runs.back().nvme);
 }
 
 TEST_F(FrozenCheckpoint, ModelsWithoutFrozenParametersStillWriteFormat1) {
