@@ -179,6 +179,9 @@ absl::Status NvmeState::Write(int unit, StateKind kind, const std::vector<float>
 }
 
 absl::StatusOr<offload::NvmeExtent> NvmeState::WriteTarget(const offload::NvmeExtent& live, size_t lane) {
+  // Nobody else holds it: in place. The common case (no save in flight), checked before the let-go signal's
+  // mutex; the loop checks again after reading the signal, so a let-go between the two is not missed.
+  if (!live.shared()) return offload::NvmeExtent();
   const memory::Kind kind = lane == 0 ? memory::Kind::kMaster : memory::Kind::kOptimizerState;
   for (;;) {
     const uint64_t seen = let_go_->Seen();
