@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -102,14 +103,17 @@ TEST_P(ShardCacheTest, PinnedShardsAreNeitherEvictedNorOverwritten) {
   // The other buffer cycles through every other shard; shard 0's bytes stay put.
   for (int k = 1; k < kShards; ++k) EXPECT_EQ(CheckSeed(k, k), -1);
   EXPECT_EQ(FirstMismatch(static_cast<const char*>(a->data()), kShardBytes, 0), -1);
-  // Write(0) waits for the lease, here released by another thread as a stream would.
-  std::thread releaser([lease = std::move(a).value()]() mutable {
+  // Write(0) waits for the lease, here released by another thread as a stream would. The releaser marks the
+  // release before it happens, so a Write that returned without waiting finds the mark unset (unless this thread
+  // was held up for the releaser's whole 50 ms: then the test passes, never fails, by chance).
+  std::atomic<bool> released{false};
+  std::thread releaser([lease = std::move(a).value(), &released]() mutable {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    released = true;
     lease.Reset();
   });
-  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(WriteSeed(0, 9).ok());
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(40));
+  EXPECT_TRUE(released) << "Write(0) did not wait for the lease";
   releaser.join();
   EXPECT_EQ(CheckSeed(0, 9), -1);
 }
