@@ -488,7 +488,7 @@ absl::Status Engine::SetParamRanges(int unit, absl::Span<const ParamValues> rang
   STRATA_RETURN_IF_ERROR(m.owners.update->CheckNoPendingUpdate("SetParam"));
   UnitState& u = m.units[unit];
   // Note [Frozen units in a snapshot]: a save in flight may hold this unit's params in place.
-  if (u.frozen() && async_saver_ != nullptr) async_saver_->Settle();
+  if (u.frozen() && async_saver_ != nullptr && async_saver_->last_snapshot().in_place > 0) async_saver_->Settle();
   // Each range's unit flat elements [a, a + count).
   std::vector<size_t> a(ranges.size());
   for (size_t i = 0; i < ranges.size(); ++i) {

@@ -154,11 +154,15 @@ absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
 }
 
 // Note [Frozen units in a snapshot]: a frozen unit's master is its param storage (Note [Frozen units] in
-// placement.h), which no step writes: only SetParam does, and Engine::SetParamRanges first waits for the save
-// in flight (AsyncSaver::Settle). So an asynchronous save holds it in place, in host memory, and its writer
-// reads it as the float master a copy would have held (optim::InPlaceSnapshot, the conversion of LoadAs), with
-// no host copy: a LoRA adapter over a large frozen base saves with the adapter's state copied and the base
-// held as it is (docs/decisions/0050-frozen-units-held-in-place.md).
+// placement.h), which no step writes. At stage 3 nothing else reaches that storage but SetParam: the compute
+// reads gathered copies (Note [Unit owners]), so a forward that writes a parameter in place (nn.Embedding's
+// max_norm renormalises the rows it looks up) writes the copy. And Engine::SetParamRanges first waits for a save
+// that holds frozen params in place (AsyncSaver::Settle). So there an asynchronous save holds them in place, in
+// host memory, and its writer reads them as the float master a copy would have held (optim::InPlaceSnapshot,
+// the conversion of LoadAs), with no host copy: a LoRA adapter over a large frozen base saves with the adapter's
+// state copied and the base held as it is. At stages 0-2 the compute's view is the storage itself, which such
+// a forward writes while the save reads it: copied there, as are params in device memory or in the NVMe
+// parameter cache (docs/decisions/0050-frozen-units-held-in-place.md).
 
 // A frozen unit's master (Note [Frozen units] in placement.h): OpenParams hands out the range itself in
 // host memory, or a host copy (keep: read first); with NVMe params the cache writes the unchanged shard back,
@@ -186,10 +190,12 @@ class FrozenState : public StateOwner {
   // Its master is staged (Read, then Write): the param storage, in the param dtype.
   std::optional<absl::Span<float>> Lend(UnitState&, optim::StateKind) override { return std::nullopt; }
   absl::Status MasterToParams(UnitState&, const float*) override { return absl::OkStatus(); }
-  // Its master is the param storage, which no step writes: held in place where the CPU reaches it (Note
-  // [Frozen units in a snapshot]), else (device memory, the NVMe parameter cache) copied by the caller.
+  // Its master is the param storage: held in place at stage 3 where the CPU reaches it (Note [Frozen units in
+  // a snapshot]), else copied by the caller.
   std::unique_ptr<optim::KindSnapshot> Snapshot(UnitState& u, optim::StateKind kind) override {
-    if (kind != optim::StateKind::kMaster || s_.nvme_params() || !s_.ParamOps().host_visible()) return nullptr;
+    if (kind != optim::StateKind::kMaster || s_.cfg.stage != 3 || s_.nvme_params() || !s_.ParamOps().host_visible()) {
+      return nullptr;
+    }
     const char* params = u.params.as<char>();
     if (params == nullptr || u.update_elems() == 0) return nullptr;
     return optim::InPlaceSnapshot(params + s_.UpdateParamOffset(u), u.update_elems(), s_.cfg.param_dtype);

@@ -422,7 +422,7 @@ class Engine:
         with the model's buffers (rank 0's) in it. async_save=True writes the same files in the background
         (docs/decisions/0036-async-checkpoints.md): it returns once the state is copied to host memory, or, for
         state on NVMe, held without a copy (docs/decisions/0046-async-checkpoints-of-nvme-state.md), as frozen
-        parameters in host memory are (0050-frozen-units-held-in-place.md: setting one waits for the save); a failure
+        parameters at stage 3 are (0050-frozen-units-held-in-place.md: setting one waits for the save); a failure
         is raised by the next step() (which then did not happen: call it again), save_checkpoint() or
         wait_checkpoint(). One save in flight: a save or load waits for the one before."""
         trainer = json.dumps(client_state or {}).encode()
