@@ -137,6 +137,36 @@ def test_shard_twice_is_refused_naming_it():
     engine.close()
 
 
+class _RenormingLookup(torch.nn.Module):
+    def __init__(self, frozen):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16, max_norm=0.5)  # renormalises the looked-up rows in place
+        self.emb.weight.requires_grad_(not frozen)
+        self.out = torch.nn.Linear(16, 50)
+
+    def forward(self, x):
+        return self.out(self.emb(x)).logsumexp(-1).mean()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_forward_that_writes_its_own_weight_is_refused_naming_it(stage, frozen):
+    """nn.Embedding(max_norm=...) writes its weight in the forward: at stages 0-2 into the engine's storage on
+    this rank alone (the ranks look up different rows), at stage 3 into a gathered copy, whose write is lost.
+    The next forward refuses it (Note [Writes outside a forward]), naming the parameter and this cause."""
+    torch.manual_seed(0)
+    model = _RenormingLookup(frozen)
+    engine = st.shard(model, config(stage))
+    x = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(st.rank()))
+    model(x).backward()
+    engine.step()
+    with pytest.raises(RuntimeError, match=r"parameter 'emb\.weight' of unit .* was written where the engine does "
+                                           r"not see it: .*in place by the model's own forward \(nn\.Embedding "
+                                           r"with max_norm"):
+        model(x)
+    engine.close()
+
+
 @pytest.mark.parametrize("stage", [0, 3])
 def test_writes_outside_a_forward_are_refused(stage):
     """nn.init or an in-place op on a sharded parameter, or an assignment to its .data, used to be lost
@@ -150,7 +180,8 @@ def test_writes_outside_a_forward_are_refused(stage):
         torch.nn.init.zeros_(model.blocks[2].fc2.bias)
     with torch._C.DisableTorchFunction():
         torch.nn.init.zeros_(model.blocks[2].fc2.bias)
-    with pytest.raises(RuntimeError, match=r"parameter 'fc2.bias' of unit 'blocks.2' was written outside a forward"):
+    with pytest.raises(RuntimeError, match=r"parameter 'fc2.bias' of unit 'blocks.2' was written where the engine "
+                                           r"does not see it: between forwards"):
         model(x, y)
     engine.close()
     model = tiny_lm()
@@ -159,7 +190,8 @@ def test_writes_outside_a_forward_are_refused(stage):
         model.norm.weight.data = torch.ones(16)
     with torch._C.DisableTorchFunction():
         model.norm.weight.data = torch.ones(16)
-    with pytest.raises(RuntimeError, match=r"parameter 'norm.weight' of unit 'root' was written outside"):
+    with pytest.raises(RuntimeError, match=r"parameter 'norm.weight' of unit 'root' was written where the engine "
+                                           r"does not see it: between forwards"):
         model(x, y)
     engine.close()
     model = tiny_lm()

@@ -315,11 +315,14 @@ class Tracker:
                 for n, p in zip(u.spec.names, u.spec.params):
                     if p._version != self.versions.get(id(p), p._version) or p.numel() != 0:
                         raise RuntimeError(
-                            f"strata: parameter '{n}' of unit '{u.spec.name}' was written outside a forward (an "
-                            f"nn.init function, an in-place op or an assignment to .data); a sharded parameter's "
-                            f"values live in the engine, so the write would be lost. Edit it inside "
+                            f"strata: parameter '{n}' of unit '{u.spec.name}' was written where the engine does not "
+                            f"see it: between forwards (an nn.init function, an in-place op or an assignment to "
+                            f".data), or in place by the model's own forward (nn.Embedding with max_norm "
+                            f"renormalises the rows it looks up); a sharded parameter's values live in the engine, "
+                            f"so the write would be lost or differ between ranks. Edit it inside "
                             f"`with st.GatheredParameters(params, modifier_rank=0):` (the edit then reaches every "
-                            f"rank's shard and the optimizer's fp32 copy), or set the values before st.shard()")
+                            f"rank's shard and the optimizer's fp32 copy), or set the values before st.shard(); "
+                            f"a forward must not write its parameters (for nn.Embedding: max_norm=None)")
 
     def _check_parameters_kept(self):
         """A parameter object replaced after shard() (`module.bias = nn.Parameter(t)`, a module swapped for a new
