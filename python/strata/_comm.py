@@ -6,7 +6,8 @@ first collective of the front end):
          MPI_THREAD_MULTIPLE, which Strata needs when it adopts a host-initialised MPI; Strata duplicates the world
          communicator (strata_comm_create_mpi), so its traffic never meets the host's.
   torch  a process group of torch.distributed: the one st.shard was given, else the default group (under torchrun
-         initialised here as gloo from torchrun's environment when the script has not). A host engine's
+         initialised here as gloo from torchrun's environment when the script has not, once the ranks agree on
+         it: Note [A launch's ranks agree]). A host engine's
          communicator is strata_comm_create_foreign over gloo groups split off it (strata._torch_comm); a CUDA
          engine's, torchrun's NCCL world (strata_comm_create_torchrun). The front end's own small collectives
          (rank 0's initial values, plans, all_reduce_mean) run on a gloo group over the same ranks: the group
@@ -250,7 +251,9 @@ def watch_from_import():
     if launch is None or launch[1] <= 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
     import multiprocessing
-    if multiprocessing.parent_process() is not None:
+    # A spawned child imports the script's main module before its bootstrap sets parent_process(), but after
+    # multiprocessing names it ("SpawnProcess-1", ...).
+    if multiprocessing.parent_process() is not None or multiprocessing.current_process().name != "MainProcess":
         return
     _watch_torchrun_job()
 

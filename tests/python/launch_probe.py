@@ -17,6 +17,9 @@
   size-mismatch  rank 1 runs with WORLD_SIZE 3, rank 0 with torchrun's 2 (a launch whose ranks disagree): both
         fail in st.shard before torch's rendezvous, naming the sizes (docs/decisions/0048); each prints its failure
         and exits at once (the ranks never formed a group).
+  rank-twice, rank-outside  rank 1 runs with RANK 0 (a rank started twice) or RANK 2 (outside WORLD_SIZE 2).
+  rank-late  rank 1 sleeps before st.shard, rank 0 waits for it to start with torch's default_pg_timeout set to
+        2 s, as a rank started by hand that never comes would be waited for at that timeout (30 minutes).
 Each rank prints its failure, then meets the others (gloo) before exiting, since torchrun stops the other
 ranks at the first exit and would cut their output short."""
 import os
@@ -31,8 +34,9 @@ if sys.argv[1] == "kill-import" and os.environ["RANK"] == "1":  # before its fir
     print(f"rank 1: killing itself before importing strata at {time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
-if sys.argv[1] == "size-mismatch" and os.environ["RANK"] == "1":  # as if launched with another WORLD_SIZE
-    os.environ["WORLD_SIZE"] = "3"
+_LAUNCH_EDITS = {"size-mismatch": ("WORLD_SIZE", "3"), "rank-twice": ("RANK", "0"), "rank-outside": ("RANK", "2")}
+if sys.argv[1] in _LAUNCH_EDITS and os.environ["RANK"] == "1":  # as if launched so, before Strata reads it
+    os.environ[_LAUNCH_EDITS[sys.argv[1]][0]] = _LAUNCH_EDITS[sys.argv[1]][1]
 
 import strata.torch as st  # noqa: E402 (after kill-import's death)
 
@@ -54,7 +58,13 @@ if sys.argv[1].startswith("own-pg"):  # the script initialises torch.distributed
 
 if sys.argv[1] in ("kill-import", "kill-before-shard", "own-pg-kill-before", "own-pg-kill-after"):
     pass  # st.shard is rank 0's first call to Strata
-elif sys.argv[1] == "size-mismatch":
+elif sys.argv[1] in _LAUNCH_EDITS or sys.argv[1] == "rank-late":
+    if sys.argv[1] == "rank-late":
+        import datetime
+        import torch.distributed as dist
+        dist.default_pg_timeout = datetime.timedelta(seconds=2)  # the bound strata.torch waits for a rank to start
+        if st.rank() == 1:
+            time.sleep(600)
     print(f"rank {st.rank()}: st.shard at {time.time():.3f}", flush=True)
 elif sys.argv[1] == "kill-rdzv":
     import torch.distributed as dist
@@ -78,7 +88,7 @@ try:
              device="cuda" if sys.argv[1] in ("cuda", "kill") else "cpu")
 except Exception as e:  # noqa: BLE001 (printed and re-raised as an exit status)
     print(f"rank {st.rank()} failed: {type(e).__name__}: {e}", flush=True)
-    if sys.argv[1] == "size-mismatch":  # the ranks never formed a group to meet on
+    if sys.argv[1] in _LAUNCH_EDITS or sys.argv[1] == "rank-late":  # the ranks never formed a group to meet on
         sys.exit(3)
     st.all_reduce_mean(0.0)
     if st.rank() == 0:

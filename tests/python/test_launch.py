@@ -377,6 +377,23 @@ def _killed_before_strata(where):
 
 
 @once
+def test_torchrun_a_spawned_worker_that_fails_is_not_the_rank():
+    """launch_loader.py: each rank's spawned worker (as a DataLoader's) imports strata.torch with the rank's
+    environment and exits with status 3 before the rank's st.shard. The watch from import is the rank's alone
+    (Note [The watch from import]): no notice is posted, both ranks shard and the job exits 0."""
+    _on_rank_0(_spawned_worker_is_not_the_rank)
+
+
+def _spawned_worker_is_not_the_rank():
+    rc, out, _ = _torchrun(2, os.path.join(HERE, "launch_loader.py"))
+    assert rc == 0, out
+    for r in (0, 1):
+        assert f"rank {r}: worker exited with status 3" in out, out
+        assert f"rank {r}: sharded, mean rank 0.5" in out, out
+    assert "died" not in out, out
+
+
+@once
 @pytest.mark.parametrize("store", ["agent", "rank 0"])
 def test_ranks_that_disagree_on_the_world_size_fail_naming_it(store):
     """Rank 1 runs with WORLD_SIZE 3 while rank 0 runs with torchrun's 2 (a launch whose ranks disagree), and
@@ -402,12 +419,45 @@ def _sizes_disagree(store):
                        rf"was started with WORLD_SIZE {3 if r == 0 else 2}, this rank \({r}\) with {2 if r == 0 else 3}"
                        rf"\. {fix}", out) for r in (0, 1)]
     assert any(named), out  # the first to fail may end the other (torchrun's agent) before it prints
+    _ended_soon_after_st_shard(out, end, f"store {store}")
+
+
+@once
+@pytest.mark.parametrize("mode", ["rank-twice", "rank-outside", "rank-late"])
+def test_a_launch_whose_ranks_are_wrong_fails_naming_it(mode):
+    """The other checks of Note [A launch's ranks agree], under `torchrun --standalone` at 2 ranks, st.shard each
+    rank's first call to Strata: rank 1 running with RANK 0 (a rank started twice: the second to claim it fails
+    naming it), with RANK 2 (outside WORLD_SIZE 2: refused naming both), or starting late while rank 0 waits for it
+    with torch's default_pg_timeout set to 2 s (rank 0 names rank 1 at that bound, torch's 30 minutes by default).
+    The job ends within 10 s of the last st.shard (of rank 0's, for the late rank)."""
+    _on_rank_0(lambda: _wrong_ranks(mode))
+
+
+def _wrong_ranks(mode):
+    rc, out, _ = _torchrun_probe(mode)
+    end = time.time()
+    assert rc != 0, out
+    expected = {
+        "rank-twice": r"rank 0 failed: RuntimeError: strata: RANK 0 was started twice: another process of this job, "
+                      r"at the same MASTER_ADDR:MASTER_PORT, has it; give the job's WORLD_SIZE processes the ranks 0 "
+                      r"to 1, one each",
+        "rank-outside": r"rank 2 failed: ValueError: strata: RANK is 2, outside 0 \.\. WORLD_SIZE - 1 = 1: give the "
+                        r"job's processes the ranks 0 to WORLD_SIZE - 1, one each",
+        "rank-late": r"rank 0 failed: TimeoutError: strata: rank\(s\) 1 of 2 did not start within 0:00:02 \(rank 0 "
+                     r"waited at MASTER_ADDR:MASTER_PORT \S+:\d+\)",
+    }[mode]
+    assert re.search(expected, out), out
+    _ended_soon_after_st_shard(out, end, mode)
+
+
+def _ended_soon_after_st_shard(out, end, what):
+    """The probe's job, which ended at `end` (time.time()), did so within 10 s of its last rank's "st.shard at"."""
     assert "sharded" not in out.splitlines(), out
     entered = [float(t) for t in re.findall(r"rank \d: st.shard at (\d+\.\d+)", out)]
     assert entered, out
     seconds = end - max(entered)
-    print(f"store {store}: the job ended {seconds:.1f} s after the last rank entered st.shard")
-    assert seconds < 10, f"the job ended {seconds:.1f} s after the last rank entered st.shard\n{out}"
+    print(f"{what}: the job ended {seconds:.1f} s after the last st.shard")
+    assert seconds < 10, f"the job ended {seconds:.1f} s after the last st.shard\n{out}"
 
 
 @once
