@@ -6,7 +6,8 @@ first collective of the front end):
          MPI_THREAD_MULTIPLE, which Strata needs when it adopts a host-initialised MPI; Strata duplicates the world
          communicator (strata_comm_create_mpi), so its traffic never meets the host's.
   torch  a process group of torch.distributed: the one st.shard was given, else the default group (under torchrun
-         initialised here as gloo from torchrun's environment when the script has not). A host engine's
+         initialised here as gloo from torchrun's environment when the script has not, once the ranks agree on
+         it: Note [A launch's ranks agree]). A host engine's
          communicator is strata_comm_create_foreign over gloo groups split off it (strata._torch_comm); a CUDA
          engine's, torchrun's NCCL world (strata_comm_create_torchrun). The front end's own small collectives
          (rank 0's initial values, plans, all_reduce_mean) run on a gloo group over the same ranks: the group
@@ -99,9 +100,70 @@ def _default_world():
     if not dist.is_initialized():
         if _torchrun() is None:
             return _World("single")
-        dist.init_process_group("gloo")  # torchrun's environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+        _init_default_group(dist)  # torchrun's environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
         return _World("torch", dist.group.WORLD, dist.group.WORLD, owns_default=True)
     return _torch_world(dist.group.WORLD)
+
+
+def _init_default_group(dist):
+    """init_process_group("gloo") from the launch's environment, after the ranks have agreed on it (Note [A launch's
+    ranks agree])."""
+    rank, size, _ = _torchrun()
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not addr or not port.isdigit() or size < 2:
+        dist.init_process_group("gloo")  # torch names what is missing, or has nobody to wait for
+        return
+    if not 0 <= rank < size:
+        raise ValueError(f"strata: RANK is {rank}, outside 0 .. WORLD_SIZE - 1 = {size - 1}: give the job's "
+                         f"processes the ranks 0 to WORLD_SIZE - 1, one each")
+    timeout = dist.default_pg_timeout
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's agent serves the store already
+        store = dist.TCPStore(addr, int(port), is_master=False, timeout=timeout)
+        _agree_on_launch(store, rank, size, timeout)
+        dist.init_process_group("gloo")
+        return
+    # Nothing serves MASTER_PORT yet: rank 0 serves it here (as torch's env:// would) without waiting for the others
+    # to connect (torch's store would wait for WORLD_SIZE of them, its own, for 30 minutes), and torch uses it.
+    store = dist.TCPStore(addr, int(port), is_master=rank == 0, wait_for_workers=False, timeout=timeout,
+                          multi_tenant=True)
+    _agree_on_launch(store, rank, size, timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore("default_pg", store), rank=rank, world_size=size,
+                            timeout=timeout)
+
+
+def _agree_on_launch(store, rank, size, timeout):
+    """Note [A launch's ranks agree]. Before torch's rendezvous, which would wait 30 minutes (its gloo connection,
+    or the store of env:// counting WORLD_SIZE connections) for a rank that a disagreeing launch never starts, each
+    rank that strata.torch initialises posts its WORLD_SIZE under strata/launch/<TORCHELASTIC_RUN_ID>/<restart>/ in
+    the launch's store and claims its RANK (an ADD). Rank 0 reads every other rank's WORLD_SIZE as it arrives,
+    every other rank reads rank 0's: a rank started with another WORLD_SIZE, or a RANK started twice, fails the
+    ranks that see it at once (about 20 ms), naming the ranks, their sizes and the fix (docs/decisions/0048). A rank
+    that never starts cannot be told from a late one: it is named at torch's own timeout (default_pg_timeout)."""
+    import time
+    prefix = "strata/launch/{}/{}/".format(os.environ.get("TORCHELASTIC_RUN_ID", "none"),
+                                            os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if store.add(f"{prefix}claim/{rank}", 1) != 1:
+        raise RuntimeError(f"strata: RANK {rank} was started twice: another process of this job, at the same "
+                           f"MASTER_ADDR:MASTER_PORT, has it; give the job's WORLD_SIZE processes the ranks 0 to "
+                           f"{size - 1}, one each")
+    store.set(f"{prefix}size/{rank}", str(size))
+    waiting = list(range(1, size)) if rank == 0 else [0]
+    deadline = time.monotonic() + timeout.total_seconds()
+    while waiting:
+        for r in [r for r in waiting if store.check([f"{prefix}size/{r}"])]:
+            theirs = int(store.get(f"{prefix}size/{r}"))
+            if theirs != size:
+                raise RuntimeError(
+                    f"strata: the job's ranks disagree on its size: rank {r} was started with WORLD_SIZE {theirs}, "
+                    f"this rank ({rank}) with {size}. Start every rank of a job with the same WORLD_SIZE: under "
+                    f"torchrun, the same --nnodes and --nproc-per-node on every node; by hand (env://), the same "
+                    f"WORLD_SIZE for every process")
+            waiting.remove(r)
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"strata: rank(s) {', '.join(map(str, waiting))} of {size} did not start within "
+                               f"{timeout} (rank {rank} waited at MASTER_ADDR:MASTER_PORT {store.host}:{store.port})")
+        if waiting:
+            time.sleep(0.02)
 
 
 def _torch_world(group):
@@ -173,6 +235,27 @@ def bind(process_group=None):
                            "st.shard, or the launch's); every st.shard of a process must name the same "
                            "process_group")
     return _world
+
+
+def watch_from_import():
+    """Note [The watch from import]. Under torchrun with the agent's store (TORCHELASTIC_USE_AGENT_STORE=True,
+    torchrun's default: it serves before any worker starts) and more than one rank, `import strata.torch` starts
+    the job watch (docs/decisions/0039, 0048), not the first st.shard: a rank that dies after its import but before
+    its first call into strata.torch (a script that reads its data first, or initialises torch.distributed itself
+    and dies there) is posted by its own watch, and the other ranks, waiting for it in st.shard, in torch's
+    rendezvous or in the script's own collectives, end within seconds naming it. Not in a process that Python's
+    multiprocessing started (a data loader's spawned worker imports the script's modules again, with the rank's
+    environment, but is not the rank). Without the agent's store nothing serves MASTER_PORT before torch's rank 0
+    does, so the watch starts at the first st.shard, after init_process_group, as before."""
+    launch = _torchrun()
+    if launch is None or launch[1] <= 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    import multiprocessing
+    # A spawned child imports the script's main module before its bootstrap sets parent_process(), but after
+    # multiprocessing names it ("SpawnProcess-1", ...).
+    if multiprocessing.parent_process() is not None or multiprocessing.current_process().name != "MainProcess":
+        return
+    _watch_torchrun_job()
 
 
 def _watch_torchrun_job():

@@ -134,7 +134,8 @@ strata_status strata_comm_create_torchrun(int64_t timeout_ms, strata_comm** out)
  * signal, a non-zero exit status), every rank learns it within a fraction of a second. Strata's waits then fail
  * naming that rank, and a process still running 2 s after the notice prints it and exits with status 1, as
  * torchrun's agent stops the ranks of its own node. Once per process (later calls return OK); strata.torch calls it
- * when it binds its ranks, and strata_comm_create_torchrun starts it itself. STRATA_ERR_OK, doing nothing, when the
+ * when it is imported under torchrun's agent store, else when it binds its ranks (decision 0048), and
+ * strata_comm_create_torchrun starts it itself. STRATA_ERR_OK, doing nothing, when the
  * process is no torchrun launch or the only rank; a store that does not answer within 30 s is
  * STRATA_ERR_DEADLINE_EXCEEDED naming it. Linux 5.3 or later (pidfd_open). */
 strata_status strata_comm_watch_torchrun(void);

@@ -162,8 +162,13 @@ def _compare_two_nodes(tmp, group):
     assert whole == (group == "node"), tr[0]["held"]  # a group of one holds whole units; a group of two, halves
 
 
+_KILLED = (r"rank 1: killing itself (in torch's rendezvous|in the bootstrap|in step 2|before importing strata|"
+           r"before st.shard|before init_process_group|after init_process_group) at (\d+\.\d+)")
+
+
 @once
-@pytest.mark.parametrize("where", ["rendezvous", "bootstrap", "training"])
+@pytest.mark.parametrize("where", ["rendezvous", "bootstrap", "training", "before-shard", "own-pg-before",
+                                   "own-pg-after"])
 def test_torchrun_two_nodes_a_rank_killed_ends_the_other_node_naming_it(where):
     """Two torchrun nodes of one rank each; rank 1 kills itself (SIGKILL), in torch's rendezvous (as strata.torch,
     at the script's first st.shard, calls init_process_group: rank 0 then waits for it in gloo's connection of the
@@ -172,21 +177,28 @@ def test_torchrun_two_nodes_a_rank_killed_ends_the_other_node_naming_it(where):
     collectives). The other node's agent does not stop rank 0, and the collective timeout is 900 s: the job watch
     (docs/decisions/0039; in the rendezvous, the watch started before it) does. Rank 0's node ends within 10 s of
     the kill, naming rank 1, its pid and the signal: in training as the engine's error (STRATA_ERR_PEER_FAILED),
-    elsewhere as the watch's end of the rank."""
+    elsewhere as the watch's end of the rank.
+    Before its first call into strata.torch (docs/decisions/0048, Note [The watch from import]): rank 1 imported
+    strata.torch and dies before st.shard while rank 0 waits for it in st.shard's rendezvous ("before-shard"); the
+    script initialises torch.distributed itself and rank 1 dies before its init_process_group, rank 0 waiting in
+    the script's own (torch's) rendezvous, where no Strata code runs ("own-pg-before"), or after it, rank 0 waiting
+    in st.shard's split of the script's group ("own-pg-after"). Rank 1's watch, started at its import, posts it."""
     _on_rank_0(lambda: _killed_on_another_node(where))
 
 
 def _killed_on_another_node(where):
     env = _clean_env()
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "no_mpi4py"), env.get("PYTHONPATH", "")])
-    if where in ("rendezvous", "bootstrap"):
-        args = [os.path.join(HERE, "launch_probe.py"), "kill-rdzv" if where == "rendezvous" else "kill-host"]
+    probe = {"rendezvous": "kill-rdzv", "bootstrap": "kill-host", "before-shard": "kill-before-shard",
+             "own-pg-before": "own-pg-kill-before", "own-pg-after": "own-pg-kill-after"}
+    if where in probe:
+        args = [os.path.join(HERE, "launch_probe.py"), probe[where]]
     else:
         args = [os.path.join(HERE, "launch_train.py"), os.path.join(ROOT, "build", "never-written"), "3", "kill"]
     ends = []
     rcs, out, _ = _torchrun_two_nodes(args, env, ends)
     assert rcs[0] != 0 and rcs[1] != 0, out
-    killed = re.search(r"rank 1: killing itself in (?:torch's rendezvous|the bootstrap|step 2) at (\d+\.\d+)", out)
+    killed = re.search(_KILLED, out)
     assert killed, out
     other = [(o, t) for o, t in ends if "killing itself" not in o]
     assert len(other) == 1, out
@@ -199,7 +211,7 @@ def _killed_on_another_node(where):
         assert re.search(r"strata: ending rank 0 of 2: a rank of the job died, and this one had not ended 2000 ms "
                          r"later: " + died, other_out), other_out
         assert "sharded" not in other_out.splitlines(), other_out
-    seconds = other_end - float(killed.group(1))
+    seconds = other_end - float(killed.group(2))
     print(f"{where}: rank 0's node ended {seconds:.1f} s after rank 1's death")
     assert seconds < 10, f"rank 0's node ended {seconds:.1f} s after rank 1's death\n{out}"
 
@@ -339,6 +351,113 @@ def _killed_rank_ends_the_job():
     assert re.search(r"rank\s*:\s*1 .*\n.*exitcode\s*:\s*-9", out) or "Signal 9 (SIGKILL) received by PID" in out, out
     assert "sharded" not in out.splitlines(), out
     assert seconds < 60, f"{seconds:.0f} s: waited for a deadline?\n{out}"
+
+
+@once
+@pytest.mark.parametrize("where", ["import", "before-shard"])
+def test_torchrun_a_rank_killed_before_its_first_call_to_strata_ends_the_job_naming_it(where):
+    """Rank 1 dies (SIGKILL) before it imports strata.torch, or after, before st.shard, while rank 0 waits for it
+    in st.shard's rendezvous (torch's init_process_group, whose gloo connection waits 30 minutes): torchrun's agent
+    sees the death and stops rank 0, and the job ends within 10 s of the kill naming rank 1 and signal 9
+    (docs/decisions/0048; over two nodes, test_torchrun_two_nodes_a_rank_killed_ends_the_other_node_naming_it)."""
+    _on_rank_0(lambda: _killed_before_strata(where))
+
+
+def _killed_before_strata(where):
+    rc, out, _ = _torchrun_probe("kill-import" if where == "import" else "kill-before-shard")
+    end = time.time()
+    assert rc != 0, out
+    killed = re.search(_KILLED, out)
+    assert killed and killed.group(1) == ("before importing strata" if where == "import" else "before st.shard"), out
+    assert re.search(r"rank\s*:\s*1 .*\n.*exitcode\s*:\s*-9", out) or "Signal 9 (SIGKILL) received by PID" in out, out
+    assert "sharded" not in out.splitlines(), out
+    seconds = end - float(killed.group(2))
+    print(f"{where}: the job ended {seconds:.1f} s after rank 1's death")
+    assert seconds < 10, f"the job ended {seconds:.1f} s after rank 1's death\n{out}"
+
+
+@once
+def test_torchrun_a_spawned_worker_that_fails_is_not_the_rank():
+    """launch_loader.py: each rank's spawned worker (as a DataLoader's) imports strata.torch with the rank's
+    environment and exits with status 3 before the rank's st.shard. The watch from import is the rank's alone
+    (Note [The watch from import]): no notice is posted, both ranks shard and the job exits 0."""
+    _on_rank_0(_spawned_worker_is_not_the_rank)
+
+
+def _spawned_worker_is_not_the_rank():
+    rc, out, _ = _torchrun(2, os.path.join(HERE, "launch_loader.py"))
+    assert rc == 0, out
+    for r in (0, 1):
+        assert f"rank {r}: worker exited with status 3" in out, out
+        assert f"rank {r}: sharded, mean rank 0.5" in out, out
+    assert "died" not in out, out
+
+
+@once
+@pytest.mark.parametrize("store", ["agent", "rank 0"])
+def test_ranks_that_disagree_on_the_world_size_fail_naming_it(store):
+    """Rank 1 runs with WORLD_SIZE 3 while rank 0 runs with torchrun's 2 (a launch whose ranks disagree), and
+    st.shard is each rank's first call to Strata. Without a check, rank 1 would wait in torch's rendezvous (gloo's
+    connection) for a rank 2 and rank 0 for rank 1, for torch's 30 minutes. strata.torch compares the sizes in the
+    launch's store before torch's rendezvous (Note [A launch's ranks agree]): each rank fails within 10 s of entering
+    st.shard naming both sizes and the fix. "agent": torchrun's agent serves the store (its default); "rank 0":
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, no store is shared, and strata.torch's rank 0 serves MASTER_PORT (chosen by
+    torchrun, not here) as env:// does: the path of ranks started by hand."""
+    _on_rank_0(lambda: _sizes_disagree(store))
+
+
+def _sizes_disagree(store):
+    env = _clean_env()
+    if store == "rank 0":
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    rc, out, _ = _torchrun(2, os.path.join(HERE, "launch_probe.py"), "size-mismatch", env=env)
+    end = time.time()
+    assert rc != 0, out
+    fix = (r"Start every rank of a job with the same WORLD_SIZE: under torchrun, the same --nnodes and "
+           r"--nproc-per-node on every node; by hand \(env://\), the same WORLD_SIZE for every process")
+    named = [re.search(rf"rank {r} failed: RuntimeError: strata: the job's ranks disagree on its size: rank {1 - r} "
+                       rf"was started with WORLD_SIZE {3 if r == 0 else 2}, this rank \({r}\) with {2 if r == 0 else 3}"
+                       rf"\. {fix}", out) for r in (0, 1)]
+    assert any(named), out  # the first to fail may end the other (torchrun's agent) before it prints
+    _ended_soon_after_st_shard(out, end, f"store {store}")
+
+
+@once
+@pytest.mark.parametrize("mode", ["rank-twice", "rank-outside", "rank-late"])
+def test_a_launch_whose_ranks_are_wrong_fails_naming_it(mode):
+    """The other checks of Note [A launch's ranks agree], under `torchrun --standalone` at 2 ranks, st.shard each
+    rank's first call to Strata: rank 1 running with RANK 0 (a rank started twice: the second to claim it fails
+    naming it), with RANK 2 (outside WORLD_SIZE 2: refused naming both), or starting late while rank 0 waits for it
+    with torch's default_pg_timeout set to 2 s (rank 0 names rank 1 at that bound, torch's 30 minutes by default).
+    The job ends within 10 s of the last st.shard (of rank 0's, for the late rank)."""
+    _on_rank_0(lambda: _wrong_ranks(mode))
+
+
+def _wrong_ranks(mode):
+    rc, out, _ = _torchrun_probe(mode)
+    end = time.time()
+    assert rc != 0, out
+    expected = {
+        "rank-twice": r"rank 0 failed: RuntimeError: strata: RANK 0 was started twice: another process of this job, "
+                      r"at the same MASTER_ADDR:MASTER_PORT, has it; give the job's WORLD_SIZE processes the ranks 0 "
+                      r"to 1, one each",
+        "rank-outside": r"rank 2 failed: ValueError: strata: RANK is 2, outside 0 \.\. WORLD_SIZE - 1 = 1: give the "
+                        r"job's processes the ranks 0 to WORLD_SIZE - 1, one each",
+        "rank-late": r"rank 0 failed: TimeoutError: strata: rank\(s\) 1 of 2 did not start within 0:00:02 \(rank 0 "
+                     r"waited at MASTER_ADDR:MASTER_PORT \S+:\d+\)",
+    }[mode]
+    assert re.search(expected, out), out
+    _ended_soon_after_st_shard(out, end, mode)
+
+
+def _ended_soon_after_st_shard(out, end, what):
+    """The probe's job, which ended at `end` (time.time()), did so within 10 s of its last rank's "st.shard at"."""
+    assert "sharded" not in out.splitlines(), out
+    entered = [float(t) for t in re.findall(r"rank \d: st.shard at (\d+\.\d+)", out)]
+    assert entered, out
+    seconds = end - max(entered)
+    print(f"{what}: the job ended {seconds:.1f} s after the last st.shard")
+    assert seconds < 10, f"the job ended {seconds:.1f} s after the last st.shard\n{out}"
 
 
 @once

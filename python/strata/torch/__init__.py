@@ -19,6 +19,8 @@ from strata._comm import all_reduce_sum, rank, world_size, world
 from strata.torch._engine import Engine
 from strata.torch._gathered import GatheredParameters
 
+_comm.watch_from_import()  # Note [The watch from import]
+
 __all__ = ["shard", "Engine", "GatheredParameters", "rank", "world_size", "all_reduce_mean", "StrataError"]
 
 
