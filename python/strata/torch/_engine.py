@@ -326,11 +326,18 @@ class Engine:
                                                   self.device if self.device.type == "cuda" else None))
 
     def _load_initial_values(self):
-        """Rank 0's values of the torch model become every rank's (so ranks need not seed alike)."""
+        """Rank 0's values of the torch model become every rank's (so ranks need not seed alike): one broadcast
+        per unit, of its parameters end to end (Note [A collective per unit])."""
         for u in self.units:
+            if not u.spec.params:
+                u.clear()
+                continue
+            flat = torch.cat([p.detach().to("cpu", torch.float32).reshape(-1) for p in u.spec.params])
+            _comm.broadcast_from_0(flat)
+            first = 0
             for i, p in enumerate(u.spec.params):
-                v = p.detach().to("cpu", torch.float32).contiguous().clone()
-                _comm.broadcast_from_0(v)
+                v = flat[first:first + p.numel()]
+                first += p.numel()
                 _capi.check(_lib.strata_engine_set_param(self.handle, u.id, i, ctypes.c_void_p(v.data_ptr()),
                                                          v.numel()))
             u.clear()
@@ -460,6 +467,30 @@ class Engine:
                                                     v.numel()))
         return v
 
+    # Note [A collective per unit]. The front end's whole-value transfers go one collective per unit, not per
+    # parameter: st.shard broadcasts rank 0's initial values a unit at a time (its parameters end to end), and
+    # full_state_dict and st.GatheredParameters take a unit's parameters from one gather_unit. A parameter's own
+    # gather (strata_engine_gather_param) gathers its whole unit anyway, so per parameter a unit of k parameters
+    # cost k collectives of the unit's size where one does; the values are the same bits (a broadcast and a
+    # gather copy). What it saves is per-collective latency, which is what a small model's collectives are: about
+    # 2-4 ms each over torch's gloo at 4 ranks on this machine's 2 cores, 0.1 ms over MPI (docs/decisions/
+    # 0049-fewer-front-end-collectives.md). Memory: one unit's full values at a time beside what the caller keeps.
+    def gather_params(self, pairs):
+        """Collective: {(unit, index): the full fp32 master value} of the parameters `pairs` names (every rank the
+        same pairs, in the same order), one gather per unit (Note [A collective per unit])."""
+        by_unit = {}
+        for unit, index in pairs:
+            indices = by_unit.setdefault(unit, [])
+            if index not in indices:
+                indices.append(index)
+        out = {}
+        for unit, indices in by_unit.items():
+            flat, layout = self.gather_unit(unit), self.units[unit].layout
+            for i in indices:
+                o, n = layout.offsets[i], layout.numels[i]
+                out[(unit, i)] = flat[o:o + n].view(layout.shapes[i]).clone()  # its own storage, as gather()'s
+        return out
+
     def gather_unit(self, unit):
         """Collective: the full fp32 master of one unit's parameters, one gather: a flat tensor in which parameter
         i is [offsets[i], offsets[i] + numels[i]) of the unit's Layout."""
@@ -473,12 +504,11 @@ class Engine:
         share one tensor) and the model's buffers, rank 0's on every rank."""
         where = {id(p): (u.id, i) for u in self.units for i, p in enumerate(u.spec.params)}
         buffers = self.model_buffers.rank0_values()
-        values, out = {}, {}
-        for name, t in self.model.state_dict(keep_vars=True).items():
+        state = self.model.state_dict(keep_vars=True)
+        values, out = self.gather_params(where[id(t)] for t in state.values() if id(t) in where), {}
+        for name, t in state.items():
             if id(t) in where:
-                if id(t) not in values:
-                    values[id(t)] = self.gather(*where[id(t)])
-                out[name] = values[id(t)]
+                out[name] = values[where[id(t)]]
             elif id(t) in buffers:
                 out[name] = buffers[id(t)]
             else:

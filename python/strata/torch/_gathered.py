@@ -388,12 +388,20 @@ class GatheredParameters:
         s = _engines[engine]
         check = self.modifier_rank is None or _comm.rank() == self.modifier_rank
         try:
+            # Note [A collective per unit]: a unit's listed parameters come from one gather, made when the first of
+            # them is reached; those listed later wait here for their turn (values the context installs anyway).
+            wanted, values = {}, {}
+            for o in self.owners:
+                if id(o.param) not in s.gathered:
+                    wanted.setdefault(o.unit, []).append((o.unit, o.index))
             for o in self.owners:
                 if id(o.param) in s.gathered:
                     s.gathered[id(o.param)] += 1
                     self.nested.append(o)
                     continue
-                full = o.engine.gather(o.unit, o.index)
+                if (o.unit, o.index) not in values:
+                    values.update(engine.gather_params(wanted.pop(o.unit)))
+                full = values.pop((o.unit, o.index))
                 digest = _digest(full) if check else None
                 dtype = o.param.dtype
                 set_values(o.param, full.to(engine.device))
