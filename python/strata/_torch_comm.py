@@ -15,10 +15,12 @@ tree of Open MPI's collectives (libnbc) under it. Each rank's block arrives by a
 and an all-reduce gathers the summed blocks again (all_gather_into_tensor). bf16 and fp16 add in fp32 and round
 after each addition, as the engine's kernels do.
 """
+import atexit
 import ctypes
 import datetime
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -50,6 +52,39 @@ _live = {}
 _idle = {}  # (global ranks, timeout_ms) -> [(group_name, calls), ...] in the order given back
 _idle_groups = {}  # group_name -> the idle group
 _idle_lock = threading.Lock()  # destroy runs on the thread of whichever communicator Strata ends
+
+# Note [Calls in flight at exit]. A callback runs on a thread of Strata's (a ctypes callback: it holds a Python
+# thread state), mostly inside a gloo collective that let the GIL go. A call Strata abandoned (Note [Foreign calls]:
+# a peer diverged or failed) stays there until its peers join it, their process ends (gloo then fails it: the
+# connection closed) or the group's timeout. If the interpreter is finalizing when it returns, taking the GIL back
+# ends the thread with pthread_exit inside torch's gil_scoped_release destructor, which is noexcept: std::terminate,
+# and the rank dies with SIGABRT after its script ended well ("terminate called without an active exception": seen
+# with tests/python/test_divergence.py alone under torchrun). So at exit, before finalization, the process waits for
+# the callbacks in flight to return, at most the longest timeout of its groups (after which gloo fails them), saying
+# so on stderr when that takes more than a second.
+_in_flight = 0
+_in_flight_cv = threading.Condition()
+
+
+def _wait_calls_in_flight():
+    timeout_s = max([e.timeout_ms or 60000 for e, _ in list(_live.values())] + [60000]) / 1000 + 5
+    start = time.monotonic()
+    told = False
+    with _in_flight_cv:
+        while _in_flight > 0:
+            waited = time.monotonic() - start
+            if waited >= timeout_s:
+                print(f"strata: exiting with {_in_flight} torch.distributed call(s) of Strata's still in flight after "
+                      f"{waited:.0f} s", file=sys.stderr, flush=True)
+                return
+            if waited >= 1 and not told:
+                print(f"strata: waiting for {_in_flight} torch.distributed call(s) Strata left in flight (a failed or "
+                      f"closed engine's) to end before exiting, at most {timeout_s:.0f} s", file=sys.stderr, flush=True)
+                told = True
+            _in_flight_cv.wait(min(0.1, timeout_s - waited))
+
+
+atexit.register(_wait_calls_in_flight)
 
 
 def view(ptr, count, dtype):
@@ -224,7 +259,10 @@ def _guard(fn, endpoint, collective):
     `endpoint` failed. A `collective` one that completes is counted (Note [Idle gloo groups])."""
 
     def call(*args):
+        global _in_flight
         error, capacity = args[-2], args[-1]
+        with _in_flight_cv:
+            _in_flight += 1
         try:
             fn(*args[:-2])
             if collective:
@@ -235,6 +273,10 @@ def _guard(fn, endpoint, collective):
             text = f"{type(e).__name__}: {e}".encode(errors="replace")[:max(capacity - 1, 0)]
             ctypes.memmove(error, text + b"\0", len(text) + 1)
             return _status_of(e)
+        finally:
+            with _in_flight_cv:  # Note [Calls in flight at exit]
+                _in_flight -= 1
+                _in_flight_cv.notify_all()
 
     return call
 

@@ -480,3 +480,23 @@ def _taken_port_ends_the_launch():
     assert re.search(rf"port: {port}.*EADDRINUSE", out), out
     assert "imported: rank" not in out, out
     assert seconds < 60, f"{seconds:.0f} s: waited for a deadline?\n{out}"
+
+
+@once
+def test_torchrun_calls_left_in_flight_do_not_abort_the_exit(tmp_path_factory):
+    """Note [Calls in flight at exit] (strata._torch_comm): test_divergence.py's ranks end with torch.distributed
+    calls that Strata abandoned still in gloo; when one returned while the interpreter finalized, the rank died with
+    SIGABRT ("terminate called without an active exception") after every test had passed, so the job failed. The
+    same file under torchrun, on its own, now exits 0."""
+    _on_rank_0(lambda: _calls_in_flight_at_exit(str(tmp_path_factory.mktemp("in_flight"))))
+
+
+def _calls_in_flight_at_exit(shared):
+    env = _clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "no_mpi4py"), env.get("PYTHONPATH", "")])
+    env["STRATA_TEST_SHARED"] = shared
+    rc, out, _ = _torchrun(2, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(HERE, "test_divergence.py"),
+                           env=env)
+    assert "terminate called" not in out, out
+    assert rc == 0, out
+    assert len(re.findall(r"\d+ passed", out)) == 2, out  # both ranks' summaries
