@@ -9,7 +9,6 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/element_math.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/engine/engine_impl.h"
@@ -136,17 +135,6 @@ absl::Status UnitStorage::SetUpNvme(const std::vector<UnitState>& units, size_t 
 }
 
 namespace {
-float LoadAs(DType dtype, const char* base, size_t index) {
-  switch (dtype) {
-    case DType::kF32:
-      return reinterpret_cast<const float*>(base)[index];
-    case DType::kBF16:
-      return kernels::Bf16ToFloat(reinterpret_cast<const uint16_t*>(base)[index]);
-    case DType::kF16:
-      return kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(base)[index]);
-  }
-  return 0;
-}
 // A broken internal invariant: nothing asks a frozen unit for optimizer state (its kinds() are the master).
 absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
   return absl::InternalError(
@@ -159,10 +147,10 @@ absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
 // max_norm renormalises the rows it looks up) writes the copy. And Engine::SetParamRanges first waits for a save
 // that holds frozen params in place (AsyncSaver::Settle). So there an asynchronous save holds them in place, in
 // host memory, and its writer reads them as the float master a copy would have held (optim::InPlaceSnapshot,
-// the conversion of LoadAs), with no host copy: a LoRA adapter over a large frozen base saves with the adapter's
-// state copied and the base held as it is. At stages 0-2 the compute's view is the storage itself, which such
-// a forward writes while the save reads it: copied there, as are params in device memory or in the NVMe
-// parameter cache (docs/decisions/0050-frozen-units-held-in-place.md).
+// through FrozenState::Read's conversion, optim::ReadAsFloats), with no host copy: a LoRA adapter over a large
+// frozen base saves with the adapter's state copied and the base held as it is. At stages 0-2 the compute's
+// view is the storage itself, which such a forward writes while the save reads it: copied there, as are params
+// in device memory or in the NVMe parameter cache (docs/decisions/0050-frozen-units-held-in-place.md).
 
 // A frozen unit's master (Note [Frozen units] in placement.h): OpenParams hands out the range itself in
 // host memory, or a host copy (keep: read first); with NVMe params the cache writes the unchanged shard back,
@@ -177,7 +165,7 @@ class FrozenState : public StateOwner {
     STRATA_ASSIGN_OR_RETURN(char* params,
                             s_.OpenParams(u, s_.UpdateParamOffset(u), out.size() * s_.param_bytes(), /*keep=*/true));
     if (params == nullptr) return out;
-    for (size_t i = 0; i < out.size(); ++i) out[i] = LoadAs(s_.cfg.param_dtype, params, i);
+    optim::ReadAsFloats(params, s_.cfg.param_dtype, out.size(), out.data());  // as InPlaceSnapshot reads it
     STRATA_RETURN_IF_ERROR(s_.CloseParams(absl::OkStatus()));
     return out;
   }

@@ -20,18 +20,7 @@ class InPlace : public KindSnapshot {
     if (at > elems_ || n > elems_ - at) {
       return absl::InternalError(absl::StrCat("in-place snapshot read [", at, ", ", at + n, ") of ", elems_));
     }
-    const char* from = data_ + at * DTypeBytes(dtype_);
-    switch (dtype_) {
-      case DType::kF32:
-        std::memcpy(dst, from, n * sizeof(float));
-        break;
-      case DType::kBF16:
-        for (size_t i = 0; i < n; ++i) dst[i] = kernels::Bf16ToFloat(reinterpret_cast<const uint16_t*>(from)[i]);
-        break;
-      case DType::kF16:
-        for (size_t i = 0; i < n; ++i) dst[i] = kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(from)[i]);
-        break;
-    }
+    ReadAsFloats(data_ + at * DTypeBytes(dtype_), dtype_, n, dst);
     return absl::OkStatus();
   }
   void Release() override { data_ = nullptr; }
@@ -45,6 +34,20 @@ class InPlace : public KindSnapshot {
   DType dtype_;
 };
 }  // namespace
+
+void ReadAsFloats(const char* data, DType dtype, size_t n, float* dst) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, data, n * sizeof(float));
+      break;
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = kernels::Bf16ToFloat(reinterpret_cast<const uint16_t*>(data)[i]);
+      break;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(data)[i]);
+      break;
+  }
+}
 
 std::unique_ptr<KindSnapshot> InPlaceSnapshot(const char* data, size_t elems, DType dtype) {
   return std::make_unique<InPlace>(data, elems, dtype);

@@ -84,6 +84,9 @@ class KindSnapshot {
 // params: Note [Frozen units in a snapshot] in engine/unit_storage.cc). The caller leaves them unchanged until
 // the snapshot is released or destroyed.
 std::unique_ptr<KindSnapshot> InPlaceSnapshot(const char* data, size_t elems, DType dtype);
+// `n` values of `dtype` at `data` as floats into `dst` (exact: bf16 and fp16 widen). The one conversion of a
+// frozen unit's params, for a copy (engine's FrozenState::Read) and for InPlaceSnapshot alike.
+void ReadAsFloats(const char* data, DType dtype, size_t n, float* dst);
 
 class StateStore {
  public:
