@@ -11,6 +11,10 @@ own churn).
 
     scripts/mpirun_local -n 2 build/venv/bin/python benchmarks/lora_async_save_bench.py --dir DIR
     STRATA_LIBRARY=<another build>/lib/libstrata.so ... (the same script against another library)
+
+With --nvme DIR the parameter shards and the optimizer state live on NVMe files there (offload_param and
+offload_optimizer "nvme"), where the save holds the frozen shards' extents
+(docs/decisions/0052-frozen-nvme-shards-held.md).
 """
 import argparse
 import json
@@ -58,6 +62,7 @@ def main():
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--rank-lora", type=int, default=8)
+    p.add_argument("--nvme", help="parameter shards and optimizer state on NVMe files in this directory")
     a = p.parse_args()
 
     import peft
@@ -76,6 +81,9 @@ def main():
     config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
               "strata": {"optimizer_threads": 1}}
+    if a.nvme:
+        for key in ("offload_param", "offload_optimizer"):
+            config["zero_optimization"][key] = {"device": "nvme", "nvme_path": a.nvme, "pin_memory": False}
     engine = st.shard(build, config)
     model = engine.model
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))

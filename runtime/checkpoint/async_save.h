@@ -54,8 +54,8 @@ struct ShardSnapshot {
 // What the last snapshot held (Engine::checkpoint_snapshot_bytes).
 struct SnapshotBytes {
   uint64_t host = 0;      // floats copied into host memory
-  uint64_t nvme = 0;      // NVMe state held without a copy
-  uint64_t staging = 0;   // host memory the writer reads the NVMe state through, one lane at a time
+  uint64_t nvme = 0;      // NVMe state and frozen parameter shards held without a copy
+  uint64_t staging = 0;   // host memory the writer reads those through, one lane at a time
   uint64_t in_place = 0;  // host memory held without a copy (frozen units' params), in their dtype
 };
 

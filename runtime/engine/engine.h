@@ -139,9 +139,9 @@ class Engine {
   // Whether an asynchronous save is being written (this rank's view; not collective).
   bool checkpoint_in_flight() const;
   // What the last asynchronous save's snapshot held when it started (zeros before the first): the state it
-  // copied into host memory, the NVMe state it held without a copy, the host memory its writer reads
-  // that through (one tile at a time), and the frozen units' params it held in place (Note [Frozen units in
-  // a snapshot] in unit_storage.cc), in their dtype.
+  // copied into host memory, the NVMe state and frozen parameter shards it held without a copy, the host
+  // memory its writer reads those through (one tile or shard at a time), and the frozen units' params it held
+  // in place in host memory (Note [Frozen units in a snapshot] in unit_storage.cc), in their dtype.
   struct SnapshotBytes {
     uint64_t host = 0, nvme = 0, staging = 0, in_place = 0;
   };

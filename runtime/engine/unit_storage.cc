@@ -86,8 +86,8 @@ absl::StatusOr<char*> UnitStorage::OpenParams(UnitState& u, size_t offset, size_
   return pstore.param_access.Open(ParamRangeOf(u, offset, bytes), keep);
 }
 
-absl::Status UnitStorage::CloseParams(const absl::Status& done) {
-  STRATA_RETURN_IF_ERROR(pstore.param_access.Close(done.ok()));
+absl::Status UnitStorage::CloseParams(const absl::Status& done, bool read) {
+  STRATA_RETURN_IF_ERROR(pstore.param_access.Close(done.ok() && !read));
   return done;
 }
 
@@ -150,11 +150,15 @@ absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
 // through FrozenState::Read's conversion, optim::ReadAsFloats), with no host copy: a LoRA adapter over a large
 // frozen base saves with the adapter's state copied and the base held as it is. At stages 0-2 the compute's
 // view is the storage itself, which such a forward writes while the save reads it: copied there, as are params
-// in device memory or in the NVMe parameter cache (docs/decisions/0050-frozen-units-held-in-place.md).
+// in device memory (docs/decisions/0050-frozen-units-held-in-place.md). With parameter shards on NVMe the save
+// holds each shard's extent instead (offload::ShardCache::Hold, Note [Held shards]: a write of the shard waits
+// until the writer read past it, and the forward only ever sees gathered copies) and the writer reads it back
+// through one shard of staging (optim::NvmeShardSnapshot): a model whose base does not fit the rank's memory
+// saves with no copy of it (docs/decisions/0052-frozen-nvme-shards-held.md).
 
 // A frozen unit's master (Note [Frozen units] in placement.h): OpenParams hands out the range itself in
-// host memory, or a host copy (keep: read first); with NVMe params the cache writes the unchanged shard back,
-// which only checkpoints and exports pay. It has no other kind.
+// host memory, or a host copy (keep: read first), which Read leaves unwritten (with NVMe params the cache
+// drops its buffer of the shard). It has no other kind.
 class FrozenState : public StateOwner {
  public:
   explicit FrozenState(UnitStorage& s) : s_(s) {}
@@ -165,8 +169,8 @@ class FrozenState : public StateOwner {
     STRATA_ASSIGN_OR_RETURN(char* params,
                             s_.OpenParams(u, s_.UpdateParamOffset(u), out.size() * s_.param_bytes(), /*keep=*/true));
     if (params == nullptr) return out;
-    optim::ReadAsFloats(params, s_.cfg.param_dtype, out.size(), out.data());  // as InPlaceSnapshot reads it
-    STRATA_RETURN_IF_ERROR(s_.CloseParams(absl::OkStatus()));
+    optim::ReadAsFloats(params, s_.cfg.param_dtype, out.size(), out.data());  // as the snapshots read it
+    STRATA_RETURN_IF_ERROR(s_.CloseParams(absl::OkStatus(), /*read=*/true));
     return out;
   }
   absl::Status Write(UnitState& u, optim::StateKind kind, const std::vector<float>& values) override {
@@ -178,14 +182,21 @@ class FrozenState : public StateOwner {
   // Its master is staged (Read, then Write): the param storage, in the param dtype.
   std::optional<absl::Span<float>> Lend(UnitState&, optim::StateKind) override { return std::nullopt; }
   absl::Status MasterToParams(UnitState&, const float*) override { return absl::OkStatus(); }
-  // Its master is the param storage: held in place at stage 3 where the CPU reaches it (Note [Frozen units in
-  // a snapshot]), else copied by the caller.
+  // Its master is the param storage: held at stage 3 where the CPU reaches it, in place, or in the NVMe
+  // parameter cache, by its extent (Note [Frozen units in a snapshot]); else copied by the caller.
   std::unique_ptr<optim::KindSnapshot> Snapshot(UnitState& u, optim::StateKind kind) override {
-    if (kind != optim::StateKind::kMaster || s_.cfg.stage != 3 || s_.nvme_params() || !s_.ParamOps().host_visible()) {
-      return nullptr;
+    if (kind != optim::StateKind::kMaster || s_.cfg.stage != 3 || u.update_elems() == 0) return nullptr;
+    const size_t first = s_.UpdateParamOffset(u) / s_.param_bytes();
+    if (s_.nvme_params()) {
+      offload::ShardCache& cache = *s_.pstore.param_cache;
+      absl::StatusOr<offload::NvmeExtent> shard = cache.Hold(u.index);
+      if (!shard.ok() || shard->empty()) return nullptr;  // copied: the copy reports the write's error
+      return optim::NvmeShardSnapshot(cache.store(), cache.let_go(), *std::move(shard), first, u.update_elems(),
+                                      s_.cfg.param_dtype);
     }
+    if (!s_.ParamOps().host_visible()) return nullptr;
     const char* params = u.params.as<char>();
-    if (params == nullptr || u.update_elems() == 0) return nullptr;
+    if (params == nullptr) return nullptr;
     return optim::InPlaceSnapshot(params + s_.UpdateParamOffset(u), u.update_elems(), s_.cfg.param_dtype);
   }
 

@@ -126,9 +126,9 @@ struct UnitStorage {
   // cache). keep = false: the caller overwrites the whole range, so it is not read first. nullptr for an
   // empty range, which opens nothing. One range is open at a time.
   absl::StatusOr<char*> OpenParams(UnitState& u, size_t offset, size_t bytes, bool keep);
-  // Ends the access to the open range: written back when `done` (the caller's work on it) is OK. Returns
-  // the write-back's error, else `done`.
-  absl::Status CloseParams(const absl::Status& done);
+  // Ends the access to the open range: written back when `done` (the caller's work on it) is OK, unless the
+  // caller only `read` it. Returns the write-back's error, else `done`.
+  absl::Status CloseParams(const absl::Status& done, bool read = false);
   // That range as the parameter storage opens it (shard/param_storage.h).
   shard::ParamRange ParamRangeOf(UnitState& u, size_t offset, size_t bytes) const;
   // Where this rank's update range starts in its parameter storage, in bytes.

@@ -1,11 +1,13 @@
 #include "runtime/offload/nvme_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/crc32.h"
+#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/base/units.h"
 
@@ -213,6 +215,26 @@ IoWork NvmeStore::Read(const NvmeExtent& extent, memory::BufferView dst) {
                                promise->Complete(std::move(s));
                              });
   return work;
+}
+
+uint64_t LetGoSignal::Seen() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+void LetGoSignal::Notify() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++generation_;
+  }
+  cv_.notify_all();
+}
+
+void LetGoSignal::WaitPast(uint64_t seen, std::string_view waiting) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return generation_ != seen; })) {
+    STRATA_LOG(Warning) << waiting;
+  }
 }
 
 }  // namespace strata::offload

@@ -31,17 +31,20 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/memory/memory.h"
 #include "runtime/offload/extent_allocator.h"
 #include "runtime/offload/io_queue.h"
 #include "runtime/offload/io_work.h"
 #include "runtime/offload/nvme_files.h"
-#include "runtime/memory/memory.h"
 
 namespace strata::offload {
 
@@ -76,6 +79,23 @@ class NvmeExtent {
   friend class NvmeStore;
   explicit NvmeExtent(std::shared_ptr<internal::ExtentRecord> r) : record_(std::move(r)) {}
   std::shared_ptr<internal::ExtentRecord> record_;
+};
+
+// What the other owners of shared extents signal when they let go of them, for the owner that writes them to
+// wait on (Note [Snapshots of NVMe state] in optim/nvme_state.h; Note [Held shards] in shard_cache.h).
+// Thread-safe. The waiter reads Seen(), checks the extent, then waits past what it saw, so a let-go between
+// the two is not missed.
+class LetGoSignal {
+ public:
+  uint64_t Seen();
+  void Notify();  // after letting go
+  // Until a let-go after `seen`; every 10 s meanwhile, a warning that it is still `waiting` (what for).
+  void WaitPast(uint64_t seen, std::string_view waiting);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // guarded by mu_
 };
 
 // Where an extent's bytes lie on disk (for tools and fault tests).

@@ -174,6 +174,14 @@ void ShardCache::EndWrite(int shard, bool filled) {
     e.buffer.Reset();  // possibly half-filled: the extent keeps the last written bytes
     return;
   }
+  // Note [Held shards]: a snapshot holds the extent (the shard's own I/O is complete: BeginWrite waited).
+  while (e.extent.shared()) {
+    const uint64_t seen = let_go_->Seen();
+    if (!e.extent.shared()) break;
+    let_go_->WaitPast(seen,
+                      "a write of a parameter shard is waiting for the checkpoint being written to read "
+                      "past it");
+  }
   memory::BufferView src = e.buffer.view();
   src.bytes = NvmeStore::IoBytes(e.extent.bytes());
   e.io = store_->Write(e.extent, src);
@@ -181,6 +189,15 @@ void ShardCache::EndWrite(int shard, bool filled) {
   e.written = true;
   ++stats_.writes;
   stats_.write_bytes += e.extent.bytes();
+}
+
+absl::StatusOr<NvmeExtent> ShardCache::Hold(int shard) {
+  STRATA_RETURN_IF_ERROR(CheckShard(shard, "Hold"));
+  Entry& e = entries_[shard];
+  const absl::Status last = e.io.Wait();
+  if (!last.ok() && !e.io_is_read) return last;  // left to be reported by the call that next waits for it too
+  if (!e.written) return NvmeExtent();
+  return e.extent.Share();
 }
 
 absl::Status ShardCache::Flush() {

@@ -25,6 +25,14 @@
 // - Memory: nothing is allocated after Create; the buffers are the pool's (its tier's budget), the
 //   extents are the store's (allocated in Create: ResourceExhausted when the store is short).
 //
+// Note [Held shards]. Hold(k) gives a second owner of shard k's extent (no I/O, no copy), for a checkpoint's
+// snapshot to read on another thread while training goes on (a frozen unit's parameter shard: Note [Frozen
+// units in a snapshot] in engine/unit_storage.cc). The extent then keeps the bytes it had: a write of the
+// shard (EndWrite, Write) waits until the holder lets go of it, which the holder signals through let_go().
+// The engine writes a frozen unit's shard only from SetParam, so training itself never waits. Hold waits for
+// the shard's I/O in flight, so the extent holds the last Write; it returns that write's error, if it failed
+// (the cached bytes, then the newest, are not on the extent), and an empty extent for a never-written shard.
+//
 // Failure. A failed read reaches the lease's ready(); the entry is dropped, so the next Pin reads
 // again. A failed write is returned by the call that next waits for it (evicting the entry, writing
 // the shard again, or Flush), naming the extent; the cached bytes remain the newest copy.
@@ -75,6 +83,10 @@ class ShardCache {
   absl::StatusOr<void*> BeginWrite(int shard, bool keep = false);
   void EndWrite(int shard, bool filled);
   absl::Status Flush();
+  // Note [Held shards].
+  absl::StatusOr<NvmeExtent> Hold(int shard);
+  NvmeStore* store() const { return store_; }
+  const std::shared_ptr<LetGoSignal>& let_go() const { return let_go_; }
 
   int shards() const { return static_cast<int>(entries_.size()); }
   uint64_t bytes(int shard) const { return entries_[shard].extent.bytes(); }
@@ -108,6 +120,7 @@ class ShardCache {
   ShardCacheStats stats_;
   std::mutex mu_;
   std::condition_variable unpinned_;
+  std::shared_ptr<LetGoSignal> let_go_ = std::make_shared<LetGoSignal>();  // Note [Held shards]
 };
 
 // A pinned view of one cached shard (copyable; the pin holds while any copy lives).

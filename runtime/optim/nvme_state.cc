@@ -1,44 +1,13 @@
 #include "runtime/optim/nvme_state.h"
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 
 namespace strata::optim {
-
-// Note [Snapshots of NVMe state]: a count of the times snapshots let go of tiles, to wait on.
-struct NvmeState::LetGoSignal {
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t generation = 0;  // guarded by mu
-
-  uint64_t Seen() {
-    std::lock_guard<std::mutex> lock(mu);
-    return generation;
-  }
-  void Notify() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      ++generation;
-    }
-    cv.notify_all();
-  }
-  // Until a snapshot let go of something after `seen`; says so in the log every 10 s meanwhile.
-  void WaitPast(uint64_t seen) {
-    std::unique_lock<std::mutex> lock(mu);
-    while (!cv.wait_for(lock, std::chrono::seconds(10), [&] { return generation != seen; })) {
-      STRATA_LOG(Warning) << "the NVMe optimizer state has no room to write a tile apart from the checkpoint "
-                             "being written; waiting for the checkpoint's writer to read past it";
-    }
-  }
-};
 
 namespace {
 size_t TilesOf(size_t elems, size_t tile_elems) { return (elems + tile_elems - 1) / tile_elems; }
@@ -46,31 +15,40 @@ size_t ElemsOf(size_t elems, size_t tile_elems, size_t t) { return std::min(tile
 
 // Note [Snapshots of NVMe state]: one lane's tiles, owned with the live lane until either lets go, read
 // front to back through one tile of staging of its own (plain aligned memory, allocated on the first read).
+// Tile t holds elements [t * tile_elems, ...) of `dtype`; the snapshot's elements start at `first` (a frozen
+// unit's update range in its parameter shard: Note [Frozen units in a snapshot] in engine/unit_storage.cc).
 class NvmeKindSnapshot : public KindSnapshot {
  public:
-  NvmeKindSnapshot(offload::NvmeStore* store, std::shared_ptr<NvmeState::LetGoSignal> let_go, size_t tile_elems,
-                   size_t elems, std::vector<offload::NvmeExtent> tiles)
-      : store_(store), let_go_(std::move(let_go)), tile_elems_(tile_elems), elems_(elems), tiles_(std::move(tiles)) {
+  NvmeKindSnapshot(offload::NvmeStore* store, std::shared_ptr<offload::LetGoSignal> let_go, size_t tile_elems,
+                   size_t elems, std::vector<offload::NvmeExtent> tiles, DType dtype = DType::kF32, size_t first = 0)
+      : store_(store),
+        let_go_(std::move(let_go)),
+        tile_elems_(tile_elems),
+        elems_(elems),
+        first_(first),
+        dtype_(dtype),
+        tiles_(std::move(tiles)) {
     for (const offload::NvmeExtent& e : tiles_) held_ += e.io_bytes();
   }
   ~NvmeKindSnapshot() override { Release(); }
 
   size_t elems() const override { return elems_; }
   uint64_t held_bytes() const override { return held_; }
-  uint64_t staging_bytes() const override { return offload::NvmeStore::IoBytes(tile_elems_ * 4); }
+  uint64_t staging_bytes() const override { return offload::NvmeStore::IoBytes(tile_elems_ * DTypeBytes(dtype_)); }
 
   absl::Status Read(size_t at, size_t n, float* dst) override {
-    if (at + n > elems_ || at < let_go_before_ * tile_elems_) {
+    if (at + n > elems_ || first_ + at < let_go_before_ * tile_elems_) {
       return absl::OutOfRangeError(absl::StrCat("snapshot read of elements [", at, ", ", at + n, ") of ", elems_,
-                                                " (read from ", let_go_before_ * tile_elems_, " on)"));
+                                                " (read from ", let_go_before_ * tile_elems_ - first_, " on)"));
     }
-    while (n > 0) {
-      const size_t t = at / tile_elems_, in = at - t * tile_elems_;
+    const size_t bytes = DTypeBytes(dtype_);
+    for (size_t p = first_ + at, end = p + n; p < end;) {
+      const size_t t = p / tile_elems_, in = p - t * tile_elems_;
       LetGoBefore(t);
-      const size_t take = std::min(n, ElemsOf(elems_, tile_elems_, t) - in);
+      const size_t take = std::min(end - p, ElemsOf(first_ + elems_, tile_elems_, t) - in);
       if (loaded_ != t) {
         if (staging_ == nullptr) {
-          staging_ = static_cast<float*>(std::aligned_alloc(offload::NvmeStore::kAlignment, staging_bytes()));
+          staging_ = static_cast<char*>(std::aligned_alloc(offload::NvmeStore::kAlignment, staging_bytes()));
           if (staging_ == nullptr) return absl::ResourceExhaustedError("no memory for a snapshot's staging tile");
         }
         loaded_ = SIZE_MAX;
@@ -78,12 +56,11 @@ class NvmeKindSnapshot : public KindSnapshot {
             store_->Read(tiles_[t], memory::BufferView{staging_, staging_bytes(), memory::Tier::kPinnedHost}).Wait());
         loaded_ = t;
       }
-      std::memcpy(dst, staging_ + in, take * 4);
+      ReadAsFloats(staging_ + in * bytes, dtype_, take, dst);
       dst += take;
-      at += take;
-      n -= take;
+      p += take;
     }
-    if (at == elems_) LetGoBefore(tiles_.size());
+    if (at + n == elems_) LetGoBefore(tiles_.size());
     return absl::OkStatus();
   }
 
@@ -104,15 +81,26 @@ class NvmeKindSnapshot : public KindSnapshot {
   }
 
   offload::NvmeStore* store_;
-  std::shared_ptr<NvmeState::LetGoSignal> let_go_;
-  size_t tile_elems_, elems_;
+  std::shared_ptr<offload::LetGoSignal> let_go_;
+  size_t tile_elems_, elems_, first_;
+  DType dtype_;
   std::vector<offload::NvmeExtent> tiles_;
   uint64_t held_ = 0;
   size_t let_go_before_ = 0;  // tiles before it are let go
   size_t loaded_ = SIZE_MAX;  // the tile in staging_
-  float* staging_ = nullptr;
+  char* staging_ = nullptr;
 };
 }  // namespace
+
+std::unique_ptr<KindSnapshot> NvmeShardSnapshot(offload::NvmeStore* store, std::shared_ptr<offload::LetGoSignal> let_go,
+                                                offload::NvmeExtent shard, size_t first, size_t elems, DType dtype) {
+  const size_t shard_elems = shard.bytes() / DTypeBytes(dtype);
+  if (first + elems > shard_elems) return nullptr;
+  std::vector<offload::NvmeExtent> tiles;
+  tiles.push_back(std::move(shard));
+  return std::make_unique<NvmeKindSnapshot>(store, std::move(let_go), shard_elems, elems, std::move(tiles), dtype,
+                                            first);
+}
 
 uint64_t NvmeState::StoreBytes(size_t tile_elems, size_t kinds, const std::vector<size_t>& update_elems) {
   uint64_t need = 0;
@@ -135,7 +123,7 @@ absl::StatusOr<std::unique_ptr<NvmeState>> NvmeState::Create(std::unique_ptr<off
   s->staging_ = std::move(staging);
   s->tile_elems_ = tile_elems;
   s->elems_ = std::move(update_elems);
-  s->let_go_ = std::make_shared<LetGoSignal>();
+  s->let_go_ = std::make_shared<offload::LetGoSignal>();
   s->lanes_.resize(s->elems_.size());
   for (size_t u = 0; u < s->elems_.size(); ++u) {
     s->lanes_[u].assign(kinds.size(), {});
@@ -193,7 +181,10 @@ absl::StatusOr<offload::NvmeExtent> NvmeState::WriteTarget(const offload::NvmeEx
     }
     if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
     ++redirects_.waits;
-    let_go_->WaitPast(seen);  // a snapshot let go of a tile: room, or this one unshared
+    // A snapshot let go of a tile: room, or this one unshared.
+    let_go_->WaitPast(seen,
+                      "the NVMe optimizer state has no room to write a tile apart from the checkpoint being written; "
+                      "waiting for the checkpoint's writer to read past it");
   }
 }
 

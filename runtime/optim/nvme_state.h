@@ -57,6 +57,13 @@ struct TiledUpdate {
   HostExecutor* executor = nullptr;  // same bits for every thread count
 };
 
+// Note [Frozen units in a snapshot] (engine/unit_storage.cc): `elems` values of `dtype` from element `first`
+// of `shard`, an extent of `store` holding a frozen unit's parameter shard (offload::ShardCache::Hold), read as
+// floats through a staging buffer of the shard's size; `let_go` is notified when it lets go. Null when the
+// range does not lie in the shard.
+std::unique_ptr<KindSnapshot> NvmeShardSnapshot(offload::NvmeStore* store, std::shared_ptr<offload::LetGoSignal> let_go,
+                                                offload::NvmeExtent shard, size_t first, size_t elems, DType dtype);
+
 class NvmeState : public StateStore {
  public:
   // NVMe bytes the lanes of units with these update ranges take (the store's capacity).
@@ -86,9 +93,6 @@ class NvmeState : public StateStore {
   };
   RedirectStats redirect_stats() const { return redirects_; }
 
-  // What snapshots signal when they let go of tiles (nvme_state.cc).
-  struct LetGoSignal;
-
  private:
   NvmeState() = default;
   size_t Tiles(int unit) const { return lanes_[unit].empty() ? 0 : lanes_[unit][0].size(); }
@@ -102,7 +106,7 @@ class NvmeState : public StateStore {
   size_t tile_elems_ = 0;
   std::vector<size_t> elems_;  // per unit: the update range's elements
   std::vector<std::vector<std::vector<offload::NvmeExtent>>> lanes_;  // unit, StateIndex, tile
-  std::shared_ptr<LetGoSignal> let_go_;  // shared with the snapshots, which may outlive nothing but it
+  std::shared_ptr<offload::LetGoSignal> let_go_;  // shared with the snapshots, which may outlive nothing but it
   RedirectStats redirects_;
 };
 
