@@ -87,7 +87,11 @@ absl::StatusOr<char*> UnitStorage::OpenParams(UnitState& u, size_t offset, size_
 }
 
 absl::Status UnitStorage::CloseParams(const absl::Status& done, bool read) {
-  STRATA_RETURN_IF_ERROR(pstore.param_access.Close(done.ok() && !read));
+  if (read) {
+    pstore.param_access.CloseRead();
+    return done;
+  }
+  STRATA_RETURN_IF_ERROR(pstore.param_access.Close(done.ok()));
   return done;
 }
 
@@ -158,7 +162,7 @@ absl::Status NoFrozenState(const UnitState& u, optim::StateKind kind) {
 
 // A frozen unit's master (Note [Frozen units] in placement.h): OpenParams hands out the range itself in
 // host memory, or a host copy (keep: read first), which Read leaves unwritten (with NVMe params the cache
-// drops its buffer of the shard). It has no other kind.
+// keeps its buffer of the shard as it is). It has no other kind.
 class FrozenState : public StateOwner {
  public:
   explicit FrozenState(UnitStorage& s) : s_(s) {}

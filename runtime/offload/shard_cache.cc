@@ -49,7 +49,7 @@ int ShardCache::PickVictim(int shard, bool may_wait) {
   for (int i = 0; i < shards(); ++i) {
     const Entry& e = entries_[i];
     if (i == shard || e.buffer.empty() || e.pins > 0) continue;
-    if (!may_wait && (e.read_ahead || !e.io.Done())) continue;
+    if (!may_wait && (e.read_ahead || !e.io.Done() || e.failed_write)) continue;  // no write without waiting
     // Unused read-ahead goes last: it was fetched because it is needed soon.
     const auto rank = [](const Entry& x) { return std::make_pair(x.read_ahead, x.last_use); };
     if (best < 0 || rank(e) < rank(entries_[best])) best = i;
@@ -65,8 +65,20 @@ absl::StatusOr<PinnedBuffer> ShardCache::TakeBuffer(int shard, bool may_wait) {
       Entry& v = entries_[victim];
       absl::Status s = v.io.Wait();  // the buffer is the I/O's source or target until then
       v.io = IoWork();
-      // A failed write: the shard's newest bytes are only in the buffer, which stays (a later Write retries).
-      if (!s.ok() && !v.io_is_read) return s;
+      // A failed write: the shard's newest bytes are only in the buffer, which stays (reported once; the next
+      // eviction writes them again first).
+      if (!s.ok() && !v.io_is_read) {
+        v.failed_write = true;
+        return s;
+      }
+      if (v.failed_write) {
+        memory::BufferView src = v.buffer.view();
+        src.bytes = NvmeStore::IoBytes(v.extent.bytes());
+        STRATA_RETURN_IF_ERROR(store_->Write(v.extent, src).Wait());
+        v.failed_write = false;
+        ++stats_.writes;
+        stats_.write_bytes += v.extent.bytes();
+      }
       v.read_ahead = false;
       return std::move(v.buffer);
     }
@@ -155,7 +167,10 @@ absl::StatusOr<void*> ShardCache::BeginWrite(int shard, bool keep) {
   }
   const absl::Status previous = e.io.Wait();  // one I/O per shard; the buffer is free after it
   e.io = IoWork();
-  if (!previous.ok() && !e.io_is_read) return previous;  // reported once; the buffer keeps the newest bytes
+  if (!previous.ok() && !e.io_is_read) {  // reported once; the buffer keeps the newest bytes
+    e.failed_write = true;
+    return previous;
+  }
   if (!previous.ok() && keep) {  // a failed read left garbage, and the contents were to be kept
     e.buffer.Reset();
     return previous;
@@ -187,22 +202,33 @@ void ShardCache::EndWrite(int shard, bool filled) {
   e.io = store_->Write(e.extent, src);
   e.io_is_read = false;
   e.written = true;
+  e.failed_write = false;  // until a wait sees this write fail
   ++stats_.writes;
   stats_.write_bytes += e.extent.bytes();
 }
+
+void ShardCache::EndRead(int shard) { entries_[shard].last_use = ++clock_; }
 
 absl::StatusOr<NvmeExtent> ShardCache::Hold(int shard) {
   STRATA_RETURN_IF_ERROR(CheckShard(shard, "Hold"));
   Entry& e = entries_[shard];
   const absl::Status last = e.io.Wait();
   if (!last.ok() && !e.io_is_read) return last;  // left to be reported by the call that next waits for it too
+  if (e.failed_write) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ShardCache: shard ", shard, "'s last write failed; its newest bytes are only in memory"));
+  }
   if (!e.written) return NvmeExtent();
   return e.extent.Share();
 }
 
 absl::Status ShardCache::Flush() {
   absl::Status first;
-  for (Entry& e : entries_) first.Update(e.io.Wait());
+  for (Entry& e : entries_) {
+    const absl::Status s = e.io.Wait();
+    if (!s.ok() && !e.io_is_read) e.failed_write = true;
+    first.Update(s);
+  }
   return first;
 }
 

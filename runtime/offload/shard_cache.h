@@ -30,12 +30,14 @@
 // units in a snapshot] in engine/unit_storage.cc). The extent then keeps the bytes it had: a write of the
 // shard (EndWrite, Write) waits until the holder lets go of it, which the holder signals through let_go().
 // The engine writes a frozen unit's shard only from SetParam, so training itself never waits. Hold waits for
-// the shard's I/O in flight, so the extent holds the last Write; it returns that write's error, if it failed
-// (the cached bytes, then the newest, are not on the extent), and an empty extent for a never-written shard.
+// the shard's I/O in flight, so the extent holds the last Write; while the extent lacks the newest bytes (the
+// shard's last write failed: they are only in the cache's buffer) it returns an error, and the caller copies
+// the buffer instead. A never-written shard holds nothing (an empty extent).
 //
 // Failure. A failed read reaches the lease's ready(); the entry is dropped, so the next Pin reads
 // again. A failed write is returned by the call that next waits for it (evicting the entry, writing
-// the shard again, or Flush), naming the extent; the cached bytes remain the newest copy.
+// the shard again, or Flush), naming the extent; the cached bytes remain the newest copy: the entry is not
+// evicted until a write of them succeeds (an eviction writes them again first, and returns its error).
 #pragma once
 
 #include <condition_variable>
@@ -82,6 +84,9 @@ class ShardCache {
   // a failing fill does). Nothing else may use the shard in between.
   absl::StatusOr<void*> BeginWrite(int shard, bool keep = false);
   void EndWrite(int shard, bool filled);
+  // After BeginWrite(shard, keep = true), for a caller that only read the buffer: nothing is written, and the
+  // buffer stays cached as it is (after a failed write, the only copy of the newest bytes).
+  void EndRead(int shard);
   absl::Status Flush();
   // Note [Held shards].
   absl::StatusOr<NvmeExtent> Hold(int shard);
@@ -101,6 +106,7 @@ class ShardCache {
     bool io_is_read = false;
     bool read_ahead = false;  // read by Prefetch and not pinned since
     bool written = false;     // the extent holds data (reads of a never-written shard are refused)
+    bool failed_write = false;  // the last write failed: the newest bytes are only in `buffer`
     int pins = 0;             // guarded by mu_ (released from other threads)
     uint64_t last_use = 0;
   };

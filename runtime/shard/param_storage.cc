@@ -41,4 +41,10 @@ absl::Status ParamStorage::Close(bool written) {
   return r.ops->FromHost(r.params + r.offset, scratch_.data(), r.bytes);
 }
 
+void ParamStorage::CloseRead() {
+  if (!is_open_) return;
+  is_open_ = false;
+  if (open_.cache != nullptr) open_.cache->EndRead(open_.unit);
+}
+
 }  // namespace strata::shard

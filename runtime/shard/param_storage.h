@@ -37,6 +37,9 @@ class ParamStorage {
   // memory: that range; the cache: the whole shard, through to NVMe); otherwise the storage keeps what it
   // held where it can (the cache drops its buffer, the device is not written).
   absl::Status Close(bool written);
+  // Ends the access to a range opened with keep that the caller only read: nothing is written back, and the
+  // storage keeps what it holds (the cache keeps its buffer, which may be the only copy of the newest bytes).
+  void CloseRead();
 
  private:
   std::vector<char> scratch_;  // the host copy of a device range, reused

@@ -263,6 +263,50 @@ TEST_P(ShardCacheTest, AHeldShardKeepsItsBytesAndItsWriteWaitsForTheHolder) {
   EXPECT_EQ(cache_->Flush().code(), absl::StatusCode::kResourceExhausted);  // still reported
 }
 
+// After a failed write has been reported, the cache's buffer is the only copy of the newest bytes: a read-only
+// access (BeginWrite with keep, EndRead: what an export of a frozen unit does) keeps it, Hold refuses to share the
+// extent, which lacks them, and the eviction writes them again before it lets the buffer go.
+TEST_P(ShardCacheTest, TheNewestBytesOfAFailedWriteSurviveAReadAHoldAndAnEviction) {
+  Make(1);
+  ASSERT_TRUE(WriteSeed(0, 1).ok());
+  ASSERT_TRUE(cache_->Flush().ok());
+  queue_->SetFaults(IoFaults{.fail_request = 1, .fail_errno = ENOSPC, .fail_only = IoOp::kWrite});
+  ASSERT_TRUE(WriteSeed(0, 2).ok());  // issued; fails in the background
+  EXPECT_EQ(cache_->BeginWrite(0, /*keep=*/true).status().code(), absl::StatusCode::kResourceExhausted);
+  auto read = cache_->BeginWrite(0, /*keep=*/true);  // reported once: now a read of the newest bytes
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(FirstMismatch(static_cast<const char*>(*read), kShardBytes, 2), -1);
+  cache_->EndRead(0);
+  EXPECT_TRUE(cache_->cached(0));
+  auto held = cache_->Hold(0);
+  EXPECT_EQ(held.status().code(), absl::StatusCode::kFailedPrecondition) << "shared an extent without the bytes";
+  ASSERT_TRUE(WriteSeed(1, 3).ok());  // evicts shard 0: writes seed 2 first
+  EXPECT_FALSE(cache_->cached(0));
+  EXPECT_EQ(CheckSeed(0, 2), -1);  // back from NVMe
+  held = cache_->Hold(0);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_FALSE(held->empty());
+}
+
+// An eviction whose write of the newest bytes fails again reports it and keeps the buffer.
+TEST_P(ShardCacheTest, AnEvictionThatCannotWriteTheNewestBytesKeepsThem) {
+  Make(1);
+  ASSERT_TRUE(WriteSeed(0, 1).ok());
+  ASSERT_TRUE(cache_->Flush().ok());
+  queue_->SetFaults(IoFaults{.fail_request = 1, .fail_errno = ENOSPC, .fail_only = IoOp::kWrite});
+  ASSERT_TRUE(WriteSeed(0, 2).ok());
+  EXPECT_EQ(cache_->BeginWrite(0, /*keep=*/true).status().code(), absl::StatusCode::kResourceExhausted);
+  queue_->SetFaults(IoFaults{.fail_request = 1, .fail_errno = EIO, .fail_only = IoOp::kWrite});
+  const absl::Status evict = WriteSeed(1, 3);  // the eviction's write of shard 0 fails
+  EXPECT_THAT(std::string(evict.message()), HasSubstr("Input/output error")) << evict;
+  EXPECT_TRUE(cache_->cached(0));
+  EXPECT_EQ(CheckSeed(0, 2), -1);
+  const absl::Status again = WriteSeed(1, 3);  // written this time, then evicted
+  ASSERT_TRUE(again.ok()) << again;
+  EXPECT_FALSE(cache_->cached(0));
+  EXPECT_EQ(CheckSeed(0, 2), -1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ShardCacheTest, ::testing::ValuesIn(testing::Backends()),
                          testing::BackendParamName);
 
