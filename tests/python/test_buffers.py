@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import strata.torch as st
+from strata._capi import StrataError
 from strata.torch import _model_buffers
 from common import config, reference_optimizer, rel_errors, shared_dir, world
 
@@ -505,7 +506,8 @@ def test_save_is_published_only_with_its_buffers(tmp_path):
     train(model, engine, 2, 3)
     step3 = os.path.join(root, "step_00000003")
     on_rank0(lambda: os.makedirs(os.path.join(step3, _model_buffers.FILE_NAME, "x")))  # rank 0 cannot write it
-    with pytest.raises(RuntimeError, match="was not published: rank 0 could not write the model's buffers"):
+    with pytest.raises(StrataError, match="STRATA_ERR_IO: .*was not published: rank 0 could not write the model's "
+                       "buffers"):  # the engine's error type, as every other save failure
         engine.save_checkpoint(root)
     assert not os.path.exists(os.path.join(step3, "manifest.json"))
     train(model, engine, 3, 4)

@@ -29,6 +29,7 @@ import warnings
 import torch
 
 from strata import _comm
+from strata._capi import StrataError
 
 FILE_NAME = "torch_buffers.safetensors"
 MANIFEST_NAME = "manifest.json"  # runtime/checkpoint/manifest.h kManifestName
@@ -167,8 +168,9 @@ class ModelBuffers:
                 error = f"{type(e).__name__}: {e}"
         error = _comm.broadcast_object(error)
         if error is not None:
-            raise RuntimeError(f"strata: checkpoint '{step_dir}' was not published: rank 0 could not write the "
-                               f"model's buffers ({error})")
+            # The engine's code for a file it could not write, so one `except StrataError` catches every save failure.
+            raise StrataError("STRATA_ERR_IO", f"checkpoint '{step_dir}' was not published: rank 0 could not write "
+                              f"the model's buffers ({error})")
 
     def read_checkpoint(self, path):
         """Collective, before the engine loads: rank 0 resolves `path` as the engine does (a step directory,
