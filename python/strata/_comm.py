@@ -397,7 +397,9 @@ def _abort_on_uncaught_exception():
 # the ranks may destroy the same engine at different points of their common sequence of collectives, as they do
 # when the collector frees it at different times (tests/python/test_dropped_engines.py, also a creation refused on
 # every rank, whose half-made engine each rank drops at a different point). A CUDA engine's NCCL communicators are
-# finalised (ncclCommFinalize, which may wait for the peers): a dropped one waits for the exit, as before.
+# finalised (ncclCommFinalize, which may wait for the peers): a dropped one waits for the exit, as before. A dropped
+# engine is destroyed without its before-close callbacks, so a front end with one still due holds the engine until
+# it has run (strata.deepspeed's `latest` of an asynchronous save: _latest_due).
 def track(engine, cuda=False):
     """Called once the engine has its handle: closed at exit if still alive, destroyed after it is dropped without
     close() (Note [Dropped engines]). Returns the finalizer, which close() detaches."""

@@ -10,10 +10,12 @@ import weakref
 import pytest
 import torch
 
+import strata.deepspeed as deepspeed
 import strata.torch as st
-from common import config
+from common import config, shared_dir
 from models import TinyLM, batches, tiny_lm
 from strata import _comm
+from strata.deepspeed._engine import _latest_due
 
 
 def threads():
@@ -154,3 +156,30 @@ def test_engines_after_a_creation_that_failed_and_drops_at_different_times_on_ea
     assert all(r == results[0] for r in results), results
     del held
     gc.collect()
+
+
+def test_a_dropped_deepspeed_engine_waits_to_write_its_latest(tmp_path):
+    """strata.deepspeed writes an asynchronous save's `latest` file when the save is known complete, at the latest
+    in destroy() or at the exit. An engine dropped with that file still due is held until then, not destroyed
+    without it."""
+    root = shared_dir(tmp_path)
+    model = tiny_lm()
+    engine, *rest = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                         config=config(3, 2, train_micro_batch_size_per_gpu=2))
+    for micro in range(2):
+        x, y = batches(0, micro, st.rank())
+        engine.backward(engine(x, y))
+        engine.step()
+    engine.save_checkpoint(root, tag="first")
+    engine.save_checkpoint(root, tag="last", async_save=True)
+    inner = weakref.ref(engine.strata)
+    del engine, model, rest
+    gc.collect()
+    assert inner() is not None
+    (kept,) = [e for e in _latest_due if e.strata is inner()]
+    kept.destroy()  # what the exit does for it
+    with open(os.path.join(root, "latest"), encoding="utf-8") as f:
+        assert f.read() == "last"
+    del kept
+    gc.collect()
+    assert inner() is None and not _comm._dropped  # closed, so not destroyed again
