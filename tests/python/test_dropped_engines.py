@@ -114,8 +114,11 @@ def test_engines_dropped_in_a_loop_give_back_their_memory_and_threads():
         rss.append(rss_bytes())
     assert footprint > 64 << 20, footprint  # big enough to see in the RSS
     assert max(counts[2:]) <= counts[2], f"threads with one live engine, per trial: {counts}"
+    # Kept engines would add at least one footprint per trial, 5 over these 5 trials; destroyed ones leave the
+    # heap's noise (up to about half a footprint under torchrun at a load of 15). The bound sits between, with a
+    # margin of 2.5x to the leak and 4x to the noise, so a loaded machine does not fail it by chance.
     grown = max(rss[2:]) - rss[2]
-    assert grown < footprint / 2, (f"the resident memory grew by {grown / 2**20:.1f} MiB over {len(rss) - 3} "
+    assert grown < 2 * footprint, (f"the resident memory grew by {grown / 2**20:.1f} MiB over {len(rss) - 3} "
                                    f"trials (an engine holds {footprint / 2**20:.1f} MiB): {rss}")
     assert all(math.isfinite(s) for s in steps), steps  # every trial trained
 
