@@ -18,6 +18,7 @@ One strata communicator serves every engine of the process; it is destroyed at e
 alive (Python's atexit runs before mpi4py finalises MPI).
 """
 import atexit
+import collections
 import ctypes
 import os
 import sys
@@ -74,6 +75,8 @@ _comm = None   # the process's strata_comm*
 _cuda = None   # whether _comm is a CUDA engine's (torch: NCCL) or a host one's
 _watch_tried = False  # strata_comm_watch_torchrun was called
 _engines = weakref.WeakSet()
+_dropped = collections.deque()  # Note [Dropped engines]: handles of host engines collected without close()
+_dropped_cuda = collections.deque()  # of CUDA engines: destroyed at the exit
 
 
 def _mpi():
@@ -376,8 +379,42 @@ def _abort_on_uncaught_exception():
     sys.excepthook = hook
 
 
-def track(engine):
+# Note [Dropped engines]. An engine the script drops without close() (a sweep making an engine per trial, a test
+# suite) is destroyed, its memory, threads and communicators given back, instead of living until the exit. Two
+# parts. (1) Collectable: nothing that torch holds from C++ (a parameter's hooks: the cycle collector does not look
+# inside a tensor that C++ also holds) may hold the engine; the post-accumulate-grad hooks hold their tracker
+# weakly (_hooks), so the engine, its model and its tracker form a cycle the collector frees once the script holds
+# neither the engine nor the model (whose forward is the engine's). (2) Destroyed at a safe point: the collector
+# runs on whichever thread allocates, also Strata's caller threads inside a torch.distributed callback (which may
+# hold _torch_comm's locks), so the finalizer only appends the handle to _dropped (a deque: atomic, no lock), and
+# the next st.shard (on the script's thread, before anything of its own) or the exit destroys it.
+# strata_engine_destroy is not collective (strata.h): it waits for the engine's own asynchronous save (whose
+# collectives run on the saver's thread and communicator, whatever the script's thread does), drains the engine's
+# streams and frees its communicators, which issues nothing on a communicator another engine or the root uses:
+# under MPI each is an MPI_Comm_free (local in Open MPI: the next communicator's context id is agreed at its
+# creation); under torchrun each gloo group goes to the idle pool (Note [Idle gloo groups] in strata._torch_comm),
+# which a later dup takes back only once every member gave it back whole, agreed in that dup's own all-gather. So
+# the ranks may destroy the same engine at different points of their common sequence of collectives, as they do
+# when the collector frees it at different times (tests/python/test_dropped_engines.py, also a creation refused on
+# every rank, whose half-made engine each rank drops at a different point). A CUDA engine's NCCL communicators are
+# finalised (ncclCommFinalize, which may wait for the peers): a dropped one waits for the exit, as before. A dropped
+# engine is destroyed without its before-close callbacks, so a front end with one still due holds the engine until
+# it has run (strata.deepspeed's `latest` of an asynchronous save: _latest_due).
+def track(engine, cuda=False):
+    """Called once the engine has its handle: closed at exit if still alive, destroyed after it is dropped without
+    close() (Note [Dropped engines]). Returns the finalizer, which close() detaches."""
     _engines.add(engine)
+    finalizer = weakref.finalize(engine, (_dropped_cuda if cuda else _dropped).append, engine.handle.value)
+    finalizer.atexit = False  # _shutdown closes the engines still alive and destroys the dropped ones
+    return finalizer
+
+
+def destroy_dropped(at_exit=False):
+    """Destroys, on the calling thread, the engines collected without close() (Note [Dropped engines]); the CUDA
+    ones only `at_exit`."""
+    for queue in (_dropped, _dropped_cuda) if at_exit else (_dropped,):
+        while queue:
+            _capi.lib.strata_engine_destroy(ctypes.c_void_p(queue.popleft()))
 
 
 @atexit.register
@@ -393,6 +430,7 @@ def _shutdown():
             if why is not None:
                 sys.stderr.flush()
                 abort(f"rank {rank()}: exited in the middle of a step ({why})")
+    destroy_dropped(at_exit=True)
     for e in list(_engines):
         e.close()
     if _comm is not None:

@@ -13,6 +13,12 @@ from strata.deepspeed import _checkpoint
 from strata.deepspeed._optim import EngineOptimizer, EngineScheduler
 
 
+# The engines whose asynchronous save's `latest` file is still to be written (by _finish_async_save): held here so
+# that a script dropping one without destroy() does not lose it. Once collected, an engine is destroyed without its
+# before-close callbacks (Note [Dropped engines] in strata._comm); held, it waits for the exit, which closes it.
+_latest_due = set()
+
+
 class DeepSpeedEngine(torch.nn.Module):
     """Made by strata.deepspeed.initialize. `engine.module` is the model (its forward hooked by strata.torch);
     `engine.strata` the strata.torch engine under it."""
@@ -189,6 +195,8 @@ class DeepSpeedEngine(torch.nn.Module):
             self._finish_async_save()  # the save before: done, and its latest written
             self.strata.save_checkpoint(os.path.join(save_dir, tag), state, async_save=True)
             self._pending_latest = (save_dir, tag) if save_latest else None
+            if save_latest:
+                _latest_due.add(self)
             return True
         self._finish_async_save()
         self.strata.save_checkpoint(os.path.join(save_dir, tag), state)
@@ -203,6 +211,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def _finish_async_save(self):
         pending, self._pending_latest = self._pending_latest, None
+        _latest_due.discard(self)
         if pending is None:
             return
         self.strata.wait_checkpoint()

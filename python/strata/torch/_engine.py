@@ -129,6 +129,7 @@ class Engine:
     def __init__(self, model, config=None, unit_classes=None, weight_decay=None, lr=None, device=None,
                  process_group=None, device_mesh=None, pretrained=None, pretrained_strict=True,
                  _warn_default_optimizer=True):
+        _comm.destroy_dropped()  # those the script dropped without close() (Note [Dropped engines] in strata._comm)
         created = None
         config = _config(config)
         default_optimizer = "optimizer" not in config
@@ -176,7 +177,7 @@ class Engine:
         handle = ctypes.c_void_p()
         _capi.check(_lib.strata_engine_create(comm, opts, ctypes.byref(handle)))
         self.handle = handle
-        _comm.track(self)
+        self._finalizer = _comm.track(self, cuda)
         self.resolved = self._resolved_config()  # the engine's reading of the config: batch sizes, defaults
         if default_optimizer and _warn_default_optimizer:
             r = self.resolved
@@ -565,5 +566,6 @@ class Engine:
         if self.handle is not None:
             for fn in getattr(self, "before_close", []):
                 fn()
+            self._finalizer.detach()
             _lib.strata_engine_destroy(self.handle)
             self.handle = None

@@ -22,6 +22,7 @@ Activation checkpointing: a block re-run inside the backward (torch.utils.checkp
 finds its unit in backward and computes with the backward buffers; no begin_forward is issued there.
 """
 import ctypes
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -31,6 +32,16 @@ from strata.torch._gathered import drop_grad_markers, mark_grads
 from strata.torch._sharded import set_placeholder, set_values
 
 IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, EVAL = "idle", "forward", "await-backward", "backward", "eval"
+
+
+def _weak_hook(tracker_ref, fn):
+    """A post-accumulate-grad hook calling fn(tracker, param) while the tracker lives; nothing once it is gone. It
+    must not hold the tracker, hence the engine (Note [Dropped engines] in strata._comm)."""
+    def hook(p):
+        t = tracker_ref()
+        if t is not None:
+            fn(t, p)
+    return hook
 
 
 def _heap_trimmer():
@@ -147,13 +158,15 @@ class Tracker:
         # the parameters autograd accumulated a gradient into in this micro-batch; the others are marked.
         self.mark_no_grad = engine.config.get("strata", {}).get("params_without_grad") == "skip"
         self.touched = set()
+        me = weakref.ref(self)  # torch holds these hooks where the collector cannot see (Note [Dropped engines])
         for u in units:  # a unit kept in fp32 (Note [Modules kept in fp32] in _fp32_modules) takes fp32 .grad
             if u.layout.dtype != _capi.DTYPE_F32 and not u.spec.frozen and not u.spec.fp32:
                 for i, p in enumerate(u.spec.params):
-                    p.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self.add_low_precision_grad(u, i, p))
+                    p.register_post_accumulate_grad_hook(
+                        _weak_hook(me, lambda t, p, u=u, i=i: t.add_low_precision_grad(u, i, p)))
             elif self.mark_no_grad and not u.spec.frozen:
                 for p in u.spec.params:
-                    p.register_post_accumulate_grad_hook(lambda p: self.touched.add(id(p)))
+                    p.register_post_accumulate_grad_hook(_weak_hook(me, lambda t, p: t.touched.add(id(p))))
         self.unit_of = {id(p): (u, n) for u in units for n, p in zip(u.spec.names, u.spec.params)}
         # a set: end_backward asks `u in`. Leaf units (Note [Leaf units] in _units) are left out: an embedding's
         # backward ends with the pass, and the trim is for the activations freed before that
