@@ -72,12 +72,8 @@ absl::StatusOr<PinnedBuffer> ShardCache::TakeBuffer(int shard, bool may_wait) {
         return s;
       }
       if (v.failed_write) {
-        memory::BufferView src = v.buffer.view();
-        src.bytes = NvmeStore::IoBytes(v.extent.bytes());
-        STRATA_RETURN_IF_ERROR(store_->Write(v.extent, src).Wait());
+        STRATA_RETURN_IF_ERROR(WriteBack(v).Wait());
         v.failed_write = false;
-        ++stats_.writes;
-        stats_.write_bytes += v.extent.bytes();
       }
       v.read_ahead = false;
       return std::move(v.buffer);
@@ -197,14 +193,18 @@ void ShardCache::EndWrite(int shard, bool filled) {
                       "a write of a parameter shard is waiting for the checkpoint being written to read "
                       "past it");
   }
-  memory::BufferView src = e.buffer.view();
-  src.bytes = NvmeStore::IoBytes(e.extent.bytes());
-  e.io = store_->Write(e.extent, src);
+  e.io = WriteBack(e);
   e.io_is_read = false;
   e.written = true;
   e.failed_write = false;  // until a wait sees this write fail
+}
+
+IoWork ShardCache::WriteBack(Entry& e) {
+  memory::BufferView src = e.buffer.view();
+  src.bytes = NvmeStore::IoBytes(e.extent.bytes());
   ++stats_.writes;
   stats_.write_bytes += e.extent.bytes();
+  return store_->Write(e.extent, src);
 }
 
 void ShardCache::EndRead(int shard) { entries_[shard].last_use = ++clock_; }

@@ -117,6 +117,7 @@ class ShardCache {
   absl::StatusOr<PinnedBuffer> TakeBuffer(int shard, bool may_wait);
   int PickVictim(int shard, bool may_wait);  // -1 when none
   void StartRead(int shard, PinnedBuffer buffer);
+  IoWork WriteBack(Entry& e);  // issues the write of e's buffer to its extent (counted)
   void Unpin(int shard);
 
   NvmeStore* store_;
