@@ -22,6 +22,8 @@
 // signed, so that the steps' own noise cancels; the spread of those 4 is printed as that noise), then
 // WaitCheckpoint.
 // Prints one "result" line per round and a JSON line of the medians.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -62,8 +64,18 @@ struct Round {
   double sync_s, async_call_s, async_steps_extra_s, async_total_s, step_s, step_spread_s;
   uint64_t bytes;
   uint64_t snapshot_host, snapshot_nvme, snapshot_staging, rss_growth;
-  double async_alone_s;  // an asynchronous save of the same state with no step meanwhile: call to published
+  double async_alone_s;            // an asynchronous save of the same state with no step meanwhile: call to published
+  double sync_cpu_s, alone_cpu_s;  // the process's CPU time (user + system) over the sync save, the alone one
 };
+
+// This process's CPU time so far, user and system, every thread (Note [Direct checkpoint writes]: the copies
+// into the page cache are system time of the writing thread).
+double ProcessCpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
 
 // This process's resident set (VmRSS), in bytes; 0 where /proc does not tell.
 uint64_t RssBytes() {
@@ -115,9 +127,11 @@ absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::
     round.step_spread_s =
         *std::max_element(before.begin(), before.end()) - *std::min_element(before.begin(), before.end());
     const std::string sync_dir = absl::StrCat(dir, "/sync_", r), async_dir = absl::StrCat(dir, "/async_", r);
+    double cpu = ProcessCpuSeconds();
     Clock::time_point t = Clock::now();
     STRATA_RETURN_IF_ERROR(e->SaveCheckpoint(sync_dir, "{}"));
     round.sync_s = Since(t);
+    round.sync_cpu_s = ProcessCpuSeconds() - cpu;
     // The same state, saved asynchronously: no step in between.
     const uint64_t rss_before = RssBytes();
     t = Clock::now();
@@ -140,10 +154,12 @@ absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::
     round.async_total_s = Since(t);
     // The writer alone: the same state again, no step while it is written (polled every millisecond).
     const std::string alone_dir = async_dir + "_alone";
+    cpu = ProcessCpuSeconds();
     t = Clock::now();
     STRATA_RETURN_IF_ERROR(e->SaveCheckpointAsync(alone_dir, "{}"));
     while (e->checkpoint_in_flight()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     round.async_alone_s = Since(t);
+    round.alone_cpu_s = ProcessCpuSeconds() - cpu;
     STRATA_RETURN_IF_ERROR(e->WaitCheckpoint());
     std::filesystem::remove_all(alone_dir);
     if (rank == 0) {
@@ -151,10 +167,12 @@ absl::Status Run(int rank, int world, strata::comm::Communicator& c, const std::
       std::printf(
           "result round %d: step %.3f s (spread of 4: %.3f s); sync save %.3f s; async call %.3f s + %.3f s "
           "lost by %d steps while writing; async published after %.3f s; %.1f MB; snapshot host %.1f MB, "
-          "NVMe held %.1f MB, staging %.3f MB; resident set grew %.1f MB; written alone in %.3f s\n",
+          "NVMe held %.1f MB, staging %.3f MB; resident set grew %.1f MB; written alone in %.3f s; CPU s of the "
+          "sync save %.3f, of the one alone %.3f\n",
           r, round.step_s, round.step_spread_s, round.sync_s, round.async_call_s, round.async_steps_extra_s, steps,
           round.async_total_s, round.bytes / 1e6, round.snapshot_host / 1e6, round.snapshot_nvme / 1e6,
-          round.snapshot_staging / 1e6, round.rss_growth / 1e6, round.async_alone_s);
+          round.snapshot_staging / 1e6, round.rss_growth / 1e6, round.async_alone_s, round.sync_cpu_s,
+          round.alone_cpu_s);
       std::fflush(stdout);
       out->push_back(round);
     }
@@ -214,7 +232,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::vector<double> sync, stall, total, call, rss, alone;
+  std::vector<double> sync, stall, total, call, rss, alone, sync_cpu, alone_cpu;
   uint64_t bytes = 0, host = 0;
   for (const Round& r : rounds_out) {
     sync.push_back(r.sync_s);
@@ -223,15 +241,18 @@ int main(int argc, char** argv) {
     call.push_back(r.async_call_s);
     rss.push_back(static_cast<double>(r.rss_growth));
     alone.push_back(r.async_alone_s);
+    sync_cpu.push_back(r.sync_cpu_s);
+    alone_cpu.push_back(r.alone_cpu_s);
     bytes = r.bytes;
     host = std::max(host, r.snapshot_host + r.snapshot_staging);
   }
   std::printf(
       "{\"bytes\": %llu, \"sync_stall_s\": %.4f, \"async_stall_s\": %.4f, \"stall_ratio\": %.4f, "
       "\"async_total_s\": %.4f, \"async_MBps\": %.1f, \"sync_MBps\": %.1f, \"async_call_s\": %.4f, "
-      "\"snapshot_host_MB\": %.3f, \"rss_growth_MB\": %.1f, \"async_alone_MBps\": %.1f}\n",
+      "\"snapshot_host_MB\": %.3f, \"rss_growth_MB\": %.1f, \"async_alone_MBps\": %.1f, \"sync_cpu_s\": %.3f, "
+      "\"alone_cpu_s\": %.3f}\n",
       static_cast<unsigned long long>(bytes), Median(sync), Median(stall), Median(stall) / Median(sync), Median(total),
       bytes / 1e6 / Median(total), bytes / 1e6 / Median(sync), Median(call), host / 1e6, Median(rss) / 1e6,
-      bytes / 1e6 / Median(alone));
+      bytes / 1e6 / Median(alone), Median(sync_cpu), Median(alone_cpu));
   return 0;
 }

@@ -7,7 +7,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/escaping.h"
@@ -205,6 +208,94 @@ absl::Status ReadAt(int fd, void* data, size_t n, uint64_t offset, const std::st
     offset += static_cast<uint64_t>(r);
   }
   return absl::OkStatus();
+}
+
+void StreamFile::FreeDeleter::operator()(char* p) const { std::free(p); }
+
+absl::StatusOr<StreamFile> StreamFile::Create(const std::string& path, uint64_t start, bool direct,
+                                              size_t buffer_bytes) {
+  StreamFile f;
+  f.path_ = path;
+  f.pending_at_ = start;
+  f.buffer_bytes_ = std::max<size_t>(kDirectAlign, buffer_bytes / kDirectAlign * kDirectAlign);
+  if (direct && start % kDirectAlign == 0) {
+    f.buffer_.reset(static_cast<char*>(std::aligned_alloc(kDirectAlign, f.buffer_bytes_)));
+  }
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  int fd = -1;
+  if (f.buffer_ != nullptr) {
+    fd = ::open(path.c_str(), kFlags | O_DIRECT, 0644);
+    f.direct_ = fd >= 0;
+    if (fd < 0 && errno != EINVAL) return Err("open", path);
+  }
+  if (fd < 0) {  // buffered: asked for, no buffer, or the file system refuses O_DIRECT (EINVAL)
+    f.buffer_.reset();
+    fd = ::open(path.c_str(), kFlags, 0644);
+    if (fd < 0) return Err("open", path);
+  }
+  f.fd_ = Fd(fd);
+  return f;
+}
+
+absl::Status StreamFile::Write(const void* data, size_t n, uint64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  if (direct_ && offset == pending_at_ + pending_) {
+    while (n > 0) {
+      const size_t take = std::min(n, buffer_bytes_ - pending_);
+      std::memcpy(buffer_.get() + pending_, p, take);
+      pending_ += take;
+      p += take;
+      offset += take;
+      n -= take;
+      if (pending_ == buffer_bytes_) STRATA_RETURN_IF_ERROR(WriteBlocks(pending_));
+      if (!direct_) break;  // WriteBlocks turned the file buffered: the rest below
+    }
+    if (n == 0) return absl::OkStatus();
+  }
+  STRATA_RETURN_IF_ERROR(TurnBuffered());
+  return WriteAt(fd_.get(), p, n, offset, path_);
+}
+
+absl::Status StreamFile::WriteBlocks(size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::pwrite(fd_.get(), buffer_.get() + done, n - done, static_cast<off_t>(pending_at_ + done));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL) break;  // refused at the write: the rest buffered
+      return Err("pwrite", path_);
+    }
+    done += static_cast<size_t>(w);
+    if (done % kDirectAlign != 0) break;  // a short write that ends inside a block: the rest buffered
+  }
+  std::memmove(buffer_.get(), buffer_.get() + done, pending_ - done);
+  pending_ -= done;
+  pending_at_ += done;
+  return done < n ? TurnBuffered() : absl::OkStatus();
+}
+
+absl::Status StreamFile::TurnBuffered() {
+  if (!direct_) return absl::OkStatus();
+  const int flags = ::fcntl(fd_.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd_.get(), F_SETFL, flags & ~O_DIRECT) != 0) return Err("fcntl", path_);
+  direct_ = false;
+  STRATA_RETURN_IF_ERROR(WriteAt(fd_.get(), buffer_.get(), pending_, pending_at_, path_));
+  pending_at_ += pending_;
+  pending_ = 0;
+  buffer_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status StreamFile::Flush() {
+  if (direct_ && pending_ > 0) {  // the last block padded with zeros, then the file cut back to the stream's end
+    const uint64_t end = pending_at_ + pending_;
+    const size_t padded = (pending_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(buffer_.get() + pending_, 0, padded - pending_);
+    pending_ = padded;
+    STRATA_RETURN_IF_ERROR(WriteBlocks(padded));
+    if (::ftruncate(fd_.get(), static_cast<off_t>(end)) != 0) return Err("ftruncate", path_);
+  }
+  return TurnBuffered();
 }
 
 absl::Status Fsync(int fd, const std::string& path) {

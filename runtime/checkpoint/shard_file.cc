@@ -68,7 +68,7 @@ absl::StatusOr<ShardWriter> ShardWriter::Create(const std::string& path, int ran
   w.ranges_ = std::move(ranges);
   w.written_.assign(w.ranges_.size(), false);
   w.part_.assign(w.ranges_.size(), 0);
-  STRATA_ASSIGN_OR_RETURN(w.fd_, OpenForWrite(w.tmp_.path()));
+  STRATA_ASSIGN_OR_RETURN(w.file_, StreamFile::Create(w.tmp_.path(), data_start));
   return w;
 }
 
@@ -88,7 +88,7 @@ absl::Status ShardWriter::WritePart(size_t index, const float* data, uint64_t n)
   r.crc = Crc32(data, n * 4, done == 0 ? 0 : r.crc);  // crc32.h: incremental
   part_[index] = done + n;
   written_[index] = part_[index] == r.count;
-  return WriteAt(fd_.get(), data, n * 4, r.offset + done * 4, tmp_.path());
+  return file_.Write(data, n * 4, r.offset + done * 4);
 }
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> ShardWriter::Finish() {
@@ -101,9 +101,10 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> ShardWriter::Finish() {
   prefix.append(reinterpret_cast<const char*>(&len), 8);
   prefix += header;
   prefix.resize(header_bytes_, ' ');
-  STRATA_RETURN_IF_ERROR(WriteAt(fd_.get(), prefix.data(), prefix.size(), 0, tmp_.path()));
-  STRATA_RETURN_IF_ERROR(Fsync(fd_.get(), tmp_.path()));
-  fd_ = Fd();
+  STRATA_RETURN_IF_ERROR(file_.Flush());
+  STRATA_RETURN_IF_ERROR(file_.Write(prefix.data(), prefix.size(), 0));
+  STRATA_RETURN_IF_ERROR(Fsync(file_.fd(), tmp_.path()));
+  file_ = StreamFile();
   STRATA_RETURN_IF_ERROR(RenameDurably(tmp_.path(), path_));
   tmp_.Commit();
   return std::make_pair(Crc32(header.data(), header.size()), end_);

@@ -62,7 +62,7 @@ class ShardWriter {
   std::string path_;
   TempFile tmp_;  // unlinked unless Finish() renamed it into place
   int rank_ = 0, world_ = 1;
-  Fd fd_;
+  StreamFile file_;  // Note [Direct checkpoint writes]: the ranges in file order are one stream
   std::vector<ShardRange> ranges_;
   std::vector<bool> written_;
   std::vector<uint64_t> part_;  // per range: the floats WritePart wrote so far

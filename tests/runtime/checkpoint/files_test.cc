@@ -2,10 +2,15 @@
 // symlink escapes, through openat2 and through its fallback; temporaries never outlive a failure.
 #include "runtime/checkpoint/files.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/runtime/checkpoint/test_dir.h"
@@ -149,6 +154,86 @@ TEST_F(Files, RemoveTempsRemovesOnlyPickedTemporaries) {
   EXPECT_THAT(*removed, ::testing::ElementsAre("shard_00000.bin.tmp.1"));
   EXPECT_THAT(Temps(dir_), ::testing::ElementsAre("shard_00001.bin.tmp.2"));
   EXPECT_TRUE(fs::exists(Path("shard_00000.bin")));
+}
+
+// Note [Direct checkpoint writes]: whether the file system behind `dir` opens a file with O_DIRECT.
+bool TakesDirectIo(const std::string& dir) {
+  const std::string probe = dir + "/direct_probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0600);
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  return fd >= 0;
+}
+
+bool OpenWithDirect(const StreamFile& f) { return (::fcntl(f.fd(), F_GETFL) & O_DIRECT) != 0; }
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Note [Direct checkpoint writes]: a body written in pieces of every size around the buffer's and the block's
+// (1 byte to 2.5 buffers), then a header at 0, gives the same file whether it went through O_DIRECT, was buffered
+// from the start, or turned buffered half-way (a piece written out of order); O_DIRECT is on for as long as the
+// stream is written in order, where the file system takes it.
+TEST_F(Files, AStreamWrittenWithODirectIsTheFileABufferedOneWrites) {
+  constexpr size_t kBuffer = 3 * StreamFile::kDirectAlign;
+  constexpr uint64_t kStart = StreamFile::kDirectAlign;
+  const size_t sizes[] = {1, 4095, 4096, 4097, kBuffer - 1, kBuffer, kBuffer + 1, 5 * kBuffer / 2, 3, 8192};
+  std::string body;
+  for (size_t n : sizes) {
+    for (size_t i = 0; i < n; ++i) body.push_back(static_cast<char>((body.size() * 131 + 7) % 251));
+  }
+  const std::string header(kStart, 'h');
+  const bool direct_fs = TakesDirectIo(dir_.string());
+  // out_of_order: the piece before last is written after the last one.
+  auto write = [&](const std::string& name, bool direct, bool out_of_order) -> std::string {
+    auto f = StreamFile::Create(Path(name), kStart, direct, kBuffer);
+    EXPECT_TRUE(f.ok()) << f.status();
+    if (!f.ok()) return "";
+    EXPECT_EQ(f->direct(), direct && direct_fs) << name;
+    EXPECT_EQ(OpenWithDirect(*f), direct && direct_fs) << name;
+    uint64_t at = kStart;
+    const size_t last = std::size(sizes) - 1;
+    for (size_t k = 0; k < std::size(sizes); ++k) {
+      if (out_of_order && k == last - 1) {
+        const uint64_t skip = at + sizes[k];
+        EXPECT_TRUE(f->Write(body.data() + (skip - kStart), sizes[last], skip).ok());
+        EXPECT_FALSE(f->direct()) << "a write out of order left O_DIRECT on";
+        EXPECT_FALSE(OpenWithDirect(*f));
+      }
+      if (out_of_order && k == last) break;
+      EXPECT_TRUE(f->Write(body.data() + (at - kStart), sizes[k], at).ok());
+      at += sizes[k];
+      if (!out_of_order) {
+        EXPECT_EQ(OpenWithDirect(*f), direct && direct_fs) << "after piece " << k;
+      }
+    }
+    EXPECT_TRUE(f->Flush().ok());
+    EXPECT_FALSE(OpenWithDirect(*f)) << "a header written after Flush needs no alignment";
+    EXPECT_TRUE(f->Write(header.data(), header.size(), 0).ok());
+    EXPECT_TRUE(Fsync(f->fd(), Path(name)).ok());
+    return ReadAll(Path(name));
+  };
+  const std::string want = header + body;
+  EXPECT_TRUE(write("direct.bin", true, false) == want) << "direct";
+  EXPECT_TRUE(write("buffered.bin", false, false) == want) << "buffered";
+  EXPECT_TRUE(write("turned.bin", true, true) == want) << "turned buffered half-way";
+}
+
+// A stream that ends on a block's edge is not padded, and one with no bytes at all is only its header.
+TEST_F(Files, AStreamEndsWhereItsLastByteDoes) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{StreamFile::kDirectAlign}}) {
+    const std::string name = absl::StrCat("s", n);
+    auto f = StreamFile::Create(Path(name), StreamFile::kDirectAlign);
+    ASSERT_TRUE(f.ok()) << f.status();
+    const std::string bytes(n, 'x');
+    ASSERT_TRUE(f->Write(bytes.data(), n, StreamFile::kDirectAlign).ok());
+    ASSERT_TRUE(f->Flush().ok());
+    ASSERT_TRUE(f->Write("h", 1, 0).ok());
+    *f = StreamFile();
+    EXPECT_EQ(fs::file_size(Path(name)), n == 0 ? 1 : StreamFile::kDirectAlign + n) << n;
+  }
 }
 
 }  // namespace
