@@ -298,6 +298,14 @@ absl::Status StreamFile::Flush() {
   return TurnBuffered();
 }
 
+absl::Status StreamFile::Close() {
+  buffer_.reset();
+  direct_ = false;
+  pending_ = 0;
+  if (fd_.get() >= 0 && ::close(fd_.release()) != 0) return Err("close", path_);
+  return absl::OkStatus();
+}
+
 absl::Status Fsync(int fd, const std::string& path) {
   if (::fsync(fd) != 0) return Err("fsync", path);
   return absl::OkStatus();

@@ -83,12 +83,15 @@ absl::Status WriteAt(int fd, const void* data, size_t n, uint64_t offset, const 
 // the page cache only costs: buffered, the kernel copies every byte into it, then writes it back and reclaims it.
 // Measured on this project's host (docs/perf-notes.md "Checkpoint writes with O_DIRECT"): 4 GiB written by dd
 // took 7-9 s of system CPU and 1.2-1.8 s of kernel threads buffered, against 0.5-0.8 s and 0.2-0.35 s with
-// O_DIRECT, and 23-24 s of wall time against 4.3-5.4 s; a save beside training takes that CPU from the step.
-// StreamFile writes a file's body, a stream of bytes from `start` on, with O_DIRECT: bytes that continue the
+// O_DIRECT, and 23-24 s of wall time against 4.3-5.4 s; a save beside training takes that CPU from the step
+// (decision 0054).
+// StreamFile, which writes checkpoint shard files (ShardWriter) and exported safetensors (SafetensorsWriter),
+// writes a file's body, a stream of bytes from `start` on, with O_DIRECT: bytes that continue the
 // stream are gathered in one aligned buffer and written in whole blocks of kDirectAlign; the last partial block
-// is written padded and the file cut back to the stream's end. A file system that refuses O_DIRECT (tmpfs: EINVAL
-// at open or at a write), or a write anywhere but the stream's end (a header written last, ranges out of order),
-// turns the file buffered for good, after writing what is pending: the file's bytes are the same either way.
+// is written padded and the file cut back to the stream's end. A file system that refuses O_DIRECT (EINVAL at the
+// open, as tmpfs before Linux 6.6, or at a write), or a write anywhere but the stream's end (a header written last,
+// ranges out of order), turns the file buffered for good, after writing what is pending: the file's bytes are the same
+// either way.
 class StreamFile {
  public:
   StreamFile() = default;  // no file
@@ -102,6 +105,8 @@ class StreamFile {
   absl::Status Write(const void* data, size_t n, uint64_t offset);
   // Writes what is pending; the file is buffered from then on. Errors name the file.
   absl::Status Flush();
+  // Closes the file (without Flush), reporting close's error; no file afterwards.
+  absl::Status Close();
   bool direct() const { return direct_; }
   int fd() const { return fd_.get(); }
 

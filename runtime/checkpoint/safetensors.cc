@@ -269,20 +269,6 @@ std::string HeaderJson(const std::vector<TensorToWrite>& tensors, const std::map
   return h;
 }
 
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Annotate(ErrnoError("write", errno, __FILE__, __LINE__), path);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Begin(const std::string& path, std::vector<TensorToWrite> tensors,
@@ -293,14 +279,15 @@ absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Begin(const std::string& pa
   SafetensorsWriter w;
   w.path_ = path;
   w.tmp_ = absl::StrCat(path, ".tmp.", ::getpid());
-  w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w.fd_ < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), absl::StrCat("writing '", path, "'"));
+  auto file = StreamFile::Create(w.tmp_, 0);  // Note [Direct checkpoint writes]: the whole file is one stream
+  if (!file.ok()) return Annotate(file.status(), absl::StrCat("writing '", path, "'"));
+  w.file_ = std::move(*file);
   w.tensors_ = std::move(tensors);
   const std::string header = HeaderJson(w.tensors_, metadata);
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  absl::Status s = WriteAll(w.fd_, len, 8, w.tmp_);
-  if (s.ok()) s = WriteAll(w.fd_, header.data(), header.size(), w.tmp_);
+  absl::Status s = w.Append(len, 8);
+  if (s.ok()) s = w.Append(header.data(), header.size());
   if (!s.ok()) return w.Fail(std::move(s));
   return w;
 }
@@ -312,7 +299,8 @@ SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexc
     Abandon();  // this one's file, if it was writing one
     path_ = std::move(other.path_);
     tmp_ = std::move(other.tmp_);
-    fd_ = std::exchange(other.fd_, -1);
+    file_ = std::exchange(other.file_, StreamFile());
+    at_ = other.at_;
     tensors_ = std::move(other.tensors_);
     next_ = other.next_;
   }
@@ -322,10 +310,15 @@ SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexc
 SafetensorsWriter::~SafetensorsWriter() { Abandon(); }
 
 void SafetensorsWriter::Abandon() {
-  if (fd_ < 0) return;
-  ::close(fd_);
+  if (file_.fd() < 0) return;
+  file_ = StreamFile();
   ::unlink(tmp_.c_str());
-  fd_ = -1;
+}
+
+absl::Status SafetensorsWriter::Append(const void* data, size_t n) {
+  STRATA_RETURN_IF_ERROR(file_.Write(data, n, at_));
+  at_ += n;
+  return absl::OkStatus();
 }
 
 absl::Status SafetensorsWriter::Fail(absl::Status s) {
@@ -334,7 +327,7 @@ absl::Status SafetensorsWriter::Fail(absl::Status s) {
 }
 
 absl::Status SafetensorsWriter::CheckOpen(const char* what) const {
-  if (fd_ >= 0) return absl::OkStatus();
+  if (file_.fd() >= 0) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("safetensors file '", path_, "': ", what, " after the writer failed or finished"));
 }
@@ -350,7 +343,7 @@ absl::Status SafetensorsWriter::WriteTensor(absl::Span<const float> values) {
     return Fail(absl::InternalError(
         absl::StrCat("tensor '", t->name, "' produced ", values.size(), " values for ", t->numel())));
   }
-  STRATA_RETURN_IF_ERROR(Fail(WriteAll(fd_, values.data(), values.size() * 4, tmp_)));
+  STRATA_RETURN_IF_ERROR(Fail(Append(values.data(), values.size() * 4)));
   ++next_;
   return absl::OkStatus();
 }
@@ -361,9 +354,9 @@ absl::Status SafetensorsWriter::Finish() {
     return Fail(absl::InternalError(absl::StrCat("safetensors file '", path_, "': finished after ", next_, " of its ",
                                                  tensors_.size(), " tensors")));
   }
-  if (::fsync(fd_) != 0) return Fail(Annotate(ErrnoError("fsync", errno, __FILE__, __LINE__), tmp_));
-  absl::Status s;
-  if (::close(std::exchange(fd_, -1)) != 0) s = Annotate(ErrnoError("close", errno, __FILE__, __LINE__), tmp_);
+  STRATA_RETURN_IF_ERROR(Fail(file_.Flush()));
+  if (::fsync(file_.fd()) != 0) return Fail(Annotate(ErrnoError("fsync", errno, __FILE__, __LINE__), tmp_));
+  absl::Status s = std::exchange(file_, StreamFile()).Close();
   if (s.ok() && ::rename(tmp_.c_str(), path_.c_str()) != 0) {
     s = Annotate(ErrnoError("rename", errno, __FILE__, __LINE__), absl::StrCat(tmp_, " -> ", path_));
   }

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "runtime/checkpoint/files.h"
 
 namespace strata::checkpoint {
 
@@ -100,8 +101,11 @@ class SafetensorsWriter {
   absl::Status Fail(absl::Status s);  // Abandon unless s is OK; returns s
   absl::Status CheckOpen(const char* what) const;
 
+  absl::Status Append(const void* data, size_t n);  // at the end of what is written
+
   std::string path_, tmp_;
-  int fd_ = -1;
+  StreamFile file_;  // Note [Direct checkpoint writes]
+  uint64_t at_ = 0;  // bytes written
   std::vector<TensorToWrite> tensors_;
   size_t next_ = 0;
 };
