@@ -3,13 +3,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -210,7 +210,7 @@ absl::Status ReadAt(int fd, void* data, size_t n, uint64_t offset, const std::st
   return absl::OkStatus();
 }
 
-void StreamFile::FreeDeleter::operator()(char* p) const { std::free(p); }
+void StreamFile::Unmap::operator()(char* p) const { ::munmap(p, bytes); }
 
 absl::StatusOr<StreamFile> StreamFile::Create(const std::string& path, uint64_t start, bool direct,
                                               size_t buffer_bytes) {
@@ -219,7 +219,8 @@ absl::StatusOr<StreamFile> StreamFile::Create(const std::string& path, uint64_t 
   f.pending_at_ = start;
   f.buffer_bytes_ = std::max<size_t>(kDirectAlign, buffer_bytes / kDirectAlign * kDirectAlign);
   if (direct && start % kDirectAlign == 0) {
-    f.buffer_.reset(static_cast<char*>(std::aligned_alloc(kDirectAlign, f.buffer_bytes_)));
+    void* p = ::mmap(nullptr, f.buffer_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) f.buffer_ = std::unique_ptr<char, Unmap>(static_cast<char*>(p), Unmap{f.buffer_bytes_});
   }
   constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   int fd = -1;

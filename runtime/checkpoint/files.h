@@ -111,7 +111,8 @@ class StreamFile {
   int fd() const { return fd_.get(); }
 
  private:
-  struct FreeDeleter {
+  struct Unmap {   // the buffer is its own mapping, so its pages go back to the system when the file is done
+    size_t bytes;  // no initializer here: a nested class's would make it not default-constructible until the end
     void operator()(char* p) const;
   };
   absl::Status TurnBuffered();         // clears O_DIRECT after writing what is pending
@@ -120,7 +121,7 @@ class StreamFile {
   std::string path_;
   Fd fd_;
   bool direct_ = false;
-  std::unique_ptr<char, FreeDeleter> buffer_;
+  std::unique_ptr<char, Unmap> buffer_;
   size_t buffer_bytes_ = 0, pending_ = 0;  // buffer_[0, pending_) belongs at pending_at_
   uint64_t pending_at_ = 0;                // a multiple of kDirectAlign while direct
 };
