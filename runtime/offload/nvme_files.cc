@@ -30,6 +30,16 @@ absl::Status PathError(const char* call, const std::string& what, const std::str
   return Annotate(ErrnoError(absl::StrCat(call, "('", path, "')"), errno, __FILE__, __LINE__), what);
 }
 
+// NvmeFileSetOptions::refuse_direct_for_test: what open(O_CREAT | O_EXCL | O_DIRECT) does on a file system
+// without O_DIRECT (ramfs, tmpfs before Linux 6.6): the file is created, then the open fails with EINVAL.
+int RefuseDirectForTest(const std::string& path, int flags) {
+  const int fd = open(path.c_str(), flags, 0600);
+  if (fd < 0) return -1;
+  close(fd);
+  errno = EINVAL;
+  return -1;
+}
+
 uint64_t FreeBytes(const std::string& dir) {
   struct statvfs v;
   if (statvfs(dir.c_str(), &v) != 0) return 0;
@@ -148,8 +158,12 @@ absl::Status NvmeFileSet::OpenOne(const std::string& dir, int index, uint64_t fi
   f.direct = o.direct_io != DirectIo::kOff;
   int fd = -1;
   if (f.direct) {
-    fd = o.refuse_direct_for_test ? (errno = EINVAL, -1) : open(f.path.c_str(), flags | O_DIRECT, 0600);
+    fd = o.refuse_direct_for_test ? RefuseDirectForTest(f.path, flags) : open(f.path.c_str(), flags | O_DIRECT, 0600);
     if (fd < 0 && errno == EINVAL) {
+      // Linux creates the file before it refuses O_DIRECT (the check is on the opened file): without this unlink
+      // the buffered open below fails with EEXIST (O_EXCL), and a refusal under kRequire leaves the file behind.
+      // The name is this process's (its pid), so the file is the one that open just made.
+      unlink(f.path.c_str());
       if (o.direct_io == DirectIo::kRequire) {
         return absl::FailedPreconditionError(
             absl::StrCat(what, " (", f.fs_type, ") refuses O_DIRECT and direct I/O ", "was required"));

@@ -49,7 +49,7 @@ struct NvmeFileSetOptions {
   DirectIo direct_io = DirectIo::kAuto;
   bool preallocate = true;              // false: sparse files (tests of ENOSPC during a write)
   bool keep_files = false;              // keep the files' names after the set (debugging; see the Note)
-  bool refuse_direct_for_test = false;  // behave as if the file system answered O_DIRECT with EINVAL
+  bool refuse_direct_for_test = false;  // as a file system without O_DIRECT: the file created, then EINVAL
 };
 
 // A piece of a logical range inside one file.

@@ -156,6 +156,37 @@ TEST_F(NvmeFaultsTest, RequiredDirectIoRefusedIsFailedPrecondition) {
   auto s = NvmeStore::Create(o, queue_.get());
   ASSERT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("refuses O_DIRECT"));
+  // The refused open had created the file (as Linux does): it is not left behind.
+  EXPECT_TRUE(DirIsEmpty(dir.path()));
+}
+
+// A file system without O_DIRECT (ramfs; tmpfs before Linux 6.6) creates the file before refusing O_DIRECT: the
+// buffered open that follows used to fail with EEXIST (O_EXCL), so such a path could not be used at all.
+TEST_F(NvmeFaultsTest, AFileSystemRefusingDirectIoAtTheOpenGetsBufferedFiles) {
+  TempDir dir;
+  NvmeStoreOptions o;
+  o.files.paths = {dir.path()};
+  o.files.capacity_bytes = kMiB;
+  o.files.refuse_direct_for_test = true;
+  auto store = NvmeStore::Create(o, queue_.get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto e = (*store)->Allocate(kMiB, memory::Kind::kScratch);
+  ASSERT_TRUE(e.ok()) << e.status();
+}
+
+// The same on a real ramfs, where mounting is allowed (root): the store opens, writes and reads back.
+TEST_F(NvmeFaultsTest, RamfsWhichRefusesDirectIoGetsBufferedFiles) {
+  TmpfsMount ramfs("", false, "ramfs");
+  if (!ramfs.ok()) GTEST_SKIP() << ramfs.reason();
+  auto store = Create(ramfs.path(), kMiB);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto e = (*store)->Allocate(kMiB, memory::Kind::kScratch);
+  ASSERT_TRUE(e.ok()) << e.status();
+  AlignedBuffer out(kMiB), in(kMiB);
+  FillPattern(out.data(), kMiB, 5);
+  ASSERT_TRUE((*store)->Write(*e, out.view()).Wait().ok());
+  ASSERT_TRUE((*store)->Read(*e, in.view()).Wait().ok());
+  EXPECT_EQ(FirstMismatch(in.data(), kMiB, 5), -1);
 }
 
 TEST_F(NvmeFaultsTest, FragmentedStoreNamesTheLargestFreeRange) {

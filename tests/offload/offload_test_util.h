@@ -110,11 +110,12 @@ inline void MakeQueueAndStore(IoBackend backend, const std::string& dir, uint64_
 // ok() is false, and reason() says why, when the mount is refused.
 class TmpfsMount {
  public:
-  explicit TmpfsMount(const std::string& options, bool read_only = false) {
-    if (mount("strata-test", dir_.path().c_str(), "tmpfs", read_only ? MS_RDONLY : 0, options.c_str()) == 0) {
+  explicit TmpfsMount(const std::string& options, bool read_only = false, const char* type = "tmpfs") {
+    if (mount("strata-test", dir_.path().c_str(), type, read_only ? MS_RDONLY : 0, options.c_str()) == 0) {
       mounted_ = true;
     } else {
-      reason_ = absl::StrCat("mount -t tmpfs -o ", read_only ? "ro," : "", options, " refused: ", std::strerror(errno));
+      reason_ =
+          absl::StrCat("mount -t ", type, " -o ", read_only ? "ro," : "", options, " refused: ", std::strerror(errno));
     }
   }
   ~TmpfsMount() {
