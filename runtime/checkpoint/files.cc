@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -211,6 +212,19 @@ absl::Status ReadAt(int fd, void* data, size_t n, uint64_t offset, const std::st
 }
 
 void StreamFile::Unmap::operator()(char* p) const { ::munmap(p, bytes); }
+
+StreamFile& StreamFile::operator=(StreamFile&& o) noexcept {
+  if (this != &o) {
+    path_ = std::move(o.path_);
+    fd_ = std::move(o.fd_);
+    direct_ = std::exchange(o.direct_, false);
+    buffer_ = std::move(o.buffer_);
+    buffer_bytes_ = std::exchange(o.buffer_bytes_, 0);
+    pending_ = std::exchange(o.pending_, 0);
+    pending_at_ = std::exchange(o.pending_at_, 0);
+  }
+  return *this;
+}
 
 absl::StatusOr<StreamFile> StreamFile::Create(const std::string& path, uint64_t start, bool direct,
                                               size_t buffer_bytes) {

@@ -95,6 +95,8 @@ absl::Status WriteAt(int fd, const void* data, size_t n, uint64_t offset, const 
 class StreamFile {
  public:
   StreamFile() = default;  // no file
+  StreamFile(StreamFile&& o) noexcept { *this = std::move(o); }
+  StreamFile& operator=(StreamFile&& o) noexcept;  // `o` is left with no file and nothing pending
   static constexpr uint64_t kDirectAlign = 4096;
   static constexpr size_t kBufferBytes = size_t{4} << 20;
   // Creates `path` (O_CREAT | O_TRUNC); the stream starts at `start`, a multiple of kDirectAlign. `direct`

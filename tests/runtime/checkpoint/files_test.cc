@@ -236,5 +236,20 @@ TEST_F(Files, AStreamEndsWhereItsLastByteDoes) {
   }
 }
 
+// A moved-from StreamFile holds no file and nothing pending (a review found the default move left it claiming
+// O_DIRECT with no buffer); the one moved to finishes the file.
+TEST_F(Files, AMovedStreamFileLeavesNothingBehind) {
+  auto f = StreamFile::Create(Path("moved"), StreamFile::kDirectAlign);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->Write("abc", 3, StreamFile::kDirectAlign).ok());
+  StreamFile to = std::move(*f);
+  EXPECT_FALSE(f->direct());
+  EXPECT_LT(f->fd(), 0);
+  EXPECT_TRUE(f->Flush().ok()) << "nothing pending in the moved-from file";
+  ASSERT_TRUE(to.Flush().ok());
+  ASSERT_TRUE(to.Close().ok());
+  EXPECT_EQ(fs::file_size(Path("moved")), StreamFile::kDirectAlign + 3);
+}
+
 }  // namespace
 }  // namespace strata::checkpoint
