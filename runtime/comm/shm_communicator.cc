@@ -488,19 +488,24 @@ class ShmCommunicator final : public HostCommunicator {
     auto len_of = [&](int q) { return whole ? total : std::min(total, (q + 1) * block) - std::min(total, q * block); };
     const size_t rounds = std::max<size_t>(1, (len_of(0) + piece - 1) / piece);
     const int target = whole ? 0 : rank_;
+    // This rank's own part of its block is read where it is, unless the sum overwrites it (in place): only
+    // this rank reads that piece of its slot.
+    const char* own = in + std::min(total, rank_ * block) * esz;
+    const bool own_in_slot = whole || out == own;
     std::vector<const char*> srcs(size_);
     for (size_t k = 0; k < rounds; ++k) {
       const size_t at = k * piece;
       auto n_of = [&](int q) { return at < len_of(q) ? std::min(piece, len_of(q) - at) : size_t{0}; };
       STRATA_ASSIGN_OR_RETURN(char* mine, Open(h, deadline));
       for (int q = 0; q < parts; ++q) {
-        if (const size_t n = n_of(q); n > 0) {
+        if (const size_t n = n_of(q); n > 0 && (q != target || own_in_slot)) {
           std::memcpy(mine + q * piece * esz, in + (std::min(total, q * block) + at) * esz, n * esz);
         }
       }
       STRATA_RETURN_IF_ERROR(Exchange(h, first && k == 0, deadline));
       const size_t n = n_of(target);
       for (int q = 0; q < size_; ++q) srcs[q] = Slot(q) + target * piece * esz;
+      if (!own_in_slot) srcs[rank_] = own + at * esz;
       Sum(srcs, out + at * esz, n, dtype, direct);
       if (h.op == static_cast<uint32_t>(ReduceOp::kAvg) && n > 0) {
         ScaleInPlace(out + at * esz, n, dtype, 1.0f / static_cast<float>(size_));
