@@ -3,8 +3,9 @@
 // slots small enough that every case takes many rounds; then the failures of Note [Shared-memory rounds]: a
 // rank that never arrives is named at the deadline, and a peer that comes late fails at once; a count
 // mismatch names the rank; a peer whose process is gone is named within about a second; Abort; ranks on
-// different hosts are refused; and no segment is left in /dev/shm. The processes of an mpirun job, and the
-// sums bit for bit against the MPI back-end, are shm_mpi_test.cc's.
+// different hosts are refused, and so is a segment /dev/shm has no room for; and no segment is left in
+// /dev/shm. The processes of an mpirun job, and the sums bit for bit against the MPI back-end, are
+// shm_mpi_test.cc's.
 #include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -258,6 +259,18 @@ TEST(ShmFailures, RanksOnDifferentHostsAreRefused) {
         EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition) << "rank " << rank;
         EXPECT_THAT(std::string(comm.status().message()),
                     HasSubstr("needs every rank on one host, but rank(s) 0,1 on 'hostA', rank(s) 2 on 'hostB'"));
+      });
+}
+
+// Rank 0 cannot back the segment (slots of 1 TiB: /dev/shm refuses the space at once): every rank fails alike,
+// naming rank 0 and /dev/shm, and nothing is left there.
+TEST(ShmFailures, ASegmentThatCannotBeMadeFailsEveryRankNamingIt) {
+  RunShmRanks(
+      3, WithTimeout(20000), [](int) { return ShmConfig{.slot_bytes = size_t{1} << 40}; },
+      [](int rank, absl::StatusOr<std::unique_ptr<Communicator>>& comm, RankHarness*) {
+        EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition) << "rank " << rank;
+        EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 0: cannot size the shared segment"));
+        EXPECT_THAT(std::string(comm.status().message()), HasSubstr("in /dev/shm"));
       });
 }
 
