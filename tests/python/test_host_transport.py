@@ -8,15 +8,7 @@ import torch.distributed as dist
 import strata.torch as st
 from common import config
 from models import batches, tiny_lm
-from strata import _capi, _comm, _torch_comm
-
-
-@pytest.fixture
-def host_group():
-    w = _comm.bind()
-    if w.kind != "torch":
-        pytest.skip("the engines run on MPI here (the torchrun runs test this)")
-    return w.host_group
+from strata import _capi, _torch_comm
 
 
 def test_the_engines_communicator_is_shared_memory_on_one_host(host_group):
