@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The engine's host collectives over torch.distributed's gloo (strata_comm_create_foreign, strata._torch_comm,
-docs/decisions/0033) against the MPI back-end, in one run: two engines of the same ZeRO-3 model in each rank, one
-on each transport, stepped in turns, with no compute between the hooks, so a step is the engine's all-gathers
+docs/decisions/0033) and over shared memory (strata_comm_create_shm set up over that gloo communicator, as under
+torchrun; decision 0053) against the MPI back-end, in one run: three engines of the same ZeRO-3 model in each rank,
+one on each transport, stepped in turns, with no compute between the hooks, so a step is the engine's all-gathers
 (forward and backward), reduce-scatters and its optimizer update. Beside them, the floors of the transports
 themselves on one unit's buffers: gloo's all_gather_into_tensor and reduce_scatter_tensor, the reduce-scatter
-strata._torch_comm's callback makes of gloo (all_to_all_single, then the sum in the MPI back-end's order), and
-mpi4py's Allgather and Reduce_scatter_block (blocking MPI).
+strata._torch_comm's callback makes of gloo (all_to_all_single, then the sum in the MPI back-end's order),
+mpi4py's Allgather and Reduce_scatter_block (blocking MPI), and a memcpy of the unit on every rank at once (the
+least a shared-memory all-gather moves per rank).
 
     scripts/mpirun_local -n 2 build/venv/bin/python benchmarks/peers/foreign_comm_bench.py --units 4 \\
         --unit-mib 32 --steps 5 --repeat 3
@@ -69,14 +71,15 @@ def floors(a, world):
     """Seconds of one unit's all-gather and reduce-scatter, gloo and blocking MPI (best of 3)."""
     n = int(a.unit_mib * 2**20) // 4
     out = {}
-    send, full = torch.ones(n // world.Get_size()), torch.empty(n)
+    send, full, copy = torch.ones(n // world.Get_size()), torch.empty(n), torch.empty(n)
     ep = _torch_comm.Endpoint(dist.group.WORLD, None, owned=False)  # what Strata's callbacks run
     for name, fn in (("gloo all_gather", lambda: dist.all_gather_into_tensor(full, send)),
                      ("gloo reduce_scatter", lambda: dist.reduce_scatter_tensor(send, full)),
                      ("callback reduce_scatter (all_to_all, sum in MPI's order)",
                       lambda: ep.reduce_scatter(full.data_ptr(), send.data_ptr(), send.numel(), _capi.DTYPE_F32)),
                      ("mpi all_gather", lambda: world.Allgather(send.numpy(), full.numpy())),
-                     ("mpi reduce_scatter", lambda: world.Reduce_scatter_block(full.numpy(), send.numpy()))):
+                     ("mpi reduce_scatter", lambda: world.Reduce_scatter_block(full.numpy(), send.numpy())),
+                     ("memcpy of the unit, every rank at once", lambda: (copy.copy_(full), world.Barrier()))):
         times = []
         for _ in range(3):
             world.Barrier()
@@ -102,8 +105,10 @@ def main():
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=size)
     mpi_comm = ctypes.c_void_p()
     _capi.check(lib.strata_comm_create_mpi(world.py2f(), ctypes.byref(mpi_comm)))
-    gloo_comm = _torch_comm.create(dist.group.WORLD, dist.distributed_c10d._get_default_store(), 600000)
-    engines = {"mpi": engine_on(mpi_comm, a), "gloo": engine_on(gloo_comm, a)}
+    gloo_comm = _torch_comm.create(dist.group.WORLD, dist.distributed_c10d._get_default_store(), 600000, "gloo")
+    shm_comm = ctypes.c_void_p()
+    _capi.check(lib.strata_comm_create_shm(gloo_comm, 600000, ctypes.byref(shm_comm)))
+    engines = {"mpi": engine_on(mpi_comm, a), "gloo": engine_on(gloo_comm, a), "shm": engine_on(shm_comm, a)}
     payload = 3 * a.units * int(a.unit_mib * 2**20)  # bytes per step (Note [Traffic])
     rows = []
     for rep in range(a.repeat):
@@ -120,6 +125,7 @@ def main():
         _capi.check(lib.strata_engine_destroy(e))
     _capi.check(lib.strata_comm_destroy(mpi_comm))
     _capi.check(lib.strata_comm_destroy(gloo_comm))
+    _capi.check(lib.strata_comm_destroy(shm_comm))
     if rank == 0:
         print(f"{size} ranks, {a.units} units of {a.unit_mib} MiB (fp32), payload {payload / 2**20:.0f} MiB per step")
         for r in rows:

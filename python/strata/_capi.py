@@ -13,7 +13,7 @@ c_int32, c_int64, c_uint32, c_uint64, c_float, c_double = (ctypes.c_int32, ctype
 c_void_p, c_char_p, c_size_t = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 INIT_ZEROS = 0
-ERR_DEADLINE_EXCEEDED, ERR_INTERNAL = 5, 10
+ERR_FAILED_PRECONDITION, ERR_DEADLINE_EXCEEDED, ERR_INTERNAL = 2, 5, 10
 
 
 class StrataError(RuntimeError):
@@ -120,6 +120,7 @@ _SIGNATURES = {  # name: argument types (every function returns a strata_status 
     "strata_comm_create_torchrun": [c_int64, _P(c_void_p)],
     "strata_comm_watch_torchrun": [],
     "strata_comm_create_foreign": [_P(ForeignComm), c_int64, _P(c_void_p)],
+    "strata_comm_create_shm": [c_void_p, c_int64, _P(c_void_p)],
     "strata_comm_create_in_process": [c_int32, _P(c_void_p)],
     "strata_comm_rank": [c_void_p, _P(c_int32)],
     "strata_comm_size": [c_void_p, _P(c_int32)],

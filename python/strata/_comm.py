@@ -8,7 +8,9 @@ first collective of the front end):
   torch  a process group of torch.distributed: the one st.shard was given, else the default group (under torchrun
          initialised here as gloo from torchrun's environment when the script has not, once the ranks agree on
          it: Note [A launch's ranks agree]). A host engine's
-         communicator is strata_comm_create_foreign over gloo groups split off it (strata._torch_comm); a CUDA
+         communicator is strata_comm_create_foreign over gloo groups split off it (strata._torch_comm), or, when
+         every rank is on this host, the shared-memory one set up over it (Note [The host transport under
+         torchrun]); a CUDA
          engine's, torchrun's NCCL world (strata_comm_create_torchrun). The front end's own small collectives
          (rank 0's initial values, plans, all_reduce_mean) run on a gloo group over the same ranks: the group
          itself when it is gloo and Strata initialised it, else a gloo group beside it.

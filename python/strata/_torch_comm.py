@@ -18,6 +18,7 @@ after each addition, as the engine's kernels do.
 import atexit
 import ctypes
 import datetime
+import os
 import sys
 import threading
 import time
@@ -327,13 +328,51 @@ def _kv_get(endpoint, key, value, capacity, out_length):
     out_length[0] = len(got)
 
 
-def create(group, store, timeout_ms):
-    """Collective over `group` (gloo): a strata_comm* over a group split off it for Strata alone, whose
-    collectives give up after `timeout_ms` (<= 0: 60 s), as Strata's own waits do."""
+def create(group, store, timeout_ms, choice=None):
+    """Collective over `group` (gloo): a strata_comm* whose collectives give up after `timeout_ms` (<= 0: 60 s), as
+    Strata's own waits do: over shared memory when every rank is on this host (Note [The host transport under
+    torchrun]), else over a gloo group split off `group` for Strata alone. `choice`: "auto", "shm" or "gloo"
+    (None: STRATA_HOST_TRANSPORT's, else "auto")."""
     timeout_ms = int(timeout_ms) if timeout_ms and timeout_ms > 0 else 60000
     # Made once per process, on the script's thread: no idle group to take back, and no all-gather on the script's
     # group before it (a peer that dies here leaves this rank in torch's split, for the job watch to end and name).
     own = Endpoint(group, store, owned=False).dup(timeout_ms, reuse=False)
     out = ctypes.c_void_p()
     _capi.check(_capi.lib.strata_comm_create_foreign(ctypes.byref(make(own)), timeout_ms, ctypes.byref(out)))
-    return out
+    return _host_transport(out, own.size, timeout_ms, choice)
+
+
+# Note [The host transport under torchrun]. gloo goes through loopback TCP even between the ranks of one host, 4-5x
+# slower than the MPI back-end's shared memory there (docs/perf-notes.md). So when the ranks are all on this host,
+# the engine's communicator is the shared-memory one (strata_comm_create_shm, decision 0053), set up over the gloo
+# one, which is then given back: its collectives have the MPI back-end's sums, so the bits stay those of mpirun.
+# Ranks on several hosts keep gloo (every rank learns it from the same exchange, so they all keep it), and so does
+# a rank that cannot use /dev/shm (a warning says why). STRATA_HOST_TRANSPORT=gloo keeps gloo, for comparison;
+# =shm makes any failure to set up shared memory an error.
+_HOST_TRANSPORTS = ("auto", "shm", "gloo")
+transport = None  # what the engine's communicator went over: "shm" or "gloo" (set by create)
+
+
+def _host_transport(foreign, size, timeout_ms, choice):
+    global transport
+    choice = choice or os.environ.get("STRATA_HOST_TRANSPORT", "auto")
+    if choice not in _HOST_TRANSPORTS:
+        _capi.check(_capi.lib.strata_comm_destroy(foreign))
+        raise ValueError(f"STRATA_HOST_TRANSPORT={choice!r}: expected one of {', '.join(_HOST_TRANSPORTS)}")
+    if choice == "gloo" or size == 1:
+        transport = "gloo"
+        return foreign
+    shm = ctypes.c_void_p()
+    status = _capi.lib.strata_comm_create_shm(foreign, timeout_ms, ctypes.byref(shm))
+    if status == 0:
+        _capi.check(_capi.lib.strata_comm_destroy(foreign))
+        transport = "shm"
+        return shm
+    error = _capi.lib.strata_last_error().decode(errors="replace")
+    if choice == "auto" and status == _capi.ERR_FAILED_PRECONDITION:
+        if "needs every rank on one host" not in error:
+            print(f"strata: warning: the host collectives stay on gloo: {error}", file=sys.stderr, flush=True)
+        transport = "gloo"
+        return foreign
+    _capi.check(_capi.lib.strata_comm_destroy(foreign))
+    raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error)

@@ -17,6 +17,7 @@
 #include "runtime/comm/job_watch.h"
 #include "runtime/comm/launcher.h"
 #include "runtime/comm/nccl_backend.h"
+#include "runtime/comm/shm_communicator.h"
 #include "runtime/shard/layout.h"
 #if STRATA_WITH_MPI
 #include "runtime/comm/mpi_backend.h"
@@ -197,6 +198,25 @@ strata_status strata_comm_create_in_process(int32_t world_size, strata_comm** ou
       out_comms[r] = new strata_comm();
       out_comms[r]->comm = std::move(group[r]);
     }
+    return absl::OkStatus();
+  });
+}
+
+strata_status strata_comm_create_shm(strata_comm* bootstrap, int64_t timeout_ms, strata_comm** out) {
+  return Call(__func__, [&]() -> absl::Status {
+    if (out != nullptr) *out = nullptr;
+    STRATA_RETURN_IF_ERROR(CheckComm(bootstrap));
+    if (out == nullptr) return NullArgument("out");
+    if (bootstrap->comm->device_buffers()) {
+      return absl::InvalidArgumentError(
+          "the shared-memory communicator is for host engines: bootstrap it over a "
+          "host communicator (MPI, foreign, in-process), not NCCL");
+    }
+    strata::comm::Options o = strata::capi::WorldOptions();
+    if (timeout_ms > 0) o.timeout_ms = timeout_ms;
+    auto c = std::make_unique<strata_comm>();
+    STRATA_ASSIGN_OR_RETURN(c->comm, strata::comm::CreateShmCommunicator(*bootstrap->comm, o));
+    *out = c.release();
     return absl::OkStatus();
   });
 }

@@ -230,6 +230,18 @@ typedef struct strata_foreign_comm {
  * or version. */
 strata_status strata_comm_create_foreign(const strata_foreign_comm* foreign, int64_t timeout_ms, strata_comm** out);
 
+/* Collective over `bootstrap`'s ranks, which must all run on this host: a communicator over one shared-memory
+ * segment (docs/decisions/0053-shared-memory-host-transport.md), for engines with STRATA_DEVICE_HOST. `bootstrap`
+ * (any host communicator: the foreign one over gloo under torchrun, MPI, in-process) carries only the set-up: the
+ * ranks compare their hosts (boot id and host name), rank 0 creates the segment in /dev/shm, every rank maps it,
+ * and its name is removed before this returns, so nothing is left behind if a rank dies. The result does not
+ * refer to `bootstrap`, which may be destroyed afterwards. Its collectives give the same bits as the MPI
+ * back-end's, and are bounded by `timeout_ms` (<= 0: 60000); a rank that does not arrive is named, as is one
+ * whose process has exited. STRATA_ERR_FAILED_PRECONDITION on every rank when the ranks are not all on one host
+ * (the message names them) or a rank cannot create or map the segment (say, /dev/shm too small: the message
+ * names the rank); STRATA_ERR_INVALID_ARGUMENT for a device-buffer (NCCL) bootstrap. */
+strata_status strata_comm_create_shm(strata_comm* bootstrap, int64_t timeout_ms, strata_comm** out);
+
 strata_status strata_comm_rank(const strata_comm* comm, int32_t* out_rank);
 strata_status strata_comm_size(const strata_comm* comm, int32_t* out_size);
 

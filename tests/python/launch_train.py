@@ -18,7 +18,7 @@ import time
 import torch
 
 import strata.torch as st
-from strata import _capi
+from strata import _capi, _torch_comm
 
 out_dir, stage = sys.argv[1], int(sys.argv[2])
 fault = sys.argv[3] if len(sys.argv) > 3 else None
@@ -37,7 +37,7 @@ if os.environ.get("LAUNCH_MESH"):
     shape = tuple(int(n) for n in os.environ["LAUNCH_MESH"].split("x"))
     kwargs["device_mesh"] = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
 engine = st.shard(model, config=config, unit_classes=[torch.nn.Linear], **kwargs)
-print(f"rank {st.rank()} of {st.world_size()}: sharded", flush=True)
+print(f"rank {st.rank()} of {st.world_size()}: sharded (host transport {_torch_comm.transport or 'mpi'})", flush=True)
 losses, results = [], []
 for step in range(3):
     for m in range(2):

@@ -11,15 +11,7 @@ import torch.distributed as dist
 import strata.torch as st
 from common import config
 from models import batches, tiny_lm
-from strata import _comm, _torch_comm
-
-
-@pytest.fixture
-def host_group():
-    w = _comm.bind()
-    if w.kind != "torch":
-        pytest.skip("the engines run on MPI here: no gloo group to keep (the torchrun runs test this)")
-    return w.host_group
+from strata import _torch_comm
 
 
 @pytest.fixture

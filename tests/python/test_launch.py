@@ -73,23 +73,26 @@ def _same(a, b, where):
 
 
 @once
-@pytest.mark.parametrize("ranks,stage", [(2, 3), (4, 3), (4, 1)])
-def test_torchrun_trains_a_host_model_as_mpirun_does_bit_for_bit(tmp_path_factory, ranks, stage):
+@pytest.mark.parametrize("ranks,stage,transport", [(2, 3, "shm"), (4, 3, "shm"), (4, 1, "shm"), (2, 3, "gloo")])
+def test_torchrun_trains_a_host_model_as_mpirun_does_bit_for_bit(tmp_path_factory, ranks, stage, transport):
     """The same script under both launchers: every rank's losses, step results (gradient norms, clipping) and
     final weights are equal bit for bit. The torchrun ranks import no mpi4py (launch_train.py's run is checked
-    for it by a blocker), so neither mpi4py nor mpirun is needed there."""
-    _on_rank_0(lambda: _compare_launchers(tmp_path_factory.mktemp("launch"), ranks, stage))
+    for it by a blocker), so neither mpi4py nor mpirun is needed there. Their host collectives go over shared
+    memory (one host: Note [The host transport under torchrun]), or over gloo with STRATA_HOST_TRANSPORT=gloo."""
+    _on_rank_0(lambda: _compare_launchers(tmp_path_factory.mktemp("launch"), ranks, stage, transport))
 
 
-def _compare_launchers(tmp, ranks, stage):
+def _compare_launchers(tmp, ranks, stage, transport):
     script = os.path.join(HERE, "launch_train.py")
     rc, out, _ = _mpirun(ranks, script, str(tmp / "mpi"), str(stage))
     assert rc == 0, out
     env = _clean_env()
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "no_mpi4py"), env.get("PYTHONPATH", "")])
+    if transport == "gloo":
+        env["STRATA_HOST_TRANSPORT"] = "gloo"
     rc, out, _ = _torchrun(ranks, script, str(tmp / "torchrun"), str(stage), env=env)
     assert rc == 0, out
-    assert f"rank {ranks - 1} of {ranks}: sharded" in out, out
+    assert f"rank {ranks - 1} of {ranks}: sharded (host transport {transport})" in out, out
     mpi, tr = _saved(tmp / "mpi", ranks), _saved(tmp / "torchrun", ranks)
     for r in range(ranks):
         assert mpi[r]["world"] == tr[r]["world"] == ranks
@@ -104,6 +107,7 @@ def _torchrun_two_nodes(args, env, ends=None):
     port and keeps it for the whole job (no port picked), and both agents are its clients (is_host=0). `ends`, a
     list, receives each node's output and the wall-clock time (time.time()) at which it was seen to end."""
     from torch.distributed import TCPStore
+    env = dict(env, STRATA_HOST_TRANSPORT="gloo")  # two nodes on one host: gloo between them, as between two hosts
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
@@ -298,21 +302,28 @@ def _on_rank_0(check):
     finally:
         st.world().Barrier()
 @once
-def test_torchrun_a_rank_that_stops_is_named_at_the_collective_timeout(tmp_path_factory):
-    """Rank 1 sleeps for 10 minutes before its backward in step 2; rank 0's gradient reduction over gloo waits
-    for it until strata.collective_timeout_ms (4 s), and its error names the collective and rank 1 as the rank
-    that did not respond (the liveness check over torch's store); rank 0's failure then ends the job."""
-    _on_rank_0(lambda: _stall_is_named(tmp_path_factory.mktemp("stall")))
+@pytest.mark.parametrize("transport", ["gloo", "shm"])
+def test_torchrun_a_rank_that_stops_is_named_at_the_collective_timeout(tmp_path_factory, transport):
+    """Rank 1 sleeps for 10 minutes before its backward in step 2; rank 0's gradient reduction waits for it until
+    strata.collective_timeout_ms (4 s), and its error names the collective and rank 1: over gloo as the rank that
+    did not respond (the liveness check over torch's store), over shared memory as the rank that did not join
+    (its counter in the segment); rank 0's failure then ends the job."""
+    _on_rank_0(lambda: _stall_is_named(tmp_path_factory.mktemp("stall"), transport))
 
 
-def _stall_is_named(tmp):
-    rc, out, seconds = _torchrun(2, os.path.join(HERE, "launch_train.py"), str(tmp), "3", "stall")
+def _stall_is_named(tmp, transport):
+    env = dict(_clean_env(), STRATA_HOST_TRANSPORT=transport)
+    rc, out, seconds = _torchrun(2, os.path.join(HERE, "launch_train.py"), str(tmp), "3", "stall", env=env)
     assert rc != 0, out
-    # Strata's deadline and gloo's (the same 4 s) race: either names the collective, and the check names rank 1
-    assert re.search(r"STRATA_ERR_DEADLINE_EXCEEDED: .*(reduce_scatter|all_gather) #\d+ on '\w+' \(rank 0 of 2\) "
-                     r"(timed out: the trainer's collective had not returned|failed in the trainer's collective: .*"
-                     r"Timed out)", out), out
-    assert "rank(s) 1 did not respond to a liveness check" in out, out
+    if transport == "shm":
+        assert re.search(r"STRATA_ERR_DEADLINE_EXCEEDED: .*(reduce_scatter|all_gather) #\d+ on '\w+' \(rank 0 of 2\) "
+                         r"timed out after \d+ ms waiting for rank\(s\) 1 to join it", out), out
+    else:
+        # Strata's deadline and gloo's (the same 4 s) race: either names the collective, and the check names rank 1
+        assert re.search(r"STRATA_ERR_DEADLINE_EXCEEDED: .*(reduce_scatter|all_gather) #\d+ on '\w+' \(rank 0 of 2\) "
+                         r"(timed out: the trainer's collective had not returned|failed in the trainer's collective: .*"
+                         r"Timed out)", out), out
+        assert "rank(s) 1 did not respond to a liveness check" in out, out
     assert seconds < 300, f"{seconds:.0f} s: the stalled rank's sleep ended the job, not the timeout?\n{out}"
 @once
 def test_torchrun_two_ranks_of_a_cuda_model_without_a_gpu_fail_naming_it():

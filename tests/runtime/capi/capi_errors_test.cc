@@ -74,6 +74,7 @@ TEST(CApiErrors, NullHandlesAreInvalidArgument) {
   EXPECT_STRATA_ERROR(strata_comm_create_mpi_world(nullptr), kInvalid, "out is NULL");
   EXPECT_STRATA_ERROR(strata_comm_create_mpi(0, nullptr), kInvalid, "out is NULL");
   EXPECT_STRATA_ERROR(strata_comm_create_in_process(2, nullptr), kInvalid, "out_comms is NULL");
+  EXPECT_STRATA_ERROR(strata_comm_create_shm(nullptr, 0, &c), kInvalid, "comm is NULL");
   EXPECT_STRATA_ERROR(strata_comm_create_in_process(0, &c), kInvalid, "world_size 0");
   // INT32_MAX ranks were allocated (and the process OOM-killed) before anything was checked.
   EXPECT_STRATA_ERROR(strata_comm_create_in_process(INT32_MAX, &c), kInvalid,

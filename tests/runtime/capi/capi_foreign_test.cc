@@ -54,6 +54,37 @@ INSTANTIATE_TEST_SUITE_P(AllCases, ForeignConformance,
                                                std::get<1>(info.param));
                          });
 
+// strata_comm_create_shm over the foreign communicator, as strata.torch makes it under torchrun (decision 0053):
+// the conformance suite on the shared-memory communicator.
+class ShmOverForeignConformance : public ::testing::TestWithParam<std::tuple<size_t, int>> {};
+
+TEST_P(ShmOverForeignConformance, Passes) {
+  const auto& [index, world] = GetParam();
+  auto job = std::make_shared<ForeignJobState>();
+  RunForeignRanks(world, 20000, job, [&](int rank, strata_comm* sc) {
+    strata_comm* shm = nullptr;
+    ASSERT_EQ(strata_comm_create_shm(sc, 20000, &shm), STRATA_OK) << strata_last_error();
+    device::HostDevice dev;
+    auto stream = dev.CreateStream(absl::StrCat("rank", rank));
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    conformance::RankHarness h{Of(shm), dev, **stream};
+    EXPECT_EQ(h.comm.rank(), rank);
+    EXPECT_EQ(h.comm.size(), world);
+    conformance::Cases()[index].body(h);
+    static_cast<void>((*stream)->Synchronize());  // the error cases leave a failed stream
+    stream->reset();
+    EXPECT_EQ(strata_comm_destroy(shm), STRATA_OK);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCases, ShmOverForeignConformance,
+                         ::testing::Combine(::testing::Range(size_t{0}, conformance::Cases().size()),
+                                            ::testing::Values(2, 3)),
+                         [](const ::testing::TestParamInfo<std::tuple<size_t, int>>& info) {
+                           return absl::StrCat(conformance::Cases()[std::get<0>(info.param)].name, "_World",
+                                               std::get<1>(info.param));
+                         });
+
 // Rank 2 never issues the all-reduce, and the trainer's collectives would wait 10 minutes: Strata's wait ends at
 // its own 1.5 s timeout, the liveness check names rank 2, and the communicator then fails at once.
 void ExpectTimeoutNamingRank2(bool with_store) {
