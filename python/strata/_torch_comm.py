@@ -356,13 +356,11 @@ def create(group, store, timeout_ms, choice=None):
 # process's communicator a gloo one, with the warning, and makes the engine again on it (dev_shm_full, _engine).
 _HOST_TRANSPORTS = ("auto", "shm", "gloo")
 transport = None  # what the engine's communicator went over: "shm" or "gloo" (set by create)
-_choice = None  # the choice create was given: "auto", "shm" or "gloo"
 
 
 def _host_transport(foreign, size, timeout_ms, choice):
-    global transport, _choice
+    global transport
     choice = choice or os.environ.get("STRATA_HOST_TRANSPORT", "auto")
-    _choice = choice
     if choice not in _HOST_TRANSPORTS:
         _capi.check(_capi.lib.strata_comm_destroy(foreign))
         raise ValueError(f"STRATA_HOST_TRANSPORT={choice!r}: expected one of {', '.join(_HOST_TRANSPORTS)}")
@@ -393,7 +391,8 @@ def dev_shm_full(status, error):
     """Whether a failed strata_engine_create (`status`, `error`) on the shared-memory communicator failed for want
     of /dev/shm under "auto": then the engine is made again over gloo (Note [The host transport under torchrun]),
     and this says so. Every rank fails such a Dup alike, so every rank answers alike."""
-    if transport != "shm" or _choice != "auto" or status != _capi.ERR_FAILED_PRECONDITION:
+    choice = os.environ.get("STRATA_HOST_TRANSPORT", "auto")  # the process's communicator's (strata._comm)
+    if transport != "shm" or choice != "auto" or status != _capi.ERR_FAILED_PRECONDITION:
         return False
     if "the shared segment" not in error or "in /dev/shm" not in error:
         return False
