@@ -310,6 +310,31 @@ def strata_comm(cuda=False, timeout_ms=0, process_group=None):
     return _comm
 
 
+def dev_shm_full(status):
+    """Whether strata_engine_create's failure `status` (its error the last one) is the shared-memory communicator's
+    want of /dev/shm, under torchrun's "auto" choice (strata._torch_comm.dev_shm_full)."""
+    if _comm is None or _cuda or bind().kind != "torch":
+        return False
+    from strata import _torch_comm
+    return _torch_comm.dev_shm_full(status, _capi.lib.strata_last_error().decode(errors="replace"))
+
+
+def host_comm_on_gloo(timeout_ms=0, process_group=None):
+    """The process's host communicator made again over gloo (collective): an engine could not make its
+    shared-memory communicators (Note [The host transport under torchrun]). The shared-memory one stays alive,
+    unused, for the engines made on it."""
+    global _comm
+    from strata import _torch_comm
+    import torch.distributed.distributed_c10d as c10d
+    w = bind(process_group)
+    _retired.append(_comm)
+    _comm = _torch_comm.create(w.host_group, c10d._get_default_store(), timeout_ms, "gloo")
+    return _comm
+
+
+_retired = []  # host communicators replaced by host_comm_on_gloo
+
+
 def broadcast(t, root=0):
     """Rank `root`'s values of a contiguous CPU tensor into every rank's (collective)."""
     w = bind()

@@ -349,6 +349,11 @@ def create(group, store, timeout_ms, choice=None):
 # Ranks on several hosts keep gloo (every rank learns it from the same exchange, so they all keep it), and so does
 # a rank that cannot use /dev/shm (a warning says why). STRATA_HOST_TRANSPORT=gloo keeps gloo, for comparison;
 # =shm makes any failure to set up shared memory an error.
+#
+# The engine's own communicators are Dups and Splits of that one, each a segment of its own (2 x size MiB): a
+# /dev/shm that holds the first may not hold an engine's (Docker's 64 MiB at 8 ranks holds the first and two of an
+# engine's). Every rank fails such a Dup alike (AgreeOnSegment), so under "auto" strata.torch then makes the
+# process's communicator a gloo one, with the warning, and makes the engine again on it (dev_shm_full, _engine).
 _HOST_TRANSPORTS = ("auto", "shm", "gloo")
 transport = None  # what the engine's communicator went over: "shm" or "gloo" (set by create)
 
@@ -371,8 +376,25 @@ def _host_transport(foreign, size, timeout_ms, choice):
     error = _capi.lib.strata_last_error().decode(errors="replace")
     if choice == "auto" and status == _capi.ERR_FAILED_PRECONDITION:
         if "needs every rank on one host" not in error:
-            print(f"strata: warning: the host collectives stay on gloo: {error}", file=sys.stderr, flush=True)
+            _warn_gloo(error)
         transport = "gloo"
         return foreign
     _capi.check(_capi.lib.strata_comm_destroy(foreign))
     raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error)
+
+
+def _warn_gloo(error):
+    print(f"strata: warning: the host collectives stay on gloo: {error}", file=sys.stderr, flush=True)
+
+
+def dev_shm_full(status, error):
+    """Whether a failed strata_engine_create (`status`, `error`) on the shared-memory communicator failed for want
+    of /dev/shm under "auto": then the engine is made again over gloo (Note [The host transport under torchrun]),
+    and this says so. Every rank fails such a Dup alike, so every rank answers alike."""
+    choice = os.environ.get("STRATA_HOST_TRANSPORT", "auto")  # the process's communicator's (strata._comm)
+    if transport != "shm" or choice != "auto" or status != _capi.ERR_FAILED_PRECONDITION:
+        return False
+    if "the shared segment" not in error or "in /dev/shm" not in error:
+        return False
+    _warn_gloo(error)
+    return True

@@ -511,3 +511,25 @@ def _calls_in_flight_at_exit(shared):
     assert "terminate called" not in out, out
     assert rc == 0, out
     assert len(re.findall(r"\d+ passed", out)) == 2, out  # both ranks' summaries
+
+
+@once
+def test_torchrun_falls_back_to_gloo_when_dev_shm_holds_the_world_but_not_the_engine(tmp_path_factory):
+    """Note [The host transport under torchrun]: under STRATA_HOST_TRANSPORT=auto a /dev/shm that cannot hold the
+    engine's communicators keeps gloo with a warning. A /dev/shm of 6 MiB (a private tmpfs: needs root and
+    unshare) holds the process's shared segment at 2 ranks (4 MiB) but not the engine's Dups of it: the engine
+    is made on gloo, with the warning, not refused (as with Docker's 64 MiB at 8 ranks)."""
+    _on_rank_0(lambda: _small_dev_shm_falls_back(tmp_path_factory.mktemp("smallshm")))
+
+
+def _small_dev_shm_falls_back(tmp):
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+    if os.geteuid() != 0 or probe.returncode != 0:
+        pytest.skip("needs root and unshare -m to mount a small /dev/shm")
+    cmd = (f"mount -t tmpfs -o size=6m tmpfs /dev/shm && exec {sys.executable} -m torch.distributed.run "
+           f"--standalone --nproc-per-node 2 {os.path.join(HERE, 'launch_train.py')} {tmp} 3")
+    rc, out, _ = _run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd], _clean_env())
+    assert rc == 0, out
+    assert "strata: warning: the host collectives stay on gloo" in out and "in /dev/shm" in out, out
+    for r in range(2):
+        assert f"rank {r} of 2: sharded (host transport gloo)" in out, out

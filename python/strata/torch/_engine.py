@@ -175,7 +175,11 @@ class Engine:
         opts = _capi.EngineOptions.new(config_json=json.dumps(self.config).encode(), device=int(cuda),
                                        hidden_size=_hidden_size(model))
         handle = ctypes.c_void_p()
-        _capi.check(_lib.strata_engine_create(comm, opts, ctypes.byref(handle)))
+        status = _lib.strata_engine_create(comm, opts, ctypes.byref(handle))
+        if status != 0 and not cuda and _comm.dev_shm_full(status):  # Note [The host transport under torchrun]
+            comm = _comm.host_comm_on_gloo(self.config["strata"].get("collective_timeout_ms", 0), process_group)
+            status = _lib.strata_engine_create(comm, opts, ctypes.byref(handle))
+        _capi.check(status)
         self.handle = handle
         self._finalizer = _comm.track(self, cuda)
         self.resolved = self._resolved_config()  # the engine's reading of the config: batch sizes, defaults
