@@ -31,19 +31,22 @@ int64_t MsSince(std::chrono::steady_clock::time_point start) {
 
 class ForeignConformance : public ::testing::TestWithParam<std::tuple<size_t, int>> {};
 
+// Conformance case `index` on rank `rank` of `world`, over `sc`, on a stream of its own.
+void RunCase(strata_comm* sc, int rank, int world, size_t index) {
+  device::HostDevice dev;
+  auto stream = dev.CreateStream(absl::StrCat("rank", rank));
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  conformance::RankHarness h{Of(sc), dev, **stream};
+  EXPECT_EQ(h.comm.rank(), rank);
+  EXPECT_EQ(h.comm.size(), world);
+  conformance::Cases()[index].body(h);
+  static_cast<void>((*stream)->Synchronize());  // the error cases leave a failed stream
+}
+
 TEST_P(ForeignConformance, Passes) {
   const auto& [index, world] = GetParam();
   auto job = std::make_shared<ForeignJobState>();
-  RunForeignRanks(world, 20000, job, [&](int rank, strata_comm* sc) {
-    device::HostDevice dev;
-    auto stream = dev.CreateStream(absl::StrCat("rank", rank));
-    ASSERT_TRUE(stream.ok()) << stream.status();
-    conformance::RankHarness h{Of(sc), dev, **stream};
-    EXPECT_EQ(h.comm.rank(), rank);
-    EXPECT_EQ(h.comm.size(), world);
-    conformance::Cases()[index].body(h);
-    static_cast<void>((*stream)->Synchronize());  // the error cases leave a failed stream
-  });
+  RunForeignRanks(world, 20000, job, [&](int rank, strata_comm* sc) { RunCase(sc, rank, world, index); });
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCases, ForeignConformance,
@@ -64,15 +67,7 @@ TEST_P(ShmOverForeignConformance, Passes) {
   RunForeignRanks(world, 20000, job, [&](int rank, strata_comm* sc) {
     strata_comm* shm = nullptr;
     ASSERT_EQ(strata_comm_create_shm(sc, 20000, &shm), STRATA_OK) << strata_last_error();
-    device::HostDevice dev;
-    auto stream = dev.CreateStream(absl::StrCat("rank", rank));
-    ASSERT_TRUE(stream.ok()) << stream.status();
-    conformance::RankHarness h{Of(shm), dev, **stream};
-    EXPECT_EQ(h.comm.rank(), rank);
-    EXPECT_EQ(h.comm.size(), world);
-    conformance::Cases()[index].body(h);
-    static_cast<void>((*stream)->Synchronize());  // the error cases leave a failed stream
-    stream->reset();
+    RunCase(shm, rank, world, index);  // its stream is gone before the communicator
     EXPECT_EQ(strata_comm_destroy(shm), STRATA_OK);
   });
 }
