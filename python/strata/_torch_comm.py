@@ -380,7 +380,19 @@ def _host_transport(foreign, size, timeout_ms, choice):
         transport = "gloo"
         return foreign
     _capi.check(_capi.lib.strata_comm_destroy(foreign))
-    raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error)
+    raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error + _shm_hint(choice, status, error))
+
+
+def _no_room_in_dev_shm(status, error):
+    return status == _capi.ERR_FAILED_PRECONDITION and "the shared segment" in error and "in /dev/shm" in error
+
+
+def _shm_hint(choice, status, error):
+    """What to do when STRATA_HOST_TRANSPORT=shm could not have its shared memory (else "")."""
+    if choice != "shm" or not _no_room_in_dev_shm(status, error):
+        return ""
+    return ("; STRATA_HOST_TRANSPORT=shm asks for shared memory or an error: unset it (the default, auto, keeps gloo "
+            "with a warning where /dev/shm has no room) or set STRATA_HOST_TRANSPORT=gloo")
 
 
 def _warn_gloo(error):
@@ -390,11 +402,14 @@ def _warn_gloo(error):
 def dev_shm_full(status, error):
     """Whether a failed strata_engine_create (`status`, `error`) on the shared-memory communicator failed for want
     of /dev/shm under "auto": then the engine is made again over gloo (Note [The host transport under torchrun]),
-    and this says so. Every rank fails such a Dup alike, so every rank answers alike."""
+    and this says so. Every rank fails such a Dup alike, so every rank answers alike. Under "shm" such a failure
+    raises, saying what to do."""
     choice = os.environ.get("STRATA_HOST_TRANSPORT", "auto")  # the process's communicator's (strata._comm)
-    if transport != "shm" or choice != "auto" or status != _capi.ERR_FAILED_PRECONDITION:
+    if transport != "shm" or not _no_room_in_dev_shm(status, error):
         return False
-    if "the shared segment" not in error or "in /dev/shm" not in error:
+    if choice == "shm":
+        raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error + _shm_hint(choice, status, error))
+    if choice != "auto":
         return False
     _warn_gloo(error)
     return True

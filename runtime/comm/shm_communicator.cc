@@ -16,9 +16,11 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -49,6 +51,18 @@ constexpr size_t kSmallAllReduceBytes = size_t{64} << 10;  // below it an all-re
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "the segment's counters must be lock-free to work across processes");
+
+// Whether process `pid` of this pid namespace has ended: gone, or a zombie its parent has not reaped yet (a
+// launcher such as torchrun reaps its workers only when it next polls them, and kill(pid, 0) succeeds on a zombie).
+bool HasExited(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');  // "pid (comm) S ...": comm may hold spaces and parentheses
+  if (name_end == std::string::npos || name_end + 2 >= stat.size()) return false;  // gone between the calls: later
+  const char state = stat[name_end + 2];
+  return state == 'Z' || state == 'X';
+}
 
 // The kinds a round header names: the collectives, then the exchanges of Split (Dup is one).
 constexpr uint32_t kSplitKind = kNumCollectives;
@@ -621,7 +635,7 @@ class ShmCommunicator final : public HostCommunicator {
       *next_liveness = now + kLivenessEvery;
       for (int q : missing) {
         const RankControl& c = seg_->control(q);
-        if (kill(static_cast<pid_t>(c.pid), 0) != 0 && errno == ESRCH) {
+        if (HasExited(static_cast<pid_t>(c.pid))) {
           return PeerFailure(Label(h), c.world_rank,
                              absl::StrCat("its process (pid ", c.pid, ") has exited (rank ", q, " here)"));
         }

@@ -522,14 +522,34 @@ def test_torchrun_falls_back_to_gloo_when_dev_shm_holds_the_world_but_not_the_en
     _on_rank_0(lambda: _small_dev_shm_falls_back(tmp_path_factory.mktemp("smallshm")))
 
 
-def _small_dev_shm_falls_back(tmp):
+def _torchrun_with_small_dev_shm(tmp, size, env):
+    """launch_train.py at 2 ranks under torchrun, in a mount namespace whose /dev/shm is a tmpfs of `size`."""
     probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
     if os.geteuid() != 0 or probe.returncode != 0:
         pytest.skip("needs root and unshare -m to mount a small /dev/shm")
-    cmd = (f"mount -t tmpfs -o size=6m tmpfs /dev/shm && exec {sys.executable} -m torch.distributed.run "
+    cmd = (f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {sys.executable} -m torch.distributed.run "
            f"--standalone --nproc-per-node 2 {os.path.join(HERE, 'launch_train.py')} {tmp} 3")
-    rc, out, _ = _run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd], _clean_env())
+    return _run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd], env)
+
+
+def _small_dev_shm_falls_back(tmp):
+    rc, out, _ = _torchrun_with_small_dev_shm(tmp, "6m", _clean_env())
     assert rc == 0, out
     assert "strata: warning: the host collectives stay on gloo" in out and "in /dev/shm" in out, out
     for r in range(2):
         assert f"rank {r} of 2: sharded (host transport gloo)" in out, out
+
+
+@once
+@pytest.mark.parametrize("size", ["1m", "6m"])
+def test_torchrun_shm_without_room_in_dev_shm_says_what_to_do(tmp_path_factory, size):
+    """STRATA_HOST_TRANSPORT=shm makes a /dev/shm without room an error, not a fall-back to gloo; the error names
+    /dev/shm and says what to do instead. 1 MiB holds not even the process's segment (strata._torch_comm.create's
+    failure); 6 MiB holds it but not the engine's (strata_engine_create's)."""
+    def check():
+        env = dict(_clean_env(), STRATA_HOST_TRANSPORT="shm")
+        rc, out, _ = _torchrun_with_small_dev_shm(tmp_path_factory.mktemp(f"shm{size}"), size, env)
+        assert rc != 0, out
+        assert "in /dev/shm" in out and "or set STRATA_HOST_TRANSPORT=gloo" in out, out
+        assert "strata: warning: the host collectives stay on gloo" not in out, out
+    _on_rank_0(check)

@@ -2,7 +2,7 @@
 // with each rank a thread that maps the segment itself (the in-process back-end as the bootstrap), also with
 // slots small enough that every case takes many rounds; then the failures of Note [Shared-memory rounds]: a
 // rank that never arrives is named at the deadline, and a peer that comes late fails at once; a count
-// mismatch names the rank; a peer whose process is gone is named within about a second; Abort; ranks on
+// mismatch names the rank; a peer whose process is gone (or a zombie) is named before the deadline; Abort; ranks on
 // different hosts are refused, and so is a segment /dev/shm has no room for; and no segment is left in
 // /dev/shm. The processes of an mpirun job, and the sums bit for bit against the MPI back-end, are
 // shm_mpi_test.cc's.
@@ -189,6 +189,11 @@ TEST(ShmFailures, AnotherCollectiveIsAMismatch) {
   });
 }
 
+// The waits below end by a mechanism long before their deadline. Each asserts the message the mechanism gives and
+// that the wait ended before half the deadline; how soon within that is latency (about 100 ms for a dead pid, the
+// grace for a notice), which a loaded host can stretch: a bound in seconds would fail by luck.
+constexpr int64_t kLongDeadlineMs = 60000;
+
 // A process that has ended: its pid, reaped, names nothing alive.
 int64_t DeadPid() {
   const pid_t child = fork();
@@ -198,12 +203,29 @@ int64_t DeadPid() {
   return child;
 }
 
-// Rank 2 plays a process that has exited (its card carries a dead pid) and never issues: its peers, with
-// a deadline of a minute, end within about a second naming it.
-TEST(ShmFailures, APeerWhoseProcessIsGoneIsNamedWithinASecond) {
-  const int64_t dead = DeadPid();
+// A child that has exited and that this process has not reaped: a zombie, which kill(pid, 0) still finds (as a
+// torchrun worker is until the agent next polls it). Reaped when this goes out of scope.
+class Zombie {
+ public:
+  Zombie() : pid_(fork()) {
+    if (pid_ == 0) _exit(0);
+    siginfo_t info{};
+    waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOWAIT);  // until it has exited, leaving it unreaped
+  }
+  ~Zombie() { waitpid(pid_, nullptr, 0); }
+  Zombie(const Zombie&) = delete;
+  Zombie& operator=(const Zombie&) = delete;
+  int64_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_;
+};
+
+// Rank 2 plays a process that has exited (its card carries `pid`) and never issues: its peers, with a deadline of
+// a minute, end well before it, naming rank 2's process as gone.
+void ExpectAGonePeerNamed(int64_t pid) {
   RunShmRanks(
-      3, WithTimeout(60000), [&](int r) { return ShmConfig{.pid = r == 2 ? dead : 0}; },
+      3, WithTimeout(kLongDeadlineMs), [&](int r) { return ShmConfig{.pid = r == 2 ? pid : 0}; },
       [&](int rank, absl::StatusOr<std::unique_ptr<Communicator>>& comm, RankHarness* h) {
         ASSERT_TRUE(comm.ok()) << comm.status();
         if (rank == 2) return;
@@ -214,14 +236,22 @@ TEST(ShmFailures, APeerWhoseProcessIsGoneIsNamedWithinASecond) {
         EXPECT_TRUE(IsPeerFailure(s)) << s;
         EXPECT_THAT(
             std::string(s.message()),
-            HasSubstr(absl::StrCat("rank 2 failed and will not join it: its process (pid ", dead, ") has exited")));
-        EXPECT_LT(MsSince(t0), 2000);
+            HasSubstr(absl::StrCat("rank 2 failed and will not join it: its process (pid ", pid, ") has exited")));
+        EXPECT_LT(MsSince(t0), kLongDeadlineMs / 2);
       });
+}
+
+TEST(ShmFailures, APeerWhoseProcessIsGoneIsNamedBeforeTheDeadline) { ExpectAGonePeerNamed(DeadPid()); }
+
+TEST(ShmFailures, APeerWhoseProcessIsAZombieIsNamedBeforeTheDeadline) {
+  Zombie zombie;
+  ASSERT_EQ(kill(static_cast<pid_t>(zombie.pid()), 0), 0) << "the zombie's pid must still be found";
+  ExpectAGonePeerNamed(zombie.pid());
 }
 
 // Abort on one rank ends its peers' waits, on the communicator and on one split from it.
 TEST(ShmFailures, AbortEndsEveryCommunicatorsWaits) {
-  RunShmRanks(3, WithTimeout(60000), [&](int rank, RankHarness& h) {
+  RunShmRanks(3, WithTimeout(kLongDeadlineMs), [&](int rank, RankHarness& h) {
     auto dup = h.comm.Dup("dup");
     ASSERT_TRUE(dup.ok()) << dup.status();
     if (rank == 0) {
@@ -233,13 +263,14 @@ TEST(ShmFailures, AbortEndsEveryCommunicatorsWaits) {
     const absl::Status s = (*dup)->Barrier(h.stream).Wait();
     EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0 aborted the job: planted abort"));
-    EXPECT_LT(MsSince(t0), 2000);
+    EXPECT_LT(MsSince(t0), kLongDeadlineMs / 2);
   });
 }
 
-// Note [Failure notices] within milliseconds, not the conformance suite's 5 s.
-TEST(ShmFailures, ANoticeEndsThePeersWaitsWithinTheGrace) {
-  RunShmRanks(3, WithTimeout(600000), [&](int rank, RankHarness& h) {
+// Note [Failure notices]: a notice ends the peers' waits after the grace (200 ms, kNoticeGrace: a wait that sees
+// it first goes on that long, for a peer that joined the round before it failed), not at the deadline.
+TEST(ShmFailures, ANoticeEndsThePeersWaitsAfterTheGrace) {
+  RunShmRanks(3, WithTimeout(kLongDeadlineMs), [&](int rank, RankHarness& h) {
     if (rank == 1) {
       h.comm.NotifyFailure(absl::InternalError("planted"));
       return;
@@ -248,7 +279,8 @@ TEST(ShmFailures, ANoticeEndsThePeersWaitsWithinTheGrace) {
     const absl::Status s = h.comm.Barrier(h.stream).Wait();
     EXPECT_TRUE(IsPeerFailure(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 failed and will not join it: planted"));
-    EXPECT_LT(MsSince(t0), 1000);
+    EXPECT_GE(MsSince(t0), 200);
+    EXPECT_LT(MsSince(t0), kLongDeadlineMs / 2);
   });
 }
 
