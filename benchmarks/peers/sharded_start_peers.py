@@ -28,9 +28,9 @@ $TORCH_EXTENSIONS_DIR: build it once, outside the timed run, with --build-ops.
         --ckpt-dir /work/llama-ckpt --peers strata-created,strata-loaded,fsdp2-meta,fsdp2-dcp,deepspeed-init
 
 With --save-compare each Strata candidate, after its steps, saves the same state synchronously and then
-asynchronously (docs/decisions/0036, 0046: the optimizer state on NVMe is held, not copied), takes one step while
-the asynchronous save is written, waits for it, and reports both stalls and the resident-set growth of the
-asynchronous save (a table after the main one). A tiny shape runs it in a minute:
+asynchronously (docs/decisions/0036, 0046: the optimizer state on NVMe is held, not copied), takes one step
+(--steps-over-save N: N) while the asynchronous save is written, waits for it, and reports both stalls and the
+resident-set growth of the asynchronous save (a table after the main one). A tiny shape runs it in a minute:
 
     build/venv/bin/python benchmarks/peers/sharded_start_peers.py --nvme-path /tmp/nvme-bench \
         --ckpt-dir /tmp/tiny-ckpt --peers strata-created --save-compare --ranks 2 --layers 2 --hidden 64 \
@@ -147,7 +147,8 @@ def strata_setup(a, cfg, mode, marks):
         marks["async_call_s"] = time.perf_counter() - t
         rss_max = torch_peers.status_mib("VmRSS")
         t = time.perf_counter()
-        step(batch)  # one step on every rank (collective), whatever this rank's writer is doing
+        for _ in range(a.steps_over_save):
+            step(batch)  # on every rank (collective), whatever this rank's writer is doing
         marks["async_step_s"] = time.perf_counter() - t
         rss_max = max(rss_max, torch_peers.status_mib("VmRSS"))
         t = time.perf_counter()
@@ -155,8 +156,9 @@ def strata_setup(a, cfg, mode, marks):
         marks["async_wait_s"] = time.perf_counter() - t
         if torch_peers.rank_env()[0] == 0:  # every rank's shard is in it once rank 0's wait returned
             shutil.rmtree(root)
-        # the stall: the call, what the step lost against the one before, and the wait for the rest
-        marks["async_stall_s"] = marks["async_call_s"] + marks["async_step_s"] - step_s + marks["async_wait_s"]
+        # the stall: the call, what the steps lost against the one before, and the wait for the rest
+        marks["async_stall_s"] = (marks["async_call_s"] + marks["async_step_s"] - a.steps_over_save * step_s +
+                                  marks["async_wait_s"])
         marks["async_rss_growth_mib"] = rss_max - rss
         marks["step_before_s"] = step_s
 
@@ -351,7 +353,8 @@ def launch(a, mode):
                ("layers", a.layers), ("hidden", a.hidden), ("ffn", a.ffn), ("heads", a.heads),
                ("kv_heads", a.kv_heads), ("vocab", a.vocab), ("seq", a.seq), ("micro_batch", a.micro_batch),
                ("steps", a.steps), ("rss_limit_mib", a.rss_limit_mib), ("nvme_path", a.nvme_path),
-               ("ckpt_dir", a.ckpt_dir))] + (["--save-compare"] if a.save_compare else [])
+               ("ckpt_dir", a.ckpt_dir), ("steps_over_save", a.steps_over_save))] + (
+                   ["--save-compare"] if a.save_compare else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false")
     t = time.time()
     try:
@@ -410,6 +413,9 @@ def main():
     p.add_argument("--results", help="append each candidate's result here (JSON lines)")
     p.add_argument("--save-compare", action="store_true",
                    help="Strata candidates: a synchronous and an asynchronous save of the same state after the steps")
+    p.add_argument("--steps-over-save", type=int, default=1,
+                   help="with --save-compare: the steps taken while the asynchronous save is written, before its "
+                        "wait (each measured against the step before the save)")
     a = p.parse_args()
     if a.build_ops:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -443,7 +449,7 @@ def main():
         print(row(r, floor_s))
     compared = [r for r in results if "error" not in r and "sync_save_s" in r["ranks"][0]]
     if compared:
-        print("\n| system | sync save s | async call s | async step s (step before) | async wait s | async stall s "
+        print("\n| system | sync save s | async call s | async steps s (step before) | async wait s | async stall s "
               "| stall / sync | async RSS growth MiB |\n|---|---|---|---|---|---|---|---|")
         for r in compared:
             rk = r["ranks"]
