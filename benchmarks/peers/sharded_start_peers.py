@@ -93,8 +93,8 @@ def strata_setup(a, cfg, mode, marks):
     from transformers import LlamaForCausalLM
     nvme = os.path.join(a.nvme_path, f"strata-{torch_peers.rank_env()[0]}")
     os.makedirs(nvme, exist_ok=True)
-    config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme},
-                                    "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
+    offload = {"device": "nvme", "nvme_path": nvme} if a.strata_offload == "nvme" else {"device": "cpu"}
+    config = {"zero_optimization": {"stage": 3, "offload_param": offload, "offload_optimizer": offload},
               "train_micro_batch_size_per_gpu": a.micro_batch,
               "optimizer": {"type": "AdamW", "params": {"lr": LR}},
               # the update in backward (decision 0018): no fp32 gradient shard is kept (decision 0040); the idle
@@ -353,7 +353,8 @@ def launch(a, mode):
                ("layers", a.layers), ("hidden", a.hidden), ("ffn", a.ffn), ("heads", a.heads),
                ("kv_heads", a.kv_heads), ("vocab", a.vocab), ("seq", a.seq), ("micro_batch", a.micro_batch),
                ("steps", a.steps), ("rss_limit_mib", a.rss_limit_mib), ("nvme_path", a.nvme_path),
-               ("ckpt_dir", a.ckpt_dir), ("steps_over_save", a.steps_over_save))] + (
+               ("ckpt_dir", a.ckpt_dir), ("steps_over_save", a.steps_over_save),
+               ("strata_offload", a.strata_offload))] + (
                    ["--save-compare"] if a.save_compare else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false")
     t = time.time()
@@ -413,6 +414,9 @@ def main():
     p.add_argument("--results", help="append each candidate's result here (JSON lines)")
     p.add_argument("--save-compare", action="store_true",
                    help="Strata candidates: a synchronous and an asynchronous save of the same state after the steps")
+    p.add_argument("--strata-offload", choices=("nvme", "cpu"), default="nvme",
+                   help="where Strata keeps its parameter and optimizer shards: NVMe under --nvme-path, or host "
+                        "memory (cpu, DeepSpeed's name); checkpoints and exports still go under --nvme-path")
     p.add_argument("--steps-over-save", type=int, default=1,
                    help="with --save-compare: the steps taken while the asynchronous save is written, before its "
                         "wait (each measured against the step before the save)")
