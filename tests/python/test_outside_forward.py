@@ -147,6 +147,31 @@ def test_zero_grad_between_backward_and_step_is_refused(stage):
     engine.close()
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_evaluation_forward_between_backward_and_step_keeps_the_gradients(stage):
+    """A forward under torch.no_grad() between a backward and engine.step() (a metric logged on the batch
+    before the update, as torch allows) ended its units' uses by clearing every .grad, the markers of Note
+    [Gradients in the engine] with them, and the step then refused, blaming a model.zero_grad() never
+    called. The markers outlive it: the step applies the gradients and training matches torch, whose
+    evaluation forward sees the same weights."""
+    accumulation = 2
+    model, ref = tiny_lm(), tiny_lm()
+    engine = st.shard(model, config(stage, accumulation))
+    opt = reference_optimizer(ref)
+    for step in range(2):
+        for m in range(accumulation):
+            x, y = batches(step, m, st.rank())
+            model(x, y).backward()
+            with torch.no_grad():
+                seen, want = model(x, y), ref(x, y)
+            assert abs(seen.item() - want.item()) <= 1e-5 * abs(want.item())
+            assert all(p.grad is not None for p in model.parameters())
+        engine.step()
+        reference_train(ref, opt, step, step + 1, accumulation)
+    assert_matches_torch(engine, ref)
+    engine.close()
+
+
 @pytest.mark.parametrize("stage", [0, 3])
 def test_dtype_and_device_changes_after_shard_are_refused(stage):
     """model.half() / .double() / .to(dtype) / .to(device) after shard() changed the placeholders only and

@@ -28,7 +28,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from strata import _capi
-from strata.torch._gathered import drop_grad_markers, mark_grads
+from strata.torch._gathered import GradInEngine, drop_grad_markers, mark_grads
 from strata.torch._sharded import set_placeholder, set_values
 
 IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, EVAL = "idle", "forward", "await-backward", "backward", "eval"
@@ -135,11 +135,14 @@ class UnitState:
                 set_values(p, v)
 
     def clear(self):
-        """The parameters become placeholders (Note [Parameters between uses] in _sharded)."""
+        """The parameters become placeholders (Note [Parameters between uses] in _sharded), and the engine's
+        gradient views of a use go; a marker of Note [Gradients in the engine] stays (an evaluation forward
+        between a backward and the step ends its uses here, and the step applies those gradients)."""
         with torch._C.DisableTorchFunction():
             for p in self.spec.params:
                 set_placeholder(p, p.dtype, self.layout.device)
-                p.grad = None
+                if type(p.grad) is not GradInEngine:
+                    p.grad = None
 
 
 class Tracker:
