@@ -42,9 +42,11 @@ from strata.torch._sharded import applying, set_placeholder, set_values
 # `p.grad is None` is then False, as in torch after a backward. The markers are dropped when the next
 # training forward begins (before any autograd accumulation: the engine's views replace them as each
 # unit's backward begins) and after engine.step() (which zeroes the engine's gradients; None is torch's
-# zeroed .grad). Frozen parameters keep None. Clearing a marker (model.zero_grad(), p.grad = None) would be
-# torch's "no gradient this step", which the engine cannot honour: it is refused (Note [Parameters between
-# uses] in _sharded), and engine.step() refuses a marker cleared past that (check_markers).
+# zeroed .grad); an evaluation forward (torch.no_grad()) between a backward and the step keeps them (its
+# units' uses end in UnitState.clear, which leaves a marker). Frozen parameters keep None. Clearing a
+# marker (model.zero_grad(), p.grad = None) would be torch's "no gradient this step", which the engine
+# cannot honour: it is refused (Note [Parameters between uses] in _sharded), and engine.step() refuses a
+# marker cleared past that (check_markers).
 GRAD_MESSAGE = ("strata: the gradients of a sharded model live in the engine, reduced across ranks, until "
                 "engine.step(); .grad cannot be read or changed between a backward and the step. For gradient "
                 "clipping set the config key `gradient_clipping` (the engine clips by the global norm in "
