@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from common import config
+from common import assert_matches, config, reference_optimizer, reference_train, train
 from models import TinyLM, batches, tiny_lm
 
 
@@ -230,3 +230,26 @@ def test_parameter_shared_by_two_units_is_refused():
     model.blocks[1].fc1.weight = model.blocks[0].fc1.weight
     with pytest.raises(ValueError, match="'blocks.1.fc1.weight' is shared by units 'blocks.0' and 'blocks.1'"):
         st.shard(model, config(3))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_backward_through_a_unit_called_outside_the_models_forward_names_it(stage):
+    """A unit's module called directly with gradients on (a custom head on model.blocks, a backbone call) runs
+    outside the model's forward, so no micro-batch begins and its parameters are placeholders again once it
+    returns: a backward through it failed inside autograd with torch's "The size of tensor a (0) must match
+    the size of tensor b (16)". It names the unit and the fix; the forward itself, and one under no_grad,
+    still work, and training through the model's forward then goes on as torch's."""
+    model, ref = tiny_lm(), tiny_lm()
+    engine = st.shard(model, config(stage))
+    h = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.allclose(model.blocks[0](h), ref.blocks[0](h))
+    out = model.blocks[0](h.requires_grad_())
+    assert torch.allclose(out.detach(), ref.blocks[0](h).detach())
+    with pytest.raises(RuntimeError, match=r"unit 'blocks\.0' ran outside the model's forward.*model\(\.\.\.\)"):
+        out.sum().backward()
+    opt = reference_optimizer(ref)
+    train(model, engine, 0, 2)
+    reference_train(ref, opt, 0, 2)
+    assert_matches(engine.full_state_dict(), ref.state_dict())
+    engine.close()

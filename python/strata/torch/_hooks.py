@@ -431,7 +431,20 @@ class Tracker:
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=u: (self.begin_backward(u), g)[1])
+        elif self.phase in (IDLE, AWAIT_BACKWARD):  # the module called directly, outside the model's forward
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(lambda g, u=u: self._refuse_outside_backward(u))
         return output
+
+    def _refuse_outside_backward(self, u):
+        """A backward reaching a unit's use outside the model's forward: no micro-batch holds it and its
+        parameters are placeholders again (autograd would fail on their size); named instead."""
+        raise RuntimeError(f"strata: unit '{u.spec.name}' ran outside the model's forward (its module called "
+                           f"directly, with gradients enabled) and a backward reached it: its gradients have no "
+                           f"micro-batch to go to. Train through the model's forward (model(...), with the extra "
+                           f"computation inside it: a wrapper nn.Module whose forward calls the submodules is "
+                           f"sharded as one model), or run the direct call under torch.no_grad()")
 
     def _end_of_backward(self):
         self.ending = True
