@@ -30,7 +30,8 @@ $TORCH_EXTENSIONS_DIR: build it once, outside the timed run, with --build-ops.
 With --save-compare each Strata candidate, after its steps, saves the same state synchronously and then
 asynchronously (docs/decisions/0036, 0046: the optimizer state on NVMe is held, not copied), takes one step
 (--steps-over-save N: N) while the asynchronous save is written, waits for it, and reports both stalls and the
-resident-set growth of the asynchronous save (a table after the main one). A tiny shape runs it in a minute:
+resident-set growth of the asynchronous save (a table after the main one); --async-saves N takes N of them, the
+later ones into the first one's reused snapshot buffers, each after a step without a save (a table per save). A tiny shape runs it in a minute:
 
     build/venv/bin/python benchmarks/peers/sharded_start_peers.py --nvme-path /tmp/nvme-bench \
         --ckpt-dir /tmp/tiny-ckpt --peers strata-created --save-compare --ranks 2 --layers 2 --hidden 64 \
@@ -140,27 +141,42 @@ def strata_setup(a, cfg, mode, marks):
         # removes what is left after the comparison.
         for name in glob.glob(os.path.join(root, "sync", "*", f"shard_{torch_peers.rank_env()[0]:05d}.bin")):
             os.remove(name)
-        torch_peers.PHASE[0] = "asynchronous save"
-        rss = torch_peers.status_mib("VmRSS")
-        t = time.perf_counter()
-        engine.save_checkpoint(os.path.join(root, "async"), async_save=True)
-        marks["async_call_s"] = time.perf_counter() - t
-        rss_max = torch_peers.status_mib("VmRSS")
-        t = time.perf_counter()
-        for _ in range(a.steps_over_save):
-            step(batch)  # on every rank (collective), whatever this rank's writer is doing
-        marks["async_step_s"] = time.perf_counter() - t
-        rss_max = max(rss_max, torch_peers.status_mib("VmRSS"))
-        t = time.perf_counter()
-        engine.wait_checkpoint()
-        marks["async_wait_s"] = time.perf_counter() - t
-        if torch_peers.rank_env()[0] == 0:  # every rank's shard is in it once rank 0's wait returned
-            shutil.rmtree(root)
-        # the stall: the call, what the steps lost against the one before, and the wait for the rest
-        marks["async_stall_s"] = (marks["async_call_s"] + marks["async_step_s"] - a.steps_over_save * step_s +
-                                  marks["async_wait_s"])
-        marks["async_rss_growth_mib"] = rss_max - rss
-        marks["step_before_s"] = step_s
+        # --async-saves N: N asynchronous saves of the state, the second and later after a step without a save
+        # (their reference); from the second on the snapshot's host buffers are reused (decision 0036).
+        marks["async_runs"] = []
+        for i in range(a.async_saves):
+            if i > 0:
+                torch_peers.PHASE[0] = "step before an asynchronous save"
+                t = time.perf_counter()
+                step(batch)
+                step_s = time.perf_counter() - t
+            torch_peers.PHASE[0] = "asynchronous save"
+            run = {"step_before_s": step_s}
+            rss = torch_peers.status_mib("VmRSS")
+            t = time.perf_counter()
+            engine.save_checkpoint(os.path.join(root, f"async-{i}"), async_save=True)
+            run["call_s"] = time.perf_counter() - t
+            rss_max = torch_peers.status_mib("VmRSS")
+            t = time.perf_counter()
+            for _ in range(a.steps_over_save):
+                step(batch)  # on every rank (collective), whatever this rank's writer is doing
+            run["step_s"] = time.perf_counter() - t
+            rss_max = max(rss_max, torch_peers.status_mib("VmRSS"))
+            t = time.perf_counter()
+            engine.wait_checkpoint()
+            run["wait_s"] = time.perf_counter() - t
+            for name in glob.glob(os.path.join(root, f"async-{i}", "*", f"shard_{torch_peers.rank_env()[0]:05d}.bin")):
+                os.remove(name)  # published: its room back for the next one
+            # the stall: the call, what the steps lost against the one before, and the wait for the rest
+            run["stall_s"] = run["call_s"] + run["step_s"] - a.steps_over_save * run["step_before_s"] + run["wait_s"]
+            run["rss_growth_mib"] = rss_max - rss
+            marks["async_runs"].append(run)
+        first = marks["async_runs"][0]
+        marks.update(async_call_s=first["call_s"], async_step_s=first["step_s"], async_wait_s=first["wait_s"],
+                     async_stall_s=first["stall_s"], async_rss_growth_mib=first["rss_growth_mib"],
+                     step_before_s=first["step_before_s"])
+        if torch_peers.rank_env()[0] == 0:  # every rank's shard is in it once rank 0's last wait returned
+            shutil.rmtree(root, ignore_errors=True)
 
     SAVE_COMPARE["run"] = save_compare
     return step, export, engine.close
@@ -354,7 +370,7 @@ def launch(a, mode):
                ("kv_heads", a.kv_heads), ("vocab", a.vocab), ("seq", a.seq), ("micro_batch", a.micro_batch),
                ("steps", a.steps), ("rss_limit_mib", a.rss_limit_mib), ("nvme_path", a.nvme_path),
                ("ckpt_dir", a.ckpt_dir), ("steps_over_save", a.steps_over_save),
-               ("strata_offload", a.strata_offload))] + (
+               ("strata_offload", a.strata_offload), ("async_saves", a.async_saves))] + (
                    ["--save-compare"] if a.save_compare else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false")
     t = time.time()
@@ -414,6 +430,9 @@ def main():
     p.add_argument("--results", help="append each candidate's result here (JSON lines)")
     p.add_argument("--save-compare", action="store_true",
                    help="Strata candidates: a synchronous and an asynchronous save of the same state after the steps")
+    p.add_argument("--async-saves", type=int, default=1,
+                   help="with --save-compare: asynchronous saves of the same state, each with its steps over it; "
+                        "the second and later after a step without a save, reusing the snapshot's buffers")
     p.add_argument("--strata-offload", choices=("nvme", "cpu"), default="nvme",
                    help="where Strata keeps its parameter and optimizer shards: NVMe under --nvme-path, or host "
                         "memory (cpu, DeepSpeed's name); checkpoints and exports still go under --nvme-path")
@@ -462,6 +481,19 @@ def main():
                   f"| {max(x['async_step_s'] for x in rk):.2f} ({max(x['step_before_s'] for x in rk):.2f}) "
                   f"| {max(x['async_wait_s'] for x in rk):.2f} "
                   f"| {stall:.2f} | {stall / sync:.2f} | {max(x['async_rss_growth_mib'] for x in rk):.1f} |")
+        if a.async_saves > 1:
+            print("\n| system | async save | call s | steps s (step before) | wait s | stall s | stall / sync "
+                  "| RSS growth MiB |\n|---|---|---|---|---|---|---|---|")
+            for r in compared:
+                rk = r["ranks"]
+                sync = max(x["sync_save_s"] for x in rk)
+                for i in range(len(rk[0]["async_runs"])):
+                    runs = [x["async_runs"][i] for x in rk]
+                    stall = max(v["stall_s"] for v in runs)
+                    print(f"| {r['mode']} | {i + 1} | {max(v['call_s'] for v in runs):.3f} "
+                          f"| {max(v['step_s'] for v in runs):.2f} ({max(v['step_before_s'] for v in runs):.2f}) "
+                          f"| {max(v['wait_s'] for v in runs):.2f} | {stall:.2f} | {stall / sync:.2f} "
+                          f"| {max(v['rss_growth_mib'] for v in runs):.1f} |")
 
 
 if __name__ == "__main__":
