@@ -380,19 +380,17 @@ def _host_transport(foreign, size, timeout_ms, choice):
         transport = "gloo"
         return foreign
     _capi.check(_capi.lib.strata_comm_destroy(foreign))
-    raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error + _shm_hint(choice, status, error))
+    hint = _SHM_HINT if choice == "shm" and _no_room_in_dev_shm(status, error) else ""
+    raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error + hint)
 
 
 def _no_room_in_dev_shm(status, error):
     return status == _capi.ERR_FAILED_PRECONDITION and "the shared segment" in error and "in /dev/shm" in error
 
 
-def _shm_hint(choice, status, error):
-    """What to do when STRATA_HOST_TRANSPORT=shm could not have its shared memory (else "")."""
-    if choice != "shm" or not _no_room_in_dev_shm(status, error):
-        return ""
-    return ("; STRATA_HOST_TRANSPORT=shm asks for shared memory or an error: unset it (the default, auto, keeps gloo "
-            "with a warning where /dev/shm has no room) or set STRATA_HOST_TRANSPORT=gloo")
+# What to do when STRATA_HOST_TRANSPORT=shm could not have its shared memory.
+_SHM_HINT = ("; STRATA_HOST_TRANSPORT=shm asks for shared memory or an error: unset it (the default, auto, keeps gloo "
+             "with a warning where /dev/shm has no room) or set STRATA_HOST_TRANSPORT=gloo")
 
 
 def _warn_gloo(error):
@@ -408,7 +406,7 @@ def dev_shm_full(status, error):
     if transport != "shm" or not _no_room_in_dev_shm(status, error):
         return False
     if choice == "shm":
-        raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error + _shm_hint(choice, status, error))
+        raise _capi.StrataError(_capi.lib.strata_status_name(status).decode(), error + _SHM_HINT)
     if choice != "auto":
         return False
     _warn_gloo(error)

@@ -22,14 +22,19 @@ def prompt():
     return torch.randint(0, HF_VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
 
 
-@pytest.mark.parametrize("stage", [0, 3])
-def test_decoder_only_generate_matches_the_plain_model(stage):
-    build = hf_builders()["llama"]
+def sharded_and_plain(name, stage):
+    """hf_builders()[name] built twice from one seed: one sharded at `stage` (with its engine), one plain."""
+    build = hf_builders()[name]
     torch.manual_seed(0)
     model = build()
     torch.manual_seed(0)
     plain = build()
-    engine = st.shard(model, config(stage))
+    return model, plain, st.shard(model, config(stage))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_decoder_only_generate_matches_the_plain_model(stage):
+    model, plain, engine = sharded_and_plain("llama", stage)
     assert torch.equal(greedy(model, input_ids=prompt()), greedy(plain, input_ids=prompt()))
     engine.close()
 
@@ -39,12 +44,7 @@ def test_decoder_only_generate_matches_the_plain_model(stage):
                           "root unit (T5's shared embedding) is a placeholder; refused with a clear error")
 @pytest.mark.parametrize("stage", [0, 3])
 def test_encoder_decoder_generate_matches_the_plain_model(stage):
-    build = hf_builders()["t5"]
-    torch.manual_seed(0)
-    model = build()
-    torch.manual_seed(0)
-    plain = build()
-    engine = st.shard(model, config(stage))
+    model, plain, engine = sharded_and_plain("t5", stage)
     try:
         got = greedy(model, input_ids=prompt(), decoder_start_token_id=0)
     finally:
