@@ -98,6 +98,9 @@ def hf_builders():
         "bert": lambda: T.BertForMaskedLM(T.BertConfig(**small, max_position_embeddings=32)),
         "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=HF_VOCAB, d_model=HF_C, d_kv=8,
                                                               d_ff=2 * HF_C, num_layers=2, num_heads=4)),
+        "bart": lambda: T.BartForConditionalGeneration(T.BartConfig(
+            vocab_size=HF_VOCAB, d_model=HF_C, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=2 * HF_C, decoder_ffn_dim=2 * HF_C, max_position_embeddings=32)),
         "vit": lambda: T.ViTForImageClassification(T.ViTConfig(image_size=16, patch_size=4, hidden_size=HF_C,
                                                                intermediate_size=2 * HF_C, num_hidden_layers=2,
                                                                num_attention_heads=2, num_labels=3)),

@@ -232,3 +232,79 @@ def test_a_parameter_replaced_after_shard_is_refused():
     with pytest.raises(RuntimeError, match=r"parameter 'fc2\.bias' of unit .* was replaced"):
         train(model, engine, 1, 2)
     engine.close()
+
+
+def root_placeholders(engine):
+    """Whether every parameter of the root unit is a placeholder again and no direct call holds the root."""
+    return all(p.numel() == 0 for r in engine.roots for p in r.spec.params) and engine.tracker.outside == []
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_root_module_called_directly_gathers_the_root(stage):
+    """Note [The root outside the forward] (decision 0056): the root unit's modules (the final norm, the tied
+    embedding and head) called outside the model's forward read placeholders and were refused; they now compute
+    torch's values, the root gathered for the call and released after it, also when the call raises. With
+    gradients on, a backward through such a call is refused naming the module (no micro-batch holds it);
+    between a training forward and its backward nothing is gathered (a use there would be the micro-batch's):
+    refused as before. Training then goes on as torch's."""
+    model, ref = tiny_lm(), tiny_lm()
+    engine = st.shard(model, config(stage))
+    opt = reference_optimizer(ref)
+    h = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(5))
+    x, y = batches(0, 0, st.rank())
+    with torch.no_grad():
+        assert torch.equal(model.norm(h), ref.norm(h))
+        assert torch.equal(model.emb(x), ref.emb(x))
+        assert torch.equal(model.head(h), ref.head(h))
+    assert root_placeholders(engine)
+    out = model.norm(h.clone().requires_grad_())
+    assert torch.equal(out.detach(), ref.norm(h).detach()) and root_placeholders(engine)
+    with pytest.raises(RuntimeError, match=r"module 'norm', which reads the root unit's parameters, ran outside "
+                                           r"the model's forward.*model\(\.\.\.\)"):
+        out.sum().backward()
+    with pytest.raises(IndexError):
+        model.emb(torch.tensor([[99]]))  # raises inside the module's forward: the root is released all the same
+    assert root_placeholders(engine)
+    loss = model(x, y)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=sharded("norm.weight")):
+        model.norm(h)
+    loss.backward()
+    engine.step()
+    train(model, engine, 1, 2)
+    reference_train(ref, opt, 0, 2)
+    assert_matches_torch(engine, ref)
+    engine.close()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_root_module_inside_gathered_parameters_computes_with_their_values(stage):
+    """Inside st.GatheredParameters a root module called directly gathers nothing (that would replace the
+    context's values): it computes with the gathered values, an edit included, as before decision 0056; after
+    the context the edit is the engine's, and the module's own gather computes with it."""
+    model = tiny_lm()
+    engine = st.shard(model, config(stage))
+    h = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(5))
+    with st.GatheredParameters(model.norm, modifier_rank=0):
+        with torch.no_grad():
+            model.norm.weight.mul_(2.0)
+            want = torch.nn.functional.layer_norm(h, (16,), model.norm.weight, model.norm.bias)
+            assert torch.equal(model.norm(h), want)
+    assert root_placeholders(engine)
+    with torch.no_grad():
+        assert torch.equal(model.norm(h), want)
+    engine.close()
+
+
+def test_ranks_calling_different_modules_directly_fail_alike_at_stage_3():
+    """At stage 3 a direct call's gather is agreed across ranks (Note [Agreed schedule]), the root's as a unit's:
+    ranks that call different modules fail at once on every rank, naming what each was about to gather, instead
+    of gathering different units into one collective."""
+    if st.world_size() < 2:
+        pytest.skip("needs two ranks")
+    model = tiny_lm()
+    engine = st.shard(model, config(3))
+    h = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"took different paths through the model in an "
+                                                           r"evaluation forward.*unit 'root'.*unit 'blocks\.0'"):
+        model.norm(h) if st.rank() == 0 else model.blocks[0](h)
+    engine.close()

@@ -14,7 +14,7 @@ from strata.torch import _created, _deferred, _export, _fp32_modules, _gathered,
 from strata.torch import _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
 from strata.torch._device import choose_device
-from strata.torch._units import split_units
+from strata.torch._units import root_holders, split_units
 
 _lib = _capi.lib
 
@@ -369,6 +369,10 @@ class Engine:
                 continue
             u.spec.module.register_forward_pre_hook(lambda m, a, k, u=u: t.block_pre(u, a, k), with_kwargs=True)
             u.spec.module.register_forward_hook(lambda m, a, o, u=u: t.block_post(u, o))
+        # Note [The root outside the forward] (_hooks): a module reading the root's parameters, called directly
+        for name, m in root_holders(self.model, [p for r in self.roots for p in r.spec.params]):
+            m.register_forward_pre_hook(lambda m, a: t.holder_pre(m))
+            m.register_forward_hook(lambda m, a, o, name=name: t.holder_post(m, name, o), always_call=True)
 
     # ---- training ----
     def loss_scale(self):

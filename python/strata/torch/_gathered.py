@@ -118,12 +118,18 @@ def _refuse_in_pass(engine, what):
                            f"'{engine.tracker.phase}'); call it before the forward or after the backward")
 
 
+def holds_gathered(engine):
+    """The number of the engine's parameters a GatheredParameters context holds (the same on every rank)."""
+    s = _engines.get(engine)
+    return 0 if s is None else len(s.gathered)
+
+
 def refuse_while_gathered(engine, what):
     """Engine.step and load_checkpoint inside a GatheredParameters context would change the values the
     context's exit writes back (or discards): refused."""
-    s = _engines.get(engine)
-    if s is not None and s.gathered:
-        raise RuntimeError(f"strata: {what} inside st.GatheredParameters ({len(s.gathered)} parameters gathered); "
+    n = holds_gathered(engine)
+    if n:
+        raise RuntimeError(f"strata: {what} inside st.GatheredParameters ({n} parameters gathered); "
                            f"leave the context first")
 
 

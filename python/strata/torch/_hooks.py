@@ -20,6 +20,8 @@ Idle memory (strata.release_idle_memory): when the backward has ended every bloc
 library's heap is trimmed once per micro-batch (Note [Trimmed heap] in _heap_trimmer).
 Activation checkpointing: a block re-run inside the backward (torch.utils.checkpoint, reentrant or not)
 finds its unit in backward and computes with the backward buffers; no begin_forward is issued there.
+Outside the model's forward a unit's module called directly gathers its unit (block_pre / block_post), and a
+module reading the root unit's parameters gathers the root (Note [The root outside the forward]).
 """
 import ctypes
 import weakref
@@ -28,7 +30,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from strata import _capi
-from strata.torch._gathered import GradInEngine, drop_grad_markers, mark_grads
+from strata.torch._gathered import GradInEngine, drop_grad_markers, holds_gathered, mark_grads
 from strata.torch._sharded import set_placeholder, set_values
 
 IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, EVAL = "idle", "forward", "await-backward", "backward", "eval"
@@ -179,6 +181,7 @@ class Tracker:
         self.ending = False        # in _end_of_backward: autograd is done, a trim would cut no peak
         # Note [Writes outside a forward]: each parameter's version counter while it is a placeholder
         self.versions = {id(p): p._version for u in units for p in u.spec.params}
+        self.outside = []          # Note [The root outside the forward]: the hooked calls inside one that gathered it
 
     # ---- engine calls ----
     def _call(self, fn, *args):
@@ -434,17 +437,64 @@ class Tracker:
         elif self.phase in (IDLE, AWAIT_BACKWARD):  # the module called directly, outside the model's forward
             for t in _tensors(output):
                 if t.requires_grad:
-                    t.register_hook(lambda g, u=u: self._refuse_outside_backward(u))
+                    t.register_hook(lambda g, u=u: self._refuse_outside_backward(f"unit '{u.spec.name}'"))
         return output
 
-    def _refuse_outside_backward(self, u):
-        """A backward reaching a unit's use outside the model's forward: no micro-batch holds it and its
-        parameters are placeholders again (autograd would fail on their size); named instead."""
-        raise RuntimeError(f"strata: unit '{u.spec.name}' ran outside the model's forward (its module called "
+    def _refuse_outside_backward(self, what):
+        """A backward reaching a unit's use outside the model's forward (`what`: "unit 'name'"), or the root's
+        (Note [The root outside the forward]): no micro-batch holds it and its parameters are placeholders again
+        (autograd would fail on their size); named instead."""
+        raise RuntimeError(f"strata: {what} ran outside the model's forward (its module called "
                            f"directly, with gradients enabled) and a backward reached it: its gradients have no "
                            f"micro-batch to go to. Train through the model's forward (model(...), with the extra "
                            f"computation inside it: a wrapper nn.Module whose forward calls the submodules is "
                            f"sharded as one model), or run the direct call under torch.no_grad()")
+
+    # Note [The root outside the forward]. The model's forward gathers the root unit (root_enter) and a unit's
+    # module gathers its unit (block_pre), so a unit's module called directly, outside the model's forward, works,
+    # but a module reading the root's parameters found them placeholders: transformers' generate() of an
+    # encoder-decoder runs model.get_encoder()(...) before any forward, and T5's or BART's encoder reads the shared
+    # embedding, its norms and (the smaller stack, by default) its layers from the root. So each module whose
+    # parameters, its own or a submodule's, include a root parameter (_units.root_holders; not the model, whose
+    # forward root_enter wraps) is hooked: called in phase IDLE while the root is not gathered, it begins the
+    # root's forward use (every part of it, as root_enter does) before its forward and ends it after, also when
+    # the forward raises (an always_call forward hook). The hooked modules inside it find the root gathered and
+    # only nest (`outside`, a stack), so one call gathers the root once; units inside gather themselves, as when
+    # called directly. These are an evaluation forward's engine calls (begin_forward / end_forward outside a
+    # micro-batch), so at stage 3 each gather is agreed across ranks first (Note [Agreed schedule]): every rank
+    # must make the same calls in the same order, as every rank runs the same generate() (README), and a rank that
+    # does not fails at the agreement, naming it; at stages 0-2 the gather is local. Whether a call gathers
+    # depends only on the phase, the root's state and the calls before it, so it is the same on every rank that
+    # runs the same code. Nothing is gathered inside the model's forward or backward (the root is live there),
+    # between a training forward and its backward (phase AWAIT_BACKWARD: a use there would be one of the micro-
+    # batch, off its schedule; the placeholders' refusal stays), or while st.GatheredParameters holds parameters
+    # of the engine (those are used as before and the others refused as placeholders; a gather would replace
+    # the context's values). A backward reaching such a call is refused as a unit's is. Cost in a training pass:
+    # two Python calls per call of a hooked module, each returning at its first test.
+    # docs/decisions/0056-root-outside-the-forward.md.
+    def holder_pre(self, m):
+        if self.outside:
+            self.outside.append(m)
+        elif (self.phase == IDLE and self.engine.handle is not None and not holds_gathered(self.engine)
+              and not any(r.forward_open or r.backward_open for r in self.engine.roots)):
+            for root in self.engine.roots:
+                self.begin_forward(root)
+            self.outside.append(m)
+
+    def holder_post(self, m, name, output):
+        """The forward hook of a module of Note [The root outside the forward], run also when its forward raised
+        (then `output` is None): the call that gathered the root ends its use."""
+        if not self.outside or self.outside[-1] is not m:
+            return
+        self.outside.pop()
+        if self.outside:
+            return
+        for root in self.engine.roots:
+            self.end_forward(root)
+        for t in _tensors(output):
+            if t.requires_grad:
+                t.register_hook(lambda g: self._refuse_outside_backward(
+                    f"module '{name}', which reads the root unit's parameters,"))
 
     def _end_of_backward(self):
         self.ending = True

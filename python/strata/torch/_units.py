@@ -177,3 +177,17 @@ def split_units(model, unit_classes=None, kept_fp32=frozenset()):
     if root_params:
         specs.insert(0, UnitSpec("root", model, root_names, root_params))
     return [fp for spec in specs for part in _split_frozen(spec) for fp in _split_fp32(part, kept_fp32)]
+
+
+def root_holders(model, root_params):
+    """[(name, module)]: the modules other than the model whose parameters, their own or their submodules', include
+    one of `root_params` (the root unit's), each once, in module order: those Note [The root outside the forward]
+    (in _hooks) hooks. A unit's module is never one (a unit owns every parameter under its module)."""
+    ids = {id(p) for p in root_params}
+    names = set()
+    for name, m in model.named_modules(remove_duplicate=False):  # a module reached by two paths: both
+        if name and any(p is not None and id(p) in ids for p in m._parameters.values()):
+            parts = name.split(".")
+            names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    chosen = {id(m) for name, m in model.named_modules(remove_duplicate=False) if name in names}
+    return [(name, m) for name, m in model.named_modules() if id(m) in chosen and m is not model]
