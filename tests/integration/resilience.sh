@@ -203,7 +203,10 @@ if [ "$only" = all ] || [ "$only" = failures ]; then
     python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 30 else 1)" "$elapsed"
   check "an unknown flag on rank 1 only: named, the job ends (exit $rc) in ${elapsed}s" $? "$out"
   start_job term --checkpoint-dir "$work/term" --checkpoint-every 1
-  kill -TERM "$job"
+  # To every rank, as a scheduler's stop (scancel, a preemption) or a terminal's group signal delivers it. Not to
+  # mpirun alone: Open MPI 4.1's mpirun, signalled itself, forwards SIGTERM to the ranks and may close their output
+  # before rank 0's line naming the stop reaches it (seen under load: exit 1, every directory complete, no line).
+  kill -TERM "$(rank_pid $job 0)" "$(rank_pid $job 1)"
   finish_job
   incomplete=$(for d in "$work"/term/step_*; do [ -f "$d/manifest.json" ] || echo "$d"; done)
   # The ranks exit 143 (128 + SIGTERM); mpirun reports that as its own non-zero code.
