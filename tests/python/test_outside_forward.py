@@ -173,6 +173,35 @@ def test_evaluation_forward_between_backward_and_step_keeps_the_gradients(stage)
 
 
 @pytest.mark.parametrize("stage", [0, 3])
+def test_a_unit_called_directly_between_forward_and_backward_is_refused_and_changes_nothing(stage):
+    """A unit's module called directly (under no_grad, to log an activation, say) after a training forward and
+    before its backward began a use in the middle of the micro-batch: the engine found it off the recorded schedule
+    and failed for good, so the pending backward could not run. It is refused at the call instead, before the
+    engine is asked, naming the unit and where the call works; the backward, the step and training then go on as
+    torch's, and the same call after the backward computes torch's values."""
+    model, ref = tiny_lm(), tiny_lm()
+    engine = st.shard(model, config(stage))
+    opt = reference_optimizer(ref)
+    h = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(5))
+    x, y = batches(0, 0, st.rank())
+    loss = model(x, y)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad), pytest.raises(
+                RuntimeError, match=r"unit 'blocks\.1' was called directly .* between a training forward and its "
+                                    r"backward.*after loss\.backward\(\)"):
+            model.blocks[1](h)
+    loss.backward()
+    with torch.no_grad():  # after the backward (before the step: the weights are still the initial ones)
+        assert torch.equal(model.blocks[1](h), ref.blocks[1](h))
+    engine.step()
+    reference_train(ref, opt, 0, 1)
+    train(model, engine, 1, 3)
+    reference_train(ref, opt, 1, 3)
+    assert_matches_torch(engine, ref)
+    engine.close()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
 def test_dtype_and_device_changes_after_shard_are_refused(stage):
     """model.half() / .double() / .to(dtype) / .to(device) after shard() changed the placeholders only and
     the engine went on in its own dtype and device: ignored without a word. Refused before anything changes

@@ -408,6 +408,11 @@ class Tracker:
                 u.unarmed -= armed is not None
                 return armed
             return None
+        if self.phase == AWAIT_BACKWARD:  # called directly after a training forward: refused before the engine
+            raise RuntimeError(f"strata: unit '{u.spec.name}' was called directly (outside the model's forward) "
+                               f"between a training forward and its backward, where its parameters belong to the "
+                               f"pending backward; nothing was run. Call it before the model's forward or after "
+                               f"loss.backward(), or compute it inside the model's forward")
         self.begin_forward(u)
         if self.phase != FORWARD:
             return None
@@ -434,7 +439,7 @@ class Tracker:
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=u: (self.begin_backward(u), g)[1])
-        elif self.phase in (IDLE, AWAIT_BACKWARD):  # the module called directly, outside the model's forward
+        elif self.phase == IDLE:  # the module called directly, outside the model's forward
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=u: self._refuse_outside_backward(f"unit '{u.spec.name}'"))
