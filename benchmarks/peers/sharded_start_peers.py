@@ -31,7 +31,8 @@ With --save-compare each Strata candidate, after its steps, saves the same state
 asynchronously (docs/decisions/0036, 0046: the optimizer state on NVMe is held, not copied), takes one step
 (--steps-over-save N: N) while the asynchronous save is written, waits for it, and reports both stalls and the
 resident-set growth of the asynchronous save (a table after the main one); --async-saves N takes N of them, the
-later ones into the first one's reused snapshot buffers, each after a step without a save (a table per save). A tiny shape runs it in a minute:
+later ones into the first one's reused snapshot buffers, each after a step without a save (a table per save).
+A tiny shape runs it in a minute:
 
     build/venv/bin/python benchmarks/peers/sharded_start_peers.py --nvme-path /tmp/nvme-bench \
         --ckpt-dir /tmp/tiny-ckpt --peers strata-created --save-compare --ranks 2 --layers 2 --hidden 64 \
