@@ -1,7 +1,12 @@
 #include "runtime/checkpoint/async_save.h"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -52,15 +57,104 @@ uint64_t ShardSnapshot::staging_bytes() const {
 namespace {
 // Floats a range of a lane is streamed in: the writer's own piece of host memory (1 MiB).
 constexpr uint64_t kPieceFloats = uint64_t{1} << 18;
+constexpr uint64_t kBlock = 4096;
+
+uint64_t FreeBytes(const std::string& dir) {
+  struct statvfs v;
+  if (::statvfs(dir.empty() ? "." : dir.c_str(), &v) != 0) return 0;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+// The NVMe files a save clones from, each opened once (read-only).
+class Sources {
+ public:
+  absl::StatusOr<int> Open(const optim::LanePiece& p) {
+    auto it = fds_.find(p.open_path);
+    if (it != fds_.end()) return it->second.get();
+    const int fd = ::open(p.open_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), p.name);
+    return fds_.emplace(p.open_path, Fd(fd)).first->second.get();
+  }
+
+ private:
+  std::map<std::string, Fd> fds_;
+};
+
+// Note [Cloned checkpoint lanes] (files.h): the whole blocks of lane `l` cloned from the files of its tiles,
+// tile by tile, each let go once cloned; then the rest (the last partial block, or all of it where the file
+// systems cannot clone: `can_clone` turns false for the rest of the save) streamed from the snapshot.
+absl::Status WriteTiledLane(const std::string& path, ShardWriter& w, size_t l, const ShardLane& lane,
+                            optim::KindSnapshot& snap, bool& can_clone, Sources& sources, std::vector<float>& piece) {
+  const uint64_t whole = lane.elems * 4 / kBlock * kBlock;  // the lane's bytes in whole blocks
+  const std::optional<optim::LaneFiles> files = can_clone ? snap.Files() : std::nullopt;
+  if (files.has_value() && files->tile_elems * 4 % kBlock == 0) {
+    uint64_t at = 0;  // the lane's bytes cloned so far
+    for (size_t t = 0; t < files->tiles.size() && at < whole && can_clone; ++t) {
+      uint32_t crc = 0;  // of the tile's bytes cloned
+      for (const optim::LanePiece& p : files->tiles[t]) {
+        if (at >= whole) break;
+        const uint64_t n = std::min(p.bytes, whole - at);
+        const absl::StatusOr<int> fd = sources.Open(p);  // a file it cannot open is one it cannot clone from
+        const absl::Status cloned =
+            fd.ok() ? w.CloneLane(l, *fd, p.name, p.offset, n, &crc) : absl::UnimplementedError("");
+        if (absl::IsUnimplemented(cloned)) {
+          can_clone = false;
+          break;
+        }
+        STRATA_RETURN_IF_ERROR(cloned);
+        at += n;
+      }
+      // A tile cloned whole is checked against the store's checksum of it, as a read through the store would be
+      // (a tile cloned in part is read whole through the store, below, which checks it).
+      const uint64_t tile_end = std::min<uint64_t>((t + 1) * files->tile_elems, lane.elems) * 4;
+      if (at == tile_end && files->crcs[t].has_value() && crc != *files->crcs[t] && !files->tiles[t].empty()) {
+        const optim::LanePiece& p = files->tiles[t].front();
+        return absl::DataLossError(absl::StrCat("checkpoint ", path, ": NVMe tile ", t, " of a lane (", p.name,
+                                                " at offset ", p.offset, ") fails its checksum: stored crc32 0x",
+                                                absl::Hex(*files->crcs[t]), ", read 0x", absl::Hex(crc)));
+      }
+      snap.Skip(at / 4);
+    }
+  }
+  for (uint64_t done = w.lane_done(l); done < lane.elems;) {
+    const uint64_t n = std::min<uint64_t>(lane.elems - done, kPieceFloats);
+    piece.resize(n);
+    STRATA_RETURN_IF_ERROR(snap.Read(done, n, piece.data()));
+    STRATA_RETURN_IF_ERROR(w.WriteLane(l, piece.data(), n));
+    done += n;
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& path, int shard, int shard_world,
                                                           ShardSnapshot& snapshot) {
-  STRATA_ASSIGN_OR_RETURN(ShardWriter w, ShardWriter::Create(path, shard, shard_world, snapshot.ranges));
+  STRATA_ASSIGN_OR_RETURN(ShardWriter w,
+                          ShardWriter::Create(path, shard, shard_world, snapshot.ranges, snapshot.tiled));
+  std::vector<int> lane_of(snapshot.ranges.size(), -1);
+  for (size_t l = 0; l < snapshot.tiled.size(); ++l) {
+    for (size_t i = snapshot.tiled[l].first; i < snapshot.tiled[l].end; ++i) lane_of[i] = static_cast<int>(l);
+  }
+  // Note [Cloned checkpoint lanes]: a clone's blocks take their room later, when the steps rewrite them (copy on
+  // write): clone only where the file system has that room now, as a streamed save would need it, so a full disk
+  // fails the save and not the step.
+  uint64_t tiled_bytes = 0;
+  for (const ShardLane& l : snapshot.tiled) tiled_bytes += l.elems * 4;
+  bool can_clone =
+      !snapshot.tiled.empty() && FreeBytes(std::filesystem::path(path).parent_path().string()) >= tiled_bytes;
+  Sources sources;
   std::vector<float> piece;
   for (size_t i = 0; i < snapshot.ranges.size(); ++i) {
     const auto [buffer, offset] = snapshot.at[i];
     optim::KindSnapshot* lane = snapshot.lanes.size() > buffer ? snapshot.lanes[buffer].get() : nullptr;
-    if (lane == nullptr) {
+    if (const int l = lane_of[i]; l >= 0) {  // Note [NVMe lanes laid out as tiles]: the whole lane at its first range
+      if (i != snapshot.tiled[l].first) continue;
+      if (lane == nullptr) {
+        STRATA_RETURN_IF_ERROR(w.WriteLane(l, snapshot.buffers[buffer].data(), snapshot.tiled[l].elems));
+      } else {
+        STRATA_RETURN_IF_ERROR(WriteTiledLane(path, w, l, snapshot.tiled[l], *lane, can_clone, sources, piece));
+        snapshot.lanes[buffer].reset();  // its tiles, and its staging, let go at once
+      }
+    } else if (lane == nullptr) {
       STRATA_RETURN_IF_ERROR(w.Write(i, snapshot.buffers[buffer].data() + offset));
     } else {  // Note [Snapshots of NVMe state]: in file order, which is the lane's
       const uint64_t count = snapshot.ranges[i].count;

@@ -45,10 +45,11 @@ struct ShardSnapshot {
   std::vector<std::vector<float>> buffers;
   std::vector<std::unique_ptr<optim::KindSnapshot>> lanes;  // per buffer: null, or where its floats are
   std::vector<std::pair<size_t, uint64_t>> at;              // per range: (buffer, element offset)
-  uint64_t bytes() const;                                   // the floats held in host memory
-  uint64_t nvme_bytes() const;                              // the NVMe bytes the lanes hold
-  uint64_t in_place_bytes() const;                          // the host bytes the lanes hold in place
-  uint64_t staging_bytes() const;                           // the most host bytes a lane stages through
+  std::vector<ShardLane> tiled;     // the lanes laid out as tiles (ShardWriter::Create's), each read from 0 on
+  uint64_t bytes() const;           // the floats held in host memory
+  uint64_t nvme_bytes() const;      // the NVMe bytes the lanes hold
+  uint64_t in_place_bytes() const;  // the host bytes the lanes hold in place
+  uint64_t staging_bytes() const;   // the most host bytes a lane stages through
 };
 
 // What the last snapshot held (Engine::checkpoint_snapshot_bytes).

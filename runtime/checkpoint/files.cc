@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <linux/openat2.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -313,12 +315,42 @@ absl::Status StreamFile::Flush() {
   return TurnBuffered();
 }
 
+absl::Status StreamFile::Resume(uint64_t at) {
+  if (direct_ && (pending_ % kDirectAlign != 0 || at % kDirectAlign != 0)) return TurnBuffered();
+  if (direct_ && pending_ > 0) {
+    STRATA_RETURN_IF_ERROR(WriteBlocks(pending_));
+    if (!direct_) return absl::OkStatus();  // WriteBlocks turned the file buffered
+  }
+  pending_at_ = at;
+  return absl::OkStatus();
+}
+
 absl::Status StreamFile::Close() {
   buffer_.reset();
   direct_ = false;
   pending_ = 0;
   if (fd_.get() >= 0 && ::close(fd_.release()) != 0) return Err("close", path_);
   return absl::OkStatus();
+}
+
+absl::Status CloneRange(int src, const std::string& src_path, uint64_t src_offset, int dst, const std::string& dst_path,
+                        uint64_t dst_offset, uint64_t n) {
+  file_clone_range arg{};
+  arg.src_fd = src;
+  arg.src_offset = src_offset;
+  arg.src_length = n;
+  arg.dest_offset = dst_offset;
+  int rc;
+  do {
+    rc = ::ioctl(dst, FICLONERANGE, &arg);
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return absl::OkStatus();
+  const int e = errno;
+  if (e == EOPNOTSUPP || e == EXDEV || e == EINVAL || e == ENOTTY) {
+    return absl::UnimplementedError(
+        absl::StrCat("cannot clone ", src_path, " into ", dst_path, ": ", std::strerror(e)));
+  }
+  return Annotate(ErrnoError("ioctl(FICLONERANGE)", e, __FILE__, __LINE__), absl::StrCat(src_path, " -> ", dst_path));
 }
 
 absl::Status Fsync(int fd, const std::string& path) {

@@ -107,6 +107,9 @@ class StreamFile {
   absl::Status Write(const void* data, size_t n, uint64_t offset);
   // Writes what is pending; the file is buffered from then on. Errors name the file.
   absl::Status Flush();
+  // Writes what is pending and continues the stream at `at` (>= the stream's end): the bytes in between are
+  // written some other way (a clone: CloneRange). Direct only while the stream's end and `at` are whole blocks.
+  absl::Status Resume(uint64_t at);
   // Closes the file (without Flush), reporting close's error; no file afterwards.
   absl::Status Close();
   bool direct() const { return direct_; }
@@ -127,6 +130,16 @@ class StreamFile {
   size_t buffer_bytes_ = 0, pending_ = 0;  // buffer_[0, pending_) belongs at pending_at_
   uint64_t pending_at_ = 0;                // a multiple of kDirectAlign while direct
 };
+// Note [Cloned checkpoint lanes]. (docs/decisions/0057-cloned-checkpoint-lanes.md) On a file system that shares
+// blocks between files (XFS with reflink, btrfs), a shard file's NVMe lanes (Note [NVMe lanes laid out as tiles] in
+// shard_file.h) are not copied from the held tiles but cloned: FICLONERANGE makes the file's blocks those of the NVMe
+// files, with no data read or written, and the step's next write of such a block is copied on write by the file
+// system. CloneRange clones n bytes (whole blocks of both files) from `src` at `src_offset` to `dst` at
+// `dst_offset`. Where the file systems cannot (EOPNOTSUPP, EXDEV: another file system, EINVAL: not whole blocks,
+// ENOTTY), it returns Unimplemented and changed nothing, and the caller copies the bytes instead; any other error
+// (EIO, ENOSPC) is the write's error, naming both files.
+absl::Status CloneRange(int src, const std::string& src_path, uint64_t src_offset, int dst, const std::string& dst_path,
+                        uint64_t dst_offset, uint64_t n);
 // Reads exactly n bytes; a short read (truncated file) is DataLoss naming the file and offset.
 absl::Status ReadAt(int fd, void* data, size_t n, uint64_t offset, const std::string& path);
 absl::Status Fsync(int fd, const std::string& path);

@@ -1,7 +1,10 @@
 #include "runtime/checkpoint/shard_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -37,26 +40,63 @@ std::string HeaderJson(int rank, int world, const std::vector<ShardRange>& range
 
 std::string Label(const ShardRange& r) { return absl::StrCat(r.unit, ".", r.param, " ", r.kind); }
 
+uint64_t RoundUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+constexpr char kZeros[kAlign] = {};
+constexpr size_t kReadBackBytes = size_t{4} << 20;  // a clone's CRCs are read back in pieces of this size
+
 }  // namespace
 
 absl::StatusOr<ShardWriter> ShardWriter::Create(const std::string& path, int rank, int world_size,
-                                                std::vector<ShardRange> ranges) {
+                                                std::vector<ShardRange> ranges, std::vector<ShardLane> lanes) {
   STRATA_RETURN_IF_ERROR(CheckReplaceable(path));
   ShardWriter w;
+  w.lane_of_.assign(ranges.size(), -1);
+  for (size_t l = 0; l < lanes.size(); ++l) {  // Note [NVMe lanes laid out as tiles]
+    const ShardLane& lane = lanes[l];
+    if (lane.first >= lane.end || lane.end > ranges.size() || (l > 0 && lane.first < lanes[l - 1].end)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": shard lane #", l, " has no ranges or overlaps another"));
+    }
+    uint64_t next = lane.begin;
+    for (size_t i = lane.first; i < lane.end; ++i) {
+      const ShardRange& r = ranges[i];
+      if (r.begin < next || r.begin > lane.begin + lane.elems || r.count > lane.begin + lane.elems - r.begin) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": shard range ", Label(r),
+                                                       " is out of order in, or outside, its lane of ", lane.elems,
+                                                       " elements from ", lane.begin));
+      }
+      next = r.begin + r.count;
+      w.lane_of_[i] = static_cast<int>(l);
+    }
+  }
   w.path_ = path;
   w.tmp_ = TempFile(TempName(path));
   w.rank_ = rank;
   w.world_ = world_size;
+  w.lane_at_.assign(lanes.size(), 0);
+  w.lane_pad_from_.assign(lanes.size(), 0);
   // The offsets' digits change the header's length: lay out with a generous guess, then with the data
   // start that fits the header of those offsets (offsets only grow, so one more pass always fits).
   uint64_t data_start = kAlign, offset = 0;
   for (int pass = 0; pass < 3; ++pass) {
     offset = data_start;
-    for (ShardRange& r : ranges) {
-      r.offset = offset;
-      offset += r.count * 4;
+    for (size_t i = 0; i < ranges.size();) {
+      if (w.lane_of_[i] < 0) {
+        ranges[i].offset = offset;
+        offset += ranges[i].count * 4;
+        ++i;
+        continue;
+      }
+      const size_t l = static_cast<size_t>(w.lane_of_[i]);
+      const ShardLane& lane = lanes[l];
+      w.lane_pad_from_[l] = offset;
+      offset = RoundUp(offset);
+      w.lane_at_[l] = offset;
+      for (size_t j = lane.first; j < lane.end; ++j) ranges[j].offset = offset + (ranges[j].begin - lane.begin) * 4;
+      offset += RoundUp(lane.elems * 4);
+      i = lane.end;
     }
-    const uint64_t need = (16 + HeaderJson(rank, world_size, ranges).size() + kAlign - 1) / kAlign * kAlign;
+    const uint64_t need = RoundUp(16 + HeaderJson(rank, world_size, ranges).size());
     if (need <= data_start) break;
     data_start = need;
   }
@@ -68,6 +108,11 @@ absl::StatusOr<ShardWriter> ShardWriter::Create(const std::string& path, int ran
   w.ranges_ = std::move(ranges);
   w.written_.assign(w.ranges_.size(), false);
   w.part_.assign(w.ranges_.size(), 0);
+  w.lane_done_.assign(lanes.size(), 0);
+  w.lane_started_.assign(lanes.size(), false);
+  w.lane_next_.resize(lanes.size());
+  for (size_t l = 0; l < lanes.size(); ++l) w.lane_next_[l] = lanes[l].first;
+  w.lanes_ = std::move(lanes);
   STRATA_ASSIGN_OR_RETURN(w.file_, StreamFile::Create(w.tmp_.path(), data_start));
   return w;
 }
@@ -80,6 +125,9 @@ absl::Status ShardWriter::Write(size_t index, const float* data) {
 absl::Status ShardWriter::WritePart(size_t index, const float* data, uint64_t n) {
   if (index >= ranges_.size()) return absl::OutOfRangeError(absl::StrCat("shard range #", index, " does not exist"));
   ShardRange& r = ranges_[index];
+  if (lane_of_[index] >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("shard range ", Label(r), " lies in a lane: WriteLane writes it"));
+  }
   const uint64_t done = part_[index];
   if (written_[index] || n > r.count - done) {
     return absl::OutOfRangeError(
@@ -91,7 +139,91 @@ absl::Status ShardWriter::WritePart(size_t index, const float* data, uint64_t n)
   return file_.Write(data, n * 4, r.offset + done * 4);
 }
 
+void ShardWriter::Free::operator()(char* p) const { std::free(p); }
+
+absl::Status ShardWriter::StartLane(size_t lane) {
+  if (lane >= lanes_.size()) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": shard lane #", lane, " does not exist"));
+  }
+  if (lane_started_[lane]) return absl::OkStatus();
+  lane_started_[lane] = true;
+  const uint64_t gap = lane_at_[lane] - lane_pad_from_[lane];  // less than a block
+  return gap > 0 ? file_.Write(kZeros, gap, lane_pad_from_[lane]) : absl::OkStatus();
+}
+
+void ShardWriter::Account(size_t lane, const float* data, uint64_t n) {
+  const ShardLane& l = lanes_[lane];
+  const uint64_t from = lane_done_[lane], to = from + n;
+  for (size_t& i = lane_next_[lane]; i < l.end;) {
+    ShardRange& r = ranges_[i];
+    const uint64_t b = r.begin - l.begin + part_[i], e = r.begin - l.begin + r.count;  // its elements not yet seen
+    if (b >= to) break;
+    const uint64_t take = std::min(e, to) - b;
+    r.crc = Crc32(data + (b - from), take * 4, part_[i] == 0 ? 0 : r.crc);  // crc32.h: incremental
+    part_[i] += take;
+    if (part_[i] < r.count) break;
+    written_[i] = true;
+    ++i;
+  }
+  lane_done_[lane] = to;
+}
+
+absl::Status ShardWriter::WriteLane(size_t lane, const float* data, uint64_t n) {
+  STRATA_RETURN_IF_ERROR(StartLane(lane));
+  const ShardLane& l = lanes_[lane];
+  const uint64_t done = lane_done_[lane];
+  if (n > l.elems - done) {
+    return absl::OutOfRangeError(
+        absl::StrCat(path_, ": shard lane #", lane, ": writing ", n, " floats after ", done, " of ", l.elems));
+  }
+  Account(lane, data, n);
+  STRATA_RETURN_IF_ERROR(file_.Write(data, n * 4, lane_at_[lane] + done * 4));
+  if (done + n == l.elems && n > 0) {  // the zeros to the lane's last block's end
+    const uint64_t end = lane_at_[lane] + l.elems * 4, tail = RoundUp(end) - end;
+    if (tail > 0) STRATA_RETURN_IF_ERROR(file_.Write(kZeros, tail, end));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardWriter::CloneLane(size_t lane, int src, const std::string& src_path, uint64_t src_offset, uint64_t n,
+                                    uint32_t* crc) {
+  STRATA_RETURN_IF_ERROR(StartLane(lane));
+  const ShardLane& l = lanes_[lane];
+  const uint64_t done = lane_done_[lane] * 4, whole = l.elems * 4 / kAlign * kAlign;
+  if (done % kAlign != 0 || n % kAlign != 0 || n > whole - std::min(whole, done)) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": shard lane #", lane, ": cloning ", n, " bytes after ", done,
+                                              " of its ", whole, " bytes of whole blocks"));
+  }
+  const uint64_t at = lane_at_[lane] + done;
+  STRATA_RETURN_IF_ERROR(file_.Resume(at));  // what is pending goes first
+  STRATA_RETURN_IF_ERROR(CloneRange(src, src_path, src_offset, file_.fd(), tmp_.path(), at, n));
+  STRATA_RETURN_IF_ERROR(file_.Resume(at + n));
+  if (readback_.get() < 0) {  // O_DIRECT where the file system takes it: the clone's bytes are not cached
+    int fd = ::open(tmp_.path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0 && errno == EINVAL) fd = ::open(tmp_.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), tmp_.path());
+    readback_ = Fd(fd);
+    readback_buffer_.reset(static_cast<char*>(std::aligned_alloc(kAlign, kReadBackBytes)));
+    if (readback_buffer_ == nullptr) return absl::ResourceExhaustedError("no memory to read a cloned lane back");
+  }
+  for (uint64_t off = 0; off < n;) {
+    const uint64_t take = std::min<uint64_t>(n - off, kReadBackBytes);
+    STRATA_RETURN_IF_ERROR(ReadAt(readback_.get(), readback_buffer_.get(), take, at + off, tmp_.path()));
+    Account(lane, reinterpret_cast<const float*>(readback_buffer_.get()), take / 4);
+    if (crc != nullptr) *crc = Crc32(readback_buffer_.get(), take, *crc);
+    off += take;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::pair<uint32_t, uint64_t>> ShardWriter::Finish() {
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    if (lane_done_[l] != lanes_[l].elems) {
+      return absl::InternalError(
+          absl::StrCat(path_, ": shard lane #", l, " written to ", lane_done_[l], " of ", lanes_[l].elems));
+    }
+  }
+  readback_ = Fd();
   for (size_t i = 0; i < ranges_.size(); ++i) {
     if (!written_[i]) return absl::InternalError(absl::StrCat("shard range ", Label(ranges_[i]), " never written"));
   }

@@ -3,10 +3,11 @@
 // depend on the world size. That addressing is what lets any world size load any checkpoint.
 //
 // Layout: "STRATASH", u64 header length, a JSON header (rank, world size, and per range: unit, param,
-// kind, begin, count, byte offset, CRC-32 of its bytes), padding to 4096, then the data. The header is
-// written last (the CRCs are known only then), the file goes to a temporary name, is fsynced and
-// renamed. The file checksum recorded in the manifest is the CRC-32 of the header, which holds every
-// range's CRC, so it covers the whole file.
+// kind, begin, count, byte offset, CRC-32 of its bytes), padding to 4096, then the data: the ranges one after
+// the other, except the lanes of NVMe state, laid out as their tiles (Note [NVMe lanes laid out as tiles]). The header
+// is written last (the CRCs are known only then), the file goes to a temporary name, is fsynced and renamed. The file
+// checksum recorded in the manifest is the CRC-32 of the header, which holds every range's CRC, so it covers the whole
+// file.
 //
 // A shard file comes from outside like the manifest: Open reads it only inside its step directory
 // (Note [Confined names] in files.h), bounds the header's length and nesting, and checks every range's
@@ -15,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,20 @@ struct ShardRange {
   uint32_t crc = 0;
 };
 
+// Note [NVMe lanes laid out as tiles]. (docs/decisions/0057-cloned-checkpoint-lanes.md) The ranges of one kind of
+// one unit whose state lives on NVMe (a lane: Note [NVMe state] in optim/nvme_state.h) lie in the file as in the
+// lane: the lane starts on a whole block (4096 bytes), each range at the lane's start plus 4 * (its begin - the
+// lane's begin); the bytes between ranges (the update range's padding) are the lane's, zeros fill the gap before
+// the lane and its last block. So each tile's whole blocks are where a clone of them puts them (Note [Cloned
+// checkpoint lanes] in files.h), and every reader takes the ranges by their offsets in the header, unchanged.
+// Which lanes are laid out so depends only on where the state lives (offload_optimizer = nvme), never on the file
+// system, so the synchronous save and the asynchronous one, cloned or streamed, write the same bytes.
+struct ShardLane {
+  size_t first = 0, end = 0;  // its ranges [first, end) of the writer's, ascending in begin, not overlapping
+  uint64_t begin = 0;         // the global element offset of the lane's first element
+  uint64_t elems = 0;         // fp32 elements; every range lies in [begin, begin + elems)
+};
+
 inline constexpr uint64_t kMaxShardHeaderBytes = uint64_t{256} << 20;
 
 struct ShardHeader {
@@ -47,18 +63,39 @@ absl::StatusOr<ShardHeader> ParseShardHeader(absl::string_view header, uint64_t 
 
 class ShardWriter {
  public:
-  // `ranges` give unit, param, kind, begin and count; offsets are assigned here.
+  // `ranges` give unit, param, kind, begin and count; offsets are assigned here. `lanes` (ascending, not
+  // overlapping) are laid out as tiles (Note [NVMe lanes laid out as tiles]); their ranges are written only
+  // through WriteLane and CloneLane.
   static absl::StatusOr<ShardWriter> Create(const std::string& path, int rank, int world_size,
-                                            std::vector<ShardRange> ranges);
+                                            std::vector<ShardRange> ranges, std::vector<ShardLane> lanes = {});
   // Writes range `index` (count floats). Any order; each exactly once.
   absl::Status Write(size_t index, const float* data);
   // Writes the next `n` floats of range `index`, after those written before (its CRC is the whole range's):
   // a range streamed in pieces, in order, its bytes those of one Write. Ranges in any order.
   absl::Status WritePart(size_t index, const float* data, uint64_t n);
+  // Writes the next n floats of lane `lane` (its ranges and the padding between them), in order: lanes in any
+  // order, each lane's elements front to back, each exactly once. Its last write also writes its last block's zeros.
+  absl::Status WriteLane(size_t lane, const float* data, uint64_t n);
+  // Note [Cloned checkpoint lanes] (files.h): the next n bytes of lane `lane` (whole blocks, within the lane's
+  // whole blocks) cloned from `src` at `src_offset`, then read back for its ranges' CRCs. Unimplemented where the
+  // file systems cannot clone: nothing changed, and the caller writes those bytes with WriteLane.
+  // With `crc`, the cloned bytes' CRC-32 continues *crc (crc32.h's incremental form), for the caller's check of
+  // what it cloned against its source's checksum.
+  absl::Status CloneLane(size_t lane, int src, const std::string& src_path, uint64_t src_offset, uint64_t n,
+                         uint32_t* crc = nullptr);
+  // The elements of lane `lane` written so far (WriteLane and CloneLane).
+  uint64_t lane_done(size_t lane) const { return lane_done_[lane]; }
+  // Whether the data still goes to the file with O_DIRECT (Note [Direct checkpoint writes]; tests).
+  bool direct() const { return file_.direct(); }
   // Writes the header, fsyncs, renames into place. Returns {file checksum, file size}.
   absl::StatusOr<std::pair<uint32_t, uint64_t>> Finish();
 
  private:
+  struct Free {
+    void operator()(char* p) const;
+  };
+  absl::Status StartLane(size_t lane);                       // the zeros before it, on its first write
+  void Account(size_t lane, const float* data, uint64_t n);  // the next n floats' CRCs
   std::string path_;
   TempFile tmp_;  // unlinked unless Finish() renamed it into place
   int rank_ = 0, world_ = 1;
@@ -66,6 +103,14 @@ class ShardWriter {
   std::vector<ShardRange> ranges_;
   std::vector<bool> written_;
   std::vector<uint64_t> part_;  // per range: the floats WritePart wrote so far
+  std::vector<int> lane_of_;    // per range: its lane, or -1
+  std::vector<ShardLane> lanes_;
+  std::vector<uint64_t> lane_at_, lane_pad_from_;  // per lane: its file offset, and where the zeros before it begin
+  std::vector<uint64_t> lane_done_;                // per lane: elements written
+  std::vector<bool> lane_started_;                 // per lane: the zeros before it written
+  std::vector<size_t> lane_next_;                  // per lane: its first range not yet written whole
+  Fd readback_;                                    // the temporary, read back for a clone's CRCs
+  std::unique_ptr<char, Free> readback_buffer_;
   uint64_t header_bytes_ = 0, end_ = 0;
 };
 

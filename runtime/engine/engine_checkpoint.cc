@@ -62,10 +62,13 @@ ckpt::ManifestUnit ManifestUnitOf(const UnitState& u) {
   return mu;
 }
 
-// The ranges of this rank's shard file and, for each, its (unit, kind).
+// The ranges of this rank's shard file and, for each, its (unit, kind); the lanes of NVMe state (Note [NVMe lanes
+// laid out as tiles] in checkpoint/shard_file.h): each kind of a unit whose state is tiled, over its update range.
 struct ShardPlan {
   std::vector<ckpt::ShardRange> ranges;
   std::vector<std::pair<size_t, size_t>> where;
+  std::vector<ckpt::ShardLane> lanes;
+  std::vector<int> lane_of;  // per range: its lane, or -1
 };
 
 ShardPlan PlanShard(const Engine::Impl& m) {
@@ -77,6 +80,14 @@ ShardPlan PlanShard(const Engine::Impl& m) {
     for (optim::StateKind k : u.state->kinds()) kinds.emplace_back(optim::StateKindName(k));
     const size_t lo = r * u.layout.shard_elems;
     for (ckpt::SaveRange& s : ckpt::RangesToSave(ManifestUnitOf(u), lo, lo + u.layout.shard_elems, kinds)) {
+      plan.lane_of.push_back(-1);
+      if (u.state->tiled()) {  // ranges come kind by kind: a kind's first range opens its lane
+        if (plan.where.empty() || plan.where.back() != std::make_pair(ui, s.kind)) {
+          plan.lanes.push_back({plan.ranges.size(), plan.ranges.size(), u.update_begin(), u.update_elems()});
+        }
+        plan.lanes.back().end = plan.ranges.size() + 1;
+        plan.lane_of.back() = static_cast<int>(plan.lanes.size() - 1);
+      }
       plan.ranges.push_back(std::move(s.range));
       plan.where.emplace_back(ui, s.kind);
     }
@@ -88,8 +99,8 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
   ShardPlan plan = PlanShard(m);
   const std::vector<std::pair<size_t, size_t>>& where = plan.where;
   const std::vector<ckpt::ShardRange> ranges = plan.ranges;
-  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w,
-                          ckpt::ShardWriter::Create(path, m.rt.shard_rank, m.rt.shard_size(), std::move(plan.ranges)));
+  STRATA_ASSIGN_OR_RETURN(ckpt::ShardWriter w, ckpt::ShardWriter::Create(path, m.rt.shard_rank, m.rt.shard_size(),
+                                                                         std::move(plan.ranges), plan.lanes));
   std::vector<std::vector<float>> staged;
   std::vector<float*> buffers;
   size_t staged_unit = SIZE_MAX;
@@ -99,7 +110,11 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
       STRATA_ASSIGN_OR_RETURN(buffers, KindBuffers(m, u, &staged));
       staged_unit = where[i].first;
     }
-    STRATA_RETURN_IF_ERROR(w.Write(i, buffers[where[i].second] + (ranges[i].begin - u.update_begin())));
+    if (const int lane = plan.lane_of[i]; lane < 0) {
+      STRATA_RETURN_IF_ERROR(w.Write(i, buffers[where[i].second] + (ranges[i].begin - u.update_begin())));
+    } else if (i == plan.lanes[lane].first) {  // the whole lane, padding included
+      STRATA_RETURN_IF_ERROR(w.WriteLane(lane, buffers[where[i].second], u.update_elems()));
+    }
   }
   STRATA_ASSIGN_OR_RETURN(auto done, w.Finish());
   *checksum = done.first;
@@ -143,6 +158,7 @@ absl::StatusOr<ckpt::ShardSnapshot> Snapshot(Engine::Impl& m, std::vector<std::v
     snap.at.emplace_back(first_buffer + plan.where[i].second, plan.ranges[i].begin - u.update_begin());
   }
   snap.ranges = std::move(plan.ranges);
+  snap.tiled = std::move(plan.lanes);
   return snap;
 }
 

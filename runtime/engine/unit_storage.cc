@@ -226,6 +226,7 @@ class TrainedState : public StateOwner {
   std::unique_ptr<optim::KindSnapshot> Snapshot(UnitState& u, optim::StateKind kind) override {
     return s_.state->Snapshot(u.index, kind);
   }
+  bool tiled() const override { return s_.nvme_optimizer(); }
 
  private:
   UnitStorage& s_;

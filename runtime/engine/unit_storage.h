@@ -63,6 +63,9 @@ class StateOwner {
   virtual absl::Status MasterToParams(UnitState& u, const float* master) = 0;
   // A snapshot of the kind that costs no copy (optim::StateStore::Snapshot: NVMe tiles), else null.
   virtual std::unique_ptr<optim::KindSnapshot> Snapshot(UnitState& u, optim::StateKind kind) = 0;
+  // Whether its kinds live in NVMe tiles, so a checkpoint lays them out as tiles (Note [NVMe lanes laid out as
+  // tiles] in checkpoint/shard_file.h).
+  virtual bool tiled() const { return false; }
 };
 
 // Note [Tier placement] and Note [Placement] (placement.h): which tier each buffer lives on, and the

@@ -122,6 +122,11 @@ absl::Status NvmeStore::CheckArgs(const NvmeExtent& e, const memory::BufferView&
   return absl::OkStatus();
 }
 
+std::optional<uint32_t> NvmeStore::Checksum(const NvmeExtent& extent) {
+  if (extent.empty() || !extent.record_->valid.load()) return std::nullopt;
+  return extent.record_->crc.load();
+}
+
 std::vector<ExtentPlacement> NvmeStore::Placement(const NvmeExtent& extent) const {
   std::vector<ExtentPlacement> out;
   if (extent.empty()) return out;

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -98,7 +99,8 @@ class LetGoSignal {
   uint64_t generation_ = 0;  // guarded by mu_
 };
 
-// Where an extent's bytes lie on disk (for tools and fault tests).
+// Where an extent's bytes lie on disk (tools, fault tests, and the checkpoint writer's clones: Note [Cloned checkpoint
+// lanes] in checkpoint/files.h). Thread-safe: an extent's offset and the file set never change once made.
 struct ExtentPlacement {
   std::string path;         // the file's name, as errors name it
   std::string reopen_path;  // where it can be opened (NvmeFileSet::reopen_path)
@@ -131,6 +133,8 @@ class NvmeStore {
   const NvmeFileSet& files() const { return *files_; }
   IoQueue& queue() const { return *queue_; }
   std::vector<ExtentPlacement> Placement(const NvmeExtent& extent) const;
+  // The CRC-32 of the extent's bytes as last written, or nullopt before a write completed (thread-safe).
+  static std::optional<uint32_t> Checksum(const NvmeExtent& extent);
 
  private:
   friend struct internal::ExtentRecord;

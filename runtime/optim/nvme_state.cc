@@ -64,6 +64,23 @@ class NvmeKindSnapshot : public KindSnapshot {
     return absl::OkStatus();
   }
 
+  // Note [Cloned checkpoint lanes]: fp32 tiles of a lane (not a frozen unit's shard, which starts elsewhere).
+  std::optional<LaneFiles> Files() const override {
+    if (dtype_ != DType::kF32 || first_ != 0) return std::nullopt;
+    LaneFiles out;
+    out.tile_elems = tile_elems_;
+    for (const offload::NvmeExtent& tile : tiles_) {
+      out.crcs.push_back(offload::NvmeStore::Checksum(tile));
+      std::vector<LanePiece>& pieces = out.tiles.emplace_back();
+      for (offload::ExtentPlacement& p : store_->Placement(tile)) {
+        pieces.push_back(LanePiece{std::move(p.path), std::move(p.reopen_path), p.file_offset, p.bytes});
+      }
+    }
+    return out;
+  }
+
+  void Skip(size_t at) override { LetGoBefore(at >= elems_ ? tiles_.size() : (first_ + at) / tile_elems_); }
+
   void Release() override {
     LetGoBefore(tiles_.size());
     std::free(staging_);

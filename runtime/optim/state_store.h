@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -64,6 +65,20 @@ struct UnitStep {
 // back, possibly on another thread than the training's, without a copy of it in host memory (Note
 // [Snapshots of NVMe state] in nvme_state.h; a frozen unit's params, read in place: Note [Frozen units in a
 // snapshot] in engine/unit_storage.cc). Destroying it lets go of what it still holds.
+// Where a snapshot's fp32 tiles lie in files, for a checkpoint writer that clones them instead of reading them
+// (Note [Cloned checkpoint lanes] in checkpoint/files.h): tile t holds elements [t * tile_elems, ...) in the pieces
+// tiles[t], one after the other (stripes), each whole blocks of its file. A tile already let go has none.
+struct LanePiece {
+  std::string name;       // as errors name the file
+  std::string open_path;  // where this process opens it
+  uint64_t offset = 0, bytes = 0;
+};
+struct LaneFiles {
+  uint64_t tile_elems = 0;
+  std::vector<std::vector<LanePiece>> tiles;
+  std::vector<std::optional<uint32_t>> crcs;  // per tile: the CRC-32 of its elements' bytes, where the store has one
+};
+
 class KindSnapshot {
  public:
   virtual ~KindSnapshot() = default;
@@ -73,6 +88,10 @@ class KindSnapshot {
   virtual absl::Status Read(size_t at, size_t n, float* dst) = 0;
   // Lets go of everything (the staging buffer too); nothing may be read afterwards.
   virtual void Release() = 0;
+  // The files its elements lie in as fp32 tiles, or nullopt (memory, another dtype). Valid while it holds them.
+  virtual std::optional<LaneFiles> Files() const { return std::nullopt; }
+  // Lets go of what lies wholly before element `at`, as Read would (a writer that cloned it); reads go on from `at`.
+  virtual void Skip(size_t /*at*/) {}
   // Bytes of the state it holds outside host memory, and the host bytes it stages through at most.
   virtual uint64_t held_bytes() const = 0;
   virtual uint64_t staging_bytes() const = 0;

@@ -11,6 +11,9 @@
 #   nvme:    with the optimizer state on NVMe (held by the save, not copied: decision 0046), saves every 2 steps
 #            while training goes on write the shards of a synchronous run's saves, byte for byte, and the
 #            losses are those of that run
+#   xfs:     nvme and kills again, with the NVMe state and the checkpoints on a small XFS with reflink (a loop
+#            device), where the asynchronous writer clones the held tiles (decision 0057); needs root and xfsprogs,
+#            skipped without them unless STRATA_REQUIRE_XFS=1 (.ci/run), which makes that a failure
 # usage: async_checkpoint.sh MPIRUN STRATA [section]
 set -uo pipefail
 mpirun=$1 strata=$2 only=${3:-all}
@@ -38,8 +41,8 @@ if want resume; then
   check "--checkpoint-async without --checkpoint-dir is refused" $? "$out"
 fi
 
-if want nvme; then
-  d="$work/n"
+nvme_saves() {  # nvme_saves DIR: the nvme section's runs and checks, in DIR.*
+  local d=$1 what=${2:-}
   mkdir -p "$d.nvme"
   nvme=(--stage 3 --steps 6 --micro-batch 2 --checkpoint-every 2 --offload-optimizer nvme --nvme-path "$d.nvme")
   "$mpirun" -n 2 "$strata" train "${small[@]}" "${nvme[@]}" --metrics "$d.sync.jsonl" --checkpoint-dir "$d.sync" \
@@ -55,22 +58,22 @@ if want nvme; then
     done
   done
   [ $rc -eq 0 ] && [ $same -eq 6 ]
-  check "NVMe state: the asynchronous saves of steps 2, 4, 6 equal the synchronous ones ($same of 6 shards)" $? \
-    "rc $rc; $out"
+  check "NVMe state$what: the asynchronous saves of steps 2, 4, 6 equal the synchronous ones ($same of 6 shards)" \
+    $? "rc $rc; $out"
   out=$(same_losses "$d.sync.jsonl" "$d.async.jsonl" 0)
-  check "NVMe state: the losses over the asynchronous saves are the synchronous run's $out" $? "$out"
-fi
+  check "NVMe state$what: the losses over the asynchronous saves are the synchronous run's $out" $? "$out"
+}
 
-if want kills; then
-  d="$work/kills"
+kill_trials() {  # kill_trials DIR WHAT TRAIN-ARGS...: the kills section's trials, checkpoints in DIR
+  local d=$1 what=$2; shift 2
+  local extra=("$@") partial=0 i latest resume job s bad steps from out rc incomplete temps
   complete_steps() { ls "$d" 2>/dev/null | grep -E '^step_[0-9]+$' | while read -r s; do
                        [ -f "$d/$s/manifest.json" ] && echo "$((10#${s#step_}))"; done | sort -n; }
-  partial=0
   for i in $(seq 10); do
     latest=$(complete_steps | tail -1)
     resume=(); [ -n "$latest" ] && resume=(--resume "$d")
     "$mpirun" -n 2 "$strata" train "${small[@]}" --d-model 128 --steps 100000 --checkpoint-dir "$d" \
-      --checkpoint-every 1 --checkpoint-async --keep-last 2 "${resume[@]}" > "$work/kills$i.log" 2>&1 &
+      --checkpoint-every 1 --checkpoint-async --keep-last 2 "${extra[@]}" "${resume[@]}" > "$d.kills$i.log" 2>&1 &
     job=$!
     # The moment: a seeded draw after this run's first new complete step (so each trial kills a run that is
     # saving every step, whatever the machine's speed).
@@ -83,8 +86,8 @@ if want kills; then
     for p in $(pgrep -P "$job"); do kill -9 "$p"; done
     wait "$job" 2>/dev/null
     if [ -n "$latest" ]; then
-      grep -q "resumed from $d/step_$(printf %08d "$latest")" "$work/kills$i.log"
-      check "kill $i: the run resumed from the newest complete step ($latest)" $? "$(tail -5 "$work/kills$i.log")"
+      grep -q "resumed from $d/step_$(printf %08d "$latest")" "$d.kills$i.log"
+      check "kill $i$what: the run resumed from the newest complete step ($latest)" $? "$(tail -5 "$d.kills$i.log")"
     fi
     bad=""
     for s in $(complete_steps); do
@@ -93,19 +96,39 @@ if want kills; then
     for s in "$d"/step_*; do [ -f "$s/manifest.json" ] || partial=$((partial + 1)); done
     steps=$(complete_steps | tr '\n' ' ')
     [ -z "$bad" ] && [ -n "$steps" ]
-    check "kill $i: every step with a manifest verifies ($steps)" $? "failed:$bad; $(ls "$d")"
+    check "kill $i$what: every step with a manifest verifies ($steps)" $? "failed:$bad; $(ls "$d")"
   done
   echo "info: $partial step directories were left without a manifest by the kills (saves cut mid-write)"
   from=$(complete_steps | tail -1)
   out=$("$mpirun" -n 2 "$strata" train "${small[@]}" --d-model 128 --steps $((from + 2)) --checkpoint-dir "$d" \
-        --checkpoint-every 1 --checkpoint-async --keep-last 2 --resume "$d" 2>&1)
+        --checkpoint-every 1 --checkpoint-async --keep-last 2 "${extra[@]}" --resume "$d" 2>&1)
   rc=$?
   incomplete=$(for s in "$d"/step_*; do [ -f "$s/manifest.json" ] || echo "$s"; done)
   temps=$(find "$d" -name '*.tmp.*')
   [ $rc -eq 0 ] && grep -q "resumed from $d/step_$(printf %08d "$from")" <<<"$out" && [ -z "$incomplete" ] &&
     [ -z "$temps" ] && [ "$(ls "$d" | wc -l)" -le 2 ]
-  check "after 10 kills: resumed from step $from, finished, nothing left behind" $? \
+  check "after 10 kills$what: resumed from step $from, finished, nothing left behind" $? \
     "rc $rc; incomplete: $incomplete; temps: $temps; $(ls "$d"); $out"
+}
+
+want nvme && nvme_saves "$work/n"
+want kills && kill_trials "$work/kills" ""
+
+if want xfs; then
+  img="$work/xfs.img" xfs="$work/xfs"
+  mkdir -p "$xfs"
+  if truncate -s 512M "$img" && mkfs.xfs -q -f -m reflink=1 "$img" > /dev/null 2>&1 &&
+     mount -o loop "$img" "$xfs" 2> /dev/null; then
+    trap 'umount "$xfs"; rm -rf "$work"' EXIT
+    nvme_saves "$xfs/n" " on XFS (cloned)"
+    mkdir -p "$xfs/kills.nvme"
+    kill_trials "$xfs/kills" " (NVMe state on XFS, cloned)" --stage 3 --offload-optimizer nvme \
+      --nvme-path "$xfs/kills.nvme"
+  elif [ "${STRATA_REQUIRE_XFS:-0}" = 1 ]; then
+    check "a 512 MiB XFS on a loop device (root, xfsprogs) for the clone runs" 1 "mkfs.xfs or mount -o loop failed"
+  else
+    echo "skipped: no XFS on a loop device here (needs root and xfsprogs); STRATA_REQUIRE_XFS=1 makes this a failure"
+  fi
 fi
 
 echo "$((runs - fails)) passed, $fails failed"

@@ -1,13 +1,21 @@
 // Helpers shared by the offload tests: scratch directories, aligned buffers with a recognisable
-// pattern, the I/O back-ends to instantiate suites for, and size-limited tmpfs mounts for disk-full tests.
+// pattern, the I/O back-ends to instantiate suites for, size-limited tmpfs mounts for disk-full tests, and a small
+// XFS for the clone paths.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -130,5 +138,73 @@ class TmpfsMount {
   bool mounted_ = false;
   std::string reason_;
 };
+
+// A small XFS with reflink (blocks shared between files: Note [Cloned checkpoint lanes] in
+// runtime/checkpoint/files.h) on a loop device over a sparse file, for the clone paths. Needs root, loop devices and
+// xfsprogs' mkfs.xfs (scripts/install_deps installs it); where one is missing ok() is false and reason() says
+// which, and RequireXfs() tells the test whether to fail (STRATA_REQUIRE_XFS=1, as .ci/run sets) or skip.
+class XfsMount {
+ public:
+  XfsMount() {
+    const std::string image = image_dir_.path() + "/xfs.img";
+    FILE* f = std::fopen(image.c_str(), "w");
+    const bool sized = f != nullptr && ::ftruncate(::fileno(f), off_t{512} << 20) == 0;  // mkfs.xfs's least is 300 MB
+    if (f != nullptr) std::fclose(f);
+    if (!sized) {
+      reason_ = absl::StrCat("cannot make a 512 MiB image at ", image, ": ", std::strerror(errno));
+    } else if (std::system(absl::StrCat("mkfs.xfs -q -f -m reflink=1 ", image, " >/dev/null 2>&1").c_str()) != 0) {
+      reason_ = "mkfs.xfs -m reflink=1 failed (is xfsprogs installed? scripts/install_deps installs it)";
+    } else if (std::system(absl::StrCat("mount -o loop ", image, " ", dir_.path(), " >/dev/null 2>&1").c_str()) != 0) {
+      reason_ = "mount -o loop of an XFS image failed (needs root and a loop device)";
+    } else {
+      mounted_ = true;
+    }
+  }
+  ~XfsMount() {
+    if (!mounted_) return;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_.path(), ec))
+      std::filesystem::remove_all(e.path(), ec);
+    if (umount2(dir_.path().c_str(), 0) != 0) umount2(dir_.path().c_str(), MNT_DETACH);  // the loop device goes with it
+  }
+  bool ok() const { return mounted_; }
+  const std::string& reason() const { return reason_; }
+  const std::string& path() const { return dir_.path(); }
+  static bool RequireXfs() {
+    const char* v = std::getenv("STRATA_REQUIRE_XFS");
+    return v != nullptr && std::string(v) == "1";
+  }
+
+ private:
+  TempDir image_dir_, dir_;
+  bool mounted_ = false;
+  std::string reason_;
+};
+
+// The bytes of `path` in extents the file system reports shared with another file (FIEMAP_EXTENT_SHARED).
+inline uint64_t SharedBytes(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  constexpr uint32_t kExtents = 512;
+  std::vector<char> buf(sizeof(fiemap) + kExtents * sizeof(fiemap_extent));
+  auto* fm = reinterpret_cast<fiemap*>(buf.data());
+  uint64_t shared = 0, start = 0;
+  for (bool last = false; !last;) {
+    std::memset(buf.data(), 0, buf.size());
+    fm->fm_start = start;
+    fm->fm_length = FIEMAP_MAX_OFFSET - start;
+    fm->fm_flags = FIEMAP_FLAG_SYNC;
+    fm->fm_extent_count = kExtents;
+    if (::ioctl(fd, FS_IOC_FIEMAP, fm) != 0 || fm->fm_mapped_extents == 0) break;
+    for (uint32_t i = 0; i < fm->fm_mapped_extents; ++i) {
+      const fiemap_extent& e = fm->fm_extents[i];
+      if (e.fe_flags & FIEMAP_EXTENT_SHARED) shared += e.fe_length;
+      last = last || (e.fe_flags & FIEMAP_EXTENT_LAST) != 0;
+      start = e.fe_logical + e.fe_length;
+    }
+  }
+  ::close(fd);
+  return shared;
+}
 
 }  // namespace strata::offload::testing

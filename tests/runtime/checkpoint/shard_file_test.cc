@@ -1,6 +1,12 @@
 // Shard files: a failed or abandoned write leaves no temporary; a hostile header (deep, mistyped,
-// overflowing, repeated or out-of-file ranges, oversized length) is a named error before any data is read.
+// overflowing, repeated or out-of-file ranges, oversized length) is a named error before any data is read; lanes of
+// NVMe state lie in the file as their tiles, written or cloned to the same bytes (decision 0057).
 #include "runtime/checkpoint/shard_file.h"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -10,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/offload/offload_test_util.h"
 #include "tests/runtime/checkpoint/test_dir.h"
 #include "tests/runtime/checkpoint/tiny_checkpoint.h"
 
@@ -120,6 +127,178 @@ TEST_F(ShardFile, ARangeWrittenInPiecesIsTheSameFile) {
   const std::string whole(std::istreambuf_iterator<char>(a), {}), parts(std::istreambuf_iterator<char>(b), {});
   EXPECT_FALSE(whole.empty());
   EXPECT_TRUE(whole == parts);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Note [NVMe lanes laid out as tiles]: a packed range, then two lanes (a unit's master and exp_avg over its
+// update range [1000, 4000)), each with padding before, between and after its ranges.
+struct Lanes {
+  std::vector<ShardRange> ranges = {{"p", "x", "master", 0, 5},
+                                    {"u", "w", "master", 1010, 1500},
+                                    {"u", "b", "master", 2600, 7},
+                                    {"u", "w", "exp_avg", 1010, 1500},
+                                    {"u", "b", "exp_avg", 2600, 7}};
+  std::vector<ShardLane> lanes = {{1, 3, 1000, 3000}, {3, 5, 1000, 3000}};
+  std::vector<float> packed = {1, 2, 3, 4, 5};
+  std::vector<std::vector<float>> lane_data;  // every element, the padding too (as the tiles hold it)
+  Lanes() {
+    for (int l = 0; l < 2; ++l) {
+      std::vector<float>& d = lane_data.emplace_back(3000);
+      for (size_t i = 0; i < d.size(); ++i) d[i] = 0.25f * static_cast<float>(i) + 1000.0f * static_cast<float>(l + 1);
+    }
+  }
+};
+
+TEST_F(ShardFile, LanesLieInTheFileAsTheirTiles) {
+  const Lanes t;
+  auto w = ShardWriter::Create(Path("lanes.bin"), 0, 1, t.ranges, t.lanes);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(w->WriteLane(1, t.lane_data[1].data(), 3000).ok());  // lanes in any order
+  ASSERT_TRUE(w->Write(0, t.packed.data()).ok());
+  ASSERT_TRUE(w->WriteLane(0, t.lane_data[0].data(), 7).ok());  // a lane in pieces
+  ASSERT_TRUE(w->WriteLane(0, t.lane_data[0].data() + 7, 2993).ok());
+  auto done = w->Finish();
+  ASSERT_TRUE(done.ok()) << done.status();
+  auto r = ShardReader::Open(dir_.string(), "lanes.bin");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string bytes = ReadAll(Path("lanes.bin"));
+  EXPECT_EQ(bytes.size(), done->second);
+  const std::vector<ShardRange>& got = r->ranges();
+  ASSERT_EQ(got.size(), 5u);
+  const uint64_t packed_end = got[0].offset + 20;
+  for (int l = 0; l < 2; ++l) {
+    const ShardRange& w_range = got[1 + 2 * l];
+    const uint64_t at = w_range.offset - 10 * 4;  // the lane's start: w begins 10 elements in
+    EXPECT_EQ(at % 4096, 0u);
+    EXPECT_EQ(got[2 + 2 * l].offset, at + 1600 * 4);
+    // The lane's every byte, the padding between ranges too, then zeros to its last block's end.
+    ASSERT_LE(at + 12288, bytes.size());  // 12000 bytes in 3 blocks
+    EXPECT_EQ(std::memcmp(bytes.data() + at, t.lane_data[l].data(), 12000), 0) << "lane " << l;
+    EXPECT_TRUE(bytes.substr(at + 12000, 288) == std::string(288, '\0')) << "lane " << l;
+    for (int k = 0; k < 2; ++k) {  // the ranges read back, CRCs checked
+      std::vector<float> v;
+      ASSERT_TRUE(r->Read(got[1 + 2 * l + k], &v).ok());
+      const uint64_t from = got[1 + 2 * l + k].begin - 1000;
+      EXPECT_EQ(v, std::vector<float>(t.lane_data[l].begin() + from, t.lane_data[l].begin() + from + v.size()));
+    }
+  }
+  const uint64_t first_lane = got[1].offset - 40;
+  EXPECT_TRUE(bytes.substr(packed_end, first_lane - packed_end) == std::string(first_lane - packed_end, '\0'));
+  EXPECT_EQ(got[3].offset - 40, first_lane + 12288) << "the second lane follows the first one's last block";
+  EXPECT_EQ(bytes.size(), got[3].offset - 40 + 12288) << "the file ends with the last lane's last block";
+}
+
+TEST_F(ShardFile, LaneMisuseIsRefused) {
+  const Lanes t;
+  {
+    auto w = ShardWriter::Create(Path("a.bin"), 0, 1, t.ranges, t.lanes);
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(w->Write(1, t.lane_data[0].data()).code(), absl::StatusCode::kInvalidArgument) << "a lane's range";
+    EXPECT_EQ(w->WriteLane(2, t.lane_data[0].data(), 1).code(), absl::StatusCode::kOutOfRange);
+    ASSERT_TRUE(w->Write(0, t.packed.data()).ok());
+    ASSERT_TRUE(w->WriteLane(0, t.lane_data[0].data(), 3000).ok());
+    EXPECT_EQ(w->WriteLane(0, t.lane_data[0].data(), 1).code(), absl::StatusCode::kOutOfRange) << "past its end";
+    ASSERT_TRUE(w->WriteLane(1, t.lane_data[1].data(), 2999).ok());
+    const auto unfinished = w->Finish();
+    EXPECT_FALSE(unfinished.ok()) << "a lane one element short was published";
+  }
+  EXPECT_THAT(Temps(dir_), IsEmpty());
+  std::vector<ShardLane> overlapping = {{1, 3, 1000, 3000}, {2, 5, 1000, 3000}};
+  EXPECT_EQ(ShardWriter::Create(Path("b.bin"), 0, 1, t.ranges, overlapping).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<ShardLane> short_lane = {{1, 3, 1000, 1600}, {3, 5, 1000, 3000}};  // b lies past its end
+  EXPECT_EQ(ShardWriter::Create(Path("c.bin"), 0, 1, t.ranges, short_lane).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<ShardRange> unordered = t.ranges;
+  std::swap(unordered[1], unordered[2]);
+  EXPECT_EQ(ShardWriter::Create(Path("d.bin"), 0, 1, unordered, t.lanes).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Note [Cloned checkpoint lanes]: a lane's whole blocks cloned from a file that holds them as tiles do, its tail
+// written, give the file WriteLane gives, byte for byte, with the CRCs read back; on XFS its blocks are then
+// shared with the source. Where the file systems cannot clone (this directory and another file system, or a
+// file system without clones), CloneLane is Unimplemented and changed nothing: the lane is then written whole.
+void CloneLanes(const Lanes& t, const std::string& src_dir, const std::string& path, bool expect_clone) {
+  const std::string src = src_dir + "/tiles";
+  {
+    std::string tiles(2 * 16384, '\0');  // each lane's bytes at a block, as tiles of 1024 elements hold them
+    for (int l = 0; l < 2; ++l) std::memcpy(tiles.data() + l * 16384, t.lane_data[l].data(), 12000);
+    std::ofstream(src, std::ios::binary) << tiles;
+  }
+  const int fd = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto w = ShardWriter::Create(path, 0, 1, t.ranges, t.lanes);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const bool direct = w->direct();
+  ASSERT_TRUE(w->Write(0, t.packed.data()).ok());
+  for (int l = 0; l < 2; ++l) {
+    // 12000 bytes: two whole blocks in two clones of one block each (two tiles), then the tail.
+    for (int b = 0; b < 2; ++b) {
+      const absl::Status s = w->CloneLane(l, fd, src, l * 16384 + b * 4096, 4096);
+      if (!expect_clone && absl::IsUnimplemented(s)) break;
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    EXPECT_EQ(w->CloneLane(l, fd, src, 0, 4096).code(),
+              expect_clone ? absl::StatusCode::kOutOfRange : absl::StatusCode::kUnimplemented)
+        << "past the lane's whole blocks";
+    const uint64_t done = w->lane_done(l);
+    EXPECT_EQ(done, expect_clone ? 2048u : 0u);
+    ASSERT_TRUE(w->WriteLane(l, t.lane_data[l].data() + done, 3000 - done).ok());
+  }
+  ::close(fd);
+  EXPECT_EQ(w->direct(), direct) << "the clones, or a refused one, turned the file's writes buffered";
+  ASSERT_TRUE(w->Finish().ok());
+}
+
+// Whether `dir`'s file system clones (FICLONE of one block between two files in it).
+bool ClonesIn(const std::string& dir) {
+  const std::string a = dir + "/probe.a", b = dir + "/probe.b";
+  std::ofstream(a, std::ios::binary) << std::string(4096, 'x');
+  const int src = ::open(a.c_str(), O_RDONLY | O_CLOEXEC),
+            dst = ::open(b.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  const bool ok = src >= 0 && dst >= 0 && ::ioctl(dst, FICLONE, src) == 0;
+  ::close(src);
+  ::close(dst);
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+  return ok;
+}
+
+TEST_F(ShardFile, ClonedLanesAreTheWrittenLanes) {
+  const Lanes t;
+  {
+    auto w = ShardWriter::Create(Path("written.bin"), 0, 1, t.ranges, t.lanes);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->Write(0, t.packed.data()).ok());
+    for (int l = 0; l < 2; ++l) ASSERT_TRUE(w->WriteLane(l, t.lane_data[l].data(), 3000).ok());
+    ASSERT_TRUE(w->Finish().ok());
+  }
+  const std::string written = ReadAll(Path("written.bin"));
+  // Where the tests' scratch lives (ext4 or tmpfs: refused, then written; or a file system that clones).
+  CloneLanes(t, dir_.string(), Path("scratch.bin"), ClonesIn(dir_.string()));
+  EXPECT_TRUE(ReadAll(Path("scratch.bin")) == written);
+  offload::testing::XfsMount xfs;
+  if (!xfs.ok()) {
+    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
+    GTEST_SKIP() << xfs.reason();
+  }
+  CloneLanes(t, xfs.path(), xfs.path() + "/cloned.bin", /*expect_clone=*/true);
+  EXPECT_TRUE(ReadAll(xfs.path() + "/cloned.bin") == written);
+  EXPECT_EQ(offload::testing::SharedBytes(xfs.path() + "/cloned.bin"), 4u * 4096) << "the clones share 4 blocks";
+  auto r = ShardReader::Open(xfs.path(), "cloned.bin");
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const ShardRange& range : r->ranges()) {
+    std::vector<float> v;
+    EXPECT_TRUE(r->Read(range, &v).ok()) << range.param << " " << range.kind;
+  }
+  // Across file systems (EXDEV): refused, nothing changed, then written.
+  CloneLanes(t, dir_.string(), xfs.path() + "/across.bin", /*expect_clone=*/false);
+  EXPECT_TRUE(ReadAll(xfs.path() + "/across.bin") == written);
 }
 
 TEST_F(ShardFile, GoodHandMadeHeaderOpens) { EXPECT_TRUE(OpenHeader(dir_.string(), Header(GoodRange())).ok()); }

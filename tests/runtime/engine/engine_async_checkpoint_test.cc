@@ -5,10 +5,14 @@
 // reuses the first one's buffers; NVMe state is snapshotted without a host copy and the steps over the save
 // leave it as a run without the save would; a write that fails in the background is returned by the next Step() (which
 // is then not taken), by the next save (which does not start) and by WaitCheckpoint(), naming the step
-// directory; destroying the engine finishes the save in flight; a second save waits for the first.
+// directory; destroying the engine finishes the save in flight; a second save waits for the first. On XFS the held
+// tiles are cloned into the shard files, to the same bytes; a corrupt tile fails the save, cloned or streamed; a
+// disk without room for the lanes fails the save and not the steps (decision 0057).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -26,6 +30,7 @@
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/publish.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
 #include "tests/files_under.h"
@@ -69,11 +74,12 @@ absl::Status Joined(const std::vector<absl::Status>& results) {
 // On `world` in-process ranks: an engine with `cfg` and the MLP, `steps` steps trained, then `body`; every
 // rank's error joined.
 absl::Status OnRanks(int world, const EngineConfig& cfg, int steps,
-                     const std::function<absl::Status(int rank, Engine& e, Mlp& mlp)>& body) {
+                     const std::function<absl::Status(int rank, Engine& e, Mlp& mlp)>& body,
+                     const mlp::MlpShape& shape = {16, 48, 4}) {
   return Joined(testing::RunRanks(world, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
     device::HostDevice dev;
     STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
-    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, mlp::MlpShape{16, 48, 4}));
+    STRATA_ASSIGN_OR_RETURN(Mlp mlp, Mlp::Register(*e, shape));
     STRATA_RETURN_IF_ERROR(e->Finalize());
     STRATA_RETURN_IF_ERROR(TrainSteps(*e, mlp, rank, world, 0, steps));
     return body(rank, *e, mlp);
@@ -218,6 +224,176 @@ TEST_F(AsyncCheckpoint, NvmeStateIsSavedWithoutAHostCopyAndTheStepsOverItAreUnch
       }
     }
   }
+}
+
+// Note [Cloned checkpoint lanes] (runtime/checkpoint/files.h): with the NVMe state and the checkpoints on one XFS,
+// the asynchronous save clones the held tiles' whole blocks into its shard files (which then share blocks with the
+// NVMe files) and still writes the synchronous save's files byte for byte, at stages 1 and 3 on 1 and 2 ranks,
+// also when its writers are held until steps rewrote the state (those writes redirected to fresh tiles, and the
+// shared blocks copied on write); the steps are those of a run that never saved. With the checkpoints on another
+// file system the clone is refused (EXDEV) and the save streams the tiles, to the same bytes.
+TEST_F(AsyncCheckpoint, ClonesTheHeldTilesWhereTheFileSystemSharesBlocks) {
+  offload::testing::XfsMount xfs;
+  if (!xfs.ok()) {
+    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
+    GTEST_SKIP() << xfs.reason();
+  }
+  const mlp::MlpShape shape{64, 256, 16};  // lanes of many tiles of 1024 elements, most with a partial last block
+  fs::create_directories(fs::path(xfs.path()) / "nvme");
+  for (bool same_fs : {true, false}) {
+    for (int world : {1, 2}) {
+      for (int stage : {1, 3}) {
+        EngineConfig cfg = Config(stage);
+        cfg.offload_optimizer.device = OffloadDevice::kNvme;
+        cfg.offload_optimizer.nvme_path = xfs.path() + "/nvme";
+        cfg.offload_optimizer.pin_memory = false;
+        cfg.nvme_tile_elems = 1024;
+        const std::string what = absl::StrCat(same_fs ? "one file system" : "two", ", world ", world, " stage ", stage);
+        const fs::path root = same_fs ? fs::path(xfs.path()) / "ckpt" : dir_ / "ckpt";
+        std::vector<uint64_t> shared(world, 0);
+        std::latch stepped(world);
+        checkpoint::SetBeforeAsyncWriteForTest([&] {
+          if (fs::exists(root / "async" / "a" / "manifest.json")) stepped.wait();  // the second save's writers
+        });
+        const absl::Status s = OnRanks(
+            world, cfg, 3,
+            [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
+              STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((root / "sync" / "a").string(), "{}"));
+              STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "async" / "a").string(), "{}"));
+              STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());
+              shared[rank] =
+                  offload::testing::SharedBytes((root / "async" / "a" / checkpoint::ShardName(rank)).string());
+              STRATA_RETURN_IF_ERROR(TrainSteps(e, mlp, rank, world, 3, 1));  // writes over the shared blocks
+              STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((root / "sync" / "b").string(), "{}"));
+              STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "async" / "b").string(), "{}"));
+              absl::Status trained = TrainSteps(e, mlp, rank, world, 4, 2);  // over the held save
+              stepped.count_down();
+              STRATA_RETURN_IF_ERROR(trained);
+              STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());
+              return e.SaveCheckpoint((root / "sync" / "c").string(), "{}");
+            },
+            shape);
+        checkpoint::SetBeforeAsyncWriteForTest(nullptr);
+        ASSERT_TRUE(s.ok()) << what << ": " << s;
+        for (int r = 0; r < world; ++r) {
+          if (same_fs) {
+            EXPECT_GT(shared[r], 0u) << what << ": rank " << r << "'s shard shares no block: nothing was cloned";
+          } else {
+            EXPECT_EQ(shared[r], 0u) << what << ": rank " << r;
+          }
+        }
+        for (const char* step : {"a", "b"}) {
+          const auto sync = FilesUnder(root / "sync" / step), async = FilesUnder(root / "async" / step);
+          ASSERT_FALSE(sync.empty()) << what;
+          EXPECT_TRUE(sync == async) << what << ": save " << step << " differs from the synchronous one";
+        }
+        const absl::Status plain = OnRanks(
+            world, cfg, 6,
+            [&](int, Engine& e, Mlp&) -> absl::Status { return e.SaveCheckpoint((root / "plain").string(), "{}"); },
+            shape);
+        ASSERT_TRUE(plain.ok()) << what << ": " << plain;
+        EXPECT_TRUE(FilesUnder(root / "plain") == FilesUnder(root / "sync" / "c"))
+            << what << ": the steps over the saves changed the state";
+        fs::remove_all(root);
+      }
+    }
+  }
+}
+
+// A corrupt NVMe tile (every byte of the optimizer's files flipped on disk) fails the asynchronous save with
+// DataLoss naming the checkpoint, cloned (the cloned tiles are checked against the store's checksums, decision
+// 0057) or streamed (the store's read checks them), and nothing is published.
+TEST_F(AsyncCheckpoint, ACorruptTileFailsTheSaveClonedOrStreamed) {
+  offload::testing::XfsMount xfs;
+  if (!xfs.ok()) {
+    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
+    GTEST_SKIP() << xfs.reason();
+  }
+  for (bool cloned : {true, false}) {
+    const fs::path base = cloned ? fs::path(xfs.path()) : dir_;
+    fs::create_directories(base / "nvme");
+    EngineConfig cfg = Config(3);
+    cfg.offload_optimizer.device = OffloadDevice::kNvme;
+    cfg.offload_optimizer.nvme_path = (base / "nvme").string();
+    cfg.offload_optimizer.pin_memory = false;
+    cfg.nvme_tile_elems = 1024;
+    const fs::path step = base / "ckpt" / "a";
+    const absl::Status s =
+        OnRanks(1, cfg, 3,
+                [&](int, Engine& e, Mlp&) -> absl::Status {
+                  const std::string dir = fs::canonical(base / "nvme").string() + "/";
+                  int flipped = 0;
+                  for (const auto& fd : fs::directory_iterator("/proc/self/fd")) {
+                    std::error_code ec;
+                    const std::string target = fs::read_symlink(fd.path(), ec).string();
+                    if (ec || target.rfind(dir, 0) != 0 || target.find("optimizer") == std::string::npos) continue;
+                    std::FILE* fp = std::fopen(fd.path().c_str(), "r+b");
+                    if (fp == nullptr) continue;
+                    std::vector<char> bytes(fs::file_size(fd.path()));
+                    const bool read = std::fread(bytes.data(), 1, bytes.size(), fp) == bytes.size();
+                    for (char& b : bytes) b = static_cast<char>(~b);
+                    std::rewind(fp);
+                    const bool wrote = read && std::fwrite(bytes.data(), 1, bytes.size(), fp) == bytes.size();
+                    std::fclose(fp);
+                    flipped += wrote ? 1 : 0;
+                  }
+                  if (flipped == 0) return absl::InternalError("found no optimizer file to corrupt");
+                  STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync(step.string(), "{}"));
+                  return e.WaitCheckpoint();
+                },
+                {64, 256, 16});
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << (cloned ? "cloned: " : "streamed: ") << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(step.string()));
+    EXPECT_FALSE(fs::exists(step / "manifest.json")) << "a corrupt save was published";
+    fs::remove_all(base / "ckpt");
+  }
+}
+
+// Room first (decision 0057): with less room on the XFS than the NVMe lanes need, the asynchronous save does not
+// clone (a clone's blocks take their room when the steps rewrite them, and the steps would fail for want of it): it
+// streams and fails for want of room, the wait reports it, naming the step directory, and the steps after it
+// (which write every tile) go on, to the state of a run that never saved.
+TEST_F(AsyncCheckpoint, ANearlyFullFileSystemFailsTheSaveNotTheSteps) {
+  offload::testing::XfsMount xfs;
+  if (!xfs.ok()) {
+    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
+    GTEST_SKIP() << xfs.reason();
+  }
+  const mlp::MlpShape shape{64, 256, 16};  // about 1 MB of lanes (3 kinds)
+  fs::create_directories(fs::path(xfs.path()) / "nvme");
+  EngineConfig cfg = Config(3);
+  cfg.offload_optimizer.device = OffloadDevice::kNvme;
+  cfg.offload_optimizer.nvme_path = xfs.path() + "/nvme";
+  cfg.offload_optimizer.pin_memory = false;
+  cfg.nvme_tile_elems = 1024;
+  const fs::path root = fs::path(xfs.path()) / "ckpt", filler = fs::path(xfs.path()) / "filler";
+  const absl::Status s = OnRanks(
+      1, cfg, 3,
+      [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
+        fs::create_directories(root);
+        const uint64_t free = fs::space(root).available, leave = 256 << 10;
+        const int fd = ::open(filler.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+        if (fd < 0 || ::fallocate(fd, 0, 0, static_cast<off_t>(free - leave)) != 0) {
+          return absl::InternalError(absl::StrCat("cannot fill the XFS: ", std::strerror(errno)));
+        }
+        ::close(fd);
+        STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "a").string(), "{}"));
+        const absl::Status waited = e.WaitCheckpoint();
+        if (waited.ok() || !absl::StrContains(waited.message(), (root / "a").string())) {
+          return absl::InternalError(absl::StrCat("the save into a full disk returned: ", waited.ToString()));
+        }
+        STRATA_RETURN_IF_ERROR(TrainSteps(e, mlp, rank, 1, 3, 3));  // writing every tile: these must not fail
+        fs::remove(filler);
+        return e.SaveCheckpoint((root / "after").string(), "{}");
+      },
+      shape);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(fs::exists(root / "a" / "manifest.json")) << "a failed save was published";
+  const absl::Status plain = OnRanks(
+      1, cfg, 6,
+      [&](int, Engine& e, Mlp&) -> absl::Status { return e.SaveCheckpoint((root / "plain").string(), "{}"); }, shape);
+  ASSERT_TRUE(plain.ok()) << plain;
+  EXPECT_TRUE(FilesUnder(root / "plain") == FilesUnder(root / "after")) << "the steps over the failed save changed";
 }
 
 // A disk with room for the NVMe state once but not twice (Note [Snapshots of NVMe state]): the engine

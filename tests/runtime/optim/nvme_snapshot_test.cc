@@ -7,10 +7,12 @@
 // the snapshot is read on one thread while the other updates).
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/base/crc32.h"
 #include "runtime/optim/nvme_state.h"
 #include "tests/offload/offload_test_util.h"
 
@@ -148,6 +150,47 @@ TEST(NvmeSnapshot, KeepsItsMomentWhileTheLiveStateMovesOnUnchanged) {
   EXPECT_EQ(rig.state->redirect_stats().redirected_tiles, 9u);
   EXPECT_EQ(rig.state->redirect_stats().waits, 0u);
   EXPECT_EQ(rig.store_ptr->used_bytes(), used);
+}
+
+// Note [Cloned checkpoint lanes] (checkpoint/files.h): Files() names where each tile's bytes lie, with the store's
+// checksum of them, for a writer that clones them; Skip lets go of what lies wholly before it, and Skip to the end
+// of everything (the last, partial tile too), so the next step writes every tile in place.
+TEST(NvmeSnapshot, FilesNameTheTilesAndSkipLetsGo) {
+  Rig rig(2);
+  ASSERT_NE(rig.state, nullptr);
+  ASSERT_TRUE(rig.Step(1).ok());
+  const std::vector<float> master = rig.Read(0, StateKind::kMaster);
+  auto snap = rig.state->Snapshot(0, StateKind::kMaster);
+  ASSERT_NE(snap, nullptr);
+  const std::optional<LaneFiles> files = snap->Files();
+  ASSERT_TRUE(files.has_value());
+  EXPECT_EQ(files->tile_elems, kTile);
+  ASSERT_EQ(files->tiles.size(), 3u);
+  ASSERT_EQ(files->crcs.size(), 3u);
+  for (size_t t = 0; t < 3; ++t) {  // the pieces hold the tile's elements, and the checksum is theirs
+    std::string bytes;
+    for (const LanePiece& p : files->tiles[t]) {
+      const int fd = ::open(p.open_path.c_str(), O_RDONLY | O_CLOEXEC);
+      ASSERT_GE(fd, 0) << p.open_path;
+      std::string piece(p.bytes, '\0');
+      EXPECT_EQ(::pread(fd, piece.data(), piece.size(), static_cast<off_t>(p.offset)), static_cast<ssize_t>(p.bytes));
+      ::close(fd);
+      bytes += piece;
+    }
+    const size_t elems = std::min(kTile, kElems[0] - t * kTile);
+    ASSERT_GE(bytes.size(), elems * 4);
+    EXPECT_EQ(0, std::memcmp(bytes.data(), master.data() + t * kTile, elems * 4)) << "tile " << t;
+    ASSERT_TRUE(files->crcs[t].has_value());
+    EXPECT_EQ(*files->crcs[t], Crc32(bytes.data(), elems * 4)) << "tile " << t;
+  }
+  snap->Skip(kTile + 1);  // tile 0 only
+  ASSERT_TRUE(rig.Step(2).ok());
+  EXPECT_EQ(rig.state->redirect_stats().redirected_tiles, 2u) << "tiles 1 and 2 are still held";
+  snap = rig.state->Snapshot(0, StateKind::kMaster);
+  snap->Skip(kElems[0]);
+  ASSERT_TRUE(rig.Step(3).ok());
+  EXPECT_EQ(rig.state->redirect_stats().redirected_tiles, 2u) << "a tile was still held after a skip to the end";
+  snap.reset();
 }
 
 // Fault injection: the store holds the state and nothing more, so every redirect is out of room.
