@@ -31,7 +31,8 @@ With --save-compare each Strata candidate, after its steps, saves the same state
 asynchronously (docs/decisions/0036, 0046: the optimizer state on NVMe is held, not copied), takes one step
 (--steps-over-save N: N) while the asynchronous save is written, waits for it, and reports both stalls and the
 resident-set growth of the asynchronous save (a table after the main one); --async-saves N takes N of them, the
-later ones into the first one's reused snapshot buffers, each after a step without a save (a table per save).
+later ones into the first one's reused snapshot buffers, each after a step without a save (a table per save, with
+the share of the shard files' bytes still shared with the NVMe files after the wait: cloned, decision 0057).
 A tiny shape runs it in a minute:
 
     build/venv/bin/python benchmarks/peers/sharded_start_peers.py --nvme-path /tmp/nvme-bench \
@@ -88,6 +89,28 @@ def probe_creation(marks):
         print("PROBE " + json.dumps(dict(marks, rank=torch_peers.rank_env()[0])), flush=True)
 
     _created.Created.load = probed
+
+
+def shared_bytes(path):
+    """Bytes of `path` in extents the file system shares with another file (FIEMAP_EXTENT_SHARED): the blocks an
+    asynchronous save cloned from the NVMe files (decision 0057) and no step has written since."""
+    import fcntl
+    import struct
+    fs_ioc_fiemap, count, shared, start = 0xC020660B, 256, 0, 0
+    with open(path, "rb") as f:
+        while True:
+            req = bytearray(struct.pack("QQIIII", start, (1 << 64) - 1 - start, 1, 0, count, 0) + bytes(56 * count))
+            fcntl.ioctl(f.fileno(), fs_ioc_fiemap, req)
+            mapped = struct.unpack_from("I", req, 20)[0]
+            last = False
+            for i in range(mapped):
+                logical, _, length = struct.unpack_from("QQQ", req, 32 + 56 * i)
+                flags = struct.unpack_from("I", req, 32 + 56 * i + 40)[0]
+                shared += length if flags & 0x2000 else 0  # FIEMAP_EXTENT_SHARED
+                last = last or flags & 0x1  # FIEMAP_EXTENT_LAST
+                start = logical + length
+            if mapped == 0 or last:
+                return shared
 
 
 def strata_setup(a, cfg, mode, marks):
@@ -166,7 +189,10 @@ def strata_setup(a, cfg, mode, marks):
             t = time.perf_counter()
             engine.wait_checkpoint()
             run["wait_s"] = time.perf_counter() - t
+            run["shared_bytes"], run["file_bytes"] = 0, 0
             for name in glob.glob(os.path.join(root, f"async-{i}", "*", f"shard_{torch_peers.rank_env()[0]:05d}.bin")):
+                run["shared_bytes"] += shared_bytes(name)
+                run["file_bytes"] += os.path.getsize(name)
                 os.remove(name)  # published: its room back for the next one
             # the stall: the call, what the steps lost against the one before, and the wait for the rest
             run["stall_s"] = run["call_s"] + run["step_s"] - a.steps_over_save * run["step_before_s"] + run["wait_s"]
@@ -176,8 +202,8 @@ def strata_setup(a, cfg, mode, marks):
         marks.update(async_call_s=first["call_s"], async_step_s=first["step_s"], async_wait_s=first["wait_s"],
                      async_stall_s=first["stall_s"], async_rss_growth_mib=first["rss_growth_mib"],
                      step_before_s=first["step_before_s"])
-        if torch_peers.rank_env()[0] == 0:  # every rank's shard is in it once rank 0's last wait returned
-            shutil.rmtree(root, ignore_errors=True)
+        # What is left of `root` (manifests) goes with the next launch's cleanup: removing it here, on rank 0, would race
+        # the other ranks still measuring their last shard (shared_bytes).
 
     SAVE_COMPARE["run"] = save_compare
     return step, export, engine.close
@@ -484,7 +510,7 @@ def main():
                   f"| {stall:.2f} | {stall / sync:.2f} | {max(x['async_rss_growth_mib'] for x in rk):.1f} |")
         if a.async_saves > 1:
             print("\n| system | async save | call s | steps s (step before) | wait s | stall s | stall / sync "
-                  "| RSS growth MiB |\n|---|---|---|---|---|---|---|---|")
+                  "| RSS growth MiB | shared % |\n|---|---|---|---|---|---|---|---|---|")
             for r in compared:
                 rk = r["ranks"]
                 sync = max(x["sync_save_s"] for x in rk)
@@ -494,7 +520,8 @@ def main():
                     print(f"| {r['mode']} | {i + 1} | {max(v['call_s'] for v in runs):.3f} "
                           f"| {max(v['step_s'] for v in runs):.2f} ({max(v['step_before_s'] for v in runs):.2f}) "
                           f"| {max(v['wait_s'] for v in runs):.2f} | {stall:.2f} | {stall / sync:.2f} "
-                          f"| {max(v['rss_growth_mib'] for v in runs):.1f} |")
+                          f"| {max(v['rss_growth_mib'] for v in runs):.1f} "
+                          f"| {100 * min(v['shared_bytes'] / max(v['file_bytes'], 1) for v in runs):.0f} |")
 
 
 if __name__ == "__main__":
