@@ -80,16 +80,27 @@ class Sources {
   std::map<std::string, Fd> fds_;
 };
 
+// What a save's clones came to (Note [Cloned checkpoint lanes] in files.h), for its log line.
+struct Cloning {
+  bool on = false;      // cloning; turned off for the rest of the save by the first refusal
+  uint64_t bytes = 0;   // cloned
+  std::string why_not;  // why it streamed, where it did
+};
+
 // Note [Cloned checkpoint lanes] (files.h): the whole blocks of lane `l` cloned from the files of its tiles,
 // tile by tile, each let go once cloned; then the rest (the last partial block, or all of it where the file
-// systems cannot clone: `can_clone` turns false for the rest of the save) streamed from the snapshot.
+// systems cannot clone) streamed from the snapshot.
 absl::Status WriteTiledLane(const std::string& path, ShardWriter& w, size_t l, const ShardLane& lane,
-                            optim::KindSnapshot& snap, bool& can_clone, Sources& sources, std::vector<float>& piece) {
+                            optim::KindSnapshot& snap, Cloning& cloning, Sources& sources, std::vector<float>& piece) {
   const uint64_t whole = lane.elems * 4 / kBlock * kBlock;  // the lane's bytes in whole blocks
-  const std::optional<optim::LaneFiles> files = can_clone ? snap.Files() : std::nullopt;
-  if (files.has_value() && files->tile_elems * 4 % kBlock == 0) {
+  const std::optional<optim::LaneFiles> files = cloning.on ? snap.Files() : std::nullopt;
+  if (files.has_value() && files->tile_elems * 4 % kBlock != 0) {
+    cloning.on = false;
+    cloning.why_not = absl::StrCat("NVMe tiles of ", files->tile_elems, " elements are not whole 4096-byte blocks");
+  }
+  if (files.has_value() && cloning.on) {
     uint64_t at = 0;  // the lane's bytes cloned so far
-    for (size_t t = 0; t < files->tiles.size() && at < whole && can_clone; ++t) {
+    for (size_t t = 0; t < files->tiles.size() && at < whole && cloning.on; ++t) {
       uint32_t crc = 0;  // of the tile's bytes cloned
       for (const optim::LanePiece& p : files->tiles[t]) {
         if (at >= whole) break;
@@ -98,11 +109,13 @@ absl::Status WriteTiledLane(const std::string& path, ShardWriter& w, size_t l, c
         const absl::Status cloned =
             fd.ok() ? w.CloneLane(l, *fd, p.name, p.offset, n, &crc) : absl::UnimplementedError("");
         if (absl::IsUnimplemented(cloned)) {
-          can_clone = false;
+          cloning.on = false;
+          cloning.why_not = std::string(fd.ok() ? cloned.message() : fd.status().message());
           break;
         }
         STRATA_RETURN_IF_ERROR(cloned);
         at += n;
+        cloning.bytes += n;
       }
       // A tile cloned whole is checked against the store's checksum of it, as a read through the store would be
       // (a tile cloned in part is read whole through the store, below, which checks it).
@@ -139,8 +152,13 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
   // fails the save and not the step.
   uint64_t tiled_bytes = 0;
   for (const ShardLane& l : snapshot.tiled) tiled_bytes += l.elems * 4;
-  bool can_clone =
-      !snapshot.tiled.empty() && FreeBytes(std::filesystem::path(path).parent_path().string()) >= tiled_bytes;
+  Cloning cloning;
+  const uint64_t free = FreeBytes(std::filesystem::path(path).parent_path().string());
+  cloning.on = free >= tiled_bytes;
+  if (!cloning.on) {
+    cloning.why_not = absl::StrCat("the file system has ", free, " bytes free, less than the ", tiled_bytes,
+                                   " bytes of NVMe state a clone takes once the steps rewrite it");
+  }
   Sources sources;
   std::vector<float> piece;
   for (size_t i = 0; i < snapshot.ranges.size(); ++i) {
@@ -151,7 +169,7 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
       if (lane == nullptr) {
         STRATA_RETURN_IF_ERROR(w.WriteLane(l, snapshot.buffers[buffer].data(), snapshot.tiled[l].elems));
       } else {
-        STRATA_RETURN_IF_ERROR(WriteTiledLane(path, w, l, snapshot.tiled[l], *lane, can_clone, sources, piece));
+        STRATA_RETURN_IF_ERROR(WriteTiledLane(path, w, l, snapshot.tiled[l], *lane, cloning, sources, piece));
         snapshot.lanes[buffer].reset();  // its tiles, and its staging, let go at once
       }
     } else if (lane == nullptr) {
@@ -170,6 +188,14 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
     // A lane whose last range this was lets go of the rest of its tiles now.
     if (lane != nullptr && (i + 1 == snapshot.ranges.size() || snapshot.at[i + 1].first != buffer)) {
       snapshot.lanes[buffer].reset();
+    }
+  }
+  if (shard == 0 && !snapshot.tiled.empty()) {  // one line per save: whether the NVMe state was cloned
+    if (cloning.on || cloning.bytes > 0) {
+      STRATA_LOG(Info) << "checkpoint shard " << path << ": " << cloning.bytes << " of the NVMe state's " << tiled_bytes
+                       << " bytes cloned from its tiles (decision 0057)";
+    } else {
+      STRATA_LOG(Info) << "checkpoint shard " << path << ": NVMe state copied, not cloned: " << cloning.why_not;
     }
   }
   return w.Finish();
