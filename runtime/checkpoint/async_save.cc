@@ -1,7 +1,6 @@
 #include "runtime/checkpoint/async_save.h"
 
 #include <fcntl.h>
-#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -15,6 +14,7 @@
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/publish.h"
 #include "runtime/device/host_device.h"
+#include "runtime/offload/nvme_files.h"
 
 namespace strata::checkpoint {
 
@@ -58,12 +58,6 @@ namespace {
 // Floats a range of a lane is streamed in: the writer's own piece of host memory (1 MiB).
 constexpr uint64_t kPieceFloats = uint64_t{1} << 18;
 constexpr uint64_t kBlock = 4096;
-
-uint64_t FreeBytes(const std::string& dir) {
-  struct statvfs v;
-  if (::statvfs(dir.empty() ? "." : dir.c_str(), &v) != 0) return 0;
-  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
-}
 
 // The NVMe files a save clones from, each opened once (read-only).
 class Sources {
@@ -143,17 +137,14 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
                                                           ShardSnapshot& snapshot) {
   STRATA_ASSIGN_OR_RETURN(ShardWriter w,
                           ShardWriter::Create(path, shard, shard_world, snapshot.ranges, snapshot.tiled));
-  std::vector<int> lane_of(snapshot.ranges.size(), -1);
-  for (size_t l = 0; l < snapshot.tiled.size(); ++l) {
-    for (size_t i = snapshot.tiled[l].first; i < snapshot.tiled[l].end; ++i) lane_of[i] = static_cast<int>(l);
-  }
   // Note [Cloned checkpoint lanes]: a clone's blocks take their room later, when the steps rewrite them (copy on
   // write): clone only where the file system has that room now, as a streamed save would need it, so a full disk
   // fails the save and not the step.
   uint64_t tiled_bytes = 0;
   for (const ShardLane& l : snapshot.tiled) tiled_bytes += l.elems * 4;
   Cloning cloning;
-  const uint64_t free = FreeBytes(std::filesystem::path(path).parent_path().string());
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const uint64_t free = offload::FreeBytes(dir.empty() ? "." : dir);
   cloning.on = free >= tiled_bytes;
   if (!cloning.on) {
     cloning.why_not = absl::StrCat("the file system has ", free, " bytes free, less than the ", tiled_bytes,
@@ -164,7 +155,7 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
   for (size_t i = 0; i < snapshot.ranges.size(); ++i) {
     const auto [buffer, offset] = snapshot.at[i];
     optim::KindSnapshot* lane = snapshot.lanes.size() > buffer ? snapshot.lanes[buffer].get() : nullptr;
-    if (const int l = lane_of[i]; l >= 0) {  // Note [NVMe lanes laid out as tiles]: the whole lane at its first range
+    if (const int l = w.lane_of(i); l >= 0) {  // Note [NVMe lanes laid out as tiles]: the whole lane at its first range
       if (i != snapshot.tiled[l].first) continue;
       if (lane == nullptr) {
         STRATA_RETURN_IF_ERROR(w.WriteLane(l, snapshot.buffers[buffer].data(), snapshot.tiled[l].elems));

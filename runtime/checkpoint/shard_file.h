@@ -83,6 +83,8 @@ class ShardWriter {
   // what it cloned against its source's checksum.
   absl::Status CloneLane(size_t lane, int src, const std::string& src_path, uint64_t src_offset, uint64_t n,
                          uint32_t* crc = nullptr);
+  // The lane range `range` lies in (Create's `lanes`), or -1.
+  int lane_of(size_t range) const { return lane_of_[range]; }
   // The elements of lane `lane` written so far (WriteLane and CloneLane).
   uint64_t lane_done(size_t lane) const { return lane_done_[lane]; }
   // Whether the data still goes to the file with O_DIRECT (Note [Direct checkpoint writes]; tests).

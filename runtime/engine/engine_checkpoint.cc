@@ -68,7 +68,6 @@ struct ShardPlan {
   std::vector<ckpt::ShardRange> ranges;
   std::vector<std::pair<size_t, size_t>> where;
   std::vector<ckpt::ShardLane> lanes;
-  std::vector<int> lane_of;  // per range: its lane, or -1
 };
 
 ShardPlan PlanShard(const Engine::Impl& m) {
@@ -80,13 +79,11 @@ ShardPlan PlanShard(const Engine::Impl& m) {
     for (optim::StateKind k : u.state->kinds()) kinds.emplace_back(optim::StateKindName(k));
     const size_t lo = r * u.layout.shard_elems;
     for (ckpt::SaveRange& s : ckpt::RangesToSave(ManifestUnitOf(u), lo, lo + u.layout.shard_elems, kinds)) {
-      plan.lane_of.push_back(-1);
       if (u.state->tiled()) {  // ranges come kind by kind: a kind's first range opens its lane
         if (plan.where.empty() || plan.where.back() != std::make_pair(ui, s.kind)) {
           plan.lanes.push_back({plan.ranges.size(), plan.ranges.size(), u.update_begin(), u.update_elems()});
         }
         plan.lanes.back().end = plan.ranges.size() + 1;
-        plan.lane_of.back() = static_cast<int>(plan.lanes.size() - 1);
       }
       plan.ranges.push_back(std::move(s.range));
       plan.where.emplace_back(ui, s.kind);
@@ -110,7 +107,7 @@ absl::Status WriteShard(Engine::Impl& m, const std::string& path, uint32_t* chec
       STRATA_ASSIGN_OR_RETURN(buffers, KindBuffers(m, u, &staged));
       staged_unit = where[i].first;
     }
-    if (const int lane = plan.lane_of[i]; lane < 0) {
+    if (const int lane = w.lane_of(i); lane < 0) {
       STRATA_RETURN_IF_ERROR(w.Write(i, buffers[where[i].second] + (ranges[i].begin - u.update_begin())));
     } else if (i == plan.lanes[lane].first) {  // the whole lane, padding included
       STRATA_RETURN_IF_ERROR(w.WriteLane(lane, buffers[where[i].second], u.update_elems()));

@@ -40,12 +40,6 @@ int RefuseDirectForTest(const std::string& path, int flags) {
   return -1;
 }
 
-uint64_t FreeBytes(const std::string& dir) {
-  struct statvfs v;
-  if (statvfs(dir.c_str(), &v) != 0) return 0;
-  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
-}
-
 absl::Status CheckDirectory(const std::string& dir) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
@@ -248,6 +242,12 @@ std::vector<FilePiece> NvmeFileSet::Map(uint64_t offset, uint64_t bytes) const {
     done += len;
   }
   return pieces;
+}
+
+uint64_t FreeBytes(const std::string& dir) {
+  struct statvfs v;
+  if (statvfs(dir.c_str(), &v) != 0) return 0;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
 }
 
 }  // namespace strata::offload

@@ -40,6 +40,10 @@ namespace strata::offload {
 
 enum class DirectIo { kAuto, kRequire, kOff };
 
+// The bytes an unprivileged writer may still use on the file system holding `dir` (statvfs f_bavail), 0 where
+// it cannot tell.
+uint64_t FreeBytes(const std::string& dir);
+
 struct NvmeFileSetOptions {
   std::vector<std::string> paths;  // directories (NVMe mount points); one file each
   int rank = 0;
