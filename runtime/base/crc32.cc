@@ -63,6 +63,45 @@ uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
   return n == 0 ? crc : internal::Crc32Table(p, n, crc);
 }
 
+namespace {
+// Polynomials modulo the CRC's, reflected as the CRC keeps them: the coefficient of x^i at bit 31 - i.
+constexpr uint32_t kOne = 0x80000000u;  // x^0
+// x^-1: x * (x^31 + sum over i >= 1 of p_i x^(i-1)) = P(x) + 1 = 1 (mod P), with p_0 = 1.
+constexpr uint32_t kXInverse = (0xedb88320u << 1) | 1u;
+
+uint32_t MulMod(uint32_t a, uint32_t b) {
+  uint32_t p = 0;
+  for (uint32_t m = kOne; m != 0; m >>= 1) {
+    if (a & m) p ^= b;
+    b = (b & 1) ? (b >> 1) ^ 0xedb88320u : b >> 1;  // b * x
+  }
+  return p;
+}
+
+uint32_t PowMod(uint32_t base, uint64_t n) {
+  uint32_t r = kOne;
+  for (; n != 0; n >>= 1, base = MulMod(base, base)) {
+    if (n & 1) r = MulMod(r, base);
+  }
+  return r;
+}
+
+uint32_t ShiftBytes(uint32_t crc, uint64_t bytes, bool back) {
+  static const uint32_t x8 = PowMod(kOne >> 1, 8), x8_inverse = PowMod(kXInverse, 8);
+  return MulMod(crc, PowMod(back ? x8_inverse : x8, bytes));
+}
+}  // namespace
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  return ShiftBytes(crc_a, len_b, false) ^ crc_b;
+}
+
+uint32_t Crc32Middle(uint32_t whole, uint32_t before, uint32_t after, uint64_t middle_len, uint64_t after_len) {
+  // whole = before * x^(8 (m + a)) + middle * x^(8 a) + after.
+  const uint32_t middle_shifted = whole ^ after ^ ShiftBytes(before, middle_len + after_len, false);
+  return ShiftBytes(middle_shifted, after_len, true);
+}
+
 const char* Crc32Implementation() { return internal::Crc32HavePclmul() ? "pclmul" : "table"; }
 
 }  // namespace strata

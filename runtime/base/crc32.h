@@ -18,6 +18,19 @@ namespace strata {
 
 uint32_t Crc32(const void* data, size_t n, uint32_t crc = 0);
 
+// Splicing CRCs without the bytes (zlib's crc32_combine, and its inverse), for a checkpoint writer that knows a
+// tile's CRC from the NVMe store and reads only the pieces it must (Note [Cloned checkpoint lanes] in
+// checkpoint/files.h). In GF(2)[x] modulo the polynomial, Crc32 of a followed by b is crc(a) * x^(8 |b|) + crc(b);
+// x is invertible there (the polynomial's constant term is 1), so a piece's CRC follows from the whole's and the
+// others'.
+//
+// The CRC-32 of a followed by b, from their CRCs and b's length in bytes.
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+// The CRC-32 of the middle of `before` + `middle` + `after`, from the CRC of the whole and of the other two
+// (either may be empty: CRC 0, length 0): Crc32Combine(Crc32Combine(before, m, middle_len), after, after_len) ==
+// whole for m, the result.
+uint32_t Crc32Middle(uint32_t whole, uint32_t before, uint32_t after, uint64_t middle_len, uint64_t after_len);
+
 // Which implementation Crc32 uses for long inputs on this CPU: "pclmul" or "table".
 const char* Crc32Implementation();
 

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -74,67 +76,134 @@ class Sources {
   std::map<std::string, Fd> fds_;
 };
 
-// What a save's clones came to (Note [Cloned checkpoint lanes] in files.h), for its log line.
-struct Cloning {
-  bool on = false;      // cloning; turned off for the rest of the save by the first refusal
-  uint64_t bytes = 0;   // cloned
-  std::string why_not;  // why it streamed, where it did
+// A lane cloned whole, its snapshot held until each tile's bytes are checked (Note [Cloned checkpoint lanes]).
+struct HeldLane {
+  struct Tile {
+    size_t index = 0;
+    uint64_t end = 0;  // the lane's element after it
+    uint32_t crc = 0;  // the store's
+    ShardWriter::ClonedTile cloned;
+    std::string source;  // where it was cloned from, for errors
+  };
+  std::unique_ptr<optim::KindSnapshot> snapshot;
+  std::vector<Tile> tiles;
+  size_t next = 0;  // tiles before it are checked and let go
 };
 
-// Note [Cloned checkpoint lanes] (files.h): the whole blocks of lane `l` cloned from the files of its tiles,
-// tile by tile, each let go once cloned; then the rest (the last partial block, or all of it where the file
-// systems cannot clone) streamed from the snapshot.
+// What a save's clones came to (Note [Cloned checkpoint lanes] in files.h), for its log line.
+struct Cloning {
+  bool on = false;                           // cloning; turned off for the rest of the save by the first refusal
+  uint64_t bytes = 0;                        // cloned
+  std::string why_not;                       // why it streamed, where it did
+  uint64_t tiles = 0, checked_by_steps = 0;  // tiles cloned, and of them checked by the live state's reads
+  std::vector<HeldLane> held;
+};
+
+// A cloned tile's bytes as the file holds them, read back and checked against the store's CRC of them.
+absl::Status ReadBack(const std::string& path, ShardWriter& w, const HeldLane::Tile& t) {
+  STRATA_ASSIGN_OR_RETURN(const uint32_t got, w.ClonedCrc(t.cloned));
+  if (got == t.crc) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("checkpoint ", path, ": NVMe tile ", t.index, " of a lane (", t.source,
+                                          ") fails its checksum: stored crc32 0x", absl::Hex(t.crc), ", read 0x",
+                                          absl::Hex(got)));
+}
+
+// Note [Cloned checkpoint lanes] (files.h): the whole blocks of lane `l` cloned from the files of its tiles, tile by
+// tile, and its last partial block read from them; its snapshot then goes to `cloning.held` for its tiles to be
+// checked. Where the lane cannot be cloned whole (a refusal, a tile never written), what was cloned is read back and
+// checked at once, and the rest streamed from the snapshot.
 absl::Status WriteTiledLane(const std::string& path, ShardWriter& w, size_t l, const ShardLane& lane,
-                            optim::KindSnapshot& snap, Cloning& cloning, Sources& sources, std::vector<float>& piece) {
-  const uint64_t whole = lane.elems * 4 / kBlock * kBlock;  // the lane's bytes in whole blocks
-  const std::optional<optim::LaneFiles> files = cloning.on ? snap.Files() : std::nullopt;
+                            std::unique_ptr<optim::KindSnapshot>& snap, Cloning& cloning, Sources& sources,
+                            std::vector<float>& piece) {
+  const std::optional<optim::LaneFiles> files = cloning.on ? snap->Files() : std::nullopt;
   if (files.has_value() && files->tile_elems * 4 % kBlock != 0) {
     cloning.on = false;
     cloning.why_not = absl::StrCat("NVMe tiles of ", files->tile_elems, " elements are not whole 4096-byte blocks");
   }
-  if (files.has_value() && cloning.on) {
-    uint64_t at = 0;  // the lane's bytes cloned so far
-    for (size_t t = 0; t < files->tiles.size() && at < whole && cloning.on; ++t) {
-      uint32_t crc = 0;  // of the tile's bytes cloned
-      for (const optim::LanePiece& p : files->tiles[t]) {
-        if (at >= whole) break;
-        const uint64_t n = std::min(p.bytes, whole - at);
-        const absl::StatusOr<int> fd = sources.Open(p);  // a file it cannot open is one it cannot clone from
-        const absl::Status cloned =
-            fd.ok() ? w.CloneLane(l, *fd, p.name, p.offset, n, &crc) : absl::UnimplementedError("");
-        if (absl::IsUnimplemented(cloned)) {
-          cloning.on = false;
-          cloning.why_not = std::string(fd.ok() ? cloned.message() : fd.status().message());
-          break;
-        }
-        STRATA_RETURN_IF_ERROR(cloned);
-        at += n;
-        cloning.bytes += n;
+  HeldLane held;
+  for (size_t t = 0; files.has_value() && cloning.on && t < files->tiles.size() && files->crcs[t].has_value(); ++t) {
+    const uint64_t end = std::min<uint64_t>((t + 1) * files->tile_elems, lane.elems);
+    std::vector<ShardWriter::CloneSource> from;
+    for (const optim::LanePiece& p : files->tiles[t]) {
+      const absl::StatusOr<int> fd = sources.Open(p);  // a file it cannot open is one it cannot clone from
+      if (!fd.ok()) {
+        cloning.on = false;
+        cloning.why_not = std::string(fd.status().message());
+        break;
       }
-      // A tile cloned whole is checked against the store's checksum of it, as a read through the store would be
-      // (a tile cloned in part is read whole through the store, below, which checks it).
-      const uint64_t tile_end = std::min<uint64_t>((t + 1) * files->tile_elems, lane.elems) * 4;
-      if (at == tile_end && files->crcs[t].has_value() && crc != *files->crcs[t] && !files->tiles[t].empty()) {
-        const optim::LanePiece& p = files->tiles[t].front();
-        return absl::DataLossError(absl::StrCat("checkpoint ", path, ": NVMe tile ", t, " of a lane (", p.name,
-                                                " at offset ", p.offset, ") fails its checksum: stored crc32 0x",
-                                                absl::Hex(*files->crcs[t]), ", read 0x", absl::Hex(crc)));
-      }
-      snap.Skip(at / 4);
+      from.push_back({*fd, p.name, p.offset, p.bytes});
     }
+    if (!cloning.on || from.empty()) break;
+    absl::StatusOr<ShardWriter::ClonedTile> cloned =
+        w.CloneTile(l, from, (end - t * files->tile_elems) * 4, *files->crcs[t]);
+    if (absl::IsUnimplemented(cloned.status())) {
+      cloning.on = false;
+      cloning.why_not = std::string(cloned.status().message());
+      break;
+    }
+    STRATA_RETURN_IF_ERROR(cloned.status());
+    cloning.bytes += cloned->bytes - cloned->tail.size();
+    ++cloning.tiles;
+    held.tiles.push_back(
+        {t, end, *files->crcs[t], *std::move(cloned), absl::StrCat(from[0].path, " at offset ", from[0].offset)});
   }
+  if (w.lane_done(l) == lane.elems) {
+    held.snapshot = std::move(snap);
+    cloning.held.push_back(std::move(held));
+    return absl::OkStatus();
+  }
+  for (const HeldLane::Tile& t : held.tiles) STRATA_RETURN_IF_ERROR(ReadBack(path, w, t));
+  snap->Skip(w.lane_done(l));
   for (uint64_t done = w.lane_done(l); done < lane.elems;) {
     const uint64_t n = std::min<uint64_t>(lane.elems - done, kPieceFloats);
     piece.resize(n);
-    STRATA_RETURN_IF_ERROR(snap.Read(done, n, piece.data()));
+    STRATA_RETURN_IF_ERROR(snap->Read(done, n, piece.data()));
     STRATA_RETURN_IF_ERROR(w.WriteLane(l, piece.data(), n));
     done += n;
+  }
+  snap.reset();  // its tiles, and its staging, let go at once
+  return absl::OkStatus();
+}
+
+// Note [Cloned checkpoint lanes]: each held tile is let go once its bytes are known good: checked by the live
+// state's read of them (the step's update reads every tile it rewrites, and checks it), or read back from the file
+// here and checked, where nobody will check it: the live state wrote it elsewhere unread, or waits for room, or
+// `hurry` is set (the training waits for the save), or no tile was checked for kQuietLimit.
+constexpr auto kQuietLimit = std::chrono::seconds(60);
+
+absl::Status CheckHeld(const std::string& path, ShardWriter& w, Cloning& cloning, const std::atomic<bool>* hurry) {
+  auto last = std::chrono::steady_clock::now();
+  while (!cloning.held.empty()) {
+    const bool rush = hurry == nullptr || hurry->load() || std::chrono::steady_clock::now() - last > kQuietLimit;
+    bool progressed = false;
+    for (HeldLane& h : cloning.held) {
+      for (; h.next < h.tiles.size(); ++h.next) {
+        const HeldLane::Tile& t = h.tiles[h.next];
+        const optim::KindSnapshot::TileCheck check = h.snapshot->Check(t.index);
+        if (check.checked) {
+          ++cloning.checked_by_steps;
+        } else if (rush || check.let_go_now) {
+          STRATA_RETURN_IF_ERROR(ReadBack(path, w, t));
+        } else {
+          break;
+        }
+        h.snapshot->Skip(t.end);
+        progressed = true;
+      }
+      if (h.next == h.tiles.size()) h.snapshot.reset();
+    }
+    std::erase_if(cloning.held, [](const HeldLane& h) { return h.snapshot == nullptr; });
+    if (progressed) {
+      last = std::chrono::steady_clock::now();
+    } else if (!cloning.held.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& path, int shard, int shard_world,
-                                                          ShardSnapshot& snapshot) {
+                                                          ShardSnapshot& snapshot, const std::atomic<bool>* hurry) {
   STRATA_ASSIGN_OR_RETURN(ShardWriter w,
                           ShardWriter::Create(path, shard, shard_world, snapshot.ranges, snapshot.tiled));
   // Note [Cloned checkpoint lanes]: a clone's blocks take their room later, when the steps rewrite them (copy on
@@ -160,8 +229,8 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
       if (lane == nullptr) {
         STRATA_RETURN_IF_ERROR(w.WriteLane(l, snapshot.buffers[buffer].data(), snapshot.tiled[l].elems));
       } else {
-        STRATA_RETURN_IF_ERROR(WriteTiledLane(path, w, l, snapshot.tiled[l], *lane, cloning, sources, piece));
-        snapshot.lanes[buffer].reset();  // its tiles, and its staging, let go at once
+        STRATA_RETURN_IF_ERROR(
+            WriteTiledLane(path, w, l, snapshot.tiled[l], snapshot.lanes[buffer], cloning, sources, piece));
       }
     } else if (lane == nullptr) {
       STRATA_RETURN_IF_ERROR(w.Write(i, snapshot.buffers[buffer].data() + offset));
@@ -181,10 +250,13 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
       snapshot.lanes[buffer].reset();
     }
   }
+  STRATA_RETURN_IF_ERROR(CheckHeld(path, w, cloning, hurry));
   if (shard == 0 && !snapshot.tiled.empty()) {  // one line per save: whether the NVMe state was cloned
     if (cloning.on || cloning.bytes > 0) {
       STRATA_LOG(Info) << "checkpoint shard " << path << ": " << cloning.bytes << " of the NVMe state's " << tiled_bytes
-                       << " bytes cloned from its tiles (decision 0057)";
+                       << " bytes cloned from its tiles; of its " << cloning.tiles << " tiles, "
+                       << cloning.checked_by_steps << " checked by the steps' reads, the rest read back ("
+                       << w.read_back_bytes() << " bytes read back in all; decision 0057)";
     } else {
       STRATA_LOG(Info) << "checkpoint shard " << path << ": NVMe state copied, not cloned: " << cloning.why_not;
     }
@@ -194,8 +266,8 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
 }  // namespace
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
-                                                            ShardSnapshot& snapshot) {
-  auto done = WriteRanges(path, shard, shard_world, snapshot);
+                                                            ShardSnapshot& snapshot, const std::atomic<bool>* hurry) {
+  auto done = WriteRanges(path, shard, shard_world, snapshot, hurry);
   snapshot.lanes.clear();  // whatever happened: the live state writes those tiles in place again
   return done;
 }
@@ -212,6 +284,7 @@ AsyncSaver::~AsyncSaver() {
 }
 
 void AsyncSaver::Join() {
+  hurry_.store(true);  // Note [Cloned checkpoint lanes]: the training waits; held tiles are read back now
   if (thread_.joinable()) thread_.join();
 }
 
@@ -221,6 +294,7 @@ absl::Status AsyncSaver::Start(AsyncSaveJob job) {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = true;
     reported_ = false;
+    hurry_.store(false);
     outcome_ = absl::OkStatus();
     last_ = {job.snapshot.bytes(), job.snapshot.nvme_bytes(), job.snapshot.staging_bytes(),
              job.snapshot.in_place_bytes()};
@@ -236,7 +310,7 @@ void AsyncSaver::Run(AsyncSaveJob job) {
   if (BeforeWriteHook()) BeforeWriteHook()();
   if (local.ok() && job.shard >= 0) {
     auto done = WriteSnapshot((std::filesystem::path(job.step_dir) / ShardName(job.shard)).string(), job.shard,
-                              job.shard_world, job.snapshot);
+                              job.shard_world, job.snapshot, &hurry_);
     if (done.ok()) {
       mine.checksum = done->first;
       mine.bytes = done->second;

@@ -16,6 +16,7 @@
 // success is silent. Destroying the saver waits for the save in flight and logs a failure nobody took.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -71,9 +72,11 @@ struct AsyncSaveJob {
 };
 
 // Writes the shard of `snapshot` to `path` (ShardWriter: temporary, fsync, rename). {checksum, bytes}. Lets
-// go of each lane once written (of every lane, whatever the outcome).
+// go of each lane once written (of every lane, whatever the outcome). Cloned tiles are held until the live state's
+// reads check them, or read back at once while `hurry` is set or null (Note [Cloned checkpoint lanes]).
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
-                                                            ShardSnapshot& snapshot);
+                                                            ShardSnapshot& snapshot,
+                                                            const std::atomic<bool>* hurry = nullptr);
 
 // Tests only: `hook` runs on every writer thread before it writes its shard (empty: none), so a test can
 // hold the write until training changed the state. Set it while no save is in flight.
@@ -119,6 +122,7 @@ class AsyncSaver {
   std::unique_ptr<comm::Communicator> control_;
   std::unique_ptr<device::Stream> stream_;
   std::thread thread_;
+  std::atomic<bool> hurry_{false};  // set while the training waits for the save (Join)
   mutable std::mutex mu_;
   bool running_ = false;  // guarded by mu_
   bool reported_ = true;  // guarded by mu_: the outcome was returned (or there is none)

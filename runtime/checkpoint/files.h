@@ -138,6 +138,13 @@ class StreamFile {
 // `dst_offset`. Where the file systems cannot (EOPNOTSUPP, EXDEV: another file system, EINVAL: not whole blocks,
 // ENOTTY), it returns Unimplemented and changed nothing, and the caller copies the bytes instead; any other error
 // (EIO, ENOSPC) is the write's error, naming both files.
+// Without the read-back (docs/decisions/0058-cloned-tiles-checked-by-the-steps.md): the writer knows each tile's CRC
+// from the NVMe store, so a range's CRC is spliced from it (crc32.h's Crc32Middle) and from the few pieces of the
+// tile read back (all but its largest piece: ShardWriter::CloneTile). That the cloned bytes are the CRC's is checked
+// by whoever reads them next: the step after the save reads every tile it rewrites through the store, which checks
+// it (NvmeStore::Checked), and the writer holds each tile until then; a tile nobody will check (the live state wrote
+// it elsewhere unread, or waits for room; the training waits for the save; or no tile was checked for a minute) is
+// read back from the file and checked there. A corrupt tile so still fails the save, with DataLoss.
 absl::Status CloneRange(int src, const std::string& src_path, uint64_t src_offset, int dst, const std::string& dst_path,
                         uint64_t dst_offset, uint64_t n);
 // Reads exactly n bytes; a short read (truncated file) is DataLoss naming the file and offset.

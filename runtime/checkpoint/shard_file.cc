@@ -43,7 +43,7 @@ std::string Label(const ShardRange& r) { return absl::StrCat(r.unit, ".", r.para
 uint64_t RoundUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 constexpr char kZeros[kAlign] = {};
-constexpr size_t kReadBackBytes = size_t{4} << 20;  // a clone's CRCs are read back in pieces of this size
+constexpr size_t kReadBackBytes = size_t{4} << 20;  // a clone is read back in pieces of this size
 
 }  // namespace
 
@@ -185,35 +185,144 @@ absl::Status ShardWriter::WriteLane(size_t lane, const float* data, uint64_t n) 
   return absl::OkStatus();
 }
 
-absl::Status ShardWriter::CloneLane(size_t lane, int src, const std::string& src_path, uint64_t src_offset, uint64_t n,
-                                    uint32_t* crc) {
-  STRATA_RETURN_IF_ERROR(StartLane(lane));
-  const ShardLane& l = lanes_[lane];
-  const uint64_t done = lane_done_[lane] * 4, whole = l.elems * 4 / kAlign * kAlign;
-  if (done % kAlign != 0 || n % kAlign != 0 || n > whole - std::min(whole, done)) {
-    return absl::OutOfRangeError(absl::StrCat(path_, ": shard lane #", lane, ": cloning ", n, " bytes after ", done,
-                                              " of its ", whole, " bytes of whole blocks"));
+template <typename Visit>
+absl::Status ShardWriter::VisitTile(const ClonedTile& tile, uint64_t from, uint64_t to, Visit&& visit) {
+  const uint64_t whole = tile.bytes - tile.tail.size();
+  if (from < std::min(to, whole)) {
+    if (readback_.get() < 0) {  // O_DIRECT where the file system takes it: the clone's bytes are not cached
+      int fd = ::open(tmp_.path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+      if (fd < 0 && errno == EINVAL) fd = ::open(tmp_.path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), tmp_.path());
+      readback_ = Fd(fd);
+      readback_buffer_.reset(static_cast<char*>(std::aligned_alloc(kAlign, kReadBackBytes)));
+      if (readback_buffer_ == nullptr) return absl::ResourceExhaustedError("no memory to read a cloned tile back");
+    }
+    const uint64_t end = std::min(to, whole);
+    for (uint64_t block = from / kAlign * kAlign; block < end;) {  // whole blocks of the file, as O_DIRECT reads
+      const uint64_t take = std::min<uint64_t>(RoundUp(end) - block, kReadBackBytes);
+      STRATA_RETURN_IF_ERROR(ReadAt(readback_.get(), readback_buffer_.get(), take, tile.at + block, tmp_.path()));
+      read_back_ += take;
+      const uint64_t b = std::max(from, block), e = std::min(end, block + take);
+      visit(b, readback_buffer_.get() + (b - block), e - b);
+      block += take;
+    }
   }
-  const uint64_t at = lane_at_[lane] + done;
-  STRATA_RETURN_IF_ERROR(file_.Resume(at));  // what is pending goes first
-  STRATA_RETURN_IF_ERROR(CloneRange(src, src_path, src_offset, file_.fd(), tmp_.path(), at, n));
-  STRATA_RETURN_IF_ERROR(file_.Resume(at + n));
-  if (readback_.get() < 0) {  // O_DIRECT where the file system takes it: the clone's bytes are not cached
-    int fd = ::open(tmp_.path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (fd < 0 && errno == EINVAL) fd = ::open(tmp_.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Annotate(ErrnoError("open", errno, __FILE__, __LINE__), tmp_.path());
-    readback_ = Fd(fd);
-    readback_buffer_.reset(static_cast<char*>(std::aligned_alloc(kAlign, kReadBackBytes)));
-    if (readback_buffer_ == nullptr) return absl::ResourceExhaustedError("no memory to read a cloned lane back");
-  }
-  for (uint64_t off = 0; off < n;) {
-    const uint64_t take = std::min<uint64_t>(n - off, kReadBackBytes);
-    STRATA_RETURN_IF_ERROR(ReadAt(readback_.get(), readback_buffer_.get(), take, at + off, tmp_.path()));
-    Account(lane, reinterpret_cast<const float*>(readback_buffer_.get()), take / 4);
-    if (crc != nullptr) *crc = Crc32(readback_buffer_.get(), take, *crc);
-    off += take;
+  if (to > whole) {
+    const uint64_t b = std::max(from, whole);
+    visit(b, tile.tail.data() + (b - whole), to - b);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ShardWriter::ClonedTile> ShardWriter::CloneTile(size_t lane, const std::vector<CloneSource>& sources,
+                                                               uint64_t bytes, uint32_t crc) {
+  STRATA_RETURN_IF_ERROR(StartLane(lane));
+  const ShardLane& l = lanes_[lane];
+  const uint64_t done = lane_done_[lane] * 4;
+  const bool last = done + bytes == l.elems * 4;
+  if (done % kAlign != 0 || bytes % 4 != 0 || bytes == 0 || bytes > l.elems * 4 - done ||
+      (bytes % kAlign != 0 && !last)) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": shard lane #", lane, ": cloning a tile of ", bytes,
+                                              " bytes after ", done, " of its ", l.elems * 4, " bytes"));
+  }
+  ClonedTile tile;
+  tile.at = lane_at_[lane] + done;
+  tile.bytes = bytes;
+  const uint64_t whole = bytes / kAlign * kAlign;
+  STRATA_RETURN_IF_ERROR(file_.Resume(tile.at));  // what is pending goes first
+  uint64_t cloned = 0;
+  for (const CloneSource& s : sources) {
+    if (cloned == bytes) break;
+    const uint64_t n = std::min(s.bytes, whole - cloned);
+    if (n > 0) {
+      const absl::Status st = CloneRange(s.fd, s.path, s.offset, file_.fd(), tmp_.path(), tile.at + cloned, n);
+      if (!st.ok()) {
+        STRATA_RETURN_IF_ERROR(file_.Resume(tile.at));  // the lane is written from here on instead
+        return st;
+      }
+      cloned += n;
+    }
+    if (cloned == whole && whole < bytes && s.bytes > n) {  // the last partial block lies on in this piece
+      tile.tail.resize(bytes - whole);
+      STRATA_RETURN_IF_ERROR(ReadAt(s.fd, tile.tail.data(), tile.tail.size(), s.offset + n, s.path));
+      cloned = bytes;
+    }
+  }
+  if (cloned != bytes) {
+    return absl::InternalError(
+        absl::StrCat(path_, ": shard lane #", lane, ": the tile's sources hold ", cloned, " of its ", bytes, " bytes"));
+  }
+  STRATA_RETURN_IF_ERROR(file_.Resume(tile.at + whole));
+  if (!tile.tail.empty()) {  // and the zeros to the lane's last block's end
+    STRATA_RETURN_IF_ERROR(file_.Write(tile.tail.data(), tile.tail.size(), tile.at + whole));
+    const uint64_t end = tile.at + bytes;
+    if (RoundUp(end) > end) STRATA_RETURN_IF_ERROR(file_.Write(kZeros, RoundUp(end) - end, end));
+  }
+  // The tile's pieces, in lane elements: its ranges' parts and the padding between them.
+  struct Piece {
+    uint64_t b, e;
+    int range;  // or -1: padding
+    uint32_t crc = 0;
+  };
+  const uint64_t from = done / 4, to = from + bytes / 4;
+  std::vector<Piece> pieces;
+  uint64_t at = from;
+  for (size_t i = lane_next_[lane]; i < l.end; ++i) {
+    const ShardRange& r = ranges_[i];
+    const uint64_t b = r.begin - l.begin + part_[i], e = r.begin - l.begin + r.count;
+    if (b >= to) break;
+    if (b > at) pieces.push_back({at, b, -1});
+    pieces.push_back({b, std::min(e, to), static_cast<int>(i)});
+    at = std::min(e, to);
+  }
+  if (at < to) pieces.push_back({at, to, -1});
+  size_t largest = 0;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    if (pieces[p].e - pieces[p].b > pieces[largest].e - pieces[largest].b) largest = p;
+  }
+  // The pieces before the largest and those after it, each read back in one pass; their CRCs, and the CRCs of all
+  // of them before it and all after it.
+  auto read = [&](size_t first, size_t end) -> absl::StatusOr<uint32_t> {
+    if (first >= end) return 0u;
+    size_t p = first;
+    STRATA_RETURN_IF_ERROR(VisitTile(tile, (pieces[first].b - from) * 4, (pieces[end - 1].e - from) * 4,
+                                     [&](uint64_t at, const char* data, uint64_t n) {
+                                       while (n > 0) {
+                                         while ((pieces[p].e - from) * 4 <= at) ++p;
+                                         const uint64_t take = std::min(n, (pieces[p].e - from) * 4 - at);
+                                         pieces[p].crc = Crc32(data, take, pieces[p].crc);
+                                         at += take;
+                                         data += take;
+                                         n -= take;
+                                       }
+                                     }));
+    uint32_t all = 0;
+    for (size_t q = first; q < end; ++q) all = Crc32Combine(all, pieces[q].crc, (pieces[q].e - pieces[q].b) * 4);
+    return all;
+  };
+  STRATA_ASSIGN_OR_RETURN(const uint32_t before, read(0, largest));
+  STRATA_ASSIGN_OR_RETURN(const uint32_t after, read(largest + 1, pieces.size()));
+  Piece& big = pieces[largest];
+  big.crc = Crc32Middle(crc, before, after, (big.e - big.b) * 4, (to - big.e) * 4);
+  for (const Piece& q : pieces) {
+    if (q.range < 0) continue;
+    ShardRange& r = ranges_[q.range];
+    r.crc = part_[q.range] == 0 ? q.crc : Crc32Combine(r.crc, q.crc, (q.e - q.b) * 4);
+    part_[q.range] += q.e - q.b;
+    if (part_[q.range] == r.count) {
+      written_[q.range] = true;
+      lane_next_[lane] = q.range + 1;
+    }
+  }
+  lane_done_[lane] = to;
+  return tile;
+}
+
+absl::StatusOr<uint32_t> ShardWriter::ClonedCrc(const ClonedTile& tile) {
+  uint32_t crc = 0;
+  STRATA_RETURN_IF_ERROR(
+      VisitTile(tile, 0, tile.bytes, [&](uint64_t, const char* data, uint64_t n) { crc = Crc32(data, n, crc); }));
+  return crc;
 }
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> ShardWriter::Finish() {

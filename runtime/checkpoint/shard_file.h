@@ -65,7 +65,7 @@ class ShardWriter {
  public:
   // `ranges` give unit, param, kind, begin and count; offsets are assigned here. `lanes` (ascending, not
   // overlapping) are laid out as tiles (Note [NVMe lanes laid out as tiles]); their ranges are written only
-  // through WriteLane and CloneLane.
+  // through WriteLane and CloneTile.
   static absl::StatusOr<ShardWriter> Create(const std::string& path, int rank, int world_size,
                                             std::vector<ShardRange> ranges, std::vector<ShardLane> lanes = {});
   // Writes range `index` (count floats). Any order; each exactly once.
@@ -76,16 +76,32 @@ class ShardWriter {
   // Writes the next n floats of lane `lane` (its ranges and the padding between them), in order: lanes in any
   // order, each lane's elements front to back, each exactly once. Its last write also writes its last block's zeros.
   absl::Status WriteLane(size_t lane, const float* data, uint64_t n);
-  // Note [Cloned checkpoint lanes] (files.h): the next n bytes of lane `lane` (whole blocks, within the lane's
-  // whole blocks) cloned from `src` at `src_offset`, then read back for its ranges' CRCs. Unimplemented where the
-  // file systems cannot clone: nothing changed, and the caller writes those bytes with WriteLane.
-  // With `crc`, the cloned bytes' CRC-32 continues *crc (crc32.h's incremental form), for the caller's check of
-  // what it cloned against its source's checksum.
-  absl::Status CloneLane(size_t lane, int src, const std::string& src_path, uint64_t src_offset, uint64_t n,
-                         uint32_t* crc = nullptr);
+  // Note [Cloned checkpoint lanes] (files.h): the lane's next `bytes` bytes, one tile of NVMe state (starting on a
+  // whole block; whole blocks but for the lane's last tile), cloned from `sources` (the tile's placement, in order,
+  // whole blocks of open files), and its last partial block read from them. `crc` is the CRC-32 of the tile's bytes
+  // as its store recorded them: the ranges' CRCs are spliced from it (crc32.h's Crc32Middle) and from the pieces of
+  // the tile read back, all but its largest piece of one range (or of the padding between ranges). The cloned bytes
+  // themselves are not checked against `crc`: ClonedCrc reads them back for that, where nobody else checked them.
+  // Unimplemented where the file systems cannot clone: nothing changed, and the caller writes the tile with
+  // WriteLane.
+  struct CloneSource {
+    int fd = -1;
+    std::string path;  // as errors name it
+    uint64_t offset = 0, bytes = 0;
+  };
+  struct ClonedTile {
+    uint64_t at = 0, bytes = 0;  // where it lies in the file, and its bytes
+    std::string tail;            // its last partial block's bytes (the lane's last tile)
+  };
+  absl::StatusOr<ClonedTile> CloneTile(size_t lane, const std::vector<CloneSource>& sources, uint64_t bytes,
+                                       uint32_t crc);
+  // The CRC-32 of a cloned tile's bytes as the file holds them, read back.
+  absl::StatusOr<uint32_t> ClonedCrc(const ClonedTile& tile);
+  // Bytes read back from the file so far, for CRCs (CloneTile's pieces and ClonedCrc).
+  uint64_t read_back_bytes() const { return read_back_; }
   // The lane range `range` lies in (Create's `lanes`), or -1.
   int lane_of(size_t range) const { return lane_of_[range]; }
-  // The elements of lane `lane` written so far (WriteLane and CloneLane).
+  // The elements of lane `lane` written so far (WriteLane and CloneTile).
   uint64_t lane_done(size_t lane) const { return lane_done_[lane]; }
   // Whether the data still goes to the file with O_DIRECT (Note [Direct checkpoint writes]; tests).
   bool direct() const { return file_.direct(); }
@@ -98,6 +114,10 @@ class ShardWriter {
   };
   absl::Status StartLane(size_t lane);                       // the zeros before it, on its first write
   void Account(size_t lane, const float* data, uint64_t n);  // the next n floats' CRCs
+  // Bytes [from, to) of a cloned tile, in order, to visit(offset in the tile, data, n): its whole blocks read back from
+  // the file, its tail from memory.
+  template <typename Visit>  // visit(uint64_t offset, const char* data, uint64_t n); shard_file.cc alone calls it
+  absl::Status VisitTile(const ClonedTile& tile, uint64_t from, uint64_t to, Visit&& visit);
   std::string path_;
   TempFile tmp_;  // unlinked unless Finish() renamed it into place
   int rank_ = 0, world_ = 1;
@@ -113,6 +133,7 @@ class ShardWriter {
   std::vector<size_t> lane_next_;                  // per lane: its first range not yet written whole
   Fd readback_;                                    // the temporary, read back for a clone's CRCs
   std::unique_ptr<char, Free> readback_buffer_;
+  uint64_t read_back_ = 0;
   uint64_t header_bytes_ = 0, end_ = 0;
 };
 

@@ -26,6 +26,7 @@ struct ExtentRecord {
   memory::Kind kind = memory::Kind::kScratch;
   std::atomic<bool> valid{false};  // holds data whose checksum is `crc`
   std::atomic<uint32_t> crc{0};
+  std::atomic<bool> checked{false};  // a read since the last write found its bytes matching `crc`
   ~ExtentRecord() { store->Release(*this); }
 };
 
@@ -127,6 +128,10 @@ std::optional<uint32_t> NvmeStore::Checksum(const NvmeExtent& extent) {
   return extent.record_->crc.load();
 }
 
+bool NvmeStore::Checked(const NvmeExtent& extent) {
+  return !extent.empty() && extent.record_->valid.load() && extent.record_->checked.load();
+}
+
 std::vector<ExtentPlacement> NvmeStore::Placement(const NvmeExtent& extent) const {
   std::vector<ExtentPlacement> out;
   if (extent.empty()) return out;
@@ -171,6 +176,7 @@ IoWork NvmeStore::Write(const NvmeExtent& extent, memory::BufferView src) {
   char* data = static_cast<char*>(src.data);
   const uint32_t crc = Crc32(data, rec->bytes);
   rec->valid.store(false);  // until this write lands, the old contents are gone
+  rec->checked.store(false);
   const uint64_t direct = src.bytes >= rec->io_bytes ? rec->io_bytes : rec->bytes / kAlignment * kAlignment;
   std::shared_ptr<char> bounce;
   if (direct < rec->io_bytes) {
@@ -213,6 +219,8 @@ IoWork NvmeStore::Read(const NvmeExtent& extent, memory::BufferView dst) {
                                  if (got != want) {
                                    s = absl::DataLossError(absl::StrCat("checksum mismatch: stored crc32 0x",
                                                                         absl::Hex(want), ", read 0x", absl::Hex(got)));
+                                 } else {
+                                   rec->checked.store(true);
                                  }
                                }
                                s = Annotate(s, absl::StrCat("reading ", Describe(*rec)));
@@ -237,9 +245,14 @@ void LetGoSignal::Notify() {
 
 void LetGoSignal::WaitPast(uint64_t seen, std::string_view waiting) {
   std::unique_lock<std::mutex> lock(mu_);
+  ++waiters_;
+  waiters_seen_.store(true);
   while (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return generation_ != seen; })) {
     STRATA_LOG(Warning) << waiting;
   }
+  if (--waiters_ == 0) waiters_seen_.store(false);
 }
+
+bool LetGoSignal::waited_on() const { return waiters_seen_.load(); }
 
 }  // namespace strata::offload

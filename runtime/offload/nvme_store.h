@@ -92,11 +92,16 @@ class LetGoSignal {
   void Notify();  // after letting go
   // Until a let-go after `seen`; every 10 s meanwhile, a warning that it is still `waiting` (what for).
   void WaitPast(uint64_t seen, std::string_view waiting);
+  // Whether an owner is waiting in WaitPast now (Note [Cloned checkpoint lanes]: a writer holding tiles for
+  // the step's reads to check lets go at once then). Never blocks.
+  bool waited_on() const;
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t generation_ = 0;  // guarded by mu_
+  int waiters_ = 0;          // guarded by mu_
+  std::atomic<bool> waiters_seen_{false};
 };
 
 // Where an extent's bytes lie on disk (tools, fault tests, and the checkpoint writer's clones: Note [Cloned checkpoint
@@ -135,6 +140,10 @@ class NvmeStore {
   std::vector<ExtentPlacement> Placement(const NvmeExtent& extent) const;
   // The CRC-32 of the extent's bytes as last written, or nullopt before a write completed (thread-safe).
   static std::optional<uint32_t> Checksum(const NvmeExtent& extent);
+  // Whether a read since the extent's last write found its bytes matching that checksum (thread-safe). An
+  // extent shared with a snapshot is never written, so once true it stays true while the snapshot holds it:
+  // the live state's read of a tile checks the bytes a checkpoint cloned (Note [Cloned checkpoint lanes]).
+  static bool Checked(const NvmeExtent& extent);
 
  private:
   friend struct internal::ExtentRecord;

@@ -81,6 +81,11 @@ class NvmeKindSnapshot : public KindSnapshot {
 
   void Skip(size_t at) override { LetGoBefore(at >= elems_ ? tiles_.size() : (first_ + at) / tile_elems_); }
 
+  TileCheck Check(size_t t) const override {
+    if (t >= tiles_.size() || tiles_[t].empty()) return {};
+    return {offload::NvmeStore::Checked(tiles_[t]), !tiles_[t].shared() || let_go_->waited_on()};
+  }
+
   void Release() override {
     LetGoBefore(tiles_.size());
     std::free(staging_);

@@ -92,6 +92,14 @@ class KindSnapshot {
   virtual std::optional<LaneFiles> Files() const { return std::nullopt; }
   // Lets go of what lies wholly before element `at`, as Read would (a writer that cloned it); reads go on from `at`.
   virtual void Skip(size_t /*at*/) {}
+  // Note [Cloned checkpoint lanes]: of tile t of Files(), whether a read since its last write found its bytes
+  // matching its checksum (the live update's read: `checked`), and whether the live state needs it let go now
+  // (it writes the tile elsewhere without having read it, or waits for room): then nobody will check it.
+  struct TileCheck {
+    bool checked = false;
+    bool let_go_now = true;
+  };
+  virtual TileCheck Check(size_t /*tile*/) const { return {}; }
   // Bytes of the state it holds outside host memory, and the host bytes it stages through at most.
   virtual uint64_t held_bytes() const = 0;
   virtual uint64_t staging_bytes() const = 0;

@@ -108,5 +108,32 @@ TEST(Crc32, StreamsOverUnevenChunks) {
   EXPECT_EQ(running, BitwiseCrc32(data.data(), data.size(), 0));
 }
 
+// Crc32Combine and Crc32Middle against the oracle on the spliced bytes, at every split of a short input (empty
+// pieces included) and at tile sizes (a 4 MiB tile cut at awkward places, as the checkpoint writer splits one).
+TEST(Crc32, CombineAndMiddleSpliceAtEverySplit) {
+  const auto data = RandomBytes(97, 21);
+  const uint32_t whole = BitwiseCrc32(data.data(), data.size(), 0);
+  for (size_t a = 0; a <= data.size(); ++a) {
+    for (size_t b = a; b <= data.size(); b += 3) {
+      const uint32_t before = BitwiseCrc32(data.data(), a, 0), middle = BitwiseCrc32(data.data() + a, b - a, 0);
+      const uint32_t after = BitwiseCrc32(data.data() + b, data.size() - b, 0);
+      ASSERT_EQ(Crc32Combine(Crc32Combine(before, middle, b - a), after, data.size() - b), whole) << a << " " << b;
+      ASSERT_EQ(Crc32Middle(whole, before, after, b - a, data.size() - b), middle) << a << " " << b;
+    }
+  }
+}
+
+TEST(Crc32, MiddleOfATileFromItsCrc) {
+  const auto data = RandomBytes(4 << 20, 23);
+  const uint32_t whole = Crc32(data.data(), data.size());
+  for (const auto& [a, b] : std::vector<std::pair<size_t, size_t>>{
+           {0, 1}, {4093, 1 << 21}, {1, data.size()}, {12345, data.size() - 7}, {0, data.size()}}) {
+    const uint32_t before = Crc32(data.data(), a), after = Crc32(data.data() + b, data.size() - b);
+    EXPECT_EQ(Crc32Middle(whole, before, after, b - a, data.size() - b), BitwiseCrc32(data.data() + a, b - a, 0))
+        << a << " " << b;
+  }
+  EXPECT_NE(Crc32Middle(whole ^ 1, 0, 0, data.size(), 0), whole);  // a wrong whole gives a wrong piece
+}
+
 }  // namespace
 }  // namespace strata

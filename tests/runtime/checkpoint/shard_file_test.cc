@@ -16,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/base/crc32.h"
 #include "tests/offload/offload_test_util.h"
 #include "tests/runtime/checkpoint/test_dir.h"
 #include "tests/runtime/checkpoint/tiny_checkpoint.h"
@@ -219,11 +220,13 @@ TEST_F(ShardFile, LaneMisuseIsRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Note [Cloned checkpoint lanes]: a lane's whole blocks cloned from a file that holds them as tiles do, its tail
-// written, give the file WriteLane gives, byte for byte, with the CRCs read back; on XFS its blocks are then
-// shared with the source. Where the file systems cannot clone (this directory and another file system, or a
-// file system without clones), CloneLane is Unimplemented and changed nothing: the lane is then written whole.
-void CloneLanes(const Lanes& t, const std::string& src_dir, const std::string& path, bool expect_clone) {
+// Note [Cloned checkpoint lanes]: a lane cloned tile by tile (tiles of 1024 elements) from a file that holds it as
+// the tiles do gives the file WriteLane gives, byte for byte, its ranges' CRCs spliced from the tiles' CRCs (`crcs`,
+// per lane and tile: the store's, as given) and the pieces read back; on XFS its whole blocks are then shared with
+// the source. Where the file systems cannot clone (this directory and another file system, or a file system without
+// clones), CloneTile is Unimplemented and changed nothing: the lane is then written whole. Returns the bytes read back.
+uint64_t CloneLanes(const Lanes& t, const std::string& src_dir, const std::string& path, bool expect_clone,
+                    const std::vector<std::vector<uint32_t>>& crcs) {
   const std::string src = src_dir + "/tiles";
   {
     std::string tiles(2 * 16384, '\0');  // each lane's bytes at a block, as tiles of 1024 elements hold them
@@ -231,28 +234,49 @@ void CloneLanes(const Lanes& t, const std::string& src_dir, const std::string& p
     std::ofstream(src, std::ios::binary) << tiles;
   }
   const int fd = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
+  EXPECT_GE(fd, 0);
   auto w = ShardWriter::Create(path, 0, 1, t.ranges, t.lanes);
-  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(w.ok()) << w.status();
   const bool direct = w->direct();
-  ASSERT_TRUE(w->Write(0, t.packed.data()).ok());
+  EXPECT_TRUE(w->Write(0, t.packed.data()).ok());
   for (int l = 0; l < 2; ++l) {
-    // 12000 bytes: two whole blocks in two clones of one block each (two tiles), then the tail.
-    for (int b = 0; b < 2; ++b) {
-      const absl::Status s = w->CloneLane(l, fd, src, l * 16384 + b * 4096, 4096);
-      if (!expect_clone && absl::IsUnimplemented(s)) break;
-      ASSERT_TRUE(s.ok()) << s;
+    // 12000 bytes: two tiles of one whole block each, then a tile of 3808 bytes, less than a block.
+    for (int b = 0; b < 3; ++b) {
+      const uint64_t bytes = b < 2 ? 4096 : 3808;
+      const std::vector<ShardWriter::CloneSource> from = {{fd, src, uint64_t(l * 16384 + b * 4096), 4096}};
+      auto cloned = w->CloneTile(l, from, bytes, crcs[l][b]);
+      if (!expect_clone && absl::IsUnimplemented(cloned.status())) break;
+      EXPECT_TRUE(cloned.ok()) << cloned.status();
+      if (!cloned.ok()) break;
+      EXPECT_EQ(cloned->bytes, bytes);
+      auto read = w->ClonedCrc(*cloned);
+      EXPECT_TRUE(read.ok() && *read == Crc32(t.lane_data[l].data() + b * 1024, bytes))
+          << "lane " << l << " tile " << b;
     }
-    EXPECT_EQ(w->CloneLane(l, fd, src, 0, 4096).code(),
+    const std::vector<ShardWriter::CloneSource> again = {{fd, src, 0, 4096}};
+    EXPECT_EQ(w->CloneTile(l, again, 4096, 0).status().code(),
               expect_clone ? absl::StatusCode::kOutOfRange : absl::StatusCode::kUnimplemented)
-        << "past the lane's whole blocks";
+        << "past the lane's end";
     const uint64_t done = w->lane_done(l);
-    EXPECT_EQ(done, expect_clone ? 2048u : 0u);
-    ASSERT_TRUE(w->WriteLane(l, t.lane_data[l].data() + done, 3000 - done).ok());
+    EXPECT_EQ(done, expect_clone ? 3000u : 0u);
+    if (done < 3000) {
+      EXPECT_TRUE(w->WriteLane(l, t.lane_data[l].data() + done, 3000 - done).ok());
+    }
   }
   ::close(fd);
   EXPECT_EQ(w->direct(), direct) << "the clones, or a refused one, turned the file's writes buffered";
-  ASSERT_TRUE(w->Finish().ok());
+  const uint64_t read_back = w->read_back_bytes();
+  EXPECT_TRUE(w->Finish().ok());
+  return read_back;
+}
+
+// The store's CRC of each tile of the two lanes.
+std::vector<std::vector<uint32_t>> TileCrcs(const Lanes& t) {
+  std::vector<std::vector<uint32_t>> crcs(2);
+  for (int l = 0; l < 2; ++l) {
+    for (int b = 0; b < 3; ++b) crcs[l].push_back(Crc32(t.lane_data[l].data() + b * 1024, b < 2 ? 4096 : 3808));
+  }
+  return crcs;
 }
 
 // Whether `dir`'s file system clones (FICLONE of one block between two files in it).
@@ -271,6 +295,7 @@ bool ClonesIn(const std::string& dir) {
 
 TEST_F(ShardFile, ClonedLanesAreTheWrittenLanes) {
   const Lanes t;
+  const std::vector<std::vector<uint32_t>> crcs = TileCrcs(t);
   {
     auto w = ShardWriter::Create(Path("written.bin"), 0, 1, t.ranges, t.lanes);
     ASSERT_TRUE(w.ok());
@@ -280,24 +305,40 @@ TEST_F(ShardFile, ClonedLanesAreTheWrittenLanes) {
   }
   const std::string written = ReadAll(Path("written.bin"));
   // Where the tests' scratch lives (ext4 or tmpfs: refused, then written; or a file system that clones).
-  CloneLanes(t, dir_.string(), Path("scratch.bin"), ClonesIn(dir_.string()));
+  CloneLanes(t, dir_.string(), Path("scratch.bin"), ClonesIn(dir_.string()), crcs);
   EXPECT_TRUE(ReadAll(Path("scratch.bin")) == written);
   offload::testing::XfsMount xfs;
   if (!xfs.ok()) {
     if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
     GTEST_SKIP() << xfs.reason();
   }
-  CloneLanes(t, xfs.path(), xfs.path() + "/cloned.bin", /*expect_clone=*/true);
+  const uint64_t read_back = CloneLanes(t, xfs.path(), xfs.path() + "/cloned.bin", /*expect_clone=*/true, crcs);
   EXPECT_TRUE(ReadAll(xfs.path() + "/cloned.bin") == written);
   EXPECT_EQ(offload::testing::SharedBytes(xfs.path() + "/cloned.bin"), 4u * 4096) << "the clones share 4 blocks";
+  // The pieces read back for the CRCs: per lane, the padding before w in tile 0 (one block) and tile 1 but for w's
+  // part (one block), then each tile whole for ClonedCrc: 2 + 3 blocks; the 3808-byte tile is read from memory.
+  EXPECT_EQ(read_back, 2u * (2 + 2) * 4096) << "the CRCs were not spliced from the tiles'";
   auto r = ShardReader::Open(xfs.path(), "cloned.bin");
   ASSERT_TRUE(r.ok()) << r.status();
   for (const ShardRange& range : r->ranges()) {
     std::vector<float> v;
     EXPECT_TRUE(r->Read(range, &v).ok()) << range.param << " " << range.kind;
   }
+  // The ranges' CRCs are the store's word for the tiles: a tile whose CRC is not its bytes' (a corrupt tile, seen
+  // from the clone's side) gives a range that fails its check, and ClonedCrc tells them apart.
+  std::vector<std::vector<uint32_t>> wrong = crcs;
+  wrong[1][0] ^= 1;
+  CloneLanes(t, xfs.path(), xfs.path() + "/wrong.bin", /*expect_clone=*/true, wrong);
+  auto bad = ShardReader::Open(xfs.path(), "wrong.bin");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  for (const ShardRange& range : bad->ranges()) {
+    std::vector<float> v;
+    const bool in_tile = range.kind == "exp_avg" && range.param == "w";
+    EXPECT_EQ(bad->Read(range, &v).code(), in_tile ? absl::StatusCode::kDataLoss : absl::StatusCode::kOk)
+        << range.param << " " << range.kind;
+  }
   // Across file systems (EXDEV): refused, nothing changed, then written.
-  CloneLanes(t, dir_.string(), xfs.path() + "/across.bin", /*expect_clone=*/false);
+  CloneLanes(t, dir_.string(), xfs.path() + "/across.bin", /*expect_clone=*/false, crcs);
   EXPECT_TRUE(ReadAll(xfs.path() + "/across.bin") == written);
 }
 

@@ -5,6 +5,7 @@
 // room for a redirect (a store of exactly the state's size: fault injection), the update waits until the
 // snapshot, read on another thread, lets go of tiles, and then finishes with the same values (labelled tsan:
 // the snapshot is read on one thread while the other updates).
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -191,6 +192,52 @@ TEST(NvmeSnapshot, FilesNameTheTilesAndSkipLetsGo) {
   ASSERT_TRUE(rig.Step(3).ok());
   EXPECT_EQ(rig.state->redirect_stats().redirected_tiles, 2u) << "a tile was still held after a skip to the end";
   snap.reset();
+}
+
+// Note [Cloned checkpoint lanes] (decision 0058): Check(t) says whether the tile's bytes were checked by a read
+// through the store since they were written (the next step's update reads every tile before it rewrites it), and
+// whether the live state needs the tile let go now: it wrote it elsewhere (unread or read), or it waits for room.
+TEST(NvmeSnapshot, CheckSaysWhetherTheStepReadTheTileAndWhetherItWaits) {
+  {
+    Rig rig(2);
+    ASSERT_NE(rig.state, nullptr);
+    ASSERT_TRUE(rig.Step(1).ok());
+    auto snap = rig.state->Snapshot(0, StateKind::kMaster);
+    for (size_t t = 0; t < 3; ++t) {  // just written by the step: nobody read them since
+      EXPECT_FALSE(snap->Check(t).checked) << t;
+      EXPECT_FALSE(snap->Check(t).let_go_now) << t;
+    }
+    ASSERT_TRUE(rig.Step(2).ok());  // reads every tile, checks it, writes it elsewhere
+    for (size_t t = 0; t < 3; ++t) {
+      EXPECT_TRUE(snap->Check(t).checked) << t;
+      EXPECT_TRUE(snap->Check(t).let_go_now) << t;
+    }
+    snap = rig.state->Snapshot(0, StateKind::kMaster);
+    ASSERT_TRUE(rig.state->Write(0, StateKind::kMaster, Values(kElems[0], 0.02f, 1)).ok());  // rewritten unread
+    for (size_t t = 0; t < 3; ++t) {
+      EXPECT_FALSE(snap->Check(t).checked) << t;
+      EXPECT_TRUE(snap->Check(t).let_go_now) << t;
+    }
+    snap->Skip(kTile);
+    EXPECT_FALSE(snap->Check(0).checked) << "a tile let go is not checked";
+  }
+  Rig rig(1);  // no room for a redirect: the step waits for the snapshot, which Check says
+  ASSERT_NE(rig.state, nullptr);
+  ASSERT_TRUE(rig.Step(1).ok());
+  std::vector<std::unique_ptr<KindSnapshot>> snaps;
+  for (StateKind k : kKinds) snaps.push_back(rig.state->Snapshot(0, k));
+  EXPECT_FALSE(snaps[0]->Check(0).let_go_now);
+  absl::Status stepped;
+  std::thread step([&] { stepped = rig.Step(2); });
+  bool seen = false;
+  for (int i = 0; i < 60000 && !seen; ++i) {  // a hang, not a slow machine, runs out of these 60 s
+    seen = std::any_of(snaps.begin(), snaps.end(), [](const auto& s) { return s->Check(0).let_go_now; });
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(seen) << "the step waits for room, and no snapshot's Check said so";
+  snaps.clear();
+  step.join();
+  EXPECT_TRUE(stepped.ok()) << stepped;
 }
 
 // Fault injection: the store holds the state and nothing more, so every redirect is out of room.
