@@ -492,7 +492,8 @@ strata_status strata_engine_save_checkpoint_async(strata_engine* engine, const c
 /* Collective. Waits for the asynchronous save in flight and returns the last one's outcome (STRATA_OK when
  * there was none). */
 strata_status strata_engine_wait_checkpoint(strata_engine* engine);
-/* Not collective. *out = 1 while an asynchronous save is being written on this rank, else 0. */
+/* Not collective. *out = 1 while an asynchronous save is being written on this rank, else 0. A save whose NVMe
+ * tiles were cloned stays in flight until the next step's reads checked them, at most 2 minutes (decision 0058). */
 strata_status strata_engine_checkpoint_in_flight(const strata_engine* engine, int32_t* out);
 
 /* Collective, before training or between steps. `dir` is a step directory, or a root directory whose

@@ -92,10 +92,14 @@ struct HeldLane {
 
 // What a save's clones came to (Note [Cloned checkpoint lanes] in files.h), for its log line.
 struct Cloning {
-  bool on = false;                           // cloning; turned off for the rest of the save by the first refusal
-  uint64_t bytes = 0;                        // cloned
-  std::string why_not;                       // why it streamed, where it did
-  uint64_t tiles = 0, checked_by_steps = 0;  // tiles cloned, and of them checked by the live state's reads
+  bool on = false;      // cloning; turned off for the rest of the save by the first refusal
+  uint64_t bytes = 0;   // cloned
+  std::string why_not;  // why it streamed, where it did
+  // Whether cloned tiles are held for the steps to check: only where the store has room for the steps to write the
+  // tiles apart from them (decided at the first lane); else each is read back and let go at once.
+  std::optional<bool> hold;
+  uint64_t held_need = 0;  // the NVMe bytes the snapshot holds
+  CloneCounts counts;
   std::vector<HeldLane> held;
 };
 
@@ -120,6 +124,7 @@ absl::Status WriteTiledLane(const std::string& path, ShardWriter& w, size_t l, c
     cloning.on = false;
     cloning.why_not = absl::StrCat("NVMe tiles of ", files->tile_elems, " elements are not whole 4096-byte blocks");
   }
+  if (files.has_value() && !cloning.hold.has_value()) cloning.hold = files->store_free_bytes >= cloning.held_need;
   HeldLane held;
   for (size_t t = 0; files.has_value() && cloning.on && t < files->tiles.size() && files->crcs[t].has_value(); ++t) {
     const uint64_t end = std::min<uint64_t>((t + 1) * files->tile_elems, lane.elems);
@@ -143,11 +148,16 @@ absl::Status WriteTiledLane(const std::string& path, ShardWriter& w, size_t l, c
     }
     STRATA_RETURN_IF_ERROR(cloned.status());
     cloning.bytes += cloned->bytes - cloned->tail.size();
-    ++cloning.tiles;
+    ++cloning.counts.tiles;
     held.tiles.push_back(
         {t, end, *files->crcs[t], *std::move(cloned), absl::StrCat(from[0].path, " at offset ", from[0].offset)});
+    if (!*cloning.hold) {  // no room for the steps to write apart from it: checked and let go at once
+      STRATA_RETURN_IF_ERROR(ReadBack(path, w, held.tiles.back()));
+      held.tiles.clear();
+      snap->Skip(end);
+    }
   }
-  if (w.lane_done(l) == lane.elems) {
+  if (w.lane_done(l) == lane.elems && !held.tiles.empty()) {
     held.snapshot = std::move(snap);
     cloning.held.push_back(std::move(held));
     return absl::OkStatus();
@@ -168,20 +178,18 @@ absl::Status WriteTiledLane(const std::string& path, ShardWriter& w, size_t l, c
 // Note [Cloned checkpoint lanes]: each held tile is let go once its bytes are known good: checked by the live
 // state's read of them (the step's update reads every tile it rewrites, and checks it), or read back from the file
 // here and checked, where nobody will check it: the live state wrote it elsewhere unread, or waits for room, or
-// `hurry` is set (the training waits for the save), or no tile was checked for kQuietLimit.
-constexpr auto kQuietLimit = std::chrono::seconds(60);
-
+// `hurry` is set (the training waits for the save), or kCloneHoldMs passed.
 absl::Status CheckHeld(const std::string& path, ShardWriter& w, Cloning& cloning, const std::atomic<bool>* hurry) {
-  auto last = std::chrono::steady_clock::now();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kCloneHoldMs);
   while (!cloning.held.empty()) {
-    const bool rush = hurry == nullptr || hurry->load() || std::chrono::steady_clock::now() - last > kQuietLimit;
+    const bool rush = hurry == nullptr || hurry->load() || std::chrono::steady_clock::now() > until;
     bool progressed = false;
     for (HeldLane& h : cloning.held) {
       for (; h.next < h.tiles.size(); ++h.next) {
         const HeldLane::Tile& t = h.tiles[h.next];
         const optim::KindSnapshot::TileCheck check = h.snapshot->Check(t.index);
         if (check.checked) {
-          ++cloning.checked_by_steps;
+          ++cloning.counts.checked_by_steps;
         } else if (rush || check.let_go_now) {
           STRATA_RETURN_IF_ERROR(ReadBack(path, w, t));
         } else {
@@ -193,17 +201,14 @@ absl::Status CheckHeld(const std::string& path, ShardWriter& w, Cloning& cloning
       if (h.next == h.tiles.size()) h.snapshot.reset();
     }
     std::erase_if(cloning.held, [](const HeldLane& h) { return h.snapshot == nullptr; });
-    if (progressed) {
-      last = std::chrono::steady_clock::now();
-    } else if (!cloning.held.empty()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    if (!progressed && !cloning.held.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& path, int shard, int shard_world,
-                                                          ShardSnapshot& snapshot, const std::atomic<bool>* hurry) {
+                                                          ShardSnapshot& snapshot, const std::atomic<bool>* hurry,
+                                                          CloneCounts& counts) {
   STRATA_ASSIGN_OR_RETURN(ShardWriter w,
                           ShardWriter::Create(path, shard, shard_world, snapshot.ranges, snapshot.tiled));
   // Note [Cloned checkpoint lanes]: a clone's blocks take their room later, when the steps rewrite them (copy on
@@ -219,6 +224,7 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
     cloning.why_not = absl::StrCat("the file system has ", free, " bytes free, less than the ", tiled_bytes,
                                    " bytes of NVMe state a clone takes once the steps rewrite it");
   }
+  cloning.held_need = snapshot.nvme_bytes();
   Sources sources;
   std::vector<float> piece;
   for (size_t i = 0; i < snapshot.ranges.size(); ++i) {
@@ -250,13 +256,16 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
       snapshot.lanes[buffer].reset();
     }
   }
-  STRATA_RETURN_IF_ERROR(CheckHeld(path, w, cloning, hurry));
+  absl::Status checked = CheckHeld(path, w, cloning, hurry);
+  cloning.counts.read_back_bytes = w.read_back_bytes();
+  counts = cloning.counts;
+  STRATA_RETURN_IF_ERROR(checked);
   if (shard == 0 && !snapshot.tiled.empty()) {  // one line per save: whether the NVMe state was cloned
     if (cloning.on || cloning.bytes > 0) {
       STRATA_LOG(Info) << "checkpoint shard " << path << ": " << cloning.bytes << " of the NVMe state's " << tiled_bytes
-                       << " bytes cloned from its tiles; of its " << cloning.tiles << " tiles, "
-                       << cloning.checked_by_steps << " checked by the steps' reads, the rest read back ("
-                       << w.read_back_bytes() << " bytes read back in all; decision 0057)";
+                       << " bytes cloned from its tiles; of its " << cloning.counts.tiles << " tiles, "
+                       << cloning.counts.checked_by_steps << " checked by the steps' reads, the rest read back ("
+                       << cloning.counts.read_back_bytes << " bytes read back in all; decisions 0057, 0058)";
     } else {
       STRATA_LOG(Info) << "checkpoint shard " << path << ": NVMe state copied, not cloned: " << cloning.why_not;
     }
@@ -266,8 +275,11 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
 }  // namespace
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
-                                                            ShardSnapshot& snapshot, const std::atomic<bool>* hurry) {
-  auto done = WriteRanges(path, shard, shard_world, snapshot, hurry);
+                                                            ShardSnapshot& snapshot, const std::atomic<bool>* hurry,
+                                                            CloneCounts* counts) {
+  CloneCounts mine;
+  auto done = WriteRanges(path, shard, shard_world, snapshot, hurry, mine);
+  if (counts != nullptr) *counts = mine;
   snapshot.lanes.clear();  // whatever happened: the live state writes those tiles in place again
   return done;
 }
@@ -306,11 +318,12 @@ absl::Status AsyncSaver::Start(AsyncSaveJob job) {
 void AsyncSaver::Run(AsyncSaveJob job) {
   ShardReport mine;
   mine.shard = job.shard;
+  CloneCounts clones;
   absl::Status local = job.local;
   if (BeforeWriteHook()) BeforeWriteHook()();
   if (local.ok() && job.shard >= 0) {
     auto done = WriteSnapshot((std::filesystem::path(job.step_dir) / ShardName(job.shard)).string(), job.shard,
-                              job.shard_world, job.snapshot, &hurry_);
+                              job.shard_world, job.snapshot, &hurry_, &clones);
     if (done.ok()) {
       mine.checksum = done->first;
       mine.bytes = done->second;
@@ -322,6 +335,7 @@ void AsyncSaver::Run(AsyncSaveJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     spare_ = std::move(job.snapshot.buffers);  // for the next snapshot (TakeSpareBuffers)
+    clones_ = clones;
   }
   absl::StatusOr<ShardReports> reports = GatherShardReports(*control_, *stream_, mine, local);
   absl::Status outcome = reports.status();
@@ -363,6 +377,11 @@ absl::Status AsyncSaver::Failure() {
 std::vector<std::vector<float>> AsyncSaver::TakeSpareBuffers() {
   std::lock_guard<std::mutex> lock(mu_);
   return std::exchange(spare_, {});
+}
+
+CloneCounts AsyncSaver::last_clones() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return clones_;
 }
 
 SnapshotBytes AsyncSaver::last_snapshot() const {

@@ -61,6 +61,16 @@ struct SnapshotBytes {
   uint64_t in_place = 0;  // host memory held without a copy (frozen units' params), in their dtype
 };
 
+// What a save's clones of NVMe tiles came to on this rank (Note [Cloned checkpoint lanes] in files.h): the tiles
+// cloned, those of them the steps' reads checked, and the bytes read back from the shard file (for the ranges'
+// CRCs, and the tiles nobody else checked).
+struct CloneCounts {
+  uint64_t tiles = 0, checked_by_steps = 0, read_back_bytes = 0;
+};
+// How long a writer holds cloned tiles for the steps to check them at most, before it reads the rest back itself
+// (decision 0058). The saver's communicator waits this much longer than the training's for the writers' reports.
+inline constexpr int64_t kCloneHoldMs = 120000;
+
 // Everything a save needs after the snapshot, on every rank.
 struct AsyncSaveJob {
   std::string step_dir;
@@ -76,7 +86,8 @@ struct AsyncSaveJob {
 // reads check them, or read back at once while `hurry` is set or null (Note [Cloned checkpoint lanes]).
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
                                                             ShardSnapshot& snapshot,
-                                                            const std::atomic<bool>* hurry = nullptr);
+                                                            const std::atomic<bool>* hurry = nullptr,
+                                                            CloneCounts* counts = nullptr);
 
 // Tests only: `hook` runs on every writer thread before it writes its shard (empty: none), so a test can
 // hold the write until training changed the state. Set it while no save is in flight.
@@ -114,6 +125,8 @@ class AsyncSaver {
   std::vector<std::vector<float>> TakeSpareBuffers();
   // What the snapshot of the last save held when it started.
   SnapshotBytes last_snapshot() const;
+  // What the last finished save's clones came to on this rank (zeros before the first).
+  CloneCounts last_clones() const;
 
  private:
   void Run(AsyncSaveJob job);
@@ -128,6 +141,7 @@ class AsyncSaver {
   bool reported_ = true;  // guarded by mu_: the outcome was returned (or there is none)
   absl::Status outcome_;  // guarded by mu_
   std::vector<std::vector<float>> spare_;  // guarded by mu_
+  CloneCounts clones_;                     // guarded by mu_
   SnapshotBytes last_;                     // guarded by mu_
 };
 

@@ -136,7 +136,8 @@ class Engine {
   absl::Status SaveCheckpointAsync(const std::string& step_dir, const std::string& trainer_json);
   // Collective. Waits for the asynchronous save in flight and returns the last one's outcome (OK if none).
   absl::Status WaitCheckpoint();
-  // Whether an asynchronous save is being written (this rank's view; not collective).
+  // Whether an asynchronous save is being written (this rank's view; not collective). A save whose NVMe tiles
+  // were cloned is still in flight until the next step's reads checked them (decision 0058), at most 2 minutes.
   bool checkpoint_in_flight() const;
   // What the last asynchronous save's snapshot held when it started (zeros before the first): the state it
   // copied into host memory, the NVMe state and frozen parameter shards it held without a copy, the host
@@ -146,6 +147,12 @@ class Engine {
     uint64_t host = 0, nvme = 0, staging = 0, in_place = 0;
   };
   SnapshotBytes checkpoint_snapshot_bytes() const;
+  // What the last finished asynchronous save's clones of NVMe tiles came to on this rank (Note [Cloned checkpoint
+  // lanes] in checkpoint/files.h): tiles cloned, those the steps' reads checked, bytes read back from the file.
+  struct CloneCounts {
+    uint64_t tiles = 0, checked_by_steps = 0, read_back_bytes = 0;
+  };
+  CloneCounts checkpoint_clones() const;
   // Collective. Loads a checkpoint written at any world size and stage (resharding by global offsets),
   // verifying every checksum it reads; returns the trainer's state. Errors name the file and the problem:
   // another model, another param dtype or optimizer, a missing shard, a truncated or corrupted file, a

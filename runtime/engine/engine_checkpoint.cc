@@ -257,6 +257,11 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
   return ckpt::PublishCheckpoint(*m.rt.control, *m.rt.control_stream, step_dir, reports, local, std::move(man));
 }
 
+namespace {
+// The saver's collectives wait for writers that may hold cloned tiles for kCloneHoldMs first (decision 0058).
+int64_t SaverTimeoutMs(int64_t training_ms) { return training_ms > 0 ? training_ms + ckpt::kCloneHoldMs : training_ms; }
+}  // namespace
+
 absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std::string& trainer_json) {
   Impl& m = *impl_;
   if (async_saver_ != nullptr) STRATA_RETURN_IF_ERROR(async_saver_->Drain(step_dir));  // one in flight
@@ -264,7 +269,7 @@ absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std:
   if (async_saver_ == nullptr) {  // its own communicator, so its collectives never meet the training's
     STRATA_RETURN_IF_ERROR(m.rt.control_stream->Synchronize());
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> control,
-                            m.rt.control->Dup("checkpoint", m.cfg.collective_timeout_ms));
+                            m.rt.control->Dup("checkpoint", SaverTimeoutMs(m.cfg.collective_timeout_ms)));
     async_saver_ = std::make_unique<ckpt::AsyncSaver>(std::move(control));
   }
   ckpt::AsyncSaveJob job;
@@ -288,6 +293,12 @@ Engine::SnapshotBytes Engine::checkpoint_snapshot_bytes() const {
   if (async_saver_ == nullptr) return {};
   const ckpt::SnapshotBytes b = async_saver_->last_snapshot();
   return {b.host, b.nvme, b.staging, b.in_place};
+}
+
+Engine::CloneCounts Engine::checkpoint_clones() const {
+  if (async_saver_ == nullptr) return {};
+  const ckpt::CloneCounts c = async_saver_->last_clones();
+  return {c.tiles, c.checked_by_steps, c.read_back_bytes};
 }
 
 absl::Status Engine::WaitCheckpoint() { return async_saver_ == nullptr ? absl::OkStatus() : async_saver_->Wait(); }

@@ -217,6 +217,7 @@ IoWork NvmeStore::Read(const NvmeExtent& extent, memory::BufferView dst) {
                                if (s.ok()) {
                                  const uint32_t got = Crc32(data, rec->bytes), want = rec->crc.load();
                                  if (got != want) {
+                                   rec->checked.store(false);
                                    s = absl::DataLossError(absl::StrCat("checksum mismatch: stored crc32 0x",
                                                                         absl::Hex(want), ", read 0x", absl::Hex(got)));
                                  } else {

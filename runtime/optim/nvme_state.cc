@@ -29,6 +29,7 @@ class NvmeKindSnapshot : public KindSnapshot {
         dtype_(dtype),
         tiles_(std::move(tiles)) {
     for (const offload::NvmeExtent& e : tiles_) held_ += e.io_bytes();
+    free_at_snapshot_ = store_->free_bytes();
   }
   ~NvmeKindSnapshot() override { Release(); }
 
@@ -69,6 +70,7 @@ class NvmeKindSnapshot : public KindSnapshot {
     if (dtype_ != DType::kF32 || first_ != 0) return std::nullopt;
     LaneFiles out;
     out.tile_elems = tile_elems_;
+    out.store_free_bytes = free_at_snapshot_;
     for (const offload::NvmeExtent& tile : tiles_) {
       out.crcs.push_back(offload::NvmeStore::Checksum(tile));
       std::vector<LanePiece>& pieces = out.tiles.emplace_back();
@@ -83,7 +85,8 @@ class NvmeKindSnapshot : public KindSnapshot {
 
   TileCheck Check(size_t t) const override {
     if (t >= tiles_.size() || tiles_[t].empty()) return {};
-    return {offload::NvmeStore::Checked(tiles_[t]), !tiles_[t].shared() || let_go_->waited_on()};
+    const bool let_go_now = !tiles_[t].shared() || let_go_->waited_on();  // first: a check may land in between
+    return {offload::NvmeStore::Checked(tiles_[t]), let_go_now};
   }
 
   void Release() override {
@@ -108,8 +111,9 @@ class NvmeKindSnapshot : public KindSnapshot {
   DType dtype_;
   std::vector<offload::NvmeExtent> tiles_;
   uint64_t held_ = 0;
-  size_t let_go_before_ = 0;  // tiles before it are let go
-  size_t loaded_ = SIZE_MAX;  // the tile in staging_
+  uint64_t free_at_snapshot_ = 0;  // the store's room when the snapshot was taken, before any step over it
+  size_t let_go_before_ = 0;       // tiles before it are let go
+  size_t loaded_ = SIZE_MAX;       // the tile in staging_
   char* staging_ = nullptr;
 };
 }  // namespace
@@ -206,7 +210,7 @@ absl::StatusOr<offload::NvmeExtent> NvmeState::WriteTarget(const offload::NvmeEx
     // A snapshot let go of a tile: room, or this one unshared.
     let_go_->WaitPast(seen,
                       "the NVMe optimizer state has no room to write a tile apart from the checkpoint being written; "
-                      "waiting for the checkpoint's writer to read past it");
+                      "waiting for the checkpoint's writer to let go of a tile");
   }
 }
 

@@ -77,6 +77,7 @@ struct LaneFiles {
   uint64_t tile_elems = 0;
   std::vector<std::vector<LanePiece>> tiles;
   std::vector<std::optional<uint32_t>> crcs;  // per tile: the CRC-32 of its elements' bytes, where the store has one
+  uint64_t store_free_bytes = 0;  // the store's room when the snapshot was taken: for the steps' writes apart from it
 };
 
 class KindSnapshot {

@@ -226,6 +226,16 @@ TEST_F(AsyncCheckpoint, NvmeStateIsSavedWithoutAHostCopyAndTheStepsOverItAreUnch
   }
 }
 
+// `cfg` with the optimizer state on NVMe under `dir`/nvme, in tiles of 1024 elements.
+EngineConfig NvmeOn(EngineConfig cfg, const std::string& dir) {
+  fs::create_directories(fs::path(dir) / "nvme");
+  cfg.offload_optimizer.device = OffloadDevice::kNvme;
+  cfg.offload_optimizer.nvme_path = dir + "/nvme";
+  cfg.offload_optimizer.pin_memory = false;
+  cfg.nvme_tile_elems = 1024;
+  return cfg;
+}
+
 // Note [Cloned checkpoint lanes] (runtime/checkpoint/files.h): with the NVMe state and the checkpoints on one XFS,
 // the asynchronous save clones the held tiles' whole blocks into its shard files (which then share blocks with the
 // NVMe files) and still writes the synchronous save's files byte for byte, at stages 1 and 3 on 1 and 2 ranks,
@@ -300,6 +310,49 @@ TEST_F(AsyncCheckpoint, ClonesTheHeldTilesWhereTheFileSystemSharesBlocks) {
   }
 }
 
+// Decision 0058: the writer holds the cloned tiles until the steps over the save read them (the store checks every
+// read), and reads back only the pieces its CRCs need; a save waited for at once (nobody will read its tiles) reads
+// every tile back itself, and equals the synchronous save of the same state.
+TEST_F(AsyncCheckpoint, TheStepsOverAClonedSaveCheckItsTilesAndAWaitReadsThemBack) {
+  offload::testing::XfsMount xfs;
+  if (!xfs.ok()) {
+    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
+    GTEST_SKIP() << xfs.reason();
+  }
+  const mlp::MlpShape shape{64, 256, 16};
+  const EngineConfig cfg = NvmeOn(Config(3), xfs.path());
+  const fs::path root = fs::path(xfs.path()) / "ckpt";
+  constexpr int kWorld = 2;
+  std::vector<Engine::CloneCounts> waited(kWorld), stepped(kWorld);
+  std::vector<uint64_t> held(kWorld);
+  const absl::Status s = OnRanks(
+      kWorld, cfg, 3,
+      [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
+        STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "waited").string(), "{}"));
+        STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());  // at once: nobody reads the tiles
+        waited[rank] = e.checkpoint_clones();
+        held[rank] = e.checkpoint_snapshot_bytes().nvme;
+        STRATA_RETURN_IF_ERROR(e.SaveCheckpoint((root / "sync").string(), "{}"));
+        STRATA_RETURN_IF_ERROR(TrainSteps(e, mlp, rank, kWorld, 3, 1));  // tiles rewritten: unchecked again
+        STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "stepped").string(), "{}"));
+        STRATA_RETURN_IF_ERROR(TrainSteps(e, mlp, rank, kWorld, 4, 1));  // reads, so checks, every tile
+        STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());
+        stepped[rank] = e.checkpoint_clones();
+        return absl::OkStatus();
+      },
+      shape);
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_GT(waited[r].tiles, 0u) << "rank " << r << ": nothing was cloned";
+    EXPECT_EQ(waited[r].checked_by_steps, 0u) << "rank " << r;
+    EXPECT_GE(waited[r].read_back_bytes, held[r] / 2) << "rank " << r << ": the tiles were not read back";
+    EXPECT_EQ(stepped[r].tiles, waited[r].tiles) << "rank " << r;
+    EXPECT_EQ(stepped[r].checked_by_steps, stepped[r].tiles) << "rank " << r << ": the step's reads checked none";
+    EXPECT_LT(stepped[r].read_back_bytes, held[r] / 4) << "rank " << r << ": more than the CRCs' pieces read back";
+  }
+  EXPECT_TRUE(FilesUnder(root / "waited") == FilesUnder(root / "sync"));
+}
+
 // A corrupt NVMe tile (every byte of the optimizer's files flipped on disk) fails the asynchronous save with
 // DataLoss naming the checkpoint, cloned (the cloned tiles are checked against the store's checksums, decision
 // 0057) or streamed (the store's read checks them), and nothing is published.
@@ -360,12 +413,7 @@ TEST_F(AsyncCheckpoint, ANearlyFullFileSystemFailsTheSaveNotTheSteps) {
     GTEST_SKIP() << xfs.reason();
   }
   const mlp::MlpShape shape{64, 256, 16};  // about 1 MB of lanes (3 kinds)
-  fs::create_directories(fs::path(xfs.path()) / "nvme");
-  EngineConfig cfg = Config(3);
-  cfg.offload_optimizer.device = OffloadDevice::kNvme;
-  cfg.offload_optimizer.nvme_path = xfs.path() + "/nvme";
-  cfg.offload_optimizer.pin_memory = false;
-  cfg.nvme_tile_elems = 1024;
+  const EngineConfig cfg = NvmeOn(Config(3), xfs.path());
   const fs::path root = fs::path(xfs.path()) / "ckpt", filler = fs::path(xfs.path()) / "filler";
   const absl::Status s = OnRanks(
       1, cfg, 3,
