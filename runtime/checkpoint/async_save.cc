@@ -264,10 +264,12 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
     if (cloning.on || cloning.bytes > 0) {
       STRATA_LOG(Info) << "checkpoint shard " << path << ": " << cloning.bytes << " of the NVMe state's " << tiled_bytes
                        << " bytes cloned from its tiles; of its " << cloning.counts.tiles << " tiles, "
-                       << cloning.counts.checked_by_steps << " checked by the steps' reads, the rest read back ("
-                       << cloning.counts.read_back_bytes << " bytes read back in all; decisions 0057, 0058)";
+                       << cloning.counts.checked_by_steps << " checked by the steps' reads and "
+                       << cloning.counts.tiles - cloning.counts.checked_by_steps << " read back whole; "
+                       << cloning.counts.read_back_bytes
+                       << " bytes read back in all, the pieces for the ranges' CRCs included (decisions 0057, 0058)";
     } else {
-      STRATA_LOG(Info) << "checkpoint shard " << path << ": NVMe state copied, not cloned: " << cloning.why_not;
+      STRATA_LOG(Info) << "checkpoint shard " << path << ": NVMe state to be streamed, not cloned: " << cloning.why_not;
     }
   }
   return w.Finish();

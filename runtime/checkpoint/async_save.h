@@ -68,7 +68,7 @@ struct CloneCounts {
   uint64_t tiles = 0, checked_by_steps = 0, read_back_bytes = 0;
 };
 // How long a writer holds cloned tiles for the steps to check them at most, before it reads the rest back itself
-// (decision 0058). The saver's communicator waits this much longer than the training's for the writers' reports.
+// (decision 0058). The saver's communicator waits twice this longer than the training's for the writers' reports.
 inline constexpr int64_t kCloneHoldMs = 120000;
 
 // Everything a save needs after the snapshot, on every rank.

@@ -258,8 +258,12 @@ absl::Status Engine::SaveCheckpoint(const std::string& step_dir, const std::stri
 }
 
 namespace {
-// The saver's collectives wait for writers that may hold cloned tiles for kCloneHoldMs first (decision 0058).
-int64_t SaverTimeoutMs(int64_t training_ms) { return training_ms > 0 ? training_ms + ckpt::kCloneHoldMs : training_ms; }
+// The saver's collectives wait for writers that may hold cloned tiles for kCloneHoldMs first, then read them back
+// (decision 0058): the hold, and as much again for the read-back, on top of the training's deadline (of which the
+// liveness check takes its part).
+int64_t SaverTimeoutMs(int64_t training_ms) {
+  return training_ms > 0 ? training_ms + 2 * ckpt::kCloneHoldMs : training_ms;
+}
 }  // namespace
 
 absl::Status Engine::SaveCheckpointAsync(const std::string& step_dir, const std::string& trainer_json) {

@@ -440,7 +440,9 @@ class Engine:
         state on NVMe, held without a copy (docs/decisions/0046-async-checkpoints-of-nvme-state.md), as frozen
         parameters at stage 3 are (0050-frozen-units-held-in-place.md: setting one waits for the save); a failure
         is raised by the next step() (which then did not happen: call it again), save_checkpoint() or
-        wait_checkpoint(). One save in flight: a save or load waits for the one before."""
+        wait_checkpoint(). One save in flight: a save or load waits for the one before. Where NVMe state is
+        cloned into the checkpoint (XFS, btrfs: decisions 0057, 0058), the save is published once the next step has
+        read the cloned tiles, at once on wait_checkpoint(), and at most 2 minutes later otherwise."""
         trainer = json.dumps(client_state or {}).encode()
         if self.mid_step() is None:  # else the engine refuses the save
             step_dir = os.path.join(os.fspath(root_dir), f"step_{self.stats()['steps']:08d}")
@@ -453,7 +455,8 @@ class Engine:
         _capi.check(_lib.strata_engine_wait_checkpoint(self.handle))
 
     def checkpoint_in_flight(self):
-        """Whether an asynchronous save is being written on this rank (not collective)."""
+        """Whether an asynchronous save is being written on this rank (not collective). A save of cloned NVMe
+        state stays in flight until the next step read its tiles, at most 2 minutes (decision 0058)."""
         out = ctypes.c_int32()
         _capi.check(_lib.strata_engine_checkpoint_in_flight(self.handle, ctypes.byref(out)))
         return bool(out.value)
