@@ -151,21 +151,39 @@ absl::Status ShardWriter::StartLane(size_t lane) {
   return gap > 0 ? file_.Write(kZeros, gap, lane_pad_from_[lane]) : absl::OkStatus();
 }
 
-void ShardWriter::Account(size_t lane, const float* data, uint64_t n) {
+std::vector<ShardWriter::Piece> ShardWriter::PiecesOf(size_t lane, uint64_t from, uint64_t to) const {
   const ShardLane& l = lanes_[lane];
-  const uint64_t from = lane_done_[lane], to = from + n;
-  for (size_t& i = lane_next_[lane]; i < l.end;) {
-    ShardRange& r = ranges_[i];
+  std::vector<Piece> pieces;
+  uint64_t at = from;
+  for (size_t i = lane_next_[lane]; i < l.end; ++i) {
+    const ShardRange& r = ranges_[i];
     const uint64_t b = r.begin - l.begin + part_[i], e = r.begin - l.begin + r.count;  // its elements not yet seen
     if (b >= to) break;
-    const uint64_t take = std::min(e, to) - b;
-    r.crc = Crc32(data + (b - from), take * 4, part_[i] == 0 ? 0 : r.crc);  // crc32.h: incremental
-    part_[i] += take;
-    if (part_[i] < r.count) break;
-    written_[i] = true;
-    ++i;
+    if (b > at) pieces.push_back({at, b, -1});
+    pieces.push_back({b, std::min(e, to), static_cast<int>(i)});
+    at = std::min(e, to);
   }
-  lane_done_[lane] = to;
+  if (at < to) pieces.push_back({at, to, -1});
+  return pieces;
+}
+
+void ShardWriter::Advance(size_t lane, const Piece& p, uint32_t crc) {
+  ranges_[p.range].crc = crc;
+  part_[p.range] += p.e - p.b;
+  if (part_[p.range] == ranges_[p.range].count) {
+    written_[p.range] = true;
+    lane_next_[lane] = p.range + 1;
+  }
+}
+
+void ShardWriter::Account(size_t lane, const float* data, uint64_t n) {
+  const uint64_t from = lane_done_[lane];
+  for (const Piece& p : PiecesOf(lane, from, from + n)) {
+    if (p.range < 0) continue;
+    const uint32_t before = part_[p.range] == 0 ? 0 : ranges_[p.range].crc;
+    Advance(lane, p, Crc32(data + (p.b - from), (p.e - p.b) * 4, before));  // crc32.h: incremental
+  }
+  lane_done_[lane] = from + n;
 }
 
 absl::Status ShardWriter::WriteLane(size_t lane, const float* data, uint64_t n) {
@@ -258,24 +276,8 @@ absl::StatusOr<ShardWriter::ClonedTile> ShardWriter::CloneTile(size_t lane, cons
     const uint64_t end = tile.at + bytes;
     if (RoundUp(end) > end) STRATA_RETURN_IF_ERROR(file_.Write(kZeros, RoundUp(end) - end, end));
   }
-  // The tile's pieces, in lane elements: its ranges' parts and the padding between them.
-  struct Piece {
-    uint64_t b, e;
-    int range;  // or -1: padding
-    uint32_t crc = 0;
-  };
   const uint64_t from = done / 4, to = from + bytes / 4;
-  std::vector<Piece> pieces;
-  uint64_t at = from;
-  for (size_t i = lane_next_[lane]; i < l.end; ++i) {
-    const ShardRange& r = ranges_[i];
-    const uint64_t b = r.begin - l.begin + part_[i], e = r.begin - l.begin + r.count;
-    if (b >= to) break;
-    if (b > at) pieces.push_back({at, b, -1});
-    pieces.push_back({b, std::min(e, to), static_cast<int>(i)});
-    at = std::min(e, to);
-  }
-  if (at < to) pieces.push_back({at, to, -1});
+  std::vector<Piece> pieces = PiecesOf(lane, from, to);
   size_t largest = 0;
   for (size_t p = 0; p < pieces.size(); ++p) {
     if (pieces[p].e - pieces[p].b > pieces[largest].e - pieces[largest].b) largest = p;
@@ -306,13 +308,8 @@ absl::StatusOr<ShardWriter::ClonedTile> ShardWriter::CloneTile(size_t lane, cons
   big.crc = Crc32Middle(crc, before, after, (big.e - big.b) * 4, (to - big.e) * 4);
   for (const Piece& q : pieces) {
     if (q.range < 0) continue;
-    ShardRange& r = ranges_[q.range];
-    r.crc = part_[q.range] == 0 ? q.crc : Crc32Combine(r.crc, q.crc, (q.e - q.b) * 4);
-    part_[q.range] += q.e - q.b;
-    if (part_[q.range] == r.count) {
-      written_[q.range] = true;
-      lane_next_[lane] = q.range + 1;
-    }
+    const uint32_t before = ranges_[q.range].crc;
+    Advance(lane, q, part_[q.range] == 0 ? q.crc : Crc32Combine(before, q.crc, (q.e - q.b) * 4));
   }
   lane_done_[lane] = to;
   return tile;

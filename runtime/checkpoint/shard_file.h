@@ -114,6 +114,15 @@ class ShardWriter {
   };
   absl::Status StartLane(size_t lane);                       // the zeros before it, on its first write
   void Account(size_t lane, const float* data, uint64_t n);  // the next n floats' CRCs
+  // Lane elements [from, to) (from: the lane's next) as pieces in order: each range's part, and the padding between.
+  struct Piece {
+    uint64_t b, e;
+    int range;  // or -1: padding
+    uint32_t crc = 0;
+  };
+  std::vector<Piece> PiecesOf(size_t lane, uint64_t from, uint64_t to) const;
+  // Piece `p`'s range now holds its elements, `crc` being the CRC-32 of all of them so far.
+  void Advance(size_t lane, const Piece& p, uint32_t crc);
   // Bytes [from, to) of a cloned tile, in order, to visit(offset in the tile, data, n): its whole blocks read back from
   // the file, its tail from memory.
   template <typename Visit>  // visit(uint64_t offset, const char* data, uint64_t n); shard_file.cc alone calls it
