@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -101,6 +102,48 @@ int ZombieStatus(int pid) {
   return static_cast<int>(status);
 }
 
+// The first published layout of the kernel's struct pidfd_info (PIDFD_INFO_SIZE_VER0, Linux 6.13; the exit status
+// since 6.15), declared here because Debian 12's headers predate it. The kernel fills as much as the size says.
+struct PidfdInfoV0 {
+  uint64_t mask;
+  uint64_t cgroupid;
+  uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+  int32_t exit_code;
+};
+static_assert(sizeof(PidfdInfoV0) == 64);
+constexpr uint64_t kPidfdInfoExit = 1u << 3;                           // PIDFD_INFO_EXIT
+constexpr unsigned long kPidfdGetInfo = _IOWR(0xFF, 11, PidfdInfoV0);  // PIDFD_GET_INFO
+
+// The exit status the kernel keeps for a collected process (Linux 6.15): it is there once the pidfd reports
+// POLLHUP (the process was reaped), which follows the zombie's end within the reaper's own call. -1 on an older
+// kernel, or when no HUP comes within 1 s.
+int CollectedStatus(int pidfd) {
+  pollfd pfd{pidfd, POLLIN, 0};
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  while ((pfd.revents & POLLHUP) == 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0) return -1;
+    pfd.revents = 0;
+    if (::poll(&pfd, 1, static_cast<int>(left)) < 0 && errno != EINTR) return -1;
+    if ((pfd.revents & POLLHUP) == 0 && pfd.revents != 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // ended, not yet reaped: POLLIN stays up
+    }
+  }
+  PidfdInfoV0 info{};
+  info.mask = kPidfdInfoExit;
+  if (::ioctl(pidfd, kPidfdGetInfo, &info) != 0 || (info.mask & kPidfdInfoExit) == 0) return -1;
+  return info.exit_code;
+}
+
+}  // namespace
+
+int EndedStatus(int pidfd, int pid) {
+  const int zombie = ZombieStatus(pid);
+  return zombie >= 0 ? zombie : CollectedStatus(pidfd);
+}
+
+namespace {
+
 // The death notice's child (Note [Job watch]). Runs after fork(): only this function, then _exit.
 [[noreturn]] void NoticeChild(const TorchrunEnv& env, int pid, const std::string& host, TcpStoreClient& store,
                               int pidfd, int word_fd) {
@@ -121,7 +164,7 @@ int ZombieStatus(int pid) {
   while (::poll(&pfd, 1, -1) < 0) {
     if (errno != EINTR) ::_exit(0);  // nothing to watch with
   }
-  const int status = ZombieStatus(pid);
+  const int status = EndedStatus(pidfd, pid);
   char word = 0;
   const bool clean = ::read(word_fd, &word, 1) == 1 && word == 'q';
   const std::optional<std::string> notice = DeathNotice(env, pid, host, status, clean);
@@ -180,7 +223,7 @@ std::optional<std::string> DeathNotice(const TorchrunEnv& env, int pid, const st
     if (clean_exit) return std::nullopt;
     return who +
            "it ended without running its exit handlers (killed or crashed; its exit status was already "
-           "collected)";
+           "collected, and this kernel, older than Linux 6.15, does not keep it)";
   }
   if (WIFSIGNALED(status)) {
     const char* name = SignalName(WTERMSIG(status));

@@ -16,8 +16,9 @@ namespace strata::comm {
 // Note [Job watch]. Started once per process (later calls return OK at once; a call for another job is
 // refused), before any wait of the job that a dead peer would stall:
 //  - the death notice: a child process forked here holds a connection to the store and a pidfd of this process.
-//    When this process ends with a signal or a non-zero status (read from /proc while it is a zombie), or ends
-//    without running its C exit handlers when that status is gone, the child posts "rank R of N (...) died: ..."
+//    When this process ends with a signal or a non-zero status (EndedStatus: read from /proc while it is a
+//    zombie, or from the pidfd once collected), or ends without running its C exit handlers when that status is
+//    gone (a kernel older than 6.15), the child posts "rank R of N (...) died: ..."
 //    under the job's failure key (the first notice of the job wins, counted with ADD), then exits. A clean exit
 //    (status 0, or the exit handler's word when the status cannot be read) posts nothing. The child closes every
 //    inherited descriptor but its three, so a dead rank's sockets (gloo's) still close at its death.
@@ -40,6 +41,11 @@ struct JobDeath {
 
 // The job's failure notice once the watcher has seen it (a peer's death), else nullopt.
 std::optional<JobDeath> JobFailure();
+
+// The exit status of the ended process behind `pidfd` (`pid`), as waitpid reports it: read from /proc while it is a
+// zombie, else (its parent, torchrun's agent, collected it first) from the pidfd (PIDFD_GET_INFO's PIDFD_INFO_EXIT,
+// Linux 6.15 or later). -1 when neither can tell (an older kernel).
+int EndedStatus(int pidfd, int pid);
 
 // The failure notice a dead process gets, for `status` as waitpid reports it; -1 when the status is unknown
 // (`clean_exit`: whether the process ran its C exit handlers). nullopt when it is no failure (exit 0).

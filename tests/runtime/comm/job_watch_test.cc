@@ -4,12 +4,16 @@
 // process sees a peer's notice through JobFailure() and, still alive 2 s later, is ended with status 1.
 #include "runtime/comm/job_watch.h"
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <thread>
@@ -127,6 +131,39 @@ TEST(JobWatch, APeerSeesTheNoticeAndIsEndedTwoSecondsLater) {
   const int status = Reap(peer);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
   EXPECT_TRUE(WIFSIGNALED(Reap(dead)));
+}
+
+// Whether the running kernel keeps a collected process's exit status for its pidfds (Linux 6.15).
+bool KernelKeepsExitStatus() {
+  utsname u{};
+  int major = 0;
+  int minor = 0;
+  if (::uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major > 6 || (major == 6 && minor >= 15);
+}
+
+// EndedStatus of a child that ends by `end`, read while it is a zombie, then after this process (its parent, as
+// torchrun's agent is a rank's) has collected it: the agent may collect a rank before the watch's child reads it.
+void ExpectStatusBeforeAndAfterCollection(void (*end)(), int expected) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    end();
+    ::_exit(0);
+  }
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  ASSERT_GE(pidfd, 0);
+  pollfd pfd{pidfd, POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 10000), 1);
+  EXPECT_EQ(EndedStatus(pidfd, pid), expected) << "a zombie";
+  EXPECT_EQ(Reap(pid), expected);
+  EXPECT_EQ(EndedStatus(pidfd, pid), KernelKeepsExitStatus() ? expected : -1) << "collected";
+  ::close(pidfd);
+}
+
+TEST(EndedStatus, IsReadFromTheZombieAndStillKnownOnceCollected) {
+  ExpectStatusBeforeAndAfterCollection([] { ::raise(SIGKILL); }, SIGKILL);
+  ExpectStatusBeforeAndAfterCollection([] { ::_exit(3); }, 3 << 8);
+  ExpectStatusBeforeAndAfterCollection([] { ::raise(SIGTERM); }, SIGTERM);
 }
 
 TEST(DeathNotice, NamesTheCauseOrNothingForACleanExit) {
