@@ -339,6 +339,37 @@ void LogUnusedOwnLrs(const Engine::Impl& m) {
                                     : "");
 }
 
+namespace {
+
+// Note [NVMe room agreed]. Ranks that share a disk share its free space. Each NVMe store is preallocated (fallocate)
+// when it is made, and the state's store wants twice the state: room for the tiles the steps write while an
+// asynchronous save still holds the old ones (Note [Snapshots of NVMe state]), a speed, not a need. Taken in one
+// go, the first rank to preallocate twice its state could leave a later rank (or this rank's own parameter store)
+// without room for what it needs, on a disk with room for everyone's once: the job would fail, or not, by the
+// order the ranks started in. So every rank first preallocates what it needs (the state once, the parameter
+// shards); one all-gather of each rank's outcome follows, on every rank whatever its configuration, so a rank
+// that could not reserve fails the others by name instead of leaving them in a later collective; only then does
+// each rank grow its state's store to twice the state where the disk still has room (else a warning, and steps
+// over a save wait for its writer: docs/decisions/0059-nvme-room-agreed.md).
+absl::Status AgreeNvmeReserved(Engine::Impl& m, const absl::Status& reserved) {
+  const int n = m.rt.world_size();
+  const uint64_t mine = reserved.ok() ? 0 : 1;
+  std::vector<uint64_t> all(n);
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(*m.rt.control, &mine, all.data(), 8, *m.rt.control_stream).Wait());
+  STRATA_RETURN_IF_ERROR(reserved);
+  for (int r = 0; r < n; ++r) {
+    if (all[r] != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", r,
+                       " could not preallocate its NVMe stores (its own error names the path and the room it "
+                       "lacked); this rank reserved its own and stops with it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Engine::Finalize() {
   Impl& m = *impl_;
   if (m.progress.finalized) return absl::FailedPreconditionError("Finalize() called twice");
@@ -369,8 +400,10 @@ absl::Status Engine::Finalize() {
   STRATA_RETURN_IF_ERROR(CheckBudgets(m, &device_need));
   STRATA_RETURN_IF_ERROR(m.rt.CreateDeviceArena(m.cfg, device_need));
   m.storage.DecidePlace();  // over the arena
+  absl::Status reserved = m.storage.ReserveNvme(m.units, tile_elems);
+  if (reserved.ok()) reserved = m.storage.SetUpNvmeParams(m.units, live, largest.shard);
+  STRATA_RETURN_IF_ERROR(AgreeNvmeReserved(m, reserved));
   STRATA_RETURN_IF_ERROR(m.storage.SetUpNvme(m.units, tile_elems));
-  STRATA_RETURN_IF_ERROR(m.storage.SetUpNvmeParams(m.units, live, largest.shard));
   std::vector<optim::MemoryUnit> held(m.units.size());
   for (size_t i = 0; i < m.units.size(); ++i) {
     UnitState& u = m.units[i];

@@ -107,34 +107,43 @@ shard::ParamRange UnitStorage::ParamRangeOf(UnitState& u, size_t offset, size_t 
   return r;
 }
 
-absl::Status UnitStorage::SetUpNvme(const std::vector<UnitState>& units, size_t tile_elems) {
+absl::Status UnitStorage::ReserveNvme(const std::vector<UnitState>& units, size_t tile_elems) {
   if (!nvme_optimizer()) return absl::OkStatus();
   const std::string& path = cfg.offload_optimizer.nvme_path;
   STRATA_RETURN_IF_ERROR(CheckNvmePath("offload_optimizer", path));
   std::vector<size_t> elems;
   for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : u.update_elems());  // Note [Frozen units]
+  state_store_bytes = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
+  STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
+  STRATA_ASSIGN_OR_RETURN(
+      reserved_state_store,
+      offload::NvmeStore::Create(StoreOptions(rt, path, "optimizer", state_store_bytes), rt.io_queue.get()));
+  return absl::OkStatus();
+}
+
+absl::Status UnitStorage::SetUpNvme(const std::vector<UnitState>& units, size_t tile_elems) {
+  if (!nvme_optimizer()) return absl::OkStatus();
+  STRATA_CHECK_MSG(reserved_state_store != nullptr, "SetUpNvme before ReserveNvme");
   // Twice the state: room for the tiles the steps write apart from those an asynchronous save still holds
   // (Note [Snapshots of NVMe state]); without it they wait for the save's writer. A disk with room for the
-  // state but not for twice it still trains, with that wait: the room is a speed, not a need.
-  const uint64_t need = optim::NvmeState::StoreBytes(tile_elems, state_kinds().size(), elems);
-  STRATA_RETURN_IF_ERROR(rt.CreateIoQueue());
-  absl::StatusOr<std::unique_ptr<offload::NvmeStore>> store =
-      offload::NvmeStore::Create(StoreOptions(rt, path, "optimizer", 2 * need), rt.io_queue.get());
-  if (absl::IsResourceExhausted(store.status())) {
-    STRATA_LOG(Warning) << "offload_optimizer: no room on " << path << " for twice the optimizer state ("
-                        << store.status().message() << "); preallocating the state once: steps taken while an "
-                        << "asynchronous checkpoint is written will wait for its writer";
-    store = offload::NvmeStore::Create(StoreOptions(rt, path, "optimizer", need), rt.io_queue.get());
+  // state but not for twice it still trains, with that wait: the room is a speed, not a need, so it is taken
+  // only after every store of every rank holds what it needs (Note [NVMe room agreed]).
+  if (absl::Status grown = reserved_state_store->Grow(2 * state_store_bytes); !grown.ok()) {
+    if (!absl::IsResourceExhausted(grown)) return grown;
+    STRATA_LOG(Warning) << "offload_optimizer: no room on " << cfg.offload_optimizer.nvme_path
+                        << " for twice the optimizer state (" << grown.message() << "); the state is preallocated "
+                        << "once: steps taken while an asynchronous checkpoint is written will wait for its writer";
   }
-  STRATA_RETURN_IF_ERROR(store.status());
+  std::vector<size_t> elems;
+  for (const UnitState& u : units) elems.push_back(u.frozen() ? 0 : u.update_elems());
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<offload::PinnedPool> staging,
       offload::PinnedPool::Create(PoolOptions(rt, NvmeStagingTiles(cfg), tile_elems * 4, memory::Kind::kScratch,
                                               cfg.offload_optimizer.pin_memory),
                                   rt.host_alloc.get()));
   rt.io_queue->RegisterBuffers(staging->buffers()).IgnoreError();  // a hint; fine without
-  STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(*std::move(store), std::move(staging), tile_elems,
-                                                          state_kinds(), std::move(elems)));
+  STRATA_ASSIGN_OR_RETURN(state, optim::NvmeState::Create(std::move(reserved_state_store), std::move(staging),
+                                                          tile_elems, state_kinds(), std::move(elems)));
   return absl::OkStatus();
 }
 

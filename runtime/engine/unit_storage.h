@@ -76,6 +76,9 @@ struct UnitStorage {
   const EngineConfig& cfg;
 
   ParamStore pstore;
+  // The NVMe state's store from ReserveNvme to SetUpNvme, holding the state once, and the state's bytes.
+  std::unique_ptr<offload::NvmeStore> reserved_state_store;
+  uint64_t state_store_bytes = 0;
   Placement place;  // decided once, in Create (Note [Placement])
   // The fp32 master and the optimizer state of every unit, wherever they live (optim/state_store.h):
   // optim::MemoryState (device or pinned-host buffers) or optim::NvmeState (the store, the staging tiles
@@ -116,11 +119,14 @@ struct UnitStorage {
   // The kinds this run's optimizer keeps, master first (optim::StateKinds).
   std::vector<optim::StateKind> state_kinds() const { return optim::StateKinds(cfg.optimizer.type); }
 
-  // At Finalize: the NVMe state before the units' buffers (nothing without NVMe state), the NVMe parameter
-  // cache (nothing without NVMe params), and after the units' buffers the memory-resident state, whose
-  // master / state buffers are `held`, and each unit's StateOwner.
-  absl::Status SetUpNvme(const std::vector<UnitState>& units, size_t tile_elems);
+  // At Finalize, Note [NVMe room agreed]: the disk the NVMe state needs (ReserveNvme) and the NVMe parameter
+  // cache (SetUpNvmeParams: nothing without NVMe params), reserved on every rank before any rank takes the room
+  // for the state's redirects (SetUpNvme: then the NVMe state, before the units' buffers; nothing without NVMe
+  // state); after the units' buffers the memory-resident state, whose master / state buffers are `held`, and
+  // each unit's StateOwner.
+  absl::Status ReserveNvme(const std::vector<UnitState>& units, size_t tile_elems);
   absl::Status SetUpNvmeParams(const std::vector<UnitState>& units, int live, size_t largest_shard);
+  absl::Status SetUpNvme(const std::vector<UnitState>& units, size_t tile_elems);
   absl::Status SetUpState(std::vector<UnitState>& units, std::vector<optim::MemoryUnit> held);
 
   // Opens bytes [offset, offset + bytes) of the rank's parameter storage (what u.params holds: the shard at

@@ -54,6 +54,27 @@ void ExtentAllocator::Free(uint64_t offset, uint64_t bytes) {
   used_ -= length;
 }
 
+void ExtentAllocator::Grow(uint64_t new_capacity) {
+  new_capacity &= ~(alignment_ - 1);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (new_capacity <= capacity_) return;
+  uint64_t start = capacity_;
+  if (!by_offset_.empty()) {
+    auto last = std::prev(by_offset_.end());
+    if (last->first + last->second == capacity_) {
+      start = last->first;
+      EraseFree(last);
+    }
+  }
+  InsertFree(start, new_capacity - start);
+  capacity_ = new_capacity;
+}
+
+uint64_t ExtentAllocator::capacity_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capacity_;
+}
+
 void ExtentAllocator::InsertFree(uint64_t offset, uint64_t length) {
   by_offset_.emplace(offset, length);
   by_size_.emplace(length, offset);

@@ -32,9 +32,11 @@ class ExtentAllocator {
   absl::StatusOr<uint64_t> Allocate(uint64_t bytes);
   // Returns a range from Allocate (same `bytes`).
   void Free(uint64_t offset, uint64_t bytes);
+  // Makes [capacity_bytes(), new_capacity) free too (rounded down to alignment); a smaller capacity changes nothing.
+  void Grow(uint64_t new_capacity);
 
   uint64_t alignment() const { return alignment_; }
-  uint64_t capacity_bytes() const { return capacity_; }
+  uint64_t capacity_bytes() const;
   uint64_t used_bytes() const;
   uint64_t largest_free_bytes() const;
   size_t free_ranges() const;
@@ -45,8 +47,8 @@ class ExtentAllocator {
   void EraseFree(std::map<uint64_t, uint64_t>::iterator it);  // mu_ held
 
   const uint64_t alignment_;
-  const uint64_t capacity_;
   mutable std::mutex mu_;
+  uint64_t capacity_;  // guarded by mu_
   uint64_t used_ = 0;
   std::map<uint64_t, uint64_t> by_offset_;           // free ranges: offset -> length
   std::set<std::pair<uint64_t, uint64_t>> by_size_;  // free ranges: (length, offset)

@@ -132,8 +132,7 @@ absl::StatusOr<std::unique_ptr<NvmeFileSet>> NvmeFileSet::Open(const NvmeFileSet
   set->keep_files_ = o.keep_files;
   set->stripe_ = o.stripe_bytes;
   const uint64_t n = o.paths.size();
-  const uint64_t file_bytes =
-      n == 1 ? RoundUp(o.capacity_bytes, kAlignment) : RoundUp(o.capacity_bytes, n * o.stripe_bytes) / n;
+  const uint64_t file_bytes = FileBytes(o.capacity_bytes, n, o.stripe_bytes);
   set->capacity_ = file_bytes * n;
   for (size_t i = 0; i < o.paths.size(); ++i) {
     STRATA_RETURN_IF_ERROR(set->OpenOne(o.paths[i], static_cast<int>(i), file_bytes, o));
@@ -190,7 +189,51 @@ absl::Status NvmeFileSet::OpenOne(const std::string& dir, int index, uint64_t fi
   return absl::OkStatus();
 }
 
-absl::Status NvmeFileSet::Size(const File& f, uint64_t file_bytes, const NvmeFileSetOptions& o) {
+uint64_t NvmeFileSet::FileBytes(uint64_t capacity_bytes, uint64_t files, uint64_t stripe_bytes) {
+  return files == 1 ? RoundUp(capacity_bytes, kAlignment) : RoundUp(capacity_bytes, files * stripe_bytes) / files;
+}
+
+absl::Status NvmeFileSet::Grow(uint64_t capacity_bytes) {
+  const uint64_t old_bytes = capacity_ / files_.size();
+  const uint64_t new_bytes = FileBytes(capacity_bytes, files_.size(), stripe_);
+  if (new_bytes <= old_bytes) return absl::OkStatus();
+  absl::Status grown = absl::OkStatus();
+  size_t done = 0;
+  for (; done < files_.size() && grown.ok(); ++done) {
+    const File& f = files_[done];
+    const std::string dir = f.path.substr(0, f.path.rfind('/'));
+    const std::string what = absl::StrCat("NVMe path '", dir, "'");
+    const off_t from = static_cast<off_t>(old_bytes);
+    const off_t more = static_cast<off_t>(new_bytes - old_bytes);
+    if (f.sparse) {
+      if (ftruncate(f.fd, static_cast<off_t>(new_bytes)) != 0) grown = PathError("ftruncate", what, f.path);
+    } else if (fallocate(f.fd, 0, from, more) != 0) {
+      grown = errno == ENOSPC || errno == EDQUOT
+                  ? absl::ResourceExhaustedError(absl::StrCat(
+                        what, " has no room to grow '", f.path, "' by ", FormatBytes(new_bytes - old_bytes), " (",
+                        new_bytes - old_bytes, " bytes): fallocate failed with ENOSPC; the file system has ",
+                        FormatBytes(FreeBytes(dir)), " free"))
+                  : PathError("fallocate", what, f.path);
+    }
+  }
+  if (grown.ok()) {
+    capacity_ = new_bytes * files_.size();
+    return grown;
+  }
+  // Every file touched, the failed one too, back to its old size; a preallocation that failed part way may have
+  // left blocks past the end of the file (XFS keeps them), which the punch gives back.
+  for (size_t i = 0; i < done; ++i) {
+    const File& f = files_[i];
+    static_cast<void>(ftruncate(f.fd, static_cast<off_t>(old_bytes)));
+    if (!f.sparse) {
+      static_cast<void>(fallocate(f.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(old_bytes),
+                                  static_cast<off_t>(new_bytes - old_bytes)));
+    }
+  }
+  return grown;
+}
+
+absl::Status NvmeFileSet::Size(File& f, uint64_t file_bytes, const NvmeFileSetOptions& o) {
   const int fd = f.fd;
   const std::string dir = f.path.substr(0, f.path.rfind('/'));
   const std::string what = absl::StrCat("NVMe path '", dir, "'");
@@ -205,6 +248,7 @@ absl::Status NvmeFileSet::Size(const File& f, uint64_t file_bytes, const NvmeFil
     STRATA_LOG(Warning) << what << " (" << f.fs_type << ") cannot preallocate; '" << f.path
                         << "' is sparse and a write may fail when the disk fills";
   }
+  f.sparse = true;
   if (ftruncate(fd, static_cast<off_t>(file_bytes)) != 0) return PathError("ftruncate", what, f.path);
   return absl::OkStatus();
 }

@@ -85,6 +85,13 @@ class NvmeFileSet {
   uint64_t capacity_bytes() const { return capacity_; }
   uint64_t stripe_bytes() const { return stripe_; }
 
+  // Extends every file so the set holds `capacity_bytes` (rounded as Open rounds it), preallocated as Open
+  // preallocates; a smaller capacity changes nothing. Without the room (ENOSPC, EDQUOT): ResourceExhausted naming
+  // the path, the bytes asked and the bytes free, and every file is cut back to its size before the call, so the
+  // space a partial preallocation took goes back to the file system. Not thread-safe: call it before any I/O maps
+  // offsets past the old capacity (the map itself does not depend on the capacity, so I/O below it may go on).
+  absl::Status Grow(uint64_t capacity_bytes);
+
   // Splits logical [offset, offset + bytes) into per-file pieces, in range order.
   std::vector<FilePiece> Map(uint64_t offset, uint64_t bytes) const;
 
@@ -95,11 +102,14 @@ class NvmeFileSet {
     int fd = -1;
     bool direct = false;
     std::string fs_type;
+    bool sparse = false;  // preallocation off, or the file system cannot (sized with ftruncate)
   };
   NvmeFileSet() = default;
   absl::Status OpenOne(const std::string& dir, int index, uint64_t file_bytes, const NvmeFileSetOptions& o);
   // Preallocates (or, where the file system cannot, sizes sparsely) an open file to file_bytes.
-  absl::Status Size(const File& f, uint64_t file_bytes, const NvmeFileSetOptions& o);
+  absl::Status Size(File& f, uint64_t file_bytes, const NvmeFileSetOptions& o);
+  // The bytes of each of `files` files that hold a logical capacity (rounded to whole stripes over the files).
+  static uint64_t FileBytes(uint64_t capacity_bytes, uint64_t files, uint64_t stripe_bytes);
 
   std::vector<File> files_;
   uint64_t capacity_ = 0;

@@ -68,6 +68,12 @@ NvmeStore::~NvmeStore() {
                    absl::StrCat("NvmeStore destroyed while ", live_extents_.load(), " extents (or I/Os) still use it"));
 }
 
+absl::Status NvmeStore::Grow(uint64_t capacity_bytes) {
+  STRATA_RETURN_IF_ERROR(files_->Grow(capacity_bytes));
+  extents_.Grow(files_->capacity_bytes());
+  return absl::OkStatus();
+}
+
 uint64_t NvmeStore::capacity_bytes() const { return std::min(options_.budget_bytes, files_->capacity_bytes()); }
 
 absl::StatusOr<NvmeExtent> NvmeStore::Allocate(uint64_t bytes, memory::Kind kind) {

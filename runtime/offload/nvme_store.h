@@ -130,6 +130,10 @@ class NvmeStore {
   IoWork Write(const NvmeExtent& extent, memory::BufferView src);
   IoWork Read(const NvmeExtent& extent, memory::BufferView dst);
 
+  // Extends the files to hold `capacity_bytes` (NvmeFileSet::Grow: without the room, ResourceExhausted and the store
+  // as it was). Not thread-safe against Allocate: call it before the store is shared with other threads.
+  absl::Status Grow(uint64_t capacity_bytes);
+
   uint64_t capacity_bytes() const;  // min(budget, file capacity)
   uint64_t used_bytes() const { return used_.load(); }
   uint64_t free_bytes() const { return capacity_bytes() - used_bytes(); }

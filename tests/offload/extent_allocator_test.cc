@@ -49,6 +49,28 @@ TEST(ExtentAllocator, CoalescesNeighboursOnFree) {
   EXPECT_EQ(a.used_bytes(), 0u);
 }
 
+// Grow (NvmeStore::Grow): the new bytes join a free range that ends at the old capacity, else start one; a smaller
+// capacity changes nothing; freeing a range past the old capacity is accepted.
+TEST(ExtentAllocator, GrowJoinsTheFreeTailAndTakesFrees) {
+  ExtentAllocator a(3 * 4096, 4096);
+  const uint64_t x = *a.Allocate(2 * 4096);
+  a.Grow(5 * 4096 + 100);  // rounded down
+  EXPECT_EQ(a.capacity_bytes(), 5 * 4096u);
+  EXPECT_EQ(a.free_ranges(), 1u) << "the old tail and the new bytes are one range";
+  EXPECT_EQ(a.largest_free_bytes(), 3 * 4096u);
+  const uint64_t y = *a.Allocate(3 * 4096);
+  EXPECT_EQ(y, 2 * 4096u);
+  a.Grow(4 * 4096);
+  EXPECT_EQ(a.capacity_bytes(), 5 * 4096u);
+  a.Grow(6 * 4096);  // the tail is taken: a range of its own
+  EXPECT_EQ(a.free_ranges(), 1u);
+  EXPECT_EQ(*a.Allocate(4096), 5 * 4096u);
+  a.Free(y, 3 * 4096);
+  a.Free(x, 2 * 4096);
+  EXPECT_EQ(a.used_bytes(), 4096u);
+  EXPECT_EQ(a.largest_free_bytes(), 5 * 4096u);
+}
+
 TEST(ExtentAllocator, FullErrorNamesAskedFreeAndLargestRange) {
   ExtentAllocator a(3 * 4096, 4096);
   const uint64_t x = *a.Allocate(4096);

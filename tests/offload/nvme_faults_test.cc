@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/offload/nvme_files.h"
 #include "runtime/offload/nvme_store.h"
 #include "tests/offload/offload_test_util.h"
 
@@ -97,6 +98,61 @@ TEST_F(NvmeFaultsTest, DiskTooSmallForThePreallocationNamesPathAndBytes) {
   EXPECT_THAT(msg, HasSubstr("(4194304 bytes)"));
   EXPECT_THAT(msg, HasSubstr("free"));
   EXPECT_TRUE(DirIsEmpty(small.path())) << "the partial file must be removed";
+}
+
+// NvmeStore::Grow (Note [NVMe room agreed] in runtime/engine/engine.cc): where the disk has the room, the store
+// holds more and its new bytes take writes; where it has not, ResourceExhausted naming the path, the store as it was
+// (its data, its capacity) and the disk's free bytes as they were: a striped set whose first file grew before the
+// second found no room cuts the first back too.
+TEST_F(NvmeFaultsTest, GrowingTakesTheRoomOrGivesBackWhatItTook) {
+  TmpfsMount small("size=1m");
+  if (!small.ok()) GTEST_SKIP() << small.reason();
+  auto store = Create(small.path(), 256 * 1024);
+  ASSERT_TRUE(store.ok()) << store.status();
+  NvmeStore& s = **store;
+  NvmeExtent old_bytes = *s.Allocate(256 * 1024, memory::Kind::kMaster);
+  AlignedBuffer buf(256 * 1024);
+  FillPattern(buf.data(), buf.bytes(), 1);
+  ASSERT_TRUE(s.Write(old_bytes, buf.view()).Wait().ok());
+  const uint64_t free_before = FreeBytes(small.path());
+
+  const absl::Status too_big = s.Grow(4 * kMiB);
+  ASSERT_EQ(too_big.code(), absl::StatusCode::kResourceExhausted) << too_big;
+  EXPECT_THAT(std::string(too_big.message()), HasSubstr(absl::StrCat("NVMe path '", small.path(), "' has no room")));
+  EXPECT_THAT(std::string(too_big.message()), HasSubstr("free"));
+  EXPECT_EQ(FreeBytes(small.path()), free_before) << "a failed grow keeps what it preallocated";
+  EXPECT_EQ(s.capacity_bytes(), 256 * 1024u);
+  EXPECT_EQ(s.Allocate(4096, memory::Kind::kMaster).status().code(), absl::StatusCode::kResourceExhausted);
+
+  ASSERT_TRUE(s.Grow(512 * 1024).ok());
+  EXPECT_EQ(s.capacity_bytes(), 512 * 1024u);
+  EXPECT_EQ(FreeBytes(small.path()), free_before - 256 * 1024) << "grown by preallocation";
+  NvmeExtent new_bytes = *s.Allocate(256 * 1024, memory::Kind::kMaster);
+  EXPECT_EQ(s.Placement(new_bytes)[0].file_offset, 256 * 1024u);
+  FillPattern(buf.data(), buf.bytes(), 2);
+  ASSERT_TRUE(s.Write(new_bytes, buf.view()).Wait().ok());
+  for (int i : {1, 2}) {
+    ASSERT_TRUE(s.Read(i == 1 ? old_bytes : new_bytes, buf.view()).Wait().ok());
+    EXPECT_EQ(FirstMismatch(buf.data(), buf.bytes(), i), -1) << "extent " << i;
+  }
+  old_bytes.Reset();
+  new_bytes.Reset();
+
+  TempDir roomy;
+  NvmeStoreOptions o;
+  o.files.paths = {roomy.path(), small.path()};
+  o.files.capacity_bytes = 256 * 1024;
+  o.files.stripe_bytes = 64 * 1024;
+  auto striped = NvmeStore::Create(o, queue_.get());
+  ASSERT_TRUE(striped.ok()) << striped.status();
+  const uint64_t small_free = FreeBytes(small.path());
+  ASSERT_EQ((*striped)->Grow(4 * kMiB).code(), absl::StatusCode::kResourceExhausted);
+  struct stat first {};
+  ASSERT_EQ(fstat((*striped)->files().fd(0), &first), 0);
+  EXPECT_EQ(first.st_size, 128 * 1024) << "the first file, grown before the second failed, is cut back";
+  EXPECT_LE(static_cast<uint64_t>(first.st_blocks) * 512, 128 * 1024u) << "and its blocks past the end given back";
+  EXPECT_EQ(FreeBytes(small.path()), small_free);
+  EXPECT_EQ((*striped)->capacity_bytes(), 256 * 1024u);
 }
 
 TEST_F(NvmeFaultsTest, DiskFullDuringAWriteFailsThatWriteOnly) {

@@ -33,6 +33,7 @@
 #include "runtime/checkpoint/publish.h"
 #include "runtime/device/host_device.h"
 #include "runtime/engine/engine.h"
+#include "runtime/offload/nvme_files.h"
 #include "tests/files_under.h"
 #include "tests/offload/offload_test_util.h"
 #include "tests/runtime/engine/rank_harness.h"
@@ -484,6 +485,82 @@ TEST_F(AsyncCheckpoint, NvmeStateWithRoomForItOnceStillTrainsAndSaves) {
       EXPECT_TRUE(b.count(file) && b.at(file) == bytes) << name << "/" << file << " differs";
     }
   }
+}
+
+// Note [NVMe room agreed] (runtime/engine/engine.cc): the room for the state's redirects (twice the state) is taken
+// only once every store of every rank holds what it needs. On a disk with room for every store once and some
+// room over, but not for twice the state: one rank whose parameter shards are on NVMe too (before, the state's
+// store took twice the state and the parameter store found no room), and two ranks sharing the disk (before, the
+// first rank to preallocate twice its state left the other without room for its state once). Each trains and
+// saves asynchronously with steps over the save, and the disk holds no more than it had.
+TEST_F(AsyncCheckpoint, StoresSharingADiskEachGetWhatTheyNeedBeforeAnyGetsRoomToSpare) {
+  EngineConfig cfg = Config(3);
+  cfg.offload_optimizer.device = OffloadDevice::kNvme;
+  cfg.offload_optimizer.pin_memory = false;
+  cfg.offload_param.pin_memory = false;
+  cfg.nvme_tile_elems = 1024;
+  // The disk bytes the stores of `world` ranks take on a roomy tmpfs, with the state's (and the params') on it.
+  auto used = [&](int world, bool params) -> uint64_t {
+    constexpr uint64_t kRoomy = uint64_t{256} << 20;
+    offload::testing::TmpfsMount roomy(absl::StrCat("size=", kRoomy));
+    if (!roomy.ok()) return 0;
+    EngineConfig c = cfg;
+    c.offload_param.device = params ? OffloadDevice::kNvme : OffloadDevice::kNone;
+    c.offload_optimizer.nvme_path = c.offload_param.nvme_path = roomy.path();
+    uint64_t bytes = 0;
+    std::latch finalized(world), measured(world);  // no rank's engine, and stores, gone before rank 0 measured
+    const absl::Status s = OnRanks(world, c, 1, [&](int rank, Engine&, Mlp&) -> absl::Status {
+      finalized.arrive_and_wait();
+      if (rank == 0) bytes = kRoomy - offload::FreeBytes(roomy.path());
+      measured.arrive_and_wait();
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    return bytes;
+  };
+  for (const int world : {1, 2}) {
+    const uint64_t twice_state = used(world, false), both = used(world, true);
+    if (twice_state == 0) GTEST_SKIP() << "no tmpfs mount (needs root)";
+    ASSERT_GT(both, twice_state);
+    const uint64_t state = twice_state / 2, params = both - twice_state;
+    // One rank: room for twice the state and half the params (twice the state first left the params none).
+    // Two ranks: room for the state once and a quarter more (one rank's twice its state left the other none).
+    const uint64_t room = (world == 1 ? 2 * state + params / 2 : state + state / 4 + params) / 4096 * 4096;
+    offload::testing::TmpfsMount tight(absl::StrCat("size=", room));
+    ASSERT_TRUE(tight.ok()) << tight.reason();
+    cfg.offload_optimizer.nvme_path = cfg.offload_param.nvme_path = tight.path();
+    cfg.offload_param.device = OffloadDevice::kNvme;
+    const fs::path root = dir_ / absl::StrCat("world", world);
+    const absl::Status s = OnRanks(world, cfg, 2, [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
+      STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "async").string(), "{\"next_step\":2}"));
+      STRATA_RETURN_IF_ERROR(TrainSteps(e, mlp, rank, world, 2, 2));
+      return e.WaitCheckpoint();
+    });
+    EXPECT_TRUE(s.ok()) << world << " rank(s), " << room << " bytes of disk for " << state << " bytes of state and "
+                        << params << " of params: " << s;
+    EXPECT_TRUE(fs::exists(root / "async" / "manifest.json")) << world;
+    EXPECT_EQ(offload::FreeBytes(tight.path()), room) << "the stores left the disk as they found it";
+  }
+}
+
+// Note [NVMe room agreed]: a rank that cannot make its NVMe stores (here rank 1's path does not exist) fails with its
+// own error, and the rank that made them fails naming it (before, it went on, to wait for rank 1 in its first step).
+TEST_F(AsyncCheckpoint, ARankWithoutItsNvmeStoresFailsTheOthersByName) {
+  const std::vector<absl::Status> results =
+      testing::RunRanks(2, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
+        EngineConfig cfg = Config(3);
+        cfg.offload_optimizer.device = OffloadDevice::kNvme;
+        cfg.offload_optimizer.pin_memory = false;
+        cfg.offload_optimizer.nvme_path = (dir_ / (rank == 0 ? "nvme" : "missing")).string();
+        device::HostDevice dev;
+        STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, dev));
+        STRATA_RETURN_IF_ERROR(Mlp::Register(*e, {16, 48, 4}).status());
+        return e->Finalize();
+      });
+  EXPECT_TRUE(absl::IsNotFound(results[1])) << results[1];
+  EXPECT_THAT(results[1].message(), HasSubstr((dir_ / "missing").string()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(results[0])) << results[0];
+  EXPECT_THAT(results[0].message(), HasSubstr("rank 1 could not preallocate its NVMe stores"));
 }
 
 // A shard that cannot be renamed into place (a directory holds its name) fails on the writer thread.
