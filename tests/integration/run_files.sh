@@ -138,7 +138,16 @@ if want kills; then
     "$mpirun" -n 2 "$strata" train "${small[@]}" --steps 100000 --checkpoint-dir "$d" --checkpoint-every 1 \
       --keep-last 2 --save-weights "$w" "${resume[@]}" > "$work/kills$i.log" 2>&1 &
     job=$!
-    sleep "$(python3 -c "import random; print(round(random.uniform(0.8, 3.0), 2))")"
+    # The moment: a seeded draw after this run's first new complete step, so each kill lands in a run that saves
+    # and prunes every step whatever the machine's load (a fixed draw from the launch could kill a loaded run
+    # before its ranks existed, and then wait on it for good).
+    latest=$(last_step)
+    for _ in $(seq 1200); do
+      [ "$(last_step)" != "$latest" ] && break
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.1
+    done
+    sleep "$(python3 -c "import random, sys; random.seed(4200 + int(sys.argv[1])); print(round(random.uniform(0.0, 1.5), 2))" "$i")"
     for p in $(pgrep -P "$job"); do kill -9 "$p"; done
     wait "$job" 2>/dev/null
   done
