@@ -27,6 +27,7 @@ import sys
 import weakref
 
 from strata import _capi
+from strata._log import who
 
 _MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
@@ -274,7 +275,7 @@ def _watch_torchrun_job():
     _watch_tried = True
     status = _capi.lib.strata_comm_watch_torchrun()
     if status != 0:
-        print(f"strata: warning: no failure notices across torchrun's nodes: "
+        print(f"{who()}: warning: no failure notices across torchrun's nodes: "
               f"{_capi.lib.strata_last_error().decode(errors='replace')}", file=sys.stderr, flush=True)
 
 
@@ -496,7 +497,7 @@ def abort(reason):
         if _comm is not None:
             _capi.lib.strata_comm_abort(_comm, reason.encode())  # logs the reason, MPI_Abort: does not return
         world().Abort(1)
-    print(f"strata: aborting: {reason}", file=sys.stderr, flush=True)
+    print(f"{who()}: aborting: {reason}", file=sys.stderr, flush=True)
     if _comm is not None and not _cuda:  # a NCCL world is left to the exit (torchrun's agent ends the job)
         _capi.lib.strata_comm_abort(_comm, reason.encode())
     os._exit(1)

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from strata import _capi
+from strata._log import who
 
 _TORCH_DTYPE = {_capi.DTYPE_F32: torch.float32, _capi.DTYPE_BF16: torch.bfloat16, _capi.DTYPE_F16: torch.float16}
 _DIRECT_BYTES = 1 << 20  # kReduceChunkBytes of runtime/comm/mpi_communicator.cc
@@ -75,11 +76,11 @@ def _wait_calls_in_flight():
         while _in_flight > 0:
             waited = time.monotonic() - start
             if waited >= timeout_s:
-                print(f"strata: exiting with {_in_flight} torch.distributed call(s) of Strata's still in flight after "
+                print(f"{who()}: exiting with {_in_flight} torch.distributed call(s) of Strata's still in flight after "
                       f"{waited:.0f} s", file=sys.stderr, flush=True)
                 return
             if waited >= 1 and not told:
-                print(f"strata: waiting for {_in_flight} torch.distributed call(s) Strata left in flight (a failed or "
+                print(f"{who()}: waiting for {_in_flight} torch.distributed call(s) Strata left in flight (a failed or "
                       f"closed engine's) to end before exiting, at most {timeout_s:.0f} s", file=sys.stderr, flush=True)
                 told = True
             _in_flight_cv.wait(min(0.1, timeout_s - waited))
@@ -296,7 +297,7 @@ def make(endpoint):
             try:
                 endpoint.destroy()
             except Exception as e:  # noqa: BLE001 (nothing to report it to; the group is gone either way)
-                print(f"strata: destroying a process group Strata used failed: {e}", file=sys.stderr)
+                print(f"{who()}: destroying a process group Strata used failed: {e}", file=sys.stderr)
 
     callbacks = {
         "all_gather": lambda u, s, r, n, d: endpoint.all_gather(s, r, n, d),
@@ -394,7 +395,7 @@ _SHM_HINT = ("; STRATA_HOST_TRANSPORT=shm asks for shared memory or an error: un
 
 
 def _warn_gloo(error):
-    print(f"strata: warning: the host collectives stay on gloo: {error}", file=sys.stderr, flush=True)
+    print(f"{who()}: warning: the host collectives stay on gloo: {error}", file=sys.stderr, flush=True)
 
 
 def dev_shm_full(status, error):

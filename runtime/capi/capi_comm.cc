@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/capi/capi_internal.h"
 #include "runtime/comm/in_process.h"
@@ -180,6 +181,9 @@ strata_status strata_comm_watch_torchrun(void) {
     absl::StatusOr<strata::comm::TorchrunEnv> env = strata::comm::TorchrunLaunch();
     if (absl::IsNotFound(env.status())) return absl::OkStatus();  // not a torchrun launch: nothing to watch
     STRATA_RETURN_IF_ERROR(env.status());
+    // A job's log lines say their rank, as an MPI world's do (mpi_communicator.cc): strata.torch's gloo world
+    // never names it to the library otherwise.
+    if (env->world_size > 1 && strata::LogRank() < 0) strata::SetLogRank(env->rank);
     return strata::comm::WatchTorchrunJob(*env);
   });
 }

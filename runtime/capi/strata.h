@@ -137,7 +137,8 @@ strata_status strata_comm_create_torchrun(int64_t timeout_ms, strata_comm** out)
  * when it is imported under torchrun's agent store, else when it binds its ranks (decision 0048), and
  * strata_comm_create_torchrun starts it itself. STRATA_ERR_OK, doing nothing, when the
  * process is no torchrun launch or the only rank; a store that does not answer within 30 s is
- * STRATA_ERR_DEADLINE_EXCEEDED naming it. Linux 5.3 or later (pidfd_open). */
+ * STRATA_ERR_DEADLINE_EXCEEDED naming it. Linux 5.3 or later (pidfd_open). It also tags the process's log lines
+ * with its torchrun RANK ("[strata r3 W] ..."), as an MPI world's are. */
 strata_status strata_comm_watch_torchrun(void);
 
 /* `world_size` ranks as threads of this process (for tests and single-process use): fills

@@ -4,7 +4,8 @@ argv[1]/rank<r>.pt. argv[2]: the ZeRO stage; argv[3] (optional): "raise" makes r
 makes it sleep there for 10 minutes before its backward (with a collective timeout of 4 s), "kill" makes it
 kill itself (SIGKILL) there, printing the time. LAUNCH_SHARD_GROUP in
 the environment, when set, is zero_optimization.shard_group_size ("node" or an integer); LAUNCH_MESH="RxS" shards
-over a 2-D DeviceMesh of R replicas of S shards instead (st.shard's device_mesh).
+over a 2-D DeviceMesh of R replicas of S shards instead (st.shard's device_mesh); LAUNCH_NVME=1 keeps the
+optimizer state on NVMe under argv[1].
 
 Two units of 1024 x 1024 + 1024 parameters, whose reduce-scatter blocks at 4 ranks are just over 1 MiB (summed
 in rank order by the MPI back-end's direct exchange), and a small head (summed pairwise by MPI's collective):
@@ -28,6 +29,9 @@ model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.
 config = {"zero_optimization": {"stage": stage}, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
           "strata": {"collective_timeout_ms": 4000 if fault == "stall" else 900000, "optimizer_threads": 1}}
+if os.environ.get("LAUNCH_NVME"):  # the optimizer state on NVMe under out_dir (its I/O queue logs at Info)
+    os.makedirs(os.path.join(out_dir, "nvme"), exist_ok=True)
+    config["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": os.path.join(out_dir, "nvme")}
 group = os.environ.get("LAUNCH_SHARD_GROUP")
 if group:
     config["zero_optimization"]["shard_group_size"] = group if group == "node" else int(group)

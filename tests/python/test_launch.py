@@ -20,6 +20,7 @@ import torch
 import strata.torch as st
 from common import once
 from strata._comm import mpi_launch, torchrun_launch
+from strata._log import who
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -30,6 +31,11 @@ def test_launch_decision():
     for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"):  # an MPI launcher started it: MPI's ranks
         assert mpi_launch(dict(torchrun, **{var: "2"})) and torchrun_launch(dict(torchrun, **{var: "2"})) is None
     assert torchrun_launch({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}) is None  # shell leftovers
+    # strata's own lines on stderr name the rank in a job of more than one, MPI's before the shell's torchrun's.
+    assert who({}) == who({"WORLD_SIZE": "1", "RANK": "0"}) == "strata"
+    assert who(dict(torchrun, RANK="1")) == "strata r1"
+    assert who(dict(torchrun, OMPI_COMM_WORLD_RANK="3", OMPI_COMM_WORLD_SIZE="4")) == "strata r3"
+    assert who(dict(torchrun, PMI_RANK="2", PMI_SIZE="4")) == "strata r2"
 
 
 def _clean_env():
@@ -229,6 +235,23 @@ def _killed_on_another_node(where):
     seconds = other_end - float(killed.group(2))
     print(f"{where}: rank 0's node ended {seconds:.1f} s after rank 1's death")
     assert seconds < 10, f"rank 0's node ended {seconds:.1f} s after rank 1's death\n{out}"
+
+
+@once
+def test_torchrun_log_lines_name_their_rank(tmp_path_factory):
+    """Under torchrun the library's log lines carry the rank, as under mpirun ("[strata r1 I] ..."): strata.torch
+    tags them when it starts the job watch at import (strata_comm_watch_torchrun). Before, a job of 8 ranks printed
+    8 untagged copies of each warning."""
+    def check():
+        env = _clean_env()
+        env.update(STRATA_LOG_LEVEL="info", LAUNCH_NVME="1")
+        rc, out, _ = _torchrun(2, os.path.join(HERE, "launch_train.py"), str(tmp_path_factory.mktemp("log")), "3",
+                               env=env)
+        assert rc == 0, out
+        for r in range(2):
+            assert re.search(rf"\[strata r{r} I\] I/O queue 'offload'", out), out
+        assert not re.search(r"\[strata [IWE]\]", out), out
+    _on_rank_0(check)
 
 
 @once
@@ -546,7 +569,7 @@ def _torchrun_with_small_dev_shm(tmp, size, env):
 def _small_dev_shm_falls_back(tmp):
     rc, out, _ = _torchrun_with_small_dev_shm(tmp, "6m", _clean_env())
     assert rc == 0, out
-    assert "strata: warning: the host collectives stay on gloo" in out and "in /dev/shm" in out, out
+    assert re.search(r"strata r[01]: warning: the host collectives stay on gloo", out) and "in /dev/shm" in out, out
     for r in range(2):
         assert f"rank {r} of 2: sharded (host transport gloo)" in out, out
 
@@ -562,5 +585,5 @@ def test_torchrun_shm_without_room_in_dev_shm_says_what_to_do(tmp_path_factory, 
         rc, out, _ = _torchrun_with_small_dev_shm(tmp_path_factory.mktemp(f"shm{size}"), size, env)
         assert rc != 0, out
         assert "in /dev/shm" in out and "or set STRATA_HOST_TRANSPORT=gloo" in out, out
-        assert "strata: warning: the host collectives stay on gloo" not in out, out
+        assert "warning: the host collectives stay on gloo" not in out, out
     _on_rank_0(check)

@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from strata import _capi, _comm
+from strata._log import who
 from strata.torch import _created, _deferred, _export, _fp32_modules, _gathered, _hooks, _model_buffers, _pretrained
 from strata.torch import _sharded
 from strata.torch._buffers import _TORCH_DTYPE, Layout
@@ -63,7 +64,7 @@ def _frozen_kept_in_half(model, kept):
     if frozen:
         names = [n for n, _ in frozen]
         shown = ", ".join(f"'{n}'" for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        warnings.warn(f"strata: {len(names)} frozen parameter(s) that transformers keeps in fp32 under a half-"
+        warnings.warn(f"{who()}: {len(names)} frozen parameter(s) that transformers keeps in fp32 under a half-"
                       f"precision load (the model's _keep_in_fp32_modules_strict / _keep_in_fp32_modules) compute "
                       f"in the param dtype, as DeepSpeed computes them: {shown}. A frozen parameter has no fp32 "
                       f"master here. To silence this: set the config's \"data_types\": "
@@ -185,7 +186,7 @@ class Engine:
         self.resolved = self._resolved_config()  # the engine's reading of the config: batch sizes, defaults
         if default_optimizer and _warn_default_optimizer:
             r = self.resolved
-            warnings.warn(f"strata: the config has no \"optimizer\", so the engine trains with Strata's default: "
+            warnings.warn(f"{who()}: the config has no \"optimizer\", so the engine trains with Strata's default: "
                           f"{r['optimizer.type']}, lr {r['optimizer.params.lr']}, weight_decay "
                           f"{r['optimizer.params.weight_decay']} (DeepSpeed would step the optimizer the script "
                           f"passes it, Hugging Face's Trainer its own); name the optimizer and its lr in the config",

@@ -30,6 +30,7 @@ import torch
 
 from strata import _comm
 from strata._capi import StrataError
+from strata._log import who
 
 FILE_NAME = "torch_buffers.safetensors"
 MANIFEST_NAME = "manifest.json"  # runtime/checkpoint/manifest.h kManifestName
@@ -206,7 +207,7 @@ class ModelBuffers:
         checkpoint without them leaves rank 0's current buffers, on every rank, with a warning."""
         step_dir, status, values = pending
         if status == "absent" and self.persistent:
-            warnings.warn(f"strata: checkpoint '{step_dir}' holds no module buffers (no {FILE_NAME}: saved by "
+            warnings.warn(f"{who()}: checkpoint '{step_dir}' holds no module buffers (no {FILE_NAME}: saved by "
                           f"strata.torch before it saved buffers, or by `strata train`); the model's "
                           f"{len(self.persistent)} buffers (BatchNorm running statistics, counters) keep their "
                           f"current values, rank 0's on every rank", RuntimeWarning, stacklevel=3)
