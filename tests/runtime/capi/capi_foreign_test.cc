@@ -5,6 +5,7 @@
 // deadline, a callback's error is the collective's and sticky, failure notices travel through the store, the
 // checks of the struct and of what dup returns, abort, and ownership (every communicator destroyed once).
 #include <chrono>
+#include <latch>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -81,12 +82,15 @@ INSTANTIATE_TEST_SUITE_P(AllCases, ShmOverForeignConformance,
                          });
 
 // Rank 2 never issues the all-reduce, and the trainer's collectives would wait 10 minutes: Strata's wait ends at
-// its own 1.5 s timeout, the liveness check names rank 2, and the communicator then fails at once.
+// its own 1.5 s timeout, the liveness check names rank 2, and the communicator then fails at once. Ranks 0 and 1
+// issue it together, however slow either one's setup, so that the first to begin its liveness check (the last
+// 375 ms of its wait) sees the other's answer within it.
 void ExpectTimeoutNamingRank2(bool with_store) {
   constexpr int64_t kTimeoutMs = 1500;
   auto job = std::make_shared<ForeignJobState>();
   job->trainer_timeout_ms = 600000;
   const auto start = std::chrono::steady_clock::now();
+  std::latch set_up(2);
   RunForeignRanks(
       3, kTimeoutMs, job,
       [&](int rank, strata_comm* sc) {
@@ -95,6 +99,7 @@ void ExpectTimeoutNamingRank2(bool with_store) {
         auto stream = dev.CreateStream("s");
         ASSERT_TRUE(stream.ok());
         conformance::HostArray buf(DType::kF32, 8);
+        set_up.arrive_and_wait();
         const absl::Status s =
             Of(sc).AllReduce(buf.data(), buf.data(), 8, DType::kF32, comm::ReduceOp::kSum, **stream).Wait();
         const int64_t ms = MsSince(start);

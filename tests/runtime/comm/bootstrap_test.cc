@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <latch>
 #include <thread>
 #include <vector>
 
@@ -34,14 +35,18 @@ TorchrunEnv Env(int rank, int world, int store_port) {
   return e;
 }
 
-// One thread per entry of `envs`, each ExchangeBlob(env, "t", rank 0 ? "the id" : "", timeout, verdicts[i]).
+// One thread per entry of `envs`, each ExchangeBlob(env, "t", rank 0 ? "the id" : "", timeout, verdicts[i]), all
+// started at once: each rank's deadline runs from its own start, so a thread started late would be missing at
+// another's deadline.
 Results RunRanks(const std::vector<TorchrunEnv>& envs, int64_t timeout_ms,
                  const std::vector<absl::Status>& verdicts = {}) {
   Results got(envs.size(), absl::UnknownError("not run"));
+  std::latch started(static_cast<std::ptrdiff_t>(envs.size()));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < envs.size(); ++i) {
     threads.emplace_back([&, i] {
       const absl::Status local = i < verdicts.size() ? verdicts[i] : absl::OkStatus();
+      started.arrive_and_wait();
       got[i] = ExchangeBlob(envs[i], "t", envs[i].rank == 0 ? "the id" : "", timeout_ms, local);
     });
   }

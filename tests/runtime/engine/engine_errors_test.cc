@@ -3,6 +3,7 @@
 // hook protocol, pool exhaustion, and a non-finite gradient on one rank skipping the step everywhere.
 #include <chrono>
 #include <cmath>
+#include <latch>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -23,11 +24,13 @@ std::vector<ParamSpec> Linear(int n) {
   return {ParamSpec{"w", {n, n}, true, Init::Normal(0.1f)}, ParamSpec{"b", {n}, false, Init::Zeros()}};
 }
 
-// Registers `units` linear units of width 8 and finalizes.
+// Registers `units` linear units of width 8 and finalizes; with `together`, once every rank has registered
+// them, so that Finalize's collectives (the first on the engine's communicators) start on every rank at once.
 absl::StatusOr<std::unique_ptr<Engine>> Build(const EngineConfig& cfg, comm::Communicator& c, device::Device& d,
-                                              int units = 2) {
+                                              int units = 2, std::latch* together = nullptr) {
   STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, c, d));
   for (int u = 0; u < units; ++u) STRATA_RETURN_IF_ERROR(e->RegisterUnit(absl::StrCat("u", u), Linear(8)).status());
+  if (together != nullptr) together->arrive_and_wait();
   STRATA_RETURN_IF_ERROR(e->Finalize());
   return e;
 }
@@ -248,11 +251,13 @@ TEST(EngineErrors, EvaluationForwardsAtStage3AreAgreedAcrossRanks) {
     EXPECT_THAT(std::string(results[r].message()),
                 HasSubstr("Some ranks ran a forward outside a training micro-batch"));
   }
-  comm::Options opts;
-  opts.timeout_ms = 300;
-  results = testing::RunRanks(2, opts, [](int rank, comm::Communicator& c) -> absl::Status {
+  // Under a collective timeout of 300 ms, rank 0 alone evaluates. The world communicator keeps its long deadline
+  // for the configuration's agreement, and the engine's collectives start together: however slow one rank's
+  // setup, only the evaluation forward waits for a missing rank.
+  std::latch built(2);
+  results = testing::RunRanks(2, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
     device::HostDevice d;
-    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(300), c, d));
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(300), c, d, 2, &built));
     if (rank == 1) return absl::OkStatus();  // rank 1 does not evaluate
     return e->BeginForward(0);
   });
@@ -261,13 +266,13 @@ TEST(EngineErrors, EvaluationForwardsAtStage3AreAgreedAcrossRanks) {
   EXPECT_THAT(std::string(results[0].message()), HasSubstr("rank(s) 1"));
 }
 
+// As above, the short timeout is the engine's, whose collectives start together: rank 1 dies after them.
 TEST(EngineErrors, DeadPeerFailsWithinTimeoutNamingTheRank) {
   const auto start = std::chrono::steady_clock::now();
-  comm::Options opts;
-  opts.timeout_ms = 300;
-  auto results = testing::RunRanks(2, opts, [](int rank, comm::Communicator& c) -> absl::Status {
+  std::latch built(2);
+  auto results = testing::RunRanks(2, comm::Options{}, [&](int rank, comm::Communicator& c) -> absl::Status {
     device::HostDevice d;
-    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(300), c, d));
+    STRATA_ASSIGN_OR_RETURN(auto e, Build(Stage3(300), c, d, 2, &built));
     if (rank == 1) return absl::OkStatus();  // rank 1 "dies" after initialisation
     return MicroBatch(*e, {0, 1});
   });

@@ -6,6 +6,7 @@
 // snapshot, read on another thread, lets go of tiles, and then finishes with the same values (labelled tsan:
 // the snapshot is read on one thread while the other updates).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -250,15 +251,24 @@ TEST(NvmeSnapshot, WithoutRoomTheUpdateWaitsForTheSnapshotToLetGo) {
     before.push_back(rig.Read(0, k));
     snaps.push_back(rig.state->Snapshot(0, k));
   }
-  // The writer: starts late, reads every lane front to back (as the checkpoint's writer does).
+  // The writer: starts once the update waits for room (a snapshot's Check says so; or once the steps returned,
+  // which they do without a wait only if the update never found the store full), then reads every lane front to
+  // back (as the checkpoint's writer does).
+  std::atomic<bool> steps_returned{false};
   std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto waited_on = [&] {
+      return std::any_of(snaps.begin(), snaps.end(), [](const auto& s) { return s->Check(0).let_go_now; });
+    };
+    for (int i = 0; i < 60000 && !waited_on() && !steps_returned.load(); ++i) {  // a hang runs out of these 60 s
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     for (size_t i = 0; i < snaps.size(); ++i) {
       read[i] = ReadAll(*snaps[i], 600);
       snaps[i].reset();
     }
   });
   const bool stepped = StepBoth(rig, plain, 2);
+  steps_returned.store(true);
   writer.join();
   ASSERT_TRUE(stepped);
   EXPECT_GT(rig.state->redirect_stats().waits, 0u) << "the update never found the store full";
