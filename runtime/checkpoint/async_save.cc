@@ -1,10 +1,13 @@
 #include "runtime/checkpoint/async_save.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <thread>
@@ -31,6 +34,48 @@ std::function<void()>& BeforeWriteHook() {
 void SetBeforeAsyncWriteForTest(std::function<void()> hook) { BeforeWriteHook() = std::move(hook); }
 
 bool IsAsyncSaveFailure(const absl::Status& s) { return s.GetPayload(kAsyncSaveFailure).has_value(); }
+
+uint64_t TiledBytes(const ShardSnapshot& snapshot) {
+  uint64_t n = 0;
+  for (const ShardLane& l : snapshot.tiled) n += l.elems * 4;
+  return n;
+}
+
+namespace {
+// Which file system of which host `dir` is on (statvfs's f_fsid, and the host name: two hosts' local disks may
+// share an f_fsid); 0 where it cannot tell.
+uint64_t FileSystemOf(const std::string& dir) {
+  struct statvfs v;
+  if (::statvfs(dir.c_str(), &v) != 0) return 0;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  // One build on every rank, so one std::hash: equal names hash equal across the ranks.
+  return (std::hash<std::string>{}(host)*1000003u ^ static_cast<uint64_t>(v.f_fsid)) | 1;
+}
+
+struct RoomClaim {
+  uint64_t file_system = 0;
+  uint64_t free = 0;
+  uint64_t clones = 0;
+};
+}  // namespace
+
+absl::StatusOr<CloneRoom> SharedCloneRoom(comm::Communicator& control, device::Stream& stream, const std::string& dir,
+                                          uint64_t mine) {
+  RoomClaim claim{FileSystemOf(dir), offload::FreeBytes(dir), mine};
+  std::vector<RoomClaim> all(control.size());
+  STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(control, &claim, all.data(), sizeof(RoomClaim), stream).Wait());
+  CloneRoom room;
+  room.free = claim.free;
+  room.need = mine;
+  room.ranks = 1;
+  for (int r = 0; r < control.size(); ++r) {
+    if (r == control.rank() || claim.file_system == 0 || all[r].file_system != claim.file_system) continue;
+    *room.need += all[r].clones;
+    if (all[r].clones > 0) ++room.ranks;
+  }
+  return room;
+}
 
 uint64_t ShardSnapshot::bytes() const {
   uint64_t n = 0;
@@ -208,21 +253,23 @@ absl::Status CheckHeld(const std::string& path, ShardWriter& w, Cloning& cloning
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& path, int shard, int shard_world,
                                                           ShardSnapshot& snapshot, const std::atomic<bool>* hurry,
-                                                          CloneCounts& counts) {
+                                                          CloneCounts& counts, const CloneRoom& room) {
   STRATA_ASSIGN_OR_RETURN(ShardWriter w,
                           ShardWriter::Create(path, shard, shard_world, snapshot.ranges, snapshot.tiled));
   // Note [Cloned checkpoint lanes]: a clone's blocks take their room later, when the steps rewrite them (copy on
   // write): clone only where the file system has that room now, as a streamed save would need it, so a full disk
   // fails the save and not the step.
-  uint64_t tiled_bytes = 0;
-  for (const ShardLane& l : snapshot.tiled) tiled_bytes += l.elems * 4;
+  // The ranks that share the file system share its room (CloneRoom, from SharedCloneRoom in a job's save).
+  const uint64_t tiled_bytes = TiledBytes(snapshot);
   Cloning cloning;
   const std::string dir = std::filesystem::path(path).parent_path().string();
-  const uint64_t free = offload::FreeBytes(dir.empty() ? "." : dir);
-  cloning.on = free >= tiled_bytes;
+  const uint64_t free = room.free.value_or(offload::FreeBytes(dir.empty() ? "." : dir));
+  const uint64_t need = room.need.value_or(tiled_bytes);
+  cloning.on = free >= need;
   if (!cloning.on) {
-    cloning.why_not = absl::StrCat("the file system has ", free, " bytes free, less than the ", tiled_bytes,
-                                   " bytes of NVMe state a clone takes once the steps rewrite it");
+    cloning.why_not = absl::StrCat("the file system has ", free, " bytes free, less than the ", need,
+                                   " bytes of NVMe state the clones take once the steps rewrite them (",
+                                   room.ranks == 1 ? "this rank's" : absl::StrCat(room.ranks, " ranks' on it"), ")");
   }
   cloning.held_need = snapshot.nvme_bytes();
   Sources sources;
@@ -278,9 +325,9 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
 
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
                                                             ShardSnapshot& snapshot, const std::atomic<bool>* hurry,
-                                                            CloneCounts* counts) {
+                                                            CloneCounts* counts, const CloneRoom& room) {
   CloneCounts mine;
-  auto done = WriteRanges(path, shard, shard_world, snapshot, hurry, mine);
+  auto done = WriteRanges(path, shard, shard_world, snapshot, hurry, mine, room);
   if (counts != nullptr) *counts = mine;
   snapshot.lanes.clear();  // whatever happened: the live state writes those tiles in place again
   return done;
@@ -323,9 +370,20 @@ void AsyncSaver::Run(AsyncSaveJob job) {
   CloneCounts clones;
   absl::Status local = job.local;
   if (BeforeWriteHook()) BeforeWriteHook()();
-  if (local.ok() && job.shard >= 0) {
+  // Note [Cloned checkpoint lanes]: every rank, a writer or not, tells the others what its clones would take on
+  // which file system, so ranks that share one clone only where it holds all their clones.
+  const bool writes = local.ok() && job.shard >= 0;
+  CloneRoom room;
+  absl::StatusOr<CloneRoom> shared =
+      SharedCloneRoom(*control_, *stream_, job.step_dir, writes ? TiledBytes(job.snapshot) : 0);
+  if (shared.ok()) {
+    room = *shared;
+  } else {
+    room.need = UINT64_MAX;  // the gather below reports the communicator's failure; nothing is cloned meanwhile
+  }
+  if (writes) {
     auto done = WriteSnapshot((std::filesystem::path(job.step_dir) / ShardName(job.shard)).string(), job.shard,
-                              job.shard_world, job.snapshot, &hurry_, &clones);
+                              job.shard_world, job.snapshot, &hurry_, &clones, room);
     if (done.ok()) {
       mine.checksum = done->first;
       mine.bytes = done->second;

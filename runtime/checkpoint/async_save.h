@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -81,13 +82,32 @@ struct AsyncSaveJob {
   Manifest manifest;  // rank 0: the manifest without its shards
 };
 
+// The room clones of NVMe tiles take once the steps rewrite them (Note [Cloned checkpoint lanes]): the free bytes of
+// the shard's file system, and what the clones of every rank that writes there would take. Default: this rank's
+// own clones alone (WriteSnapshot then reads the free bytes itself).
+struct CloneRoom {
+  std::optional<uint64_t> free;
+  std::optional<uint64_t> need;
+  int ranks = 1;  // the ranks whose clones `need` counts
+};
+
 // Writes the shard of `snapshot` to `path` (ShardWriter: temporary, fsync, rename). {checksum, bytes}. Lets
 // go of each lane once written (of every lane, whatever the outcome). Cloned tiles are held until the live state's
-// reads check them, or read back at once while `hurry` is set or null (Note [Cloned checkpoint lanes]).
+// reads check them, or read back at once while `hurry` is set or null (Note [Cloned checkpoint lanes]). Clones
+// only where `room` has the room.
 absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& path, int shard, int shard_world,
                                                             ShardSnapshot& snapshot,
                                                             const std::atomic<bool>* hurry = nullptr,
-                                                            CloneCounts* counts = nullptr);
+                                                            CloneCounts* counts = nullptr, const CloneRoom& room = {});
+
+// The bytes of the snapshot's lanes laid out as tiles (Note [NVMe lanes laid out as tiles]): what their clones take
+// once the steps rewrite them.
+uint64_t TiledBytes(const ShardSnapshot& snapshot);
+
+// Collective over `control`: CloneRoom for a shard under `dir` whose tiled lanes are `mine` bytes (0 for a rank
+// that writes none), counting every rank whose shard directory is on the same file system of the same host.
+absl::StatusOr<CloneRoom> SharedCloneRoom(comm::Communicator& control, device::Stream& stream, const std::string& dir,
+                                          uint64_t mine);
 
 // Tests only: `hook` runs on every writer thread before it writes its shard (empty: none), so a test can
 // hold the write until training changed the state. Set it while no save is in flight.

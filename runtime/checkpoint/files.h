@@ -145,6 +145,10 @@ class StreamFile {
 // it (NvmeStore::Checked), and the writer holds each tile until then; a tile nobody will check (the live state wrote
 // it elsewhere unread, or waits for room; the training waits for the save; or no tile was checked for a minute) is
 // read back from the file and checked there. A corrupt tile so still fails the save, with DataLoss.
+// A clone's blocks take their room when the steps rewrite them, so a save clones only where its file system has
+// room for every clone that will land there: those of every rank whose shard goes to the same file system of the
+// same host (checkpoint::SharedCloneRoom, one all-gather per save over the saver's communicator); else it streams,
+// and a disk without that room fails the save, not the steps (docs/decisions/0059-nvme-room-agreed.md).
 absl::Status CloneRange(int src, const std::string& src_path, uint64_t src_offset, int dst, const std::string& dst_path,
                         uint64_t dst_offset, uint64_t n);
 // Reads exactly n bytes; a short read (truncated file) is DataLoss naming the file and offset.

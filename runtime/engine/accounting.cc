@@ -103,7 +103,9 @@ MemoryNeed EngineMemoryNeed(const EngineConfig& cfg, const std::vector<shard::Un
   if (cfg.offload_param.device == OffloadDevice::kNvme) add_nvme(nvme_params, "NVMe parameter shards");
   if (cfg.offload_optimizer.device == OffloadDevice::kNvme) {
     const size_t kinds = optim::StateKinds(cfg.optimizer.type).size();
-    add_nvme(optim::NvmeState::StoreBytes(tile_elems, kinds, update_elems), "NVMe master and optimizer state");
+    const uint64_t state_store = optim::NvmeState::StoreBytes(tile_elems, kinds, update_elems);
+    add_nvme(state_store, "NVMe master and optimizer state");
+    need.nvme_room = state_store;  // UnitStorage::SetUpNvme grows the store to twice it
   }
   return need;
 }

@@ -29,6 +29,9 @@ struct NeedItem {
 struct MemoryNeed {
   uint64_t tier[memory::kNumTiers] = {0, 0, 0};  // device, pinned host, NVMe
   std::vector<NeedItem> items;                   // in the budget check's order; zero-byte items left out
+  // Disk the NVMe files preallocate past the NVMe tier's need where the disk has the room: the state's store once
+  // more, for the steps over an asynchronous save (Note [NVMe room agreed] in engine.cc). No tier counts it.
+  uint64_t nvme_room = 0;
 };
 
 // Where the run executes, as far as memory is concerned: device memory the CPU reaches directly (host

@@ -205,14 +205,16 @@ absl::Status NvmeFileSet::Grow(uint64_t capacity_bytes) {
     const std::string what = absl::StrCat("NVMe path '", dir, "'");
     const off_t from = static_cast<off_t>(old_bytes);
     const off_t more = static_cast<off_t>(new_bytes - old_bytes);
+    // Read before the call: other ranks on the disk may take or give back room meanwhile.
+    const uint64_t free = f.sparse ? 0 : FreeBytes(dir);
     if (f.sparse) {
       if (ftruncate(f.fd, static_cast<off_t>(new_bytes)) != 0) grown = PathError("ftruncate", what, f.path);
     } else if (fallocate(f.fd, 0, from, more) != 0) {
       grown = errno == ENOSPC || errno == EDQUOT
                   ? absl::ResourceExhaustedError(absl::StrCat(
                         what, " has no room to grow '", f.path, "' by ", FormatBytes(new_bytes - old_bytes), " (",
-                        new_bytes - old_bytes, " bytes): fallocate failed with ENOSPC; the file system has ",
-                        FormatBytes(FreeBytes(dir)), " free"))
+                        new_bytes - old_bytes, " bytes): fallocate failed with ENOSPC; the file system had ",
+                        FormatBytes(free), " free when it was asked"))
                   : PathError("fallocate", what, f.path);
     }
   }

@@ -56,6 +56,7 @@ nlohmann::json ToJson(const Plan& p) {
        {{"device_bytes", p.memory.tier[0]},
         {"pinned_host_bytes", p.memory.tier[1]},
         {"nvme_bytes", p.memory.tier[2]},
+        {"nvme_disk_bytes", p.memory.tier[2] + p.memory.engine.nvme_room},
         {"engine",
          {{"device", p.memory.engine.tier[0]},
           {"pinned_host", p.memory.engine.tier[1]},
@@ -107,6 +108,13 @@ std::string PlanText(const Plan& p) {
                   FormatBytes(p.memory.tier[1]), ", NVMe ", FormatBytes(p.memory.tier[2]), "\n");
   for (const engine::NeedItem& i : p.memory.engine.items) {
     absl::StrAppend(&s, "  ", memory::TierName(i.tier), ": ", i.what, " ", FormatBytes(i.bytes), "\n");
+  }
+  if (p.memory.engine.nvme_room > 0) {
+    absl::StrAppend(&s, "  NVMe disk per rank: ", FormatBytes(p.memory.tier[2] + p.memory.engine.nvme_room),
+                    " where it has the room (the optimizer state's files once more, ",
+                    FormatBytes(p.memory.engine.nvme_room),
+                    ", for the steps over an asynchronous checkpoint), else the NVMe need above; a checkpoint on the "
+                    "same disk takes its own size besides\n");
   }
   const std::string copy = p.memory.unit_copy ? absl::StrCat(", fp32 unit copy ", FormatBytes(p.memory.unit_copy)) : "";
   absl::StrAppend(&s, "  ", in.device.gpu ? "device" : "host memory", ": trainer activations ",

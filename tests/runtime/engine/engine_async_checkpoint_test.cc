@@ -228,6 +228,16 @@ TEST_F(AsyncCheckpoint, NvmeStateIsSavedWithoutAHostCopyAndTheStepsOverItAreUnch
 }
 
 // `cfg` with the optimizer state on NVMe under `dir`/nvme, in tiles of 1024 elements.
+// `name`: a small XFS with reflink for the clone paths (offload::testing::XfsMount), or the test skipped where there
+// is none (failed where STRATA_REQUIRE_XFS=1 asks for one, as CI does).
+#define XFS_OR_SKIP(name)                                                  \
+  offload::testing::XfsMount name;                                         \
+  if (!name.ok()) {                                                        \
+    if (offload::testing::XfsMount::RequireXfs()) FAIL() << name.reason(); \
+    GTEST_SKIP() << name.reason();                                         \
+  }                                                                        \
+  static_assert(true)
+
 EngineConfig NvmeOn(EngineConfig cfg, const std::string& dir) {
   fs::create_directories(fs::path(dir) / "nvme");
   cfg.offload_optimizer.device = OffloadDevice::kNvme;
@@ -244,11 +254,7 @@ EngineConfig NvmeOn(EngineConfig cfg, const std::string& dir) {
 // shared blocks copied on write); the steps are those of a run that never saved. With the checkpoints on another
 // file system the clone is refused (EXDEV) and the save streams the tiles, to the same bytes.
 TEST_F(AsyncCheckpoint, ClonesTheHeldTilesWhereTheFileSystemSharesBlocks) {
-  offload::testing::XfsMount xfs;
-  if (!xfs.ok()) {
-    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
-    GTEST_SKIP() << xfs.reason();
-  }
+  XFS_OR_SKIP(xfs);
   const mlp::MlpShape shape{64, 256, 16};  // lanes of many tiles of 1024 elements, most with a partial last block
   fs::create_directories(fs::path(xfs.path()) / "nvme");
   for (bool same_fs : {true, false}) {
@@ -315,11 +321,7 @@ TEST_F(AsyncCheckpoint, ClonesTheHeldTilesWhereTheFileSystemSharesBlocks) {
 // read), and reads back only the pieces its CRCs need; a save waited for at once (nobody will read its tiles) reads
 // every tile back itself, and equals the synchronous save of the same state.
 TEST_F(AsyncCheckpoint, TheStepsOverAClonedSaveCheckItsTilesAndAWaitReadsThemBack) {
-  offload::testing::XfsMount xfs;
-  if (!xfs.ok()) {
-    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
-    GTEST_SKIP() << xfs.reason();
-  }
+  XFS_OR_SKIP(xfs);
   const mlp::MlpShape shape{64, 256, 16};
   const EngineConfig cfg = NvmeOn(Config(3), xfs.path());
   const fs::path root = fs::path(xfs.path()) / "ckpt";
@@ -358,11 +360,7 @@ TEST_F(AsyncCheckpoint, TheStepsOverAClonedSaveCheckItsTilesAndAWaitReadsThemBac
 // DataLoss naming the checkpoint, cloned (the cloned tiles are checked against the store's checksums, decision
 // 0057) or streamed (the store's read checks them), and nothing is published.
 TEST_F(AsyncCheckpoint, ACorruptTileFailsTheSaveClonedOrStreamed) {
-  offload::testing::XfsMount xfs;
-  if (!xfs.ok()) {
-    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
-    GTEST_SKIP() << xfs.reason();
-  }
+  XFS_OR_SKIP(xfs);
   for (bool cloned : {true, false}) {
     const fs::path base = cloned ? fs::path(xfs.path()) : dir_;
     fs::create_directories(base / "nvme");
@@ -408,11 +406,7 @@ TEST_F(AsyncCheckpoint, ACorruptTileFailsTheSaveClonedOrStreamed) {
 // streams and fails for want of room, the wait reports it, naming the step directory, and the steps after it
 // (which write every tile) go on, to the state of a run that never saved.
 TEST_F(AsyncCheckpoint, ANearlyFullFileSystemFailsTheSaveNotTheSteps) {
-  offload::testing::XfsMount xfs;
-  if (!xfs.ok()) {
-    if (offload::testing::XfsMount::RequireXfs()) FAIL() << xfs.reason();
-    GTEST_SKIP() << xfs.reason();
-  }
+  XFS_OR_SKIP(xfs);
   const mlp::MlpShape shape{64, 256, 16};  // about 1 MB of lanes (3 kinds)
   const EngineConfig cfg = NvmeOn(Config(3), xfs.path());
   const fs::path root = fs::path(xfs.path()) / "ckpt", filler = fs::path(xfs.path()) / "filler";
@@ -443,6 +437,53 @@ TEST_F(AsyncCheckpoint, ANearlyFullFileSystemFailsTheSaveNotTheSteps) {
       [&](int, Engine& e, Mlp&) -> absl::Status { return e.SaveCheckpoint((root / "plain").string(), "{}"); }, shape);
   ASSERT_TRUE(plain.ok()) << plain;
   EXPECT_TRUE(FilesUnder(root / "plain") == FilesUnder(root / "after")) << "the steps over the failed save changed";
+}
+
+// Note [Cloned checkpoint lanes]: ranks whose NVMe state and checkpoints share one file system share its room. With
+// room for one rank's clones and a half, each rank alone had room for its own, so both cloned, and the steps that
+// rewrote the clones ran out of room (ENOSPC writing an NVMe tile: training stopped). Now the ranks count each
+// other's clones: neither clones, the save streams into the room it lacks and fails naming its directory, and the
+// steps after it train on.
+TEST_F(AsyncCheckpoint, RanksSharingAFileSystemCloneOnlyWhereItHoldsAllTheirClones) {
+  XFS_OR_SKIP(xfs);
+  const mlp::MlpShape shape{64, 256, 16};
+  const EngineConfig cfg = NvmeOn(Config(3), xfs.path());
+  const fs::path root = fs::path(xfs.path()) / "ckpt", filler = fs::path(xfs.path()) / "filler";
+  fs::create_directories(root);
+  std::vector<uint64_t> lanes(2);
+  std::vector<Engine::CloneCounts> clones(2);
+  std::latch probed(2), filled(2);
+  const absl::Status s = OnRanks(
+      2, cfg, 2,
+      [&](int rank, Engine& e, Mlp& mlp) -> absl::Status {
+        // What each rank's clones take: a save's NVMe bytes (its lanes' tiles).
+        STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "probe").string(), "{}"));
+        STRATA_RETURN_IF_ERROR(e.WaitCheckpoint());
+        lanes[rank] = e.checkpoint_snapshot_bytes().nvme;
+        probed.arrive_and_wait();
+        if (rank == 0) {
+          fs::remove_all(root / "probe");
+          const uint64_t free = fs::space(root).available;
+          const uint64_t leave = std::max(lanes[0], lanes[1]) * 3 / 2;
+          const int fd = ::open(filler.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+          if (lanes[0] == 0 || free < leave || fd < 0 || ::fallocate(fd, 0, 0, static_cast<off_t>(free - leave)) != 0) {
+            filled.arrive_and_wait();
+            return absl::InternalError(absl::StrCat("cannot fill the XFS: ", std::strerror(errno)));
+          }
+          ::close(fd);
+        }
+        filled.arrive_and_wait();
+        // Waited for before the steps, so a failed save is not also the next step's error; a clone outlives it in
+        // the published checkpoint, and the steps after it rewrite its blocks.
+        STRATA_RETURN_IF_ERROR(e.SaveCheckpointAsync((root / "a").string(), "{}"));
+        const absl::Status waited = e.WaitCheckpoint();
+        clones[rank] = e.checkpoint_clones();
+        if (!waited.ok() && !absl::StrContains(waited.message(), (root / "a").string())) return waited;
+        return TrainSteps(e, mlp, rank, 2, 2, 3);  // rewriting every tile: these must not fail
+      },
+      shape);
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(clones[r].tiles, 0u) << "rank " << r << " cloned";
 }
 
 // A disk with room for the NVMe state once but not twice (Note [Snapshots of NVMe state]): the engine

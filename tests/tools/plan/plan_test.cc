@@ -3,20 +3,23 @@
 // bf16, optimizer and parameter offload to the host and NVMe, shard groups = the world), and its activation
 // bytes equal what the model's workspace allocated. Then the alpha-beta model, the JSON schema, the
 // search, and the errors bad input gets.
+#include "tools/plan/plan.h"
+
 #include <chrono>
 #include <filesystem>
 #include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/gpt/spec/gpt_spec.h"
 #include "models/gpt/train/trainer.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
+#include "runtime/base/units.h"
 #include "runtime/device/host_device.h"
 #include "tests/runtime/engine/rank_harness.h"
-#include "tools/plan/plan.h"
 #include "tools/plan/plan_options.h"
 
 namespace strata::tools::plan {
@@ -253,6 +256,20 @@ TEST(PlanJson, HasTheDocumentedSchema) {
   EXPECT_EQ(sum, p->memory.engine.tier[0] + p->memory.engine.tier[1] + p->memory.engine.tier[2]);
   const nlohmann::json s = nlohmann::json::parse(SearchJson({*p, *p}));
   EXPECT_EQ(s["candidates"].size(), 2u);
+  EXPECT_EQ(j["memory"]["nvme_disk_bytes"], j["memory"]["nvme_bytes"]) << "no NVMe state: no room beside it";
+  // With the optimizer state on NVMe, its files take it twice where the disk has the room (decision 0059), and the
+  // text says so.
+  absl::StatusOr<Plan> nvme = Evaluate(HostInput(Case{"nvme", 2, 3, DType::kF32, OffloadDevice::kNvme}));
+  ASSERT_TRUE(nvme.ok()) << nvme.status();
+  const nlohmann::json n = nlohmann::json::parse(PlanJson(*nvme));
+  uint64_t state = 0;
+  for (const auto& item : n["memory"]["items"]) {
+    if (item["what"] == "NVMe master and optimizer state") state = item["bytes"].get<uint64_t>();
+  }
+  ASSERT_GT(state, 0u);
+  EXPECT_EQ(n["memory"]["nvme_disk_bytes"].get<uint64_t>(), n["memory"]["nvme_bytes"].get<uint64_t>() + state);
+  EXPECT_THAT(PlanText(*nvme),
+              ::testing::HasSubstr(absl::StrCat("NVMe disk per rank: ", FormatBytes(nvme->memory.tier[2] + state))));
 }
 
 TEST(PlanSearch, SeventyBillionOnAThousandRanksIsFastAndRanked) {
