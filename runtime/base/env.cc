@@ -50,6 +50,10 @@ std::optional<int> LauncherLocalRank() {
   return FirstInt({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"});
 }
 
+std::optional<int> LauncherLocalWorldSize() {
+  return FirstInt({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"});
+}
+
 TorchrunVars Torchrun() {
   return TorchrunVars{Get("RANK"),
                       Get("WORLD_SIZE"),

@@ -26,6 +26,9 @@ std::optional<int> MpiLauncherWorldSize();
 // The rank within this node (which GPU to use): OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
 // SLURM_LOCALID, then torchrun's LOCAL_RANK. nullopt when none is set.
 std::optional<int> LauncherLocalRank();
+// The ranks the launcher started on this node: OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS (MPICH's Hydra),
+// then torchrun's LOCAL_WORLD_SIZE. nullopt when none is set (Slurm's per-node counts are not one number).
+std::optional<int> LauncherLocalWorldSize();
 
 // torchrun-style launch variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, torchrun's
 // TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE and LOCAL_WORLD_SIZE, and the

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/status.h"
 #include "runtime/base/units.h"
+#include "tools/plan/plan.h"
 
 namespace strata::tools::doctor {
 namespace {
@@ -17,6 +19,9 @@ namespace {
 CheckResult Make(const char* name, Verdict v, std::string detail) { return {name, v, std::move(detail)}; }
 
 std::string Gbps(double bytes_per_s) { return absl::StrFormat("%.2f GB/s", bytes_per_s / 1e9); }
+
+// "9.67 MiB (10137600 bytes)": the exact figure too, as the engine's own NVMe errors give it.
+std::string BytesText(uint64_t bytes) { return absl::StrCat(FormatBytes(bytes), " (", bytes, " bytes)"); }
 
 std::string LimitText(uint64_t limit) { return limit == kUnlimited ? "unlimited" : FormatBytes(limit); }
 
@@ -263,11 +268,16 @@ CheckResult CheckIoUring(const DoctorFacts& f) {
                            "): NVMe offload would use the slower pread/pwrite thread pool"));
 }
 
-// fail: the disk test itself failed (path missing, not writable, out of space). warn: O_DIRECT refused,
+// fail: the disk test itself failed (path missing, not writable). warn: O_DIRECT refused,
 // or below 1 GB/s read / 0.5 GB/s write (slower than a typical NVMe drive: offload will be I/O-bound).
+// A disk too full for the test is not a verdict on the disk: ok, saying why (nvme_space judges the job's fit).
 CheckResult CheckNvme(const DoctorFacts& f) {
   const NvmeFacts& n = f.nvme;
   if (n.path.empty()) return Make("nvme", Verdict::kOk, absl::StrCat("not tested: ", n.skipped_reason));
+  if (n.error.empty() && !n.skipped_reason.empty()) {
+    return Make("nvme", Verdict::kOk,
+                absl::StrCat(n.path, ": bandwidth ", n.skipped_reason, "; whether the job fits: see nvme_space"));
+  }
   if (!n.error.empty()) return Make("nvme", Verdict::kFail, absl::StrCat(n.path, ": ", n.error));
   const std::string text =
       absl::StrCat(n.path, ": write ", Gbps(n.write_bytes_per_s), ", read ", Gbps(n.read_bytes_per_s), " (",
@@ -277,6 +287,53 @@ CheckResult CheckNvme(const DoctorFacts& f) {
     return Make("nvme", Verdict::kWarn, text + ": slower than a typical NVMe drive; offload will be I/O-bound");
   }
   return Make("nvme", Verdict::kOk, text);
+}
+
+// fail: a disk without room for R x the need, R = the ranks of this node (each rank preallocates its stores
+// before its first step and the job stops there naming the path: Note [NVMe room agreed] in engine.cc), or a
+// path that cannot be read (the job cannot create its files). warn: room for that but not for R x (need + room):
+// the state's store stays at once and the steps over an asynchronous save wait for its writer (decision 0059).
+CheckResult CheckNvmeSpace(const DoctorFacts& f) {
+  const NvmeSpaceFacts& s = f.nvme_space;
+  const std::string checkpoints = "; checkpoints saved on the same disk need their own room besides";
+  if (!s.offloaded) return Make("nvme_space", Verdict::kOk, "the config keeps nothing on NVMe");
+  if (!s.error.empty()) {
+    return Make("nvme_space", Verdict::kWarn, absl::StrCat("the job's NVMe need could not be computed: ", s.error));
+  }
+  const uint64_t r = static_cast<uint64_t>(std::max(1, s.ranks_on_node));
+  const std::string ranks = absl::StrCat(r, r == 1 ? " rank" : " ranks");
+  Verdict worst = Verdict::kOk;
+  std::vector<std::string> parts;
+  for (const NvmeDiskFacts& d : s.disks) {
+    const std::string who = absl::StrCat(d.path, " (", d.stores, ")");
+    if (!d.error.empty()) {
+      worst = Verdict::kFail;
+      parts.push_back(absl::StrCat(who, ": ", d.error, ": the job cannot create its NVMe files there"));
+      continue;
+    }
+    const uint64_t need = r * d.need_per_rank, full = r * (d.need_per_rank + d.room_per_rank);
+    const std::string free = absl::StrCat(BytesText(d.free_bytes), " free");
+    const std::string needs = r == 1 ? absl::StrCat(BytesText(need), " for 1 rank")
+                                     : absl::StrCat(ranks, " x ", BytesText(d.need_per_rank), " = ", BytesText(need));
+    if (d.free_bytes < need) {
+      worst = Verdict::kFail;
+      parts.push_back(absl::StrCat(who, ": needs ", needs, ", ", free,
+                                   ": the job cannot start (each rank preallocates its stores before training)"));
+    } else if (d.free_bytes < full) {
+      worst = std::max(worst, Verdict::kWarn);
+      const std::string room = absl::StrCat(ranks, " x ", BytesText(d.room_per_rank));
+      parts.push_back(absl::StrCat(who, ": ", free, " holds the need, ", needs,
+                                   ", but not the state's room for asynchronous checkpoints besides (", room,
+                                   "): it trains, but steps over an asynchronous checkpoint wait for its writer"));
+    } else if (d.room_per_rank > 0) {
+      const std::string each = absl::StrCat(FormatBytes(d.need_per_rank), " need + ", FormatBytes(d.room_per_rank),
+                                            " room for asynchronous checkpoints");
+      parts.push_back(absl::StrCat(who, ": ", free, " holds ", ranks, " x (", each, ") = ", BytesText(full)));
+    } else {
+      parts.push_back(absl::StrCat(who, ": ", free, " holds ", needs));
+    }
+  }
+  return Make("nvme_space", worst, absl::StrCat(absl::StrJoin(parts, "; "), checkpoints));
 }
 
 // warn: built without MPI, or no launcher on PATH and not started by one (multi-rank runs cannot start).
@@ -361,9 +418,10 @@ CheckResult CheckHostFigures(const DoctorFacts& f) {
 }
 
 std::vector<CheckResult> RunChecks(const DoctorFacts& f) {
-  std::vector<CheckResult> c = {CheckGpus(f),    CheckVersions(f), CheckInterconnect(f), CheckPcie(f),
-                                CheckClocks(f),  CheckCpuCores(f), CheckHostRam(f),      CheckIoUring(f),
-                                CheckNvme(f),    CheckMpi(f),      CheckLaunch(f),       CheckMemlock(f)};
+  std::vector<CheckResult> c = {CheckGpus(f),   CheckVersions(f),  CheckInterconnect(f), CheckPcie(f),
+                                CheckClocks(f), CheckCpuCores(f),  CheckHostRam(f),      CheckIoUring(f),
+                                CheckNvme(f),   CheckNvmeSpace(f), CheckMpi(f),          CheckLaunch(f),
+                                CheckMemlock(f)};
   if (f.host.measured) c.push_back(CheckHostFigures(f));
   return c;
 }
@@ -420,6 +478,51 @@ PinnedFacts EstimatePinned(const engine::EngineConfig& cfg, const spec::ModelSpe
   p.pinned = p.bytes_per_rank > 0;
   p.breakdown = absl::StrCat(absl::StrJoin(parts, " + "), "; ", params, " params over ", n, " ranks");
   return p;
+}
+
+absl::StatusOr<NvmeSpaceFacts> EstimateNvmeSpace(const engine::EngineConfig& cfg,
+                                                 std::shared_ptr<const spec::ModelSpec> model, int ranks,
+                                                 int ranks_on_node) {
+  using engine::OffloadDevice;
+  NvmeSpaceFacts s;
+  s.ranks = std::max(1, ranks);
+  s.ranks_on_node = std::clamp(ranks_on_node, 1, s.ranks);
+  const bool params = cfg.offload_param.device == OffloadDevice::kNvme;
+  const bool optimizer = cfg.offload_optimizer.device == OffloadDevice::kNvme;
+  s.offloaded = params || optimizer;
+  if (!s.offloaded) return s;
+  plan::PlanInput in;
+  in.model = std::move(model);
+  in.engine = cfg;
+  in.ranks = s.ranks;
+  in.ranks_per_node = s.ranks_on_node;
+  // G as `strata plan` and the engine take it: "node" is the ranks sharing this host, 0 the world.
+  const int g = cfg.shard_group_size;
+  in.shard_group = g == engine::kShardGroupNode ? s.ranks_on_node : g;
+  in.device.gpu = false;  // the device and pinned tiers depend on it; the NVMe stores do not
+  STRATA_ASSIGN_OR_RETURN(const plan::MemoryPlan m, plan::PlanMemory(in));
+  // The NVMe tier holds the two stores (accounting.cc): the optimizer state's, whose size nvme_room repeats (the
+  // room is that store once more), and the parameter shards', the rest.
+  const uint64_t nvme = m.engine.tier[static_cast<int>(memory::Tier::kNvme)];
+  const uint64_t state = optimizer ? std::min(m.engine.nvme_room, nvme) : 0;
+  auto add = [&](const std::string& path, const char* what, uint64_t need, uint64_t room) {
+    for (NvmeDiskFacts& d : s.disks) {
+      if (d.path != path) continue;
+      absl::StrAppend(&d.stores, " + ", what);
+      d.need_per_rank += need;
+      d.room_per_rank += room;
+      return;
+    }
+    NvmeDiskFacts d;
+    d.path = path;
+    d.stores = what;
+    d.need_per_rank = need;
+    d.room_per_rank = room;
+    s.disks.push_back(std::move(d));
+  };
+  if (optimizer) add(cfg.offload_optimizer.nvme_path, "optimizer state", state, m.engine.nvme_room);
+  if (params) add(cfg.offload_param.nvme_path, "parameter shards", nvme - state, 0);
+  return s;
 }
 
 }  // namespace strata::tools::doctor

@@ -1,14 +1,17 @@
-// `strata doctor [--json] [--nvme-path DIR] [--nvme-test-size BYTES] [--ranks N] [--measure ...] [train flags]`:
-// checks this machine before training. Probes fill the facts (doctor_probe.h), pure functions give the
-// verdicts (doctor_checks.h), doctor_report.h prints them. A model family's trainer flags (`strata train`'s
+// `strata doctor [--json] [--nvme-path DIR] [--nvme-test-size BYTES] [--ranks N] [--ranks-per-node R] [--measure ...]
+// [train flags]`: checks this machine before training. Probes fill the facts (doctor_probe.h), pure functions give
+// the verdicts (doctor_checks.h), doctor_report.h prints them. A model family's trainer flags (`strata train`'s
 // for the GPT, the default; --model-family for another: --config, --stage, --model, ...) are accepted so the
-// locked-memory check sees the same model and offload settings the job will use. Exit code: 0 unless a check fails (1);
-// 2 for a usage error. MPI is never initialised: the doctor is one process, run on each node (or under the launcher) as
-// wanted. Under torchrun every rank runs it and the launch check tries the id exchange with rank 0 for real.
+// locked-memory and NVMe space checks see the same model and offload settings the job will use; a flag both
+// declare (--nvme-path) means to the job what it means to `strata train`, so one command line serves both.
+// Exit code: 0 unless a check fails (1); 2 for a usage error. MPI is never initialised: the doctor is one process,
+// run on each node (or under the launcher) as wanted. Under torchrun every rank runs it and the launch check tries
+// the id exchange with rank 0 for real.
 // --measure (seconds) also measures the host's rates for `strata plan --host-figures` (doctor_measure.h):
 // the collectives through children the found launcher starts, so the doctor itself still has no MPI.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <set>
@@ -34,11 +37,16 @@ constexpr double kNvmeSecondsPerDirection = 5;
 
 std::vector<spec::FlagDef> DoctorFlagDefs() {
   return {{"json", true, "print one JSON object (checks and the raw facts) instead of the table"},
-          {"nvme-path", false, "directory to bandwidth-test (default: the config's offload nvme_path)"},
-          {"nvme-test-size", false, "bytes written then read back (default 256MiB, at most 1GiB)"},
+          {"nvme-path", false,
+           "directory to bandwidth-test (default: the config's offload nvme_path); also the job's NVMe "
+           "directory, as strata train's --nvme-path"},
+          {"nvme-test-size", false,
+           "bytes written then read back (default 256MiB, at most 1GiB and a quarter of the free space)"},
           {"ranks", false,
-           "ranks the pinned-memory estimate shards over (default: launcher size, GPUs, or 1); "
+           "ranks the pinned-memory and NVMe estimates shard over (default: launcher size, GPUs, or 1); "
            "--measure: the ranks that share this node"},
+          {"ranks-per-node", false,
+           "ranks of this node whose NVMe stores share its disks (default: the launcher's local size, else --ranks)"},
           {"measure", true,
            "measure the host's sgemm, AdamW and MPI collective rates (takes seconds; for strata plan --host-figures)"},
           {"launcher", false, "--measure: the MPI launcher for the collectives (default: the one found on PATH)"},
@@ -55,6 +63,7 @@ struct DoctorOptions {
   std::string nvme_path;
   uint64_t nvme_test_bytes = kDefaultNvmeTestBytes;
   int64_t ranks = 0;  // 0 = pick a default after probing
+  int64_t ranks_per_node = 0;  // 0 = the launcher's local size, else the ranks
   bool measure = false;
   std::string launcher;
   uint64_t comm_bytes = uint64_t{4} << 20;
@@ -63,17 +72,28 @@ struct DoctorOptions {
   std::shared_ptr<const spec::TrainSetup> train;  // the family's setup of the rest of the flags
 };
 
-// The arguments that are not the doctor's own, for the family's ParseTrain.
-std::vector<std::string> TrainArgs(const std::vector<std::string>& args, const std::vector<spec::FlagDef>& mine) {
+// The arguments for the family's ParseTrain: all but the doctor's own. A flag the family declares too
+// (--nvme-path) goes to both: the job must read it as `strata train` would, or the doctor checks another job
+// (an NVMe offload without its path fails to parse).
+std::vector<std::string> TrainArgs(const std::vector<std::string>& args, const std::vector<spec::FlagDef>& mine,
+                                   const std::vector<spec::FlagDef>& train) {
+  auto named = [](const std::string& arg, const spec::FlagDef& d) {
+    const std::string flag = "--" + d.name;
+    return arg == flag || arg.rfind(flag + "=", 0) == 0;
+  };
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const spec::FlagDef* own = nullptr;
     for (const spec::FlagDef& d : mine) {
-      const std::string flag = "--" + d.name;
-      if (args[i] == flag || args[i].rfind(flag + "=", 0) == 0) own = &d;
+      if (named(args[i], d)) own = &d;
     }
-    if (own == nullptr) rest.push_back(args[i]);
-    else if (!own->boolean && args[i].find('=') == std::string::npos) ++i;  // skip its value
+    const bool shared =
+        std::any_of(train.begin(), train.end(), [&](const spec::FlagDef& d) { return named(args[i], d); });
+    if (own == nullptr || shared) {
+      rest.push_back(args[i]);
+    } else if (!own->boolean && args[i].find('=') == std::string::npos) {
+      ++i;  // skip its value
+    }
   }
   return rest;
 }
@@ -94,6 +114,11 @@ absl::StatusOr<DoctorOptions> ParseDoctorOptions(std::vector<std::string> args) 
     }
   }
   STRATA_ASSIGN_OR_RETURN(o.ranks, f.IntIn("ranks", 0, 1, 1 << 20));
+  STRATA_ASSIGN_OR_RETURN(o.ranks_per_node, f.IntIn("ranks-per-node", 0, 1, 1 << 20));
+  if (o.ranks > 0 && o.ranks_per_node > o.ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ranks-per-node ", o.ranks_per_node, " is more than --ranks ", o.ranks));
+  }
   o.measure = f.Bool("measure");
   o.launcher = f.Str("launcher");
   for (const char* flag : {"launcher", "comm-bytes", "adam-elems", "measure-timeout"}) {
@@ -109,7 +134,7 @@ absl::StatusOr<DoctorOptions> ParseDoctorOptions(std::vector<std::string> args) 
   o.adam_elems = uint64_t(elems);
   STRATA_ASSIGN_OR_RETURN(o.measure_timeout_s, f.IntIn("measure-timeout", o.measure_timeout_s, 1, 86400));
   STRATA_ASSIGN_OR_RETURN(o.train,
-                          family->ParseTrain(TrainArgs(args, DoctorFlagDefs()), o.ranks > 0 ? int(o.ranks) : 1));
+                          family->ParseTrain(TrainArgs(args, DoctorFlagDefs(), train), o.ranks > 0 ? int(o.ranks) : 1));
   return o;
 }
 
@@ -162,6 +187,17 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
   if (ranks == 0) ranks = f.mpi.launcher_world_size > 0 ? f.mpi.launcher_world_size : std::max<int>(1, f.gpus.size());
   const spec::ModelSpec& model = *o.train->model;
   f.pinned = doctor::EstimatePinned(o.train->engine, model, ranks);
+  // The ranks of this node: all of them share its disks (one NVMe per node is the common case).
+  int on_node = static_cast<int>(o.ranks_per_node);
+  if (on_node == 0) on_node = f.mpi.launcher_local_size > 0 ? f.mpi.launcher_local_size : ranks;
+  auto space = doctor::EstimateNvmeSpace(o.train->engine, o.train->model, ranks, on_node);
+  if (space.ok()) {
+    f.nvme_space = *std::move(space);
+    doctor::ProbeNvmeSpace(&f.nvme_space);
+  } else {
+    f.nvme_space.offloaded = true;
+    f.nvme_space.error = std::string(space.status().message());
+  }
   if (o.measure) {
     doctor::MeasureOptions m;
     m.ranks = ranks;

@@ -61,11 +61,32 @@ struct VersionFacts {
 
 struct NvmeFacts {
   std::string path;            // the directory tested; "" = not tested
-  std::string skipped_reason;  // why it was not tested ("" when it was)
+  std::string skipped_reason;  // why it was not tested ("" when it was; with a path: the disk is too full for it)
   std::string error;           // a failure of the test itself, naming the call and errno
   bool direct_io = false;      // O_DIRECT accepted (else buffered with the page cache dropped)
   uint64_t test_bytes = 0;     // bytes written and read back
   double write_bytes_per_s = 0, read_bytes_per_s = 0;
+};
+
+// One file system the job's NVMe stores are on (the config's offload nvme_path; stores of one rank on the same
+// file system are one entry), per rank from the engine's own accounting (engine::EngineMemoryNeed, as `strata
+// plan` lays the model out: EstimateNvmeSpace), and its free bytes (statvfs, ProbeNvmeSpace).
+struct NvmeDiskFacts {
+  std::string path;            // the directory (the first store's where two directories share a file system)
+  std::string stores;          // what the job keeps there: "optimizer state", "parameter shards" or both
+  std::string error;           // statvfs failed (a missing path): why; the job cannot create its files
+  uint64_t free_bytes = 0;     // f_bavail x f_frsize: what an unprivileged writer may still take
+  uint64_t need_per_rank = 0;  // what each rank preallocates before it trains (the NVMe tier's part here)
+  uint64_t room_per_rank = 0;  // the optimizer state's store once more, taken only where the disk has room
+};
+
+// The job's NVMe need against its disks (Note [NVMe room agreed] in runtime/engine/engine.cc).
+struct NvmeSpaceFacts {
+  bool offloaded = false;  // the config keeps anything on NVMe
+  int ranks = 1;           // the ranks the state is sharded over (the need is one rank's)
+  int ranks_on_node = 1;   // R: the ranks of this node, whose stores share its disks
+  std::string error;       // the need could not be computed: why
+  std::vector<NvmeDiskFacts> disks;
 };
 
 struct MpiFacts {
@@ -73,6 +94,7 @@ struct MpiFacts {
   std::string library_version;  // MPI_Get_library_version's first line
   std::string launcher_path;    // mpirun / mpiexec / srun found on PATH, "" when none
   int launcher_world_size = 0;  // set when this process was started by a launcher (0: not)
+  int launcher_local_size = 0;  // the ranks that launcher started on this node (0: not set)
 };
 
 // A torchrun launch (runtime/comm/launcher.cc, Note [Launchers]) and its id exchange, tried for real.
@@ -129,6 +151,7 @@ struct DoctorFacts {
   bool io_uring_ok = false;
   std::string io_uring_error;
   NvmeFacts nvme;
+  NvmeSpaceFacts nvme_space;
   MpiFacts mpi;
   LaunchFacts launch;
   PinnedFacts pinned;

@@ -25,7 +25,12 @@ void ProbeHost(DoctorFacts* f);
 
 // Sequential O_DIRECT write then read of up to `max_bytes` in a temporary file under `dir` (unlinked
 // as soon as it is open, so nothing is left behind even on a crash), each direction cut off after
-// `max_seconds`. Uses at most a quarter of the free space. Errors name the call, the path and errno.
+// `max_seconds`. Uses at most a quarter of the free space; where that is under 16 MiB nothing is written and
+// skipped_reason says so. Errors name the call, the path and errno.
 NvmeFacts ProbeNvme(const std::string& dir, uint64_t max_bytes, double max_seconds);
+
+// The free bytes of each of `s`'s disks (statvfs); entries whose directories are on one file system (stat's
+// st_dev) become one, their needs summed. A path that cannot be read keeps its entry with the error.
+void ProbeNvmeSpace(NvmeSpaceFacts* s);
 
 }  // namespace strata::tools::doctor

@@ -99,6 +99,7 @@ void ProbeMpi(MpiFacts* m) {
 #endif
   m->launcher_path = FindLauncher();
   m->launcher_world_size = env::LauncherWorldSize().value_or(0);
+  m->launcher_local_size = env::LauncherLocalWorldSize().value_or(0);
 }
 
 }  // namespace

@@ -50,6 +50,23 @@ json NvmeToJson(const NvmeFacts& n) {
           {"read_bytes_per_s", n.read_bytes_per_s}};
 }
 
+json NvmeSpaceToJson(const NvmeSpaceFacts& s) {
+  json disks = json::array();
+  for (const NvmeDiskFacts& d : s.disks) {
+    disks.push_back({{"path", d.path},
+                     {"stores", d.stores},
+                     {"error", d.error},
+                     {"free_bytes", d.free_bytes},
+                     {"need_per_rank", d.need_per_rank},
+                     {"room_per_rank", d.room_per_rank}});
+  }
+  return {{"offloaded", s.offloaded},
+          {"ranks", s.ranks},
+          {"ranks_on_node", s.ranks_on_node},
+          {"error", s.error},
+          {"disks", disks}};
+}
+
 // Keys named as `strata plan`'s flags (matmul_gflops is --matmul-gflops): plan_host_figures.cc reads them.
 json HostFiguresToJson(const HostFigures& h) {
   return {{"ranks", h.ranks},
@@ -88,11 +105,13 @@ json FactsToJson(const DoctorFacts& f) {
       {"memlock_limit_bytes", f.memlock_limit_bytes == kUnlimited ? json("unlimited") : json(f.memlock_limit_bytes)},
       {"io_uring", {{"ok", f.io_uring_ok}, {"error", f.io_uring_error}}},
       {"nvme", NvmeToJson(f.nvme)},
+      {"nvme_space", NvmeSpaceToJson(f.nvme_space)},
       {"mpi",
        {{"built_with_mpi", f.mpi.built_with_mpi},
         {"library_version", f.mpi.library_version},
         {"launcher_path", f.mpi.launcher_path},
-        {"launcher_world_size", f.mpi.launcher_world_size}}},
+        {"launcher_world_size", f.mpi.launcher_world_size},
+        {"launcher_local_size", f.mpi.launcher_local_size}}},
       {"launch",
        {{"torchrun", f.launch.torchrun},
         {"rank", f.launch.rank},

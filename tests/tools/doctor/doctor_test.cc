@@ -1,8 +1,6 @@
 // Tests for tools/doctor_checks (the verdicts, on hand-written facts: fake NVML topology tables, version
 // sets, core counts, limits), tools/doctor_report (the JSON parses and carries checks and facts) and
 // the NVMe probe (a real, small disk test under a temporary directory that leaves nothing behind).
-#include "tools/doctor/doctor_checks.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,9 +9,12 @@
 
 #include "models/gpt/model/gpt_config.h"
 #include "models/gpt/spec/gpt_spec.h"
+#include "tests/offload/offload_test_util.h"
+#include "tools/doctor/doctor_checks.h"
 #include "tools/doctor/doctor_measure.h"
 #include "tools/doctor/doctor_probe.h"
 #include "tools/doctor/doctor_report.h"
+#include "tools/plan/plan.h"
 
 namespace strata::tools::doctor {
 namespace {
@@ -67,7 +68,7 @@ DoctorFacts NoGpu() {
 TEST(DoctorChecks, HealthyMachineIsAllOk) {
   const auto checks = RunChecks(Healthy(8));
   for (const CheckResult& c : checks) EXPECT_EQ(c.verdict, Verdict::kOk) << c.name << ": " << c.detail;
-  EXPECT_EQ(checks.size(), 12u);
+  EXPECT_EQ(checks.size(), 13u);
 }
 
 TEST(DoctorChecks, CrossSocketPairIsFlaggedWarn) {
@@ -240,6 +241,160 @@ TEST(DoctorChecks, NvmeVerdicts) {
   EXPECT_EQ(CheckNvme(f).verdict, Verdict::kFail);
 }
 
+// A disk too full for the bandwidth test (it writes at most a quarter of the free space, at least 16 MiB) is
+// no verdict on the disk: the test is skipped saying why, and whether the job fits is nvme_space's.
+TEST(DoctorChecks, DiskTooFullForTheBandwidthTestIsSkippedNotFailed) {
+  offload::testing::TmpfsMount disk("size=40m");
+  if (!disk.ok()) GTEST_SKIP() << disk.reason();
+  const NvmeFacts n = ProbeNvme(disk.path(), 16 << 20, 5);  // 10 MiB is a quarter of the free space
+  EXPECT_EQ(n.error, "");
+  EXPECT_EQ(n.test_bytes, 0u);
+  EXPECT_THAT(n.skipped_reason, HasSubstr("40.00 MiB (41943040 bytes) free"));
+  EXPECT_THAT(n.skipped_reason, HasSubstr("so it needs 64.00 MiB free"));
+  EXPECT_TRUE(std::filesystem::is_empty(disk.path()));
+  DoctorFacts f = Healthy(1);
+  f.nvme = n;
+  const CheckResult c = CheckNvme(f);
+  EXPECT_EQ(c.verdict, Verdict::kOk) << c.detail;
+  EXPECT_THAT(c.detail, HasSubstr("bandwidth not measured"));
+  EXPECT_THAT(c.detail, HasSubstr("see nvme_space"));
+}
+
+// R ranks of the node on one disk: below R x need the job cannot start (each rank preallocates its stores);
+// below R x (need + room) it trains, the steps over an asynchronous save waiting for its writer; else ok.
+TEST(DoctorChecks, NvmeSpaceVerdictsCountEveryRankOfTheNode) {
+  DoctorFacts f = Healthy(4);
+  EXPECT_EQ(CheckNvmeSpace(f).verdict, Verdict::kOk);
+  EXPECT_THAT(CheckNvmeSpace(f).detail, HasSubstr("nothing on NVMe"));
+  f.nvme_space.offloaded = true;
+  f.nvme_space.ranks = 8;
+  f.nvme_space.ranks_on_node = 4;
+  NvmeDiskFacts d;
+  d.path = "/mnt/t1";
+  d.stores = "optimizer state";
+  d.need_per_rank = 1000;
+  d.room_per_rank = 1000;
+  f.nvme_space.disks = {d};
+  auto at = [&](uint64_t free) {
+    f.nvme_space.disks[0].free_bytes = free;
+    const CheckResult c = CheckNvmeSpace(f);
+    EXPECT_EQ(c.name, "nvme_space");
+    EXPECT_THAT(c.detail, HasSubstr("checkpoints saved on the same disk need their own room besides")) << free;
+    EXPECT_THAT(c.detail, HasSubstr("/mnt/t1 (optimizer state)")) << free;
+    return c;
+  };
+  CheckResult c = at(3999);
+  EXPECT_EQ(c.verdict, Verdict::kFail) << c.detail;
+  EXPECT_THAT(c.detail, HasSubstr("needs 4 ranks x 1000 B (1000 bytes) = 3.91 KiB (4000 bytes)"));
+  EXPECT_THAT(c.detail, HasSubstr("(3999 bytes) free: the job cannot start"));
+  c = at(4000);
+  EXPECT_EQ(c.verdict, Verdict::kWarn) << c.detail;
+  EXPECT_THAT(c.detail, HasSubstr("steps over an asynchronous checkpoint wait for its writer"));
+  c = at(7999);
+  EXPECT_EQ(c.verdict, Verdict::kWarn) << c.detail;
+  c = at(8000);
+  EXPECT_EQ(c.verdict, Verdict::kOk) << c.detail;
+  EXPECT_THAT(c.detail, HasSubstr("(8000 bytes)"));
+  f.nvme_space.ranks_on_node = 1;  // the other ranks on other nodes: one rank's need
+  EXPECT_EQ(at(1000).verdict, Verdict::kWarn);
+  // Parameter shards have no room to want: their need alone decides.
+  f.nvme_space.disks[0].room_per_rank = 0;
+  EXPECT_EQ(at(1000).verdict, Verdict::kOk);
+  EXPECT_EQ(at(999).verdict, Verdict::kFail);
+  // The worst disk decides; a path that cannot be read fails naming it.
+  NvmeDiskFacts missing;
+  missing.path = "/mnt/gone";
+  missing.stores = "parameter shards";
+  missing.error = "statvfs failed: No such file or directory (errno 2)";
+  f.nvme_space.disks.push_back(missing);
+  c = at(1 << 20);
+  EXPECT_EQ(c.verdict, Verdict::kFail);
+  EXPECT_THAT(c.detail, HasSubstr("/mnt/gone (parameter shards): statvfs failed"));
+  f.nvme_space.disks.clear();
+  f.nvme_space.error = "layout failed";
+  EXPECT_EQ(CheckNvmeSpace(f).verdict, Verdict::kWarn);
+}
+
+// The need is the engine's NVMe tier as `strata plan` computes it, split by store: the optimizer state (whose
+// store the room repeats) on offload_optimizer.nvme_path, the parameter shards on offload_param's.
+TEST(DoctorNvmeSpace, EstimateIsThePlansNvmeTierByDirectory) {
+  engine::EngineConfig cfg;
+  cfg.stage = 3;
+  const std::shared_ptr<const spec::ModelSpec> model = gpt::Spec(*gpt::GptPreset("gpt2"));
+  absl::StatusOr<NvmeSpaceFacts> none = EstimateNvmeSpace(cfg, model, 8, 8);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->offloaded);
+  EXPECT_TRUE(none->disks.empty());
+
+  cfg.offload_optimizer.device = cfg.offload_param.device = engine::OffloadDevice::kNvme;
+  cfg.offload_optimizer.nvme_path = "/mnt/a";
+  cfg.offload_param.nvme_path = "/mnt/b";
+  plan::PlanInput in;
+  in.model = model;
+  in.engine = cfg;
+  in.ranks = 8;
+  in.device.gpu = false;
+  const absl::StatusOr<plan::MemoryPlan> m = plan::PlanMemory(in);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const uint64_t nvme = m->engine.tier[2], room = m->engine.nvme_room;
+  ASSERT_GT(room, 0u);
+  ASSERT_GT(nvme, room);
+  absl::StatusOr<NvmeSpaceFacts> two = EstimateNvmeSpace(cfg, model, 8, 4);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_TRUE(two->offloaded);
+  EXPECT_EQ(two->ranks, 8);
+  EXPECT_EQ(two->ranks_on_node, 4);
+  ASSERT_EQ(two->disks.size(), 2u);
+  EXPECT_EQ(two->disks[0].path, "/mnt/a");
+  EXPECT_EQ(two->disks[0].stores, "optimizer state");
+  EXPECT_EQ(two->disks[0].need_per_rank, room);
+  EXPECT_EQ(two->disks[0].room_per_rank, room);
+  EXPECT_EQ(two->disks[1].path, "/mnt/b");
+  EXPECT_EQ(two->disks[1].stores, "parameter shards");
+  EXPECT_EQ(two->disks[1].need_per_rank, nvme - room);
+  EXPECT_EQ(two->disks[1].room_per_rank, 0u);
+
+  cfg.offload_param.nvme_path = "/mnt/a";  // one directory: one disk, both stores
+  absl::StatusOr<NvmeSpaceFacts> one = EstimateNvmeSpace(cfg, model, 8, 8);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->disks.size(), 1u);
+  EXPECT_EQ(one->disks[0].stores, "optimizer state + parameter shards");
+  EXPECT_EQ(one->disks[0].need_per_rank, nvme);
+  EXPECT_EQ(one->disks[0].room_per_rank, room);
+
+  // Shard groups of the node: each rank holds an eighth of the world's state as a quarter of its group's.
+  cfg.shard_group_size = engine::kShardGroupNode;
+  absl::StatusOr<NvmeSpaceFacts> grouped = EstimateNvmeSpace(cfg, model, 8, 4);
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_GT(grouped->disks[0].need_per_rank, 3 * nvme / 2);
+}
+
+// Two directories of one file system share its free bytes: one entry, the needs summed; a missing path keeps
+// its entry, with the error.
+TEST(DoctorProbe, NvmeSpaceReadsFreeBytesAndJoinsOneFileSystem) {
+  offload::testing::TmpfsMount disk("size=1m");
+  if (!disk.ok()) GTEST_SKIP() << disk.reason();
+  std::filesystem::create_directories(disk.path() + "/params");
+  NvmeSpaceFacts s;
+  s.offloaded = true;
+  s.disks.resize(3);
+  s.disks[0] = {disk.path(), "optimizer state", "", 0, 100, 100};
+  s.disks[1] = {disk.path() + "/params", "parameter shards", "", 0, 50, 0};
+  s.disks[2] = {"/nonexistent/strata-doctor", "parameter shards", "", 0, 10, 0};
+  ProbeNvmeSpace(&s);
+  ASSERT_EQ(s.disks.size(), 2u);
+  EXPECT_EQ(s.disks[0].path, disk.path() + ", " + disk.path() + "/params");
+  EXPECT_EQ(s.disks[0].stores, "optimizer state + parameter shards");
+  EXPECT_EQ(s.disks[0].need_per_rank, 150u);
+  EXPECT_EQ(s.disks[0].room_per_rank, 100u);
+  EXPECT_EQ(s.disks[0].free_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(s.disks[0].error, "");
+  EXPECT_THAT(s.disks[1].error, HasSubstr("No such file or directory"));
+  DoctorFacts f = Healthy(1);
+  f.nvme_space = s;
+  EXPECT_EQ(CheckNvmeSpace(f).verdict, Verdict::kFail);
+}
+
 TEST(DoctorChecks, MpiWithoutLauncherWarns) {
   DoctorFacts f = Healthy(1);
   f.mpi.launcher_path = "";
@@ -342,7 +497,7 @@ TEST(DoctorReport, TableAlignsColumnsAndSummarises) {
   const std::string t = RenderTable(RunChecks(f));
   EXPECT_THAT(t, HasSubstr("check         verdict  detail\n"));
   EXPECT_THAT(t, HasSubstr("gpus          FAIL     GPUs differ"));
-  EXPECT_THAT(t, HasSubstr("1 fail, 0 warn, 11 ok: fix the failed checks"));
+  EXPECT_THAT(t, HasSubstr("1 fail, 0 warn, 12 ok: fix the failed checks"));
 }
 
 // Runs on any machine: with a driver (or the fake NVML of tests/tools/doctor/fake_nvml.c on LD_LIBRARY_PATH)
@@ -436,7 +591,7 @@ TEST(DoctorMeasure, AlphaFromTwoSizesRecoversTheLatency) {
 
 TEST(DoctorMeasure, HostFiguresCheckShowsEveryFigureAndWhatIsMissing) {
   DoctorFacts f = Healthy(1);
-  EXPECT_EQ(RunChecks(f).size(), 12u);  // not measured: no row
+  EXPECT_EQ(RunChecks(f).size(), 13u);  // not measured: no row
   f.host.measured = true;
   f.host.ranks = 2;
   f.host.omp_num_threads = "1";
@@ -451,7 +606,7 @@ TEST(DoctorMeasure, HostFiguresCheckShowsEveryFigureAndWhatIsMissing) {
   f.host.allreduce_gbps = 0.75;
   f.host.alpha_us = 12;
   const std::vector<CheckResult> all = RunChecks(f);
-  ASSERT_EQ(all.size(), 13u);
+  ASSERT_EQ(all.size(), 14u);
   EXPECT_EQ(all.back().name, "host figures");
   EXPECT_EQ(all.back().verdict, Verdict::kOk);
   EXPECT_EQ(all.back().detail, "sgemm 50.0 GFLOP/s per rank at 2 ranks (100.0 alone; 512x128x512), update 8.00 GB/s, "
