@@ -385,6 +385,13 @@ CheckResult CheckMemlock(const DoctorFacts& f) {
     return Make("memlock", Verdict::kOk, absl::StrCat("limit ", limit, "; offload with pin_memory=false pins nothing"));
   }
   const std::string need = absl::StrCat(FormatBytes(p.bytes_per_rank), " pinned per rank (", p.breakdown, ")");
+  if (f.memlock_limit_bytes != kUnlimited && f.memlock_limit_bytes < p.bytes_per_rank && f.lock_past_limit) {
+    return Make("memlock", Verdict::kOk,
+                absl::StrCat("limit ", limit, " < ", need,
+                             ", but this process holds CAP_IPC_LOCK (root), which "
+                             "locks past the limit: a job of this user pins; another user's needs ulimit -l "
+                             "unlimited"));
+  }
   if (f.memlock_limit_bytes != kUnlimited && f.memlock_limit_bytes < p.bytes_per_rank) {
     return Make("memlock", Verdict::kFail,
                 absl::StrCat("limit ", limit, " < ", need, ": raise it (ulimit -l unlimited; --ulimit memlock=-1)"));

@@ -148,6 +148,7 @@ struct DoctorFacts {
   int cpu_cores = 0;               // CPUs this process may run on (affinity mask)
   uint64_t host_ram_bytes = 0;
   uint64_t memlock_limit_bytes = 0;  // RLIMIT_MEMLOCK soft limit; kUnlimited when unlimited
+  bool lock_past_limit = false;      // CAP_IPC_LOCK in the effective set (root): mlock ignores that limit
   bool io_uring_ok = false;
   std::string io_uring_error;
   NvmeFacts nvme;

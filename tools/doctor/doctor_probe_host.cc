@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -52,6 +53,20 @@ uint64_t MemlockLimit() {
   struct rlimit rl;
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 0;
   return rl.rlim_cur == RLIM_INFINITY ? kUnlimited : static_cast<uint64_t>(rl.rlim_cur);
+}
+
+// Whether this process holds CAP_IPC_LOCK (bit 14 of CapEff in /proc/self/status), as root does: the kernel then
+// lets mlock go past RLIMIT_MEMLOCK, so a low limit does not stop the job's pinned buffers.
+bool LockPastLimit() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return false;
+  char line[256];
+  unsigned long long caps = 0;
+  bool found = false;
+  while (!found && std::fgets(line, sizeof(line), f) != nullptr) found = std::sscanf(line, "CapEff: %llx", &caps) == 1;
+  std::fclose(f);
+  constexpr int kCapIpcLock = 14;
+  return found && ((caps >> kCapIpcLock) & 1) != 0;
 }
 
 // Sets up and tears down a small ring: what the NVMe store would do first. EPERM usually means
@@ -108,6 +123,7 @@ void ProbeHost(DoctorFacts* f) {
   f->cpu_cores = UsableCores();
   f->host_ram_bytes = HostRamBytes();
   f->memlock_limit_bytes = MemlockLimit();
+  f->lock_past_limit = LockPastLimit();
   f->cuda_visible_devices = env::CudaVisibleDevices();
   ProbeIoUring(f);
   ProbeMpi(&f->mpi);

@@ -103,6 +103,7 @@ json FactsToJson(const DoctorFacts& f) {
       {"cpu_cores", f.cpu_cores},
       {"host_ram_bytes", f.host_ram_bytes},
       {"memlock_limit_bytes", f.memlock_limit_bytes == kUnlimited ? json("unlimited") : json(f.memlock_limit_bytes)},
+      {"lock_past_limit", f.lock_past_limit},
       {"io_uring", {{"ok", f.io_uring_ok}, {"error", f.io_uring_error}}},
       {"nvme", NvmeToJson(f.nvme)},
       {"nvme_space", NvmeSpaceToJson(f.nvme_space)},

@@ -474,6 +474,12 @@ TEST(DoctorPinned, MemlockTooLowForPinnedBuffersFails) {
   EXPECT_EQ(c.verdict, Verdict::kFail);
   EXPECT_THAT(c.detail, HasSubstr("limit 8.00 MiB <"));
   EXPECT_THAT(c.detail, HasSubstr("ulimit -l unlimited"));
+  // Root (CAP_IPC_LOCK) locks past the limit: the job pins, so the low limit is no failure, and the detail says
+  // whose job would still need it raised.
+  f.lock_past_limit = true;
+  EXPECT_EQ(CheckMemlock(f).verdict, Verdict::kOk);
+  EXPECT_THAT(CheckMemlock(f).detail, HasSubstr("CAP_IPC_LOCK"));
+  f.lock_past_limit = false;
   f.memlock_limit_bytes = kUnlimited;
   EXPECT_EQ(CheckMemlock(f).verdict, Verdict::kOk);
 }
