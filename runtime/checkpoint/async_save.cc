@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/crc32.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/publish.h"
@@ -42,37 +44,59 @@ uint64_t TiledBytes(const ShardSnapshot& snapshot) {
 }
 
 namespace {
-// Which file system of which host `dir` is on (statvfs's f_fsid, and the host name: two hosts' local disks may
-// share an f_fsid); 0 where it cannot tell.
+// This machine's identity for a file system's: the kernel's boot id, which every container on the host shares
+// (their host names may differ), else the host name. 0 where neither can be read.
+uint64_t MachineKey() {
+  std::string id;
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r"); f != nullptr) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) id = buf;
+    std::fclose(f);
+  }
+  if (id.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) == 0) id = host;
+  }
+  return id.empty() ? 0 : Crc32(id.data(), id.size()) | (uint64_t{1} << 32);
+}
+
+// Which file system of which machine `dir` is on (statvfs's f_fsid: two machines' local disks may share one); 0
+// where it cannot tell.
 uint64_t FileSystemOf(const std::string& dir) {
   struct statvfs v;
   if (::statvfs(dir.c_str(), &v) != 0) return 0;
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  // One build on every rank, so one std::hash: equal names hash equal across the ranks.
-  return (std::hash<std::string>{}(host)*1000003u ^ static_cast<uint64_t>(v.f_fsid)) | 1;
+  const uint64_t machine = MachineKey();
+  return machine == 0 ? 0 : (machine * 1000003u ^ static_cast<uint64_t>(v.f_fsid)) | 1;
 }
 
 struct RoomClaim {
   uint64_t file_system = 0;
   uint64_t free = 0;
-  uint64_t clones = 0;
+  uint64_t clones = 0;    // the tiled lanes' bytes: cloned now, taken when the steps rewrite them
+  uint64_t streamed = 0;  // the rest of the shard: taken as the save writes it, before the steps' copies
 };
 }  // namespace
 
+uint64_t StreamedBytes(const ShardSnapshot& snapshot) {
+  uint64_t all = 0;
+  for (const ShardRange& r : snapshot.ranges) all += r.count * 4;
+  const uint64_t tiled = TiledBytes(snapshot);
+  return all > tiled ? all - tiled : 0;
+}
+
 absl::StatusOr<CloneRoom> SharedCloneRoom(comm::Communicator& control, device::Stream& stream, const std::string& dir,
-                                          uint64_t mine) {
-  RoomClaim claim{FileSystemOf(dir), offload::FreeBytes(dir), mine};
+                                          uint64_t clones, uint64_t streamed) {
+  RoomClaim claim{FileSystemOf(dir), offload::FreeBytes(dir), clones, streamed};
   std::vector<RoomClaim> all(control.size());
   STRATA_RETURN_IF_ERROR(comm::AllGatherBytes(control, &claim, all.data(), sizeof(RoomClaim), stream).Wait());
   CloneRoom room;
   room.free = claim.free;
-  room.need = mine;
+  room.need = clones + streamed;
   room.ranks = 1;
   for (int r = 0; r < control.size(); ++r) {
     if (r == control.rank() || claim.file_system == 0 || all[r].file_system != claim.file_system) continue;
-    *room.need += all[r].clones;
-    if (all[r].clones > 0) ++room.ranks;
+    *room.need += all[r].clones + all[r].streamed;
+    if (all[r].clones + all[r].streamed > 0) ++room.ranks;
   }
   return room;
 }
@@ -268,7 +292,7 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteRanges(const std::string& pat
   cloning.on = free >= need;
   if (!cloning.on) {
     cloning.why_not = absl::StrCat("the file system has ", free, " bytes free, less than the ", need,
-                                   " bytes of NVMe state the clones take once the steps rewrite them (",
+                                   " bytes the shards take once the steps rewrite the NVMe state's clones (",
                                    room.ranks == 1 ? "this rank's" : absl::StrCat(room.ranks, " ranks' on it"), ")");
   }
   cloning.held_need = snapshot.nvme_bytes();
@@ -370,20 +394,16 @@ void AsyncSaver::Run(AsyncSaveJob job) {
   CloneCounts clones;
   absl::Status local = job.local;
   if (BeforeWriteHook()) BeforeWriteHook()();
-  // Note [Cloned checkpoint lanes]: every rank, a writer or not, tells the others what its clones would take on
-  // which file system, so ranks that share one clone only where it holds all their clones.
+  // Note [Cloned checkpoint lanes]: every rank, a writer or not, tells the others what its shard takes on which
+  // file system, so ranks that share one clone only where it holds all their shards, clones included.
   const bool writes = local.ok() && job.shard >= 0;
-  CloneRoom room;
-  absl::StatusOr<CloneRoom> shared =
-      SharedCloneRoom(*control_, *stream_, job.step_dir, writes ? TiledBytes(job.snapshot) : 0);
-  if (shared.ok()) {
-    room = *shared;
-  } else {
-    room.need = UINT64_MAX;  // the gather below reports the communicator's failure; nothing is cloned meanwhile
-  }
-  if (writes) {
+  absl::StatusOr<CloneRoom> room =
+      SharedCloneRoom(*control_, *stream_, job.step_dir, writes ? TiledBytes(job.snapshot) : 0,
+                      writes ? StreamedBytes(job.snapshot) : 0);
+  if (!room.ok() && local.ok()) local = room.status();  // nothing written: the gather below reports it too
+  if (local.ok() && job.shard >= 0) {
     auto done = WriteSnapshot((std::filesystem::path(job.step_dir) / ShardName(job.shard)).string(), job.shard,
-                              job.shard_world, job.snapshot, &hurry_, &clones, room);
+                              job.shard_world, job.snapshot, &hurry_, &clones, *room);
     if (done.ok()) {
       mine.checksum = done->first;
       mine.bytes = done->second;

@@ -83,8 +83,8 @@ struct AsyncSaveJob {
 };
 
 // The room clones of NVMe tiles take once the steps rewrite them (Note [Cloned checkpoint lanes]): the free bytes of
-// the shard's file system, and what the clones of every rank that writes there would take. Default: this rank's
-// own clones alone (WriteSnapshot then reads the free bytes itself).
+// the shard's file system, and what the shards of every rank that writes there take, their clones included.
+// Default: this rank's own clones alone (WriteSnapshot then reads the free bytes itself).
 struct CloneRoom {
   std::optional<uint64_t> free;
   std::optional<uint64_t> need;
@@ -104,10 +104,14 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> WriteSnapshot(const std::string& p
 // once the steps rewrite them.
 uint64_t TiledBytes(const ShardSnapshot& snapshot);
 
-// Collective over `control`: CloneRoom for a shard under `dir` whose tiled lanes are `mine` bytes (0 for a rank
-// that writes none), counting every rank whose shard directory is on the same file system of the same host.
+// The bytes of the snapshot's other ranges: written as the save streams them.
+uint64_t StreamedBytes(const ShardSnapshot& snapshot);
+
+// Collective over `control`: CloneRoom for a shard under `dir` whose tiled lanes are `clones` bytes and whose other
+// ranges `streamed` (0 and 0 for a rank that writes none), counting every rank whose shard directory is on the same
+// file system of the same machine (its boot id: containers on one host share it).
 absl::StatusOr<CloneRoom> SharedCloneRoom(comm::Communicator& control, device::Stream& stream, const std::string& dir,
-                                          uint64_t mine);
+                                          uint64_t clones, uint64_t streamed);
 
 // Tests only: `hook` runs on every writer thread before it writes its shard (empty: none), so a test can
 // hold the write until training changed the state. Set it while no save is in flight.

@@ -88,7 +88,9 @@ int ZombieStatus(int pid) {
   if (n <= 0) return -1;
   buf[n] = '\0';
   const char* p = std::strrchr(buf, ')');  // field 2, the name, may hold spaces
-  if (p == nullptr) return -1;
+  // Field 3, the state: a zombie's is Z. Anything else is another process that took the pid after the agent
+  // collected this one (its 0 would read as a clean exit).
+  if (p == nullptr || p[1] != ' ' || p[2] != 'Z') return -1;
   int field = 2;
   for (; *p != '\0' && field < 52; ++p) {
     if (*p == ' ') ++field;
@@ -97,8 +99,6 @@ int ZombieStatus(int pid) {
   char* end = nullptr;
   const long status = std::strtol(p, &end, 10);
   if (end == p) return -1;
-  // A process that is still running, or a zombie of a thread that is not the leader, reads 0 here; the pidfd said
-  // the process ended, so 0 is its status.
   return static_cast<int>(status);
 }
 
@@ -222,8 +222,8 @@ std::optional<std::string> DeathNotice(const TorchrunEnv& env, int pid, const st
   if (status < 0) {
     if (clean_exit) return std::nullopt;
     return who +
-           "it ended without running its exit handlers (killed or crashed; its exit status was already "
-           "collected, and this kernel, older than Linux 6.15, does not keep it)";
+           "it ended without running its exit handlers (killed or crashed; its exit status was collected before "
+           "it could be read, and the pidfd did not give it: Linux 6.15 or later keeps it)";
   }
   if (WIFSIGNALED(status)) {
     const char* name = SignalName(WTERMSIG(status));

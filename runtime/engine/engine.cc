@@ -347,11 +347,12 @@ namespace {
 // go, the first rank to preallocate twice its state could leave a later rank (or this rank's own parameter store)
 // without room for what it needs, on a disk with room for everyone's once: the job would fail, or not, by the
 // order the ranks started in. So every rank first preallocates what it needs (the state once, the parameter
-// shards); one all-gather of each rank's outcome follows, on every rank whatever its configuration, so a rank
-// that could not reserve fails the others by name instead of leaving them in a later collective; only then does
+// shards; before them, the budget check and the device arena, which a rank may fail alone too); one all-gather
+// of each rank's outcome follows, on every rank whatever its configuration, so a rank that could not reserve
+// fails the others by name instead of leaving them in a later collective; only then does
 // each rank grow its state's store to twice the state where the disk still has room (else a warning, and steps
 // over a save wait for its writer: docs/decisions/0059-nvme-room-agreed.md).
-absl::Status AgreeNvmeReserved(Engine::Impl& m, const absl::Status& reserved) {
+absl::Status AgreeReserved(Engine::Impl& m, const absl::Status& reserved) {
   const int n = m.rt.world_size();
   const uint64_t mine = reserved.ok() ? 0 : 1;
   std::vector<uint64_t> all(n);
@@ -361,8 +362,8 @@ absl::Status AgreeNvmeReserved(Engine::Impl& m, const absl::Status& reserved) {
     if (all[r] != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", r,
-                       " could not preallocate its NVMe stores (its own error names the path and the room it "
-                       "lacked); this rank reserved its own and stops with it"));
+                       " could not reserve its memory and NVMe stores (its own error names what it lacked: a "
+                       "budget, the device, an NVMe path or its room); this rank reserved its own and stops with it"));
     }
   }
   return absl::OkStatus();
@@ -397,12 +398,14 @@ absl::Status Engine::Finalize() {
   }
   const size_t tile_elems = NvmeTileElems(m.cfg, largest_update);
   uint64_t device_need = 0;
-  STRATA_RETURN_IF_ERROR(CheckBudgets(m, &device_need));
-  STRATA_RETURN_IF_ERROR(m.rt.CreateDeviceArena(m.cfg, device_need));
-  m.storage.DecidePlace();  // over the arena
-  absl::Status reserved = m.storage.ReserveNvme(m.units, tile_elems);
+  absl::Status reserved = CheckBudgets(m, &device_need);
+  if (reserved.ok()) reserved = m.rt.CreateDeviceArena(m.cfg, device_need);
+  if (reserved.ok()) {
+    m.storage.DecidePlace();  // over the arena
+    reserved = m.storage.ReserveNvme(m.units, tile_elems);
+  }
   if (reserved.ok()) reserved = m.storage.SetUpNvmeParams(m.units, live, largest.shard);
-  STRATA_RETURN_IF_ERROR(AgreeNvmeReserved(m, reserved));
+  STRATA_RETURN_IF_ERROR(AgreeReserved(m, reserved));
   STRATA_RETURN_IF_ERROR(m.storage.SetUpNvme(m.units, tile_elems));
   std::vector<optim::MemoryUnit> held(m.units.size());
   for (size_t i = 0; i < m.units.size(); ++i) {

@@ -601,7 +601,7 @@ TEST_F(AsyncCheckpoint, ARankWithoutItsNvmeStoresFailsTheOthersByName) {
   EXPECT_TRUE(absl::IsNotFound(results[1])) << results[1];
   EXPECT_THAT(results[1].message(), HasSubstr((dir_ / "missing").string()));
   EXPECT_TRUE(absl::IsFailedPrecondition(results[0])) << results[0];
-  EXPECT_THAT(results[0].message(), HasSubstr("rank 1 could not preallocate its NVMe stores"));
+  EXPECT_THAT(results[0].message(), HasSubstr("rank 1 could not reserve its memory and NVMe stores"));
 }
 
 // A shard that cannot be renamed into place (a directory holds its name) fails on the writer thread.
