@@ -181,8 +181,6 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
   doctor::ProbeGpus(&f);
   doctor::ProbeLibraries(&f.versions);
   doctor::ProbeHost(&f);
-  ProbeNvmeFor(o, &f);
-  ProbeLaunch(o, &f.launch);
   int ranks = static_cast<int>(o.ranks);
   if (ranks == 0) ranks = f.mpi.launcher_world_size > 0 ? f.mpi.launcher_world_size : std::max<int>(1, f.gpus.size());
   const spec::ModelSpec& model = *o.train->model;
@@ -198,6 +196,10 @@ doctor::DoctorFacts Probe(const DoctorOptions& o) {
     f.nvme_space.offloaded = true;
     f.nvme_space.error = std::string(space.status().message());
   }
+  // After the free space was read: the bandwidth test's file is freed when it is deleted, but a file system may
+  // give the room back later (XFS did, seconds after), and the space check read 48 MiB short of the job's room.
+  ProbeNvmeFor(o, &f);
+  ProbeLaunch(o, &f.launch);
   if (o.measure) {
     doctor::MeasureOptions m;
     m.ranks = ranks;

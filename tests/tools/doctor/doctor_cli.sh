@@ -117,6 +117,30 @@ assert c["nvme"]["verdict"] == "ok" and "bandwidth not measured" in c["nvme"]["d
 else
   echo "skip  nvme_space on a small tmpfs: no mount namespace here (needs root)"
 fi
+# On XFS the bandwidth test's deleted file gave its room back only seconds later, and nvme_space, read after it,
+# found the disk 16 MiB (the test's bytes) short. The free space is now read first: it is what df said before.
+img="$work/xfs.img"
+mkdir -p "$work/x1"
+if truncate -s 320M "$img" && mkfs.xfs -q -f "$img" > /dev/null 2>&1 && mount -o loop "$img" "$work/x1" 2> /dev/null
+then
+  before=$(df -B1 --output=avail "$work/x1" | tail -1)
+  "$strata" doctor --json "${job[@]}" --nvme-path "$work/x1" --nvme-test-size 16MiB > "$work/out.json" 2> "$work/err"
+  B=$before py '
+import json, os, sys
+d = json.load(open(sys.argv[1]))
+assert d["facts"]["nvme"]["test_bytes"] > 0, d["facts"]["nvme"]  # the bandwidth test ran
+# Within 1 MiB of df (the log may move a block), far inside the 16 MiB of the test.
+assert abs(d["facts"]["nvme_space"]["disks"][0]["free_bytes"] - int(os.environ["B"])) < 1 << 20, d["facts"]
+'
+  check "on XFS the disk's free space is read before the bandwidth test (df: $before bytes)" $? \
+    "$(cat "$work/out.json" "$work/err")"
+  umount "$work/x1"
+elif [ "${STRATA_REQUIRE_XFS:-0}" = 1 ]; then
+  check "a 320 MiB XFS on a loop device (root, xfsprogs) for the free space read" 1 "mkfs.xfs or mount -o loop failed"
+else
+  echo "skip  free space on XFS: no XFS on a loop device here (needs root and xfsprogs)"
+fi
+rm -f "$img"
 # R: the launcher's ranks on this node (each rank's stores are on the node's disk), or --ranks-per-node.
 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_SIZE=2 "$strata" doctor --json "${job[@]}" --nvme-path "$work/disk" \
   --nvme-test-size 16MiB > "$work/out.json" 2> "$work/err"
